@@ -1,0 +1,91 @@
+"""The heads_jax model directory: a trained model as plain files.
+
+Layout::
+
+    DIR/heads_jax.json      {"format": "heads_jax", "architecture": ..., "num_labels": ...,
+                             "config": {BertConfig fields}, "id2label": {...} (classifiers)}
+    DIR/params.safetensors  every parameter under its NNX path ("bert/layers/0/attention/query/kernel")
+    DIR/vocab.txt, tokenizer files (tokenizer.save_pretrained)
+
+Training runs keep their full train state in Orbax checkpoints (``heads_jax.training``); this
+format is what they export and what ``load_model`` / ``heads-jax analyze`` read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from flax import nnx
+
+from heads_jax.model.config import BertConfig
+from heads_jax.model.convert import ARCHITECTURES, architecture_of, assign_params, flat_params
+
+MANIFEST = "heads_jax.json"
+PARAMS = "params.safetensors"
+
+
+def is_heads_jax_dir(path) -> bool:
+  return (Path(path) / MANIFEST).is_file()
+
+
+def build_model(architecture: str, cfg: BertConfig, num_labels: int | None = None, seed: int = 0):
+  """A freshly initialised model of one of ``ARCHITECTURES``."""
+  if architecture not in ARCHITECTURES:
+    raise ValueError(f"unknown architecture {architecture!r}; one of {sorted(ARCHITECTURES)}")
+  rngs = nnx.Rngs(seed)
+  if architecture == "BertForSequenceClassification":
+    return ARCHITECTURES[architecture](cfg, num_labels or 2, rngs=rngs)
+  return ARCHITECTURES[architecture](cfg, rngs=rngs)
+
+
+def save_model(model: nnx.Module, out_dir, tokenizer=None, *, id2label: dict | None = None) -> Path:
+  """Writes ``model`` (and ``tokenizer``) as a heads_jax model directory."""
+  from safetensors.numpy import save_file
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  arch = architecture_of(model)
+  manifest = {"format": "heads_jax", "architecture": arch, "config": model.config.to_dict(),
+              "num_labels": getattr(model, "num_labels", None)}
+  if id2label:
+    manifest["id2label"] = {str(k): v for k, v in id2label.items()}
+  params = {k: np.ascontiguousarray(v) for k, v in flat_params(model).items()}
+  save_file(params, str(out / PARAMS))
+  (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+  if tokenizer is not None:
+    tokenizer.save_pretrained(str(out))
+  return out
+
+
+def read_manifest(path) -> dict:
+  m = json.loads((Path(path) / MANIFEST).read_text())
+  if m.get("format") != "heads_jax":
+    raise ValueError(f"{path}/{MANIFEST} is not a heads_jax manifest")
+  return m
+
+
+def load_model_dir(path, architecture: str | None = None, dtype: str | None = None):
+  """Reads a heads_jax model directory. ``architecture`` may ask for the encoder only
+  (``"BertModel"``) or another head, whose missing parameters stay freshly initialised."""
+  from safetensors.numpy import load_file
+  path = Path(path)
+  m = read_manifest(path)
+  cfg = BertConfig.from_dict(m["config"])
+  if dtype:
+    cfg = cfg.replace(dtype=dtype)
+  params = load_file(str(path / PARAMS))
+  saved = m["architecture"]
+  arch = architecture or saved
+  model = build_model(arch, cfg, m.get("num_labels"))
+  # Re-root paths when moving between the encoder and a model with heads.
+  if saved != "BertModel" and arch == "BertModel":
+    params = {k[len("bert/"):]: v for k, v in params.items() if k.startswith("bert/")}
+  elif saved == "BertModel" and arch != "BertModel":
+    params = {"bert/" + k: v for k, v in params.items()}
+  expected = flat_params(model)
+  missing = [k for k in expected if k not in params and not k.startswith(("mlm", "nsp", "classifier"))]
+  if missing:
+    raise ValueError(f"{path}: {PARAMS} lacks {missing[0]} (and {len(missing) - 1} more)")
+  assign_params(model, params, source=str(path / PARAMS))
+  return model

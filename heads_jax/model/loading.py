@@ -1,0 +1,63 @@
+"""``load_model``: a model and its tokenizer from a Hugging Face or heads_jax directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from heads_jax.model.checkpoint import build_model, is_heads_jax_dir, load_model_dir, read_manifest
+from heads_jax.model.config import BertConfig
+from heads_jax.model.convert import detect_architecture, load_hf_params, normalise_hf_keys, read_hf_state_dict
+
+HEADS = {None: None, "encoder": "BertModel", "pretraining": "BertForPreTraining",
+         "classification": "BertForSequenceClassification", "auto": "auto"}
+
+
+def load_model(path, *, head: str | None = None, num_labels: int | None = None,
+               dtype: str | None = None, with_tokenizer: bool = True):
+  """Loads ``(model, tokenizer)``.
+
+  Args:
+    path: a Hugging Face BERT directory (``config.json`` + ``model.safetensors`` or
+      ``pytorch_model.bin``) or a heads_jax model directory (``heads_jax.json``).
+    head: ``None``/``"encoder"`` gives the ``BertModel`` encoder (what the analysis needs);
+      ``"pretraining"``, ``"classification"`` (with ``num_labels``) or ``"auto"`` (whatever the
+      checkpoint holds) give a model with heads; heads absent from the checkpoint are freshly
+      initialised.
+    dtype: compute dtype override (``"float32"``/``"bfloat16"``).
+
+  Returns:
+    ``(model, tokenizer)``; ``model(input_ids, attention_mask=..., token_type_ids=...,
+    return_attentions=True)["attentions"]`` is float32 ``[b, l, h, q, k]``; the tokenizer is a
+    ``transformers.BertTokenizerFast`` (``None`` if ``with_tokenizer=False``).
+  """
+  p = Path(path)
+  if not p.exists():
+    raise FileNotFoundError(f"model path {p} does not exist")
+  if not p.is_dir():
+    raise ValueError(f"model path {p} is a file; pass the directory that holds config.json "
+                     f"(Hugging Face) or heads_jax.json (heads_jax)")
+  if head not in HEADS:
+    raise ValueError(f"head must be one of {list(HEADS)}, got {head!r}")
+  arch = HEADS[head]
+  if is_heads_jax_dir(p):
+    if arch == "auto":
+      arch = read_manifest(p)["architecture"]
+    model = load_model_dir(p, arch or "BertModel", dtype=dtype)
+  elif (p / "config.json").is_file():
+    cfg = BertConfig.from_hf_file(p / "config.json")
+    if dtype:
+      cfg = cfg.replace(dtype=dtype)
+    labels = num_labels
+    if arch == "auto":
+      arch, labels = detect_architecture(normalise_hf_keys(read_hf_state_dict(p)))
+      labels = num_labels or labels
+    model = build_model(arch or "BertModel", cfg, labels)
+    load_hf_params(model, p)
+  else:
+    raise FileNotFoundError(f"{p} holds neither config.json (Hugging Face BERT) nor heads_jax.json "
+                            f"(heads_jax model directory)")
+  tokenizer = None
+  if with_tokenizer:
+    from heads_jax.data.tokenizer import load_tokenizer
+    tokenizer = load_tokenizer(p)
+  return model, tokenizer
