@@ -1,0 +1,160 @@
+"""BERT pre-training (masked LM + next-sentence prediction) with LAMB.
+
+Presets (``--config configs/pretrain.py:PRESET``):
+
+* ``bert_base`` / ``bert_base_phase1``: the paper's setting (Pande et al. 2021 pre-train BERT-base on
+  Wikipedia + Project Gutenberg on a Cloud TPU v3-8): sequence length 128, 20 predictions per
+  sequence, 300K steps. The paper gives neither the pre-training batch size nor the learning
+  rate; we use BERT's batch of 256 sequences (32 per TPU v3 core, which fits comfortably) and
+  LAMB with peak learning rate 6.25e-4 (You et al. 2019's value for batch 512, kept for 256 as
+  a safe choice), 10K linear warm-up steps (BERT's) then linear decay to 0, weight decay 0.01,
+  bfloat16 compute (float32 master weights).
+* ``bert_base_phase2``: sequence length 512, 80 predictions, 1K steps, batch 256, peak 4e-4
+  with 100 warm-up steps. It starts from the *parameters* of phase 1 (``init_checkpoint`` =
+  the phase-1 run's ``checkpoints`` folder); optimizer state and schedule start afresh, as in
+  the BERT/NVIDIA two-phase recipe.
+* ``tiny`` (and ``tiny_phase2``): the same pipeline on this machine's CPU: the ``tiny`` model
+  (2 layers, 4 heads, hidden 64), the three Gutenberg books embedded in the package,
+  sequence length 128 (64 for ``tiny`` phase 1 to be quick), float32.
+* ``small``: a 6-layer, 8-head, hidden-256 model for one GPU or a Colab TPU (quick experiments).
+
+Data sources (``data.sources``): ``;``-separated; each ``tfds:NAME`` (a prepared TFDS text
+data set, e.g. ``tfds:wikipedia/20230601.en``) or comma-separated text paths (files,
+directories of ``*.txt``, globs). ``HEADS_JAX_GUTENBERG`` points to a Gutenberg folder (default:
+``/work/shared/data/corpus/gutenberg``).
+"""
+
+import os
+
+import ml_collections
+
+GUTENBERG = os.environ.get("HEADS_JAX_GUTENBERG", "/work/shared/data/corpus/gutenberg")
+
+
+def _embedded_books() -> str:
+  from heads_jax.data.assets import gutenberg_paths
+  return ",".join(str(p) for p in gutenberg_paths())
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.preset = ""
+  c.seed = 0              # parameter initialisation
+  c.data_seed = 0         # example stream: batch N is a function of (data_seed, N)
+  c.dropout_seed = 1      # dropout key of step N: fold_in(key(dropout_seed), N)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.size = "base"   # tiny | mini | small | base | large (heads_jax.model.config.SIZES)
+  c.model.dtype = "bfloat16"
+  c.model.hidden_dropout = 0.1
+  c.model.attention_dropout = 0.1
+  c.model.max_position_embeddings = 512
+
+  c.tokenizer = ""        # HF folder or vocab.txt; "" = the embedded bert-base-uncased vocabulary
+
+  c.data = ml_collections.ConfigDict()
+  c.data.sources = f"tfds:wikipedia/20230601.en;{GUTENBERG}"
+  c.data.weights = ""     # comma-separated mixture weights; "" = proportional to size
+  c.data.layout = "paragraphs"  # text files: paragraphs (one book per file) | lines (BERT format)
+  c.data.split = "train"  # TFDS split
+  c.data.tfds_data_dir = ""
+  c.data.text_key = "text"
+  c.data.max_seq_length = 128
+  c.data.max_predictions = 20
+  c.data.masked_lm_prob = 0.15
+  c.data.short_seq_prob = 0.1
+  c.data.random_next_prob = 0.5
+  c.data.whole_word_mask = False
+  c.data.num_workers = 4  # processes building batches (0: one background thread)
+  c.data.prefetch = 8
+  c.data.eval_sources = ""  # held-out text; "" = the training sources with another seed
+  c.data.eval_seed = 1_000_003
+
+  c.batch_size = 256      # global batch size (all devices and hosts)
+  c.num_train_steps = 300_000
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "lamb"
+  c.optimizer.learning_rate = 6.25e-4
+  c.optimizer.warmup_steps = 10_000
+  c.optimizer.end_learning_rate = 0.0
+  c.optimizer.power = 1.0
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-6
+  c.optimizer.clip_norm = 1.0
+  c.optimizer.accumulate_steps = 1  # micro-batches per update (optax.MultiSteps)
+
+  c.init_checkpoint = ""  # run checkpoints dir (params only), heads_jax dir or HF dir
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = 5_000
+  c.checkpoint.keep = 3
+  c.checkpoint.async_save = True
+
+  c.log_every = 100
+  c.eval_every = 10_000
+  c.eval_batches = 20
+  c.stop_at_step = 0      # > 0: stop (with a checkpoint) after this step; resume later
+  c.export = True         # at the end: workdir/model (heads_jax) and workdir/hf (Hugging Face)
+  c.distributed = False   # jax.distributed.initialize() for multi-host runs
+  c.tensorboard = True
+  return c
+
+
+def get_config(arg: str = "bert_base") -> ml_collections.ConfigDict:
+  c = base_config()
+  c.preset = arg
+  if arg in ("bert_base", "bert_base_phase1"):
+    pass
+  elif arg == "bert_base_phase2":
+    c.data.max_seq_length = 512
+    c.data.max_predictions = 80
+    c.num_train_steps = 1_000
+    c.optimizer.learning_rate = 4e-4
+    c.optimizer.warmup_steps = 100
+    c.checkpoint.every_steps = 250
+    c.eval_every = 500
+    c.init_checkpoint = "PHASE1_WORKDIR/checkpoints"  # set with --config.init_checkpoint=...
+  elif arg in ("small", "small_phase2"):
+    c.model.size = "small"
+    c.batch_size = 128
+    c.num_train_steps = 50_000
+    c.optimizer.learning_rate = 1e-3
+    c.optimizer.warmup_steps = 2_000
+    c.data.sources = GUTENBERG
+    c.eval_every = 5_000
+    if arg == "small_phase2":
+      c.data.max_seq_length, c.data.max_predictions = 512, 80
+      c.num_train_steps, c.optimizer.warmup_steps = 1_000, 100
+      c.init_checkpoint = "PHASE1_WORKDIR/checkpoints"
+  elif arg in ("tiny", "tiny_phase2"):
+    c.model.size = "tiny"
+    c.model.dtype = "float32"
+    c.data.sources = _embedded_books()
+    c.data.max_seq_length = 64
+    c.data.max_predictions = 10
+    c.data.num_workers = 0
+    c.data.prefetch = 2
+    c.batch_size = 32
+    c.num_train_steps = 200
+    c.optimizer.learning_rate = 1e-2
+    c.optimizer.warmup_steps = 20
+    c.checkpoint.every_steps = 50
+    c.checkpoint.async_save = True
+    c.log_every = 10
+    c.eval_every = 100
+    c.eval_batches = 2
+    if arg == "tiny_phase2":
+      c.data.max_seq_length = 128
+      c.data.max_predictions = 20
+      c.num_train_steps = 20
+      c.optimizer.warmup_steps = 2
+      c.checkpoint.every_steps = 10
+      c.eval_every = 20
+      c.init_checkpoint = "PHASE1_WORKDIR/checkpoints"
+  else:
+    raise ValueError(f"unknown pre-training preset {arg!r}: bert_base, bert_base_phase1, "
+                     f"bert_base_phase2, small, small_phase2, tiny, tiny_phase2")
+  return c

@@ -1,0 +1,202 @@
+"""The analysis job: one model, one or more data sets -> the files of DESIGN.md section 4.
+
+    data specs -> encoded batches -> jitted step (forward + sieves + statistics, on device)
+      -> scores.npz -> hypothesis tests, roles, summary, clusters (host) -> figures + report.html
+
+``run_analysis`` is what ``heads-jax analyze`` and the demo call. Several data specs may be
+given (e.g. UD sentences for the syntactic roles and MRPC pairs for ``block``): their sequences
+are analysed in turn and stacked along N; a role whose sieve is empty for a sequence (no arcs,
+no pair) is NaN there and that sequence does not enter the role's test. ``scores.npz`` then also
+holds ``data_index`` int ``[N]`` (which spec each sequence came from) beside the contract keys.
+
+Re-running into the same directory with the same model and data reuses ``scores.npz`` (the
+device pass) and recomputes the host statistics, so changing ``--tau``, ``--alpha``, ``--test``
+or ``--correction`` costs seconds. A directory that holds another run's results is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from heads_jax.data.batch import ROLES, SYNTACTIC_ROLES
+
+RUN_FILE = "run.json"
+SCORES_FILE = "scores.npz"
+# Settings that determine scores.npz (the device pass); the others only affect host statistics.
+DEVICE_KEYS = ("model", "data", "max_examples", "max_length", "direction", "syntax", "parser", "roles")
+
+
+@dataclasses.dataclass
+class AnalysisConfig:
+  """Everything an analysis run depends on (written to ``run.json`` and ``tests.json``)."""
+  model: str
+  data: tuple[str, ...]
+  out: str
+  max_examples: int | None = None
+  max_length: int = 128
+  batch_size: int = 32
+  tau: float | str = 3.0
+  alpha: float = 0.05
+  test: str = "t"
+  correction: str = "none"
+  direction: str = "dep2head"
+  syntax: bool = True
+  parser: str | None = None           # spaCy pipeline for text inputs (default en_core_web_sm)
+  roles: tuple[str, ...] = ROLES
+  clusters: int = 4
+  cluster_method: str = "kmeans"
+  seed: int = 0
+  report: bool = True
+  title: str | None = None
+
+  def device_settings(self) -> dict:
+    d = dataclasses.asdict(self)
+    d["data"] = list(self.data)
+    d["roles"] = list(self.roles)
+    return {k: d[k] for k in DEVICE_KEYS}
+
+
+def _check_out_dir(cfg: AnalysisConfig, overwrite: bool) -> bool:
+  """Returns True when ``scores.npz`` of an identical earlier run can be reused."""
+  out = Path(cfg.out)
+  if out.exists() and not out.is_dir():
+    raise NotADirectoryError(f"--out {out} is a file; give a directory")
+  run_file = out / RUN_FILE
+  if not run_file.is_file():
+    others = [p.name for p in out.glob("*")] if out.is_dir() else []
+    if others and not overwrite and any(n in others for n in (SCORES_FILE, "tests.csv", "report.html")):
+      raise FileExistsError(f"{out} holds analysis files of an unknown run; choose another --out "
+                            f"or pass --overwrite")
+    return False
+  previous = json.loads(run_file.read_text())
+  same = previous.get("device") == cfg.device_settings()
+  if not same and not overwrite:
+    diff = [k for k in DEVICE_KEYS if previous.get("device", {}).get(k) != cfg.device_settings()[k]]
+    raise FileExistsError(f"{out} holds another run's results (different {', '.join(diff)}); "
+                          f"choose another --out or pass --overwrite")
+  return same and (out / SCORES_FILE).is_file()
+
+
+def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bool = True) -> dict:
+  """The device pass: ``{"sieve_bias", "distance", "lengths", "roles", "data_index", "data_info"}``."""
+  from heads_jax.data.specs import encode_spec
+  from heads_jax.stats.collector import collect
+  from heads_jax.stats.step import make_analysis_step
+  if model is None:
+    from heads_jax.model.loading import load_model
+    model, tokenizer = load_model(cfg.model)
+  roles = tuple(cfg.roles)
+  if not cfg.syntax:
+    roles = tuple(r for r in roles if r not in SYNTACTIC_ROLES)
+  step = make_analysis_step(model, roles=roles, direction=cfg.direction)
+  parts, infos = [], []
+  for i, spec in enumerate(cfg.data):
+    info, batches, n = encode_spec(spec, tokenizer, max_length=cfg.max_length,
+                                   batch_size=cfg.batch_size, max_examples=cfg.max_examples,
+                                   parser=cfg.parser, syntax=cfg.syntax)
+    if n == 0:
+      raise ValueError(f"data spec {spec!r} holds no examples; check the file or the split")
+    result = collect(step, batches, n, roles=roles, progress=progress, desc=f"analyse {spec}")
+    result["data_index"] = np.full(n, i, np.int32)
+    parts.append(result)
+    infos.append(info.settings())
+  out = {k: np.concatenate([p[k] for p in parts]) for k in ("sieve_bias", "distance", "lengths", "data_index")}
+  out["roles"] = roles
+  out["data_info"] = infos
+  return out
+
+
+def save_scores(path, scores: dict) -> Path:
+  from heads_jax.stats.collector import save_scores as _save
+  path = _save(path, scores, scores["roles"])
+  if len(set(scores["data_index"].tolist())) > 1:  # additive key: which spec each sequence came from
+    with np.load(path) as z:
+      arrays = dict(z)
+    arrays["data_index"] = scores["data_index"]
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "wb") as f:
+      np.savez(f, **arrays)
+    tmp.replace(path)
+  return Path(path)
+
+
+def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
+  """Tests, roles, summary and clusters from ``scores`` (host only); writes their files."""
+  from heads_jax.hoststats import io
+  from heads_jax.hoststats.clustering import cluster_heads
+  from heads_jax.hoststats.hypothesis import hypothesis_tests
+  from heads_jax.hoststats.summary import summary_figures
+  out = Path(cfg.out)
+  model_name = Path(cfg.model).name or str(cfg.model)
+  passthrough = {"direction": cfg.direction, "model": str(cfg.model), "model_name": model_name,
+                 "data": " + ".join(cfg.data), "max_length": cfg.max_length,
+                 "max_examples": cfg.max_examples,
+                 "arcs": ", ".join(str(d.get("arcs")) for d in data_info),
+                 "syntax": cfg.syntax}
+  tests, settings = hypothesis_tests(scores.sieve_bias, scores.roles, tau=cfg.tau, alpha=cfg.alpha,
+                                     test=cfg.test, correction=cfg.correction, settings=passthrough)
+  io.write_tests(tests, settings, out)
+  summary = summary_figures(scores.sieve_bias, scores.roles, tests)
+  io.write_summary(summary, out)
+  clusters, info = cluster_heads(scores.distance, k=cfg.clusters, method=cfg.cluster_method, seed=cfg.seed)
+  io.write_clusters(clusters, info, out)
+  return {"tests": tests, "settings": settings, "summary": summary, "clusters": clusters,
+          "cluster_info": info}
+
+
+def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: bool = False,
+                 progress: bool = True, log=print) -> dict:
+  """Runs the whole analysis; returns the host results plus ``out`` and ``report`` paths."""
+  from heads_jax.hoststats import io
+  from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, format_roles_by_layer
+  out = Path(cfg.out)
+  reuse = _check_out_dir(cfg, overwrite)
+  out.mkdir(parents=True, exist_ok=True)
+  t0 = time.time()
+  if reuse:
+    previous = json.loads((out / RUN_FILE).read_text())
+    data_info = previous.get("data_info", [])
+    log(f"reusing {out / SCORES_FILE} (same model and data); recomputing the host statistics")
+  else:
+    scores = compute_scores(cfg, model, tokenizer, progress=progress)
+    save_scores(out / SCORES_FILE, scores)
+    data_info = scores["data_info"]
+    (out / RUN_FILE).write_text(json.dumps({"device": cfg.device_settings(),
+                                            "data_info": data_info}, indent=2, default=str))
+  device_s = time.time() - t0
+  scores = io.read_scores(out / SCORES_FILE)
+  host = host_statistics(cfg, scores, data_info)
+  assigned, roles = assignment_array(host["tests"], scores.roles, scores.num_layers, scores.num_heads)
+  table = coarse_roles_by_layer(assigned, roles)
+  log(f"\n{scores.num_sequences} sequences, {scores.num_layers} layers x {scores.num_heads} heads, "
+      f"tau = {host['settings']['tau']:g}, alpha = {cfg.alpha:g}, test = {cfg.test}, "
+      f"correction = {cfg.correction}")
+  log("heads per role and layer:\n" + format_roles_by_layer(table))
+  log(headline(host["summary"]))
+  report = None
+  if cfg.report:
+    from heads_jax.report.html import build_analysis_report
+    report = build_analysis_report(out, title=cfg.title)
+    log(f"report: {report}")
+  host.update(out=out, report=report, device_seconds=device_s)
+  return host
+
+
+def headline(summary: dict) -> str:
+  """The paper's summary figures in one paragraph."""
+  def pct(key):
+    v = summary.get(key)
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+  rho = summary.get("spearman_local_syntactic")
+  mean = summary.get("mean_sieve_score")
+  return (f"delimiter heads {pct('share_delimiter')}, local {pct('share_local')}, "
+          f"syntactic {pct('share_syntactic')}, block {pct('share_block')}, no role "
+          f"{pct('share_unskilled')}; syntactic heads also local {pct('share_syntactic_also_local')}; "
+          f"mean sieve score {'n/a' if mean is None else f'{mean:.2f}'}; Spearman(local, syntactic) "
+          f"{'n/a' if rho is None else f'{rho:.2f}'}; p-values in (0.05, 0.95) "
+          f"{pct('share_p_between')}")

@@ -1,0 +1,61 @@
+"""Analyse the attention heads of a BERT model: sieve bias, hypothesis tests, roles, clusters, report.
+
+Writes into --out: scores.npz, tests.csv + tests.json, summary.json, clusters.csv, figures/*.png
+and report.html (DESIGN.md section 4), and prints the roles per layer.
+"""
+
+from __future__ import annotations
+
+from heads_jax.data.batch import ROLES
+
+
+def _tau(s: str):
+  if s == "auto":
+    return s
+  try:
+    return float(s)
+  except ValueError:
+    raise ValueError(f"--tau must be a number or 'auto', got {s!r}") from None
+
+
+def add_args(p):
+  p.add_argument("--model", required=True, help="a Hugging Face BERT directory or a heads_jax model directory")
+  p.add_argument("--data", required=True, action="append", metavar="SPEC",
+                 help="conllu:FILE | glue:TASK[:SPLIT] (TFDS) | glue-tsv:DIR/TASK[:SPLIT] | tsv:FILE[:header] | "
+                      "text:FILE | ud-ewt | sst2 | mrpc (embedded); repeat to analyse several data sets together")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--max-examples", type=int, default=None, help="first N examples of each data set")
+  p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
+  p.add_argument("--batch-size", type=int, default=32, help="sequences per device step (default 32)")
+  p.add_argument("--tau", type=_tau, default=3.0, help="test threshold, a number or 'auto' (default 3)")
+  p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+  p.add_argument("--test", choices=("t", "z"), default="t",
+                 help="t: Student's t (default); z: the released notebooks' variant (ddof=0, t tail)")
+  p.add_argument("--correction", choices=("none", "bonferroni", "holm", "bh"), default="none",
+                 help="multiple-comparison correction over all tests of the run (default none, as the paper)")
+  p.add_argument("--direction", choices=("dep2head", "both"), default="dep2head",
+                 help="syntactic sieves: dependent -> head (default) or both directions")
+  p.add_argument("--no-syntax", dest="syntax", action="store_false",
+                 help="skip the syntactic roles (no spaCy parse of text inputs)")
+  p.add_argument("--parser", default=None, help="spaCy pipeline for text inputs (default en_core_web_sm)")
+  p.add_argument("--roles", default=",".join(ROLES), help="comma-separated roles (default: all)")
+  p.add_argument("--clusters", type=int, default=4, help="number of head clusters (default 4)")
+  p.add_argument("--cluster-method", choices=("kmeans", "gmm"), default="kmeans")
+  p.add_argument("--no-report", dest="report", action="store_false", help="skip figures and report.html")
+  p.add_argument("--overwrite", action="store_true", help="replace another run's results in --out")
+  p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def main(args):
+  from heads_jax.analysis import AnalysisConfig, run_analysis
+  roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
+  unknown = [r for r in roles if r not in ROLES]
+  if unknown:
+    raise ValueError(f"unknown roles {unknown}; choose from {', '.join(ROLES)}")
+  cfg = AnalysisConfig(model=args.model, data=tuple(args.data), out=args.out,
+                       max_examples=args.max_examples, max_length=args.max_length,
+                       batch_size=args.batch_size, tau=args.tau, alpha=args.alpha, test=args.test,
+                       correction=args.correction, direction=args.direction, syntax=args.syntax,
+                       parser=args.parser, roles=roles, clusters=args.clusters,
+                       cluster_method=args.cluster_method, report=args.report)
+  run_analysis(cfg, overwrite=args.overwrite)

@@ -1,0 +1,59 @@
+"""The ``heads-jax`` console command: one thin subcommand per capability.
+
+Each subcommand parses its flags and calls a library function; nothing else lives here.
+Errors a user can fix (a missing path, a bad data spec, ...) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import heads_jax
+from heads_jax.errors import UserError
+
+# name -> (module, help). Each module has `add_args(parser)` and `main(args) -> int | None`.
+SUBCOMMANDS = {
+    "analyze": ("heads_jax.analysis_cli", "analyse the attention heads of a BERT model (sieve bias, tests, roles, clusters, report)"),
+    "convert": ("heads_jax.model.convert_cli", "convert a Hugging Face BERT directory <-> a heads_jax model directory"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+  import importlib
+  parser = argparse.ArgumentParser(prog="heads-jax", description=(
+      "BERT attention-head analysis in JAX: the heads hypothesis (Pande et al. 2021) and "
+      "distance-feature clustering (Guan et al. 2020), with pre-training and GLUE fine-tuning."))
+  parser.add_argument("--version", action="version", version=f"heads-jax {heads_jax.__version__}")
+  sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+  for name, (module, help_) in SUBCOMMANDS.items():
+    mod = importlib.import_module(module)
+    p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip().splitlines()[0])
+    mod.add_args(p)
+    p.set_defaults(_main=mod.main)
+  return parser
+
+
+def main(argv=None) -> int:
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  if not getattr(args, "_main", None):
+    parser.print_help()
+    return 1
+  try:
+    return int(args._main(args) or 0)
+  except (UserError, FileNotFoundError, NotADirectoryError, FileExistsError) as e:
+    print(f"heads-jax {args.command}: error: {e}", file=sys.stderr)
+    return 2
+  except ValueError as e:
+    if getattr(args, "debug", False):
+      raise
+    print(f"heads-jax {args.command}: error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print(f"heads-jax {args.command}: interrupted", file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,343 @@
+"""Examples -> encoded batches (DESIGN.md section 3 "Input encoding"; format in `batch.py`).
+
+Singles are ``[CLS] A [SEP]``, pairs ``[CLS] A [SEP] B [SEP]`` (token type 0 up to and including
+the first ``[SEP]``, 1 after it), at most ``max_length`` positions (default 128), pairs
+truncated longest-first exactly as the Hugging Face tokenizers do (``truncation="longest_first"``:
+if the shorter segment fits in half the budget it is kept whole and the longer one is cut to the
+rest; otherwise both are cut to half, the longer one, or B on a tie, keeping the odd position).
+
+A segment is encoded in one of three modes (`Segment.mode`):
+
+- ``"words"``: pre-split words (CoNLL-U syntactic words) -> ``is_split_into_words``; every
+  wordpiece knows the index of the word it came from.
+- ``"aligned"``: raw text plus parser words with character spans -> the text is tokenised with
+  offsets and each wordpiece is given the parser word whose span overlaps the piece's
+  characters (the first such word if a piece straddles two). Never by searching for a piece's
+  first occurrence, which is wrong for repeated words.
+- ``"text"``: raw text only (no parse) -> word ids are the tokenizer's own pre-tokenised words.
+
+Word indices run over the whole sequence: segment B's words continue after segment A's (after
+all of A's words, counted before truncation, when the words are known; after the last kept
+word of A in ``"text"`` mode). Arcs give ``dep_head`` (word index of the head) and ``dep_rel``
+(`batch.RELATION_LABELS`; other labels -> REL_NONE). ``dep_head`` is -1, and then ``dep_rel`` is
+always REL_NONE, for roots, words without a parse, and words whose head lost all its pieces to
+truncation (or never had any).
+"""
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from heads_jax.data import batch as B
+
+DEFAULT_MAX_LENGTH = 128
+DEFAULT_BUCKET_STEP = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+  """One segment (sentence A or B) to encode.
+
+  ``text``: raw text (modes "aligned" and "text"; optional for "words"). ``words``: the words
+  (CoNLL-U syntactic words, or a parser's words). ``spans``: character (start, end) of each word
+  in ``text`` (parser words; None for pre-split words). ``heads``: head word index per word,
+  0-based within this segment, -1 for a root or no arc. ``deprels``: relation label per word.
+  """
+  text: str | None = None
+  words: tuple[str, ...] | None = None
+  spans: tuple[tuple[int, int], ...] | None = None
+  heads: tuple[int, ...] | None = None
+  deprels: tuple[str, ...] | None = None
+
+  def __post_init__(self):
+    if self.text is None and self.words is None:
+      raise ValueError("a Segment needs text or words")
+    if self.spans is not None and (self.words is None or self.text is None):
+      raise ValueError("a Segment with spans needs the text and the words")
+    n = None if self.words is None else len(self.words)
+    for name in ("spans", "heads", "deprels"):
+      value = getattr(self, name)
+      if value is not None and len(value) != n:
+        raise ValueError(f"Segment.{name} has {len(value)} entries for {n} words")
+    if (self.heads is None) != (self.deprels is None):
+      raise ValueError("Segment.heads and Segment.deprels go together")
+    if self.heads is not None and any(not -1 <= h < n for h in self.heads):
+      raise ValueError(f"Segment.heads must be word indices 0..{n - 1} or -1, got {self.heads}")
+    if self.spans is not None:
+      starts = np.array([s for s, _ in self.spans], np.int64)
+      ends = np.array([e for _, e in self.spans], np.int64)
+      if (np.any(np.diff(starts) < 0) or np.any(np.diff(ends) < 0) or np.any(ends < starts)
+          or (len(ends) and (starts[0] < 0 or ends[-1] > len(self.text)))):
+        raise ValueError("Segment.spans must be ordered, non-overlapping character spans "
+                         "inside the text")
+
+  @property
+  def mode(self) -> str:
+    if self.spans is not None:
+      return "aligned"
+    return "words" if self.words is not None else "text"
+
+  @property
+  def has_arcs(self) -> bool:
+    return self.heads is not None
+
+  @property
+  def num_words(self) -> int | None:
+    return None if self.words is None else len(self.words)
+
+  @classmethod
+  def from_sentence(cls, sentence, arcs: bool = True) -> "Segment":
+    """From a `conllu.Sentence`: pre-split syntactic words, gold arcs (unless ``arcs=False``)."""
+    return cls(text=sentence.text, words=tuple(sentence.forms),
+               heads=sentence.head_indices() if arcs else None,
+               deprels=tuple(sentence.deprels) if arcs else None)
+
+  @classmethod
+  def from_parse(cls, parsed, arcs: bool = True) -> "Segment":
+    """From a `syntax.ParsedText`: the raw text aligned to the parser's words by span."""
+    return cls(text=parsed.text, words=tuple(parsed.words), spans=tuple(parsed.spans),
+               heads=tuple(parsed.heads) if arcs else None,
+               deprels=tuple(parsed.deprels) if arcs else None)
+
+  @classmethod
+  def from_text(cls, text: str) -> "Segment":
+    """Raw text without a parse."""
+    return cls(text=text)
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalysisExample:
+  """A single segment ``a`` or a pair (``a``, ``b``), with an optional class label."""
+  a: Segment
+  b: Segment | None = None
+  label: int | None = None
+
+  @property
+  def key(self) -> tuple:
+    return (self.a.mode, None if self.b is None else self.b.mode)
+
+
+def align_pieces_to_words(offsets, spans) -> np.ndarray:
+  """Word index of each wordpiece by character overlap, int32 ``[p]``.
+
+  offsets: ``[p, 2]`` character (start, end) of each piece; spans: ``[w, 2]`` ordered,
+  non-overlapping word spans in the same text. A piece gets the first word whose span overlaps
+  its characters, -1 if none does (or for a (0, 0) special-token offset).
+  """
+  offsets = np.asarray(offsets, np.int64).reshape(-1, 2)
+  spans = np.asarray(spans, np.int64).reshape(-1, 2)
+  out = np.full(len(offsets), -1, np.int32)
+  if len(spans) == 0 or len(offsets) == 0:
+    return out
+  starts, ends = spans[:, 0], spans[:, 1]
+  ps, pe = offsets[:, 0], np.maximum(offsets[:, 1], offsets[:, 0] + 1)
+  j = np.searchsorted(ends, ps, side="right")  # first word ending after the piece starts
+  jc = np.minimum(j, len(spans) - 1)
+  ok = (j < len(spans)) & (starts[jc] < pe) & (offsets[:, 1] > offsets[:, 0])
+  out[ok] = jc[ok]
+  return out
+
+
+def _token_class(ids: np.ndarray, special: dict) -> np.ndarray:
+  cls = np.full(ids.shape, B.TOKEN_OTHER, np.int32)
+  for token_id, value in special.items():
+    if token_id is not None:
+      cls[ids == token_id] = value
+  return cls
+
+
+def _special_ids(tokenizer) -> dict:
+  """token id -> TOKEN_* for [CLS], [SEP], ',' and '.' (punctuation only if in the vocab)."""
+  def known(token):
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    return None if token_id is None or token_id == tokenizer.unk_token_id else token_id
+  return {tokenizer.cls_token_id: B.TOKEN_CLS, tokenizer.sep_token_id: B.TOKEN_SEP,
+          known(","): B.TOKEN_COMMA, known("."): B.TOKEN_PERIOD}
+
+
+def _segment_arcs(seg: Segment):
+  heads = np.asarray(seg.heads, np.int64)
+  rels = np.array([B.RELATION_LABELS.get(r, B.REL_NONE) for r in seg.deprels], np.int32)
+  return heads, rels
+
+
+def _row(enc, example: AnalysisExample, special: dict) -> dict:
+  """One encoded example (unpadded, every field int32 ``[n]``) from a tokenizers Encoding."""
+  ids = np.asarray(enc.ids, np.int32)
+  n = len(ids)
+  seq = np.array([-1 if s is None else s for s in enc.sequence_ids], np.int32)
+  segments = [example.a] if example.b is None else [example.a, example.b]
+  local = np.full(n, -1, np.int32)
+  if any(s.mode == "aligned" for s in segments):
+    offsets = np.asarray(enc.offsets, np.int64).reshape(n, 2)
+  for s, seg in enumerate(segments):
+    where = seq == s
+    if seg.mode == "aligned":
+      local[where] = align_pieces_to_words(offsets[where], seg.spans)
+    else:
+      local[where] = [-1 if w is None else w for w, keep in zip(enc.word_ids, where) if keep]
+  # Word numbering over the sequence: B continues after A.
+  a_words = example.a.num_words
+  if a_words is None:
+    in_a = local[seq == 0]
+    a_words = int(in_a.max()) + 1 if in_a.size and in_a.max() >= 0 else 0
+  word_offsets = (0, a_words)
+  word_ids = np.where(local >= 0, local + np.where(seq == 1, a_words, 0), -1).astype(np.int32)
+  dep_head = np.full(n, -1, np.int32)
+  dep_rel = np.full(n, B.REL_NONE, np.int32)
+  present = np.zeros(int(word_ids.max(initial=-1)) + 1, bool)  # word index -> has a piece
+  present[word_ids[word_ids >= 0]] = True
+  for s, seg in enumerate(segments):
+    if not seg.has_arcs:
+      continue
+    pos = np.nonzero((seq == s) & (local >= 0))[0]
+    if not pos.size:
+      continue
+    heads, rels = _segment_arcs(seg)
+    h = heads[local[pos]]
+    head_word = np.where(h >= 0, h + word_offsets[s], -1)
+    valid = (head_word >= 0) & (head_word < len(present))
+    valid[valid] = present[head_word[valid]]
+    dep_head[pos] = np.where(valid, head_word, -1)
+    dep_rel[pos] = np.where(valid, rels[local[pos]], B.REL_NONE)
+  return {
+      "input_ids": ids,
+      "attention_mask": np.ones(n, np.int32),
+      "token_type_ids": np.asarray(enc.type_ids, np.int32),
+      "token_class": _token_class(ids, special),
+      "word_ids": word_ids,
+      "dep_head": dep_head,
+      "dep_rel": dep_rel,
+  }
+
+
+def _check_max_length(max_length: int) -> None:
+  if not isinstance(max_length, (int, np.integer)) or max_length < 4:
+    raise ValueError(f"max_length must be an integer >= 4 ([CLS] A [SEP] B [SEP] needs room), "
+                     f"got {max_length!r}")
+
+
+def encode_examples(examples: Sequence[AnalysisExample], tokenizer,
+                    max_length: int = DEFAULT_MAX_LENGTH) -> list[dict]:
+  """Encodes examples; returns one unpadded row per example (dict field -> int32 ``[n]``,
+  n <= max_length), in order. Examples are tokenised in groups of the same mode (one fast
+  tokenizer call per group)."""
+  _check_max_length(max_length)
+  if not getattr(tokenizer, "is_fast", False):
+    raise TypeError("encoding needs a fast (Rust) tokenizer for word ids and character offsets; "
+                    "load one with heads_jax.data.tokenizer.load_tokenizer")
+  special = _special_ids(tokenizer)
+  rows = [None] * len(examples)
+  groups: dict[tuple, list[int]] = {}
+  for i, ex in enumerate(examples):
+    if ex.b is not None and (ex.a.mode == "words") != (ex.b.mode == "words"):
+      raise ValueError("a pair must have both segments as pre-split words or both as text; "
+                       f"got modes {ex.key}")
+    groups.setdefault(ex.key, []).append(i)
+  for (mode_a, mode_b), idxs in groups.items():
+    words = mode_a == "words"
+    first = [list(examples[i].a.words) if words else examples[i].a.text for i in idxs]
+    second = None
+    if mode_b is not None:
+      second = [list(examples[i].b.words) if words else examples[i].b.text for i in idxs]
+    enc = tokenizer(first, second, is_split_into_words=words, add_special_tokens=True,
+                    truncation="longest_first" if second is not None else True,
+                    max_length=int(max_length), padding=False,
+                    return_offsets_mapping="aligned" in (mode_a, mode_b))
+    for j, i in enumerate(idxs):
+      rows[i] = _row(enc.encodings[j], examples[i], special)
+  return rows
+
+
+def bucket_lengths(max_length: int = DEFAULT_MAX_LENGTH,
+                   step: int = DEFAULT_BUCKET_STEP) -> tuple[int, ...]:
+  """The padded lengths a batch may get: multiples of ``step`` below ``max_length``, and
+  ``max_length`` itself (a small set, so jit compiles few shapes)."""
+  if step <= 0:
+    raise ValueError(f"bucket step must be positive, got {step}")
+  return tuple(range(step, max_length, step)) + (max_length,)
+
+
+def padded_length(n: int, buckets: Sequence[int]) -> int:
+  """The smallest bucket >= n."""
+  for k in buckets:
+    if k >= n:
+      return int(k)
+  raise ValueError(f"sequence length {n} exceeds the largest bucket {max(buckets)}")
+
+
+def collate(rows: Sequence[dict], k: int, b: int | None = None) -> dict:
+  """Pads rows to a batch ``[b, k]`` (`batch.empty_batch` defaults on padding); rows beyond
+  ``len(rows)`` (when ``b`` is larger) are all padding."""
+  b = len(rows) if b is None else b
+  batch = B.empty_batch(b, k)
+  for i, row in enumerate(rows):
+    n = len(row["input_ids"])
+    if n > k:
+      raise ValueError(f"row {i} has {n} positions, more than the padded length {k}")
+    for f in B.BATCH_FIELDS:
+      batch[f][i, :n] = row[f]
+  return batch
+
+
+def encode_batch(examples: Sequence[AnalysisExample], tokenizer,
+                 max_length: int = DEFAULT_MAX_LENGTH, k: int | None = None) -> dict:
+  """Encodes examples into one batch ``[b, k]``; ``k`` defaults to the longest sequence."""
+  rows = encode_examples(examples, tokenizer, max_length)
+  if k is None:
+    k = max((len(r["input_ids"]) for r in rows), default=1)
+  return collate(rows, k)
+
+
+def iter_batches(examples: Iterable[AnalysisExample], tokenizer, *,
+                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
+                 sort_window: int | None = None, bucket_step: int = DEFAULT_BUCKET_STEP,
+                 pad_to_batch_size: bool = False) -> Iterator[tuple[np.ndarray, dict]]:
+  """Streams encoded batches: yields ``(indices, batch)``.
+
+  ``indices``: int64 ``[b]``, each row's position in ``examples`` (-1 for filler rows).
+  ``batch``: `batch.BATCH_FIELDS` -> int32 ``[b, k]``, k the smallest of `bucket_lengths`
+  holding the batch's longest sequence. Examples are read lazily, ``max(batch_size,
+  sort_window)`` at a time. ``sort_window``: if set, each window of about that many examples
+  (rounded up to whole batches) is ordered by length, longest first, before it is cut into
+  batches, to save padding; put results back in order with the indices. ``pad_to_batch_size``:
+  fill a short last batch with all-padding rows (index -1) so that b is always ``batch_size``.
+  """
+  _check_max_length(max_length)
+  if batch_size <= 0:
+    raise ValueError(f"batch_size must be positive, got {batch_size}")
+  buckets = bucket_lengths(max_length, bucket_step)
+  window = batch_size
+  if sort_window:
+    window = -(-int(sort_window) // batch_size) * batch_size
+  return _stream(iter(examples), tokenizer, max_length, batch_size, window, bool(sort_window),
+                 buckets, pad_to_batch_size)
+
+
+def _stream(it, tokenizer, max_length, batch_size, window, sort, buckets, pad_to_batch_size):
+  start = 0
+  while True:
+    chunk = []
+    for ex in it:
+      chunk.append(ex)
+      if len(chunk) >= window:
+        break
+    if not chunk:
+      return
+    rows = encode_examples(chunk, tokenizer, max_length)
+    order = np.arange(len(rows))
+    if sort:
+      lens = np.array([len(r["input_ids"]) for r in rows])
+      order = np.argsort(-lens, kind="stable")
+    for s in range(0, len(order), batch_size):
+      sel = order[s:s + batch_size]
+      picked = [rows[i] for i in sel]
+      k = padded_length(max(len(r["input_ids"]) for r in picked), buckets)
+      b = batch_size if pad_to_batch_size else len(picked)
+      indices = np.full(b, -1, np.int64)
+      indices[:len(sel)] = sel + start
+      yield indices, collate(picked, k, b)
+    start += len(chunk)
+    if len(chunk) < window:
+      return

@@ -1,0 +1,185 @@
+"""GLUE tasks MRPC, QQP, SST-2 and QNLI from local GLUE TSV folders or through TFDS.
+
+Labels follow TFDS ``glue/<task>``: MRPC not_equivalent=0 / equivalent=1, QQP
+not_duplicate=0 / duplicate=1, SST-2 negative=0 / positive=1, QNLI entailment=0 /
+not_entailment=1; test splits have no labels (``label=None``). ``idx`` is the 0-based data
+row of the file (as TFDS numbers it).
+"""
+
+import csv
+import dataclasses
+import sys
+import warnings
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueExample:
+  """One GLUE example: a single text (``text_b`` None) or a pair; ``label`` None if unlabelled."""
+  text_a: str
+  text_b: str | None
+  label: int | None
+  idx: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueTask:
+  """Per-task metadata. Also readable as a mapping: ``TASKS["mrpc"]["num_labels"]``."""
+  name: str                       # TFDS config name: "mrpc", "qqp", "sst2", "qnli"
+  dir_name: str                   # folder in a GLUE TSV root: "MRPC", "QQP", "SST-2", "QNLI"
+  num_labels: int
+  label_names: tuple[str, ...]    # label id -> name (TFDS ClassLabel names)
+  metrics: tuple[str, ...]        # "accuracy" for all; "f1" (positive class 1) for mrpc and qqp
+  text_keys: tuple[str, ...]      # TFDS feature names of text_a (and text_b)
+  tsv_text_columns: tuple[str, ...]  # TSV header columns of text_a (and text_b)
+  tsv_label_column: str
+  tsv_label_values: tuple[str, ...]  # TSV label strings, position = label id
+
+  @property
+  def is_pair(self) -> bool:
+    return len(self.text_keys) == 2
+
+  def __getitem__(self, key):
+    return getattr(self, key)
+
+
+TASKS = {
+    "mrpc": GlueTask("mrpc", "MRPC", 2, ("not_equivalent", "equivalent"), ("accuracy", "f1"),
+                     ("sentence1", "sentence2"), ("#1 String", "#2 String"), "Quality", ("0", "1")),
+    "qqp": GlueTask("qqp", "QQP", 2, ("not_duplicate", "duplicate"), ("accuracy", "f1"),
+                    ("question1", "question2"), ("question1", "question2"), "is_duplicate",
+                    ("0", "1")),
+    "sst2": GlueTask("sst2", "SST-2", 2, ("negative", "positive"), ("accuracy",), ("sentence",),
+                     ("sentence",), "label", ("0", "1")),
+    "qnli": GlueTask("qnli", "QNLI", 2, ("entailment", "not_entailment"), ("accuracy",),
+                     ("question", "sentence"), ("question", "sentence"), "label",
+                     ("entailment", "not_entailment")),
+}
+
+_ALIASES = {"sst-2": "sst2", "sst_2": "sst2"}
+_SPLITS = {"validation": "dev", "dev": "dev", "train": "train", "test": "test"}
+
+
+def task_info(task: str) -> GlueTask:
+  """The `GlueTask` of a task name (case-insensitive; ``SST-2`` and ``sst2`` both work)."""
+  key = _ALIASES.get(task.lower(), task.lower())
+  if key not in TASKS:
+    raise ValueError(f"unknown GLUE task {task!r}: supported tasks are {', '.join(TASKS)}")
+  return TASKS[key]
+
+
+def tsv_path(path_dir, task: str, split: str = "dev") -> Path:
+  """The TSV file of a task and split: ``path_dir`` is a GLUE root (holding ``MRPC/`` ...) or
+  the task folder itself; ``split`` is ``train``, ``dev`` (alias ``validation``), ``test`` or
+  any other file stem there (e.g. ``train_subset``)."""
+  info = task_info(task)
+  root = Path(path_dir)
+  candidates = [root / info.dir_name, root / info.dir_name.lower(), root / info.name, root]
+  stem = _SPLITS.get(split, split)
+  for folder in candidates:
+    if (folder / f"{stem}.tsv").is_file():
+      return folder / f"{stem}.tsv"
+  raise FileNotFoundError(
+      f"no {stem}.tsv for GLUE task {info.name} under {root} (looked in "
+      f"{', '.join(str(c) for c in dict.fromkeys(candidates))}); pass the GLUE root folder "
+      f"(holding {info.dir_name}/) or the task folder, and a split that exists there")
+
+
+def _label_id(info: GlueTask, value: str) -> int:
+  value = value.strip()
+  if value in info.tsv_label_values:
+    return info.tsv_label_values.index(value)
+  if value in info.label_names:
+    return info.label_names.index(value)
+  raise ValueError(f"label {value!r} is not one of {info.tsv_label_values}")
+
+
+def load_glue_tsv(path_dir, task: str, split: str = "dev", max_examples: int | None = None,
+                  bad_rows: str = "warn") -> list[GlueExample]:
+  """Reads a GLUE TSV split (standard column layout, header line, UTF-8 with or without BOM).
+
+  Columns are found by header name, so test files (``index`` first, no label) work too.
+  ``bad_rows``: a row with the wrong number of fields or an unknown label is skipped with a
+  warning ("warn", as TFDS and the GLUE processors skip them; the QQP subset has one), skipped
+  silently ("skip"), or raises ValueError naming file and line ("error").
+  """
+  if bad_rows not in ("warn", "skip", "error"):
+    raise ValueError(f"bad_rows must be 'warn', 'skip' or 'error', got {bad_rows!r}")
+  info = task_info(task)
+  path = tsv_path(path_dir, task, split)
+  csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+  examples, skipped = [], []
+  with open(path, encoding="utf-8-sig", newline="") as f:
+    reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    header = next(reader, None)
+    if header is None:
+      raise ValueError(f"{path} is empty: expected a GLUE TSV header line")
+    header = [h.strip() for h in header]
+    missing = [c for c in info.tsv_text_columns if c not in header]
+    if missing:
+      raise ValueError(f"{path}: header {header} lacks the column(s) {missing} of GLUE "
+                       f"{info.name} ({info.tsv_text_columns})")
+    text_cols = [header.index(c) for c in info.tsv_text_columns]
+    label_col = header.index(info.tsv_label_column) if info.tsv_label_column in header else None
+    for n, row in enumerate(reader):
+      if max_examples is not None and len(examples) >= max_examples:
+        break
+      lineno = n + 2
+      try:
+        if len(row) != len(header):
+          raise ValueError(f"expected {len(header)} tab-separated fields, found {len(row)}")
+        label = _label_id(info, row[label_col]) if label_col is not None else None
+      except ValueError as e:
+        if bad_rows == "error":
+          raise ValueError(f"{path}, line {lineno}: {e}") from None
+        skipped.append(lineno)
+        continue
+      texts = [row[c] for c in text_cols]
+      examples.append(GlueExample(texts[0], texts[1] if len(texts) > 1 else None, label, n))
+  if skipped and bad_rows == "warn":
+    warnings.warn(f"{path}: skipped {len(skipped)} malformed row(s) at line(s) "
+                  f"{', '.join(map(str, skipped[:10]))}{' ...' if len(skipped) > 10 else ''}",
+                  stacklevel=2)
+  return examples
+
+
+def _as_str(value) -> str:
+  if hasattr(value, "item") and getattr(value, "shape", None) == ():
+    value = value.item()
+  if isinstance(value, bytes):
+    return value.decode("utf-8")
+  return str(value)
+
+
+def glue_example_from_record(task: str, record: dict) -> GlueExample:
+  """Converts one TFDS ``glue/<task>`` record (dict of numpy scalars / str / bytes)."""
+  info = task_info(task)
+  texts = [_as_str(record[k]) for k in info.text_keys]
+  label = int(record["label"])
+  return GlueExample(texts[0], texts[1] if len(texts) > 1 else None,
+                     None if label < 0 else label, int(record["idx"]))
+
+
+def load_glue_tfds(task: str, split: str = "validation", data_dir=None,
+                   max_examples: int | None = None) -> list[GlueExample]:
+  """Reads ``glue/<task>`` through ``tfds.data_source`` (array_record, no TensorFlow needed).
+
+  The dataset must already be prepared in ``data_dir`` (or the TFDS default folder); nothing
+  is downloaded here unless TFDS itself does so. Test splits give ``label=None``.
+  """
+  info = task_info(task)
+  import tensorflow_datasets as tfds
+  import tensorflow_datasets.text.glue  # noqa: F401  (registers the glue builder)
+  split = {"dev": "validation"}.get(split, split)
+  try:
+    source = tfds.data_source(f"glue/{info.name}", split=split, data_dir=data_dir,
+                              download=False)
+  except Exception as e:  # TFDS raises assorted errors for a missing / unprepared dataset
+    first_line = (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
+    raise ValueError(
+        f"cannot read TFDS glue/{info.name} split {split!r} from "
+        f"{data_dir or 'the TFDS default data folder'} ({first_line}). Prepare it first "
+        f"(tfds build glue/{info.name} --file_format=array_record), or read the GLUE TSV "
+        f"files with load_glue_tsv / spec glue-tsv:DIR/{info.name}") from e
+  n = len(source) if max_examples is None else min(len(source), max_examples)
+  return [glue_example_from_record(info.name, source[i]) for i in range(n)]

@@ -1,0 +1,229 @@
+"""Data spec strings -> datasets -> encoded batch streams (the analysis input entry point).
+
+Accepted forms (`SPEC_FORMS`):
+
+  conllu:FILE               CoNLL-U with gold dependency arcs (e.g. UD English EWT)
+  glue:TASK[:SPLIT]         GLUE through TFDS (task mrpc, qqp, sst2, qnli; split default validation)
+  glue-tsv:DIR/TASK[:SPLIT] GLUE TSV files in DIR/<task folder> (split default dev)
+  tsv:FILE[:header]         TSV of sentences (1 column) or pairs (2 columns); ":header" skips line 1
+  text:FILE                 plain text, one sentence per line
+  ud-ewt | sst2 | mrpc      embedded data: UD EWT test, GLUE SST-2 dev, GLUE MRPC dev
+
+Text inputs (everything except CoNLL-U) get dependency arcs from a spaCy parser when
+``syntax=True``; CoNLL-U uses its gold arcs. ``syntax=False`` drops all arcs (no syntactic roles).
+"""
+
+import dataclasses
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from heads_jax.data import assets, conllu, glue, text
+from heads_jax.data import syntax as syn
+from heads_jax.data.encoding import (DEFAULT_BUCKET_STEP, DEFAULT_MAX_LENGTH, AnalysisExample,
+                                     Segment, iter_batches)
+
+SPEC_FORMS = ("conllu:FILE", "glue:TASK[:SPLIT]", "glue-tsv:DIR/TASK[:SPLIT]", "tsv:FILE[:header]",
+              "text:FILE", "ud-ewt", "sst2", "mrpc")
+BUILTIN = ("ud-ewt", "sst2", "mrpc")
+
+
+def _bad(spec: str, why: str) -> ValueError:
+  return ValueError(f"data spec {spec!r}: {why}; accepted forms: {', '.join(SPEC_FORMS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """A parsed spec. ``kind``: conllu, glue, glue-tsv, tsv or text; ``path`` a file or (glue-tsv)
+  the GLUE root / task folder; ``task`` and ``split`` for GLUE; ``header`` for tsv."""
+  spec: str
+  kind: str
+  path: Path | None = None
+  task: str | None = None
+  split: str | None = None
+  header: bool = False
+
+
+def _existing_file(spec, path) -> Path:
+  path = Path(path).expanduser()
+  if not path.is_file():
+    raise _bad(spec, f"file {path} does not exist")
+  return path
+
+
+def _split_suffix(body: str) -> tuple[str, str | None]:
+  head, sep, tail = body.rpartition(":")
+  if sep and head and re.fullmatch(r"[A-Za-z0-9_]+", tail):
+    return head, tail
+  return body, None
+
+
+def parse_spec(spec: str) -> DataSpec:
+  """Parses and checks a spec string (files must exist); one-line ValueError otherwise."""
+  if not isinstance(spec, str) or not spec.strip():
+    raise _bad(str(spec), "empty spec")
+  spec = spec.strip()
+  if spec == "ud-ewt":
+    return DataSpec(spec, "conllu", assets.ud_ewt_test_path())
+  if spec in ("sst2", "mrpc"):
+    return DataSpec(spec, "glue-tsv", assets.glue_dir(), spec, "dev")
+  kind, sep, body = spec.partition(":")
+  if not sep or not body:
+    raise _bad(spec, "unknown form")
+  try:
+    if kind == "conllu":
+      return DataSpec(spec, "conllu", _existing_file(spec, body))
+    if kind == "text":
+      return DataSpec(spec, "text", _existing_file(spec, body))
+    if kind == "tsv":
+      header = body.endswith(":header")
+      if header:
+        body = body[: -len(":header")]
+      return DataSpec(spec, "tsv", _existing_file(spec, body), header=header)
+    if kind == "glue":
+      task, _, split = body.partition(":")
+      return DataSpec(spec, "glue", None, glue.task_info(task).name, split or "validation")
+    if kind == "glue-tsv":
+      body, split = _split_suffix(body)
+      path = Path(body).expanduser()
+      task = glue.task_info(path.name).name
+      root = path if path.is_dir() else path.parent
+      glue.tsv_path(root, task, split or "dev")  # checks the file exists
+      return DataSpec(spec, "glue-tsv", root, task, split or "dev")
+  except ValueError as e:
+    if str(e).startswith("data spec"):
+      raise
+    raise _bad(spec, str(e)) from None
+  except FileNotFoundError as e:
+    raise _bad(spec, str(e).split(";")[0]) from None
+  raise _bad(spec, f"unknown kind {kind!r}")
+
+
+@dataclasses.dataclass
+class Dataset:
+  """Loaded examples of a spec. ``examples``: `conllu.Sentence` (conllu), `glue.GlueExample`
+  (glue, glue-tsv) or `text.TextExample` (tsv, text). ``gold_arcs``: the data carries its own
+  dependency parses; ``pairs``: examples are sentence pairs."""
+  spec: DataSpec
+  examples: list
+  gold_arcs: bool
+  pairs: bool
+  name: str
+
+  @property
+  def labels(self) -> list | None:
+    if self.spec.kind in ("glue", "glue-tsv"):
+      return [e.label for e in self.examples]
+    return None
+
+  def __len__(self) -> int:
+    return len(self.examples)
+
+
+def load_spec(spec: str | DataSpec, max_examples: int | None = None) -> Dataset:
+  """Reads the examples a spec names (at most ``max_examples``)."""
+  ds = spec if isinstance(spec, DataSpec) else parse_spec(spec)
+  if ds.kind == "conllu":
+    examples = conllu.load_conllu(ds.path, max_examples)
+    return Dataset(ds, examples, True, False, ds.spec)
+  if ds.kind == "glue":
+    examples = glue.load_glue_tfds(ds.task, ds.split, max_examples=max_examples)
+    return Dataset(ds, examples, False, glue.TASKS[ds.task].is_pair, f"glue/{ds.task}:{ds.split}")
+  if ds.kind == "glue-tsv":
+    examples = glue.load_glue_tsv(ds.path, ds.task, ds.split, max_examples)
+    return Dataset(ds, examples, False, glue.TASKS[ds.task].is_pair, f"{ds.task}:{ds.split}")
+  if ds.kind == "tsv":
+    examples = text.load_tsv(ds.path, ds.header, max_examples)
+    return Dataset(ds, examples, False, any(e.text_b is not None for e in examples), ds.spec)
+  if ds.kind == "text":
+    examples = text.load_text(ds.path, max_examples)
+    return Dataset(ds, examples, False, False, ds.spec)
+  raise _bad(ds.spec, f"unknown kind {ds.kind!r}")
+
+
+def parser_name(nlp) -> str:
+  """A readable name of a spaCy pipeline or parser callable."""
+  meta = getattr(nlp, "meta", None)
+  if isinstance(meta, dict) and meta.get("name"):
+    return f"{meta.get('lang', '')}_{meta['name']}".strip("_")
+  return getattr(nlp, "__name__", type(nlp).__name__)
+
+
+def analysis_examples(dataset: Dataset, nlp=None, syntax_on: bool = True,
+                      parse_batch_size: int = 64) -> Iterator[AnalysisExample]:
+  """The dataset's examples as `AnalysisExample`s, lazily (text is parsed as it is read).
+
+  CoNLL-U: pre-split words with gold arcs (no arcs if ``syntax_on`` is False). Text: parsed
+  by ``nlp`` (a callable, already resolved) if ``syntax_on``, else raw text without arcs.
+  """
+  if dataset.gold_arcs:
+    for s in dataset.examples:
+      yield AnalysisExample(Segment.from_sentence(s, arcs=syntax_on))
+    return
+  label_of = (lambda e: e.label) if dataset.spec.kind in ("glue", "glue-tsv") else (lambda e: None)
+  if not syntax_on:
+    for e in dataset.examples:
+      b = None if e.text_b is None else Segment.from_text(e.text_b)
+      yield AnalysisExample(Segment.from_text(e.text_a), b, label_of(e))
+    return
+
+  def texts():
+    for e in dataset.examples:
+      yield e.text_a
+      if e.text_b is not None:
+        yield e.text_b
+
+  parses = syn.parse_texts(texts(), nlp, batch_size=parse_batch_size)
+  for e in dataset.examples:
+    a = Segment.from_parse(next(parses))
+    b = None if e.text_b is None else Segment.from_parse(next(parses))
+    yield AnalysisExample(a, b, label_of(e))
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  """What `encode_spec` read: the dataset, where its arcs come from (``"gold"``,
+  ``"parser:<name>"`` or None), and the encoding settings."""
+  dataset: Dataset
+  arcs: str | None
+  max_length: int
+  batch_size: int
+
+  @property
+  def num_examples(self) -> int:
+    return len(self.dataset)
+
+  def settings(self) -> dict:
+    """JSON-friendly description, for output files."""
+    return {"data": self.dataset.spec.spec, "data_name": self.dataset.name,
+            "num_examples": self.num_examples, "pairs": self.dataset.pairs,
+            "gold_arcs": self.dataset.gold_arcs, "arcs": self.arcs,
+            "max_length": self.max_length}
+
+
+def encode_spec(spec: str, tokenizer, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
+                max_examples: int | None = None, parser=None, syntax: bool = True,
+                sort_window: int | None = None, bucket_step: int = DEFAULT_BUCKET_STEP,
+                pad_to_batch_size: bool = False):
+  """Reads a spec and returns ``(info, batches, n)``.
+
+  ``batches`` yields ``(indices, batch)`` as `encoding.iter_batches` (lazy: text is parsed and
+  encoded while iterating); ``n`` the number of examples. ``parser``: None (``en_core_web_sm``),
+  a spaCy pipeline name, or a callable ``nlp(text) -> Doc``; it is loaded here, before any
+  batch, so a missing pipeline fails at once (`syntax.MissingParserError`). ``syntax=False``
+  skips parsing and drops all arcs.
+  """
+  dataset = load_spec(spec, max_examples)
+  nlp, arcs = None, None
+  if syntax:
+    if dataset.gold_arcs:
+      arcs = "gold"
+    else:
+      nlp = syn.resolve_parser(parser)
+      arcs = f"parser:{parser_name(nlp)}"
+  examples = analysis_examples(dataset, nlp, syntax)
+  batches = iter_batches(examples, tokenizer, max_length=max_length, batch_size=batch_size,
+                         sort_window=sort_window, bucket_step=bucket_step,
+                         pad_to_batch_size=pad_to_batch_size)
+  return DatasetInfo(dataset, arcs, max_length, batch_size), batches, len(dataset)
+

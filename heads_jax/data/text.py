@@ -1,0 +1,91 @@
+"""Plain-text analysis inputs: one sentence per line, paragraphs, or a TSV of sentences / pairs."""
+
+import csv
+import dataclasses
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class TextExample:
+  """A single text (``text_b`` None) or a pair, with its 0-based position in the input."""
+  text_a: str
+  text_b: str | None = None
+  idx: int = 0
+
+
+def _check(path) -> Path:
+  path = Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"text file {path} does not exist")
+  return path
+
+
+def read_text(path, max_examples: int | None = None, unit: str = "line") -> Iterator[TextExample]:
+  """Yields the texts of a UTF-8 file; blank lines are skipped, surrounding whitespace stripped.
+
+  ``unit="line"``: one example per non-blank line (one sentence per line).
+  ``unit="paragraph"``: one example per block of non-blank lines (blank-line separated, as the
+  Gutenberg books), its lines joined with single spaces.
+  """
+  if unit not in ("line", "paragraph"):
+    raise ValueError(f"unit must be 'line' or 'paragraph', got {unit!r}")
+  if max_examples is not None and max_examples <= 0:
+    return
+  count = 0
+  with open(_check(path), encoding="utf-8-sig") as f:
+    block = []
+    for line in f:
+      line = line.strip()
+      if unit == "line":
+        if line:
+          yield TextExample(line, None, count)
+          count += 1
+      elif line:
+        block.append(line)
+        continue
+      elif block:
+        yield TextExample(" ".join(block), None, count)
+        count += 1
+        block = []
+      if max_examples is not None and count >= max_examples:
+        return
+    if block:
+      yield TextExample(" ".join(block), None, count)
+
+
+def load_text(path, max_examples: int | None = None, unit: str = "line") -> list[TextExample]:
+  """All texts of a file as a list (see `read_text`)."""
+  return list(read_text(path, max_examples, unit))
+
+
+def load_tsv(path, header: bool = False, max_examples: int | None = None) -> list[TextExample]:
+  """A TSV of single sentences (1 column) or sentence pairs (2 columns), no quoting.
+
+  With ``header=True`` the first line is a header and is skipped. Every row must have the
+  same number of columns (1 or 2); blank lines are skipped. A bad row raises ValueError with
+  file and line.
+  """
+  csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+  examples, ncols = [], None
+  with open(_check(path), encoding="utf-8-sig", newline="") as f:
+    reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    for lineno, row in enumerate(reader, 1):
+      if header and lineno == 1:
+        continue
+      if not row or all(not c.strip() for c in row):
+        continue
+      if max_examples is not None and len(examples) >= max_examples:
+        break
+      if len(row) not in (1, 2):
+        raise ValueError(f"{path}, line {lineno}: expected 1 (sentence) or 2 (sentence pair) "
+                         f"tab-separated columns, found {len(row)}")
+      if ncols is None:
+        ncols = len(row)
+      elif len(row) != ncols:
+        raise ValueError(f"{path}, line {lineno}: found {len(row)} column(s) but earlier rows "
+                         f"have {ncols}; every row must be a single sentence or every row a pair")
+      examples.append(TextExample(row[0].strip(), row[1].strip() if ncols == 2 else None,
+                                  len(examples)))
+  return examples

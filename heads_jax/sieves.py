@@ -1,0 +1,193 @@
+"""Sieves: boolean role masks over (query, key) positions, built from an encoded batch (jnp).
+
+A sieve ``S(t)`` is, for each query position ``t``, the set of key positions a head with that
+role is expected to attend to (DESIGN.md section 3). Here every sieve is a boolean mask
+``[b, r, q, k]``: ``sieves[i, j, t, s]`` is True when key ``s`` is in role ``j``'s sieve of
+query ``t`` of sequence ``i``. Padding is never a query and never a key (its rows and columns
+are all False), so ``|S(t)|`` is simply the row count.
+
+=================  ==========================================================================
+role               S(t)
+=================  ==========================================================================
+``local``          ``{s : |s - t| <= 2}``, self included, clipped to the real positions
+``prev_local``     ``{t-2, t-1}`` clipped
+``next_local``     ``{t+1, t+2}`` clipped
+``block``          non-special positions (not ``[CLS]``/``[SEP]``) with t's token type; only
+                   for pairs (any real position with token type 1), empty for single texts.
+                   Commas and periods are ordinary sentence positions here.
+``block_plain``    the same mask as ``block`` (the statistic differs, not the sieve)
+``cls``            ``{0}``
+``sep``            every ``[SEP]`` position
+``delimiter``      ``cls`` union ``sep``
+``nsubj`` ...      dependent -> head: when t's word is the dependent of an arc with that
+                   relation, all wordpieces of the head word; otherwise empty. With
+                   ``direction="both"`` also head -> dependent: all wordpieces of the
+                   words that depend on t's word by that relation.
+``syntactic``      union of ``nsubj``, ``obj``, ``amod``, ``advmod``
+=================  ==========================================================================
+
+This module is pure ``jax.numpy`` on an encoded batch (``heads_jax.data.batch``); it never
+imports the model (the two meet only in ``heads_jax.stats.step``). It is jit-friendly when
+``roles`` and ``direction`` are static.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax.numpy as jnp
+
+from heads_jax.data.batch import (
+    REL_ADVMOD, REL_AMOD, REL_NSUBJ, REL_OBJ, ROLES, TOKEN_CLS, TOKEN_COMMA, TOKEN_PERIOD,
+    TOKEN_SEP)
+
+DIRECTIONS = ("dep2head", "both")
+
+_RELATION_IDS = {"nsubj": REL_NSUBJ, "obj": REL_OBJ, "amod": REL_AMOD, "advmod": REL_ADVMOD}
+
+# Index of each distance feature in the 21-vector (DESIGN.md: windows 0..15, self, [CLS],
+# [SEP], ',', '.').
+NUM_WINDOWS = 16
+SELF_FEATURE = 16
+CLS_FEATURE, SEP_FEATURE, COMMA_FEATURE, PERIOD_FEATURE = 17, 18, 19, 20
+NUM_DISTANCE_FEATURES = 21
+
+
+def check_roles(roles: Sequence[str]) -> tuple[str, ...]:
+  """Validates role names against ``ROLES``; returns them as a tuple (order kept)."""
+  roles = tuple(roles)
+  unknown = [r for r in roles if r not in ROLES]
+  if unknown:
+    raise ValueError(f"unknown role(s) {unknown}; choose from {list(ROLES)}")
+  if len(set(roles)) != len(roles):
+    raise ValueError(f"roles must not repeat, got {list(roles)}")
+  if not roles:
+    raise ValueError("roles is empty; pass at least one of " + ", ".join(ROLES))
+  return roles
+
+
+def check_direction(direction: str) -> str:
+  if direction not in DIRECTIONS:
+    raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+  return direction
+
+
+def real_pairs(attention_mask) -> jnp.ndarray:
+  """bool ``[b, q, k]``: both the query and the key are real (non-padding) positions."""
+  real = jnp.asarray(attention_mask) > 0
+  return real[:, :, None] & real[:, None, :]
+
+
+def _offsets(k: int) -> jnp.ndarray:
+  """int32 ``[q, k]``: ``s - t`` for query t (rows) and key s (columns)."""
+  pos = jnp.arange(k, dtype=jnp.int32)
+  return pos[None, :] - pos[:, None]
+
+
+def _relation_sieve(word_ids, dep_head, dep_rel, rel_id: int, direction: str) -> jnp.ndarray:
+  """bool ``[b, q, k]`` for one relation, before the padding mask."""
+  # dependent -> head: t's word depends on s's word by rel.
+  dep_of = (dep_rel == rel_id) & (dep_head >= 0)                      # [b, q]
+  sieve = dep_of[:, :, None] & (word_ids[:, None, :] == dep_head[:, :, None])
+  if direction == "both":
+    # head -> dependent: s's word depends on t's word by rel.
+    head_of = (dep_rel == rel_id) & (dep_head >= 0)                   # [b, k]
+    sieve = sieve | (head_of[:, None, :] & (word_ids[:, :, None] >= 0)
+                     & (dep_head[:, None, :] == word_ids[:, :, None]))
+  return sieve
+
+
+def build_sieves(batch: dict, roles: Sequence[str] = ROLES, direction: str = "dep2head"):
+  """Role masks of an encoded batch.
+
+  Args:
+    batch: encoded batch (``heads_jax.data.batch``); uses ``attention_mask``,
+      ``token_type_ids``, ``token_class``, ``word_ids``, ``dep_head``, ``dep_rel``, all
+      ``[b, k]`` (numpy or jax arrays).
+    roles: role names, a subset of ``ROLES`` in any order; the output's r axis follows it.
+    direction: ``"dep2head"`` (default, as the paper's code) or ``"both"`` (adds
+      head -> dependent for the relation roles and ``syntactic``).
+
+  Returns:
+    bool ``[b, r, q, k]`` with q = k = the padded length.
+  """
+  roles = check_roles(roles)
+  direction = check_direction(direction)
+  missing = [f for f in ("attention_mask", "token_type_ids", "token_class", "word_ids",
+                         "dep_head", "dep_rel") if f not in batch]
+  if missing:
+    raise KeyError(f"batch lacks field(s) {missing}; encode it with heads_jax.data "
+                   "(see heads_jax/data/batch.py for the format)")
+  mask = jnp.asarray(batch["attention_mask"])
+  if mask.ndim != 2:
+    raise ValueError(f"batch fields must be [b, k]; attention_mask has shape {mask.shape}")
+  real = mask > 0
+  token_type = jnp.asarray(batch["token_type_ids"])
+  token_class = jnp.asarray(batch["token_class"])
+  word_ids = jnp.asarray(batch["word_ids"])
+  dep_head = jnp.asarray(batch["dep_head"])
+  dep_rel = jnp.asarray(batch["dep_rel"])
+  b, k = mask.shape
+
+  pairs = real_pairs(mask)                                            # [b, q, k]
+  off = _offsets(k)[None]                                             # [1, q, k]
+  key_is = lambda x: x[:, None, :]                                    # noqa: E731  [b, 1, k]
+
+  cache = {}
+
+  def sieve(role):
+    if role in cache:
+      return cache[role]
+    if role == "local":
+      s = jnp.abs(off) <= 2
+    elif role == "prev_local":
+      s = (off >= -2) & (off <= -1)
+    elif role == "next_local":
+      s = (off >= 1) & (off <= 2)
+    elif role in ("block", "block_plain"):
+      is_pair = jnp.any(real & (token_type == 1), axis=1)             # [b]
+      special = (token_class == TOKEN_CLS) | (token_class == TOKEN_SEP)
+      s = (is_pair[:, None, None] & key_is(~special)
+           & (token_type[:, :, None] == token_type[:, None, :]))
+    elif role == "cls":
+      s = (jnp.arange(k) == 0)[None, None, :]                         # key position 0
+    elif role == "sep":
+      s = key_is(token_class == TOKEN_SEP)
+    elif role == "delimiter":
+      s = sieve("cls") | sieve("sep")
+    elif role in _RELATION_IDS:
+      s = _relation_sieve(word_ids, dep_head, dep_rel, _RELATION_IDS[role], direction)
+    elif role == "syntactic":
+      s = sieve("nsubj") | sieve("obj") | sieve("amod") | sieve("advmod")
+    else:  # pragma: no cover - check_roles rejects it
+      raise ValueError(role)
+    s = jnp.broadcast_to(s, (b, k, k)) & pairs
+    cache[role] = s
+    return s
+
+  return jnp.stack([sieve(r) for r in roles], axis=1)
+
+
+def distance_bins(token_class, attention_mask) -> jnp.ndarray:
+  """The distance feature (0..20) each (query, key) pair contributes to, int32 ``[b, q, k]``.
+
+  Per DESIGN.md (Guan et al.): the key t itself -> ``SELF_FEATURE`` (16; self wins over
+  special); a ``[CLS]``/``[SEP]``/``,``/``.`` key -> 17/18/19/20; any other real key at
+  distance ``d = |s - t| >= 1`` -> window ``min(15, floor(16 * d / n))`` with n the number of
+  real positions. ``,`` and ``.`` count as special here: such a key goes to its own feature,
+  never to a window. Pairs with a padding query or key get -1 (no feature).
+  """
+  token_class = jnp.asarray(token_class)
+  mask = jnp.asarray(attention_mask)
+  b, k = mask.shape
+  n = jnp.maximum(jnp.sum(mask > 0, axis=1), 1).astype(jnp.int32)     # [b]
+  off = _offsets(k)
+  dist = jnp.abs(off)[None]                                           # [1, q, k]
+  window = jnp.minimum(NUM_WINDOWS - 1, (NUM_WINDOWS * dist) // n[:, None, None])
+  kc = token_class[:, None, :]                                        # [b, 1, k]
+  bins = jnp.where(kc == TOKEN_CLS, CLS_FEATURE,
+         jnp.where(kc == TOKEN_SEP, SEP_FEATURE,
+         jnp.where(kc == TOKEN_COMMA, COMMA_FEATURE,
+         jnp.where(kc == TOKEN_PERIOD, PERIOD_FEATURE, window))))
+  bins = jnp.where(dist == 0, SELF_FEATURE, bins)
+  return jnp.where(real_pairs(mask), bins, -1).astype(jnp.int32)

@@ -1,0 +1,109 @@
+"""Sieve bias scores (Pande et al. 2021), reduced on the device (jnp, jit-friendly).
+
+For one head with attention ``alpha`` over the n real positions and one role with sieve S:
+
+    beta(t) = ( sum_{s in S(t)} alpha[t, s] / |S(t)| ) / ( sum_{s=0..n-1} alpha[t, s] / n )
+
+The ``block`` role multiplies ``beta(t)`` by the natural-log entropy of ``alpha[t, 0..n-1]``
+(the authors' released code; ``block_plain`` has no factor). As ``scipy.stats.entropy`` (which
+the authors call) the row is normalised over the real keys first, a no-op for softmax rows.
+The value of a sequence is the mean of ``beta(t)`` over the real queries whose sieve is
+non-empty, NaN if there is none.
+
+Every reduction is an einsum over the attention ``[b, l, h, q, k]`` against masks that have
+no l/h axes, so nothing larger than the attention itself is materialised, and the largest
+intermediate is ``[b, l, h, r, q]``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from heads_jax.sieves import check_roles
+
+_HIGHEST = jax.lax.Precision.HIGHEST  # full float32 matmuls also on TPU (bf16 passes) / GPU (TF32)
+
+
+def _check_shapes(attn, sieves, attention_mask, roles):
+  if attn.ndim != 5:
+    raise ValueError(f"attn must be [b, l, h, q, k], got shape {attn.shape}")
+  b, _, _, q, k = attn.shape
+  if sieves.shape != (b, len(roles), q, k):
+    raise ValueError(f"sieves must be [b, r, q, k] = {(b, len(roles), q, k)} for {len(roles)} "
+                     f"roles and attention {attn.shape}, got {sieves.shape}")
+  if attention_mask.shape != (b, k):
+    raise ValueError(f"attention_mask must be [b, k] = {(b, k)}, got {attention_mask.shape}")
+
+
+def row_entropy(attn, attention_mask) -> jnp.ndarray:
+  """Natural-log entropy of each query's attention row over the real keys, ``[b, l, h, q]``.
+
+  The row is normalised over the real keys first (as ``scipy.stats.entropy``).
+  """
+  attn = attn.astype(jnp.float32)
+  keys = (jnp.asarray(attention_mask) > 0)[:, None, None, None, :]
+  p = jnp.where(keys, attn, 0.0)
+  total = jnp.sum(p, axis=-1, keepdims=True)
+  p = p / jnp.where(total > 0, total, 1.0)
+  return -jnp.sum(jax.scipy.special.xlogy(p, p), axis=-1)
+
+
+def sieve_bias_per_query(attn, sieves, attention_mask, roles: Sequence[str]):
+  """Per-query sieve bias ``beta(t)``.
+
+  Args:
+    attn: attention probabilities ``[b, l, h, q, k]``.
+    sieves: bool ``[b, r, q, k]`` (``heads_jax.sieves.build_sieves`` with the same roles).
+    attention_mask: ``[b, k]``, 1 on real positions.
+    roles: the role names of the r axis (``block`` gets the entropy factor).
+
+  Returns:
+    ``(beta, valid)``: float32 ``[b, l, h, r, q]`` (0 where not valid) and bool ``[b, r, q]``
+    (a real query with a non-empty sieve).
+  """
+  roles = check_roles(roles)
+  attn = jnp.asarray(attn).astype(jnp.float32)
+  sieves = jnp.asarray(sieves)
+  attention_mask = jnp.asarray(attention_mask)
+  _check_shapes(attn, sieves, attention_mask, roles)
+  real = (attention_mask > 0).astype(jnp.float32)                     # [b, k]
+  n = jnp.sum(real, axis=-1)                                          # [b]
+
+  in_sieve = jnp.einsum("blhqk,brqk->blhrq", attn, sieves.astype(jnp.float32), precision=_HIGHEST)
+  total = jnp.einsum("blhqk,bk->blhq", attn, real, precision=_HIGHEST)
+  size = jnp.sum(sieves, axis=-1)                                     # [b, r, q]
+  valid = size > 0
+
+  mean_in = in_sieve / jnp.maximum(size, 1)[:, None, None].astype(jnp.float32)
+  mean_all = total / jnp.maximum(n, 1.0)[:, None, None, None]         # [b, l, h, q]
+  mean_all = jnp.where(mean_all > 0, mean_all, 1.0)[:, :, :, None, :]
+  beta = mean_in / mean_all                                           # [b, l, h, r, q]
+  if "block" in roles:
+    entropy = row_entropy(attn, attention_mask)                       # [b, l, h, q]
+    is_block = (jnp.arange(len(roles)) == roles.index("block"))[None, None, None, :, None]
+    beta = jnp.where(is_block, beta * entropy[:, :, :, None, :], beta)
+  beta = jnp.where(valid[:, None, None], beta, 0.0)
+  return beta, valid
+
+
+def sieve_bias(attn, sieves, attention_mask, roles: Sequence[str]) -> jnp.ndarray:
+  """Sieve bias of each sequence, head and role.
+
+  Args:
+    attn: attention probabilities ``[b, l, h, q, k]`` (rows sum to 1 over real keys).
+    sieves: bool ``[b, r, q, k]``.
+    attention_mask: ``[b, k]``.
+    roles: names of the r axis.
+
+  Returns:
+    float32 ``[b, l, h, r]``: the mean of ``beta(t)`` over real queries with a non-empty
+    sieve; NaN where no query has one (e.g. ``obj`` in a sentence without an ``obj`` arc,
+    ``block`` for a single text, or an all-padding row).
+  """
+  beta, valid = sieve_bias_per_query(attn, sieves, attention_mask, roles)
+  count = jnp.sum(valid, axis=-1).astype(jnp.float32)[:, None, None]  # [b, 1, 1, r]
+  total = jnp.sum(beta, axis=-1)
+  return jnp.where(count > 0, total / jnp.maximum(count, 1.0), jnp.nan).astype(jnp.float32)

@@ -1,0 +1,165 @@
+"""The analysis step: model forward + sieves + statistics in one jitted, data-parallel call.
+
+    step = make_analysis_step(model, roles=ROLES, direction="dep2head")
+    out = step(batch)            # host numpy encoded batch [b, k] -> numpy results
+    out["sieve_bias"]            # float32 [b, l, h, r]  (NaN where a role's sieve is empty)
+    out["distance"]              # float32 [b, l, h, 21]
+
+Inside the single ``jax.jit`` function the model runs with ``return_attentions=True``; the
+attention ``[b, l, h, q, k]`` is reduced on the device to the per-sequence statistics and
+never reaches the host. The batch is padded with all-padding rows to a multiple of the
+number of (local) devices of the ``data`` mesh and sharded over it; the model state is
+replicated on the mesh once, when the step is made. Only the real rows come back.
+
+This is where the model and the sieves meet (DESIGN.md section 2): neither imports the other.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from heads_jax.data.batch import BATCH_FIELDS, ROLES
+from heads_jax.parallel import batch_sharding, data_mesh, pad_to_multiple, replicate, shard_batch
+from heads_jax.sieves import build_sieves, check_direction, check_roles
+from heads_jax.stats.distance import distance_features
+from heads_jax.stats.sieve_bias import sieve_bias
+
+GATE_MODES = ("remove", "uniform")
+
+
+def _check_batch(batch: dict) -> dict:
+  missing = [f for f in BATCH_FIELDS if f not in batch]
+  if missing:
+    raise KeyError(f"batch lacks field(s) {missing}; an analysis batch needs all of "
+                   f"{list(BATCH_FIELDS)} (see heads_jax/data/batch.py)")
+  arrays = {f: np.asarray(batch[f]) for f in BATCH_FIELDS}
+  shape = arrays["input_ids"].shape
+  if len(shape) != 2 or shape[0] == 0:
+    raise ValueError(f"batch fields must be [b, k] with b >= 1; input_ids has shape {shape}")
+  bad = {f: a.shape for f, a in arrays.items() if a.shape != shape}
+  if bad:
+    raise ValueError(f"every batch field must have the shape of input_ids {shape}; got {bad}")
+  for f, a in arrays.items():
+    if not np.issubdtype(a.dtype, np.integer):
+      raise TypeError(f"batch field {f!r} must be integer, got {a.dtype}")
+  return {f: a.astype(np.int32) for f, a in arrays.items()}
+
+
+def _host_rows(x: jax.Array, rows: int) -> np.ndarray:
+  """The first ``rows`` rows of this process's part of a batch-sharded array, as numpy."""
+  if x.is_fully_addressable:
+    return np.asarray(x)[:rows]
+  shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+  seen, parts = set(), []
+  for s in shards:
+    start = s.index[0].start or 0
+    if start not in seen:
+      seen.add(start)
+      parts.append(np.asarray(s.data))
+  return np.concatenate(parts)[:rows]
+
+
+class PendingResult:
+  """Results of a dispatched step, still on the device; ``result()`` fetches them."""
+
+  def __init__(self, outputs: dict, rows: int):
+    self._outputs, self.rows = outputs, rows
+
+  def result(self) -> dict:
+    return {name: _host_rows(x, self.rows) for name, x in self._outputs.items()}
+
+
+class AnalysisStep:
+  """Callable analysis step; see ``make_analysis_step``."""
+
+  def __init__(self, model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
+               mesh=None, gate_mode: str = "remove"):
+    self.roles = check_roles(roles)
+    self.direction = check_direction(direction)
+    if gate_mode not in GATE_MODES:
+      raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
+    self.gate_mode = gate_mode
+    self.mesh = data_mesh() if mesh is None else mesh
+    local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+    self.multiple = max(1, len(local))
+    # A task model (pre-training / classification) carries its encoder as `.bert`; only the
+    # encoder's attentions are needed, so skip the task heads (MLM logits are costly).
+    encoder = getattr(model, "bert", model)
+    self.model = encoder
+    roles, direction, gate_mode = self.roles, self.direction, self.gate_mode
+
+    def analyse(module, batch, head_gate):
+      kwargs = {}
+      if head_gate is not None:
+        kwargs = {"head_gate": head_gate, "gate_mode": gate_mode}
+      out = module(batch["input_ids"], attention_mask=batch["attention_mask"],
+                   token_type_ids=batch["token_type_ids"], return_attentions=True,
+                   deterministic=True, **kwargs)
+      attn = out["attentions"]                                        # [b, l, h, q, k]
+      sieves = build_sieves(batch, roles, direction)                  # [b, r, q, k]
+      return {
+          "sieve_bias": sieve_bias(attn, sieves, batch["attention_mask"], roles),
+          "distance": distance_features(attn, batch["token_class"], batch["attention_mask"]),
+      }
+
+    out_shardings = batch_sharding(self.mesh)
+    if isinstance(encoder, nnx.Module):
+      graphdef, state = nnx.split(encoder)
+      self._state = replicate(state, self.mesh)
+
+      def run(state, batch, head_gate):
+        return analyse(nnx.merge(graphdef, state), batch, head_gate)
+    else:
+      if not callable(encoder):
+        raise TypeError(f"model must be an nnx.Module or a callable, got {type(encoder).__name__}")
+      self._state = None
+
+      def run(state, batch, head_gate):
+        del state
+        return analyse(encoder, batch, head_gate)
+
+    self._run = jax.jit(run, out_shardings=out_shardings)
+
+  def submit(self, batch: dict, head_gate=None) -> PendingResult:
+    """Pads, shards and dispatches ``batch`` without waiting for the result.
+
+    Args:
+      batch: host encoded batch (``heads_jax.data.batch``), every field ``[b, k]``.
+      head_gate: optional float ``[l, h]`` passed to the model with this step's gate_mode.
+    """
+    batch = _check_batch(batch)
+    padded, rows = pad_to_multiple(batch, self.multiple)
+    device_batch = shard_batch(padded, self.mesh)
+    if head_gate is not None:
+      head_gate = replicate(jnp.asarray(head_gate, jnp.float32), self.mesh)
+    return PendingResult(self._run(self._state, device_batch, head_gate), rows)
+
+  def __call__(self, batch: dict, head_gate=None) -> dict:
+    """``{"sieve_bias": float32 [b, l, h, r], "distance": float32 [b, l, h, 21]}`` (numpy)."""
+    return self.submit(batch, head_gate).result()
+
+
+def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
+                       mesh=None, gate_mode: str = "remove") -> AnalysisStep:
+  """The jitted analysis step of ``model``.
+
+  Args:
+    model: an ``nnx.Module`` (``BertModel``, or a task model whose ``.bert`` is used), or any
+      callable with the model API: ``model(input_ids, attention_mask=, token_type_ids=,
+      return_attentions=True, deterministic=True[, head_gate=, gate_mode=])`` returning a dict
+      with ``attentions`` ``[b, l, h, q, k]``. A module's state is replicated on the mesh once.
+    roles: role names (subset of ``ROLES``), the r axis of ``sieve_bias``.
+    direction: ``"dep2head"`` or ``"both"`` for the relation sieves.
+    mesh: the one-axis ``data`` mesh (default: all devices).
+    gate_mode: how a ``head_gate`` given to the step is applied (model API).
+
+  Returns:
+    an ``AnalysisStep``: ``step(batch, head_gate=None) -> dict`` of numpy arrays for the real
+    rows, and ``step.submit(batch)`` to dispatch without waiting (``.result()`` fetches).
+  """
+  return AnalysisStep(model, roles=roles, direction=direction, mesh=mesh, gate_mode=gate_mode)

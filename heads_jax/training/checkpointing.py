@@ -1,0 +1,134 @@
+"""Orbax checkpoints of the full train state, for exact resume.
+
+A train state is a plain pytree ``{"step": int32 [], "params": pure dict, "opt_state": optax
+state}`` (see ``heads_jax.training.steps``). ``Checkpoints`` wraps ``ocp.CheckpointManager``:
+
+* items ``state`` (``ocp.args.StandardSave`` / ``StandardRestore``: every array, restored
+  directly with the shardings of the abstract target, so a checkpoint written on one device
+  layout restores on another) and ``meta`` (``ocp.args.JsonSave``: the data position, metrics,
+  the config);
+* asynchronous saves (``enable_async_checkpointing``) every ``save_interval_steps`` steps,
+  keeping the last ``max_to_keep``; or, with ``best_metric``, keeping the ``max_to_keep`` best by
+  that metric (``best_mode`` ``"max"``/``"min"``).
+
+Because batch ``N`` of every data stream here is a function of ``(seed, N)`` and the dropout key
+of step ``N`` is ``fold_in(key, N)``, restoring step ``N`` and training on gives the same
+parameters and losses as a run that was never interrupted.
+
+``initial_params`` reads the parameters a run starts from when its work directory has no
+checkpoint yet: a heads_jax model directory, a Hugging Face BERT directory, or an Orbax
+checkpoint directory of another run (e.g. phase 1 for phase 2 of pre-training).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+class Checkpoints:
+  """Periodic asynchronous checkpoints of one run in ``directory``."""
+
+  def __init__(self, directory, *, save_interval_steps: int = 1000, max_to_keep: int | None = 3,
+               async_save: bool = True, best_metric: str | None = None, best_mode: str = "max"):
+    self.directory = Path(directory).absolute()
+    self.best_metric = best_metric
+    options = ocp.CheckpointManagerOptions(
+        save_interval_steps=max(1, int(save_interval_steps)), max_to_keep=max_to_keep,
+        enable_async_checkpointing=async_save,
+        best_fn=(lambda m: float(m[best_metric])) if best_metric else None,
+        best_mode=best_mode, keep_checkpoints_without_metrics=False if best_metric else True,
+        create=True)
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_names=("state", "meta"))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def best_step(self) -> int | None:
+    return self.manager.best_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self.manager.all_steps())
+
+  def save(self, step: int, state, meta: dict | None = None, *, metrics: dict | None = None,
+           force: bool = False) -> bool:
+    """Saves (asynchronously) when ``step`` is due (or ``force``); returns whether it saved."""
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                              meta=ocp.args.JsonSave(_jsonable(meta or {})))
+    return self.manager.save(int(step), args=args, metrics=_jsonable(metrics) if metrics else None,
+                             force=force)
+
+  def restore(self, abstract_state, step: int | None = None):
+    """Returns ``(state, meta)`` of ``step`` (default: the latest) laid out as ``abstract_state``
+    (a pytree of ``jax.ShapeDtypeStruct`` with shardings, e.g. ``abstract_like(state)``)."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    return out.state, dict(out.meta or {})
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def abstract_like(tree):
+  """``jax.ShapeDtypeStruct`` (with sharding) for every array leaf of ``tree``."""
+  return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+def restore_params_from_run(directory, abstract_params, step: int | None = None):
+  """The ``params`` of an Orbax checkpoint written by another run (e.g. pre-training phase 1),
+  ignoring its optimizer state. ``directory`` is that run's checkpoint directory."""
+  directory = Path(directory).absolute()
+  mngr = ocp.CheckpointManager(directory, item_names=("state", "meta"),
+                               options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+  step = mngr.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"no checkpoint in {directory}")
+  # Restore only the params subtree (partial restore): the optimizer state is skipped.
+  target = {"params": abstract_params}
+  restored = mngr.restore(step, args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(item=target, restore_args=_restore_args(target),
+                                   partial_restore=True)))
+  mngr.close()
+  return restored.state["params"], step
+
+
+def _restore_args(target):
+  def arg(x):
+    if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None:
+      return ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype)
+    return ocp.RestoreArgs()
+  return jax.tree.map(arg, target)
+
+
+def is_orbax_run_dir(path) -> bool:
+  """A directory of numbered Orbax step folders (a training run's checkpoints)."""
+  p = Path(path)
+  return p.is_dir() and any(c.is_dir() and c.name.isdigit() for c in p.iterdir())
+
+
+def _jsonable(x):
+  if isinstance(x, dict):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  if isinstance(x, (np.generic,)):
+    return x.item()
+  if isinstance(x, np.ndarray) or isinstance(x, jax.Array):
+    return np.asarray(x).tolist()
+  if isinstance(x, Path):
+    return str(x)
+  return x

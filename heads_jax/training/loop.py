@@ -1,0 +1,175 @@
+"""The training loop shared by pre-training and fine-tuning.
+
+``initial_state`` decides where a run starts, in this order:
+
+1. the latest checkpoint of this run (``workdir/checkpoints``): the full train state, so
+   the run continues exactly where it stopped (same data position, same dropout keys);
+2. ``init_checkpoint``: an Orbax run directory (another run's ``checkpoints``, e.g. phase 1 of
+   pre-training: its *parameters only*; optimizer state and schedule start afresh, as the
+   BERT/NVIDIA two-phase recipe does), a heads_jax model directory or a Hugging Face BERT
+   directory (heads absent there are freshly initialised);
+3. a fresh initialisation with ``seed``.
+
+``train_loop`` runs steps ``start .. total - 1``; each step takes the host batch of that step
+number (a pure function of the data seed and the step), shards it over the mesh, and applies
+the jitted step. It logs averaged metrics every ``log_every`` steps (JSON lines, TensorBoard,
+a progress line), evaluates every ``eval_every`` steps, saves a checkpoint when the
+checkpoint interval is due (and always at the last step, at ``stop_at_step`` and on SIGTERM),
+and returns the per-step history of the logged metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from heads_jax.parallel import shard_batch
+from heads_jax.training import checkpointing, metrics as metrics_lib, steps
+
+log = logging.getLogger(__name__)
+
+
+def abstract_state(params, tx, mesh):
+  """Shapes, dtypes and (replicated) shardings of ``init_train_state(params, tx)``."""
+  shapes = jax.eval_shape(lambda p: steps.init_train_state(p, tx), params)
+  rep = NamedSharding(mesh, P())
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), shapes)
+
+
+def load_init_model(init_checkpoint: str, head: str, *, num_labels: int | None = None,
+                    dtype: str | None = None):
+  """A model (with heads ``head``) from a heads_jax or Hugging Face directory, or None when
+  ``init_checkpoint`` is empty or an Orbax run directory (handled by ``initial_state``)."""
+  if not init_checkpoint or checkpointing.is_orbax_run_dir(init_checkpoint):
+    return None
+  if not Path(init_checkpoint).exists():
+    raise FileNotFoundError(f"init_checkpoint {init_checkpoint} does not exist: pass a heads_jax "
+                            f"model directory, a Hugging Face BERT directory or a run's "
+                            f"checkpoints directory")
+  from heads_jax.model.loading import load_model
+  model, _ = load_model(init_checkpoint, head=head, num_labels=num_labels, dtype=dtype,
+                        with_tokenizer=False)
+  return model
+
+
+def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_checkpoint: str = ""):
+  """``(parts, state, start_step, origin)`` following the order of the module docstring.
+
+  ``model`` is a concrete model of the run's architecture (freshly initialised, or loaded from
+  ``init_checkpoint`` by ``load_init_model``); its parameters are used unless a checkpoint wins.
+  """
+  parts, params = steps.split_model(model)
+  if ckpts.latest_step() is not None:
+    state, _ = ckpts.restore(abstract_state(params, tx, mesh))
+    step = int(jax.device_get(state["step"]))
+    log.info("resumed from %s at step %d", ckpts.directory, step)
+    return parts, state, step, f"resumed:{ckpts.directory}@{step}"
+  origin = "fresh"
+  if init_checkpoint and checkpointing.is_orbax_run_dir(init_checkpoint):
+    rep = NamedSharding(mesh, P())
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), params)
+    params, from_step = checkpointing.restore_params_from_run(init_checkpoint, target)
+    origin = f"params:{init_checkpoint}@{from_step}"
+  elif init_checkpoint:
+    origin = f"model:{init_checkpoint}"
+  state = steps.place_state(steps.init_train_state(params, tx), mesh)
+  log.info("starting from %s", origin)
+  return parts, state, 0, origin
+
+
+class _StopFlag:
+  """Set by SIGTERM (pre-emption): the loop saves a checkpoint and returns."""
+
+  def __init__(self):
+    self.stop = False
+    self._old = None
+
+  def __enter__(self):
+    try:
+      self._old = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not in the main thread
+      self._old = None
+    return self
+
+  def _handle(self, *_):
+    self.stop = True
+
+  def __exit__(self, *exc):
+    if self._old is not None:
+      signal.signal(signal.SIGTERM, self._old)
+
+
+def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: int,
+               total_steps: int, ckpts: checkpointing.Checkpoints | None,
+               writer: metrics_lib.MetricsWriter | None, throughput: metrics_lib.Throughput | None,
+               log_every: int = 100, eval_every: int = 0, eval_fn: Callable | None = None,
+               meta_fn: Callable[[int], dict] | None = None, stop_at_step: int = 0,
+               print_fn: Callable[[str], None] | None = print) -> tuple[dict, list[dict]]:
+  """Runs the steps ``start_step .. total_steps - 1``; returns ``(state, history)``.
+
+  ``batches`` yields the host batches of steps ``start_step, start_step + 1, ...``.
+  ``eval_fn(state, step) -> dict`` is called every ``eval_every`` steps and at the end.
+  ``history`` holds one dict per logged step (``step`` = number of steps done).
+  """
+  history: list[dict] = []
+  pending: list[dict] = []
+  last = stop_at_step if 0 < stop_at_step < total_steps else total_steps
+  step = start_step
+  if throughput is not None:
+    throughput.reset(step)
+  is_main = jax.process_index() == 0
+  with _StopFlag() as flag:
+    while step < last:
+      batch = next(batches)
+      state, m = train_step(state, shard_batch(batch, mesh))
+      pending.append(m)
+      step += 1
+      final = step == last or flag.stop
+      if step % log_every == 0 or final:
+        host = jax.device_get(pending)
+        pending = []
+        avg = {k: float(np.mean([h[k] for h in host])) for k in host[0]}
+        if throughput is not None:
+          avg.update(throughput.update(step))
+        avg["step"] = step
+        history.append(avg)
+        if writer is not None:
+          writer.write(step, {k: v for k, v in avg.items() if k != "step"}, "train")
+        if print_fn is not None and is_main:
+          print_fn(metrics_lib.progress_line(step, total_steps, avg))
+        if not all(np.isfinite(v) for k, v in avg.items() if k in ("loss",)):
+          raise FloatingPointError(f"loss is {avg.get('loss')} at step {step}; lower the learning "
+                                   f"rate or check the data")
+      if eval_fn is not None and ((eval_every and step % eval_every == 0) or step == total_steps):
+        t0 = time.perf_counter()
+        ev = eval_fn(state, step)
+        if ev and writer is not None:
+          writer.write(step, ev, "eval")
+        if ev and print_fn is not None and is_main:
+          print_fn(f"eval @ {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()
+                                                 if isinstance(v, (int, float))))
+        if throughput is not None:  # do not count evaluation time as training time
+          throughput._t += time.perf_counter() - t0
+      if ckpts is not None:
+        meta = meta_fn(step) if meta_fn else {}
+        ckpts.save(step, state, meta, force=final)
+      if flag.stop:
+        log.warning("SIGTERM: saved step %d and stopping", step)
+        break
+  if ckpts is not None:
+    ckpts.wait()
+  return state, history
+
+
+def device_summary() -> dict:
+  d = jax.devices()
+  return {"platform": d[0].platform, "device_kind": d[0].device_kind, "num_devices": len(d),
+          "process_count": jax.process_count(), "process_index": jax.process_index()}

@@ -1,0 +1,208 @@
+"""Pure, jitted train and eval steps, data-parallel over the ``data`` mesh.
+
+The model is split once (``nnx.split``) into its graph definition, its parameters (a pure
+nested dict of float32 arrays, the master weights) and its random-number state. A train state
+is the pytree ``{"step": int32 [], "params": ..., "opt_state": ...}``; it is replicated over
+the mesh, batches are split over it along b, and ``jax.jit`` inserts the gradient all-reduce
+(the form in which JAX now implements ``pmap``). The state is donated to each step.
+
+Dropout keys of step ``N`` are ``fold_in(key(dropout_seed), N)`` (one further ``fold_in`` per
+dropout layer), so a step's randomness depends only on the seed and the step number: a run
+resumed from step ``N`` draws the same masks as one that never stopped.
+
+Losses (batch field names as ``heads_jax.data.pretraining``):
+
+* pre-training: masked-LM cross-entropy averaged over the real predictions
+  (``sum(w * nll) / (sum(w) + 1e-5)`` as BERT's ``run_pretraining.py``) plus the
+  next-sentence cross-entropy averaged over the batch;
+* classification: cross-entropy averaged over rows with ``weights`` 1 (padding rows of an
+  eval batch have weight 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from heads_jax.parallel import DATA_AXIS
+
+
+@dataclasses.dataclass
+class ModelParts:
+  """What ``merge`` needs besides the parameters: graph definition and rng state."""
+  graphdef: object
+  rng_state: object
+  rest: object
+
+
+def split_model(model: nnx.Module) -> tuple[ModelParts, dict]:
+  """``(parts, params)``: params as a pure nested dict of arrays."""
+  graphdef, params, rng_state, rest = nnx.split(model, nnx.Param, nnx.RngState, ...)
+  return ModelParts(graphdef, rng_state, rest), nnx.to_pure_dict(params)
+
+
+def merge_model(parts: ModelParts, params, dropout_key=None) -> nnx.Module:
+  """A model with ``params``; with ``dropout_key`` every rng stream is reseeded from it."""
+  rng_state = parts.rng_state
+  if dropout_key is not None:
+    rng_state = reseed(rng_state, dropout_key)
+  return nnx.merge(parts.graphdef, params, rng_state, parts.rest)
+
+
+def reseed(rng_state, key):
+  """Replaces every key of an ``nnx.RngState`` tree by ``fold_in(key, i)`` (i = leaf index)."""
+  leaves, treedef = jax.tree.flatten(rng_state)
+  out = []
+  for i, leaf in enumerate(leaves):
+    if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      out.append(jax.random.fold_in(key, i))
+    else:
+      out.append(leaf)
+  return jax.tree.unflatten(treedef, out)
+
+
+def abstract_model_parts(build: Callable[[], nnx.Module]) -> tuple[ModelParts, dict]:
+  """``split_model`` of a model built abstractly (shapes only, no initialisation cost)."""
+  model = nnx.eval_shape(build)
+  return split_model(model)
+
+
+def init_train_state(params, tx: optax.GradientTransformation) -> dict:
+  return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+
+
+# ------------------------------------------------------------------------------------------------
+# Losses
+
+def pretraining_loss(model, batch: dict, *, deterministic: bool):
+  """MLM + NSP loss (see the module docstring) and metrics (sums and counts for averaging)."""
+  out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+              masked_positions=batch["masked_positions"], deterministic=deterministic)
+  logits = out["mlm_logits"].astype(jnp.float32)                       # [b, p, v]
+  labels = batch["masked_ids"]
+  weights = batch["masked_weights"].astype(jnp.float32)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)   # [b, p]
+  mlm_loss = jnp.sum(nll * weights) / (jnp.sum(weights) + 1e-5)
+  nsp_logits = out["nsp_logits"].astype(jnp.float32)                    # [b, 2]
+  nsp_labels = batch["next_sentence_label"]
+  nsp_nll = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels)
+  row_w = batch.get("weights")
+  row_w = jnp.ones_like(nsp_nll) if row_w is None else row_w.astype(jnp.float32)
+  nsp_loss = jnp.sum(nsp_nll * row_w) / jnp.maximum(jnp.sum(row_w), 1.0)
+  loss = mlm_loss + nsp_loss
+  metrics = {
+      "loss": loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
+      "mlm_accuracy": jnp.sum((jnp.argmax(logits, -1) == labels) * weights) / (jnp.sum(weights) + 1e-5),
+      "nsp_accuracy": jnp.sum((jnp.argmax(nsp_logits, -1) == nsp_labels) * row_w)
+                      / jnp.maximum(jnp.sum(row_w), 1.0),
+  }
+  return loss, metrics
+
+
+def classification_loss(model, batch: dict, *, deterministic: bool):
+  """Cross-entropy over rows with ``weights`` (default all 1); metrics include predictions."""
+  out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+              deterministic=deterministic)
+  logits = out["logits"].astype(jnp.float32)                            # [b, c]
+  labels = batch["labels"]
+  w = batch.get("weights")
+  w = jnp.ones(labels.shape, jnp.float32) if w is None else w.astype(jnp.float32)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  loss = jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1.0)
+  pred = jnp.argmax(logits, -1)
+  metrics = {"loss": loss, "accuracy": jnp.sum((pred == labels) * w) / jnp.maximum(jnp.sum(w), 1.0)}
+  return loss, metrics, pred
+
+
+def _loss_only(loss_fn):
+  def f(model, batch, *, deterministic):
+    res = loss_fn(model, batch, deterministic=deterministic)
+    return res[0], res[1]
+  return f
+
+
+# ------------------------------------------------------------------------------------------------
+# Steps
+
+def state_shardings(state, mesh: Mesh):
+  """Everything replicated (pure data parallelism)."""
+  return jax.tree.map(lambda _: NamedSharding(mesh, P()), state)
+
+
+def make_train_step(parts: ModelParts, tx: optax.GradientTransformation, loss_fn, *, mesh: Mesh,
+                    schedule: Callable | None = None, accumulate_steps: int = 1,
+                    dropout_seed: int = 0, donate: bool = True):
+  """``train_step(state, batch) -> (state, metrics)``, jitted over ``mesh``.
+
+  ``loss_fn(model, batch, deterministic=...)`` returns ``(loss, metrics)`` (or a longer tuple
+  whose first two items are those); metrics gain ``learning_rate`` and ``grad_norm``.
+  """
+  loss_fn = _loss_only(loss_fn)
+  replicated = NamedSharding(mesh, P())
+  base_key = jax.random.key(dropout_seed)
+
+  def step_fn(state, batch):
+    step = state["step"]
+    key = jax.random.fold_in(base_key, step)
+
+    def f(params):
+      model = merge_model(parts, params, key)
+      return loss_fn(model, batch, deterministic=False)
+
+    (_, metrics), grads = jax.value_and_grad(f, has_aux=True)(state["params"])
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = dict(metrics)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    if schedule is not None:
+      metrics["learning_rate"] = schedule(step // max(1, accumulate_steps))
+    return {"step": step + 1, "params": params, "opt_state": opt_state}, metrics
+
+  return jax.jit(step_fn, out_shardings=(replicated, replicated),
+                 donate_argnums=(0,) if donate else ())
+
+
+def make_eval_step(parts: ModelParts, loss_fn, *, mesh: Mesh, with_predictions: bool = False):
+  """``eval_step(params, batch) -> metrics`` (and predictions ``[b]``, sharded like the batch,
+  when ``with_predictions``)."""
+  replicated = NamedSharding(mesh, P())
+  batch_sharded = NamedSharding(mesh, P(DATA_AXIS))
+
+  def step_fn(params, batch):
+    model = merge_model(parts, params)
+    res = loss_fn(model, batch, deterministic=True)
+    if with_predictions:
+      return res[1], res[2]
+    return res[1]
+
+  out = (replicated, batch_sharded) if with_predictions else replicated
+  return jax.jit(step_fn, out_shardings=out)
+
+
+def place_state(state, mesh: Mesh):
+  """A replicated copy of a train state (or params) on ``mesh`` (never aliasing the input, whose
+  buffers would otherwise be deleted when the state is donated to a step)."""
+  sharding = NamedSharding(mesh, P())
+
+  def put(x):
+    x = np.asarray(jax.device_get(x))
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+  return jax.tree.map(put, state)
+
+
+def maybe_initialize_distributed(enabled: bool, **kwargs) -> None:
+  """``jax.distributed.initialize(**kwargs)`` for multi-host runs (before any other JAX call).
+
+  On Cloud TPU pods and most GPU clusters (SLURM, Open MPI) the arguments are discovered
+  automatically; elsewhere pass ``coordinator_address``, ``num_processes``, ``process_id``.
+  """
+  if enabled:
+    jax.distributed.initialize(**{k: v for k, v in kwargs.items() if v not in (None, "", -1)})
