@@ -132,8 +132,7 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
   from heads_jax.hoststats.hypothesis import hypothesis_tests
   from heads_jax.hoststats.summary import summary_figures
   out = Path(cfg.out)
-  model_name = Path(cfg.model).name or str(cfg.model)
-  passthrough = {"direction": cfg.direction, "model": str(cfg.model), "model_name": model_name,
+  passthrough = {"direction": cfg.direction, "model": str(cfg.model),
                  "data": " + ".join(cfg.data), "max_length": cfg.max_length,
                  "max_examples": cfg.max_examples,
                  "arcs": ", ".join(str(d.get("arcs")) for d in data_info),

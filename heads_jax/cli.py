@@ -15,6 +15,7 @@ from heads_jax.errors import UserError
 # name -> (module, help). Each module has `add_args(parser)` and `main(args) -> int | None`.
 SUBCOMMANDS = {
     "analyze": ("heads_jax.analysis_cli", "analyse the attention heads of a BERT model (sieve bias, tests, roles, clusters, report)"),
+    "compare": ("heads_jax.compare_cli", "compare two analyses (before/after fine-tuning, or two models)"),
     "convert": ("heads_jax.model.convert_cli", "convert a Hugging Face BERT directory <-> a heads_jax model directory"),
 }
 

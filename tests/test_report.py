@@ -112,6 +112,9 @@ def check_png(path, min_bytes=2000):
   return img
 
 
+DPI = 60  # small PNGs keep the tests fast; the drawing code is the same at any dpi
+
+
 @pytest.fixture(scope="module")
 def data():
   scores = make_scores()
@@ -120,6 +123,15 @@ def data():
   compare, heads_df, changes = make_compare()
   return dict(scores=scores, tests=tests_df, clusters=clusters, compare=compare,
               heads=heads_df, changes=changes)
+
+
+@pytest.fixture(scope="module")
+def drawn(data, tmp_path_factory):
+  """All analysis figures, drawn once for the module: {name: png path}."""
+  return figures.analysis_figures(
+      tmp_path_factory.mktemp("figures"), sieve_bias=data["scores"]["sieve_bias"],
+      roles=data["scores"]["roles"], tests_df=data["tests"], tau=3.0, alpha=0.05,
+      clusters_df=data["clusters"], dpi=DPI)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -199,47 +211,45 @@ def test_bad_inputs_have_clear_errors(tmp_path, data):
 # figures
 
 
-def test_every_figure_writes_a_png(tmp_path, data):
-  s, t = data["scores"], data["tests"]
-  means, roles = figures.mean_matrix(t)
+def test_analysis_figures_write_pngs(drawn):
+  assert set(drawn) == {"score_cdf", "pvalue_hist", "role_upset", "role_venn", "role_grid",
+                        "role_heatmaps", "cluster_tsne", "cluster_layers", "cluster_features"}
+  for name, path in drawn.items():
+    assert path.name == f"{name}.png" and path.is_file()
+    check_png(path)
+
+
+def test_other_figures_write_pngs(tmp_path, data):
+  t = data["tests"]
   paths = [
-      figures.plot_score_cdf(s["sieve_bias"], tmp_path / "cdf.png", tau=3.0),
-      figures.plot_pvalue_hist(t["p_value"], tmp_path / "p.png", alpha=0.05),
-      figures.plot_role_upset(t, tmp_path / "upset.png"),
-      figures.plot_role_upset(t, tmp_path / "upset_manual.png", engine="manual"),
-      figures.plot_role_venn(t, tmp_path / "venn3.png"),
-      figures.plot_role_venn(t, tmp_path / "venn2.png", sets=("local", "syntactic")),
-      figures.plot_role_grid(t, tmp_path / "grid.png"),
-      figures.plot_role_heatmaps(means, roles, tmp_path / "heat.png", tau=3.0,
-                                 assigned=style.assigned_matrix(t, roles)),
-      figures.plot_finetune_delta(data["compare"], tmp_path / "delta.png"),
+      figures.plot_role_upset(t, tmp_path / "upset_manual.png", engine="manual", dpi=DPI),
+      figures.plot_role_venn(t, tmp_path / "venn2.png", sets=("local", "syntactic"), dpi=DPI),
+      figures.plot_finetune_delta(data["compare"], tmp_path / "delta.png", dpi=DPI),
       figures.plot_finetune_delta(pd.concat([data["compare"].assign(task="mrpc"),
                                              data["compare"].assign(task="sst2")]),
-                                  tmp_path / "delta_tasks.png"),
-      figures.plot_cluster_changes(data["changes"], tmp_path / "changes.png"),
-      figures.plot_cluster_tsne(data["clusters"], tmp_path / "tsne.png"),
-      figures.plot_cluster_layers(data["clusters"], tmp_path / "layers.png"),
-      figures.plot_cluster_features(data["clusters"], tmp_path / "features.png"),
+                                  tmp_path / "delta_tasks.png", dpi=DPI),
+      figures.plot_cluster_changes(data["changes"], tmp_path / "changes.png", dpi=DPI),
       figures.plot_role_upset(t.assign(assigned=False), tmp_path / "upset_none.png",
-                              engine="manual"),
-      figures.plot_role_venn(t.assign(assigned=False), tmp_path / "venn_none.png"),
-      figures.plot_score_cdf(np.full(5, np.nan), tmp_path / "cdf_empty.png", tau=3.0),
+                              engine="manual", dpi=DPI),
+      figures.plot_role_venn(t.assign(assigned=False), tmp_path / "venn_none.png", dpi=DPI),
+      figures.plot_score_cdf(np.full(5, np.nan), tmp_path / "cdf_empty.png", tau=3.0, dpi=DPI),
   ]
   for p in paths:
     assert p.is_file()
-    check_png(p)
+    check_png(p, min_bytes=1000)
 
 
 def test_venn_fallback_without_library(tmp_path, data, monkeypatch):
   monkeypatch.setitem(sys.modules, "matplotlib_venn", None)  # import raises ImportError
-  check_png(figures.plot_role_venn(data["tests"], tmp_path / "venn_hand.png"))
+  check_png(figures.plot_role_venn(data["tests"], tmp_path / "venn_hand.png", dpi=DPI))
 
 
 def test_role_grid_marks_only_assigned_roles(tmp_path):
   """The grid's coloured markers must change when an assignment changes."""
   base = small_tests()
-  a = check_png(figures.plot_role_grid(base, tmp_path / "a.png"))
-  b = check_png(figures.plot_role_grid(base.assign(assigned="False"), tmp_path / "b.png"))
+  a = check_png(figures.plot_role_grid(base, tmp_path / "a.png", dpi=DPI), min_bytes=1000)
+  b = check_png(figures.plot_role_grid(base.assign(assigned="False"), tmp_path / "b.png", dpi=DPI),
+                min_bytes=1000)
   assert a.shape == b.shape and np.abs(a - b).sum() > 0
   saturated = lambda img: (img[..., :3].max(-1) - img[..., :3].min(-1) > 0.3).sum()
   assert saturated(a) > saturated(b)  # role markers are coloured; an empty grid is grey
@@ -253,12 +263,8 @@ def data_uris(text):
   return re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
 
 
-def test_write_report_embeds_figures_and_tables(tmp_path, data):
-  figs = figures.analysis_figures(tmp_path / "figures", sieve_bias=data["scores"]["sieve_bias"],
-                                  roles=data["scores"]["roles"], tests_df=data["tests"], tau=3.0,
-                                  alpha=0.05, clusters_df=data["clusters"])
-  assert set(figs) == {"score_cdf", "pvalue_hist", "role_upset", "role_venn", "role_grid",
-                       "role_heatmaps", "cluster_tsne", "cluster_layers", "cluster_features"}
+def test_write_report_embeds_figures_and_tables(tmp_path, data, drawn):
+  figs = drawn
   path = html.write_report(
       tmp_path, title="Run <1> & co", settings=SETTINGS, summary=SUMMARY, tests_df=data["tests"],
       clusters_df=data["clusters"], cluster_info={"names": {"0": "dense"}, "stability": 0.9,
@@ -294,8 +300,8 @@ def test_write_report_embeds_figures_and_tables(tmp_path, data):
 def test_summary_matching_and_unknown_keys():
   known, rest = html.match_summary({"spearman": {"rho": 0.3, "p": 0.01}, "unskilled": 0.2,
                                     "odd": 1})
-  assert known["spearman_rho"] == ("spearman.rho", 0.3)
-  assert known["spearman_p"] == ("spearman.p", 0.01)
+  assert known["spearman_local_syntactic"] == ("spearman.rho", 0.3)
+  assert known["spearman_p_value"] == ("spearman.p", 0.01)
   assert known["share_unskilled"] == ("unskilled", 0.2)
   assert rest == [("odd", 1)]
   assert html.format_value(0.025, "share") == "2.5%"
@@ -313,7 +319,7 @@ def test_compare_report(tmp_path, data):
       tmp_path, compare_df=data["compare"], heads_df=data["heads"],
       cluster_changes_df=data["changes"], settings={"before": {"model": "bert"},
                                                     "after": {"model": "bert-mrpc"}},
-      summary_before=SUMMARY, summary_after={**SUMMARY, "share_local": 0.5})
+      summary_before=SUMMARY, summary_after={**SUMMARY, "share_local": 0.5}, dpi=DPI)
   text = path.read_text()
   uris = data_uris(text)
   assert len(uris) == 2
@@ -343,7 +349,7 @@ def write_analysis_dir(out, scores, tests_df, clusters_df=None, summary=None):
 
 def test_build_analysis_report_from_files(tmp_path, data):
   write_analysis_dir(tmp_path / "run", data["scores"], data["tests"], data["clusters"], SUMMARY)
-  path = html.build_analysis_report(tmp_path / "run", dpi=60)
+  path = html.build_analysis_report(tmp_path / "run", dpi=DPI)
   text = path.read_text()
   assert len(data_uris(text)) == 9
   assert len(list((tmp_path / "run" / "figures").glob("*.png"))) == 9
@@ -351,7 +357,7 @@ def test_build_analysis_report_from_files(tmp_path, data):
   assert "0.93" in text  # cluster info from clusters.json
   # without clusters or summary: fewer figures, still a report
   write_analysis_dir(tmp_path / "bare", data["scores"], data["tests"])
-  text = html.build_analysis_report(tmp_path / "bare", dpi=60).read_text()
+  text = html.build_analysis_report(tmp_path / "bare", dpi=DPI).read_text()
   assert len(data_uris(text)) == 6 and "table-clusters" not in text
   assert "not reported" in text
   with pytest.raises(FileNotFoundError, match="scores.npz"):
@@ -372,7 +378,7 @@ def test_report_imports_no_jax():
                     reason="Chromium is not installed (optional, only for screenshots)")
 def test_screenshot_is_not_blank(tmp_path, data):
   figs = {"score_cdf": figures.plot_score_cdf(data["scores"]["sieve_bias"],
-                                              tmp_path / "f" / "cdf.png", tau=3.0, dpi=60)}
+                                              tmp_path / "f" / "cdf.png", tau=3.0, dpi=DPI)}
   page = html.write_report(tmp_path, title="Screenshot", settings=SETTINGS, summary=SUMMARY,
                            tests_df=data["tests"], figures=figs)
   shot = tmp_path / "shot.png"

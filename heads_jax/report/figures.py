@@ -479,6 +479,8 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
   ax = fig.add_subplot()
   offsets = [((i % ncol) - (ncol - 1) / 2) * 0.26 for i in range(len(roles))]
   offsets_y = [((i // ncol) - (nrow - 1) / 2) * 0.24 for i in range(len(roles))]
+  on_points = {role: [] for role in roles}
+  off_points = []
   for layer in range(num_layers):
     for col in range(num_heads):
       head = order[layer, col]
@@ -487,13 +489,15 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
       ax.text(col - 0.43, layer - 0.43, str(head), fontsize=5.5, color="#777777",
               ha="left", va="top")
       for i, role in enumerate(roles):
-        x, y = col + offsets[i], layer + offsets_y[i] + 0.05
-        if assigned[layer, head, i]:
-          ax.scatter(x, y, s=22, marker=_GRID_MARKERS.get(role, "o"),
-                     color=style.ROLE_COLORS.get(role, "#333333"), edgecolor="black",
-                     linewidths=0.3, zorder=3)
-        else:
-          ax.scatter(x, y, s=2, color="#d0d0d0", zorder=2)
+        point = (col + offsets[i], layer + offsets_y[i] + 0.05)
+        (on_points[role] if assigned[layer, head, i] else off_points).append(point)
+  if off_points:
+    ax.scatter(*np.array(off_points).T, s=2, color="#d0d0d0", zorder=2)
+  for role, points in on_points.items():
+    if points:
+      ax.scatter(*np.array(points).T, s=22, marker=_GRID_MARKERS.get(role, "o"),
+                 color=style.ROLE_COLORS.get(role, "#333333"), edgecolor="black",
+                 linewidths=0.3, zorder=3)
   ax.set_xlim(-0.55, num_heads - 0.45)
   ax.set_ylim(num_layers - 0.5, -0.55)
   ax.set_xticks(np.arange(num_heads), [str(i + 1) for i in range(num_heads)], fontsize=8)
@@ -788,7 +792,8 @@ def plot_cluster_features(clusters_df: pd.DataFrame, path, *,
 
 def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau: float,
                      alpha: float | None = None, clusters_df: pd.DataFrame | None = None,
-                     mean_score: float | None = None, dpi: int = DEFAULT_DPI) -> dict[str, Path]:
+                     mean_score: float | None = None, p_band=(0.05, 0.95),
+                     dpi: int = DEFAULT_DPI) -> dict[str, Path]:
   """Draw every figure of an analysis run into ``fig_dir``; returns ``{name: png path}``.
 
   Args:
@@ -796,6 +801,7 @@ def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau:
     roles: the r role names of ``sieve_bias``.
     tests_df: tests.csv; clusters_df: clusters.csv or None (cluster figures left out).
     mean_score: the summary's mean of all sieve scores, marked on the CDF (default: computed).
+    p_band: the p-value interval shaded in the histogram.
   """
   fig_dir = Path(fig_dir)
   tests_df = style.check_tests_df(tests_df)
@@ -804,7 +810,7 @@ def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau:
                                     mean=mean_score, dpi=dpi)
   if "p_value" in tests_df.columns:
     out["pvalue_hist"] = plot_pvalue_hist(tests_df["p_value"], fig_dir / "pvalue_hist.png",
-                                          alpha=alpha, dpi=dpi)
+                                          band=p_band, alpha=alpha, dpi=dpi)
   out["role_upset"] = plot_role_upset(tests_df, fig_dir / "role_upset.png", dpi=dpi)
   out["role_venn"] = plot_role_venn(tests_df, fig_dir / "role_venn.png", dpi=dpi)
   out["role_grid"] = plot_role_grid(tests_df, fig_dir / "role_grid.png", dpi=dpi)

@@ -4,23 +4,25 @@ A report is one ``report.html``: CSS inline, every PNG figure embedded as a base
 no external links or scripts, so it can be mailed or archived as a single file. All text
 from the inputs is HTML-escaped. Host side: numpy / pandas only, no jax.
 
-Summary dictionary (``summary.json`` of the host statistics). Any keys are rendered; nested
-dicts are flattened to ``outer.inner``. These keys (or the aliases in ``SUMMARY_FIELDS``) are
-shown as the paper's headline figures, next to the published reference values:
+Summary dictionary (``summary.json``, written by ``heads_jax.hoststats.summary``). Any keys
+are rendered (nested dicts flattened to ``outer.inner``, None shown as "n/a"). These keys, or
+the aliases listed in ``SUMMARY_FIELDS``, are shown as the paper's headline figures next to
+the published reference values:
 
-=============================  ===============================================================
-key                            meaning
-=============================  ===============================================================
-``share_local``                share of heads (0..1) with the coarse role local
-``share_syntactic``            ... syntactic
-``share_delimiter``            ... delimiter
-``share_block``                ... block
-``share_unskilled``            share of heads with no role at all
-``share_syntactic_also_local`` share of syntactic heads that are also local
-``spearman_rho``, ``spearman_p`` Spearman correlation of local vs syntactic sieve bias, its p-value
-``mean_sieve_score``           mean of all sieve bias scores
-``share_p_mid``                share of p-values in (0.05, 0.95)
-=============================  ===============================================================
+==============================  ==============================================================
+key                             meaning
+==============================  ==============================================================
+``share_delimiter``             share of heads (0..1) with the coarse role delimiter
+``share_local``                 ... local
+``share_syntactic``             ... syntactic
+``share_block``                 ... block
+``share_unskilled``             share of heads with no role at all
+``share_syntactic_also_local``  share of the syntactic heads that are also local
+``spearman_local_syntactic``    Spearman rho of local vs syntactic sieve bias
+``spearman_p_value``            its p-value
+``mean_sieve_score``            mean of all sieve bias scores
+``share_p_between``             share of p-values in (0.05, 0.95) (``p_interval``)
+==============================  ==============================================================
 """
 
 from __future__ import annotations
@@ -58,15 +60,15 @@ SUMMARY_FIELDS = (
     ("share_syntactic_also_local", "Syntactic heads that are also local", "share",
      ("syntactic_also_local", "share_syntactic_local", "overlap_syntactic_local",
       "syntactic_local_overlap"), None, None),
-    ("spearman_rho", "Spearman rho, local vs syntactic sieve bias", "corr",
-     ("spearman_local_syntactic_rho", "spearman_local_syntactic", "spearman"), None, None),
-    ("spearman_p", "Spearman p-value", "p",
-     ("spearman_local_syntactic_p", "spearman_pvalue", "spearman_p_value"), None, None),
+    ("spearman_local_syntactic", "Spearman rho, local vs syntactic sieve bias", "corr",
+     ("spearman_rho", "spearman_local_syntactic_rho", "spearman"), None, None),
+    ("spearman_p_value", "Spearman p-value", "p",
+     ("spearman_p", "spearman_local_syntactic_p", "spearman_pvalue"), None, None),
     ("mean_sieve_score", "Mean of all sieve bias scores", "float",
      ("mean_score", "mean_sieve_bias", "mean_all_scores", "mean_of_all_sieve_scores",
       "mean_all_sieve_scores"), "2.8", "2.75"),
-    ("share_p_mid", "p-values in (0.05, 0.95)", "share",
-     ("share_p_between", "share_p_in_band", "share_p_005_095", "share_p_in_005_095",
+    ("share_p_between", "p-values in (0.05, 0.95)", "share",
+     ("share_p_mid", "share_p_in_band", "share_p_005_095", "share_p_in_005_095",
       "share_pvalues_mid", "share_p_values_mid", "p_mid_share", "share_p_middle"), "1.8%", "2.5%"),
 )
 
@@ -102,6 +104,7 @@ figcaption { font-size: 13.5px; margin-top: 8px; }
 figcaption .how { color: #555; display: block; margin-top: 3px; }
 .note { color: #555; font-size: 13px; }
 .empty { color: #888; font-style: italic; }
+ul.warnings { background: #fff8e1; border: 1px solid #f0d58c; border-radius: 6px; padding: 8px 28px; }
 footer { margin-top: 40px; color: #888; font-size: 12px; }
 """
 
@@ -474,8 +477,11 @@ def build_analysis_report(out_dir, *, title: str | None = None,
   tests_df = pd.read_csv(out_dir / "tests.csv")
   tests_json = _read_json(out_dir / "tests.json")
   settings = tests_json.get("settings") if isinstance(tests_json, dict) else None
+  if not isinstance(settings, dict) and (out_dir / "settings.json").is_file():
+    settings = _read_json(out_dir / "settings.json")
   if not isinstance(settings, dict) or "tau" not in settings:
-    raise ValueError(f"{out_dir / 'tests.json'} must hold a 'settings' dict with at least 'tau'")
+    raise ValueError(f"{out_dir / 'tests.json'} must hold a 'settings' dict with at least 'tau' "
+                     "(or the directory a settings.json)")
   summary = (_read_json(out_dir / "summary.json") if (out_dir / "summary.json").is_file()
              else tests_json.get("summary", {}))
   clusters_df = (pd.read_csv(out_dir / "clusters.csv") if (out_dir / "clusters.csv").is_file()
@@ -483,11 +489,14 @@ def build_analysis_report(out_dir, *, title: str | None = None,
   cluster_info = (_read_json(out_dir / "clusters.json") if (out_dir / "clusters.json").is_file()
                   else None)
   mean_score = summary_value(summary, "mean_sieve_score")
+  band = summary.get("p_interval") if isinstance(summary, dict) else None
+  band = tuple(float(b) for b in band) if isinstance(band, (list, tuple)) and len(band) == 2 \
+      else (0.05, 0.95)
   figs = figures_lib.analysis_figures(
       out_dir / "figures", sieve_bias=sieve_bias, roles=roles, tests_df=tests_df,
       tau=float(settings["tau"]), alpha=float(settings["alpha"]) if "alpha" in settings else None,
       clusters_df=clusters_df, mean_score=float(mean_score) if _is_number(mean_score) else None,
-      dpi=dpi)
+      p_band=band, dpi=dpi)
   if title is None:
     title = "Attention heads: " + " on ".join(
         str(settings[k]) for k in ("model", "data") if settings.get(k)) if (
@@ -529,7 +538,7 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
                          title: str = "Attention heads before and after fine-tuning",
                          settings: dict | None = None, summary_before: dict | None = None,
                          summary_after: dict | None = None, figures: dict | None = None,
-                         extra_sections=None, filename: str = "report.html",
+                         warnings=None, extra_sections=None, filename: str = "report.html",
                          dpi: int = figures_lib.DEFAULT_DPI) -> Path:
   """Write the self-contained before/after fine-tuning report ``out_dir/report.html``.
 
@@ -539,6 +548,8 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
     cluster_changes_df: per head: layer, head, cluster_before, cluster_after, changed.
     settings: the comparison's settings (may nest "before" / "after" dicts).
     summary_before, summary_after: the two runs' summary dicts (shown side by side).
+    warnings: reasons to read the comparison with care (e.g. ``Comparison.warnings``), listed
+      in a section of their own.
     figures: extra or replacement figures ``{name: path or spec}``; the change-of-sieve-bias and
       cluster-change figures are drawn into ``out_dir/figures`` unless given here.
   """
@@ -552,7 +563,11 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
         cluster_changes_df, fig_dir / "cluster_changes.png", dpi=dpi)
   figs.update(figures or {})
 
-  sections = [("Settings", kv_table_html(flatten(settings or {}), table_id="table-settings"))]
+  sections = []
+  if warnings:
+    sections.append(("Warnings", '<ul class="warnings">' + "".join(
+        f"<li>{esc(w)}</li>" for w in warnings) + "</ul>"))
+  sections.append(("Settings", kv_table_html(flatten(settings or {}), table_id="table-settings")))
   if summary_before or summary_after:
     sections.append(("Headline figures before and after",
                      _summary_compare_section(summary_before or {}, summary_after or {})))
@@ -584,6 +599,9 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
     gained = heads_df["gained"].map(_split)
     lost = heads_df["lost"].map(_split)
     changed = heads_df[(gained.map(len) > 0) | (lost.map(len) > 0)].sort_values(["layer", "head"])
+    changed = changed.assign(**{c: changed[c].map(lambda v: ", ".join(_split(v)))
+                                for c in ("roles_before", "roles_after", "gained", "lost")
+                                if c in changed.columns})
     counts = {}
     for lst, what in ((gained, "gained"), (lost, "lost")):
       for roles_ in lst:

@@ -69,18 +69,21 @@ def cluster_colors(names) -> dict[str, str]:
 
 
 def as_bool(values) -> np.ndarray:
-  """A column read from CSV as booleans: accepts bool, 0/1 and "True"/"False" strings."""
+  """A column read from CSV as booleans: accepts bool, 0/1 and "True"/"False" strings; missing
+  values (NaN, None, "") count as False (e.g. a role that could not be tested)."""
   s = pd.Series(values)
   if s.dtype == bool:
     return s.to_numpy()
   if s.dtype == object or pd.api.types.is_string_dtype(s):
-    lowered = s.astype(str).str.strip().str.lower()
-    bad = ~lowered.isin(["true", "false", "1", "0", "1.0", "0.0"])
+    lowered = s.map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v))
+                    else str(v).strip().lower())
+    bad = ~lowered.isin(["true", "false", "1", "0", "1.0", "0.0", "", "nan", "none"])
     if bad.any():
-      raise ValueError(f"column 'assigned' must hold booleans, got {s[bad].iloc[0]!r}; "
+      raise ValueError(f"a boolean column (e.g. 'assigned') holds {s[bad].iloc[0]!r}; "
                        "write it as True/False or 1/0")
     return lowered.isin(["true", "1", "1.0"]).to_numpy()
-  return s.astype(float).to_numpy() != 0
+  v = s.astype(float).to_numpy()
+  return np.nan_to_num(v, nan=0.0) != 0
 
 
 def check_tests_df(tests_df: pd.DataFrame, required=("layer", "head", "role", "assigned")

@@ -57,4 +57,8 @@ def distance_features(attn, token_class, attention_mask, per_query: bool = False
   weights = _bin_weights(token_class, attention_mask, per_query)
   if per_query:
     return jnp.einsum("blhqk,bqkf->blhqf", attn, weights, precision=_HIGHEST)
-  return jnp.einsum("blhqk,bqkf->blhf", attn, weights, precision=_HIGHEST)
+  # One batched matmul [b, lh, qk] @ [b, qk, 21] (XLA:CPU runs this ~4x faster than the einsum).
+  l, h = attn.shape[1:3]
+  out = jnp.matmul(attn.reshape(b, l * h, q * k), weights.reshape(b, q * k, NUM_DISTANCE_FEATURES),
+                   precision=_HIGHEST)
+  return out.reshape(b, l, h, NUM_DISTANCE_FEATURES)

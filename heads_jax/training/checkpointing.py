@@ -39,6 +39,7 @@ class Checkpoints:
                async_save: bool = True, best_metric: str | None = None, best_mode: str = "max"):
     self.directory = Path(directory).absolute()
     self.best_metric = best_metric
+    self.save_interval_steps = max(1, int(save_interval_steps))
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=max(1, int(save_interval_steps)), max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save,
@@ -59,7 +60,10 @@ class Checkpoints:
 
   def save(self, step: int, state, meta: dict | None = None, *, metrics: dict | None = None,
            force: bool = False) -> bool:
-    """Saves (asynchronously) when ``step`` is due (or ``force``); returns whether it saved."""
+    """Saves (asynchronously) when ``step`` is a multiple of the interval (or ``force``);
+    returns whether it saved."""
+    if not force and step % self.save_interval_steps:
+      return False
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               meta=ocp.args.JsonSave(_jsonable(meta or {})))
     return self.manager.save(int(step), args=args, metrics=_jsonable(metrics) if metrics else None,
@@ -90,7 +94,9 @@ def abstract_like(tree):
 
 def restore_params_from_run(directory, abstract_params, step: int | None = None):
   """The ``params`` of an Orbax checkpoint written by another run (e.g. pre-training phase 1),
-  ignoring its optimizer state. ``directory`` is that run's checkpoint directory."""
+  ignoring its optimizer state. ``directory`` is that run's checkpoint directory;
+  ``abstract_params`` may be a subtree of the saved params (e.g. ``{"bert": ...}`` to take only
+  the encoder of a pre-training run), every other saved leaf is skipped."""
   directory = Path(directory).absolute()
   mngr = ocp.CheckpointManager(directory, item_names=("state", "meta"),
                                options=ocp.CheckpointManagerOptions(read_only=True, create=False))

@@ -60,11 +60,14 @@ def load_init_model(init_checkpoint: str, head: str, *, num_labels: int | None =
   return model
 
 
-def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_checkpoint: str = ""):
+def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_checkpoint: str = "",
+                  init_subtree: str | None = None):
   """``(parts, state, start_step, origin)`` following the order of the module docstring.
 
   ``model`` is a concrete model of the run's architecture (freshly initialised, or loaded from
   ``init_checkpoint`` by ``load_init_model``); its parameters are used unless a checkpoint wins.
+  ``init_subtree`` (e.g. ``"bert"``): take only that part of an Orbax run's parameters (the
+  encoder of a pre-training run for fine-tuning); the rest keeps ``model``'s values.
   """
   parts, params = steps.split_model(model)
   if ckpts.latest_step() is not None:
@@ -76,7 +79,13 @@ def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_che
   if init_checkpoint and checkpointing.is_orbax_run_dir(init_checkpoint):
     rep = NamedSharding(mesh, P())
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), params)
-    params, from_step = checkpointing.restore_params_from_run(init_checkpoint, target)
+    if init_subtree:
+      sub, from_step = checkpointing.restore_params_from_run(
+          init_checkpoint, {init_subtree: target[init_subtree]})
+      params = dict(params)
+      params[init_subtree] = sub[init_subtree]
+    else:
+      params, from_step = checkpointing.restore_params_from_run(init_checkpoint, target)
     origin = f"params:{init_checkpoint}@{from_step}"
   elif init_checkpoint:
     origin = f"model:{init_checkpoint}"

@@ -1,0 +1,146 @@
+"""GLUE fine-tuning with LAMB (Pande et al. 2021: MRPC, QQP, SST-2, QNLI).
+
+``--config configs/finetune.py:TASK[,bs=B][,lr=LR][,steps=N]`` with TASK one of ``mrpc``,
+``qqp``, ``sst2``, ``qnli`` (the paper's setting) or ``tiny`` / ``tiny_TASK`` (this machine's CPU).
+
+The paper's grid: batch size {32, 128} x learning rate {1e-4, 2e-4}, LAMB with 10K warm-up
+steps. It does not give the number of steps; we train 20K steps (twice the warm-up, so the
+learning rate peaks half-way and decays linearly to 0), evaluate every 1,000 steps and keep the
+best checkpoint by dev F1 (MRPC, QQP) or accuracy (SST-2, QNLI). Defaults: batch 32, lr 1e-4;
+``bs=128,lr=2e-4`` etc. pick another grid point (see ``GRID``). Sequence length 128,
+weight decay 0.01, dropout 0.1, bfloat16 compute.
+
+Data: ``data.source = "tsv"`` reads GLUE TSV folders under ``data.glue_dir`` (default
+``$HEADS_JAX_GLUE_DIR`` or ``/work/shared/data/glue``); ``"tfds"`` reads prepared TFDS
+``glue/<task>``. A task without a train split there (QNLI here: dev and test only; QQP: only
+``train_subset``) trains on 90% of the available labelled split and evaluates on the other 10%
+(``data.holdout_fraction``, ``data.holdout_seed``); the run writes which rows to
+``workdir/data.json``.
+
+``init_checkpoint``: a Hugging Face BERT folder (e.g. ``bert-base-uncased``), a heads_jax model
+folder (e.g. a pre-training run's ``workdir/model``) or a pre-training run's ``checkpoints``
+folder (its encoder parameters; the classifier starts fresh).
+"""
+
+import os
+
+import ml_collections
+
+GLUE_DIR = os.environ.get("HEADS_JAX_GLUE_DIR", "/work/shared/data/glue")
+TASKS = ("mrpc", "qqp", "sst2", "qnli")
+GRID = {"batch_size": (32, 128), "learning_rate": (1e-4, 2e-4)}
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.preset = ""
+  c.task = "mrpc"
+  c.seed = 0
+  c.data_seed = 0
+  c.dropout_seed = 1
+  c.tokenizer = ""         # "" = the init checkpoint's tokenizer, else the embedded vocabulary
+  c.init_checkpoint = ""   # HF dir, heads_jax dir or a pre-training run's checkpoints dir
+
+  c.model = ml_collections.ConfigDict()  # used when init_checkpoint is empty or an Orbax run
+  c.model.size = "base"
+  c.model.dtype = "bfloat16"
+  c.model.hidden_dropout = 0.1
+  c.model.attention_dropout = 0.1
+  c.model.max_position_embeddings = 512
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "tsv"    # tsv | tfds
+  c.data.glue_dir = GLUE_DIR
+  c.data.tfds_data_dir = ""
+  c.data.train_split = "train"
+  c.data.eval_split = "dev"
+  c.data.holdout_fraction = 0.0  # > 0: evaluate on a seeded holdout of the train split
+  c.data.holdout_seed = 0
+  c.data.max_examples = 0  # > 0: read at most this many rows per split
+  c.data.max_seq_length = 128
+
+  c.batch_size = 32
+  c.eval_batch_size = 128
+  c.num_train_steps = 20_000
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "lamb"
+  c.optimizer.learning_rate = 1e-4
+  c.optimizer.warmup_steps = 10_000
+  c.optimizer.end_learning_rate = 0.0
+  c.optimizer.power = 1.0
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-6
+  c.optimizer.clip_norm = 1.0
+  c.optimizer.accumulate_steps = 1
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = 1_000
+  c.checkpoint.keep = 2
+  c.checkpoint.async_save = True
+
+  c.select_metric = ""     # "" = f1 for MRPC/QQP, accuracy for SST-2/QNLI
+  c.log_every = 100
+  c.eval_every = 1_000
+  c.stop_at_step = 0
+  c.export = True
+  c.distributed = False
+  c.tensorboard = True
+  return c
+
+
+def _parse(arg: str):
+  name, *opts = [a.strip() for a in (arg or "mrpc").split(",") if a.strip()]
+  kv = {}
+  for o in opts:
+    k, _, v = o.partition("=")
+    kv[k.strip()] = v.strip()
+  return name, kv
+
+
+def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
+  name, kv = _parse(arg)
+  c = base_config()
+  c.preset = arg
+  if name in TASKS:
+    c.task = name
+    if name == "qqp":
+      c.data.train_split = "train"  # falls back to train_subset + holdout where only that exists
+  elif name == "tiny" or name.startswith("tiny_"):
+    task = name[len("tiny_"):] if name.startswith("tiny_") else "sst2"
+    if task not in TASKS:
+      raise ValueError(f"unknown task in preset {name!r}; one of {TASKS}")
+    from heads_jax.data.assets import glue_dir
+    c.task = task
+    c.model.size = "tiny"
+    c.model.dtype = "float32"
+    c.data.glue_dir = str(glue_dir()) if task in ("sst2", "mrpc") else GLUE_DIR
+    c.data.train_split = "dev"      # the embedded copies hold dev only: seeded holdout
+    c.data.holdout_fraction = 0.2
+    c.data.max_seq_length = 64
+    c.batch_size = 32
+    c.eval_batch_size = 64
+    c.num_train_steps = 100
+    c.optimizer.learning_rate = 1e-3
+    c.optimizer.warmup_steps = 10
+    c.checkpoint.every_steps = 50
+    c.log_every = 10
+    c.eval_every = 50
+  else:
+    raise ValueError(f"unknown fine-tuning preset {name!r}: one of {TASKS}, tiny, tiny_TASK")
+  for k, v in kv.items():
+    if k in ("bs", "batch_size"):
+      c.batch_size = int(v)
+    elif k in ("lr", "learning_rate"):
+      c.optimizer.learning_rate = float(v)
+    elif k in ("steps", "num_train_steps"):
+      c.num_train_steps = int(v)
+    elif k in ("warmup", "warmup_steps"):
+      c.optimizer.warmup_steps = int(v)
+    elif k == "init":
+      c.init_checkpoint = v
+    else:
+      raise ValueError(f"unknown option {k!r} in {arg!r}: bs, lr, steps, warmup, init")
+  return c
