@@ -43,7 +43,7 @@ def run_compare(before, after, out, *, title=None, log=print) -> Path:
       cluster_changes_df=comparison.clusters,
       title=title or f"Attention heads: {Path(before).name} vs {Path(after).name}",
       settings={"before": comparison.settings_before, "after": comparison.settings_after},
-      summary_before=summaries[0], summary_after=summaries[1])
+      summary_before=summaries[0], summary_after=summaries[1], warnings=comparison.warnings)
   table = comparison.sieve_bias.pivot(index="role", columns="layer_group", values="delta")
   table = table[[c for c in ("initial", "middle", "final") if c in table.columns]]
   log("change of mean sieve bias (after - before) by layer group:\n" + table.round(3).to_string())

@@ -171,6 +171,21 @@ def test_roles_per_layer_and_head_by_hand():
   assert per_head.loc[(0, 1), "roles"] == "(none)" and per_head.loc[(1, 0), "num_roles"] == 4
 
 
+def test_roles_without_defined_tests_count_as_not_computed(tmp_path):
+  tests = small_tests()
+  tests.loc[tests["role"] == "block", ["mean", "assigned"]] = [np.nan, "False"]
+  tests["n"] = np.where(tests["role"] == "block", 0, 10)
+  assert "block" not in style.tested_roles(tests)
+  assert style.tested_roles(small_tests().assign(n=10)) == ["local", "prev_local", "block", "cls",
+                                                            "sep", "nsubj"]
+  _, sets = figures._coarse_flags(tests, ("local", "syntactic", "block", "delimiter"))
+  assert sets == ["local", "syntactic", "delimiter"]
+  text = html.write_report(tmp_path, title="t", settings=SETTINGS, summary={"share_block": 0.0},
+                           tests_df=tests).read_text()
+  row = re.search(r"Heads with the block role</td><td[^>]*>([^<]*)<", text).group(1)
+  assert row == "not computed"
+
+
 def test_assigned_matrix_and_sorted_heads():
   assigned = style.assigned_matrix(small_tests(), style.GRID_ROLES)
   assert assigned.shape == (2, 2, 9)
@@ -267,8 +282,10 @@ def test_write_report_embeds_figures_and_tables(tmp_path, data, drawn):
   figs = drawn
   path = html.write_report(
       tmp_path, title="Run <1> & co", settings=SETTINGS, summary=SUMMARY, tests_df=data["tests"],
-      clusters_df=data["clusters"], cluster_info={"names": {"0": "dense"}, "stability": 0.9,
-                                                  "method": "kmeans", "k": 4},
+      clusters_df=data["clusters"],
+      cluster_info={"names": ["dense", "diagonal"], "stability": 0.9, "method": "kmeans", "k": 2,
+                    "name_scores": [[0.1, 0.2, 0.7], [0.5, 0.4, 0.1]],
+                    "name_score_columns": ["vertical", "diagonal", "dense"]},
       figures=figs, extra_sections=[("Notes <b>", "first & second")])
   text = path.read_text()
   assert path.name == "report.html"
@@ -280,8 +297,11 @@ def test_write_report_embeds_figures_and_tables(tmp_path, data, drawn):
     assert html.esc(figures.FIGURE_TEXT[name][2]) in text  # "how to read this" line
   for table in ("table-settings", "table-summary", "table-summary-other", "table-roles-per-layer",
                 "table-roles-per-head", "table-cluster-info", "table-cluster-means",
-                "table-clusters"):
+                "table-clusters", "table-cluster-name-scores"):
     assert f'<table id="{table}">' in text
+  scores_table = text[text.index('<table id="table-cluster-name-scores">'):]
+  assert "<th>vertical</th><th>diagonal</th><th>dense</th>" in scores_table
+  assert "<tr><td>diagonal</td><td class=\"num\">0.500</td>" in scores_table
   # escaping: nothing from the inputs becomes markup
   assert "<script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
   assert "Run &lt;1&gt; &amp; co" in text and "Notes &lt;b&gt;" in text
@@ -362,6 +382,35 @@ def test_build_analysis_report_from_files(tmp_path, data):
   assert "not reported" in text
   with pytest.raises(FileNotFoundError, match="scores.npz"):
     html.build_analysis_report(tmp_path / "nothing")
+
+
+def test_report_reads_what_hoststats_writes(tmp_path):
+  """Integration: the host statistics' own writers and summary keys feed the report."""
+  hypothesis = pytest.importorskip("heads_jax.hoststats.hypothesis")
+  summary_lib = pytest.importorskip("heads_jax.hoststats.summary")
+  io = pytest.importorskip("heads_jax.hoststats.io")
+  scores = make_scores(n=8, layers=2, heads=3)
+  tests_df, settings = hypothesis.hypothesis_tests(scores["sieve_bias"], list(scores["roles"]),
+                                                   settings={"model": "m", "data": "d"})
+  summary = summary_lib.summary_figures(scores["sieve_bias"], list(scores["roles"]), tests_df)
+  out = tmp_path / "run"
+  io.write_scores(out, scores["sieve_bias"], list(scores["roles"]), scores["distance"],
+                  scores["lengths"])
+  io.write_tests(tests_df, settings, out)
+  io.write_summary(summary, out)
+  text = html.build_analysis_report(out, dpi=DPI).read_text()
+  headline = text[text.index('<table id="table-summary">'):]
+  headline = headline[:headline.index("</table>")]
+  assert "not reported" not in headline  # every headline key of hoststats is recognised
+  assert html.format_value(summary["mean_sieve_score"], "float") in headline
+  assert html.format_value(summary["share_p_between"], "share") in headline
+  assert "Attention heads: m on d" in text
+
+
+def test_as_bool_reads_csv_spellings():
+  np.testing.assert_array_equal(style.as_bool(["True", "false", "", None, "1"]),
+                                [True, False, False, False, True])
+  np.testing.assert_array_equal(style.as_bool([1.0, np.nan, 0.0]), [True, False, False])
 
 
 def test_report_imports_no_jax():

@@ -67,10 +67,22 @@ def test_padding_rows_and_junk_do_not_leak():
   attn_wide = np.zeros((3, 1, 2, 12, 12), np.float32)
   attn_wide[..., :8, :8] = attn
   attn_wide[..., 8:, :] = rng.random((3, 1, 2, 4, 12))  # junk rows for padding queries
+  attn_wide[..., :8, 8:] = rng.random((3, 1, 2, 8, 4))  # and junk mass on padding keys
   a, d = _stats(attn, batch)
   aw, dw = _stats(attn_wide, wide)
   np.testing.assert_allclose(np.asarray(aw), np.asarray(a), rtol=1e-6)
   np.testing.assert_allclose(np.asarray(dw), np.asarray(d), rtol=1e-6, atol=1e-7)
+
+
+def test_sieve_bias_ignores_row_scale_like_the_formula(random_case):
+  """beta(t) is a ratio of two sums over the same row (and the block entropy normalises the
+  row), so rows that do not sum to 1 give the formula's value, not a renormalised guess."""
+  batch, attn = random_case
+  scale = np.random.default_rng(1).uniform(0.2, 3.0, attn.shape[:4] + (1,)).astype(np.float32)
+  got, _ = _stats(attn * scale, batch)
+  want = ref.sieve_bias((attn * scale).astype(np.float64), batch, B.ROLES)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(_stats(attn, batch)[0]), rtol=1e-5)
 
 
 def _uniform_attention(mask, l=1, h=1):

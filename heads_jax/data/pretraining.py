@@ -72,7 +72,7 @@ import numpy as np
 
 _ABBREVIATIONS = frozenset("""
 mr mrs ms dr st prof sr jr vs etc esq rev hon capt col gen gov lt sgt mt messrs mme mlle
-no vol ch fig cf al inc ltd co jan feb mar apr jun jul aug sep sept oct nov dec
+vol ch fig cf al inc ltd co jan feb mar apr jun jul aug sep sept oct nov dec
 """.split())
 _BOUNDARY = re.compile(r"""([.!?]+["'\u2019\u201d)\]]*)\s+(?=["'\u2018\u201c(\[_]*[A-Z0-9])""")
 _LAST_WORD = re.compile(r"([A-Za-z]+)\.*$")
@@ -433,8 +433,8 @@ class PretrainingExamples:
     for i, t in enumerate(tokens):
       if t in (self.cls_id, self.sep_id):
         continue
-      if spec.whole_word_mask and candidates and self._is_subword[t]:
-        candidates[-1].append(i)
+      if spec.whole_word_mask and candidates and candidates[-1][-1] == i - 1 and self._is_subword[t]:
+        candidates[-1].append(i)  # (a "##" piece right after [CLS]/[SEP] starts its own word)
       else:
         candidates.append([i])
     order = rng.permutation(len(candidates))

@@ -129,7 +129,7 @@ def _finite(values) -> np.ndarray:
   return v[np.isfinite(v)]
 
 
-def _require_columns(df, columns, what: str):
+def require_columns(df, columns, what: str):
   if not isinstance(df, pd.DataFrame):
     raise TypeError(f"{what} must be a pandas DataFrame, got {type(df).__name__}")
   missing = [c for c in columns if c not in df.columns]
@@ -152,14 +152,14 @@ def _coarse_flags(flags_or_tests: pd.DataFrame, sets) -> tuple[pd.DataFrame, lis
   dropped) or a per-head table that already holds one bool column per set.
   """
   if "role" in flags_or_tests.columns:
-    tested = set(flags_or_tests["role"].astype(str))
+    tested = set(style.tested_roles(flags_or_tests))
     flags = style.coarse_role_flags(flags_or_tests)
     computed = [s for s in sets if any(r in tested for r in style.COARSE_ROLES.get(s, (s,)))]
     if sets and not all(s in style.COARSE_ROLES for s in sets):
       bad = [s for s in sets if s not in style.COARSE_ROLES]
       raise ValueError(f"unknown coarse roles {bad}; choose from {list(style.COARSE_ROLES)}")
     return flags, computed
-  _require_columns(flags_or_tests, list(sets), "per-head role flags")
+  require_columns(flags_or_tests, list(sets), "per-head role flags")
   flags = flags_or_tests.copy()
   for s in sets:
     flags[s] = style.as_bool(flags[s])
@@ -193,12 +193,20 @@ def plot_score_cdf(scores, path, *, tau: float, mean: float | None = None, title
       idx = np.arange(values.size)
     x = values[idx]
     y = (idx + 1) / values.size
-    positive = x > 0
-    floor = x[positive].min() if positive.any() else 1e-3
-    ax.step(np.maximum(x, floor), y, where="post", color="#333333", lw=1.6,
+    # Scores can reach ~0 (a head ignoring its sieve); start the log axis at a power of ten
+    # at or below min(0.1, 1st percentile) so the bulk of the curve stays readable.
+    positive = values[values > 0]
+    low = min(0.1, float(np.quantile(positive, 0.01))) if positive.size else 0.1
+    left = 10.0 ** np.floor(np.log10(low))
+    below = float((values < left).mean())
+    ax.step(np.maximum(x, left), y, where="post", color="#333333", lw=1.6,
             label=f"sieve bias scores (n = {values.size:,})")
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(_PLAIN)
+    ax.set_xlim(left, max(float(values.max()), tau, mean, 1.0) * 1.3)
+    if below > 0:
+      ax.text(0.02, 0.5, f"{below:.1%} of scores\nbelow {left:g}\n(drawn at the edge)",
+              transform=ax.transAxes, fontsize=8, color="#555555", va="center")
     ax.axvline(1.0, color="#999999", ls=":", lw=1.2, label="1 = no preference for the sieve")
     ax.axvline(mean, color="#1f77b4", ls="--", lw=1.6, label=f"mean of all scores = {mean:.2f}")
     ax.axvline(tau, color="#d62728", ls="-", lw=1.6, label=f"tau = {tau:g}")
@@ -469,7 +477,7 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
   """
   df = style.check_tests_df(tests_df)
   roles = list(roles)
-  tested = set(df["role"])
+  tested = set(style.tested_roles(df))
   num_layers, num_heads = style.grid_shape(df)
   assigned = style.assigned_matrix(df, roles)  # [l, h, r]
   order = sorted_heads(assigned)
@@ -564,7 +572,9 @@ def plot_role_heatmaps(means, roles, path, *, tau: float, assigned=None, ncols: 
   logs = np.log10(np.where(means > 0, means, np.nan))
   center = np.log10(tau)
   finite = logs[np.isfinite(logs)]
-  span = max(0.3, float(np.abs(finite - center).max())) if finite.size else 1.0
+  # colour range: the 99th percentile of the distance to tau (a few extreme heads would
+  # otherwise wash out every other cell); values beyond it get the end colours.
+  span = max(0.3, float(np.quantile(np.abs(finite - center), 0.99))) if finite.size else 1.0
   norm = mcolors.TwoSlopeNorm(vmin=center - span, vcenter=center, vmax=center + span)
   cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#bdbdbd")
   panel_w = max(2.2, 0.2 * num_heads + 0.6)
@@ -589,7 +599,7 @@ def plot_role_heatmaps(means, roles, path, *, tau: float, assigned=None, ncols: 
       ax.set_ylabel("layer", fontsize=8)
     if i // ncols == nrows - 1 or i + ncols >= num_roles:
       ax.set_xlabel("head", fontsize=8)
-  cbar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, pad=0.02)
+  cbar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, pad=0.02, extend="both")
   lo, hi = 10 ** (center - span), 10 ** (center + span)
   ticks = [t for t in (0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000) if lo <= t <= hi]
   ticks = sorted(set(ticks + [tau]))
@@ -616,7 +626,7 @@ def plot_finetune_delta(compare_df: pd.DataFrame, path, *, title: str | None = N
     compare_df: columns role, layer_group (initial / middle / final), before, after, delta; with
       an optional ``task`` column, one panel per task.
   """
-  _require_columns(compare_df, ("role", "layer_group", "delta"), "fine-tuning comparison table")
+  require_columns(compare_df, ("role", "layer_group", "delta"), "fine-tuning comparison table")
   df = compare_df.copy()
   df["role"] = df["role"].astype(str)
   df["layer_group"] = df["layer_group"].astype(str)
@@ -656,7 +666,7 @@ def plot_cluster_changes(changes_df: pd.DataFrame, path, *, title: str | None = 
   Args:
     changes_df: one row per head with columns cluster_before, cluster_after (names or ids).
   """
-  _require_columns(changes_df, ("cluster_before", "cluster_after"), "cluster change table")
+  require_columns(changes_df, ("cluster_before", "cluster_after"), "cluster change table")
   before = changes_df["cluster_before"].astype(str)
   after = changes_df["cluster_after"].astype(str)
   names = style.cluster_order(list(before) + list(after))
@@ -686,7 +696,7 @@ def plot_cluster_changes(changes_df: pd.DataFrame, path, *, title: str | None = 
 
 
 def _check_clusters(clusters_df, extra=()):
-  _require_columns(clusters_df, ("layer", "head", "cluster_name") + tuple(extra),
+  require_columns(clusters_df, ("layer", "head", "cluster_name") + tuple(extra),
                    "clusters table (clusters.csv)")
   if len(clusters_df) == 0:
     raise ValueError("the clusters table is empty: there are no heads to draw")
@@ -746,7 +756,7 @@ def plot_cluster_layers(clusters_df: pd.DataFrame, path, *, title: str | None = 
   return _save(fig, path, dpi)
 
 
-FEATURE_LABELS = tuple(f"w{i}" for i in range(16)) + ("self", "[CLS]", "[SEP]", ",", ".")
+FEATURE_LABELS = tuple(f"w{i}" for i in range(16)) + ("self", "[CLS]", "[SEP]", "comma", "period")
 
 
 def plot_cluster_features(clusters_df: pd.DataFrame, path, *,
@@ -814,11 +824,15 @@ def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau:
   out["role_upset"] = plot_role_upset(tests_df, fig_dir / "role_upset.png", dpi=dpi)
   out["role_venn"] = plot_role_venn(tests_df, fig_dir / "role_venn.png", dpi=dpi)
   out["role_grid"] = plot_role_grid(tests_df, fig_dir / "role_grid.png", dpi=dpi)
-  if "mean" in tests_df.columns:
-    means, heat_roles = mean_matrix(tests_df, style.role_order(roles))
+  heat_roles = [r for r in style.role_order(roles) if r in style.tested_roles(tests_df)]
+  if "mean" in tests_df.columns and heat_roles:
+    dropped = [r for r in style.role_order(roles) if r not in heat_roles]
+    means, heat_roles = mean_matrix(tests_df, heat_roles)
     out["role_heatmaps"] = plot_role_heatmaps(
         means, heat_roles, fig_dir / "role_heatmaps.png", tau=tau,
-        assigned=style.assigned_matrix(tests_df, heat_roles), dpi=dpi)
+        assigned=style.assigned_matrix(tests_df, heat_roles), dpi=dpi,
+        title=FIGURE_TEXT["role_heatmaps"][0]
+        + (f"; not computed: {', '.join(dropped)}" if dropped else ""))
   if clusters_df is not None and len(clusters_df):
     if {"tsne_x", "tsne_y"} <= set(clusters_df.columns) and np.isfinite(
         clusters_df[["tsne_x", "tsne_y"]].astype(float).to_numpy()).all():

@@ -164,7 +164,7 @@ def format_value(v, kind: str | None = None) -> str:
     if kind == "corr":
       return f"{v:.3f}"
     if kind == "p":
-      return f"{v:.2g}"
+      return "< 1e-300" if v == 0 else f"{v:.2g}"
     if kind == "float":
       return f"{v:.2f}"
     return f"{v:.4g}"
@@ -351,11 +351,17 @@ def _settings_section(settings: dict) -> str:
           + '<p class="note">Layers and heads are numbered from 0, as in the CSV files.</p>')
 
 
-def _summary_section(summary: dict) -> str:
+def _summary_section(summary: dict, tested: list[str] | None = None) -> str:
+  """Headline table (with the paper's values), then the other summary entries: scalars in a
+  key/value table, each dict of scalars (e.g. per-role values) as a one-row table."""
   known, rest = match_summary(summary)
   rows = []
   for key, label, kind, _aliases, paper, ref in SUMMARY_FIELDS:
-    if key in known:
+    coarse = key[len("share_"):] if key.startswith("share_") else None
+    if (tested is not None and coarse in style.COARSE_ROLES
+        and not any(r in tested for r in style.COARSE_ROLES[coarse])):
+      value = "not computed"
+    elif key in known:
       value = format_value(known[key][1], kind)
     else:
       value = "not reported"
@@ -367,20 +373,63 @@ def _summary_section(summary: dict) -> str:
   out = (f'<div class="scroll"><table id="table-summary"><thead>{head}</thead>'
          f"<tbody>{''.join(rows)}</tbody></table></div>"
          '<p class="note">Shares are of all heads, except "syntactic heads that are also local" '
-         "(a share of the syntactic heads). The paper (Pande et al. 2021) reports a mean sieve "
-         "score of 2.8 and 1.8% of p-values in (0.05, 0.95) for BERT-base; the reference column "
-         "is an independent implementation of the same definitions (DESIGN.md).</p>")
+         "(a share of the syntactic heads); \"not computed\": the run has no defined score for "
+         "any role of the group (block needs sentence pairs). The paper (Pande et al. 2021) "
+         "reports a mean sieve score of 2.8 and 1.8% of p-values in (0.05, 0.95) for BERT-base; "
+         "the reference column is an independent implementation of the same definitions "
+         "(DESIGN.md).</p>")
   if rest:
-    out += "<h3>Other summary values</h3>" + kv_table_html(
-        rest, table_id="table-summary-other", headers=("key", "value"))
+    groups: dict[str, list[tuple[str, object]]] = {}
+    scalars = []
+    for key, value in rest:
+      outer, _, inner = key.partition(".")
+      if inner and "." not in inner:
+        groups.setdefault(outer, []).append((inner, value))
+      else:
+        scalars.append((key, value))
+    out += "<h3>Other summary values</h3>"
+    if scalars:
+      out += kv_table_html(scalars, table_id="table-summary-other", headers=("key", "value"))
+    for outer, items in groups.items():
+      table = pd.DataFrame([[v for _, v in items]], columns=[k for k, _ in items], index=[outer])
+      table.index.name = "summary"
+      out += table_html(table.astype(object), table_id=f"table-summary-{slug(outer)}", index=True,
+                        float_format="{:.4g}")
   return out
 
 
 def _clusters_section(clusters_df: pd.DataFrame, cluster_info: dict | None) -> str:
   out = ""
   if cluster_info:
-    out += "<h3>Clustering</h3>" + kv_table_html(flatten(cluster_info), table_id="table-cluster-info",
+    scalars, matrices = [], []
+    for key, value in flatten(cluster_info):
+      if (isinstance(value, (list, tuple)) and value
+          and all(isinstance(v, (list, tuple)) for v in value)):
+        matrices.append((key, value))
+      else:
+        scalars.append((key, value))
+    out += "<h3>Clustering</h3>" + kv_table_html(scalars, table_id="table-cluster-info",
                                                  headers=("property", "value"))
+    names = cluster_info.get("names") if isinstance(cluster_info.get("names"), list) else None
+    feature_names = cluster_info.get("feature_names")
+    short = dict(zip(batch_lib.DISTANCE_FEATURES, figures_lib.FEATURE_LABELS))
+    for key, rows in matrices:
+      width = max(len(r) for r in rows)
+      # column names: "<key>_columns" / "<singular key>_columns" (e.g. name_score_columns for
+      # name_scores), else the feature names when the width is theirs, else 0, 1, ...
+      own = cluster_info.get(f"{key}_columns", cluster_info.get(f"{key[:-1]}_columns"))
+      if isinstance(own, list) and len(own) == width:
+        columns = [str(c) for c in own]
+      elif isinstance(feature_names, list) and len(feature_names) == width:
+        columns = [short.get(f, f) for f in feature_names]
+      else:
+        columns = [str(i) for i in range(width)]
+      table = pd.DataFrame([list(r) + [None] * (width - len(r)) for r in rows], columns=columns)
+      table.index = names if names and len(names) == len(rows) else range(len(rows))
+      table.index.name = "cluster"
+      out += (f"<h3>{esc(key)}</h3>"
+              + table_html(table, table_id=f"table-cluster-{slug(key)}", index=True,
+                           float_format="{:.3f}"))
   features = [f for f in batch_lib.DISTANCE_FEATURES if f in clusters_df.columns]
   short = dict(zip(batch_lib.DISTANCE_FEATURES, figures_lib.FEATURE_LABELS))
   if "cluster_name" in clusters_df.columns:
@@ -398,7 +447,7 @@ def _clusters_section(clusters_df: pd.DataFrame, cluster_info: dict | None) -> s
   shown = first + [c for c in clusters_df.columns if c not in first + ["tsne_x", "tsne_y"]]
   heads = clusters_df[shown].sort_values(["layer", "head"]).rename(columns=short)
   out += ('<h3>Heads</h3><p class="note">Mean attention mass of each head in the 16 distance '
-          "windows w0 (nearest) .. w15, to itself, [CLS], [SEP], ',' and '.' (the 21 features "
+          "windows w0 (nearest) .. w15, to itself, [CLS], [SEP], commas and periods (the 21 features "
           "sum to 1; full precision in clusters.csv).</p>"
           + table_html(heads, table_id="table-clusters", tall=True, float_format="{:.2f}"))
   return out
@@ -423,7 +472,7 @@ def write_report(out_dir, *, title: str, settings: dict, summary: dict, tests_df
   """
   tests_df = style.check_tests_df(tests_df)
   sections = [("Settings", _settings_section(settings)),
-              ("Headline figures", _summary_section(summary))]
+              ("Headline figures", _summary_section(summary, style.tested_roles(tests_df)))]
   per_layer = style.roles_per_layer(tests_df)
   sections.append(("Roles per layer", (
       '<p class="note">Number of heads in each layer with a role assigned (fine roles, then the '
@@ -441,6 +490,20 @@ def write_report(out_dir, *, title: str, settings: dict, summary: dict, tests_df
   subtitle = " | ".join(f"{k}: {format_value(settings[k])}" for k in ("model", "data", "num_sequences")
                         if settings and k in settings)
   return _write(out_dir, filename, _page(title, subtitle, sections))
+
+
+def short_name(value) -> str:
+  """A readable short form of a model / data setting: paths shortened to their last two parts
+  (``conllu:../data/ud_ewt/en_ewt-ud-test.conllu`` -> ``conllu:ud_ewt/en_ewt-ud-test.conllu``)."""
+  text = str(value)
+  prefix = ""
+  if ":" in text and "/" not in text.split(":", 1)[0]:
+    prefix, text = text.split(":", 1)
+    prefix += ":"
+  if "/" in text:
+    parts = [p for p in text.split("/") if p not in ("", ".", "..")]
+    text = "/".join(parts[-2:])
+  return prefix + text
 
 
 def _read_json(path: Path) -> dict:
@@ -498,9 +561,8 @@ def build_analysis_report(out_dir, *, title: str | None = None,
       clusters_df=clusters_df, mean_score=float(mean_score) if _is_number(mean_score) else None,
       p_band=band, dpi=dpi)
   if title is None:
-    title = "Attention heads: " + " on ".join(
-        str(settings[k]) for k in ("model", "data") if settings.get(k)) if (
-            settings.get("model") or settings.get("data")) else "Attention-head analysis"
+    parts = [short_name(settings[k]) for k in ("model", "data") if settings.get(k)]
+    title = "Attention heads: " + " on ".join(parts) if parts else "Attention-head analysis"
   return write_report(out_dir, title=title, settings=settings, summary=summary, tests_df=tests_df,
                       clusters_df=clusters_df, cluster_info=cluster_info, figures=figs)
 
@@ -553,7 +615,7 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
     figures: extra or replacement figures ``{name: path or spec}``; the change-of-sieve-bias and
       cluster-change figures are drawn into ``out_dir/figures`` unless given here.
   """
-  figures_lib._require_columns(compare_df, ("role", "layer_group", "before", "after", "delta"),
+  figures_lib.require_columns(compare_df, ("role", "layer_group", "before", "after", "delta"),
                                "fine-tuning comparison table")
   fig_dir = Path(out_dir) / "figures"
   figs = {"finetune_delta": figures_lib.plot_finetune_delta(compare_df, fig_dir / "finetune_delta.png",
@@ -594,7 +656,7 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
       + table_html(long, table_id="table-compare"))))
   sections.append(("Figures", "".join(_figure_html(n, s) for n, s in figs.items())))
   if heads_df is not None:
-    figures_lib._require_columns(heads_df, ("layer", "head", "gained", "lost"),
+    figures_lib.require_columns(heads_df, ("layer", "head", "gained", "lost"),
                                  "per-head role change table")
     gained = heads_df["gained"].map(_split)
     lost = heads_df["lost"].map(_split)
@@ -617,7 +679,7 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
         + "<h3>Heads whose roles changed</h3>"
         + table_html(changed, table_id="table-role-changes", tall=True))))
   if cluster_changes_df is not None:
-    figures_lib._require_columns(cluster_changes_df, ("layer", "head", "cluster_before",
+    figures_lib.require_columns(cluster_changes_df, ("layer", "head", "cluster_before",
                                                       "cluster_after"), "cluster change table")
     ch = cluster_changes_df
     moved = (ch["changed"].pipe(style.as_bool) if "changed" in ch.columns

@@ -107,6 +107,28 @@ def check_tests_df(tests_df: pd.DataFrame, required=("layer", "head", "role", "a
   return df
 
 
+def tested_roles(tests_df: pd.DataFrame) -> list[str]:
+  """Roles (in role order) with at least one defined test: n > 0, a finite p-value or mean.
+
+  A role listed in tests.csv only with NaN rows (e.g. block on single sentences) was not
+  computable for the data and counts as not computed. Without n / p_value / mean columns,
+  every listed role counts.
+  """
+  df = tests_df
+  roles = role_order(df["role"].astype(str).unique())
+  checks = []
+  if "n" in df.columns:
+    checks.append(pd.to_numeric(df["n"], errors="coerce").fillna(0).to_numpy() > 0)
+  for col in ("p_value", "mean"):
+    if col in df.columns:
+      checks.append(np.isfinite(pd.to_numeric(df[col], errors="coerce").to_numpy(float)))
+  if not checks:
+    return roles
+  ok = np.logical_or.reduce(checks)
+  defined = set(df.loc[ok, "role"].astype(str))
+  return [r for r in roles if r in defined]
+
+
 def grid_shape(tests_df: pd.DataFrame) -> tuple[int, int]:
   """(L, H): number of layers and heads, from the largest indices in a tests / clusters table."""
   if len(tests_df) == 0:

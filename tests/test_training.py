@@ -1,0 +1,216 @@
+"""Train steps (sharded vs single device, dropout keys), exact resume, two-phase init, metrics,
+configs, and the loss of a tiny model falling on real text."""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from heads_jax.data.assets import gutenberg_paths
+from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec, TextCorpus
+from heads_jax.data.tokenizer import load_tokenizer
+from heads_jax.model.config import config_for
+from heads_jax.model.heads import BertForPreTraining
+from heads_jax.parallel import data_mesh, shard_batch
+from heads_jax.training import checkpointing, configlib, loop, metrics, optimizer, pretrain, steps
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def examples(tokenizer):
+  return PretrainingExamples(TextCorpus(gutenberg_paths()), tokenizer,
+                             PretrainingSpec(max_seq_length=32, max_predictions=5), seed=0)
+
+
+def _model(tokenizer, seed=0):
+  return BertForPreTraining(config_for("tiny", vocab_size=tokenizer.vocab_size), rngs=nnx.Rngs(seed))
+
+
+def _host(tree):
+  return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
+
+
+def test_sharded_step_equals_single_device(tokenizer, examples):
+  assert jax.device_count() == 8
+  parts, params = steps.split_model(_model(tokenizer))
+  tx, sched = optimizer.make_optimizer(learning_rate=1e-2, warmup_steps=1, total_steps=10)
+  results = {}
+  for n in (8, 1):
+    mesh = data_mesh(jax.devices()[:n])
+    state = steps.place_state(steps.init_train_state(params, tx), mesh)
+    step = steps.make_train_step(parts, tx, steps.pretraining_loss, mesh=mesh, schedule=sched,
+                                 dropout_seed=3)
+    losses = []
+    for i in range(3):
+      state, m = step(state, shard_batch(examples.batch(i, 16), mesh))
+      losses.append(float(m["loss"]))
+    if n == 8:
+      leaf = jax.tree.leaves(state["params"])[0]
+      assert len(leaf.sharding.device_set) == 8 and leaf.sharding.is_fully_replicated
+    results[n] = (losses, _host(state["params"]))
+  np.testing.assert_allclose(results[8][0], results[1][0], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(results[8][1]), jax.tree.leaves(results[1][1])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6)
+  moved = max(float(np.abs(a - np.asarray(b)).max())
+              for a, b in zip(jax.tree.leaves(results[1][1]), jax.tree.leaves(params)))
+  assert moved > 1e-4
+
+
+def test_dropout_keys_depend_on_step_only(tokenizer, examples):
+  mesh = data_mesh()
+  parts, params = steps.split_model(_model(tokenizer))
+  tx, _ = optimizer.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=10)
+  step = steps.make_train_step(parts, tx, steps.pretraining_loss, mesh=mesh, dropout_seed=0)
+  batch = shard_batch(examples.batch(0, 16), mesh)
+  fresh = lambda k: dict(steps.place_state(steps.init_train_state(params, tx), mesh),
+                         step=jnp.int32(k))
+  l0 = float(step(fresh(0), batch)[1]["loss"])
+  l0_again = float(step(fresh(0), batch)[1]["loss"])
+  l5 = float(step(fresh(5), batch)[1]["loss"])
+  eval_step = steps.make_eval_step(parts, steps.pretraining_loss, mesh=mesh)
+  l_det = float(eval_step(steps.place_state(params, mesh), batch)["loss"])
+  assert l0 == l0_again
+  assert l0 != l5 and l0 != l_det  # dropout is on in training, keyed by the step
+
+
+def _tiny(steps_=6, **kw):
+  c = configlib.load_config("configs/pretrain.py:tiny")
+  c.data.max_seq_length, c.data.max_predictions = 32, 5
+  c.batch_size = 16
+  c.num_train_steps = steps_
+  c.optimizer.warmup_steps = 2
+  c.checkpoint.every_steps = 2
+  c.log_every = 1
+  c.eval_batches = 0
+  c.export = False
+  c.tensorboard = False
+  for k, v in kw.items():
+    configlib.apply_overrides(c, [f"{k}={v}"])
+  return c
+
+
+@pytest.mark.slow
+def test_kill_and_resume_equals_uninterrupted(tmp_path, tokenizer):
+  full = pretrain.run(_tiny(export=True), tmp_path / "a")
+  assert [h["step"] for h in full["history"]] == [1, 2, 3, 4, 5, 6]
+  # "killed" after step 5: the last checkpoint is step 4 (the forced step-5 save is removed)
+  part = pretrain.run(_tiny(stop_at_step=5), tmp_path / "b")
+  assert part["final_step"] == 5
+  shutil.rmtree(tmp_path / "b" / "checkpoints" / "5")
+  resumed = pretrain.run(_tiny(), tmp_path / "b")
+  assert resumed["start_step"] == 4 and resumed["origin"].startswith("resumed")
+  losses_full = {h["step"]: h["loss"] for h in full["history"]}
+  losses_res = {h["step"]: h["loss"] for h in resumed["history"]}
+  assert [losses_res[s] for s in (5, 6)] == [losses_full[s] for s in (5, 6)]
+  assert [h["loss"] for h in part["history"]] == [losses_full[s] for s in range(1, 6)]
+  for a, b in zip(jax.tree.leaves(_host(full["state"])), jax.tree.leaves(_host(resumed["state"]))):
+    np.testing.assert_array_equal(a, b)
+  # the metrics log has one line per step of each run segment
+  rows = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5, 5, 6]
+  # the exported model holds the final parameters
+  from heads_jax import load_model
+  model, tok = load_model(tmp_path / "a" / "model", head="pretraining")
+  _, exported = steps.split_model(model)
+  for a, b in zip(jax.tree.leaves(_host(exported)), jax.tree.leaves(_host(full["state"]["params"]))):
+    np.testing.assert_array_equal(a, b)
+  assert tok.vocab_size == tokenizer.vocab_size
+
+  # phase 2 starts from the phase-1 parameters with a fresh optimizer (step 0)
+  c2 = _tiny(2, init_checkpoint=str(tmp_path / "a" / "checkpoints"))
+  c2.data.max_seq_length, c2.data.max_predictions = 64, 10
+  tx, _ = pretrain.make_tx(c2)
+  ck = checkpointing.Checkpoints(tmp_path / "c" / "checkpoints")
+  parts, state, start, origin = loop.initial_state(
+      model=_model(tokenizer, seed=9), tx=tx, mesh=data_mesh(), ckpts=ck,
+      init_checkpoint=c2.init_checkpoint)
+  assert start == 0 and origin.startswith("params:") and origin.endswith("@6")
+  assert int(state["step"]) == 0
+  for a, b in zip(jax.tree.leaves(_host(state["params"])), jax.tree.leaves(_host(full["state"]["params"]))):
+    np.testing.assert_array_equal(a, b)
+  assert all(not np.any(x) for x in jax.tree.leaves(_host(state["opt_state"])) if x.ndim > 0)
+  ck.close()
+
+
+@pytest.mark.slow
+def test_loss_falls_on_real_text(tmp_path):
+  c = configlib.load_config("configs/pretrain.py:tiny",
+                            ["num_train_steps=50", "eval_batches=0", "export=False", "log_every=5"])
+  s = pretrain.run(c, tmp_path / "run")
+  losses = [h["loss"] for h in s["history"]]
+  assert len(losses) == 10
+  assert losses[-1] < losses[0] - 0.8, losses
+  assert s["history"][-1]["mlm_accuracy"] > 0.03
+  assert s["tokens_per_s"] > 0
+  assert (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_flops_and_peaks():
+  params = {"embeddings": {"word": {"embedding": np.zeros((10, 4))}},
+            "layer": {"kernel": np.zeros((4, 4)), "bias": np.zeros(4)}}
+  assert metrics.non_embedding_params(params) == 20
+  assert metrics.train_flops_per_token(20, 2, 4, 8) == 6 * 20 + 12 * 2 * 4 * 8
+  # BERT-base at 128: 85M non-embedding parameters -> ~0.52 GFLOP per token
+  assert abs(metrics.train_flops_per_token(85_000_000, 12, 768, 128) / 1e9 - 0.524) < 0.01
+  assert metrics.peak_flops("TPU v3") == 61.5e12
+  assert metrics.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+  assert metrics.peak_flops("NVIDIA H100 PCIe") == 756e12
+  assert metrics.peak_flops("TPU v5 lite") == 197e12
+  assert metrics.peak_flops("cpu") is None
+  t = metrics.Throughput(1000, 1e9, 8, "TPU v3", total_steps=100)
+  t._t -= 2.0
+  out = t.update(10)
+  assert abs(out["steps_per_s"] - 5) < 0.1 and abs(out["tokens_per_s"] - 5000) < 100
+  assert abs(out["mfu"] - 5000 * 1e9 / (8 * 61.5e12)) < 1e-3 and abs(out["eta_s"] - 18) < 0.5
+  line = metrics.progress_line(10, 100, {"loss": 1.5, **out})
+  assert "step 10/100" in line and "MFU" in line and "left" in line
+
+
+def test_metrics_writer(tmp_path):
+  w = metrics.MetricsWriter(tmp_path)
+  w.write(3, {"loss": np.float32(2.5), "mfu": None})
+  w.write(4, {"accuracy": 0.5}, "eval")
+  w.close()
+  rows = metrics.read_metrics(tmp_path)
+  assert rows[0]["step"] == 3 and rows[0]["loss"] == 2.5 and rows[0]["mfu"] is None
+  assert metrics.read_metrics(tmp_path, "eval")[0]["accuracy"] == 0.5
+  assert list((tmp_path / "tb").glob("events.out.tfevents*"))
+
+
+def test_configs_and_overrides():
+  c = configlib.load_config("configs/pretrain.py:bert_base")
+  assert (c.model.size, c.data.max_seq_length, c.num_train_steps) == ("base", 128, 300_000)
+  p2 = configlib.load_config("configs/pretrain.py:bert_base_phase2", ["optimizer.learning_rate=1e-4"])
+  assert (p2.data.max_seq_length, p2.data.max_predictions, p2.num_train_steps) == (512, 80, 1000)
+  assert p2.optimizer.learning_rate == 1e-4
+  for preset in ("small", "small_phase2", "tiny", "tiny_phase2"):
+    configlib.load_config(f"configs/pretrain.py:{preset}")
+  ft = configlib.load_config("configs/finetune.py:qnli,bs=128,lr=2e-4")
+  assert (ft.task, ft.batch_size, ft.optimizer.learning_rate, ft.optimizer.warmup_steps) == \
+      ("qnli", 128, 2e-4, 10_000)
+  with pytest.raises(KeyError, match="no field"):
+    configlib.load_config("configs/pretrain.py:tiny", ["model.nope=1"])
+  with pytest.raises(TypeError):
+    configlib.load_config("configs/pretrain.py:tiny", ["batch_size=abc"])
+  with pytest.raises(ValueError, match="unknown"):
+    configlib.load_config("configs/pretrain.py:huge")
+  c = configlib.load_config("configs/pretrain.py:tiny", ["data.sources=123", "model.dtype=bfloat16",
+                                                          "optimizer.learning_rate=1"])
+  assert c.data.sources == "123" and c.optimizer.learning_rate == 1.0
+  rest, ov = configlib.split_config_overrides(["--workdir", "w", "--config.batch_size=8",
+                                               "--config.model.size", "mini"])
+  assert rest == ["--workdir", "w"] and ov == ["config.batch_size=8", "config.model.size=mini"]
+  import argparse
+  parser = argparse.ArgumentParser()
+  pretrain.add_pretrain_args(parser)
+  args = parser.parse_args(["--workdir", "w", "--set", "batch_size=8", "log_every=3"])
+  cfg = configlib.config_from_args(args)
+  assert cfg.batch_size == 8 and cfg.log_every == 3 and cfg.model.size == "tiny"
