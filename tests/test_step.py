@@ -214,6 +214,10 @@ def test_scores_npz_roundtrip(tmp_path):
   assert back["roles"] == ("local", "obj")
   np.testing.assert_allclose(back["sieve_bias"], result["sieve_bias"].astype(np.float32))
   np.testing.assert_array_equal(back["lengths"], result["lengths"])
+  with np.load(path) as z:  # an additive key written by another stage comes back too
+    extra = dict(z, data_index=np.array([0, 0, 1, 1]))
+  np.savez(tmp_path / "extra.npz", **extra)
+  assert load_scores(tmp_path / "extra.npz")["data_index"].tolist() == [0, 0, 1, 1]
   with pytest.raises(ValueError, match="2 roles"):
     save_scores(tmp_path / "bad.npz", result, roles=("local",))
   with pytest.raises(FileNotFoundError, match="no scores file"):

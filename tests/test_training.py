@@ -38,19 +38,45 @@ def _host(tree):
   return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
 
 
-def test_sharded_step_equals_single_device(tokenizer, examples):
-  assert jax.device_count() == 8
-  parts, params = steps.split_model(_model(tokenizer))
+V = 512  # a small vocabulary keeps the compile times of the step tests short
+
+
+def _synthetic_batch(seed, b=16, q=32, p=5):
+  rng = np.random.default_rng(seed)
+  n = rng.integers(q // 2, q + 1, size=b)
+  mask = (np.arange(q)[None] < n[:, None]).astype(np.int32)
+  return {"input_ids": rng.integers(1, V, (b, q)).astype(np.int32) * mask,
+          "attention_mask": mask,
+          "token_type_ids": ((np.arange(q)[None] > n[:, None] // 2) * mask).astype(np.int32),
+          "masked_positions": np.sort(rng.integers(1, q // 2, (b, p)), axis=1).astype(np.int32),
+          "masked_ids": rng.integers(1, V, (b, p)).astype(np.int32),
+          "masked_weights": (rng.random((b, p)) < 0.8).astype(np.float32),
+          "next_sentence_label": rng.integers(0, 2, b).astype(np.int32)}
+
+
+@pytest.fixture(scope="module")
+def small_setup():
+  model = BertForPreTraining(config_for("tiny", vocab_size=V, num_layers=1), rngs=nnx.Rngs(0))
+  parts, params = steps.split_model(model)
   tx, sched = optimizer.make_optimizer(learning_rate=1e-2, warmup_steps=1, total_steps=10)
+  mesh = data_mesh()
+  step8 = steps.make_train_step(parts, tx, steps.pretraining_loss, mesh=mesh, schedule=sched,
+                                dropout_seed=3)
+  return parts, params, tx, sched, mesh, step8
+
+
+def test_sharded_step_equals_single_device(small_setup):
+  assert jax.device_count() == 8
+  parts, params, tx, sched, mesh8, step8 = small_setup
+  mesh1 = data_mesh(jax.devices()[:1])
+  step1 = steps.make_train_step(parts, tx, steps.pretraining_loss, mesh=mesh1, schedule=sched,
+                                dropout_seed=3)
   results = {}
-  for n in (8, 1):
-    mesh = data_mesh(jax.devices()[:n])
+  for n, mesh, step in ((8, mesh8, step8), (1, mesh1, step1)):
     state = steps.place_state(steps.init_train_state(params, tx), mesh)
-    step = steps.make_train_step(parts, tx, steps.pretraining_loss, mesh=mesh, schedule=sched,
-                                 dropout_seed=3)
     losses = []
     for i in range(3):
-      state, m = step(state, shard_batch(examples.batch(i, 16), mesh))
+      state, m = step(state, shard_batch(_synthetic_batch(i), mesh))
       losses.append(float(m["loss"]))
     if n == 8:
       leaf = jax.tree.leaves(state["params"])[0]
@@ -64,14 +90,11 @@ def test_sharded_step_equals_single_device(tokenizer, examples):
   assert moved > 1e-4
 
 
-def test_dropout_keys_depend_on_step_only(tokenizer, examples):
-  mesh = data_mesh()
-  parts, params = steps.split_model(_model(tokenizer))
-  tx, _ = optimizer.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=10)
-  step = steps.make_train_step(parts, tx, steps.pretraining_loss, mesh=mesh, dropout_seed=0)
-  batch = shard_batch(examples.batch(0, 16), mesh)
-  fresh = lambda k: dict(steps.place_state(steps.init_train_state(params, tx), mesh),
-                         step=jnp.int32(k))
+def test_dropout_keys_depend_on_step_only(small_setup):
+  parts, params, tx, _, mesh, step = small_setup
+  batch = shard_batch(_synthetic_batch(0), mesh)
+  fresh = lambda k: steps.place_state(dict(steps.init_train_state(params, tx), step=jnp.int32(k)),
+                                      mesh)
   l0 = float(step(fresh(0), batch)[1]["loss"])
   l0_again = float(step(fresh(0), batch)[1]["loss"])
   l5 = float(step(fresh(5), batch)[1]["loss"])
@@ -79,6 +102,31 @@ def test_dropout_keys_depend_on_step_only(tokenizer, examples):
   l_det = float(eval_step(steps.place_state(params, mesh), batch)["loss"])
   assert l0 == l0_again
   assert l0 != l5 and l0 != l_det  # dropout is on in training, keyed by the step
+
+
+def test_pretraining_loss_by_hand(small_setup):
+  """MLM loss = weighted mean NLL at the masked positions, + NSP mean NLL (numpy check)."""
+  parts, params, _, _, _, _ = small_setup
+  batch = _synthetic_batch(7, b=4)
+
+  @jax.jit
+  def run(params, batch):
+    model = steps.merge_model(parts, params)
+    loss, m = steps.pretraining_loss(model, batch, deterministic=True)
+    out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                masked_positions=batch["masked_positions"])
+    return loss, m, out["mlm_logits"], out["nsp_logits"]
+
+  loss, m, mlm_logits, nsp_logits = run(params, batch)
+  out = {"mlm_logits": mlm_logits, "nsp_logits": nsp_logits}
+  lp = np.asarray(jax.nn.log_softmax(out["mlm_logits"]), np.float64)
+  w = batch["masked_weights"]
+  nll = -np.take_along_axis(lp, batch["masked_ids"][..., None], -1)[..., 0]
+  mlm = (nll * w).sum() / (w.sum() + 1e-5)
+  nsp_lp = np.asarray(jax.nn.log_softmax(out["nsp_logits"]), np.float64)
+  nsp = -nsp_lp[np.arange(4), batch["next_sentence_label"]].mean()
+  np.testing.assert_allclose(float(m["mlm_loss"]), mlm, rtol=1e-5)
+  np.testing.assert_allclose(float(loss), mlm + nsp, rtol=1e-5)
 
 
 def _tiny(steps_=6, **kw):

@@ -17,6 +17,14 @@ Two switches serve the analysis and ablations, and cost nothing when off:
   ``gate * alpha + (1 - gate) * uniform``, with ``uniform`` the uniform distribution over the
   sequence's real keys (0 replaces the head by uniform attention, 1 keeps it). The returned
   attentions are the ones actually used.
+* ``segment_removal`` float ``[l, h, 2]`` (Guan et al. 2020, Table 3): for each head, the share
+  of its intra-segment attention (index 0: query and key have the same token type) and of its
+  inter-segment attention (index 1: different token types) that is removed, i.e.
+  ``alpha[t, s] * (1 - removal)``, applied after the gate. ``[CLS]`` and the first ``[SEP]``
+  belong to segment A (token type 0), the final ``[SEP]`` to B, as the encoding defines; a single
+  text has only intra-segment attention. Rows are not renormalised (as the paper) unless
+  ``renormalise_segments=True``, which divides each row by its remaining mass (a row left with
+  no mass stays 0).
 """
 
 from __future__ import annotations
@@ -91,8 +99,10 @@ class SelfAttention(nnx.Module):
     self.attention_dropout = nnx.Dropout(cfg.attention_dropout, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
 
-  def __call__(self, x, mask, *, gate, gate_mode: str, deterministic: bool):
-    """x ``[b, q, d]``, mask ``[b, k]`` (1 real) , gate ``[h]`` or None.
+  def __call__(self, x, mask, *, gate, gate_mode: str, deterministic: bool,
+               segment_removal=None, segments=None, renormalise_segments: bool = False):
+    """x ``[b, q, d]``, mask ``[b, k]`` (1 real) , gate ``[h]`` or None; ``segment_removal``
+    ``[h, 2]`` or None with ``segments`` ``[b, k]`` (token types; see the module docstring).
 
     Returns the new hidden state ``[b, q, d]`` and the attention ``[b, h, q, k]`` float32.
     """
@@ -111,6 +121,13 @@ class SelfAttention(nnx.Module):
       uniform = key_real.astype(jnp.float32) / n[:, None, None, None]
       g = gate.astype(jnp.float32)[None, :, None, None]
       probs = g * probs + (1.0 - g) * uniform
+    if segment_removal is not None:
+      same = segments[:, None, :, None] == segments[:, None, None, :]       # [b, 1, q, k]
+      r = segment_removal.astype(jnp.float32)                               # [h, 2]
+      probs = probs * jnp.where(same, 1.0 - r[None, :, 0, None, None], 1.0 - r[None, :, 1, None, None])
+      if renormalise_segments:
+        total = jnp.sum(probs, axis=-1, keepdims=True)
+        probs = jnp.where(total > 0, probs / jnp.where(total > 0, total, 1.0), 0.0)
     dropped = self.attention_dropout(probs, deterministic=deterministic)
     ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
     if gate is not None and gate_mode == "remove":
@@ -130,8 +147,9 @@ class Layer(nnx.Module):
     self.norm = layer_norm(cfg, cfg.hidden_size, rngs)
     self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
 
-  def __call__(self, x, mask, *, gate, gate_mode, deterministic):
-    x, probs = self.attention(x, mask, gate=gate, gate_mode=gate_mode, deterministic=deterministic)
+  def __call__(self, x, mask, *, gate, gate_mode, deterministic, **segment_kw):
+    x, probs = self.attention(x, mask, gate=gate, gate_mode=gate_mode, deterministic=deterministic,
+                              **segment_kw)
     y = activation(self.cfg.hidden_act, self.intermediate(x))
     y = self.dropout(self.output(y), deterministic=deterministic)
     return self.norm(y + x), probs
@@ -148,7 +166,8 @@ class BertModel(nnx.Module):
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, head_gate=None,
                gate_mode: str = "remove", return_attentions: bool = False,
-               return_hidden_states: bool = False, deterministic: bool = True) -> dict:
+               return_hidden_states: bool = False, deterministic: bool = True,
+               segment_removal=None, renormalise_segments: bool = False) -> dict:
     """Encodes ``input_ids`` ``[b, q]``.
 
     Args:
@@ -159,6 +178,10 @@ class BertModel(nnx.Module):
       return_attentions: add ``attentions`` float32 ``[b, l, h, q, k]``.
       return_hidden_states: add ``hidden_states`` ``[l + 1, b, q, d]`` (embeddings, then each layer).
       deterministic: False enables dropout.
+      segment_removal: optional float ``[l, h, 2]``: share of each head's intra-segment (0) and
+        inter-segment (1) attention removed (see the module docstring).
+      renormalise_segments: renormalise rows after ``segment_removal`` (default: not, as Guan
+        et al.).
 
     Returns:
       dict with ``last_hidden_state`` ``[b, q, d]`` and ``pooled`` ``[b, d]`` (float32), plus the
@@ -180,12 +203,22 @@ class BertModel(nnx.Module):
       if head_gate.shape != (cfg.num_layers, cfg.num_heads):
         raise ValueError(f"head_gate must have shape [layers, heads] = "
                          f"{(cfg.num_layers, cfg.num_heads)}, got {head_gate.shape}")
+    if segment_removal is not None:
+      segment_removal = jnp.asarray(segment_removal)
+      if segment_removal.shape != (cfg.num_layers, cfg.num_heads, 2):
+        raise ValueError(f"segment_removal must have shape [layers, heads, 2] = "
+                         f"{(cfg.num_layers, cfg.num_heads, 2)}, got {segment_removal.shape}")
 
     x = self.embeddings(input_ids, types, deterministic=deterministic)
     hidden, attentions = [x], []
     for i, layer in enumerate(self.layers):
       gate = None if head_gate is None else head_gate[i]
-      x, probs = layer(x, mask, gate=gate, gate_mode=gate_mode, deterministic=deterministic)
+      segment_kw = {}
+      if segment_removal is not None:
+        segment_kw = {"segment_removal": segment_removal[i], "segments": types,
+                      "renormalise_segments": renormalise_segments}
+      x, probs = layer(x, mask, gate=gate, gate_mode=gate_mode, deterministic=deterministic,
+                       **segment_kw)
       hidden.append(x)
       if return_attentions:
         attentions.append(probs)

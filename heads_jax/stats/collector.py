@@ -185,7 +185,8 @@ def save_scores(path, result: dict, roles: Sequence[str] | None = None) -> Path:
 
 def load_scores(path) -> dict:
   """Reads a ``scores.npz``: ``sieve_bias``, ``distance``, ``lengths`` arrays and ``roles``
-  (tuple of str), checked for the shapes of DESIGN.md section 4."""
+  (tuple of str), checked for the shapes of DESIGN.md section 4. Additional arrays a writer
+  added (e.g. ``data_index``) are returned as they are."""
   path = Path(path)
   if not path.is_file():
     raise FileNotFoundError(f"no scores file at {path}; run the analysis first (analyze/heads)")
@@ -193,7 +194,7 @@ def load_scores(path) -> dict:
     missing = [k for k in SCORE_KEYS if k not in data.files]
     if missing:
       raise ValueError(f"{path} is not a scores.npz: it lacks {missing} (has {data.files})")
-    out = {k: data[k] for k in SCORE_KEYS}
+    out = {k: data[k] for k in data.files}
   out["roles"] = tuple(str(r) for r in out["roles"])
   _validate(out["sieve_bias"], out["distance"], out["lengths"], out["roles"])
   return out

@@ -10,9 +10,12 @@ the authors call) the row is normalised over the real keys first, a no-op for so
 The value of a sequence is the mean of ``beta(t)`` over the real queries whose sieve is
 non-empty, NaN if there is none.
 
-Every reduction is an einsum over the attention ``[b, l, h, q, k]`` against masks that have
-no l/h axes, so nothing larger than the attention itself is materialised, and the largest
-intermediate is ``[b, l, h, r, q]``.
+``sieve_bias`` never forms per-query values: the sequence value is linear in the row-normalised
+attention, so it is one batched matmul ``[b, lh, qk] @ [b, qk, r]`` against weights built from
+the sieves (which have no l/h axes). Besides the attention it materialises the normalised
+copy (and, for ``block``, the entropy-weighted copy), each the size of the attention; its
+outputs are ``[b, l, h, r]``. ``sieve_bias_per_query`` gives ``beta(t)`` itself (tests,
+inspection).
 """
 
 from __future__ import annotations

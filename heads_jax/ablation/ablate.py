@@ -1,0 +1,134 @@
+"""Ablation tables (Guan et al. 2020, Tables 2 and 3) on an ``Evaluator``.
+
+``ablate_groups``: for each group of heads (a cluster type, a role, a layer, a list), the
+classifier's metrics with the group removed (``mode="remove"``: gate 0, the heads' outputs are
+dropped) or replaced by uniform attention over the real tokens (``mode="uniform"``), the change
+against the unablated model, and for fairness the mean change when the same number of heads,
+drawn at random from all heads, is ablated the same way (``random_seeds`` draws).
+
+``ablate_segments``: for each group, the metrics with the group's intra-sentence attention
+(query and key in the same segment, by token type) or inter-sentence attention removed (Guan
+et al. Table 3). As the paper, the remaining attention of a row is not renormalised unless
+``renormalise=True``; the table's ``renormalised`` column says which was used. On single-text
+tasks every pair is intra-sentence, so inter removal changes nothing there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from heads_jax.ablation.groups import (SEGMENT_PARTS, HeadGroup, format_heads, gate_for,
+                                       random_group, segment_removal_for)
+from heads_jax.errors import UserError
+
+ABLATION_MODES = ("remove", "uniform")
+METRIC_COLUMNS = ("accuracy", "f1", "loss")
+
+
+def _metrics_row(metrics: dict, base: dict, prefix: str = "") -> dict:
+  row = {}
+  for m in METRIC_COLUMNS:
+    row[f"{prefix}{m}"] = metrics[m]
+    row[f"{prefix}{m}_change"] = metrics[m] - base[m]
+  return row
+
+
+def _random_rows(evaluate, size: int, L: int, H: int, seeds: int, seed: int) -> dict:
+  """Mean and standard deviation of each metric's change over random groups of ``size``."""
+  if seeds <= 0 or size == 0:
+    return {}
+  values = {m: [] for m in METRIC_COLUMNS}
+  for s in range(seeds):
+    group = random_group(size, L, H, np.random.default_rng([seed, size, s]))
+    metrics = evaluate(group.heads)
+    for m in METRIC_COLUMNS:
+      values[m].append(metrics[m])
+  out = {}
+  for m in METRIC_COLUMNS:
+    out[f"random_{m}"] = float(np.mean(values[m]))
+    out[f"random_{m}_std"] = float(np.std(values[m]))
+  return out
+
+
+def _with_random_change(row: dict, base: dict) -> dict:
+  for m in METRIC_COLUMNS:
+    if f"random_{m}" in row:
+      row[f"random_{m}_change"] = row[f"random_{m}"] - base[m]
+  return row
+
+
+def ablate_groups(evaluator, groups: list[HeadGroup], *, mode: str = "remove",
+                  random_seeds: int = 3, seed: int = 0, base: dict | None = None,
+                  log=None) -> pd.DataFrame:
+  """Table of group ablations (see the module docstring).
+
+  Columns: group, kind, num_heads, ablation (the mode), accuracy, accuracy_change, f1,
+  f1_change, loss, loss_change, random_accuracy, random_accuracy_std, random_accuracy_change
+  (and the same for f1 and loss), random_seeds, heads. The first row is the unablated model.
+  """
+  if mode not in ABLATION_MODES:
+    raise UserError(f"--mode must be one of {ABLATION_MODES}, got {mode!r}")
+  L, H = evaluator.num_layers, evaluator.num_heads
+  log = log or (lambda *_: None)
+  base = base or evaluator.evaluate()
+
+  def evaluate(heads):
+    return evaluator.evaluate(gate_for(heads, L, H), gate_mode=mode)
+
+  rows = [dict(group="none (unablated)", kind="baseline", num_heads=0, ablation="none",
+               **_metrics_row(base, base), random_seeds=0, heads="")]
+  cache = {}
+  for g in groups:
+    metrics = evaluate(g.heads) if len(g) else base
+    row = dict(group=g.name, kind=g.kind, num_heads=len(g), ablation=mode,
+               **_metrics_row(metrics, base))
+    if len(g) not in cache:
+      cache[len(g)] = _random_rows(evaluate, len(g), L, H, random_seeds, seed)
+    row.update(cache[len(g)])
+    row["random_seeds"] = random_seeds if len(g) else 0
+    row["heads"] = format_heads(g.heads)
+    rows.append(_with_random_change(row, base))
+    log(f"{mode} {g.kind} {g.name!r} ({len(g)} heads): accuracy {metrics['accuracy']:.4f} "
+        f"({metrics['accuracy'] - base['accuracy']:+.4f})")
+  return pd.DataFrame(rows)
+
+
+def ablate_segments(evaluator, groups: list[HeadGroup], *, parts=SEGMENT_PARTS,
+                    renormalise: bool = False, random_seeds: int = 3, seed: int = 0,
+                    base: dict | None = None, log=None) -> pd.DataFrame:
+  """Table of intra-/inter-sentence attention removal per group (Guan et al. Table 3).
+
+  Columns as ``ablate_groups`` with ``ablation`` = ``intra`` or ``inter`` and a
+  ``renormalised`` column.
+  """
+  parts = (parts,) if isinstance(parts, str) else tuple(parts)
+  bad = [p for p in parts if p not in SEGMENT_PARTS]
+  if bad:
+    raise UserError(f"--cross must be intra, inter or both; got {bad}")
+  L, H = evaluator.num_layers, evaluator.num_heads
+  log = log or (lambda *_: None)
+  base = base or evaluator.evaluate()
+  rows = [dict(group="none (unablated)", kind="baseline", num_heads=0, ablation="none",
+               renormalised=bool(renormalise), **_metrics_row(base, base), random_seeds=0,
+               heads="")]
+  for part in parts:
+
+    def evaluate(heads, part=part):
+      return evaluator.evaluate(segment_removal=segment_removal_for(heads, L, H, part),
+                                renormalise=renormalise)
+
+    cache = {}
+    for g in groups:
+      metrics = evaluate(g.heads) if len(g) else base
+      row = dict(group=g.name, kind=g.kind, num_heads=len(g), ablation=part,
+                 renormalised=bool(renormalise), **_metrics_row(metrics, base))
+      if len(g) not in cache:
+        cache[len(g)] = _random_rows(evaluate, len(g), L, H, random_seeds, seed)
+      row.update(cache[len(g)])
+      row["random_seeds"] = random_seeds if len(g) else 0
+      row["heads"] = format_heads(g.heads)
+      rows.append(_with_random_change(row, base))
+      log(f"remove {part}-sentence attention of {g.kind} {g.name!r} ({len(g)} heads): accuracy "
+          f"{metrics['accuracy']:.4f} ({metrics['accuracy'] - base['accuracy']:+.4f})")
+  return pd.DataFrame(rows)

@@ -1,0 +1,278 @@
+"""Jitted, data-parallel evaluation of a GLUE classifier with a head gate.
+
+    data = load_eval_data("glue-tsv:/data/glue/SST-2", tokenizer)        # or glue:sst2, sst2, ...
+    ev = Evaluator(model, data)                   # model: BertForSequenceClassification
+    ev.evaluate()                                 # {"accuracy": ..., "f1": ..., "loss": ..., "n": ...}
+    ev.evaluate(head_gate=gate, gate_mode="uniform")
+    ev.evaluate(segment_removal=removal)          # [l, h, 2], see heads_jax.model.bert
+
+The dev set is encoded once, sorted by length and cut into batches whose length is rounded up
+to a multiple of ``bucket_step`` (so short sentences do not pay for 128 positions); every batch
+is padded to a multiple of the number of devices with weight-0 rows and put on the ``data``
+mesh once, and reused by every evaluation. One jitted call per batch returns the batch's sums
+(correct predictions, true / false positives, false negatives, summed loss, rows); they are
+added on the device and fetched once per evaluation. The model's state is replicated on the
+mesh once. ``Evaluator`` also carries what ``heads_jax.ablation.importance`` needs (graph,
+state, batches).
+
+Metrics follow ``heads_jax.data.glue.TASKS``: accuracy for every task, and F1 of the positive
+class (label 1) for MRPC and QQP (as ``heads_jax.training.finetune``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from heads_jax.data import glue
+from heads_jax.errors import UserError
+from heads_jax.parallel import data_mesh, replicate, shard_batch
+
+SUM_NAMES = ("correct", "tp", "fp", "fn", "loss", "n")
+GATE_MODES = ("remove", "uniform")
+
+
+@dataclasses.dataclass
+class EvalData:
+  """An encoded, labelled GLUE evaluation set.
+
+  ``input_ids``, ``attention_mask``, ``token_type_ids`` int32 ``[n, k]`` (padded to the longest
+  example), ``labels`` int32 ``[n]``, ``task`` the `glue.GlueTask`, ``name`` a description.
+  """
+  input_ids: np.ndarray
+  attention_mask: np.ndarray
+  token_type_ids: np.ndarray
+  labels: np.ndarray
+  task: glue.GlueTask
+  name: str
+  rows: np.ndarray | None = None   # which rows of the source were kept (None: all)
+
+  def __len__(self) -> int:
+    return len(self.labels)
+
+  @property
+  def lengths(self) -> np.ndarray:
+    return self.attention_mask.sum(-1).astype(np.int32)
+
+  @property
+  def metric_names(self) -> tuple[str, ...]:
+    return self.task.metrics
+
+
+def encode_glue(examples, tokenizer, max_length: int = 128) -> dict:
+  """``input_ids``, ``attention_mask``, ``token_type_ids`` int32 ``[n, k]`` (k = the longest
+  encoded example) and ``labels`` ``[n]``; pairs truncated longest-first, as fine-tuning."""
+  if not examples:
+    raise UserError("the evaluation set is empty")
+  if any(e.label is None for e in examples):
+    raise UserError("the evaluation data has unlabelled rows (a GLUE test split?): use the dev "
+                    "split (glue-tsv:DIR/TASK:dev or glue:TASK:validation)")
+  a = [e.text_a for e in examples]
+  b = [e.text_b for e in examples] if examples[0].text_b is not None else None
+  enc = tokenizer(a, b, truncation="longest_first" if b is not None else True,
+                  max_length=max_length, padding="longest", return_tensors="np")
+  out = {k: np.asarray(enc[k], np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
+  out["labels"] = np.asarray([e.label for e in examples], np.int32)
+  return out
+
+
+def eval_rows_from_finetune(path) -> list[int] | None:
+  """The ``eval_idx`` rows a fine-tuning run held out (its ``data.json``), or None when it
+  evaluated on a whole split. ``path``: the ``data.json`` or the run's work directory."""
+  path = Path(path)
+  if path.is_dir():
+    path = path / "data.json"
+  if not path.is_file():
+    raise UserError(f"{path} does not exist: --finetune-data takes the data.json of a fine-tuning "
+                    "run (or its work directory)")
+  note = json.loads(path.read_text())
+  rows = note.get("eval_idx")
+  return None if rows is None else [int(i) for i in rows]
+
+
+def load_eval_data(spec: str, tokenizer, *, task: str | None = None, max_length: int = 128,
+                   max_examples: int | None = None, rows=None) -> EvalData:
+  """Reads and encodes a labelled GLUE set.
+
+  Args:
+    spec: a data spec of ``heads_jax.data.specs`` naming GLUE data (``glue:TASK[:SPLIT]``,
+      ``glue-tsv:DIR/TASK[:SPLIT]``, ``sst2``, ``mrpc``).
+    task: the GLUE task (default: the spec's); must match the spec's when both are given.
+    rows: keep only these ``idx`` values (e.g. a fine-tuning run's held-out rows).
+  """
+  from heads_jax.data.specs import load_spec, parse_spec
+  parsed = parse_spec(spec)
+  if parsed.kind not in ("glue", "glue-tsv"):
+    raise UserError(f"data spec {spec!r} is not GLUE data; evaluation needs labels: use "
+                    "glue:TASK[:SPLIT], glue-tsv:DIR/TASK[:SPLIT], sst2 or mrpc")
+  info = glue.task_info(task or parsed.task)
+  if info.name != parsed.task:
+    raise UserError(f"--task {task} does not match the data {spec!r} (task {parsed.task})")
+  dataset = load_spec(parsed, None if rows is not None else max_examples)
+  examples = dataset.examples
+  kept = None
+  if rows is not None:
+    wanted = set(int(i) for i in rows)
+    examples = [e for e in examples if e.idx in wanted]
+    if len(examples) != len(wanted):
+      raise UserError(f"{len(wanted) - len(examples)} of the {len(wanted)} requested rows are not "
+                      f"in {spec!r}; was the fine-tuning run's data.json made from this data?")
+    if max_examples is not None:
+      examples = examples[:max_examples]
+    kept = np.asarray([e.idx for e in examples], np.int64)
+  enc = encode_glue(examples, tokenizer, max_length)
+  name = dataset.name + (f" ({len(examples)} held-out rows)" if rows is not None else "")
+  return EvalData(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"], enc["labels"],
+                  info, name, kept)
+
+
+def make_batches(data: EvalData, batch_size: int, multiple: int, bucket_step: int = 16) -> list:
+  """Host batches ``[(dict of [b, k] arrays with weights [b], rows [b])]``: examples sorted by
+  length, each batch cut to its longest example rounded up to ``bucket_step`` and padded to
+  ``batch_size`` rounded up to ``multiple`` rows (weight 0, row -1)."""
+  if batch_size < 1:
+    raise UserError(f"batch size must be >= 1, got {batch_size}")
+  b = -(-batch_size // multiple) * multiple
+  lengths = data.lengths
+  order = np.argsort(lengths, kind="stable")
+  full = data.input_ids.shape[1]
+  out = []
+  for start in range(0, len(order), b):
+    idx = order[start:start + b]
+    k = min(full, max(1, -(-int(lengths[idx].max()) // bucket_step) * bucket_step))
+    real = len(idx)
+    take = np.concatenate([idx, np.zeros(b - real, np.int64)])
+    batch = {name: np.ascontiguousarray(getattr(data, name)[take, :k])
+             for name in ("input_ids", "attention_mask", "token_type_ids")}
+    batch["labels"] = data.labels[take]
+    weights = (np.arange(b) < real).astype(np.float32)
+    batch["attention_mask"] = batch["attention_mask"] * weights[:, None].astype(np.int32)
+    batch["weights"] = weights
+    out.append((batch, np.where(weights > 0, take, -1)))
+  return out
+
+
+def batch_sums(logits, labels, weights):
+  """float32 ``[6]`` (``SUM_NAMES``): weighted correct, tp, fp, fn (positive class 1), summed
+  cross-entropy and number of rows."""
+  logits = logits.astype(jnp.float32)
+  w = weights.astype(jnp.float32)
+  pred = jnp.argmax(logits, -1)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  pos, true = pred == 1, labels == 1
+  return jnp.stack([jnp.sum(w * (pred == labels)), jnp.sum(w * (pos & true)),
+                    jnp.sum(w * (pos & ~true)), jnp.sum(w * (~pos & true)),
+                    jnp.sum(w * nll), jnp.sum(w)])
+
+
+def metrics_from_sums(sums) -> dict:
+  """Accuracy, F1 (positive class 1), precision, recall, mean loss and n from ``batch_sums``."""
+  correct, tp, fp, fn, loss, n = (float(x) for x in np.asarray(sums))
+  precision = tp / (tp + fp) if tp + fp else 0.0
+  recall = tp / (tp + fn) if tp + fn else 0.0
+  f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+  return {"accuracy": correct / n if n else float("nan"), "f1": f1, "precision": precision,
+          "recall": recall, "loss": loss / n if n else float("nan"), "n": int(round(n))}
+
+
+def check_classifier(model):
+  """The model must be a classifier (``BertForSequenceClassification``)."""
+  if not hasattr(model, "classifier") or not hasattr(model, "bert"):
+    raise UserError(f"the model is a {type(model).__name__}, not a fine-tuned classifier: pass the "
+                    "directory of a fine-tuned model (e.g. a fine-tuning run's best_model)")
+
+
+class Evaluator:
+  """Evaluates a classifier on a fixed data set under head gates (see the module docstring).
+
+  Attributes used by the importance and pruning code: ``graphdef``, ``state`` (replicated),
+  ``batches`` (device batches), ``mesh``, ``num_layers``, ``num_heads``, ``task``.
+  """
+
+  def __init__(self, model, data: EvalData, *, batch_size: int = 64, mesh=None,
+               bucket_step: int = 16):
+    check_classifier(model)
+    if model.num_labels != data.task.num_labels:
+      raise UserError(f"the model has {model.num_labels} labels but GLUE {data.task.name} has "
+                      f"{data.task.num_labels}: was it fine-tuned on this task?")
+    cfg = model.config
+    if data.input_ids.shape[1] > cfg.max_position_embeddings:
+      raise UserError(f"examples of {data.input_ids.shape[1]} positions exceed the model's "
+                      f"{cfg.max_position_embeddings}; lower --max-length")
+    if int(data.input_ids.max()) >= cfg.vocab_size:
+      raise UserError("the data has token ids beyond the model's vocabulary: encode it with the "
+                      "model's own tokenizer")
+    self.data, self.task = data, data.task
+    self.num_layers, self.num_heads = cfg.num_layers, cfg.num_heads
+    self.mesh = data_mesh() if mesh is None else mesh
+    local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+    self.multiple = max(1, len(local))
+    self.graphdef, state = nnx.split(model)
+    self.state = replicate(state, self.mesh)
+    host = make_batches(data, batch_size, self.multiple, bucket_step)
+    self.rows = [rows for _, rows in host]
+    self.batches = [shard_batch(b, self.mesh) for b, _ in host]
+    graphdef = self.graphdef
+
+    def run(state, batch, gate, removal, gate_mode, renormalise):
+      m = nnx.merge(graphdef, state)
+      out = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+              head_gate=gate, gate_mode=gate_mode, segment_removal=removal,
+              renormalise_segments=renormalise, deterministic=True)
+      return batch_sums(out["logits"], batch["labels"], batch["weights"])
+
+    self._run = jax.jit(run, static_argnames=("gate_mode", "renormalise"))
+    self._add = jax.jit(lambda a, b: a + b)
+
+  def _gate(self, head_gate):
+    if head_gate is None:
+      head_gate = np.ones((self.num_layers, self.num_heads), np.float32)
+    head_gate = np.asarray(head_gate, np.float32)
+    if head_gate.shape != (self.num_layers, self.num_heads):
+      raise ValueError(f"head_gate must be [layers, heads] = {(self.num_layers, self.num_heads)}, "
+                       f"got {head_gate.shape}")
+    return replicate(jnp.asarray(head_gate), self.mesh)
+
+  def sums(self, head_gate=None, *, gate_mode: str = "remove", segment_removal=None,
+           renormalise: bool = False) -> np.ndarray:
+    """The summed ``SUM_NAMES`` over the data set (one fetch)."""
+    if gate_mode not in GATE_MODES:
+      raise UserError(f"gate mode must be one of {GATE_MODES}, got {gate_mode!r}")
+    gate = self._gate(head_gate)
+    removal = None
+    if segment_removal is not None:
+      removal = np.asarray(segment_removal, np.float32)
+      if removal.shape != (self.num_layers, self.num_heads, 2):
+        raise ValueError(f"segment_removal must be [layers, heads, 2] = "
+                         f"{(self.num_layers, self.num_heads, 2)}, got {removal.shape}")
+      removal = replicate(jnp.asarray(removal), self.mesh)
+    total = None
+    for batch in self.batches:
+      s = self._run(self.state, batch, gate, removal, gate_mode=gate_mode,
+                    renormalise=bool(renormalise))
+      total = s if total is None else self._add(total, s)
+    return np.asarray(total)
+
+  def evaluate(self, head_gate=None, *, gate_mode: str = "remove", segment_removal=None,
+               renormalise: bool = False) -> dict:
+    """Metrics on the whole data set with ``head_gate`` ``[l, h]`` (default all 1: the
+    unablated model) applied in ``gate_mode`` and the optional ``segment_removal``
+    ``[l, h, 2]``: accuracy, f1, precision, recall, loss (mean cross-entropy), n."""
+    return metrics_from_sums(self.sums(head_gate, gate_mode=gate_mode,
+                                       segment_removal=segment_removal,
+                                       renormalise=renormalise))
+
+
+def load_classifier(path, dtype: str | None = None):
+  """``(model, tokenizer)`` of a fine-tuned classifier directory (heads_jax or Hugging Face)."""
+  from heads_jax.model.loading import load_model
+  model, tokenizer = load_model(path, head="auto", dtype=dtype)
+  check_classifier(model)
+  return model, tokenizer

@@ -1,0 +1,223 @@
+"""Groups of heads to ablate, and the gates that remove them (host side: numpy / pandas, no jax).
+
+A head is ``(layer, head)``, both numbered from 0 as in the analysis CSV files. Groups come from
+
+* the head clusters of an analysis (``clusters.csv``: one group per cluster type, Guan et al.
+  2020 Table 2): ``cluster_groups``;
+* the assigned roles (``tests.csv``): one group per coarse role (local, syntactic, delimiter,
+  block) plus the heads without any (``unskilled``), or one per fine role: ``role_groups``;
+* the layers: ``layer_groups``;
+* a list ``"L:H,L:H,..."`` (``parse_heads``); ``L:*`` means every head of layer L.
+
+``gate_for`` turns a group into a ``head_gate`` ``[l, h]`` (0 on the group's heads, 1 elsewhere);
+``segment_removal_for`` into the model's ``segment_removal`` ``[l, h, 2]`` (1 where the chosen
+intra- or inter-segment attention is removed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from heads_jax.errors import UserError
+from heads_jax.hoststats.roles import COARSE_ROLES, UNSKILLED, assignment_array, coarse_roles, role_order
+
+GROUPINGS = ("cluster", "role", "layer", "heads")
+CLUSTER_ORDER = ("dense", "diagonal", "dense+vertical", "vertical")
+SEGMENT_PARTS = ("intra", "inter")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadGroup:
+  """A named set of heads. ``kind``: cluster, role, layer, heads or random."""
+  name: str
+  kind: str
+  heads: tuple[tuple[int, int], ...]
+
+  def __len__(self) -> int:
+    return len(self.heads)
+
+  @property
+  def label(self) -> str:
+    return format_heads(self.heads)
+
+
+def _sorted_unique(heads: Iterable) -> tuple[tuple[int, int], ...]:
+  return tuple(sorted({(int(l), int(h)) for l, h in heads}))
+
+
+def format_heads(heads) -> str:
+  """``"0:1,0:3,2:0"``: the heads of a group in the form ``parse_heads`` reads."""
+  return ",".join(f"{l}:{h}" for l, h in heads)
+
+
+def check_heads(heads, num_layers: int, num_heads: int, source: str = "the head list"):
+  """Raises a `UserError` naming the first head outside ``num_layers x num_heads``."""
+  for l, h in heads:
+    if not (0 <= l < num_layers and 0 <= h < num_heads):
+      raise UserError(f"{source} names head {l}:{h}, but the model has {num_layers} layers x "
+                      f"{num_heads} heads (numbered from 0); was it made for another model?")
+
+
+def parse_heads(text: str, num_layers: int | None = None,
+                num_heads: int | None = None) -> tuple[tuple[int, int], ...]:
+  """Heads from ``"L:H,L:H"`` (spaces allowed; ``L:*`` = all heads of layer L, which needs
+  ``num_heads``). Sorted and without duplicates; checked against the model's shape when given."""
+  if not isinstance(text, str) or not text.strip():
+    raise UserError("empty head list: give heads as LAYER:HEAD,LAYER:HEAD (e.g. 0:3,5:11)")
+  heads = []
+  for item in re.split(r"[,\s]+", text.strip()):
+    if not item:
+      continue
+    m = re.fullmatch(r"(\d+):(\d+|\*)", item)
+    if not m:
+      raise UserError(f"bad head {item!r} in {text!r}: write LAYER:HEAD with numbers from 0 "
+                      "(or LAYER:* for a whole layer), separated by commas")
+    layer = int(m.group(1))
+    if m.group(2) == "*":
+      if num_heads is None:
+        raise UserError(f"{item!r}: a whole layer needs the number of heads per layer")
+      heads += [(layer, h) for h in range(num_heads)]
+    else:
+      heads.append((layer, int(m.group(2))))
+  heads = _sorted_unique(heads)
+  if num_layers is not None and num_heads is not None:
+    check_heads(heads, num_layers, num_heads, f"--heads {text!r}")
+  return heads
+
+
+def cluster_groups(clusters: pd.DataFrame, *, name_column: str = "cluster_name") -> list[HeadGroup]:
+  """One group per cluster type of a ``clusters.csv`` table (columns layer, head, cluster_name),
+  in the order dense, diagonal, dense+vertical, vertical, then other names."""
+  missing = [c for c in ("layer", "head", name_column) if c not in clusters.columns]
+  if missing:
+    raise UserError(f"the clusters table lacks the columns {missing}; pass the clusters.csv of "
+                    f"`heads-jax analyze` (has {list(clusters.columns)})")
+  names = clusters[name_column].astype(str)
+  order = [c for c in CLUSTER_ORDER if c in set(names)] + sorted(set(names) - set(CLUSTER_ORDER))
+  groups = []
+  for name in order:
+    rows = clusters[names == name]
+    groups.append(HeadGroup(name, "cluster", _sorted_unique(zip(rows["layer"], rows["head"]))))
+  return groups
+
+
+def role_groups(tests: pd.DataFrame, *, level: str = "coarse", num_layers: int | None = None,
+                num_heads: int | None = None) -> list[HeadGroup]:
+  """Groups by assigned role from a ``tests.csv`` table.
+
+  ``level="coarse"``: one group per available coarse role (local, syntactic, delimiter, block;
+  a head with several roles is in several groups) and ``unskilled`` (heads with none);
+  ``level="fine"``: one group per fine role. Empty groups are kept (0 heads) so the table shows
+  that no head had the role.
+  """
+  if level not in ("coarse", "fine"):
+    raise UserError(f"role level must be 'coarse' or 'fine', got {level!r}")
+  assigned, roles = assignment_array(tests, role_order(tests["role"].astype(str)),
+                                     num_layers, num_heads)
+  groups = []
+  if level == "fine":
+    for r, name in enumerate(roles):
+      groups.append(HeadGroup(name, "role", _sorted_unique(np.argwhere(assigned[..., r]))))
+    return groups
+  coarse, names = coarse_roles(assigned, roles)
+  for c, name in enumerate(names):
+    groups.append(HeadGroup(name, "role", _sorted_unique(np.argwhere(coarse[..., c]))))
+  groups.append(HeadGroup(UNSKILLED, "role", _sorted_unique(np.argwhere(~coarse.any(-1)))))
+  return groups
+
+
+def layer_groups(num_layers: int, num_heads: int) -> list[HeadGroup]:
+  """One group per layer holding all its heads."""
+  return [HeadGroup(f"layer {l}", "layer", tuple((l, h) for h in range(num_heads)))
+          for l in range(num_layers)]
+
+
+def load_groups(by: str, *, num_layers: int, num_heads: int, analysis: str | Path | None = None,
+                heads: str | None = None, role_level: str = "coarse") -> list[HeadGroup]:
+  """The groups of one grouping (``GROUPINGS``), checked against the model's shape.
+
+  ``cluster`` reads ``analysis/clusters.csv``, ``role`` ``analysis/tests.csv``; ``heads`` parses
+  ``heads`` (several groups separated by ``;``, each optionally ``NAME=L:H,...``).
+  """
+  if by not in GROUPINGS:
+    raise UserError(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
+  if by == "layer":
+    return layer_groups(num_layers, num_heads)
+  if by == "heads":
+    if not heads:
+      raise UserError("--by heads needs --heads L:H,L:H (several groups separated by ';')")
+    groups = []
+    for i, part in enumerate(p for p in heads.split(";") if p.strip()):
+      name, sep, body = part.partition("=")
+      if not sep:
+        name, body = f"heads {i + 1}" if ";" in heads else "heads", part
+      groups.append(HeadGroup(name.strip(), "heads", parse_heads(body, num_layers, num_heads)))
+    return groups
+  if analysis is None:
+    raise UserError(f"--by {by} needs --analysis DIR (the output directory of `heads-jax analyze` "
+                    "on this model)")
+  folder = Path(analysis)
+  file = folder / ("clusters.csv" if by == "cluster" else "tests.csv")
+  if not file.is_file():
+    raise UserError(f"{file} does not exist: --analysis must be the output directory of "
+                    "`heads-jax analyze` (it writes clusters.csv and tests.csv)")
+  table = pd.read_csv(file)
+  if by == "cluster":
+    groups = cluster_groups(table)
+  else:
+    groups = role_groups(table, level=role_level)
+  for g in groups:
+    check_heads(g.heads, num_layers, num_heads, str(file))
+  return groups
+
+
+def all_heads(num_layers: int, num_heads: int) -> tuple[tuple[int, int], ...]:
+  return tuple((l, h) for l in range(num_layers) for h in range(num_heads))
+
+
+def random_group(size: int, num_layers: int, num_heads: int, rng: np.random.Generator,
+                 name: str = "random") -> HeadGroup:
+  """``size`` heads drawn uniformly without replacement from all heads."""
+  total = num_layers * num_heads
+  if not 0 <= size <= total:
+    raise ValueError(f"a random group of {size} heads does not fit in {total} heads")
+  pick = rng.choice(total, size=size, replace=False)
+  return HeadGroup(name, "random", _sorted_unique((i // num_heads, i % num_heads) for i in pick))
+
+
+def gate_for(heads, num_layers: int, num_heads: int, value: float = 0.0) -> np.ndarray:
+  """float32 ``[l, h]``: ``value`` on ``heads``, 1 elsewhere (``head_gate`` of the model)."""
+  gate = np.ones((num_layers, num_heads), np.float32)
+  heads = list(heads)
+  check_heads(heads, num_layers, num_heads)
+  for l, h in heads:
+    gate[l, h] = value
+  return gate
+
+
+def segment_removal_for(heads, num_layers: int, num_heads: int,
+                        parts: str | Sequence[str]) -> np.ndarray:
+  """float32 ``[l, h, 2]``: 1 where the ``parts`` (``"intra"``, ``"inter"`` or both) of a head's
+  attention are removed (the model's ``segment_removal``)."""
+  parts = (parts,) if isinstance(parts, str) else tuple(parts)
+  bad = [p for p in parts if p not in SEGMENT_PARTS]
+  if bad:
+    raise UserError(f"segment part must be one of {SEGMENT_PARTS}, got {bad}")
+  out = np.zeros((num_layers, num_heads, 2), np.float32)
+  heads = list(heads)
+  check_heads(heads, num_layers, num_heads)
+  for l, h in heads:
+    for p in parts:
+      out[l, h, SEGMENT_PARTS.index(p)] = 1.0
+  return out
+
+
+__all__ = ["HeadGroup", "GROUPINGS", "COARSE_ROLES", "SEGMENT_PARTS", "parse_heads", "format_heads",
+           "check_heads", "cluster_groups", "role_groups", "layer_groups", "load_groups",
+           "all_heads", "random_group", "gate_for", "segment_removal_for"]

@@ -1,0 +1,148 @@
+"""GLUE fine-tuning: metrics, batching, holdout splits, and an end-to-end run on a separable
+synthetic task read through mocked TFDS (resume, best checkpoint, exports)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from heads_jax.data.glue import GlueExample
+from heads_jax.training import configlib, finetune
+
+
+def test_classification_metrics_match_sklearn():
+  sk = pytest.importorskip("sklearn.metrics")
+  rng = np.random.default_rng(0)
+  y = rng.integers(0, 2, 200)
+  p = np.where(rng.random(200) < 0.7, y, 1 - y)
+  m = finetune.classification_metrics(p, y)
+  assert m["accuracy"] == pytest.approx(sk.accuracy_score(y, p))
+  assert m["f1"] == pytest.approx(sk.f1_score(y, p))
+  assert m["precision"] == pytest.approx(sk.precision_score(y, p))
+  assert finetune.classification_metrics(np.zeros(4), np.zeros(4))["f1"] == 0.0
+
+
+def test_epoch_batches_cover_each_epoch_once():
+  arrays = {"labels": np.arange(10, dtype=np.int32), "input_ids": np.arange(20).reshape(10, 2)}
+  b = finetune.EpochBatches(arrays, 4, seed=1)
+  seen = np.concatenate([b.batch(s)["labels"] for s in range(5)])  # 20 rows = 2 epochs
+  assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
+  assert not np.array_equal(seen[:10], seen[10:])
+  again = finetune.EpochBatches(arrays, 4, seed=1)
+  np.testing.assert_array_equal(again.batch(3)["input_ids"], b.batch(3)["input_ids"])
+  halves = [finetune.EpochBatches(arrays, 4, 1, p, 2).batch(3)["labels"] for p in range(2)]
+  np.testing.assert_array_equal(np.concatenate(halves), b.batch(3)["labels"])
+  it = b.iterate(2)
+  np.testing.assert_array_equal(next(it)["labels"], b.batch(2)["labels"])
+
+
+def test_eval_batches_cover_all_rows():
+  arrays = {k: np.arange(13 * 3).reshape(13, 3) for k in ("input_ids", "attention_mask", "token_type_ids")}
+  arrays["labels"] = np.arange(13)
+  rows, weights = [], []
+  for batch, idx in finetune.eval_batches(arrays, 8, num_devices=8):
+    assert len(batch["labels"]) == 8
+    assert (batch["attention_mask"][idx < 0] == 0).all()
+    rows.append(idx)
+    weights.append(batch["weights"])
+  rows, weights = np.concatenate(rows), np.concatenate(weights)
+  assert sorted(rows[rows >= 0]) == list(range(13)) and weights.sum() == 13
+
+
+def _qnli_dir(tmp_path, n=50):
+  d = tmp_path / "glue" / "QNLI"
+  d.mkdir(parents=True)
+  lines = ["index\tquestion\tsentence\tlabel"]
+  for i in range(n):
+    lines.append(f"{i}\tWhat is {i}?\tIt is {i}.\t{'entailment' if i % 2 else 'not_entailment'}")
+  (d / "dev.tsv").write_text("\n".join(lines) + "\n")
+  return tmp_path / "glue"
+
+
+def test_missing_train_split_uses_a_seeded_holdout(tmp_path):
+  root = _qnli_dir(tmp_path)
+  c = configlib.load_config("configs/finetune.py:qnli", [f"data.glue_dir={root}"])
+  train, ev, note = finetune.load_task_examples(c)
+  assert (len(train), len(ev)) == (45, 5)
+  assert note["train_split"] == "dev" and note["holdout_fraction"] == 0.1
+  assert not {e.idx for e in train} & {e.idx for e in ev}
+  train2, ev2, _ = finetune.load_task_examples(c)
+  assert [e.idx for e in ev2] == [e.idx for e in ev] == note["eval_idx"]
+  c.data.holdout_seed = 5
+  assert [e.idx for e in finetune.load_task_examples(c)[1]] != note["eval_idx"]
+  assert train[0].text_b is not None and {e.label for e in train} == {0, 1}
+
+
+def test_encode_examples_pairs(tmp_path):
+  from heads_jax.data.tokenizer import load_tokenizer
+  tok = load_tokenizer()
+  ex = [GlueExample("a question here", "the answer " * 40, 1, 0), GlueExample("short", "pair", 0, 1)]
+  enc = finetune.encode_examples(ex, tok, 16)
+  assert enc["input_ids"].shape == (2, 16) and enc["labels"].tolist() == [1, 0]
+  assert enc["attention_mask"][0].all() and enc["attention_mask"][1].sum() == 5
+  assert enc["token_type_ids"][1, :5].tolist() == [0, 0, 0, 1, 1]
+  assert (enc["input_ids"][0] == tok.sep_token_id).sum() == 2  # longest-first truncation keeps both
+
+
+POS = "good great happy fine nice love best wonderful".split()
+NEG = "bad awful sad poor hate worst terrible ugly".split()
+FILLER = "the movie was a and it film story".split()
+
+
+def _records(n, seed):
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    y = int(rng.integers(0, 2))
+    words = list(rng.choice(FILLER, 6)) + list(rng.choice(POS if y else NEG, 3))
+    rng.shuffle(words)
+    out.append({"sentence": " ".join(words), "label": np.int64(y), "idx": np.int32(i)})
+  return out
+
+
+@pytest.mark.slow
+def test_finetune_separable_task_through_mocked_tfds(tmp_path):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  splits = {"train": _records(320, 0), "validation": _records(96, 1)}
+
+  def source(self, split, **kwargs):
+    return splits[str(split)]
+
+  overrides = ["data.source=tfds", "data.holdout_fraction=0.0", "data.train_split=train",
+               "data.eval_split=validation", "data.max_seq_length=16", "num_train_steps=40",
+               "eval_every=20", "log_every=10", "checkpoint.every_steps=10",
+               "optimizer.learning_rate=3e-2", "tensorboard=False"]
+  work = tmp_path / "run"
+  with tfds.testing.mock_data(as_data_source_fn=source):
+    c = configlib.load_config("configs/finetune.py:tiny", overrides + ["stop_at_step=25"])
+    first = finetune.run(c, work)
+    assert first["final_step"] == 25 and not first["exports"]
+    c = configlib.load_config("configs/finetune.py:tiny", overrides)
+    s = finetune.run(c, work)
+  assert s["start_step"] == 25 and s["origin"].startswith("resumed")
+  assert s["data"]["num_train"] == 320 and s["data"]["num_eval"] == 96
+  assert s["best"]["accuracy"] >= 0.95, s["best"]
+  assert s["final_eval"]["accuracy"] >= 0.95
+  summary = json.loads((work / "summary.json").read_text())
+  assert summary["best"]["step"] == s["best"]["step"]
+
+  # the exported best model gives the best evaluation's accuracy, in heads_jax and in PyTorch
+  from heads_jax import load_model
+  model, tok = load_model(work / "best_model", head="auto")
+  assert model.num_labels == 2
+  enc = finetune.encode_examples(
+      [GlueExample(r["sentence"], None, int(r["label"]), i) for i, r in enumerate(splits["validation"])],
+      tok, 16)
+  logits = np.asarray(model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])["logits"])
+  acc = np.mean(logits.argmax(-1) == enc["labels"])
+  assert acc == pytest.approx(s["best"]["accuracy"])
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  hf = transformers.BertForSequenceClassification.from_pretrained(str(work / "best_hf"))
+  hf.eval()
+  with torch.no_grad():
+    out = hf(input_ids=torch.tensor(enc["input_ids"], dtype=torch.long),
+             attention_mask=torch.tensor(enc["attention_mask"], dtype=torch.long),
+             token_type_ids=torch.tensor(enc["token_type_ids"], dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(out, logits, atol=2e-4)
+  assert hf.config.id2label[1] == "positive"
