@@ -51,6 +51,7 @@ class AnalysisConfig:
   clusters: int = 4
   cluster_method: str = "kmeans"
   seed: int = 0
+  sort_window: int | None = 1024     # sort by length within windows of this many examples (less padding)
   report: bool = True
   title: str | None = None
 
@@ -98,7 +99,8 @@ def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bo
   for i, spec in enumerate(cfg.data):
     info, batches, n = encode_spec(spec, tokenizer, max_length=cfg.max_length,
                                    batch_size=cfg.batch_size, max_examples=cfg.max_examples,
-                                   parser=cfg.parser, syntax=cfg.syntax)
+                                   parser=cfg.parser, syntax=cfg.syntax, pad_to_batch_size=True,
+                                   sort_window=cfg.sort_window)
     if n == 0:
       raise ValueError(f"data spec {spec!r} holds no examples; check the file or the split")
     result = collect(step, batches, n, roles=roles, progress=progress, desc=f"analyse {spec}")
