@@ -1,85 +1,123 @@
-"""Benchmark of the analysis step (not a test).
+"""Benchmark of the analysis (sieve bias for all roles + distance features), side by side.
 
-Measures, on the same encoded batches of UD English EWT test sentences (gold arcs):
+On the same encoded batches of UD English EWT sentences (gold arcs, ``heads_jax.data.specs.
+encode_spec``, sorted by length within windows as ``heads-jax analyze`` does), it measures:
 
-* throughput (sequences/s) of the full analysis step (forward with attentions + sieves +
-  sieve bias + distance features, streamed by ``collect``) and of the bare jitted forward pass
-  (no attentions returned), and their ratio;
-* peak host memory (``ru_maxrss``, and the ``tracemalloc`` peak of the collection loop) when
-  collecting N and 4N sequences, each in a fresh process: memory must not grow with N beyond
-  the result arrays (``[N, l, h, r]`` + ``[N, l, h, 21]``), since attention maps stay on the
-  device.
+* **analysis**: the jitted analysis step (``heads_jax.stats.step.make_analysis_step``: forward
+  with attentions + sieves + sieve bias + distance features, reduced on the device), driven by
+  ``heads_jax.stats.collector.collect`` over pre-encoded batches (compiled before timing);
+* **forward**: the bare jitted forward pass on the same batches, attentions not returned (only
+  the pooled output comes back); the statistics' cost is ``analysis / forward - 1`` (target
+  under 10 %); **forward+attn** returns the attentions ``[b, l, h, q, k]`` (not fetched), to
+  show what materialising the maps costs by itself;
+* **end-to-end**: ``heads_jax.analysis.compute_scores`` once (tokenisation + encoding + step
+  compilation + device pass + collection): what ``heads-jax analyze`` spends before its host
+  statistics;
+* **notebook baseline** (``bench_notebook_baseline.py``): transformers' PyTorch ``BertModel``
+  with ``output_attentions`` on the same batches and weights, maps stored per sequence as numpy,
+  then Python/numpy loops per sequence, role, layer, head and token, as the authors' notebooks;
+  its scores are compared with heads_jax's (they must agree to float rounding). Target:
+  heads_jax at least 20x faster, the baseline's map production included;
+* **memory**: peak RSS of ``compute_scores`` on 1x, 4x and 16x the sequences, each in a fresh
+  process: it must stay flat beyond the result arrays ``[N, l, h, r]`` + ``[N, l, h, 21]``
+  (maps never leave the device); beside it, what the notebooks' stored maps would hold;
+* ``--sweep``: the effect of the existing batching options (sort window, batch size, bucket
+  step) on the steady-state analysis throughput and on padding.
 
-Prints a table and writes JSON.
+Timings are medians of ``--repeats`` passes (methods interleaved, so load from other processes
+hits them alike). Prints tables and writes JSON (``--out``, default ``bench/bench_analysis.json``).
 
-    python bench/bench_analysis.py                        # mini config, random weights
-    python bench/bench_analysis.py --size base --sequences 512 --batch-size 64
-    python bench/bench_analysis.py --hf-dir /path/to/bert-base-uncased
+    python bench/bench_analysis.py                       # all-MiniLM-L6-v2 if installed, 128 sequences
+    python bench/bench_analysis.py --size base --sequences 256 --batch-size 64
+    python bench/bench_analysis.py --hf-dir /path/to/bert-base-uncased --sweep
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
-import platform
-import resource
-import subprocess
 import sys
+import tempfile
 import time
-import tracemalloc
 from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 
 def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--size", default="mini", help="model size variant (tiny, mini, small, base, large)")
-  p.add_argument("--hf-dir", default=None, help="Hugging Face BERT directory or heads_jax model dir "
-                 "(overrides --size)")
-  p.add_argument("--sequences", type=int, default=256, help="N: sequences per throughput run")
+  p.add_argument("--hf-dir", default=None, help="Hugging Face BERT directory (default: "
+                 "all-MiniLM-L6-v2 if installed, else a random --size model)")
+  p.add_argument("--size", default="mini", help="random model size when there is no --hf-dir "
+                 "and MiniLM is not installed, or with --random")
+  p.add_argument("--random", action="store_true", help="use a random --size model even if MiniLM "
+                 "is installed")
+  p.add_argument("--data", default="ud-ewt", help="data spec with gold arcs (default: embedded "
+                 "UD EWT test, 2077 sentences; conllu:FILE for another)")
+  p.add_argument("--sequences", type=int, default=128, help="N: sequences per throughput run")
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--max-length", type=int, default=128)
-  p.add_argument("--conllu", default=None, help="CoNLL-U file (default: embedded UD EWT test)")
-  p.add_argument("--repeats", type=int, default=2, help="timed passes (best is reported)")
-  p.add_argument("--no-memory", action="store_true", help="skip the 1x / 4x memory runs")
-  p.add_argument("--json", default="bench/bench_analysis.json", help="where to write the results")
+  p.add_argument("--sort-window", type=int, default=1024, help="length-sorting window "
+                 "(AnalysisConfig default 1024; 0 = off)")
+  p.add_argument("--bucket-step", type=int, default=16)
+  p.add_argument("--repeats", type=int, default=3, help="timed passes (median reported)")
+  p.add_argument("--baseline-sequences", type=int, default=None,
+                 help="sequences for the notebook baseline (default: N; 0 = skip)")
+  p.add_argument("--baseline-threads", default="auto", help="torch threads for the baseline's "
+                 "maps: a number, or 'auto' = the faster of (cores, 1) on the first batch")
+  p.add_argument("--memory-multiples", default="1,4,16",
+                 help="comma-separated multiples of N for the memory runs ('' = skip)")
+  p.add_argument("--no-memory", action="store_true", help="skip the memory runs")
+  p.add_argument("--sweep", action="store_true", help="also sweep sort window, batch size, bucket step")
+  p.add_argument("--out", default=None, help="JSON path (default: bench/bench_analysis.json)")
   p.add_argument("--_memory-child", type=int, default=None, help=argparse.SUPPRESS)
+  p.add_argument("--_hf-dir-resolved", default=None, help=argparse.SUPPRESS)
   return p.parse_args(argv)
 
 
-def _model_and_tokenizer(args):
-  from flax import nnx
-  from heads_jax.data.tokenizer import load_tokenizer
+# ------------------------------------------------------------------------------------------------
+# Model and data
+
+def _resolve_model_dir(args, tmp: Path) -> tuple[Path, str]:
+  """The HF directory both sides load (JAX: heads_jax.load_model, PyTorch: transformers)."""
+  if args._hf_dir_resolved:
+    return Path(args._hf_dir_resolved), args._hf_dir_resolved
   if args.hf_dir:
-    from heads_jax import load_model
-    model, tokenizer = load_model(args.hf_dir)
-    return model, tokenizer, str(args.hf_dir)
-  from heads_jax.model.bert import BertModel
-  from heads_jax.model.config import config_for
-  tokenizer = load_tokenizer()
-  cfg = config_for(args.size, vocab_size=tokenizer.vocab_size,
-                   max_position_embeddings=max(512, args.max_length))
-  return BertModel(cfg, rngs=nnx.Rngs(0)), tokenizer, f"{args.size} (random init)"
+    return Path(args.hf_dir), str(args.hf_dir)
+  from bench_notebook_baseline import default_hf_dir
+  return default_hf_dir(args.size, tmp, prefer_minilm=not args.random)
 
 
-def _encoded_batches(args, tokenizer, n: int) -> list:
-  """``n`` sequences (cycling through the file if it is shorter) as a list of
-  ``(indices, batch)``, every batch ``batch_size`` rows (filler rows have index -1)."""
-  from heads_jax.data.assets import ud_ewt_test_path
-  from heads_jax.data.conllu import read_conllu
-  from heads_jax.data.encoding import AnalysisExample, Segment, iter_batches
-  path = args.conllu or ud_ewt_test_path()
-  sentences = list(read_conllu(path))
-  if not sentences:
-    raise SystemExit(f"{path} holds no sentences")
-  examples = [AnalysisExample(Segment.from_sentence(s))
-              for s in itertools.islice(itertools.cycle(sentences), n)]
-  return list(iter_batches(examples, tokenizer, max_length=args.max_length,
-                           batch_size=args.batch_size, pad_to_batch_size=True))
+def _encode(args, tokenizer, n: int, sort_window=None, batch_size=None, bucket_step=None) -> list:
+  """``n`` sequences of ``args.data`` as a list of ``(indices, batch)`` (batches padded to the
+  batch size with filler rows, as ``compute_scores`` does)."""
+  from heads_jax.data.specs import encode_spec
+  sw = args.sort_window if sort_window is None else sort_window
+  info, batches, total = encode_spec(args.data, tokenizer, max_length=args.max_length,
+                                     batch_size=batch_size or args.batch_size, max_examples=n,
+                                     sort_window=sw or None,
+                                     bucket_step=bucket_step or args.bucket_step,
+                                     pad_to_batch_size=True)
+  if total < n:
+    raise SystemExit(f"{args.data} holds only {total} sequences but {n} were asked for; use fewer "
+                     f"--sequences / --memory-multiples or a larger file, e.g. "
+                     f"--data conllu:/work/shared/data/ud_ewt/en_ewt-ud-train.conllu")
+  return list(batches)
 
 
-def _forward_fn(model, mesh):
-  """The bare jitted forward pass (no attentions), sharded like the analysis step."""
+def _padding(batches) -> dict:
+  real = sum(int(np.asarray(b["attention_mask"]).sum()) for _, b in batches)
+  computed = sum(int(np.asarray(b["attention_mask"]).size) for _, b in batches)
+  return {"real_tokens": real, "computed_tokens": computed,
+          "padding_share": round(1 - real / computed, 3),
+          "shapes": sorted({tuple(b["input_ids"].shape) for _, b in batches})}
+
+
+def _forward_fns(model, mesh):
+  """Jitted bare forward (pooled output only) and forward returning the attentions, both with the
+  model state replicated on ``mesh`` like the analysis step's."""
   import jax
   from flax import nnx
   from heads_jax.parallel import replicate
@@ -87,132 +125,295 @@ def _forward_fn(model, mesh):
   graphdef, state = nnx.split(encoder)
   state = replicate(state, mesh)
 
-  @jax.jit
-  def forward(state, batch):
+  def run(state, batch, attentions):
     out = nnx.merge(graphdef, state)(batch["input_ids"], attention_mask=batch["attention_mask"],
-                                     token_type_ids=batch["token_type_ids"], deterministic=True)
-    return out["pooled"]
+                                     token_type_ids=batch["token_type_ids"],
+                                     return_attentions=attentions, deterministic=True)
+    return out["attentions"] if attentions else out["pooled"]
 
-  return lambda batch: forward(state, batch)
+  bare = jax.jit(lambda s, b: run(s, b, False))
+  attn = jax.jit(lambda s, b: run(s, b, True))
+  return (lambda b: bare(state, b)), (lambda b: attn(state, b))
 
 
 def _time_forward(forward, batches, mesh, multiple) -> float:
-  """Seconds for one pass, one batch in flight (as ``collect`` runs the analysis)."""
-  import numpy as np
+  """Seconds for one pass over ``batches``, one batch in flight (as ``collect`` runs)."""
   from heads_jax.parallel import pad_to_multiple, shard_batch
   fields = ("input_ids", "attention_mask", "token_type_ids")
   start = time.perf_counter()
   pending = None
   for _, batch in batches:
-    padded, _ = pad_to_multiple({f: batch[f] for f in fields}, multiple)
+    padded, _ = pad_to_multiple({f: np.asarray(batch[f], np.int32) for f in fields}, multiple)
     out = forward(shard_batch(padded, mesh))
     if pending is not None:
-      np.asarray(pending)
+      pending.block_until_ready()
     pending = out
-  np.asarray(pending)
+  pending.block_until_ready()
   return time.perf_counter() - start
 
 
-def _throughput(args) -> dict:
+def _one_per_shape(batches) -> list:
+  shapes = {}
+  for idx, batch in batches:
+    shapes.setdefault(batch["input_ids"].shape, (idx, batch))
+  return list(shapes.values())
+
+
+# ------------------------------------------------------------------------------------------------
+# Throughput
+
+def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
   import jax
+  from heads_jax import load_model
+  from heads_jax.analysis import AnalysisConfig, compute_scores
   from heads_jax.parallel import data_mesh
   from heads_jax.stats.collector import collect
   from heads_jax.stats.step import make_analysis_step
-  model, tokenizer, name = _model_and_tokenizer(args)
-  batches = _encoded_batches(args, tokenizer, args.sequences)
+  model, tokenizer = load_model(hf_dir)
+  n = args.sequences
+  batches = _encode(args, tokenizer, n)
   mesh = data_mesh()
   step = make_analysis_step(model)
-  forward = _forward_fn(model, mesh)
-  # compile every (b, k) shape once before timing
-  shapes = {}
-  for idx, batch in batches:
-    shapes.setdefault(batch["input_ids"].shape, (idx, batch))
+  forward, forward_attn = _forward_fns(model, mesh)
+  shapes = _one_per_shape(batches)
   t0 = time.perf_counter()
-  collect(step, list(shapes.values()), args.sequences, progress=False, allow_missing=True)
+  collect(step, shapes, n, progress=False, allow_missing=True)
   compile_s = time.perf_counter() - t0
-  _time_forward(forward, list(shapes.values()), mesh, step.multiple)
-  analysis_s, forward_s = [], []
-  for _ in range(args.repeats):
-    t0 = time.perf_counter()
-    collect(step, batches, args.sequences, progress=False)
-    analysis_s.append(time.perf_counter() - t0)
-    forward_s.append(_time_forward(forward, batches, mesh, step.multiple))
-  cfg = getattr(getattr(model, "bert", model), "config", None)
-  n = args.sequences
-  return {
-      "model": name, "layers": getattr(cfg, "num_layers", None), "heads": getattr(cfg, "num_heads", None),
+  _time_forward(forward, shapes, mesh, step.multiple)
+  _time_forward(forward_attn, shapes, mesh, step.multiple)
+
+  walls = {"analysis": [], "forward": [], "forward_attn": []}
+  cpus = {k: [] for k in walls}
+  ours = None
+  for _ in range(args.repeats):       # interleaved, so load from other processes hits all alike
+    for key in walls:
+      with common.Timer() as t:
+        if key == "analysis":
+          ours = collect(step, batches, n, progress=False)
+        else:
+          _time_forward(forward if key == "forward" else forward_attn, batches, mesh, step.multiple)
+      walls[key].append(t.wall)
+      cpus[key].append(t.cpu)
+  timing = {k: common.summarize(walls[k], cpus[k]) for k in walls}
+
+  cfg = AnalysisConfig(model=name, data=(args.data,), out="unused", max_examples=n,
+                       max_length=args.max_length, batch_size=args.batch_size,
+                       sort_window=args.sort_window or None)
+  with common.Timer() as t:
+    compute_scores(cfg, model=model, tokenizer=tokenizer, progress=False)
+  end_to_end_s = t.wall
+
+  enc = model.config
+  rows = [
+      {"method": "heads_jax analysis step (sieve bias 13 roles + distance)",
+       "seq_per_s": common.rate(n, timing["analysis"]), "range": common.spread(n, timing["analysis"]),
+       "median_s": timing["analysis"]["median_s"], "cpu_s": timing["analysis"]["cpu_median_s"]},
+      {"method": "bare jitted forward (no attentions returned)",
+       "seq_per_s": common.rate(n, timing["forward"]), "range": common.spread(n, timing["forward"]),
+       "median_s": timing["forward"]["median_s"], "cpu_s": timing["forward"]["cpu_median_s"]},
+      {"method": "jitted forward returning attentions",
+       "seq_per_s": common.rate(n, timing["forward_attn"]),
+       "range": common.spread(n, timing["forward_attn"]), "median_s": timing["forward_attn"]["median_s"],
+       "cpu_s": timing["forward_attn"]["cpu_median_s"]},
+      {"method": "compute_scores end-to-end (encode + compile + pass), once",
+       "seq_per_s": n / end_to_end_s, "range": "", "median_s": end_to_end_s, "cpu_s": t.cpu},
+  ]
+  result = {
+      "model": name, "layers": enc.num_layers, "heads": enc.num_heads, "hidden": enc.hidden_size,
       "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}",
-      "sequences": n, "batch_size": args.batch_size, "max_length": args.max_length,
-      "padded_lengths": sorted({k for _, k in shapes}),
-      "analysis_compile_s": round(compile_s, 2),
-      "analysis_seq_per_s": round(n / min(analysis_s), 2),
-      "forward_seq_per_s": round(n / min(forward_s), 2),
-      "analysis_over_forward_time": round(min(analysis_s) / min(forward_s), 3),
+      "data": args.data, "sequences": n, "batch_size": args.batch_size,
+      "max_length": args.max_length, "sort_window": args.sort_window, "bucket_step": args.bucket_step,
+      "padding": _padding(batches), "analysis_compile_s": round(compile_s, 2),
+      "timing": timing, "end_to_end_s": end_to_end_s, "rows": rows,
+      "statistics_overhead_vs_forward": timing["analysis"]["median_s"] / timing["forward"]["median_s"] - 1,
+      "statistics_overhead_vs_forward_attn":
+          timing["analysis"]["median_s"] / timing["forward_attn"]["median_s"] - 1,
+      "statistics_overhead_vs_forward_cpu":
+          timing["analysis"]["cpu_median_s"] / timing["forward"]["cpu_median_s"] - 1,
+  }
+  return result, ours, batches
+
+
+# ------------------------------------------------------------------------------------------------
+# Notebook baseline
+
+def _baseline(args, hf_dir: Path, batches: list, ours: dict, ours_rate: dict) -> dict:
+  import bench_notebook_baseline as nb
+  m = args.sequences if args.baseline_sequences is None else args.baseline_sequences
+  torch_model = nb.load_torch_model(hf_dir)
+  threads, trial = nb.choose_torch_threads(args.baseline_threads, torch_model, batches[:1])
+  picked, count = [], 0
+  for idx, batch in batches:       # the first m sequences of the same batches
+    keep = (np.asarray(idx) >= 0) & (np.asarray(idx) < m)
+    if keep.any():
+      picked.append((np.where(keep, idx, -1), batch))
+      count += int(keep.sum())
+  res = nb.run_baseline(torch_model, picked)
+  agreement = nb.compare(res, ours)
+  total = res["maps_s"] + res["loops_s"]
+  rate = count / total
+  return {
+      "sequences": count, "torch_threads": threads, "thread_trial_s": trial, "maps_s": res["maps_s"], "loops_s": res["loops_s"],
+      "total_s": total, "seq_per_s": rate, "maps_seq_per_s": count / res["maps_s"],
+      "stored_maps_mib": res["maps_mib"], "agreement_with_heads_jax": agreement,
+      "speedup_steady_state": ours_rate["steady"] / rate,
+      "speedup_end_to_end": ours_rate["end_to_end"] / rate,
   }
 
 
-def _memory_child(args, n: int) -> dict:
-  """Runs in a fresh process: peak memory of collecting ``n`` sequences."""
-  from heads_jax.stats.collector import collect
-  from heads_jax.stats.step import make_analysis_step
-  model, tokenizer, _ = _model_and_tokenizer(args)
-  batches = _encoded_batches(args, tokenizer, n)
-  step = make_analysis_step(model)
-  shapes = {}
-  for idx, batch in batches:
-    shapes.setdefault(batch["input_ids"].shape, (idx, batch))
-  collect(step, list(shapes.values()), n, progress=False, allow_missing=True)  # compile
-  before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# ------------------------------------------------------------------------------------------------
+# Memory
+
+def _memory_child(args) -> dict:
+  """Fresh process: peak RSS of ``compute_scores`` on ``args._memory_child`` sequences."""
+  import tracemalloc
+  from heads_jax import load_model
+  from heads_jax.analysis import AnalysisConfig, compute_scores
+  hf_dir = Path(args._hf_dir_resolved)
+  model, tokenizer = load_model(hf_dir)
+  n = args._memory_child
+  cfg = AnalysisConfig(model=str(hf_dir), data=(args.data,), out="unused", max_examples=n,
+                       max_length=args.max_length, batch_size=args.batch_size,
+                       sort_window=args.sort_window or None)
+  before = common.peak_rss_mib()
   tracemalloc.start()
-  result = collect(step, iter(batches), n, progress=False)
-  _, traced_peak = tracemalloc.get_traced_memory()
+  scores = compute_scores(cfg, model=model, tokenizer=tokenizer, progress=False)
+  _, traced = tracemalloc.get_traced_memory()
   tracemalloc.stop()
-  after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  kib = 1 if platform.system() == "Linux" else 1 / 1024  # ru_maxrss: KiB on Linux, bytes on macOS
-  result_bytes = result["sieve_bias"].nbytes + result["distance"].nbytes + result["lengths"].nbytes
-  return {"sequences": n, "peak_rss_mib": round(after * kib / 1024, 1),
-          "rss_growth_during_collect_mib": round((after - before) * kib / 1024, 1),
-          "tracemalloc_peak_mib": round(traced_peak / 2**20, 2),
-          "result_arrays_mib": round(result_bytes / 2**20, 2)}
+  if len(scores["lengths"]) != n:
+    raise SystemExit(f"{args.data} gave {len(scores['lengths'])} sequences, not {n}")
+  result_bytes = sum(scores[k].nbytes for k in ("sieve_bias", "distance", "lengths", "data_index"))
+  cfg_m = getattr(model, "config")
+  # what the notebooks would hold: one [l, h, k, k] float32 array per sequence (k = its batch's
+  # padded length here; 128 in the notebooks' pickles)
+  l, h = cfg_m.num_layers, cfg_m.num_heads
+  maps_bytes_128 = n * l * h * args.max_length ** 2 * 4
+  return {"sequences": n, "peak_rss_mib": round(common.peak_rss_mib(), 1),
+          "rss_before_analysis_mib": round(before, 1),
+          "rss_growth_during_analysis_mib": round(common.peak_rss_mib() - before, 1),
+          "python_heap_peak_mib": round(traced / 2**20, 2),
+          "result_arrays_mib": round(result_bytes / 2**20, 2),
+          "notebook_stored_maps_mib": round(maps_bytes_128 / 2**20, 1)}
 
 
-def _memory(args) -> list:
+def _memory(args, hf_dir: Path) -> list:
+  multiples = [int(x) for x in args.memory_multiples.split(",") if x.strip()]
   rows = []
-  for n in (args.sequences, 4 * args.sequences):
-    cmd = [sys.executable, __file__, "--_memory-child", str(n), "--size", args.size,
-           "--batch-size", str(args.batch_size), "--max-length", str(args.max_length)]
-    if args.hf_dir:
-      cmd += ["--hf-dir", str(args.hf_dir)]
-    if args.conllu:
-      cmd += ["--conllu", str(args.conllu)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+  for mult in multiples:
+    cmd = [sys.executable, __file__, "--_memory-child", str(mult * args.sequences),
+           "--_hf-dir-resolved", str(hf_dir), "--data", args.data,
+           "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
+           "--sort-window", str(args.sort_window)]
+    row = common.run_json_child(cmd)
+    row["multiple"] = f"{mult}x"
+    rows.append(row)
+  base = rows[0] if rows else None
+  for row in rows:
+    row["peak_growth_vs_first_mib"] = round(row["peak_rss_mib"] - base["peak_rss_mib"], 1)
+    row["result_growth_vs_first_mib"] = round(row["result_arrays_mib"] - base["result_arrays_mib"], 2)
   return rows
 
 
-def _table(result: dict) -> str:
-  lines = [f"{k:>28}: {v}" for k, v in result["throughput"].items()]
-  if result.get("memory"):
-    cols = list(result["memory"][0])
-    lines.append("")
-    lines.append(" | ".join(f"{c:>28}" for c in cols))
-    for row in result["memory"]:
-      lines.append(" | ".join(f"{row[c]:>28}" for c in cols))
-  return "\n".join(lines)
+# ------------------------------------------------------------------------------------------------
+# Sweep of batching options
 
+SWEEP = [  # (label, sort_window, batch_size, bucket_step); the first is the default setting
+    ("default: sort 1024, batch 32, bucket 16", 1024, 32, 16),
+    ("no sorting", 0, 32, 16),
+    ("sort window 256", 256, 32, 16),
+    ("batch 16", 1024, 16, 16),
+    ("batch 64", 1024, 64, 16),
+    ("bucket step 8", 1024, 32, 8),
+    ("bucket step 32", 1024, 32, 32),
+    ("one shape (bucket = max length)", 1024, 32, 128),
+]
+
+
+def _sweep(args, hf_dir: Path) -> list:
+  from heads_jax import load_model
+  from heads_jax.stats.collector import collect
+  from heads_jax.stats.step import make_analysis_step
+  model, tokenizer = load_model(hf_dir)
+  step = make_analysis_step(model)
+  n = args.sequences
+  rows = []
+  for label, sw, bs, bucket in SWEEP:
+    batches = _encode(args, tokenizer, n, sort_window=sw, batch_size=bs, bucket_step=bucket)
+    t0 = time.perf_counter()
+    collect(step, _one_per_shape(batches), n, progress=False, allow_missing=True)
+    compile_s = time.perf_counter() - t0
+    walls, cpus = [], []
+    for _ in range(args.repeats):
+      with common.Timer() as t:
+        collect(step, batches, n, progress=False)
+      walls.append(t.wall)
+      cpus.append(t.cpu)
+    timing = common.summarize(walls, cpus)
+    pad = _padding(batches)
+    rows.append({"setting": label, "seq_per_s": common.rate(n, timing), "range": common.spread(n, timing),
+                 "cpu_s": timing["cpu_median_s"],
+                 "padding_share": pad["padding_share"], "shapes": len(pad["shapes"]),
+                 "compile_s": round(compile_s, 1)})
+  first = rows[0]["seq_per_s"]
+  for r in rows:
+    r["vs_default"] = f"{r['seq_per_s'] / first:.2f}x"
+  return rows
+
+
+# ------------------------------------------------------------------------------------------------
 
 def main(argv=None):
   args = _parse(argv)
   if args._memory_child is not None:
-    print(json.dumps(_memory_child(args, args._memory_child)))
+    import json
+    print(json.dumps(_memory_child(args)))
     return
-  result = {"throughput": _throughput(args)}
-  if not args.no_memory:
-    result["memory"] = _memory(args)
-  print(_table(result))
-  Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-  Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-  print(f"wrote {args.json}")
+  note = common.warn_if_emulated_devices()
+  with tempfile.TemporaryDirectory() as tmp:
+    hf_dir, name = _resolve_model_dir(args, Path(tmp))
+    result = {"machine": common.machine_info(), "command": common.command_line(), "note": note}
+    tp, ours, batches = _throughput(args, hf_dir, name)
+    result["throughput"] = tp
+    print(common.format_table(tp["rows"], ["method", "seq_per_s", "range", "median_s", "cpu_s"],
+                              title=f"\nanalysis throughput: {name}, {tp['sequences']} sequences, "
+                                    f"batch {tp['batch_size']}, padding {tp['padding']['padding_share']:.0%}, "
+                                    f"{tp['devices']}"))
+    print(f"statistics on top of the bare forward: {tp['statistics_overhead_vs_forward']:+.1%} wall, "
+          f"{tp['statistics_overhead_vs_forward_cpu']:+.1%} CPU time (target < +10%); on top of the "
+          f"forward returning attentions: {tp['statistics_overhead_vs_forward_attn']:+.1%} wall")
+    if args.baseline_sequences != 0:
+      rates = {"steady": common.rate(tp["sequences"], tp["timing"]["analysis"]),
+               "end_to_end": tp["sequences"] / tp["end_to_end_s"]}
+      bl = _baseline(args, hf_dir, batches, ours, rates)
+      result["notebook_baseline"] = bl
+      rows = [
+          {"method": "notebook approach: torch maps + numpy loops", "sequences": bl["sequences"],
+           "seq_per_s": bl["seq_per_s"], "maps_s": bl["maps_s"], "loops_s": bl["loops_s"],
+           "speedup_of_heads_jax": ""},
+          {"method": "heads_jax analysis step (steady state)", "sequences": tp["sequences"],
+           "seq_per_s": rates["steady"], "speedup_of_heads_jax": f"{bl['speedup_steady_state']:.1f}x"},
+          {"method": "heads_jax compute_scores end-to-end", "sequences": tp["sequences"],
+           "seq_per_s": rates["end_to_end"], "speedup_of_heads_jax": f"{bl['speedup_end_to_end']:.1f}x"},
+      ]
+      print(common.format_table(rows, title=f"\nvs the authors' notebook approach (target >= 20x; "
+                                            f"torch threads {bl['torch_threads']})"))
+      agree = bl["agreement_with_heads_jax"]
+      print("agreement with heads_jax on the same sequences: "
+            + "; ".join(f"{k}: max abs diff {v['max_abs_diff']:.2e}, NaN pattern equal "
+                        f"{v['nan_pattern_equal']}" for k, v in agree.items()))
+    if not args.no_memory and args.memory_multiples.strip():
+      mem = _memory(args, hf_dir)
+      result["memory"] = mem
+      print(common.format_table(mem, ["multiple", "sequences", "peak_rss_mib", "peak_growth_vs_first_mib",
+                                      "result_arrays_mib", "result_growth_vs_first_mib",
+                                      "python_heap_peak_mib", "notebook_stored_maps_mib"],
+                                title="\npeak memory of compute_scores, one fresh process per size"))
+    if args.sweep:
+      sweep = _sweep(args, hf_dir)
+      result["sweep"] = sweep
+      print(common.format_table(sweep, title="\nbatching options (analysis step, steady state)"))
+  path = common.write_json(common.default_json_path(__file__, args.out), result)
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":

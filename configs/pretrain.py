@@ -65,7 +65,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.short_seq_prob = 0.1
   c.data.random_next_prob = 0.5
   c.data.whole_word_mask = False
-  c.data.num_workers = 4  # processes building batches (0: one background thread)
+  # processes building batches (0: one background thread). One process makes ~400-800
+  # examples/s at length 128 and ~150-300 at 512; a TPU v3-8 VM has 96 vCPUs.
+  c.data.num_workers = 16
   c.data.prefetch = 8
   c.data.eval_sources = ""  # held-out text; "" = the training sources with another seed
   c.data.eval_seed = 1_000_003
@@ -121,6 +123,7 @@ def get_config(arg: str = "bert_base") -> ml_collections.ConfigDict:
     c.model.size = "small"
     c.batch_size = 128
     c.num_train_steps = 50_000
+    c.data.num_workers = 4
     c.optimizer.learning_rate = 1e-3
     c.optimizer.warmup_steps = 2_000
     c.data.sources = GUTENBERG

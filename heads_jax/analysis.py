@@ -46,7 +46,7 @@ class AnalysisConfig:
   correction: str = "none"
   direction: str = "dep2head"
   syntax: bool = True
-  parser: str | None = None           # spaCy pipeline for text inputs (default en_core_web_sm)
+  parser: str | None = None  # spaCy pipeline for text inputs (default en_core_web_sm); "none": no arcs for text
   roles: tuple[str, ...] = ROLES
   clusters: int = 4
   cluster_method: str = "kmeans"
@@ -85,7 +85,7 @@ def _check_out_dir(cfg: AnalysisConfig, overwrite: bool) -> bool:
 
 def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bool = True) -> dict:
   """The device pass: ``{"sieve_bias", "distance", "lengths", "roles", "data_index", "data_info"}``."""
-  from heads_jax.data.specs import encode_spec
+  from heads_jax.data.specs import encode_spec, parse_spec
   from heads_jax.stats.collector import collect
   from heads_jax.stats.step import make_analysis_step
   if model is None:
@@ -97,9 +97,11 @@ def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bo
   step = make_analysis_step(model, roles=roles, direction=cfg.direction)
   parts, infos = [], []
   for i, spec in enumerate(cfg.data):
+    # parser "none": text inputs get no arcs (their syntactic scores are NaN); gold arcs stay.
+    syntax = cfg.syntax and (cfg.parser != "none" or parse_spec(spec).kind == "conllu")
     info, batches, n = encode_spec(spec, tokenizer, max_length=cfg.max_length,
                                    batch_size=cfg.batch_size, max_examples=cfg.max_examples,
-                                   parser=cfg.parser, syntax=cfg.syntax, pad_to_batch_size=True,
+                                   parser=cfg.parser, syntax=syntax, pad_to_batch_size=True,
                                    sort_window=cfg.sort_window)
     if n == 0:
       raise ValueError(f"data spec {spec!r} holds no examples; check the file or the split")

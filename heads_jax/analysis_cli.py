@@ -37,7 +37,8 @@ def add_args(p):
                  help="syntactic sieves: dependent -> head (default) or both directions")
   p.add_argument("--no-syntax", dest="syntax", action="store_false",
                  help="skip the syntactic roles (no spaCy parse of text inputs)")
-  p.add_argument("--parser", default=None, help="spaCy pipeline for text inputs (default en_core_web_sm)")
+  p.add_argument("--parser", default=None, help="spaCy pipeline for text inputs (default en_core_web_sm); 'none' analyses text "
+                      "inputs without arcs while CoNLL-U keeps its gold arcs")
   p.add_argument("--roles", default=",".join(ROLES), help="comma-separated roles (default: all)")
   p.add_argument("--clusters", type=int, default=4, help="number of head clusters (default 4)")
   p.add_argument("--cluster-method", choices=("kmeans", "gmm"), default="kmeans")

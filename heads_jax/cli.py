@@ -14,6 +14,9 @@ from heads_jax.errors import UserError
 
 # name -> (module, help). Each module has `add_args(parser)` and `main(args) -> int | None`.
 SUBCOMMANDS = {
+    "demo": ("heads_jax.demo_cli", "the paper's pipeline in miniature on embedded data (pre-train, fine-tune, analyse, compare)"),
+    "pretrain": ("heads_jax.training.pretrain", "pre-train BERT (MLM + NSP) with LAMB, data-parallel, resumable"),
+    "finetune": ("heads_jax.training.finetune", "fine-tune BERT on a GLUE task (MRPC, QQP, SST-2, QNLI) with LAMB"),
     "analyze": ("heads_jax.analysis_cli", "analyse the attention heads of a BERT model (sieve bias, tests, roles, clusters, report)"),
     "compare": ("heads_jax.compare_cli", "compare two analyses (before/after fine-tuning, or two models)"),
     "convert": ("heads_jax.model.convert_cli", "convert a Hugging Face BERT directory <-> a heads_jax model directory"),
@@ -36,7 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+  from heads_jax.training.configlib import split_config_overrides
   parser = build_parser()
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] in ("pretrain", "finetune"):  # ml_collections style --config.key=value
+    rest, overrides = split_config_overrides(argv)
+    argv = rest + [x for o in overrides for x in ("--set", o)]
   args = parser.parse_args(argv)
   if not getattr(args, "_main", None):
     parser.print_help()

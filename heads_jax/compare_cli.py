@@ -4,6 +4,9 @@ Reads the output directories of two `heads-jax analyze` runs and writes into --o
 compare_sieve_bias.csv (change of mean sieve bias per role over the initial, middle and final
 thirds of the layers; Pande et al. Fig. 6), compare_roles.csv (roles gained and lost per head),
 compare_clusters.csv (cluster changes per head), compare.json, figures and report.html.
+With --before-model and --after-model it also computes the cosine similarity of every head's
+attention under the two models on the same inputs (Kovaleva et al. 2019):
+attention_similarity.csv, a heatmap and a report section.
 """
 
 from __future__ import annotations
@@ -17,11 +20,50 @@ def add_args(p):
   p.add_argument("--after", required=True, help="analysis output directory of the second model (e.g. fine-tuned)")
   p.add_argument("--out", required=True, help="output directory")
   p.add_argument("--title", default=None, help="report title")
+  p.add_argument("--before-model", default=None, metavar="PATH",
+                 help="the first model (e.g. pre-trained): with --after-model, add the per-head "
+                      "attention similarity before/after fine-tuning (Kovaleva et al. 2019)")
+  p.add_argument("--after-model", default=None, metavar="PATH", help="the second model (e.g. fine-tuned)")
+  p.add_argument("--data", default=None, metavar="SPEC",
+                 help="inputs for the attention similarity (default: the first data set of the --after analysis)")
+  p.add_argument("--max-examples", type=int, default=500,
+                 help="sequences for the attention similarity (default 500)")
+  p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
-def run_compare(before, after, out, *, title=None, log=print) -> Path:
-  """Compares two analysis directories; returns the path of the report."""
+def attention_similarity_section(before_model, after_model, out, *, data=None, after=None,
+                                 max_examples=500, max_length=128, log=print) -> dict:
+  """Computes the per-head attention similarity of two models (Kovaleva et al. 2019), writes
+  ``attention_similarity.csv`` and its figure into ``out``, returns the report section."""
+  import json
+  from heads_jax.ablation.similarity import similarity_on_spec, similarity_table
+  from heads_jax.errors import UserError
+  from heads_jax.model.loading import load_model
+  from heads_jax.report.ablation import plot_similarity, similarity_section
+  if data is None and after is not None and (Path(after) / "run.json").is_file():
+    specs = json.loads((Path(after) / "run.json").read_text()).get("device", {}).get("data") or []
+    data = specs[0] if specs else None
+  if data is None:
+    raise UserError("the attention similarity needs inputs: pass --data SPEC")
+  model_a, _ = load_model(before_model, with_tokenizer=False)
+  model_b, tokenizer = load_model(after_model)
+  sim, n = similarity_on_spec(model_a, model_b, tokenizer, data, max_examples=max_examples,
+                              max_length=max_length)
+  out = Path(out)
+  out.mkdir(parents=True, exist_ok=True)
+  similarity_table(sim).to_csv(out / "attention_similarity.csv", index=False)
+  fig = plot_similarity(sim, out / "figures" / "attention_similarity.png")
+  log(f"attention similarity before/after over {n} sequences of {data}: mean cosine "
+      f"{sim.mean():.3f}; per layer " + ", ".join(f"{v:.3f}" for v in sim.mean(1)))
+  return similarity_section(sim, fig, num_sequences=n, data=data)
+
+
+def run_compare(before, after, out, *, title=None, log=print, before_model=None, after_model=None,
+                data=None, max_examples=500, max_length=128) -> Path:
+  """Compares two analysis directories; returns the path of the report. With ``before_model``
+  and ``after_model``, adds the per-head attention similarity of the two models on ``data``
+  (default: the first data set of the ``after`` analysis)."""
   from heads_jax.hoststats import io
   from heads_jax.hoststats.compare import compare_runs
   from heads_jax.report.html import write_compare_report
@@ -37,13 +79,22 @@ def run_compare(before, after, out, *, title=None, log=print) -> Path:
   out = Path(out)
   out.mkdir(parents=True, exist_ok=True)
   io.write_comparison(comparison, out)
+  extra = []
+  if before_model or after_model:
+    if not (before_model and after_model):
+      from heads_jax.errors import UserError
+      raise UserError("the attention similarity needs both --before-model and --after-model")
+    extra.append(attention_similarity_section(before_model, after_model, out, data=data,
+                                              after=after, max_examples=max_examples,
+                                              max_length=max_length, log=log))
   summaries = [io.read_summary(d) if (Path(d) / "summary.json").is_file() else None for d in (before, after)]
   report = write_compare_report(
       out, compare_df=comparison.sieve_bias, heads_df=comparison.roles,
       cluster_changes_df=comparison.clusters,
       title=title or f"Attention heads: {Path(before).name} vs {Path(after).name}",
       settings={"before": comparison.settings_before, "after": comparison.settings_after},
-      summary_before=summaries[0], summary_after=summaries[1], warnings=comparison.warnings)
+      summary_before=summaries[0], summary_after=summaries[1], warnings=comparison.warnings,
+      extra_sections=extra)
   table = comparison.sieve_bias.pivot(index="role", columns="layer_group", values="delta")
   table = table[[c for c in ("initial", "middle", "final") if c in table.columns]]
   log("change of mean sieve bias (after - before) by layer group:\n" + table.round(3).to_string())
@@ -55,4 +106,6 @@ def run_compare(before, after, out, *, title=None, log=print) -> Path:
 
 
 def main(args):
-  run_compare(args.before, args.after, args.out, title=args.title)
+  run_compare(args.before, args.after, args.out, title=args.title,
+              before_model=args.before_model, after_model=args.after_model, data=args.data,
+              max_examples=args.max_examples, max_length=args.max_length)

@@ -68,9 +68,14 @@ def test_lamb_matches_numpy(clip):
   tx = lamb(sched, clip_norm=clip)
   params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), p0)
   state = tx.init(params)
+
+  @jax.jit
+  def step(g, state, params):
+    up, state = tx.update(g, state, params)
+    return optax.apply_updates(params, up), state
+
   for g in grads:
-    up, state = tx.update(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g), state, params)
-    params = optax.apply_updates(params, up)
+    params, state = step(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g), state, params)
   ref = numpy_lamb(_flat(p0), [_flat(g) for g in grads], lr_fn=lambda t: float(sched(t)), clip=clip)
   got = _flat(params)
   for k in ref:
@@ -115,11 +120,12 @@ def test_accumulation_equals_mean_gradient():
   acc, _ = make_optimizer(accumulate_steps=2, **kw)
   one, _ = make_optimizer(**kw)
   s = acc.init(p)
-  u1, s = acc.update(g1, s, p)
+  acc_update = jax.jit(acc.update)
+  u1, s = acc_update(g1, s, p)
   assert all(float(jnp.abs(x).max()) == 0 for x in jax.tree.leaves(u1))  # no update yet
-  u2, s = acc.update(g2, s, p)
+  u2, s = acc_update(g2, s, p)
   mean = jax.tree.map(lambda a, b: (a + b) / 2, g1, g2)
-  ref, _ = one.update(mean, one.init(p), p)
+  ref, _ = jax.jit(one.update)(mean, one.init(p), p)
   for a, b in zip(jax.tree.leaves(u2), jax.tree.leaves(ref)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 

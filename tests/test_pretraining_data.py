@@ -190,6 +190,19 @@ def test_whole_word_mask(tokenizer, books):
   assert saw_piece > 0
 
 
+def test_text_without_full_stops(tmp_path, tokenizer):
+  """A document with no sentence ends is cut into pieces instead of read whole."""
+  (tmp_path / "a.txt").write_text("word " * 100_000)
+  (tmp_path / "b.txt").write_text("Other text. More of it here. " * 50)
+  ex = PretrainingExamples(TextCorpus(tmp_path), tokenizer,
+                           PretrainingSpec(max_seq_length=32, max_predictions=5), 0)
+  b = ex.batch(0, 32)
+  assert (b["attention_mask"].sum(1) > 5).all()
+  from heads_jax.data.pretraining import _chop
+  pieces = _chop("ab " * 1000, 100)
+  assert max(map(len, pieces)) <= 100 and " ".join(pieces).split() == ["ab"] * 1000
+
+
 def test_mixture_corpus(tmp_path, tokenizer):
   colors = _synthetic_books(tmp_path, n_files=2, n_sent=40)
   one = TextCorpus([tmp_path / "book0.txt"])

@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from heads_jax.data.assets import gutenberg_paths
-from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec, TextCorpus
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.model.config import config_for
 from heads_jax.model.heads import BertForPreTraining
@@ -22,12 +20,6 @@ from heads_jax.training import checkpointing, configlib, loop, metrics, optimize
 @pytest.fixture(scope="module")
 def tokenizer():
   return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def examples(tokenizer):
-  return PretrainingExamples(TextCorpus(gutenberg_paths()), tokenizer,
-                             PretrainingSpec(max_seq_length=32, max_predictions=5), seed=0)
 
 
 def _model(tokenizer, seed=0):
@@ -65,6 +57,7 @@ def small_setup():
   return parts, params, tx, sched, mesh, step8
 
 
+@pytest.mark.slow  # two compilations: ~15 s on an idle 2-core CPU, more when it is shared
 def test_sharded_step_equals_single_device(small_setup):
   assert jax.device_count() == 8
   parts, params, tx, sched, mesh8, step8 = small_setup
@@ -136,6 +129,7 @@ def _tiny(steps_=6, **kw):
   c.num_train_steps = steps_
   c.optimizer.warmup_steps = 2
   c.checkpoint.every_steps = 2
+  c.checkpoint.keep = 2
   c.log_every = 1
   c.eval_batches = 0
   c.export = False
@@ -149,6 +143,8 @@ def _tiny(steps_=6, **kw):
 def test_kill_and_resume_equals_uninterrupted(tmp_path, tokenizer):
   full = pretrain.run(_tiny(export=True), tmp_path / "a")
   assert [h["step"] for h in full["history"]] == [1, 2, 3, 4, 5, 6]
+  kept = sorted(int(p.name) for p in (tmp_path / "a" / "checkpoints").iterdir() if p.name.isdigit())
+  assert kept == [4, 6]  # saved every 2 steps, the last 2 kept
   # "killed" after step 5: the last checkpoint is step 4 (the forced step-5 save is removed)
   part = pretrain.run(_tiny(stop_at_step=5), tmp_path / "b")
   assert part["final_step"] == 5
@@ -186,6 +182,17 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, tokenizer):
     np.testing.assert_array_equal(a, b)
   assert all(not np.any(x) for x in jax.tree.leaves(_host(state["opt_state"])) if x.ndim > 0)
   ck.close()
+
+  # ... and runs at sequence length 64 on a (mocked) TFDS Wikipedia
+  tfds = pytest.importorskip("tensorflow_datasets")
+  docs = [{"text": f"Article {i} is about topic {i}. It has several sentences. This is one.\n\n"
+                   f"Another paragraph of article {i} follows here. It ends now.", "title": str(i)}
+          for i in range(20)]
+  with tfds.testing.mock_data(as_data_source_fn=lambda self, split, **kw: docs):
+    c2.data.sources = "tfds:wikipedia/20230601.en"
+    p2 = pretrain.run(c2, tmp_path / "p2")
+  assert p2["origin"].startswith("params:") and p2["final_step"] == 2
+  assert np.isfinite([h["loss"] for h in p2["history"]]).all()
 
 
 @pytest.mark.slow

@@ -306,6 +306,23 @@ def _blank_line_spans(path: str) -> list[tuple[int, int]]:
 # ------------------------------------------------------------------------------------------------
 # Examples
 
+
+
+def _chop(sentence: str, max_chars: int) -> list[str]:
+  """A "sentence" longer than ``max_chars`` (text without full stops) cut at spaces into pieces;
+  such a sentence would be truncated to the sequence length anyway."""
+  if len(sentence) <= max_chars:
+    return [sentence]
+  pieces, start = [], 0
+  while start < len(sentence):
+    end = min(len(sentence), start + max_chars)
+    if end < len(sentence):
+      space = sentence.rfind(" ", start + 1, end)
+      end = space if space > start else end
+    pieces.append(sentence[start:end].strip())
+    start = end
+  return [p for p in pieces if p]
+
 @dataclasses.dataclass(frozen=True)
 class PretrainingSpec:
   """The recipe's parameters (defaults: sequence length 128, 20 predictions)."""
@@ -342,6 +359,7 @@ class PretrainingExamples:
     self.mask_id = tokenizer.mask_token_id
     self.pad_id = tokenizer.pad_token_id or 0
     self.vocab_size = int(tokenizer.vocab_size)
+    self._max_sentence_chars = 10 * spec.max_seq_length
     self._is_subword = None
     if spec.whole_word_mask:
       tokens = tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
@@ -358,12 +376,15 @@ class PretrainingExamples:
     """Tokenised consecutive sentences of ``doc`` from the first sentence that starts after a
     random byte, accumulated until they hold ``min_tokens`` wordpieces or the document ends."""
     n = self.corpus.length(doc)
+    if n <= 0:
+      return []
     for attempt in range(8):
       start = int(rng.integers(0, n)) if attempt < 7 else 0
       window = 256 + 8 * min_tokens
       while True:
         text, at_end = self.corpus.read(doc, start, start + window)
-        sentences = [s for p in _paragraphs(self.corpus, doc, text) for s in split_sentences(p)]
+        sentences = [piece for p in _paragraphs(self.corpus, doc, text) for s in split_sentences(p)
+                     for piece in _chop(s, self._max_sentence_chars)]
         if start > 0:
           sentences = sentences[1:]  # the first one is (most likely) cut
         if not at_end:
@@ -375,7 +396,7 @@ class PretrainingExamples:
           total += len(t)
           if total >= min_tokens:
             return chunk
-        if at_end:
+        if at_end or window >= 64 * (256 + 8 * min_tokens):
           if chunk:
             return chunk
           break  # no complete sentence after `start`: draw another place

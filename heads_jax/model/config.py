@@ -14,7 +14,8 @@ from pathlib import Path
 SIZES = {
     "tiny": (2, 4, 64, 128),       # tests
     "mini": (4, 4, 256, 1024),     # Turc et al. BERT-mini
-    "small": (6, 8, 256, 1024),    # the demo's model: 6 layers x 8 heads
+    "demo": (6, 8, 128, 512),      # the demo's model: 6 layers x 8 heads, trains in minutes on a CPU
+    "small": (6, 8, 256, 1024),    # quick experiments on one GPU / a Colab TPU
     "base": (12, 12, 768, 3072),   # BERT-base (Devlin et al.), the paper's model
     "large": (24, 16, 1024, 4096),  # BERT-large
 }

@@ -37,7 +37,6 @@ from heads_jax.report.html import CSS, esc, kv_table_html, png_data_uri, slug, t
 DEFAULT_DPI = 110
 TOKEN_MEASURE_LABELS = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation (, .)",
                         "prev": "previous token", "next": "next token"}
-MEASURES_FILE = "measures.npz"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,20 +308,10 @@ def pruning_section(curve: pd.DataFrame, summary: pd.DataFrame, figure_path, *,
 
 
 def read_measures(path) -> dict:
-  """Reads ``measures.npz`` (a file or an analysis directory holding one)."""
-  path = Path(path)
-  if path.is_dir():
-    path = path / MEASURES_FILE
-  if not path.is_file():
-    raise FileNotFoundError(f"no {MEASURES_FILE} at {path}: run the analysis with measures on")
-  with np.load(path, allow_pickle=False) as z:
-    out = {k: z[k] for k in z.files}
-  for key in ("entropy", "cls_entropy", "token_attention"):
-    if key not in out:
-      raise ValueError(f"{path} lacks {key!r} (has {sorted(out)}): not a measures file")
-  out["token_measures"] = tuple(str(x) for x in out.get("token_measures",
-                                                        np.array(list(TOKEN_MEASURE_LABELS))))
-  return out
+  """Reads ``measures.npz`` (a file or an analysis directory holding one); see
+  ``heads_jax.stats.collector.save_measures``."""
+  from heads_jax.stats.collector import load_measures
+  return load_measures(path)
 
 
 def _per_layer_scatter(ax, values, *, ylabel: str, reference=None, color="#2c7fb8"):
@@ -545,3 +534,14 @@ def write_page(out_dir, *, title: str, sections: list[dict], settings: dict | No
   path = out / filename
   path.write_text(text, encoding="utf-8")
   return path
+
+
+def analysis_extra_sections(out_dir, *, dpi: int = DEFAULT_DPI) -> list[dict]:
+  """The measures sections for an analysis report: ``[]`` when ``out_dir`` holds no
+  ``measures.npz``; figures go to ``out_dir/figures``. For
+  ``heads_jax.report.html.write_report(..., extra_sections=...)``."""
+  from heads_jax.stats.collector import MEASURES_FILE
+  out_dir = Path(out_dir)
+  if not (out_dir / MEASURES_FILE).is_file():
+    return []
+  return measures_sections(out_dir / MEASURES_FILE, out_dir / "figures", dpi=dpi)

@@ -7,6 +7,13 @@ for the whole dataset (``[N, l, h, r]``, ``[N, l, h, 21]``, ``[N]``) in the data
 so memory does not grow with the number of batches. While the device works on one batch the
 host prepares the next one (one batch in flight).
 
+When the step also returns the measures of ``heads_jax.stats.measures`` (``entropy``,
+``cls_entropy`` ``[b, l, h]``, ``token_attention`` ``[b, l, h, 5]``), they are gathered the
+same way (``[N, ...]``); the Jensen-Shannon distances ``js`` ``[b, l*h, l*h]`` are summed over
+the sequences instead (``[N, l*h, l*h]`` would be large) and come back as their mean.
+``save_measures`` / ``load_measures`` write and read ``measures.npz``, a file of its own beside
+``scores.npz`` (whose contract stays fixed).
+
 This module imports no jax: ``load_scores`` / ``save_scores`` are used by the host stages.
 """
 
@@ -21,6 +28,10 @@ from tqdm.auto import tqdm
 
 NUM_DISTANCE_FEATURES = 21
 SCORE_KEYS = ("sieve_bias", "roles", "distance", "lengths")
+# measures.npz (heads_jax.stats.measures): per-sequence arrays, and the token_attention columns.
+MEASURES_FILE = "measures.npz"
+MEASURE_ROW_KEYS = ("entropy", "cls_entropy", "token_attention")
+TOKEN_MEASURES = ("cls", "sep", "punct", "prev", "next")
 
 
 def _real_lengths(batch: dict) -> np.ndarray:
@@ -36,16 +47,27 @@ class _Sink:
     self.filled = np.zeros(num_sequences, bool)
     self.seen = np.zeros(num_sequences, bool)  # submitted (maybe not yet fetched)
     self.lengths = np.zeros(num_sequences, np.int32)
+    self.js_sum, self.js_count = None, 0
 
   def put(self, indices: np.ndarray, keep: np.ndarray, lengths: np.ndarray, out: dict):
     """Stores the rows ``keep`` of a batch's results at ``indices[keep]``."""
-    sb, dist = np.asarray(out["sieve_bias"]), np.asarray(out["distance"])
+    missing = [name for name in ("sieve_bias", "distance") if name not in out]
+    if missing:
+      raise KeyError(f"the step's result lacks {missing}; an analysis step returns sieve_bias "
+                     "and distance (heads_jax.stats.step)")
+    rows = {name: np.asarray(out[name]) for name in ("sieve_bias", "distance") + MEASURE_ROW_KEYS
+            if name in out}
     if self.arrays is None:
-      self.arrays = {
-          "sieve_bias": np.full((self.n,) + sb.shape[1:], np.nan, np.float32),
-          "distance": np.full((self.n,) + dist.shape[1:], np.nan, np.float32),
-      }
-    for name, x in (("sieve_bias", sb), ("distance", dist)):
+      self.arrays = {name: np.full((self.n,) + x.shape[1:], np.nan, np.float32)
+                     for name, x in rows.items()}
+    if set(rows) != set(self.arrays):
+      raise ValueError(f"the step returned {sorted(rows)} for one batch and {sorted(self.arrays)} "
+                       "for another")
+    if "js" in out:
+      js = np.asarray(out["js"], np.float64)[keep].sum(0)
+      self.js_sum = js if self.js_sum is None else self.js_sum + js
+      self.js_count += int(keep.sum())
+    for name, x in rows.items():
       if x.shape[0] != len(indices) or x.shape[1:] != self.arrays[name].shape[1:]:
         raise ValueError(f"step returned {name} of shape {x.shape} for a batch of "
                          f"{len(indices)} sequences; expected {(len(indices),) + self.arrays[name].shape[1:]}")
@@ -94,7 +116,9 @@ def collect(step, batches: Iterable, num_sequences: int, *, roles: Sequence[str]
 
   Returns:
     dict: ``sieve_bias`` float32 ``[N, l, h, r]``, ``distance`` float32 ``[N, l, h, 21]``,
-    ``lengths`` int32 ``[N]``, ``roles`` tuple of str.
+    ``lengths`` int32 ``[N]``, ``roles`` tuple of str; and, when the step returns measures,
+    ``entropy``, ``cls_entropy`` ``[N, l, h]``, ``token_attention`` ``[N, l, h, 5]``, and ``js``
+    float32 ``[l*h, l*h]`` (mean over the sequences) with ``js_sequences`` (their number).
   """
   if num_sequences < 1:
     raise ValueError(f"num_sequences must be >= 1, got {num_sequences}")
@@ -136,7 +160,11 @@ def collect(step, batches: Iterable, num_sequences: int, *, roles: Sequence[str]
   if sink.arrays["sieve_bias"].shape[-1] != len(roles):
     raise ValueError(f"the step returned {sink.arrays['sieve_bias'].shape[-1]} roles but roles "
                      f"names {len(roles)}: {list(roles)}")
-  return {**sink.arrays, "lengths": sink.lengths, "roles": roles}
+  result = {**sink.arrays, "lengths": sink.lengths, "roles": roles}
+  if sink.js_sum is not None:
+    result["js"] = (sink.js_sum / max(sink.js_count, 1)).astype(np.float32)
+    result["js_sequences"] = sink.js_count
+  return result
 
 
 def _validate(sieve_bias, distance, lengths, roles) -> None:
@@ -197,4 +225,77 @@ def load_scores(path) -> dict:
     out = {k: data[k] for k in data.files}
   out["roles"] = tuple(str(r) for r in out["roles"])
   _validate(out["sieve_bias"], out["distance"], out["lengths"], out["roles"])
+  return out
+
+
+def save_measures(path, result: dict) -> Path:
+  """Writes ``measures.npz``: ``entropy``, ``cls_entropy`` float32 ``[N, L, H]``,
+  ``token_attention`` float32 ``[N, L, H, 5]`` (columns ``token_measures``), ``lengths`` int32
+  ``[N]``, and when present ``js`` float32 ``[L*H, L*H]`` (mean Jensen-Shannon distance between
+  heads) with ``js_sequences``. ``result``: the dict of ``collect`` with a measures step (any
+  ``data_index`` is kept)."""
+  missing = [k for k in MEASURE_ROW_KEYS + ("lengths",) if k not in result]
+  if missing:
+    raise KeyError(f"result lacks {missing}: make the analysis step with measures=True")
+  entropy = np.asarray(result["entropy"], np.float32)
+  if entropy.ndim != 3:
+    raise ValueError(f"entropy must be [N, L, H], got shape {entropy.shape}")
+  n, l, h = entropy.shape
+  token = np.asarray(result["token_attention"], np.float32)
+  if token.shape != (n, l, h, len(TOKEN_MEASURES)):
+    raise ValueError(f"token_attention must be {(n, l, h, len(TOKEN_MEASURES))}, got {token.shape}")
+  arrays = {"entropy": entropy, "cls_entropy": np.asarray(result["cls_entropy"], np.float32),
+            "token_attention": token, "token_measures": np.asarray(TOKEN_MEASURES, dtype=str),
+            "lengths": np.asarray(result["lengths"], np.int32)}
+  if arrays["cls_entropy"].shape != (n, l, h) or arrays["lengths"].shape != (n,):
+    raise ValueError("cls_entropy must be [N, L, H] and lengths [N] like entropy")
+  if result.get("js") is not None:
+    js = np.asarray(result["js"], np.float32)
+    if js.shape != (l * h, l * h):
+      raise ValueError(f"js must be [L*H, L*H] = {(l * h, l * h)}, got {js.shape}")
+    arrays["js"] = js
+    arrays["js_sequences"] = np.int64(result.get("js_sequences", n))
+  if "data_index" in result:
+    arrays["data_index"] = np.asarray(result["data_index"], np.int32)
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  with open(tmp, "wb") as f:
+    np.savez(f, **arrays)
+  os.replace(tmp, path)
+  return path
+
+
+def load_measures(path) -> dict:
+  """Reads ``measures.npz`` (a file, or an analysis directory holding one)."""
+  path = Path(path)
+  if path.is_dir():
+    path = path / MEASURES_FILE
+  if not path.is_file():
+    raise FileNotFoundError(f"no measures file at {path}; run the analysis with measures on")
+  with np.load(path, allow_pickle=False) as data:
+    missing = [k for k in MEASURE_ROW_KEYS + ("lengths",) if k not in data.files]
+    if missing:
+      raise ValueError(f"{path} is not a measures.npz: it lacks {missing} (has {data.files})")
+    out = {k: data[k] for k in data.files}
+  out["token_measures"] = tuple(str(x) for x in out.get("token_measures", TOKEN_MEASURES))
+  return out
+
+
+def combine_measures(parts) -> dict:
+  """The measures of several ``collect`` results (e.g. one per data spec) as one: per-sequence
+  arrays concatenated along N (with ``lengths`` and any ``data_index``), ``js`` averaged with
+  the weights ``js_sequences``. Returns a dict for ``save_measures``."""
+  parts = [p for p in parts if p is not None]
+  if not parts or any(k not in p for p in parts for k in MEASURE_ROW_KEYS):
+    raise KeyError("every part needs entropy, cls_entropy and token_attention: make the analysis "
+                   "step with measures=True")
+  keys = MEASURE_ROW_KEYS + ("lengths",) + (("data_index",) if all("data_index" in p for p in parts) else ())
+  out = {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in keys}
+  with_js = [p for p in parts if p.get("js") is not None]
+  if with_js:
+    weights = np.asarray([p.get("js_sequences", len(p["lengths"])) for p in with_js], np.float64)
+    js = sum(w * np.asarray(p["js"], np.float64) for w, p in zip(weights, with_js))
+    out["js"] = (js / max(weights.sum(), 1.0)).astype(np.float32)
+    out["js_sequences"] = int(weights.sum())
   return out

@@ -5,6 +5,11 @@
     out["sieve_bias"]            # float32 [b, l, h, r]  (NaN where a role's sieve is empty)
     out["distance"]              # float32 [b, l, h, 21]
 
+With ``measures=True`` the same pass also returns the measures of ``heads_jax.stats.measures``
+(Clark et al. 2019): ``entropy`` and ``cls_entropy`` ``[b, l, h]``, ``token_attention``
+``[b, l, h, 5]``; with ``js=True`` also ``js`` ``[b, l*h, l*h]`` (Jensen-Shannon distances
+between heads, costly: ``(l h)^2 q k`` logarithms per sequence).
+
 Inside the single ``jax.jit`` function the model runs with ``return_attentions=True``; the
 attention ``[b, l, h, q, k]`` is reduced on the device to the per-sequence statistics and
 never reaches the host. The batch is padded with all-padding rows to a multiple of the
@@ -27,6 +32,7 @@ from heads_jax.data.batch import BATCH_FIELDS, ROLES
 from heads_jax.parallel import batch_sharding, data_mesh, pad_to_multiple, replicate, shard_batch
 from heads_jax.sieves import build_sieves, check_direction, check_roles
 from heads_jax.stats.distance import distance_features
+from heads_jax.stats.measures import all_measures
 from heads_jax.stats.sieve_bias import sieve_bias
 
 GATE_MODES = ("remove", "uniform")
@@ -78,12 +84,13 @@ class AnalysisStep:
   """Callable analysis step; see ``make_analysis_step``."""
 
   def __init__(self, model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
-               mesh=None, gate_mode: str = "remove"):
+               mesh=None, gate_mode: str = "remove", measures: bool = False, js: bool = False):
     self.roles = check_roles(roles)
     self.direction = check_direction(direction)
     if gate_mode not in GATE_MODES:
       raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
     self.gate_mode = gate_mode
+    self.measures, self.js = bool(measures or js), bool(js)
     self.mesh = data_mesh() if mesh is None else mesh
     local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
     self.multiple = max(1, len(local))
@@ -92,6 +99,7 @@ class AnalysisStep:
     encoder = getattr(model, "bert", model)
     self.model = encoder
     roles, direction, gate_mode = self.roles, self.direction, self.gate_mode
+    with_measures, with_js = self.measures, self.js
 
     def analyse(module, batch, head_gate):
       kwargs = {}
@@ -102,10 +110,13 @@ class AnalysisStep:
                    deterministic=True, **kwargs)
       attn = out["attentions"]                                        # [b, l, h, q, k]
       sieves = build_sieves(batch, roles, direction)                  # [b, r, q, k]
-      return {
+      out = {
           "sieve_bias": sieve_bias(attn, sieves, batch["attention_mask"], roles),
           "distance": distance_features(attn, batch["token_class"], batch["attention_mask"]),
       }
+      if with_measures:
+        out.update(all_measures(attn, batch["token_class"], batch["attention_mask"], js=with_js))
+      return out
 
     out_shardings = batch_sharding(self.mesh)
     if isinstance(encoder, nnx.Module):
@@ -140,12 +151,14 @@ class AnalysisStep:
     return PendingResult(self._run(self._state, device_batch, head_gate), rows)
 
   def __call__(self, batch: dict, head_gate=None) -> dict:
-    """``{"sieve_bias": float32 [b, l, h, r], "distance": float32 [b, l, h, 21]}`` (numpy)."""
+    """``{"sieve_bias": float32 [b, l, h, r], "distance": float32 [b, l, h, 21]}`` (numpy),
+    plus the measures when the step was made with ``measures`` / ``js``."""
     return self.submit(batch, head_gate).result()
 
 
 def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
-                       mesh=None, gate_mode: str = "remove") -> AnalysisStep:
+                       mesh=None, gate_mode: str = "remove", measures: bool = False,
+                       js: bool = False) -> AnalysisStep:
   """The jitted analysis step of ``model``.
 
   Args:
@@ -157,9 +170,14 @@ def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "de
     direction: ``"dep2head"`` or ``"both"`` for the relation sieves.
     mesh: the one-axis ``data`` mesh (default: all devices).
     gate_mode: how a ``head_gate`` given to the step is applied (model API).
+    measures: also return ``entropy``, ``cls_entropy`` ``[b, l, h]`` and ``token_attention``
+      ``[b, l, h, 5]`` (``heads_jax.stats.measures``; cheap).
+    js: also return the Jensen-Shannon distances ``js`` ``[b, l*h, l*h]`` between heads
+      (implies ``measures``; costs ``(l h)^2 q k`` logarithms per sequence).
 
   Returns:
     an ``AnalysisStep``: ``step(batch, head_gate=None) -> dict`` of numpy arrays for the real
     rows, and ``step.submit(batch)`` to dispatch without waiting (``.result()`` fetches).
   """
-  return AnalysisStep(model, roles=roles, direction=direction, mesh=mesh, gate_mode=gate_mode)
+  return AnalysisStep(model, roles=roles, direction=direction, mesh=mesh, gate_mode=gate_mode,
+                      measures=measures, js=js)

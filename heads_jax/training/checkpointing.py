@@ -8,8 +8,8 @@ state}`` (see ``heads_jax.training.steps``). ``Checkpoints`` wraps ``ocp.Checkpo
   layout restores on another) and ``meta`` (``ocp.args.JsonSave``: the data position, metrics,
   the config);
 * asynchronous saves (``enable_async_checkpointing``) every ``save_interval_steps`` steps,
-  keeping the last ``max_to_keep``; or, with ``best_metric``, keeping the ``max_to_keep`` best by
-  that metric (``best_mode`` ``"max"``/``"min"``).
+  keeping the last ``max_to_keep`` (fine-tuning keeps its best evaluation in a second
+  ``Checkpoints`` it saves to only on improvement).
 
 Because batch ``N`` of every data stream here is a function of ``(seed, N)`` and the dropout key
 of step ``N`` is ``fold_in(key, N)``, restoring step ``N`` and training on gives the same
@@ -36,38 +36,29 @@ class Checkpoints:
   """Periodic asynchronous checkpoints of one run in ``directory``."""
 
   def __init__(self, directory, *, save_interval_steps: int = 1000, max_to_keep: int | None = 3,
-               async_save: bool = True, best_metric: str | None = None, best_mode: str = "max"):
+               async_save: bool = True):
     self.directory = Path(directory).absolute()
-    self.best_metric = best_metric
     self.save_interval_steps = max(1, int(save_interval_steps))
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=max(1, int(save_interval_steps)), max_to_keep=max_to_keep,
-        enable_async_checkpointing=async_save,
-        best_fn=(lambda m: float(m[best_metric])) if best_metric else None,
-        best_mode=best_mode, keep_checkpoints_without_metrics=False if best_metric else True,
-        create=True)
+        save_interval_steps=self.save_interval_steps, max_to_keep=max_to_keep,
+        enable_async_checkpointing=async_save, create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_names=("state", "meta"))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def best_step(self) -> int | None:
-    return self.manager.best_step()
-
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
-  def save(self, step: int, state, meta: dict | None = None, *, metrics: dict | None = None,
-           force: bool = False) -> bool:
+  def save(self, step: int, state, meta: dict | None = None, *, force: bool = False) -> bool:
     """Saves (asynchronously) when ``step`` is a multiple of the interval (or ``force``);
     returns whether it saved."""
     if not force and step % self.save_interval_steps:
       return False
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               meta=ocp.args.JsonSave(_jsonable(meta or {})))
-    return self.manager.save(int(step), args=args, metrics=_jsonable(metrics) if metrics else None,
-                             force=force)
+    return self.manager.save(int(step), args=args, force=force)
 
   def restore(self, abstract_state, step: int | None = None):
     """Returns ``(state, meta)`` of ``step`` (default: the latest) laid out as ``abstract_state``

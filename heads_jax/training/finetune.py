@@ -279,7 +279,8 @@ def run(config, workdir) -> dict:
     losses = []
     for batch, idx in eval_batches(eval_arrays, config.eval_batch_size, n_dev, pid, pcount):
       m, p = eval_step(params, shard_batch(batch, mesh))
-      if pcount > 1:
+      m = steps.to_host(m)
+      if pcount > 1:  # every process gets all predictions, in process order
         from jax.experimental import multihost_utils
         p = multihost_utils.process_allgather(p, tiled=True)
         idx = multihost_utils.process_allgather(idx, tiled=True)
@@ -328,7 +329,7 @@ def run(config, workdir) -> dict:
   finally:
     ckpts.close()
     writer.close()
-  done = int(jax.device_get(state["step"]))
+  done = int(steps.to_host(state["step"]))
   exports = {}
   if done >= config.num_train_steps and config.export:
     params = state["params"]
@@ -353,7 +354,7 @@ def export(parts, params, tokenizer, workdir, info) -> dict:
   """Writes the model with ``params`` to ``workdir/best_model`` and ``workdir/best_hf``."""
   from heads_jax.model.checkpoint import save_model
   from heads_jax.model.convert import export_hf
-  model = steps.merge_model(parts, jax.device_get(params))
+  model = steps.merge_model(parts, steps.to_host(params))
   id2label = dict(enumerate(info.label_names))
   out = {"heads_jax": str(save_model(model, Path(workdir) / "best_model", tokenizer,
                                      id2label=id2label)),

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -72,7 +71,7 @@ def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_che
   parts, params = steps.split_model(model)
   if ckpts.latest_step() is not None:
     state, _ = ckpts.restore(abstract_state(params, tx, mesh))
-    step = int(jax.device_get(state["step"]))
+    step = int(steps.to_host(state["step"]))
     log.info("resumed from %s at step %d", ckpts.directory, step)
     return parts, state, step, f"resumed:{ckpts.directory}@{step}"
   origin = "fresh"
@@ -143,7 +142,7 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
       step += 1
       final = step == last or flag.stop
       if step % log_every == 0 or final:
-        host = jax.device_get(pending)
+        host = steps.to_host(pending)
         pending = []
         avg = {k: float(np.mean([h[k] for h in host])) for k in host[0]}
         if throughput is not None:

@@ -124,7 +124,7 @@ def run(config, workdir) -> dict:
     rows = []
     for i in range(config.eval_batches):
       batch = eval_examples.batch(i, config.batch_size, pid, pcount)
-      rows.append(jax.device_get(eval_step(state["params"], shard_batch(batch, mesh))))
+      rows.append(steps.to_host(eval_step(state["params"], shard_batch(batch, mesh))))
     return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
 
   q = config.data.max_seq_length
@@ -158,7 +158,7 @@ def run(config, workdir) -> dict:
       batches.close()
     ckpts.close()
     writer.close()
-  done = int(jax.device_get(state["step"]))
+  done = int(steps.to_host(state["step"]))
   if config.export and done >= config.num_train_steps and is_main:
     export(parts, state["params"], tokenizer, workdir)
   speeds = [h["tokens_per_s"] for h in history[1:] if "tokens_per_s" in h]
@@ -171,7 +171,7 @@ def export(parts, params, tokenizer, workdir) -> None:
   """Writes ``workdir/model`` (heads_jax) and ``workdir/hf`` (Hugging Face) from ``params``."""
   from heads_jax.model.checkpoint import save_model
   from heads_jax.model.convert import export_hf
-  model = steps.merge_model(parts, jax.device_get(params))
+  model = steps.merge_model(parts, steps.to_host(params))
   save_model(model, Path(workdir) / "model", tokenizer)
   export_hf(model, tokenizer, Path(workdir) / "hf")
 

@@ -131,11 +131,6 @@ def _loss_only(loss_fn):
 # ------------------------------------------------------------------------------------------------
 # Steps
 
-def state_shardings(state, mesh: Mesh):
-  """Everything replicated (pure data parallelism)."""
-  return jax.tree.map(lambda _: NamedSharding(mesh, P()), state)
-
-
 def make_train_step(parts: ModelParts, tx: optax.GradientTransformation, loss_fn, *, mesh: Mesh,
                     schedule: Callable | None = None, accumulate_steps: int = 1,
                     dropout_seed: int = 0, donate: bool = True):
@@ -196,6 +191,18 @@ def place_state(state, mesh: Mesh):
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
   return jax.tree.map(put, state)
+
+
+def to_host(tree):
+  """numpy copies of a pytree of arrays. Works on multi-host runs for replicated arrays (each
+  process reads its own full copy) as well as for fully addressable ones."""
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      if not x.sharding.is_fully_replicated:
+        raise ValueError("to_host needs replicated or fully addressable arrays")
+      return np.asarray(x.addressable_data(0))
+    return np.asarray(jax.device_get(x))
+  return jax.tree.map(one, tree)
 
 
 def maybe_initialize_distributed(enabled: bool, **kwargs) -> None:

@@ -1,0 +1,159 @@
+"""The demo's front page: one self-contained ``report.html`` that links the parts of a run.
+
+Sections: what was run; pre-training and fine-tuning curves; the paper's headline figures side
+by side for every analysed model (with links to their full reports); each model's role grid;
+the effect of fine-tuning. Host only: reads the files the stages wrote, no jax.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from heads_jax.report.html import _figure_html, _page, _write, esc, table_html
+
+HEADLINE_ROWS = (
+    ("share_delimiter", "heads with a delimiter role ([CLS]/[SEP])", "pct"),
+    ("share_local", "heads with a local role (previous/next tokens)", "pct"),
+    ("share_syntactic", "heads with a syntactic role (nsubj, obj, amod, advmod)", "pct"),
+    ("share_block", "heads with the block role (own sentence of a pair)", "pct"),
+    ("share_unskilled", "heads without any role", "pct"),
+    ("share_syntactic_also_local", "syntactic heads that are also local", "pct"),
+    ("spearman_local_syntactic", "Spearman rho of local vs syntactic sieve bias", "num"),
+    ("mean_sieve_score", "mean of all sieve bias scores (paper, BERT-base: 2.8)", "num"),
+    ("share_p_between", "share of p-values in (0.05, 0.95) (paper: 1.8%)", "pct"),
+)
+
+
+def _fmt(v, kind):
+  if v is None or (isinstance(v, float) and v != v):
+    return "n/a"
+  return f"{100 * v:.1f}%" if kind == "pct" else f"{v:.2f}"
+
+
+def _link(target: Path, base: Path, text: str) -> str:
+  rel = os.path.relpath(Path(target), Path(base))
+  return f'<a href="{esc(rel)}">{esc(text)}</a>'
+
+
+def plot_training_curves(pretrain: dict | None, finetune: dict | None, path) -> Path | None:
+  """MLM loss / NSP accuracy of pre-training and dev accuracy of fine-tuning against the step."""
+  panels = [p for p in (pretrain, finetune) if p and p.get("train")]
+  if not panels:
+    return None
+  fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 3.6), squeeze=False)
+  ax_i = 0
+  if pretrain and pretrain.get("train"):
+    ax = axes[0, ax_i]
+    ax_i += 1
+    tr = pd.DataFrame(pretrain["train"])
+    if "mlm_loss" in tr:
+      ax.plot(tr["step"], tr["mlm_loss"], label="MLM loss (train)", color="#1f4e79")
+    if "loss" in tr:
+      ax.plot(tr["step"], tr["loss"], label="MLM + NSP loss (train)", color="#7f7f7f", lw=1)
+    ev = pd.DataFrame(pretrain.get("eval") or [])
+    if len(ev) and "mlm_loss" in ev:
+      ax.scatter(ev["step"], ev["mlm_loss"], color="#c00000", zorder=3, label="MLM loss (held out)")
+    ax.set(title="Pre-training", xlabel="step", ylabel="loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  if finetune and finetune.get("train"):
+    ax = axes[0, ax_i]
+    tr = pd.DataFrame(finetune["train"])
+    if "loss" in tr:
+      ax.plot(tr["step"], tr["loss"], label="loss (train)", color="#7f7f7f", lw=1)
+    ax.set(title="Fine-tuning on SST-2", xlabel="step", ylabel="loss")
+    ev = pd.DataFrame(finetune.get("eval") or [])
+    if len(ev) and "accuracy" in ev:
+      ax2 = ax.twinx()
+      ax2.plot(ev["step"], ev["accuracy"], "o-", color="#2e7d32", label="accuracy (held out)")
+      ax2.set_ylim(0, 1)
+      ax2.set_ylabel("accuracy")
+      ax2.legend(loc="upper right", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+  fig.tight_layout()
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def _training_table(part: dict, metrics: tuple[str, ...]) -> pd.DataFrame | None:
+  ev = part.get("eval") or []
+  if not ev:
+    return None
+  rows = [{"step": e.get("step"), **{m: e.get(m) for m in metrics if m in e}} for e in ev]
+  return pd.DataFrame(rows)
+
+
+def write_index(out: Path, parts: dict) -> Path:
+  """Writes ``out/report.html`` from the parts of a demo run (see ``heads_jax.demo``)."""
+  out = Path(out)
+  fig_dir = out / "figures"
+  sections = []
+  analyses = {k: Path(v) for k, v in parts.get("analyses", {}).items()}
+
+  intro = [f"<p>{esc('Quick mode: one model analysed.' if parts.get('quick') else 'The paper’s pipeline in miniature: a BERT pre-trained on Gutenberg books, fine-tuned on SST-2, and the attention heads of both (and of a real pre-trained model) analysed with sieve bias scores and hypothesis tests (Pande et al., AAAI 2021) and distance-feature clustering (Guan et al., COLING 2020).')}</p>"]
+  links = [f"<li>{_link(d / 'report.html', out, f'Full analysis report: {name}')}</li>" for name, d in analyses.items()]
+  if parts.get("compare"):
+    links.append(f"<li>{_link(Path(parts['compare']) / 'report.html', out, 'Before vs after fine-tuning (compare report)')}</li>")
+  intro.append(f"<ul>{''.join(links)}</ul>")
+  if parts.get("minutes") is not None:
+    intro.append(f"<p class=\"meta\">Run time: {parts['minutes']:.1f} minutes. Output folder: {esc(out.resolve())}.</p>")
+  sections.append(("What was run", "".join(intro)))
+
+  if parts.get("pretrain") or parts.get("finetune"):
+    body = []
+    fig = plot_training_curves(parts.get("pretrain"), parts.get("finetune"), fig_dir / "training.png")
+    if fig:
+      body.append(_figure_html("training", {"path": fig, "title": "Training curves",
+                                            "caption": "Pre-training losses and fine-tuning accuracy on held-out data.",
+                                            "how": "The MLM loss should fall well below the unigram baseline (about 7.5 nats here); accuracy is on SST-2 sentences not used for training."}))
+    pt = _training_table(parts.get("pretrain") or {}, ("mlm_loss", "mlm_accuracy", "nsp_accuracy"))
+    if pt is not None:
+      body.append("<h3>Pre-training, held-out evaluation</h3>" + table_html(pt))
+    ft = _training_table(parts.get("finetune") or {}, ("accuracy", "loss"))
+    if ft is not None:
+      body.append("<h3>Fine-tuning on SST-2, held-out evaluation</h3>" + table_html(ft))
+    sections.append(("Training", "".join(body)))
+
+  if analyses:
+    rows = []
+    for key, label, kind in HEADLINE_ROWS:
+      row = {"figure": label}
+      for name, d in analyses.items():
+        s = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
+        row[name] = _fmt(s.get(key), kind)
+      rows.append(row)
+    note = ("<p>Shares are of all heads of a model. A role is assigned to a head when its mean sieve "
+            "bias over the sequences is significantly above tau = 3 (one-sided t-test, alpha = 0.05). "
+            "Data: UD EWT test sentences (gold parses, for the syntactic roles) and MRPC sentence "
+            "pairs (for the block role).</p>")
+    sections.append(("Headline findings", note + table_html(pd.DataFrame(rows))))
+    grids = []
+    for name, d in analyses.items():
+      g = d / "figures" / "role_grid.png"
+      if g.is_file():
+        grids.append(_figure_html(f"grid-{name}", {"path": g, "title": f"Roles of every head: {name}",
+                                                   "caption": "One cell per head, one marker per assigned role (Pande et al. Fig. 5).",
+                                                   "how": "Heads are sorted within each layer by their number of roles."}))
+    if grids:
+      sections.append(("Roles per head", "".join(grids)))
+  if parts.get("compare"):
+    f = Path(parts["compare"]) / "figures" / "finetune_delta.png"
+    if f.is_file():
+      sections.append(("Effect of fine-tuning", _figure_html("delta", {
+          "path": f, "title": "Change of mean sieve bias after fine-tuning",
+          "caption": "Per role, over the initial, middle and final thirds of the layers (Pande et al. Fig. 6).",
+          "how": "Bars above zero: the fine-tuned model attends more to that role's tokens than the pre-trained one."})))
+  title = "heads_jax demo" + (" (quick)" if parts.get("quick") else "")
+  return _write(out, "report.html", _page(title, "BERT attention heads: what each head does", sections))
