@@ -35,6 +35,7 @@ hits them alike). Prints tables and writes JSON (``--out``, default ``bench/benc
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -67,9 +68,13 @@ def _parse(argv=None):
                  help="sequences for the notebook baseline (default: N; 0 = skip)")
   p.add_argument("--baseline-threads", default="auto", help="torch threads for the baseline's "
                  "maps: a number, or 'auto' = the faster of (cores, 1) on the first batch")
+  p.add_argument("--no-baseline-pickle", action="store_true", help="keep the baseline's maps in "
+                 "memory only (default: pickle them to disk and load them back, as the notebooks)")
   p.add_argument("--memory-multiples", default="1,4,16",
                  help="comma-separated multiples of N for the memory runs ('' = skip)")
   p.add_argument("--no-memory", action="store_true", help="skip the memory runs")
+  p.add_argument("--no-jax-cache", action="store_true", help="do not turn on JAX's persistent "
+                 "compilation cache (default: on, in a temporary folder, to measure its effect)")
   p.add_argument("--sweep", action="store_true", help="also sweep sort window, batch size, bucket step")
   p.add_argument("--out", default=None, help="JSON path (default: bench/bench_analysis.json)")
   p.add_argument("--_memory-child", type=int, default=None, help=argparse.SUPPRESS)
@@ -162,23 +167,35 @@ def _one_per_shape(batches) -> list:
 # ------------------------------------------------------------------------------------------------
 # Throughput
 
+def _analysis_config(args, name: str, n: int):
+  from heads_jax.analysis import AnalysisConfig
+  return AnalysisConfig(model=name, data=(args.data,), out="unused", max_examples=n,
+                        max_length=args.max_length, batch_size=args.batch_size,
+                        sort_window=args.sort_window or None)
+
+
 def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
   import jax
   from heads_jax import load_model
-  from heads_jax.analysis import AnalysisConfig, compute_scores
+  from heads_jax.analysis import compute_scores
   from heads_jax.parallel import data_mesh
   from heads_jax.stats.collector import collect
   from heads_jax.stats.step import make_analysis_step
   model, tokenizer = load_model(hf_dir)
   n = args.sequences
+  cfg = _analysis_config(args, name, n)
+  # end-to-end first, before anything is compiled (with the persistent cache on, this run fills it)
+  with common.Timer() as cold:
+    compute_scores(cfg, model=model, tokenizer=tokenizer, progress=False)
+
   batches = _encode(args, tokenizer, n)
   mesh = data_mesh()
   step = make_analysis_step(model)
   forward, forward_attn = _forward_fns(model, mesh)
   shapes = _one_per_shape(batches)
-  t0 = time.perf_counter()
-  collect(step, shapes, n, progress=False, allow_missing=True)
-  compile_s = time.perf_counter() - t0
+  with common.Timer() as t:
+    collect(step, shapes, n, progress=False, allow_missing=True)
+  compile_s = t.wall
   _time_forward(forward, shapes, mesh, step.multiple)
   _time_forward(forward_attn, shapes, mesh, step.multiple)
 
@@ -196,35 +213,33 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
       cpus[key].append(t.cpu)
   timing = {k: common.summarize(walls[k], cpus[k]) for k in walls}
 
-  cfg = AnalysisConfig(model=name, data=(args.data,), out="unused", max_examples=n,
-                       max_length=args.max_length, batch_size=args.batch_size,
-                       sort_window=args.sort_window or None)
-  with common.Timer() as t:
-    compute_scores(cfg, model=model, tokenizer=tokenizer, progress=False)
-  end_to_end_s = t.wall
+  warm = None
+  if args.jax_cache:
+    with common.Timer() as warm:      # a new step: compiles again, now from the persistent cache
+      compute_scores(cfg, model=model, tokenizer=tokenizer, progress=False)
 
   enc = model.config
+  row = lambda method, key: {"method": method, "seq_per_s": common.rate(n, timing[key]),
+                             "range": common.spread(n, timing[key]), "median_s": timing[key]["median_s"],
+                             "cpu_s": timing[key]["cpu_median_s"]}
   rows = [
-      {"method": "heads_jax analysis step (sieve bias 13 roles + distance)",
-       "seq_per_s": common.rate(n, timing["analysis"]), "range": common.spread(n, timing["analysis"]),
-       "median_s": timing["analysis"]["median_s"], "cpu_s": timing["analysis"]["cpu_median_s"]},
-      {"method": "bare jitted forward (no attentions returned)",
-       "seq_per_s": common.rate(n, timing["forward"]), "range": common.spread(n, timing["forward"]),
-       "median_s": timing["forward"]["median_s"], "cpu_s": timing["forward"]["cpu_median_s"]},
-      {"method": "jitted forward returning attentions",
-       "seq_per_s": common.rate(n, timing["forward_attn"]),
-       "range": common.spread(n, timing["forward_attn"]), "median_s": timing["forward_attn"]["median_s"],
-       "cpu_s": timing["forward_attn"]["cpu_median_s"]},
-      {"method": "compute_scores end-to-end (encode + compile + pass), once",
-       "seq_per_s": n / end_to_end_s, "range": "", "median_s": end_to_end_s, "cpu_s": t.cpu},
+      row("heads_jax analysis step (sieve bias 13 roles + distance)", "analysis"),
+      row("bare jitted forward (no attentions returned)", "forward"),
+      row("jitted forward returning attentions", "forward_attn"),
+      {"method": "compute_scores end-to-end, cold (encode + compile + pass)",
+       "seq_per_s": n / cold.wall, "range": "", "median_s": cold.wall, "cpu_s": cold.cpu},
   ]
+  if warm is not None:
+    rows.append({"method": "compute_scores end-to-end, warm persistent compilation cache",
+                 "seq_per_s": n / warm.wall, "range": "", "median_s": warm.wall, "cpu_s": warm.cpu})
   result = {
       "model": name, "layers": enc.num_layers, "heads": enc.num_heads, "hidden": enc.hidden_size,
       "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}",
       "data": args.data, "sequences": n, "batch_size": args.batch_size,
       "max_length": args.max_length, "sort_window": args.sort_window, "bucket_step": args.bucket_step,
       "padding": _padding(batches), "analysis_compile_s": round(compile_s, 2),
-      "timing": timing, "end_to_end_s": end_to_end_s, "rows": rows,
+      "timing": timing, "end_to_end_cold_s": cold.wall,
+      "end_to_end_warm_cache_s": warm.wall if warm is not None else None, "rows": rows,
       "statistics_overhead_vs_forward": timing["analysis"]["median_s"] / timing["forward"]["median_s"] - 1,
       "statistics_overhead_vs_forward_attn":
           timing["analysis"]["median_s"] / timing["forward_attn"]["median_s"] - 1,
@@ -248,16 +263,17 @@ def _baseline(args, hf_dir: Path, batches: list, ours: dict, ours_rate: dict) ->
     if keep.any():
       picked.append((np.where(keep, idx, -1), batch))
       count += int(keep.sum())
-  res = nb.run_baseline(torch_model, picked)
+  pickle_dir = None if args.no_baseline_pickle else args.tmp
+  res = nb.run_baseline(torch_model, picked, pickle_dir=pickle_dir)
   agreement = nb.compare(res, ours)
-  total = res["maps_s"] + res["loops_s"]
+  total = res["maps_s"] + res["pickle_s"] + res["loops_s"]
   rate = count / total
   return {
-      "sequences": count, "torch_threads": threads, "thread_trial_s": trial, "maps_s": res["maps_s"], "loops_s": res["loops_s"],
+      "sequences": count, "torch_threads": threads, "thread_trial_s": trial,
+      "maps_s": res["maps_s"], "pickle_s": res["pickle_s"], "loops_s": res["loops_s"],
       "total_s": total, "seq_per_s": rate, "maps_seq_per_s": count / res["maps_s"],
       "stored_maps_mib": res["maps_mib"], "agreement_with_heads_jax": agreement,
-      "speedup_steady_state": ours_rate["steady"] / rate,
-      "speedup_end_to_end": ours_rate["end_to_end"] / rate,
+      "speedups": {k: v / rate for k, v in ours_rate.items()},
   }
 
 
@@ -268,29 +284,28 @@ def _memory_child(args) -> dict:
   """Fresh process: peak RSS of ``compute_scores`` on ``args._memory_child`` sequences."""
   import tracemalloc
   from heads_jax import load_model
-  from heads_jax.analysis import AnalysisConfig, compute_scores
+  from heads_jax.analysis import compute_scores
   hf_dir = Path(args._hf_dir_resolved)
   model, tokenizer = load_model(hf_dir)
   n = args._memory_child
-  cfg = AnalysisConfig(model=str(hf_dir), data=(args.data,), out="unused", max_examples=n,
-                       max_length=args.max_length, batch_size=args.batch_size,
-                       sort_window=args.sort_window or None)
-  before = common.peak_rss_mib()
+  cfg = _analysis_config(args, str(hf_dir), n)
+  before = common.current_rss_mib()
+  reset = common.reset_peak_rss()
   tracemalloc.start()
   scores = compute_scores(cfg, model=model, tokenizer=tokenizer, progress=False)
   _, traced = tracemalloc.get_traced_memory()
   tracemalloc.stop()
+  peak = common.peak_rss_since_reset_mib() if reset else None
   if len(scores["lengths"]) != n:
     raise SystemExit(f"{args.data} gave {len(scores['lengths'])} sequences, not {n}")
   result_bytes = sum(scores[k].nbytes for k in ("sieve_bias", "distance", "lengths", "data_index"))
-  cfg_m = getattr(model, "config")
-  # what the notebooks would hold: one [l, h, k, k] float32 array per sequence (k = its batch's
-  # padded length here; 128 in the notebooks' pickles)
-  l, h = cfg_m.num_layers, cfg_m.num_heads
+  l, h = model.config.num_layers, model.config.num_heads
+  # what the notebooks would hold: one [l, h, 128, 128] float32 array per sequence
   maps_bytes_128 = n * l * h * args.max_length ** 2 * 4
-  return {"sequences": n, "peak_rss_mib": round(common.peak_rss_mib(), 1),
-          "rss_before_analysis_mib": round(before, 1),
-          "rss_growth_during_analysis_mib": round(common.peak_rss_mib() - before, 1),
+  return {"sequences": n, "process_peak_rss_mib": round(common.peak_rss_mib(), 1),
+          "rss_before_analysis_mib": round(before, 1) if before else None,
+          "analysis_peak_rss_mib": round(peak, 1) if peak else None,
+          "analysis_rss_growth_mib": round(peak - before, 1) if peak and before else None,
           "python_heap_peak_mib": round(traced / 2**20, 2),
           "result_arrays_mib": round(result_bytes / 2**20, 2),
           "notebook_stored_maps_mib": round(maps_bytes_128 / 2**20, 1)}
@@ -304,12 +319,18 @@ def _memory(args, hf_dir: Path) -> list:
            "--_hf-dir-resolved", str(hf_dir), "--data", args.data,
            "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
            "--sort-window", str(args.sort_window)]
-    row = common.run_json_child(cmd)
+    env = dict(os.environ)
+    if args.jax_cache:
+      env["JAX_COMPILATION_CACHE_DIR"] = args.jax_cache
+      env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+      env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    row = common.run_json_child(cmd, env=env)
     row["multiple"] = f"{mult}x"
     rows.append(row)
   base = rows[0] if rows else None
   for row in rows:
-    row["peak_growth_vs_first_mib"] = round(row["peak_rss_mib"] - base["peak_rss_mib"], 1)
+    key = "analysis_peak_rss_mib" if row.get("analysis_peak_rss_mib") else "process_peak_rss_mib"
+    row["peak_growth_vs_first_mib"] = round(row[key] - base[key], 1)
     row["result_growth_vs_first_mib"] = round(row["result_arrays_mib"] - base["result_arrays_mib"], 2)
   return rows
 
@@ -370,7 +391,11 @@ def main(argv=None):
     return
   note = common.warn_if_emulated_devices()
   with tempfile.TemporaryDirectory() as tmp:
-    hf_dir, name = _resolve_model_dir(args, Path(tmp))
+    hf_dir, name = _resolve_model_dir(args, Path(tmp) / "model")
+    args.tmp, args.jax_cache = tmp, None
+    if not args.no_jax_cache:
+      args.jax_cache = str(Path(tmp) / "jax_cache")
+      common.enable_jax_compilation_cache(args.jax_cache)
     result = {"machine": common.machine_info(), "command": common.command_line(), "note": note}
     tp, ours, batches = _throughput(args, hf_dir, name)
     result["throughput"] = tp
@@ -382,19 +407,17 @@ def main(argv=None):
           f"{tp['statistics_overhead_vs_forward_cpu']:+.1%} CPU time (target < +10%); on top of the "
           f"forward returning attentions: {tp['statistics_overhead_vs_forward_attn']:+.1%} wall")
     if args.baseline_sequences != 0:
-      rates = {"steady": common.rate(tp["sequences"], tp["timing"]["analysis"]),
-               "end_to_end": tp["sequences"] / tp["end_to_end_s"]}
+      rates = {"steady state": common.rate(tp["sequences"], tp["timing"]["analysis"]),
+               "end-to-end, cold": tp["sequences"] / tp["end_to_end_cold_s"]}
+      if tp["end_to_end_warm_cache_s"]:
+        rates["end-to-end, warm compilation cache"] = tp["sequences"] / tp["end_to_end_warm_cache_s"]
       bl = _baseline(args, hf_dir, batches, ours, rates)
       result["notebook_baseline"] = bl
-      rows = [
-          {"method": "notebook approach: torch maps + numpy loops", "sequences": bl["sequences"],
-           "seq_per_s": bl["seq_per_s"], "maps_s": bl["maps_s"], "loops_s": bl["loops_s"],
-           "speedup_of_heads_jax": ""},
-          {"method": "heads_jax analysis step (steady state)", "sequences": tp["sequences"],
-           "seq_per_s": rates["steady"], "speedup_of_heads_jax": f"{bl['speedup_steady_state']:.1f}x"},
-          {"method": "heads_jax compute_scores end-to-end", "sequences": tp["sequences"],
-           "seq_per_s": rates["end_to_end"], "speedup_of_heads_jax": f"{bl['speedup_end_to_end']:.1f}x"},
-      ]
+      rows = [{"method": "notebook approach: torch maps, pickle, numpy loops", "sequences": bl["sequences"],
+               "seq_per_s": bl["seq_per_s"], "maps_s": bl["maps_s"], "pickle_s": bl["pickle_s"],
+               "loops_s": bl["loops_s"], "heads_jax_speedup": ""}]
+      rows += [{"method": f"heads_jax, {k}", "sequences": tp["sequences"], "seq_per_s": v,
+                "heads_jax_speedup": f"{bl['speedups'][k]:.1f}x"} for k, v in rates.items()]
       print(common.format_table(rows, title=f"\nvs the authors' notebook approach (target >= 20x; "
                                             f"torch threads {bl['torch_threads']})"))
       agree = bl["agreement_with_heads_jax"]
@@ -404,7 +427,8 @@ def main(argv=None):
     if not args.no_memory and args.memory_multiples.strip():
       mem = _memory(args, hf_dir)
       result["memory"] = mem
-      print(common.format_table(mem, ["multiple", "sequences", "peak_rss_mib", "peak_growth_vs_first_mib",
+      print(common.format_table(mem, ["multiple", "sequences", "rss_before_analysis_mib",
+                                      "analysis_peak_rss_mib", "peak_growth_vs_first_mib",
                                       "result_arrays_mib", "result_growth_vs_first_mib",
                                       "python_heap_peak_mib", "notebook_stored_maps_mib"],
                                 title="\npeak memory of compute_scores, one fresh process per size"))

@@ -236,6 +236,45 @@ def peak_rss_mib() -> float:
   return r / 1024 if platform.system() == "Linux" else r / 2**20  # KiB on Linux, bytes on macOS
 
 
+def _proc_status_kib(key: str) -> int | None:
+  try:
+    for line in Path("/proc/self/status").read_text().splitlines():
+      if line.startswith(key + ":"):
+        return int(line.split()[1])
+  except OSError:
+    pass
+  return None
+
+
+def reset_peak_rss() -> bool:
+  """Resets this process's peak RSS (``VmHWM``; Linux >= 4.0, ``/proc/self/clear_refs``), so
+  that ``peak_rss_since_reset_mib`` measures one phase; False where that is not possible."""
+  try:
+    Path("/proc/self/clear_refs").write_text("5")
+    return True
+  except OSError:
+    return False
+
+
+def peak_rss_since_reset_mib() -> float | None:
+  """``VmHWM`` in MiB (the peak since ``reset_peak_rss``, or since the start), None off Linux."""
+  kib = _proc_status_kib("VmHWM")
+  return None if kib is None else kib / 1024
+
+
+def current_rss_mib() -> float | None:
+  kib = _proc_status_kib("VmRSS")
+  return None if kib is None else kib / 1024
+
+
+def enable_jax_compilation_cache(directory) -> None:
+  """Turns on JAX's persistent compilation cache in ``directory`` (every compilation cached)."""
+  import jax
+  jax.config.update("jax_compilation_cache_dir", str(directory))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def run_json_child(cmd: Sequence[str], env: dict | None = None, timeout: float | None = None) -> dict:
   """Runs ``cmd`` in a fresh process and parses the JSON object on its last stdout line."""
   proc = subprocess.run(list(cmd), capture_output=True, text=True, env=env, timeout=timeout)

@@ -59,6 +59,14 @@ def main(argv=None) -> int:
       raise
     print(f"heads-jax {args.command}: error: {e}", file=sys.stderr)
     return 2
+  except Exception as e:  # out of memory on the device or host: say what to change
+    if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e) or "Out of memory" in str(e):
+      size = getattr(args, "batch_size", None)
+      hint = (f"try a smaller --batch-size (e.g. {max(1, size // 2)})" if size else
+              "try a smaller batch size (--config.batch_size=...)")
+      print(f"heads-jax {args.command}: error: out of memory; {hint}", file=sys.stderr)
+      return 2
+    raise
   except KeyboardInterrupt:
     print(f"heads-jax {args.command}: interrupted", file=sys.stderr)
     return 130

