@@ -64,14 +64,15 @@ def _parse(argv=None):
                  "(AnalysisConfig default 1024; 0 = off)")
   p.add_argument("--bucket-step", type=int, default=16)
   p.add_argument("--repeats", type=int, default=3, help="timed passes (median reported)")
-  p.add_argument("--baseline-sequences", type=int, default=None,
-                 help="sequences for the notebook baseline (default: N; 0 = skip)")
+  p.add_argument("--baseline-sequences", type=int, default=64,
+                 help="sequences for the notebook baseline: the first ones of the N (0 = skip)")
   p.add_argument("--baseline-threads", default="auto", help="torch threads for the baseline's "
                  "maps: a number, or 'auto' = the faster of (cores, 1) on the first batch")
   p.add_argument("--no-baseline-pickle", action="store_true", help="keep the baseline's maps in "
                  "memory only (default: pickle them to disk and load them back, as the notebooks)")
+  p.add_argument("--memory-sequences", type=int, default=64, help="M: sequences of the 1x memory run")
   p.add_argument("--memory-multiples", default="1,4,16",
-                 help="comma-separated multiples of N for the memory runs ('' = skip)")
+                 help="comma-separated multiples of M for the memory runs ('' = skip)")
   p.add_argument("--no-memory", action="store_true", help="skip the memory runs")
   p.add_argument("--no-jax-cache", action="store_true", help="do not turn on JAX's persistent "
                  "compilation cache (default: on, in a temporary folder, to measure its effect)")
@@ -254,7 +255,7 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
 
 def _baseline(args, hf_dir: Path, batches: list, ours: dict, ours_rate: dict) -> dict:
   import bench_notebook_baseline as nb
-  m = args.sequences if args.baseline_sequences is None else args.baseline_sequences
+  m = min(args.sequences, args.baseline_sequences)
   torch_model = nb.load_torch_model(hf_dir)
   threads, trial = nb.choose_torch_threads(args.baseline_threads, torch_model, batches[:1])
   picked, count = [], 0
@@ -315,7 +316,7 @@ def _memory(args, hf_dir: Path) -> list:
   multiples = [int(x) for x in args.memory_multiples.split(",") if x.strip()]
   rows = []
   for mult in multiples:
-    cmd = [sys.executable, __file__, "--_memory-child", str(mult * args.sequences),
+    cmd = [sys.executable, __file__, "--_memory-child", str(mult * args.memory_sequences),
            "--_hf-dir-resolved", str(hf_dir), "--data", args.data,
            "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
            "--sort-window", str(args.sort_window)]

@@ -268,6 +268,8 @@ def _parse(argv=None):
   p.add_argument("--hf-dir", default=None, help="Hugging Face BERT directory (default: "
                  "all-MiniLM-L6-v2 if installed, else a random --size model exported to a temp dir)")
   p.add_argument("--size", default="mini", help="size of the random model when no --hf-dir")
+  p.add_argument("--random", action="store_true", help="a random --size model even if MiniLM is "
+                 "installed")
   p.add_argument("--sequences", type=int, default=64)
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--max-length", type=int, default=128)
@@ -275,6 +277,8 @@ def _parse(argv=None):
                  "faster of (cores, 1) on the first batch")
   p.add_argument("--no-pickle", action="store_true", help="keep the maps in memory (default: "
                  "pickle them to disk and load them back, as the notebooks)")
+  p.add_argument("--check", action="store_true", help="also run heads_jax's analysis step on the "
+                 "same batches and report the largest differences")
   p.add_argument("--no-distance", action="store_true", help="sieve bias only")
   p.add_argument("--out", default=None, help="JSON path (default: next to this script)")
   return p.parse_args(argv)
@@ -306,7 +310,7 @@ def main(argv=None):
   from heads_jax.data.specs import encode_spec
   with tempfile.TemporaryDirectory() as tmp:
     hf_dir, name = ((Path(args.hf_dir), str(args.hf_dir)) if args.hf_dir
-                    else default_hf_dir(args.size, Path(tmp) / "model"))
+                    else default_hf_dir(args.size, Path(tmp) / "model", prefer_minilm=not args.random))
     from transformers import BertTokenizerFast
     tokenizer = BertTokenizerFast.from_pretrained(str(hf_dir))
     _, batches, _ = encode_spec("ud-ewt", tokenizer, max_length=args.max_length,
@@ -316,6 +320,14 @@ def main(argv=None):
     threads, _ = choose_torch_threads(args.threads, model, batches[:1])
     res = run_baseline(model, batches, distance=not args.no_distance,
                        pickle_dir=None if args.no_pickle else tmp)
+    agreement = None
+    if args.check:
+      from heads_jax import load_model
+      from heads_jax.stats.collector import collect
+      from heads_jax.stats.step import make_analysis_step
+      jax_model, _ = load_model(hf_dir)
+      ours = collect(make_analysis_step(jax_model), batches, len(res["indices"]), progress=False)
+      agreement = compare(res, ours)
   n = len(res["indices"])
   total = res["maps_s"] + res["pickle_s"] + res["loops_s"]
   row = {"model": name, "sequences": n, "maps_s": round(res["maps_s"], 3),
@@ -324,9 +336,14 @@ def main(argv=None):
          "seq_per_s": round(n / total, 3), "maps_mib": round(res["maps_mib"], 1),
          "torch_threads": threads}
   print(common.format_table([row], title="notebook baseline (torch maps + numpy loops), CPU"))
+  if agreement:
+    print("agreement with heads_jax: " + "; ".join(
+        f"{k}: max abs diff {v['max_abs_diff']:.2e}, NaN pattern equal {v['nan_pattern_equal']}"
+        for k, v in agreement.items()))
   path = common.write_json(common.default_json_path(__file__, args.out),
-                           {"machine": common.machine_info(jax_devices=False),
-                            "command": common.command_line(), "result": row})
+                           {"machine": common.machine_info(jax_devices=args.check),
+                            "command": common.command_line(), "result": row,
+                            "agreement_with_heads_jax": agreement})
   print(f"wrote {path}")
 
 

@@ -92,15 +92,24 @@ def _batch_sizes(text: str) -> dict:
   return out
 
 
-def pretraining_batch(batch_size: int, seq_len: int, max_predictions: int) -> tuple[dict, object]:
-  """A real pre-training batch from the embedded Gutenberg books (seed 0) and the tokenizer."""
+def pretraining_batch(batch_size: int, seq_len: int, max_predictions: int,
+                      host_batches: int = 3) -> tuple[dict, object, dict]:
+  """A real pre-training batch from the embedded Gutenberg books (seed 0), the tokenizer, and
+  the timing of building ``host_batches`` more batches on the host (one thread, no prefetch)."""
   from heads_jax.data.assets import gutenberg_paths
   from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec, TextCorpus
   from heads_jax.data.tokenizer import load_tokenizer
   tok = load_tokenizer()
   spec = PretrainingSpec(max_seq_length=seq_len, max_predictions=max_predictions)
   examples = PretrainingExamples(TextCorpus([str(p) for p in gutenberg_paths()]), tok, spec, seed=0)
-  return examples.batch(0, batch_size), tok
+  batch = examples.batch(0, batch_size)
+  walls, cpus = [], []
+  for i in range(1, host_batches + 1):
+    with common.Timer() as t:
+      examples.batch(i, batch_size)
+    walls.append(t.wall)
+    cpus.append(t.cpu)
+  return batch, tok, common.summarize(walls, cpus)
 
 
 def flops_per_token(cfg, n_non_embedding: int, seq_len: int, max_predictions: int) -> dict:
@@ -239,7 +248,7 @@ def main(argv=None):
     if b is None:
       raise SystemExit(f"no batch size for {size!r}; pass --batch {size}=N")
     steps_per_run = args.steps or DEFAULT_STEPS.get(size, 1)
-    batch, tok = pretraining_batch(b, args.seq_len, args.max_predictions)
+    batch, tok, host = pretraining_batch(b, args.seq_len, args.max_predictions)
     cfg = config_for(size, vocab_size=tok.vocab_size, dtype="float32",
                      max_position_embeddings=max(512, args.seq_len))
     tokens = b * args.seq_len
@@ -284,6 +293,8 @@ def main(argv=None):
     torch_rates = [e["tokens_per_s"] for m, e in entries.items() if m.startswith("torch AdamW masked-only")]
     torch_rate = max(torch_rates) if torch_rates else None
     result["sizes"][size] = {"batch_size": b, "seq_len": args.seq_len, "steps_per_run": steps_per_run,
+                             "host_batch_build": host,
+                             "host_batch_tokens_per_s": tokens / host["median_s"],
                              "flops_per_token": fpt, "non_embedding_params": n_params,
                              "methods": entries,
                              "jax_adamw_over_torch_masked_only": (jax_rate / torch_rate
@@ -294,6 +305,8 @@ def main(argv=None):
            f"GFLOP/s ({peak['how']}); measured XLA matmul {matmul / 1e9:.0f} GFLOP/s")
   print(common.format_table(rows, title=title))
   for size, s in result["sizes"].items():
+    print(f"{size}: building one batch on the host (one thread, no prefetch): "
+          f"{s['host_batch_build']['median_s']:.3f} s = {s['host_batch_tokens_per_s']:,.0f} tokens/s")
     if s["jax_adamw_over_torch_masked_only"]:
       print(f"{size}: heads_jax AdamW / best torch AdamW masked-only = "
             f"{s['jax_adamw_over_torch_masked_only']:.2f}x tokens/s")

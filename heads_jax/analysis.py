@@ -116,17 +116,10 @@ def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bo
 
 
 def save_scores(path, scores: dict) -> Path:
+  """``scores.npz``; with several data sets also ``data_index`` (which spec each sequence is from)."""
   from heads_jax.stats.collector import save_scores as _save
-  path = _save(path, scores, scores["roles"])
-  if len(set(scores["data_index"].tolist())) > 1:  # additive key: which spec each sequence came from
-    with np.load(path) as z:
-      arrays = dict(z)
-    arrays["data_index"] = scores["data_index"]
-    tmp = Path(str(path) + ".tmp")
-    with open(tmp, "wb") as f:
-      np.savez(f, **arrays)
-    tmp.replace(path)
-  return Path(path)
+  extra = {"data_index": scores["data_index"]} if len(set(scores["data_index"].tolist())) > 1 else {}
+  return _save(path, scores, scores["roles"], **extra)
 
 
 def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:

@@ -180,12 +180,13 @@ def _validate(sieve_bias, distance, lengths, roles) -> None:
     raise ValueError(f"lengths must be [N] = ({n},), got {lengths.shape}")
 
 
-def save_scores(path, result: dict, roles: Sequence[str] | None = None) -> Path:
+def save_scores(path, result: dict, roles: Sequence[str] | None = None, **extra) -> Path:
   """Writes ``scores.npz`` (DESIGN.md section 4) to ``path`` exactly (no suffix added).
 
   Keys: ``sieve_bias`` float32 ``[N, L, H, R]`` (NaN where a role's sieve is empty),
   ``roles`` str ``[R]``, ``distance`` float32 ``[N, L, H, 21]``, ``lengths`` int32 ``[N]``.
-  ``roles`` defaults to ``result["roles"]``.
+  ``roles`` defaults to ``result["roles"]``. ``extra`` arrays are stored beside them (additive
+  keys such as ``data_index``; the contract keys keep their names and shapes).
   """
   if roles is None:
     if "roles" not in result:
@@ -206,7 +207,7 @@ def save_scores(path, result: dict, roles: Sequence[str] | None = None) -> Path:
   tmp = path.with_name(path.name + ".tmp")
   with open(tmp, "wb") as f:
     np.savez(f, sieve_bias=sieve, roles=np.asarray(roles, dtype=str), distance=distance,
-             lengths=lengths.astype(np.int32))
+             lengths=lengths.astype(np.int32), **{k: np.asarray(v) for k, v in extra.items()})
   os.replace(tmp, path)
   return path
 
