@@ -10,25 +10,29 @@ encode_spec``, sorted by length within windows as ``heads-jax analyze`` does), i
   the pooled output comes back); the statistics' cost is ``analysis / forward - 1`` (target
   under 10 %); **forward+attn** returns the attentions ``[b, l, h, q, k]`` (not fetched), to
   show what materialising the maps costs by itself;
-* **end-to-end**: ``heads_jax.analysis.compute_scores`` once (tokenisation + encoding + step
-  compilation + device pass + collection): what ``heads-jax analyze`` spends before its host
-  statistics;
-* **notebook baseline** (``bench_notebook_baseline.py``): transformers' PyTorch ``BertModel``
-  with ``output_attentions`` on the same batches and weights, maps stored per sequence as numpy,
-  then Python/numpy loops per sequence, role, layer, head and token, as the authors' notebooks;
-  its scores are compared with heads_jax's (they must agree to float rounding). Target:
-  heads_jax at least 20x faster, the baseline's map production included;
-* **memory**: peak RSS of ``compute_scores`` on 1x, 4x and 16x the sequences, each in a fresh
-  process: it must stay flat beyond the result arrays ``[N, l, h, r]`` + ``[N, l, h, 21]``
-  (maps never leave the device); beside it, what the notebooks' stored maps would hold;
+* **end-to-end**: ``heads_jax.analysis.compute_scores`` (tokenisation + encoding + step
+  compilation + device pass + collection: what ``heads-jax analyze`` spends before its host
+  statistics), once cold (first thing in the process) and once more at the end with JAX's
+  persistent compilation cache warm (turned on in a temporary folder; ``--no-jax-cache`` off);
+* **notebook baseline** (``bench_notebook_baseline.py``) on the first ``--baseline-sequences``
+  of the same batches: transformers' PyTorch ``BertModel`` with ``output_attentions`` on the
+  same weights, maps stored per sequence as numpy and pickled (``--no-baseline-pickle``: kept in
+  memory), then Python/numpy loops per sequence, role, layer, head and token, as the authors'
+  notebooks; torch threads: the faster of (cores, 1) on the first batch. Its scores are compared
+  with heads_jax's (they must agree to float rounding). Target: heads_jax at least 20x faster,
+  the baseline's map production included;
+* **memory**: peak RSS during ``compute_scores`` (``VmHWM`` reset just before it) on 1x, 4x and
+  16x ``--memory-sequences``, each in a fresh process: it must stay flat beyond the result
+  arrays ``[N, l, h, r]`` + ``[N, l, h, 21]`` (maps never leave the device); beside it, what the
+  notebooks' stored maps (``[l, h, 128, 128]`` float32 per sequence) would hold;
 * ``--sweep``: the effect of the existing batching options (sort window, batch size, bucket
-  step) on the steady-state analysis throughput and on padding.
+  step) on the steady-state analysis throughput, on padding and on compilation time.
 
 Timings are medians of ``--repeats`` passes (methods interleaved, so load from other processes
 hits them alike). Prints tables and writes JSON (``--out``, default ``bench/bench_analysis.json``).
 
     python bench/bench_analysis.py                       # all-MiniLM-L6-v2 if installed, 128 sequences
-    python bench/bench_analysis.py --size base --sequences 256 --batch-size 64
+    python bench/bench_analysis.py --random --size base --sequences 64 --no-memory
     python bench/bench_analysis.py --hf-dir /path/to/bert-base-uncased --sweep
 """
 
@@ -308,7 +312,7 @@ def _memory_child(args) -> dict:
           "analysis_peak_rss_mib": round(peak, 1) if peak else None,
           "analysis_rss_growth_mib": round(peak - before, 1) if peak and before else None,
           "python_heap_peak_mib": round(traced / 2**20, 2),
-          "result_arrays_mib": round(result_bytes / 2**20, 2),
+          "result_arrays_mib": round(result_bytes / 2**20, 2), "result_arrays_bytes": int(result_bytes),
           "notebook_stored_maps_mib": round(maps_bytes_128 / 2**20, 1)}
 
 
@@ -347,6 +351,7 @@ SWEEP = [  # (label, sort_window, batch_size, bucket_step); the first is the def
     ("batch 64", 1024, 64, 16),
     ("bucket step 8", 1024, 32, 8),
     ("bucket step 32", 1024, 32, 32),
+    ("batch 16, bucket step 8", 1024, 16, 8),
     ("one shape (bucket = max length)", 1024, 32, 128),
 ]
 

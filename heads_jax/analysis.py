@@ -28,7 +28,8 @@ from heads_jax.data.batch import ROLES, SYNTACTIC_ROLES
 RUN_FILE = "run.json"
 SCORES_FILE = "scores.npz"
 # Settings that determine scores.npz (the device pass); the others only affect host statistics.
-DEVICE_KEYS = ("model", "data", "max_examples", "max_length", "direction", "syntax", "parser", "roles")
+DEVICE_KEYS = ("model", "data", "max_examples", "max_length", "direction", "syntax", "parser", "roles",
+               "measures", "js")
 
 
 @dataclasses.dataclass
@@ -48,6 +49,8 @@ class AnalysisConfig:
   syntax: bool = True
   parser: str | None = None  # spaCy pipeline for text inputs (default en_core_web_sm); "none": no arcs for text
   roles: tuple[str, ...] = ROLES
+  measures: bool = True              # Clark/Kovaleva measures -> measures.npz (entropy, attention to tokens)
+  js: bool = False                   # Jensen-Shannon distance between every pair of heads (about 2x the time)
   clusters: int = 4
   cluster_method: str = "kmeans"
   seed: int = 0
@@ -94,7 +97,8 @@ def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bo
   roles = tuple(cfg.roles)
   if not cfg.syntax:
     roles = tuple(r for r in roles if r not in SYNTACTIC_ROLES)
-  step = make_analysis_step(model, roles=roles, direction=cfg.direction)
+  step = make_analysis_step(model, roles=roles, direction=cfg.direction, measures=cfg.measures,
+                            js=cfg.js)
   parts, infos = [], []
   for i, spec in enumerate(cfg.data):
     # parser "none": text inputs get no arcs (their syntactic scores are NaN); gold arcs stay.
@@ -112,6 +116,9 @@ def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bo
   out = {k: np.concatenate([p[k] for p in parts]) for k in ("sieve_bias", "distance", "lengths", "data_index")}
   out["roles"] = roles
   out["data_info"] = infos
+  if cfg.measures:
+    from heads_jax.stats.collector import combine_measures
+    out["measures"] = combine_measures(parts)
   return out
 
 
@@ -161,6 +168,9 @@ def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: 
   else:
     scores = compute_scores(cfg, model, tokenizer, progress=progress)
     save_scores(out / SCORES_FILE, scores)
+    if "measures" in scores:
+      from heads_jax.stats.collector import MEASURES_FILE, save_measures
+      save_measures(out / MEASURES_FILE, scores["measures"])
     data_info = scores["data_info"]
     (out / RUN_FILE).write_text(json.dumps({"device": cfg.device_settings(),
                                             "data_info": data_info}, indent=2, default=str))

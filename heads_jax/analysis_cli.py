@@ -40,6 +40,10 @@ def add_args(p):
   p.add_argument("--parser", default=None, help="spaCy pipeline for text inputs (default en_core_web_sm); 'none' analyses text "
                       "inputs without arcs while CoNLL-U keeps its gold arcs")
   p.add_argument("--roles", default=",".join(ROLES), help="comma-separated roles (default: all)")
+  p.add_argument("--no-measures", dest="measures", action="store_false",
+                 help="skip the attention measures (entropy, attention to [CLS]/[SEP]/punctuation/neighbours)")
+  p.add_argument("--js", action="store_true",
+                 help="also the Jensen-Shannon distance between every pair of heads (about twice the time)")
   p.add_argument("--clusters", type=int, default=4, help="number of head clusters (default 4)")
   p.add_argument("--cluster-method", choices=("kmeans", "gmm"), default="kmeans")
   p.add_argument("--no-report", dest="report", action="store_false", help="skip figures and report.html")
@@ -57,6 +61,7 @@ def main(args):
                        max_examples=args.max_examples, max_length=args.max_length,
                        batch_size=args.batch_size, tau=args.tau, alpha=args.alpha, test=args.test,
                        correction=args.correction, direction=args.direction, syntax=args.syntax,
-                       parser=args.parser, roles=roles, clusters=args.clusters,
+                       parser=args.parser, roles=roles, measures=args.measures, js=args.js,
+                       clusters=args.clusters,
                        cluster_method=args.cluster_method, report=args.report)
   run_analysis(cfg, overwrite=args.overwrite)

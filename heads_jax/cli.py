@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "finetune": ("heads_jax.training.finetune", "fine-tune BERT on a GLUE task (MRPC, QQP, SST-2, QNLI) with LAMB"),
     "analyze": ("heads_jax.analysis_cli", "analyse the attention heads of a BERT model (sieve bias, tests, roles, clusters, report)"),
     "compare": ("heads_jax.compare_cli", "compare two analyses (before/after fine-tuning, or two models)"),
+    "ablate": ("heads_jax.ablation.cli", "ablate heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning"),
     "convert": ("heads_jax.model.convert_cli", "convert a Hugging Face BERT directory <-> a heads_jax model directory"),
 }
 

@@ -142,7 +142,8 @@ def run_ablation(args, log=print) -> dict:
     parts = ("intra", "inter") if args.cross == "both" else (args.cross,)
     if not data.task.is_pair:
       log(f"note: {data.task.name} has single sentences: all attention is intra-sentence, so "
-          "inter removal changes nothing")
+          "removing it removes the heads' whole attention" + (", and inter removal changes nothing"
+                                                              if "inter" in parts else ""))
     table = ablate.ablate_segments(ev, cgroups, parts=parts, renormalise=args.renormalise,
                                    random_seeds=args.random_seeds, seed=args.seed, base=base, log=log)
     table.to_csv(out / "segment_ablation.csv", index=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 from flax import nnx
 
 from heads_jax.errors import UserError
@@ -101,9 +102,8 @@ def similarity_on_spec(model_a, model_b, tokenizer, spec: str, *, max_examples: 
   return attention_similarity(model_a, model_b, batches, mesh=mesh)
 
 
-def similarity_table(similarity) -> "pd.DataFrame":  # noqa: F821
+def similarity_table(similarity) -> pd.DataFrame:
   """Long table: layer, head, cosine."""
-  import pandas as pd
   sim = np.asarray(similarity)
   l, h = np.meshgrid(np.arange(sim.shape[0]), np.arange(sim.shape[1]), indexing="ij")
   return pd.DataFrame({"layer": l.ravel(), "head": h.ravel(), "cosine": sim.ravel()})

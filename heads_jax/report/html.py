@@ -563,8 +563,10 @@ def build_analysis_report(out_dir, *, title: str | None = None,
   if title is None:
     parts = [short_name(settings[k]) for k in ("model", "data") if settings.get(k)]
     title = "Attention heads: " + " on ".join(parts) if parts else "Attention-head analysis"
+  from heads_jax.report.ablation import analysis_extra_sections  # measures.npz, when present
   return write_report(out_dir, title=title, settings=settings, summary=summary, tests_df=tests_df,
-                      clusters_df=clusters_df, cluster_info=cluster_info, figures=figs)
+                      clusters_df=clusters_df, cluster_info=cluster_info, figures=figs,
+                      extra_sections=analysis_extra_sections(out_dir, dpi=dpi))
 
 
 # ---------------------------------------------------------------------------------------------
