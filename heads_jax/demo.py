@@ -34,7 +34,7 @@ def _minilm_dir():
   return d if (d / "model.safetensors").is_file() else None
 
 
-def pretrain_config(steps: int = 900):
+def pretrain_config(steps: int = 700):
   """The demo's pre-training: the ``tiny`` preset's pipeline with the 6x8 ``demo`` model."""
   from heads_jax.training.configlib import load_config
   c = load_config("pretrain.py:tiny")
@@ -53,7 +53,7 @@ def pretrain_config(steps: int = 900):
   return c
 
 
-def finetune_config(init_checkpoint: str, steps: int = 250):
+def finetune_config(init_checkpoint: str, steps: int = 200):
   """Fine-tuning on the embedded SST-2 dev set: a seeded 75/25 split into train and eval."""
   from heads_jax.data.assets import glue_dir
   from heads_jax.training.configlib import load_config
@@ -108,7 +108,7 @@ def _headlines(analysis_dir: Path) -> dict:
 
 
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool = False,
-             pretrain_steps: int = 900, finetune_steps: int = 250, analysis_examples: int = 150,
+             pretrain_steps: int = 700, finetune_steps: int = 200, analysis_examples: int = 150,
              log=print) -> Path:
   """Runs the demo into ``out``; returns the path of ``out/report.html``."""
   from heads_jax.analysis import headline

@@ -9,8 +9,8 @@ def add_args(p):
   p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
   p.add_argument("--quick", action="store_true", help="analysis of one existing or small model only (about a minute)")
   p.add_argument("--redo", action="store_true", help="recompute every stage instead of reusing earlier results")
-  p.add_argument("--pretrain-steps", type=int, default=900, help="pre-training steps (default 900)")
-  p.add_argument("--finetune-steps", type=int, default=250, help="fine-tuning steps (default 250)")
+  p.add_argument("--pretrain-steps", type=int, default=700, help="pre-training steps (default 700)")
+  p.add_argument("--finetune-steps", type=int, default=200, help="fine-tuning steps (default 200)")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
