@@ -55,6 +55,7 @@ class AnalysisConfig:
   cluster_method: str = "kmeans"
   seed: int = 0
   sort_window: int | None = 1024     # sort by length within windows of this many examples (less padding)
+  bucket_step: int = 16              # padded lengths are multiples of this (smaller: less padding, more shapes)
   report: bool = True
   title: str | None = None
 
@@ -106,7 +107,7 @@ def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bo
     info, batches, n = encode_spec(spec, tokenizer, max_length=cfg.max_length,
                                    batch_size=cfg.batch_size, max_examples=cfg.max_examples,
                                    parser=cfg.parser, syntax=syntax, pad_to_batch_size=True,
-                                   sort_window=cfg.sort_window)
+                                   sort_window=cfg.sort_window, bucket_step=cfg.bucket_step)
     if n == 0:
       raise ValueError(f"data spec {spec!r} holds no examples; check the file or the split")
     result = collect(step, batches, n, roles=roles, progress=progress, desc=f"analyse {spec}")

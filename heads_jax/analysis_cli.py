@@ -27,6 +27,8 @@ def add_args(p):
   p.add_argument("--max-examples", type=int, default=None, help="first N examples of each data set")
   p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
   p.add_argument("--batch-size", type=int, default=32, help="sequences per device step (default 32)")
+  p.add_argument("--bucket-step", type=int, default=16,
+                 help="pad lengths to multiples of this (default 16; 8 pads less but compiles more shapes)")
   p.add_argument("--tau", type=_tau, default=3.0, help="test threshold, a number or 'auto' (default 3)")
   p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
   p.add_argument("--test", choices=("t", "z"), default="t",
@@ -59,7 +61,7 @@ def main(args):
     raise ValueError(f"unknown roles {unknown}; choose from {', '.join(ROLES)}")
   cfg = AnalysisConfig(model=args.model, data=tuple(args.data), out=args.out,
                        max_examples=args.max_examples, max_length=args.max_length,
-                       batch_size=args.batch_size, tau=args.tau, alpha=args.alpha, test=args.test,
+                       batch_size=args.batch_size, bucket_step=args.bucket_step, tau=args.tau, alpha=args.alpha, test=args.test,
                        correction=args.correction, direction=args.direction, syntax=args.syntax,
                        parser=args.parser, roles=roles, measures=args.measures, js=args.js,
                        clusters=args.clusters,
