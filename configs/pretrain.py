@@ -141,13 +141,15 @@ def get_config(arg: str = "bert_base") -> ml_collections.ConfigDict:
     c.data.num_workers = 0
     c.data.prefetch = 2
     c.batch_size = 32
-    c.num_train_steps = 200
+    # 600 steps (~2-6 min on a 2-core CPU): the MLM loss ends below the books' unigram entropy
+    # (6.26 nats per wordpiece; measured: 5.98 train / 6.22 held out); at 200 steps it is ~6.4.
+    c.num_train_steps = 600
     c.optimizer.learning_rate = 1e-2
     c.optimizer.warmup_steps = 20
     c.checkpoint.every_steps = 50
     c.checkpoint.async_save = True
-    c.log_every = 10
-    c.eval_every = 100
+    c.log_every = 25
+    c.eval_every = 300
     c.eval_batches = 2
     if arg == "tiny_phase2":
       c.data.max_seq_length = 128
