@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from heads_jax.report.figures import _new_figure, _save
 from heads_jax.report import style
 from heads_jax.report.html import CSS, esc, kv_table_html, png_data_uri, slug, table_html
 
@@ -44,16 +45,7 @@ TOKEN_MEASURE_LABELS = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation (,
 
 
 def _figure(width: float, height: float) -> Figure:
-  return Figure(figsize=(width, height), layout="constrained")
-
-
-def _save(fig: Figure, path, dpi: int) -> Path:
-  path = Path(path)
-  if path.suffix.lower() != ".png":
-    raise ValueError(f"figure path must end in .png, got {str(path)!r}")
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=dpi, format="png", facecolor="white")
-  return path
+  return _new_figure(width, height)
 
 
 def _require(df: pd.DataFrame, columns, what: str):

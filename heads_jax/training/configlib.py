@@ -140,3 +140,16 @@ def main_with_overrides(main, argv=None):
   for o in overrides:
     rest += ["--set", o]
   return main(rest)
+
+
+def entry_point(args, run_main, add_args, description: str) -> int:
+  """The shared ``main`` of the training jobs: ``args`` is a parsed namespace (the ``heads-jax``
+  subcommand) or an argv list / None (``python train/*.py``, ``--config.key=value`` allowed)."""
+  import argparse
+  import logging
+  if isinstance(args, argparse.Namespace):
+    return run_main(args)
+  parser = argparse.ArgumentParser(description=description)
+  add_args(parser)
+  logging.basicConfig(level=logging.INFO)
+  return main_with_overrides(lambda rest: run_main(parser.parse_args(rest)), args)

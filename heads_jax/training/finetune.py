@@ -379,17 +379,9 @@ def main_finetune(args) -> int:
 
 
 def main(args=None) -> int:
-  """Entry point: ``args`` is a parsed namespace (the ``heads-jax finetune`` subcommand) or an argv
-  list / None (``python train/finetune.py``; ``--config.key=value`` overrides allowed)."""
-  if isinstance(args, argparse.Namespace):
-    return main_finetune(args)
-  parser = argparse.ArgumentParser(description="GLUE fine-tuning with LAMB")
-  add_finetune_args(parser)
-  logging.basicConfig(level=logging.INFO)
-
-  def _main(rest):
-    return main_finetune(parser.parse_args(rest))
-  return configlib.main_with_overrides(_main, args)
+  """Entry point: a parsed namespace (``heads-jax finetune``) or an argv list / None
+  (``python train/finetune.py``)."""
+  return configlib.entry_point(args, main_finetune, add_finetune_args, "GLUE fine-tuning with LAMB")
 
 
 add_args = add_finetune_args  # the heads-jax CLI convention: add_args(parser), main(args)

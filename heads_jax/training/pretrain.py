@@ -192,17 +192,9 @@ def main_pretrain(args) -> int:
 
 
 def main(args=None) -> int:
-  """Entry point: ``args`` is a parsed namespace (the ``heads-jax pretrain`` subcommand) or an argv
-  list / None (``python train/pretrain.py``; ``--config.key=value`` overrides allowed)."""
-  if isinstance(args, argparse.Namespace):
-    return main_pretrain(args)
-  parser = argparse.ArgumentParser(description="BERT pre-training (MLM + NSP) with LAMB")
-  add_pretrain_args(parser)
-  logging.basicConfig(level=logging.INFO)
-
-  def _main(rest):
-    return main_pretrain(parser.parse_args(rest))
-  return configlib.main_with_overrides(_main, args)
+  """Entry point: a parsed namespace (``heads-jax pretrain``) or an argv list / None
+  (``python train/pretrain.py``)."""
+  return configlib.entry_point(args, main_pretrain, add_pretrain_args, "BERT pre-training (MLM + NSP) with LAMB")
 
 
 add_args = add_pretrain_args  # the heads-jax CLI convention: add_args(parser), main(args)
