@@ -1,7 +1,8 @@
 """GLUE fine-tuning with LAMB (Pande et al. 2021: MRPC, QQP, SST-2, QNLI).
 
 ``--config configs/finetune.py:TASK[,bs=B][,lr=LR][,steps=N]`` with TASK one of ``mrpc``,
-``qqp``, ``sst2``, ``qnli`` (the paper's setting) or ``tiny`` / ``tiny_TASK`` (this machine's CPU).
+``qqp``, ``sst2``, ``qnli`` (the paper's setting), ``cpu_TASK`` (a small pretrained model such as
+all-MiniLM-L6-v2 on a CPU) or ``tiny`` / ``tiny_TASK`` (a tiny random model, for smoke tests).
 
 The paper's grid: batch size {32, 128} x learning rate {1e-4, 2e-4}, LAMB with 10K warm-up
 steps. It does not give the number of steps; we train 20K steps (twice the warm-up, so the
@@ -28,6 +29,8 @@ import ml_collections
 
 GLUE_DIR = os.environ.get("HEADS_JAX_GLUE_DIR", "/work/shared/data/glue")
 TASKS = ("mrpc", "qqp", "sst2", "qnli")
+# cpu_TASK: (train steps at batch 32, max sequence length). SST-2 sentences fit in 64 wordpieces.
+CPU_SCHEDULE = {"sst2": (2000, 64), "mrpc": (350, 128), "qnli": (450, 128), "qqp": (2000, 128)}
 GRID = {"batch_size": (32, 128), "learning_rate": (1e-4, 2e-4)}
 
 
@@ -128,8 +131,27 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     c.checkpoint.every_steps = 50
     c.log_every = 10
     c.eval_every = 50
+  elif name.startswith("cpu_"):
+    task = name[len("cpu_"):]
+    if task not in TASKS:
+      raise ValueError(f"unknown task in preset {name!r}; one of {TASKS}")
+    # A pretrained small encoder (e.g. all-MiniLM-L6-v2, 22M parameters) fine-tuned on a CPU:
+    # float32 (bfloat16 is emulated, hence slow, on most CPUs), about one epoch of SST-2 or
+    # three of MRPC, 10% warm-up, frequent dev evaluation. Needs ``init_checkpoint`` (or
+    # ``init=DIR``). Measured on a 2-core CPU: see the README.
+    c.task = task
+    c.model.dtype = "float32"
+    c.optimizer.learning_rate = 2e-4
+    steps, seq = CPU_SCHEDULE[task]
+    c.num_train_steps = steps
+    c.optimizer.warmup_steps = steps // 10
+    c.data.max_seq_length = seq
+    c.eval_every = max(50, steps // 8)
+    c.checkpoint.every_steps = c.eval_every
+    c.log_every = 25
   else:
-    raise ValueError(f"unknown fine-tuning preset {name!r}: one of {TASKS}, tiny, tiny_TASK")
+    raise ValueError(
+        f"unknown fine-tuning preset {name!r}: one of {TASKS}, cpu_TASK, tiny, tiny_TASK")
   for k, v in kv.items():
     if k in ("bs", "batch_size"):
       c.batch_size = int(v)

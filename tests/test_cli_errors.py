@@ -61,3 +61,9 @@ def test_out_of_memory_suggests_smaller_batch(capsys, monkeypatch, tmp_path):
   code, err = _run(capsys, "analyze", "--model", "m", "--data", "ud-ewt", "--out", str(tmp_path / "o"),
                    "--batch-size", "64")
   assert code == 2 and "out of memory" in err and "--batch-size (e.g. 32)" in err
+
+
+def test_cpu_finetune_preset_needs_a_pretrained_model(capsys, tmp_path):
+  code, err = _run(capsys, "finetune", "--config", "configs/finetune.py:cpu_sst2", "--workdir", str(tmp_path / "w"))
+  assert code == 2 and len(err.splitlines()) == 1 and "--config.init_checkpoint=DIR" in err
+  assert not (tmp_path / "w").exists()

@@ -251,6 +251,11 @@ def test_configs_and_overrides():
   ft = configlib.load_config("configs/finetune.py:qnli,bs=128,lr=2e-4")
   assert (ft.task, ft.batch_size, ft.optimizer.learning_rate, ft.optimizer.warmup_steps) == \
       ("qnli", 128, 2e-4, 10_000)
+  cpu = configlib.load_config("configs/finetune.py:cpu_sst2,init=/m")
+  assert (cpu.model.dtype, cpu.data.max_seq_length, cpu.init_checkpoint) == ("float32", 64, "/m")
+  assert cpu.optimizer.warmup_steps == cpu.num_train_steps // 10
+  with pytest.raises(ValueError, match="unknown task"):
+    configlib.load_config("configs/finetune.py:cpu_cola")
   with pytest.raises(KeyError, match="no field"):
     configlib.load_config("configs/pretrain.py:tiny", ["model.nope=1"])
   with pytest.raises(TypeError):

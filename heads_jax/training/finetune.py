@@ -214,6 +214,10 @@ def run(config, workdir) -> dict:
   ``history``, ``data`` (where the examples came from), ``exports`` (paths), ``workdir``.
   """
   from heads_jax.data import glue
+  from heads_jax.errors import UserError
+  if str(config.preset).startswith("cpu_") and not config.init_checkpoint:
+    raise UserError(f"the {config.preset.split(',')[0]} preset fine-tunes a pretrained model: pass "
+                    "--config.init_checkpoint=DIR (e.g. a Hugging Face all-MiniLM-L6-v2 folder)")
   steps.maybe_initialize_distributed(config.distributed)
   workdir = Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
