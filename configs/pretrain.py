@@ -71,6 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.prefetch = 8
   c.data.eval_sources = ""  # held-out text; "" = the training sources with another seed
   c.data.eval_seed = 1_000_003
+  c.data.unigram_examples = 2048  # held-out examples for the unigram baseline (0: skip)
 
   c.batch_size = 256      # global batch size (all devices and hosts)
   c.num_train_steps = 300_000

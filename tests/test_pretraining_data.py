@@ -249,3 +249,30 @@ def test_worker_processes_match_thread(tokenizer, books):
   for x, y in zip(threaded, spawned):
     for k in x:
       np.testing.assert_array_equal(x[k], y[k])
+
+
+@pytest.mark.parametrize("sentence,types", [("Cat. ", 2), ("Cat dog. ", 3)])
+def test_unigram_baseline_of_a_known_text(tmp_path, tokenizer, sentence, types):
+  """A text of one repeated sentence of n equally frequent wordpieces has unigram entropy ln n:
+  masked and randomly replaced wordpieces are counted as the originals, [CLS]/[SEP] not at all."""
+  for i in range(2):
+    (tmp_path / f"{i}.txt").write_text((sentence * 12 + "\n\n") * 20)
+  ex = PretrainingExamples(TextCorpus(tmp_path), tokenizer,
+                           PretrainingSpec(max_seq_length=32, max_predictions=5), 0)
+  assert ex.unigram_entropy(200) == pytest.approx(np.log(types), abs=0.01)
+
+
+def test_unigram_baseline_equals_a_count_over_the_batches(tokenizer, books):
+  """The same figure counted from the collated batches the model sees (masks undone)."""
+  ex = PretrainingExamples(books, tokenizer, PretrainingSpec(max_seq_length=64, max_predictions=10), 0)
+  counts = np.zeros(len(tokenizer))
+  for step in range(4):
+    b = ex.batch(step, 32)
+    ids = b["input_ids"].copy()
+    for r in range(32):
+      m = b["masked_weights"][r] > 0
+      ids[r, b["masked_positions"][r, m]] = b["masked_ids"][r, m]
+    keep = (b["attention_mask"] > 0) & ~np.isin(ids, [tokenizer.cls_token_id, tokenizer.sep_token_id])
+    counts += np.bincount(ids[keep], minlength=len(counts))
+  p = counts[counts > 0] / counts.sum()
+  assert ex.unigram_entropy(128) == pytest.approx(-(p * np.log(p)).sum(), abs=1e-9)

@@ -118,6 +118,14 @@ def run(config, workdir) -> dict:
   eval_examples = build_examples(config, tokenizer, eval_split=True) if config.eval_batches else None
   pid, pcount = jax.process_index(), jax.process_count()
 
+  unigram = None
+  if eval_examples is not None and config.data.unigram_examples > 0:
+    unigram = eval_examples.unigram_entropy(config.data.unigram_examples)
+    if is_main:
+      print(f"unigram baseline of the held-out text: {unigram:.3f} nats per wordpiece (the MLM "
+            f"loss of a model without context, from {config.data.unigram_examples} examples)",
+            flush=True)
+
   def eval_fn(state, step):
     if eval_examples is None:
       return {}
@@ -125,7 +133,10 @@ def run(config, workdir) -> dict:
     for i in range(config.eval_batches):
       batch = eval_examples.batch(i, config.batch_size, pid, pcount)
       rows.append(steps.to_host(eval_step(state["params"], shard_batch(batch, mesh))))
-    return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+    out = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+    if unigram is not None:
+      out["unigram_baseline"] = unigram
+    return out
 
   q = config.data.max_seq_length
   n_params = metrics_lib.non_embedding_params(state["params"])
@@ -162,7 +173,8 @@ def run(config, workdir) -> dict:
   if config.export and done >= config.num_train_steps and is_main:
     export(parts, state["params"], tokenizer, workdir)
   speeds = [h["tokens_per_s"] for h in history[1:] if "tokens_per_s" in h]
-  return {"history": history, "eval": last_eval, "start_step": start_step, "origin": origin,
+  return {"history": history, "eval": last_eval, "unigram_baseline": unigram,
+          "start_step": start_step, "origin": origin,
           "final_step": done, "tokens_per_s": float(np.mean(speeds)) if speeds else None,
           "workdir": str(workdir), "state": state}
 
