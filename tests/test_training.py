@@ -198,7 +198,8 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, tokenizer):
 @pytest.mark.slow
 def test_loss_falls_on_real_text(tmp_path):
   c = configlib.load_config("configs/pretrain.py:tiny",
-                            ["num_train_steps=50", "eval_batches=0", "export=False", "log_every=5"])
+                            ["num_train_steps=50", "batch_size=32", "eval_batches=0", "export=False",
+                             "log_every=5"])
   s = pretrain.run(c, tmp_path / "run")
   losses = [h["loss"] for h in s["history"]]
   assert len(losses) == 10
