@@ -89,9 +89,9 @@ def test_shared_qnli_dev_and_qqp_subset():
 
 
 @pytest.mark.parametrize("task", ["sst2", "mrpc"])
-def test_tfds_mock_data(task):
+def test_tfds_mock_data(task, tmp_path):
   import tensorflow_datasets as tfds
-  with tfds.testing.mock_data(num_examples=5):
+  with tfds.testing.mock_data(num_examples=5, data_dir=str(tmp_path)):
     ex = load_glue_tfds(task, "validation")
     assert len(load_glue_tfds(task, "validation", max_examples=2)) == 2
   assert len(ex) == 5
@@ -100,13 +100,13 @@ def test_tfds_mock_data(task):
     assert (e.text_b is None) == (task == "sst2")
 
 
-def test_tfds_records_converted_exactly():
+def test_tfds_records_converted_exactly(tmp_path):
   import numpy as np
   import tensorflow_datasets as tfds
   records = [{"sentence1": b"A caf\xc3\xa9 .", "sentence2": "B .", "label": np.int64(1),
               "idx": np.int32(7)},
              {"sentence1": "C", "sentence2": "D", "label": -1, "idx": 8}]
-  with tfds.testing.mock_data(as_data_source_fn=lambda *a, **k: records):
+  with tfds.testing.mock_data(as_data_source_fn=lambda *a, **k: records, data_dir=str(tmp_path)):
     ex = load_glue_tfds("mrpc", "test")
   assert ex == [GlueExample("A café .", "B .", 1, 7), GlueExample("C", "D", None, 8)]
   qnli = glue_example_from_record("qnli", {"question": "Q?", "sentence": "S.", "label": 1, "idx": 0})

@@ -109,9 +109,9 @@ def test_encode_text_without_syntax_and_missing_parser(tok):
     encode_spec(f"text:{FIXTURES / 'sentences.txt'}", tok)  # raised before any batch
 
 
-def test_encode_glue_tfds_mock(tok):
+def test_encode_glue_tfds_mock(tok, tmp_path):
   import tensorflow_datasets as tfds
-  with tfds.testing.mock_data(num_examples=6):
+  with tfds.testing.mock_data(num_examples=6, data_dir=str(tmp_path)):
     info, batches, n = encode_spec("glue:mrpc", tok, batch_size=4, syntax=False, max_length=32)
   assert n == 6 and info.dataset.pairs and len(info.dataset.labels) == 6
   out = list(batches)

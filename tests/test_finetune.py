@@ -113,7 +113,7 @@ def test_finetune_separable_task_through_mocked_tfds(tmp_path):
                "eval_every=20", "log_every=10", "checkpoint.every_steps=10",
                "optimizer.learning_rate=3e-2", "tensorboard=False"]
   work = tmp_path / "run"
-  with tfds.testing.mock_data(as_data_source_fn=source):
+  with tfds.testing.mock_data(as_data_source_fn=source, data_dir=str(tmp_path / "tfds")):
     c = configlib.load_config("configs/finetune.py:tiny", overrides + ["stop_at_step=25"])
     first = finetune.run(c, work)
     assert first["final_step"] == 25 and not first["exports"]

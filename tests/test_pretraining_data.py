@@ -222,7 +222,7 @@ def test_mixture_corpus(tmp_path, tokenizer):
   assert colors
 
 
-def test_tfds_corpus_mocked(tokenizer):
+def test_tfds_corpus_mocked(tokenizer, tmp_path):
   tfds = pytest.importorskip("tensorflow_datasets")
   docs = [{"text": f"Article {i} starts here. It has a second sentence.\n\nA new paragraph {i} "
                    f"follows. And it ends.", "title": f"t{i}"} for i in range(12)]
@@ -230,7 +230,7 @@ def test_tfds_corpus_mocked(tokenizer):
   def source(self, split, **kwargs):
     return docs
 
-  with tfds.testing.mock_data(as_data_source_fn=source):
+  with tfds.testing.mock_data(as_data_source_fn=source, data_dir=str(tmp_path)):
     corpus = TfdsCorpus("wikipedia/20230601.en", "train")
     assert len(corpus) == 12
     ex = PretrainingExamples(corpus, tokenizer, PretrainingSpec(max_seq_length=32, max_predictions=5), 0)

@@ -188,7 +188,8 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, tokenizer):
   docs = [{"text": f"Article {i} is about topic {i}. It has several sentences. This is one.\n\n"
                    f"Another paragraph of article {i} follows here. It ends now.", "title": str(i)}
           for i in range(20)]
-  with tfds.testing.mock_data(as_data_source_fn=lambda self, split, **kw: docs):
+  with tfds.testing.mock_data(as_data_source_fn=lambda self, split, **kw: docs,
+                              data_dir=str(tmp_path / "tfds")):
     c2.data.sources = "tfds:wikipedia/20230601.en"
     p2 = pretrain.run(c2, tmp_path / "p2")
   assert p2["origin"].startswith("params:") and p2["final_step"] == 2
