@@ -147,15 +147,9 @@ def sieve_bias(attn, sieves, attention_mask, roles: Sequence[str]) -> jnp.ndarra
   out = jnp.matmul(p.reshape(b, l * h, q * k), w, precision=_HIGHEST).reshape(b, l, h, r)
   if "block" in roles:
     # block: sum_t H(t) n/|S(t)|/V sum_s p[t, s] sieve[t, s]: the same linear form on H(t) p[t, s]
-    # (skipped, as a lax.cond, for batches without a sentence pair: their block values are NaN)
     j = roles.index("block")
-
-    def block_scores():
-      entropy = -jnp.sum(p * jnp.log(jnp.maximum(p, jnp.finfo(jnp.float32).tiny)), axis=-1)
-      weighted = (p * entropy[..., None]).reshape(b, l * h, q * k)
-      return jnp.matmul(weighted, w[:, :, j:j + 1], precision=_HIGHEST).reshape(b, l, h)
-
-    block = jax.lax.cond(jnp.any(count[:, j] > 0), block_scores,
-                         lambda: jnp.zeros((b, l, h), jnp.float32))
-    out = out.at[..., j].set(block)
+    entropy = -jnp.sum(p * jnp.log(jnp.maximum(p, jnp.finfo(jnp.float32).tiny)), axis=-1)
+    weighted = (p * entropy[..., None]).reshape(b, l * h, q * k)
+    block = jnp.matmul(weighted, w[:, :, j:j + 1], precision=_HIGHEST)  # [b, lh, 1]
+    out = out.at[..., j].set(block.reshape(b, l, h))
   return jnp.where(count[:, None, None, :] > 0, out, jnp.nan)
