@@ -53,17 +53,9 @@ import common  # noqa: E402
 
 def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--hf-dir", default=None, help="Hugging Face BERT directory (default: "
-                 "all-MiniLM-L6-v2 if installed, else a random --size model)")
-  p.add_argument("--size", default="mini", help="random model size when there is no --hf-dir "
-                 "and MiniLM is not installed, or with --random")
-  p.add_argument("--random", action="store_true", help="use a random --size model even if MiniLM "
-                 "is installed")
+  common.add_model_args(p, sequences=128)
   p.add_argument("--data", default="ud-ewt", help="data spec with gold arcs (default: embedded "
                  "UD EWT test, 2077 sentences; conllu:FILE for another)")
-  p.add_argument("--sequences", type=int, default=128, help="N: sequences per throughput run")
-  p.add_argument("--batch-size", type=int, default=32)
-  p.add_argument("--max-length", type=int, default=128)
   p.add_argument("--sort-window", type=int, default=1024, help="length-sorting window "
                  "(AnalysisConfig default 1024; 0 = off)")
   p.add_argument("--bucket-step", type=int, default=16)

@@ -265,14 +265,7 @@ def compare(baseline: dict, ours: dict) -> dict:
 
 def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--hf-dir", default=None, help="Hugging Face BERT directory (default: "
-                 "all-MiniLM-L6-v2 if installed, else a random --size model exported to a temp dir)")
-  p.add_argument("--size", default="mini", help="size of the random model when no --hf-dir")
-  p.add_argument("--random", action="store_true", help="a random --size model even if MiniLM is "
-                 "installed")
-  p.add_argument("--sequences", type=int, default=64)
-  p.add_argument("--batch-size", type=int, default=32)
-  p.add_argument("--max-length", type=int, default=128)
+  common.add_model_args(p, sequences=64)
   p.add_argument("--threads", default="auto", help="torch threads: a number, or 'auto' = the "
                  "faster of (cores, 1) on the first batch")
   p.add_argument("--no-pickle", action="store_true", help="keep the maps in memory (default: "

@@ -342,6 +342,20 @@ def _json_default(x):
   raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+def add_model_args(parser, sequences: int) -> None:
+  """The model and batch flags shared by the analysis benchmarks: ``--hf-dir``, ``--size``,
+  ``--random``, ``--sequences``, ``--batch-size``, ``--max-length``."""
+  parser.add_argument("--hf-dir", default=None, help="Hugging Face BERT directory (default: "
+                      "all-MiniLM-L6-v2 if installed, else a random --size model)")
+  parser.add_argument("--size", default="mini", help="random model size when there is no "
+                      "--hf-dir and MiniLM is not installed, or with --random")
+  parser.add_argument("--random", action="store_true", help="use a random --size model even if "
+                      "MiniLM is installed")
+  parser.add_argument("--sequences", type=int, default=sequences, help="N: sequences per run")
+  parser.add_argument("--batch-size", type=int, default=32)
+  parser.add_argument("--max-length", type=int, default=128)
+
+
 def default_json_path(script: str, out: str | None) -> Path:
   """``out`` if given, else ``<script>.json`` next to the script."""
   return Path(out) if out else Path(script).with_suffix(".json")
