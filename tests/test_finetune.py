@@ -115,10 +115,10 @@ def test_finetune_separable_task_through_mocked_tfds(tmp_path):
   work = tmp_path / "run"
   with tfds.testing.mock_data(as_data_source_fn=source, data_dir=str(tmp_path / "tfds")):
     c = configlib.load_config("configs/finetune.py:tiny", overrides + ["stop_at_step=25"])
-    first = finetune.run(c, work)
+    first = finetune.train_and_evaluate(c, work)
     assert first["final_step"] == 25 and not first["exports"]
     c = configlib.load_config("configs/finetune.py:tiny", overrides)
-    s = finetune.run(c, work)
+    s = finetune.train_and_evaluate(c, work)
   assert s["start_step"] == 25 and s["origin"].startswith("resumed")
   assert s["data"]["num_train"] == 320 and s["data"]["num_eval"] == 96
   assert s["best"]["accuracy"] >= 0.95, s["best"]

@@ -44,8 +44,8 @@ def test_readme_command_parses(command, monkeypatch):
   assert cli.main(argv) == 0, command
   args = seen["args"]
   if getattr(args, "config", None):  # training commands: the config and overrides must load
-    from heads_jax.training.configlib import config_from_args
-    config = config_from_args(args)
+    from heads_jax.training.configlib import load_config
+    config = load_config(args.config, args.overrides)
     assert config.preset
 
 

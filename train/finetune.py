@@ -1,16 +1,38 @@
-"""GLUE fine-tuning with LAMB; thin entry point over heads_jax.training.finetune.
+"""Fine-tune BERT on a GLUE task (MRPC, QQP, SST-2, QNLI) with LAMB, resumable.
 
-  python train/finetune.py --config configs/finetune.py:tiny --workdir /tmp/ft_tiny
-  python train/finetune.py --config configs/finetune.py:mrpc,bs=32,lr=1e-4 --workdir runs/mrpc \\
-      --config.init_checkpoint=/path/to/bert-base-uncased
+  heads-jax finetune --config configs/finetune.py:tiny_sst2 --workdir runs/ft_tiny
+  heads-jax finetune --config configs/finetune.py:mrpc,bs=32,lr=1e-4 --workdir runs/mrpc \\
+      --config.init_checkpoint=path/to/bert-base-uncased
 
-The best model is exported to WORKDIR/best_model (heads_jax; `heads-jax analyze` reads it) and
-WORKDIR/best_hf (Hugging Face). Rerunning the same command resumes.
+(``python train/finetune.py ...`` takes the same flags.) The best dev checkpoint is exported to
+WORKDIR/best_model (heads_jax; ``heads-jax analyze`` reads it) and WORKDIR/best_hf (Hugging
+Face). Rerunning the same command resumes. Thin entry point over
+``heads_jax.training.finetune.train_and_evaluate``.
 """
+
+from __future__ import annotations
 
 import sys
 
-from heads_jax.training.finetune import main
+from heads_jax.training import configlib, finetune
+
+
+def add_args(p):
+  configlib.add_config_args(p, "configs/finetune.py:tiny")
+  p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def main(args):
+  config = configlib.load_config(args.config, args.overrides)
+  if args.print_config:
+    print(config)
+    return 0
+  summary = finetune.train_and_evaluate(config, args.workdir)
+  print(f"done: best {summary['select_metric']} {summary['best'].get('score')} at step "
+        f"{summary['best'].get('step')}; exports {summary['exports']}")
+  return 0
+
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from heads_jax import cli
+  sys.exit(cli.main(["finetune", *sys.argv[1:]]))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from heads_jax.model.checkpoint import build_model, is_heads_jax_dir, load_model_dir, read_manifest
+from heads_jax.model.checkpoint import build_model, is_heads_jax_dir, load_model_dir, read_manifest, save_model
 from heads_jax.model.config import BertConfig
-from heads_jax.model.convert import detect_architecture, load_hf_params, normalise_hf_keys, read_hf_state_dict
+from heads_jax.model.convert import detect_architecture, export_hf, load_hf_params, normalise_hf_keys, read_hf_state_dict
 
 HEADS = {None: None, "encoder": "BertModel", "pretraining": "BertForPreTraining",
          "classification": "BertForSequenceClassification", "auto": "auto"}
@@ -61,3 +61,19 @@ def load_model(path, *, head: str | None = None, num_labels: int | None = None,
     from heads_jax.data.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(p)
   return model, tokenizer
+
+
+def convert_dir(src, dst, *, overwrite: bool = False):
+  """Converts the model directory ``src`` into ``dst``: a heads_jax directory (one with
+  ``heads_jax.json``) is exported to Hugging Face format, a Hugging Face directory imported into
+  heads_jax format, heads included. Returns ``(kind written, model)``. Refuses a non-empty
+  ``dst`` unless ``overwrite``."""
+  src, dst = Path(src), Path(dst)
+  if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not overwrite:
+    raise FileExistsError(f"{dst} is not empty; choose a new directory or pass --overwrite")
+  model, tokenizer = load_model(src, head="auto")
+  if is_heads_jax_dir(src):
+    export_hf(model, tokenizer, dst)
+    return "Hugging Face", model
+  save_model(model, dst, tokenizer)
+  return "heads_jax", model

@@ -23,7 +23,6 @@ and ``workdir/best_hf`` (Hugging Face ``BertForSequenceClassification``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -207,7 +206,7 @@ def _tokenizer_for(config):
   return load_tokenizer(None)
 
 
-def run(config, workdir) -> dict:
+def train_and_evaluate(config, workdir) -> dict:
   """Fine-tunes as ``config`` says, in ``workdir`` (resuming a run found there).
 
   Returns a summary: ``best`` (the best evaluation, with its ``step``), ``final_eval``,
@@ -364,28 +363,3 @@ def export(parts, params, tokenizer, workdir, info) -> dict:
                                      id2label=id2label)),
          "hf": str(export_hf(model, tokenizer, Path(workdir) / "best_hf", id2label=id2label))}
   return out
-
-
-def add_finetune_args(parser: argparse.ArgumentParser) -> None:
-  """Arguments of ``heads-jax finetune``: ``--config``, ``--workdir``, overrides."""
-  configlib.add_config_args(parser, "configs/finetune.py:tiny")
-
-
-def main_finetune(args) -> int:
-  config = configlib.config_from_args(args)
-  if getattr(args, "print_config", False):
-    print(config)
-    return 0
-  summary = run(config, args.workdir)
-  print(f"done: best {summary['select_metric']} {summary['best'].get('score')} at step "
-        f"{summary['best'].get('step')}; exports {summary['exports']}")
-  return 0
-
-
-def main(args=None) -> int:
-  """Entry point: a parsed namespace (``heads-jax finetune``) or an argv list / None
-  (``python train/finetune.py``)."""
-  return configlib.entry_point(args, main_finetune, add_finetune_args, "GLUE fine-tuning with LAMB")
-
-
-add_args = add_finetune_args  # the heads-jax CLI convention: add_args(parser), main(args)

@@ -16,7 +16,6 @@ run's ``checkpoints`` folder: it takes the parameters, not the optimizer state.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def make_tx(config):
       end_learning_rate=o.end_learning_rate, power=o.power, name=o.name)
 
 
-def run(config, workdir) -> dict:
+def train_and_evaluate(config, workdir) -> dict:
   """Pre-trains as ``config`` says, in ``workdir`` (resuming a run found there).
 
   Returns a summary: ``history`` (logged train metrics per step), ``eval`` (the last
@@ -186,27 +185,3 @@ def export(parts, params, tokenizer, workdir) -> None:
   model = steps.merge_model(parts, steps.to_host(params))
   save_model(model, Path(workdir) / "model", tokenizer)
   export_hf(model, tokenizer, Path(workdir) / "hf")
-
-
-def add_pretrain_args(parser: argparse.ArgumentParser) -> None:
-  """Arguments of ``heads-jax pretrain``: ``--config``, ``--workdir``, overrides."""
-  configlib.add_config_args(parser, "configs/pretrain.py:tiny")
-
-
-def main_pretrain(args) -> int:
-  config = configlib.config_from_args(args)
-  if getattr(args, "print_config", False):
-    print(config)
-    return 0
-  summary = run(config, args.workdir)
-  print(f"done: step {summary['final_step']} in {summary['workdir']}")
-  return 0
-
-
-def main(args=None) -> int:
-  """Entry point: a parsed namespace (``heads-jax pretrain``) or an argv list / None
-  (``python train/pretrain.py``)."""
-  return configlib.entry_point(args, main_pretrain, add_pretrain_args, "BERT pre-training (MLM + NSP) with LAMB")
-
-
-add_args = add_pretrain_args  # the heads-jax CLI convention: add_args(parser), main(args)

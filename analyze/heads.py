@@ -1,12 +1,17 @@
 """Analyse the attention heads of a BERT model: sieve bias, hypothesis tests, roles, clusters, report.
 
 Writes into --out: scores.npz, tests.csv + tests.json, summary.json, clusters.csv, figures/*.png
-and report.html (DESIGN.md section 4), and prints the roles per layer.
+and report.html (DESIGN.md section 4), and prints the roles per layer. Thin entry point over
+``heads_jax.analysis.run_analysis``.
 """
 
 from __future__ import annotations
 
+import argparse
+
+from heads_jax.analysis import AnalysisConfig, run_analysis
 from heads_jax.data.batch import ROLES
+from heads_jax.errors import UserError
 
 
 def _tau(s: str):
@@ -15,7 +20,7 @@ def _tau(s: str):
   try:
     return float(s)
   except ValueError:
-    raise ValueError(f"--tau must be a number or 'auto', got {s!r}") from None
+    raise argparse.ArgumentTypeError(f"must be a number or 'auto', got {s!r}") from None
 
 
 def add_args(p):
@@ -54,11 +59,10 @@ def add_args(p):
 
 
 def main(args):
-  from heads_jax.analysis import AnalysisConfig, run_analysis
   roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
   unknown = [r for r in roles if r not in ROLES]
   if unknown:
-    raise ValueError(f"unknown roles {unknown}; choose from {', '.join(ROLES)}")
+    raise UserError(f"unknown roles {unknown}; choose from {', '.join(ROLES)}")
   cfg = AnalysisConfig(model=args.model, data=tuple(args.data), out=args.out,
                        max_examples=args.max_examples, max_length=args.max_length,
                        batch_size=args.batch_size, bucket_step=args.bucket_step, tau=args.tau, alpha=args.alpha, test=args.test,

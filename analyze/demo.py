@@ -1,8 +1,11 @@
 """Run the paper's pipeline in miniature on the embedded data: pre-train, fine-tune, analyse, compare, report.
 
 Everything is offline and fits a 2-core laptop CPU in about 20 minutes (--quick: about a
-minute, analysis only). Re-running reuses what is already done (checkpoints, analyses).
+minute, analysis only). Re-running reuses what is already done (checkpoints, analyses). Thin
+entry point over ``heads_jax.demo.run_demo``.
 """
+
+from heads_jax.demo import run_demo
 
 
 def add_args(p):
@@ -15,6 +18,5 @@ def add_args(p):
 
 
 def main(args):
-  from heads_jax.demo import run_demo
   run_demo(args.out, quick=args.quick, redo=args.redo, pretrain_steps=args.pretrain_steps,
            finetune_steps=args.finetune_steps)

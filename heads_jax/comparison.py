@@ -1,4 +1,4 @@
-"""Compare two analyses (a model before and after fine-tuning, or two models) on the same data.
+"""The compare job: two analyses (a model before and after fine-tuning, or two models) on the same data.
 
 Reads the output directories of two `heads-jax analyze` runs and writes into --out:
 compare_sieve_bias.csv (change of mean sieve bias per role over the initial, middle and final
@@ -13,23 +13,6 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-
-
-def add_args(p):
-  p.add_argument("--before", required=True, help="analysis output directory of the first model (e.g. pre-trained)")
-  p.add_argument("--after", required=True, help="analysis output directory of the second model (e.g. fine-tuned)")
-  p.add_argument("--out", required=True, help="output directory")
-  p.add_argument("--title", default=None, help="report title")
-  p.add_argument("--before-model", default=None, metavar="PATH",
-                 help="the first model (e.g. pre-trained): with --after-model, add the per-head "
-                      "attention similarity before/after fine-tuning (Kovaleva et al. 2019)")
-  p.add_argument("--after-model", default=None, metavar="PATH", help="the second model (e.g. fine-tuned)")
-  p.add_argument("--data", default=None, metavar="SPEC",
-                 help="inputs for the attention similarity (default: the first data set of the --after analysis)")
-  p.add_argument("--max-examples", type=int, default=500,
-                 help="sequences for the attention similarity (default 500)")
-  p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
-  p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
 def attention_similarity_section(before_model, after_model, out, *, data=None, after=None,
@@ -103,9 +86,3 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
   log(f"heads that gained a role: {gained}, lost a role: {lost}")
   log(f"report: {report}")
   return report
-
-
-def main(args):
-  run_compare(args.before, args.after, args.out, title=args.title,
-              before_model=args.before_model, after_model=args.after_model, data=args.data,
-              max_examples=args.max_examples, max_length=args.max_length)

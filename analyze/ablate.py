@@ -1,0 +1,75 @@
+"""Ablate attention heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning.
+
+Evaluates the classifier on its GLUE dev set with groups of heads removed (gate 0) or replaced
+by uniform attention (--by cluster|role|layer|heads; Guan et al. 2020 Table 2), with the
+intra- or inter-sentence attention of chosen heads removed (--cross; Guan et al. Table 3), and
+computes head importance and the pruning curve (--importance, --prune; Michel et al. 2019).
+Each ablation is compared with random groups of the same size. Writes into --out: ablation.csv,
+segment_ablation.csv, importance.csv, pruning.csv, pruning_summary.csv, ablation.json,
+figures/*.png and report.html. Thin entry point over ``heads_jax.ablation.run.run_ablation``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from heads_jax.ablation.run import AblationConfig, run_ablation
+
+
+def add_args(p):
+  p.add_argument("--model", required=True, help="fine-tuned classifier: a heads_jax model directory "
+                 "(e.g. a fine-tuning run's best_model) or a Hugging Face BertForSequenceClassification")
+  p.add_argument("--data", required=True, metavar="SPEC",
+                 help="labelled GLUE data: glue-tsv:DIR/TASK[:SPLIT] | glue:TASK[:SPLIT] (TFDS) | sst2 | mrpc")
+  p.add_argument("--task", default=None, help="GLUE task (default: the data's)")
+  p.add_argument("--finetune-data", default=None, metavar="PATH",
+                 help="a fine-tuning run's data.json (or work directory): evaluate only on the rows "
+                      "it held out for evaluation (when it trained on part of the same split)")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--analysis", default=None, metavar="DIR",
+                 help="output directory of `heads-jax analyze` on this model (clusters.csv, tests.csv)")
+  p.add_argument("--by", choices=("cluster", "role", "layer", "heads"), default=None,
+                 help="ablate groups of heads: by cluster type, assigned role, layer, or --heads")
+  p.add_argument("--role-level", choices=("coarse", "fine"), default="coarse",
+                 help="--by role: coarse roles + unskilled (default) or every fine role")
+  p.add_argument("--mode", choices=("remove", "uniform"), default="remove",
+                 help="remove: gate 0 (default); uniform: attention replaced by uniform over real tokens")
+  p.add_argument("--heads", default=None, metavar="L:H,...",
+                 help="heads for --by heads or --cross: 'L:H,L:H' (L:* = a whole layer); several "
+                      "groups separated by ';', each optionally NAME=L:H,...")
+  p.add_argument("--cross", choices=("intra", "inter", "both"), default=None,
+                 help="remove the intra- or inter-sentence attention of the --cluster heads (or --heads)")
+  p.add_argument("--cluster", action="append", default=None, metavar="TYPE",
+                 help="cluster type(s) for --cross (repeat; default: every type in --analysis)")
+  p.add_argument("--renormalise", action="store_true",
+                 help="--cross: renormalise attention rows after the removal (default: not, as the paper)")
+  p.add_argument("--importance", action="store_true", help="compute head importance (Michel et al.)")
+  p.add_argument("--prune", action="store_true", help="pruning curve by importance vs random (implies --importance)")
+  p.add_argument("--prune-step", type=float, default=0.1, help="share of heads pruned per step (default 0.1; e.g. 0.05)")
+  p.add_argument("--prune-max", type=float, default=1.0, help="largest share pruned (default 1.0)")
+  p.add_argument("--prune-once", action="store_true",
+                 help="order heads by the full model's importance once (default: re-estimate after each step, as Michel et al.)")
+  p.add_argument("--importance-per-batch", action="store_true",
+                 help="|gradient of each batch's mean loss| (the authors' code) instead of per-example |gradients|")
+  p.add_argument("--no-layer-norm", dest="layer_norm", action="store_false",
+                 help="do not divide each layer's importance by its L2 norm (default: divide, as Michel et al.'s code)")
+  p.add_argument("--importance-data", default=None, metavar="SPEC",
+                 help="estimate importance on other labelled data (default: the --data set)")
+  p.add_argument("--random-seeds", type=int, default=3, help="random groups / orders per comparison (default 3)")
+  p.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
+  p.add_argument("--max-examples", type=int, default=None, help="first N examples of the data")
+  p.add_argument("--max-length", type=int, default=128, help="wordpieces per example (default 128)")
+  p.add_argument("--batch-size", type=int, default=64, help="examples per device step (default 64)")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="compute dtype override")
+  p.add_argument("--title", default=None, help="report title")
+  p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def to_config(args) -> AblationConfig:
+  """The parsed flags as the library's config (every flag but --debug is a field)."""
+  fields = {f.name for f in dataclasses.fields(AblationConfig)}
+  return AblationConfig(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def main(args):
+  run_ablation(to_config(args))

@@ -1,0 +1,24 @@
+"""Convert a Hugging Face BERT directory into a heads_jax model directory, or back.
+
+The direction follows the source: a directory with ``heads_jax.json`` is exported to Hugging
+Face format (``config.json`` + ``model.safetensors`` + tokenizer); a Hugging Face directory is
+imported into heads_jax format. Heads (MLM/NSP, classifier) are kept. Thin entry point over
+``heads_jax.model.loading.convert_dir``.
+"""
+
+from __future__ import annotations
+
+from heads_jax.model.loading import convert_dir
+
+
+def add_args(p):
+  p.add_argument("src", help="a Hugging Face BERT directory or a heads_jax model directory")
+  p.add_argument("dst", help="output directory (must not hold another model)")
+  p.add_argument("--overwrite", action="store_true", help="replace the files of an existing output directory")
+  p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def main(args):
+  kind, model = convert_dir(args.src, args.dst, overwrite=args.overwrite)
+  print(f"wrote {kind} {type(model).__name__} ({model.config.num_layers} layers x "
+        f"{model.config.num_heads} heads) to {args.dst}")

@@ -1,0 +1,192 @@
+"""Ablate attention heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning.
+
+Evaluates the classifier on its GLUE dev set with groups of heads removed (gate 0) or replaced
+by uniform attention (--by cluster|role|layer|heads; Guan et al. 2020 Table 2), with the
+intra- or inter-sentence attention of chosen heads removed (--cross; Guan et al. Table 3), and
+computes head importance and the pruning curve (--importance, --prune; Michel et al. 2019).
+Each ablation is compared with random groups of the same size. Writes into --out: ablation.csv,
+segment_ablation.csv, importance.csv, pruning.csv, pruning_summary.csv, ablation.json,
+figures/*.png and report.html.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from heads_jax.errors import UserError
+
+
+@dataclasses.dataclass
+class AblationConfig:
+  """What ``heads-jax ablate`` runs (its flags, one field each; see analyze/ablate.py for help)."""
+  model: str
+  data: str
+  out: str
+  task: str | None = None
+  finetune_data: str | None = None
+  analysis: str | None = None
+  by: str | None = None              # cluster | role | layer | heads
+  role_level: str = "coarse"         # coarse | fine
+  mode: str = "remove"               # remove | uniform
+  heads: str | None = None           # 'L:H,L:H;NAME=L:H,...'
+  cross: str | None = None           # intra | inter | both
+  cluster: list | None = None
+  renormalise: bool = False
+  importance: bool = False
+  prune: bool = False
+  prune_step: float = 0.1
+  prune_max: float = 1.0
+  prune_once: bool = False
+  importance_per_batch: bool = False
+  layer_norm: bool = True
+  importance_data: str | None = None
+  random_seeds: int = 3
+  seed: int = 0
+  max_examples: int | None = None
+  max_length: int = 128
+  batch_size: int = 64
+  dtype: str | None = None
+  title: str | None = None
+
+
+def _print_table(df, columns, log):
+  cols = [c for c in columns if c in df.columns]
+  log(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
+def run_ablation(config: AblationConfig, log=print) -> dict:
+  """Runs what ``config`` asks for; writes into ``config.out``; returns the paths and results."""
+  import numpy as np
+  import pandas as pd
+  from heads_jax.ablation import ablate, evaluate, groups as groups_lib, importance as imp_lib, pruning
+  from heads_jax.report import ablation as rep
+  from heads_jax.report.html import table_html
+
+  if not (config.by or config.cross or config.importance or config.prune):
+    raise UserError("nothing to do: ask for --by cluster|role|layer|heads, --cross intra|inter|both, "
+                    "--importance and/or --prune")
+  out = Path(config.out)
+  if out.exists() and not out.is_dir():
+    raise UserError(f"--out {out} is a file; give a directory")
+  out.mkdir(parents=True, exist_ok=True)
+  fig_dir = out / "figures"
+  t0 = time.time()
+  model, tokenizer = evaluate.load_classifier(config.model, dtype=config.dtype)
+  rows = evaluate.eval_rows_from_finetune(config.finetune_data) if config.finetune_data else None
+  data = evaluate.load_eval_data(config.data, tokenizer, task=config.task, max_length=config.max_length,
+                                 max_examples=config.max_examples, rows=rows)
+  ev = evaluate.Evaluator(model, data, batch_size=config.batch_size)
+  L, H = ev.num_layers, ev.num_heads
+  base = ev.evaluate()
+  metrics = data.metric_names
+  log(f"{data.task.name}: {len(data)} examples ({data.name}); {L} layers x {H} heads; unablated "
+      + ", ".join(f"{m} {base[m]:.4f}" for m in metrics))
+  settings = {"model": str(config.model), "data": config.data, "task": data.task.name,
+              "evaluation set": data.name, "examples": len(data), "layers": L, "heads": H,
+              "metrics": ", ".join(metrics), "random seeds": config.random_seeds, "seed": config.seed,
+              "max length": config.max_length}
+  results = {"settings": settings, "baseline": base, "files": {}}
+  sections = [{"title": "Unablated model", "html": table_html(
+      pd.DataFrame([{k: base[k] for k in ("accuracy", "f1", "loss", "n")}]),
+      table_id="table-baseline", float_format="{:.4f}")}]
+  show = ["group", "num_heads", "ablation"] + [c for m in metrics for c in (m, f"{m}_change",
+                                                                          f"random_{m}_change")]
+
+  if config.by:
+    groups = groups_lib.load_groups(config.by, num_layers=L, num_heads=H, analysis=config.analysis,
+                                    heads=config.heads, role_level=config.role_level)
+    table = ablate.ablate_groups(ev, groups, mode=config.mode, random_seeds=config.random_seeds,
+                                 seed=config.seed, base=base, log=log)
+    table.to_csv(out / "ablation.csv", index=False)
+    fig = rep.plot_group_ablation(table, fig_dir / "ablation.png")
+    note = (f"Heads {'removed (gate 0)' if config.mode == 'remove' else 'given uniform attention over the real tokens'}; "
+            f"groups by {config.by}" + (f" from {config.analysis}" if config.analysis else "") + ".")
+    sections.append(rep.ablation_section(table, fig, title=f"Ablation by {config.by}", note=note))
+    settings.update({"grouping": config.by, "ablation mode": config.mode})
+    results["files"]["ablation"] = str(out / "ablation.csv")
+    results["ablation"] = table.to_dict(orient="records")
+    log(f"\nablation by {config.by} ({config.mode}):")
+    _print_table(table, show, log)
+
+  if config.cross:
+    if config.cluster or (config.analysis and not config.heads):
+      cgroups = groups_lib.load_groups("cluster", num_layers=L, num_heads=H, analysis=config.analysis)
+      if config.cluster:
+        known = [g.name for g in cgroups]
+        bad = [c for c in config.cluster if c not in known]
+        if bad:
+          raise UserError(f"--cluster {bad} not in {config.analysis}/clusters.csv (types: {known})")
+        cgroups = [g for g in cgroups if g.name in config.cluster]
+    elif config.heads:
+      cgroups = groups_lib.load_groups("heads", num_layers=L, num_heads=H, heads=config.heads)
+    else:
+      raise UserError("--cross needs the heads: --analysis DIR [--cluster TYPE] or --heads L:H,...")
+    parts = ("intra", "inter") if config.cross == "both" else (config.cross,)
+    if not data.task.is_pair:
+      log(f"note: {data.task.name} has single sentences: all attention is intra-sentence, so "
+          "removing it removes the heads' whole attention" + (", and inter removal changes nothing"
+                                                              if "inter" in parts else ""))
+    table = ablate.ablate_segments(ev, cgroups, parts=parts, renormalise=config.renormalise,
+                                   random_seeds=config.random_seeds, seed=config.seed, base=base, log=log)
+    table.to_csv(out / "segment_ablation.csv", index=False)
+    fig = rep.plot_segment_ablation(table, fig_dir / "segment_ablation.png")
+    sections.append(rep.segment_section(table, fig))
+    settings["intra/inter rows renormalised"] = bool(config.renormalise)
+    results["files"]["segment_ablation"] = str(out / "segment_ablation.csv")
+    results["segment_ablation"] = table.to_dict(orient="records")
+    log(f"\nintra/inter-sentence attention removed ("
+        f"{'rows renormalised' if config.renormalise else 'rows not renormalised, as Guan et al.'}):")
+    _print_table(table, show, log)
+
+  if config.importance or config.prune:
+    src = ev
+    if config.importance_data:
+      idata = evaluate.load_eval_data(config.importance_data, tokenizer, task=data.task.name,
+                                      max_length=config.max_length, max_examples=config.max_examples)
+      src = evaluate.Evaluator(model, idata, batch_size=config.batch_size, mesh=ev.mesh)
+    est = imp_lib.ImportanceEstimator(src, per_example=not config.importance_per_batch,
+                                      normalize_layers=config.layer_norm)
+    raw = est.raw()
+    imp = imp_lib.normalize_by_layer(raw) if config.layer_norm else raw
+    table = rep.importance_table(imp, raw)
+    table.to_csv(out / "importance.csv", index=False)
+    np.save(out / "importance.npy", imp)
+    imp_settings = {"gradient": "per example" if not config.importance_per_batch else "per batch (authors' code)",
+                    "layer L2 normalisation": bool(config.layer_norm),
+                    "estimated on": (src.data.name if src is not ev else data.name)}
+    fig = rep.plot_importance(imp, fig_dir / "importance.png",
+                              label="importance (layer-normalised)" if config.layer_norm else "E|dL/dgate|")
+    sections.append(rep.importance_section(imp, fig, raw=raw, settings=imp_settings))
+    results["files"]["importance"] = str(out / "importance.csv")
+    results["importance"] = {"settings": imp_settings, "values": imp.tolist()}
+    top = table.sort_values("rank").head(5)
+    log("\nmost important heads: " + ", ".join(f"{l}:{h} ({v:.3g})" for l, h, v in
+                                                zip(top["layer"], top["head"], top["importance"])))
+    if config.prune:
+      curve = pruning.pruning_curve(ev, est, step=config.prune_step, max_share=config.prune_max,
+                                    reestimate=not config.prune_once, random_seeds=config.random_seeds,
+                                    seed=config.seed, log=log)
+      summary = pruning.curve_summary(curve, metrics)
+      curve.to_csv(out / "pruning.csv", index=False)
+      summary.to_csv(out / "pruning_summary.csv", index=False)
+      fig = rep.plot_pruning_curve(curve, fig_dir / "pruning.png")
+      prune_settings = {"step": config.prune_step, "largest share": config.prune_max,
+                        "importance re-estimated after each step": not config.prune_once,
+                        "random orders": config.random_seeds}
+      sections.append(rep.pruning_section(curve, summary, fig, settings=prune_settings))
+      results["files"]["pruning"] = str(out / "pruning.csv")
+      results["pruning"] = summary.to_dict(orient="records")
+      log("\npruning curve:")
+      log(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
+  settings["seconds"] = round(time.time() - t0, 1)
+  title = config.title or f"Head ablation: {Path(str(config.model)).name} on {data.task.name}"
+  report = rep.write_page(out, title=title, sections=sections, settings=settings,
+                          subtitle=f"model: {config.model} | data: {data.name}")
+  results["report"] = str(report)
+  (out / "ablation.json").write_text(json.dumps(results, indent=2, default=str))
+  log(f"\nreport: {report}")
+  return results
