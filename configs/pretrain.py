@@ -47,6 +47,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.size = "base"   # tiny | mini | small | base | large (heads_jax.model.config.SIZES)
   c.model.dtype = "bfloat16"
   c.model.hidden_dropout = 0.1
+  # BERT's 0.1: trains on the explicit attention path (dropout needs the probabilities); 0.0
+  # lets the model use the fused attention (cuDNN on a GPU; heads_jax/model/bert.py).
   c.model.attention_dropout = 0.1
   c.model.max_position_embeddings = 512
 

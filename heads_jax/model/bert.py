@@ -25,6 +25,40 @@ Two switches serve the analysis and ablations, and cost nothing when off:
   text has only intra-segment attention. Rows are not renormalised (as the paper) unless
   ``renormalise_segments=True``, which divides each row by its remaining mass (a row left with
   no mass stays 0).
+
+**Two attention paths** (``attention=`` of ``BertModel.__call__``; ``attention_path`` decides):
+
+* *fused*: ``jax.nn.dot_product_attention`` computes each layer's context without returning
+  the probabilities: ``implementation="cudnn"`` (cuDNN flash attention) on a GPU when the
+  compute dtype is bfloat16 and the head dimension is a multiple of 8 (<= 128), XLA's
+  implementation everywhere else (CPU, TPU, float32 on GPU). ``jax.nn.dot_product_attention``
+  with ``implementation=None`` always picks XLA in jax 0.10, so ``fused_implementation`` names
+  cuDNN explicitly. Padding keys are masked with a boolean mask (XLA) or with key lengths
+  (cuDNN: heads_jax batches are right-padded, ``heads_jax.data.batch``).
+* *explicit*: scores, masked softmax (float32), optional gate/segment edits, attention dropout,
+  then the weighted sum; it yields the probabilities.
+
+``attention="auto"`` (default) takes the fused path whenever nothing needs the probabilities:
+no ``return_attentions``, no ``"uniform"`` gate, no ``segment_removal``, no ``attention_reduce``
+that asks for them, **and attention dropout inactive** (``deterministic=True`` or
+``attention_dropout == 0``). The public fused attention has no dropout on the probabilities,
+so a training run with ``attention_dropout > 0`` (BERT's 0.1, the default presets) trains on the
+explicit path, exactly as before; set ``model.attention_dropout = 0`` to train on the fused
+path (cuDNN on a GPU). ``"explicit"`` forces the explicit path; ``"xla"`` / ``"cudnn"`` force
+the fused path with that implementation (ValueError where it cannot be used). The two paths
+agree to float32 rounding, forward and gradient (``tests/test_attention_paths.py``), except on
+an all-padding row (no real key), whose context is 0 on the explicit path and the mean value
+on the fused one; nothing reads such rows (filler rows of a batch).
+
+**Per-layer reductions** (``attention_reduce``): a callable
+``fn(layer, probs, query, key, mask) -> pytree`` called once per layer right after the
+softmax, so that an analysis can reduce each layer's attention to its statistics without a
+``[b, l, h, q, k]`` stack. ``probs`` is float32 ``[b, h, q, k]`` (padding keys and padding
+query rows 0, the attention actually used) or None on the fused path; ``query``/``key`` are
+``[b, q, h, e]`` in the compute dtype before the ``1/sqrt(e)`` scaling and ``mask`` is ``[b, k]``.
+If ``fn.needs_probs`` is true (the default when the attribute is missing) the model takes the
+explicit path and passes the probabilities. The outputs of all layers come back as
+``attention_reduced``, each leaf stacked on a new axis 1 (``[b, l, ...]``).
 """
 
 from __future__ import annotations
@@ -36,6 +70,38 @@ from flax import nnx
 from heads_jax.model.config import BertConfig
 
 GATE_MODES = ("remove", "uniform")
+ATTENTION_PATHS = ("auto", "explicit", "xla", "cudnn")
+
+
+def fused_implementation(dtype, head_dim: int) -> str:
+  """``"cudnn"`` on a GPU for bfloat16/float16 compute with a head dimension cuDNN's flash
+  attention takes (multiple of 8, at most 128), else ``"xla"``."""
+  if (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+      and head_dim % 8 == 0 and head_dim <= 128):
+    return "cudnn"
+  return "xla"
+
+
+def attention_path(attention: str, *, needs_probs: bool, dropout_active: bool, dtype,
+                   head_dim: int) -> str:
+  """``"explicit"``, ``"xla"`` or ``"cudnn"`` for the ``attention`` setting (module docstring).
+
+  ``needs_probs``: something reads the probabilities (returned attentions, a ``"uniform"``
+  gate, segment removal, a reduction that asks for them); ``dropout_active``: attention
+  dropout would change them.
+  """
+  if attention not in ATTENTION_PATHS:
+    raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
+  if attention == "explicit":
+    return "explicit"
+  if attention == "auto":
+    if needs_probs or dropout_active:
+      return "explicit"
+    return fused_implementation(dtype, head_dim)
+  if needs_probs or dropout_active:
+    raise ValueError(f"attention={attention!r} (fused) cannot return or edit the attention "
+                     f"probabilities nor apply attention dropout; use 'auto' or 'explicit'")
+  return attention
 
 
 def _init(cfg: BertConfig):
@@ -100,40 +166,64 @@ class SelfAttention(nnx.Module):
     self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
 
   def __call__(self, x, mask, *, gate, gate_mode: str, deterministic: bool,
-               segment_removal=None, segments=None, renormalise_segments: bool = False):
+               segment_removal=None, segments=None, renormalise_segments: bool = False,
+               attention: str = "auto", need_probs: bool = False, reduce=None, layer: int = 0):
     """x ``[b, q, d]``, mask ``[b, k]`` (1 real) , gate ``[h]`` or None; ``segment_removal``
-    ``[h, 2]`` or None with ``segments`` ``[b, k]`` (token types; see the module docstring).
+    ``[h, 2]`` or None with ``segments`` ``[b, k]`` (token types; see the module docstring);
+    ``attention`` the path setting, ``need_probs`` whether the caller reads the probabilities,
+    ``reduce`` the per-layer reduction (called with ``layer``).
 
-    Returns the new hidden state ``[b, q, d]`` and the attention ``[b, h, q, k]`` float32.
+    Returns the new hidden state ``[b, q, d]``, the attention ``[b, h, q, k]`` float32 (None on
+    the fused path) and the reduction's output (None without ``reduce``).
     """
     cfg = self.cfg
     b, q, _ = x.shape
     split = lambda y: y.reshape(b, q, cfg.num_heads, cfg.head_dim)
     qh, kh, vh = split(self.query(x)), split(self.key(x)), split(self.value(x))
-    scale = 1.0 / jnp.sqrt(jnp.float32(cfg.head_dim))
-    scores = jnp.einsum("bqhe,bkhe->bhqk", qh, kh, preferred_element_type=jnp.float32) * scale
+    reduce_probs = reduce is not None and getattr(reduce, "needs_probs", True)
+    edits = (gate is not None and gate_mode == "uniform") or segment_removal is not None
+    dropout_active = not deterministic and self.attention_dropout.rate > 0
+    path = attention_path(attention, needs_probs=need_probs or edits or reduce_probs,
+                          dropout_active=dropout_active, dtype=qh.dtype, head_dim=cfg.head_dim)
     key_real = mask[:, None, None, :].astype(bool)
-    scores = jnp.where(key_real, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1)
-    probs = jnp.where(key_real, probs, 0.0)  # exact zeros on padding keys
-    if gate is not None and gate_mode == "uniform":
-      n = jnp.maximum(mask.sum(-1), 1).astype(jnp.float32)
-      uniform = key_real.astype(jnp.float32) / n[:, None, None, None]
-      g = gate.astype(jnp.float32)[None, :, None, None]
-      probs = g * probs + (1.0 - g) * uniform
-    if segment_removal is not None:
-      same = segments[:, None, :, None] == segments[:, None, None, :]       # [b, 1, q, k]
-      r = segment_removal.astype(jnp.float32)                               # [h, 2]
-      probs = probs * jnp.where(same, 1.0 - r[None, :, 0, None, None], 1.0 - r[None, :, 1, None, None])
-      if renormalise_segments:
-        total = jnp.sum(probs, axis=-1, keepdims=True)
-        probs = jnp.where(total > 0, probs / jnp.where(total > 0, total, 1.0), 0.0)
-    dropped = self.attention_dropout(probs, deterministic=deterministic)
-    ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
+    probs = None
+    if path == "explicit":
+      scale = 1.0 / jnp.sqrt(jnp.float32(cfg.head_dim))
+      scores = jnp.einsum("bqhe,bkhe->bhqk", qh, kh, preferred_element_type=jnp.float32) * scale
+      scores = jnp.where(key_real, scores, jnp.finfo(jnp.float32).min)
+      probs = jax.nn.softmax(scores, axis=-1)
+      probs = jnp.where(key_real, probs, 0.0)  # exact zeros on padding keys
+      if gate is not None and gate_mode == "uniform":
+        n = jnp.maximum(mask.sum(-1), 1).astype(jnp.float32)
+        uniform = key_real.astype(jnp.float32) / n[:, None, None, None]
+        g = gate.astype(jnp.float32)[None, :, None, None]
+        probs = g * probs + (1.0 - g) * uniform
+      if segment_removal is not None:
+        same = segments[:, None, :, None] == segments[:, None, None, :]       # [b, 1, q, k]
+        r = segment_removal.astype(jnp.float32)                               # [h, 2]
+        probs = probs * jnp.where(same, 1.0 - r[None, :, 0, None, None], 1.0 - r[None, :, 1, None, None])
+        if renormalise_segments:
+          total = jnp.sum(probs, axis=-1, keepdims=True)
+          probs = jnp.where(total > 0, probs / jnp.where(total > 0, total, 1.0), 0.0)
+      dropped = self.attention_dropout(probs, deterministic=deterministic)
+      ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
+    elif path == "cudnn":
+      # right-padded batches: key lengths; at least 1 so that a filler row stays finite
+      lengths = jnp.maximum(jnp.sum(mask > 0, axis=-1), 1).astype(jnp.int32)
+      ctx = jax.nn.dot_product_attention(qh, kh, vh, key_value_seq_lengths=lengths,
+                                         implementation="cudnn")
+    else:
+      ctx = jax.nn.dot_product_attention(qh, kh, vh, mask=key_real, implementation="xla")
+    reduced = None
+    if reduce is not None:
+      shown = None
+      if probs is not None:
+        shown = probs * mask[:, None, :, None].astype(probs.dtype)           # padding queries 0
+      reduced = reduce(layer, shown, qh, kh, mask)
     if gate is not None and gate_mode == "remove":
       ctx = ctx * gate.astype(ctx.dtype)[None, None, :, None]
     out = self.dropout(self.output(ctx.reshape(b, q, cfg.hidden_size)), deterministic=deterministic)
-    return self.norm(out + x), probs
+    return self.norm(out + x), probs, reduced
 
 
 class Layer(nnx.Module):
@@ -147,12 +237,14 @@ class Layer(nnx.Module):
     self.norm = layer_norm(cfg, cfg.hidden_size, rngs)
     self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
 
-  def __call__(self, x, mask, *, gate, gate_mode, deterministic, **segment_kw):
-    x, probs = self.attention(x, mask, gate=gate, gate_mode=gate_mode, deterministic=deterministic,
-                              **segment_kw)
+  def __call__(self, x, mask, *, gate, gate_mode, deterministic, **attention_kw):
+    """Returns the new hidden state, the attention (None on the fused path) and the per-layer
+    reduction's output (``SelfAttention``)."""
+    x, probs, reduced = self.attention(x, mask, gate=gate, gate_mode=gate_mode,
+                                       deterministic=deterministic, **attention_kw)
     y = activation(self.cfg.hidden_act, self.intermediate(x))
     y = self.dropout(self.output(y), deterministic=deterministic)
-    return self.norm(y + x), probs
+    return self.norm(y + x), probs, reduced
 
 
 class BertModel(nnx.Module):
@@ -167,7 +259,8 @@ class BertModel(nnx.Module):
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, head_gate=None,
                gate_mode: str = "remove", return_attentions: bool = False,
                return_hidden_states: bool = False, deterministic: bool = True,
-               segment_removal=None, renormalise_segments: bool = False) -> dict:
+               segment_removal=None, renormalise_segments: bool = False,
+               attention: str = "auto", attention_reduce=None) -> dict:
     """Encodes ``input_ids`` ``[b, q]``.
 
     Args:
@@ -182,14 +275,21 @@ class BertModel(nnx.Module):
         inter-segment (1) attention removed (see the module docstring).
       renormalise_segments: renormalise rows after ``segment_removal`` (default: not, as Guan
         et al.).
+      attention: ``"auto"`` (fused whenever nothing needs the probabilities), ``"explicit"``,
+        ``"xla"`` or ``"cudnn"`` (module docstring).
+      attention_reduce: optional per-layer reduction ``fn(layer, probs, query, key, mask)``
+        (module docstring); its outputs come back as ``attention_reduced``.
 
     Returns:
       dict with ``last_hidden_state`` ``[b, q, d]`` and ``pooled`` ``[b, d]`` (float32), plus the
-      optional entries above.
+      optional entries above and ``attention_reduced`` (each leaf ``[b, l, ...]``) with
+      ``attention_reduce``.
     """
     cfg = self.config
     if gate_mode not in GATE_MODES:
       raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
+    if attention not in ATTENTION_PATHS:
+      raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
     input_ids = jnp.asarray(input_ids, jnp.int32)
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -210,18 +310,21 @@ class BertModel(nnx.Module):
                          f"{(cfg.num_layers, cfg.num_heads, 2)}, got {segment_removal.shape}")
 
     x = self.embeddings(input_ids, types, deterministic=deterministic)
-    hidden, attentions = [x], []
+    hidden, attentions, reduced = [x], [], []
     for i, layer in enumerate(self.layers):
       gate = None if head_gate is None else head_gate[i]
-      segment_kw = {}
+      attention_kw = {"attention": attention, "need_probs": return_attentions,
+                      "reduce": attention_reduce, "layer": i}
       if segment_removal is not None:
-        segment_kw = {"segment_removal": segment_removal[i], "segments": types,
-                      "renormalise_segments": renormalise_segments}
-      x, probs = layer(x, mask, gate=gate, gate_mode=gate_mode, deterministic=deterministic,
-                       **segment_kw)
+        attention_kw.update(segment_removal=segment_removal[i], segments=types,
+                            renormalise_segments=renormalise_segments)
+      x, probs, layer_reduced = layer(x, mask, gate=gate, gate_mode=gate_mode,
+                                      deterministic=deterministic, **attention_kw)
       hidden.append(x)
       if return_attentions:
         attentions.append(probs)
+      if attention_reduce is not None:
+        reduced.append(layer_reduced)
     x = x.astype(jnp.float32)
     out = {"last_hidden_state": x, "pooled": jnp.tanh(self.pooler(x[:, 0]).astype(jnp.float32))}
     if return_attentions:
@@ -229,4 +332,6 @@ class BertModel(nnx.Module):
       out["attentions"] = jnp.stack(attentions, axis=1) * query_real  # [b, l, h, q, k]
     if return_hidden_states:
       out["hidden_states"] = jnp.stack([h.astype(jnp.float32) for h in hidden])
+    if attention_reduce is not None:
+      out["attention_reduced"] = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *reduced)
     return out
