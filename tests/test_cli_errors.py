@@ -67,3 +67,48 @@ def test_cpu_finetune_preset_needs_a_pretrained_model(capsys, tmp_path):
   code, err = _run(capsys, "finetune", "--config", "configs/finetune.py:cpu_sst2", "--workdir", str(tmp_path / "w"))
   assert code == 2 and len(err.splitlines()) == 1 and "--config.init_checkpoint=DIR" in err
   assert not (tmp_path / "w").exists()
+
+
+def _tiny_model_dir(path, **overrides):
+  """A tiny heads_jax encoder directory (random weights, the embedded vocabulary)."""
+  from flax import nnx
+
+  from heads_jax.data.tokenizer import load_tokenizer
+  from heads_jax.model.bert import BertModel
+  from heads_jax.model.checkpoint import save_model
+  from heads_jax.model.config import config_for
+  cfg = config_for("tiny", **overrides)
+  return save_model(BertModel(cfg, rngs=nnx.Rngs(0)), path, load_tokenizer())
+
+
+def test_corrupt_weights_file(capsys, tmp_path):
+  # A Hugging Face directory whose model.safetensors is not one (an interrupted download).
+  hf = tmp_path / "hf"
+  hf.mkdir()
+  (hf / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 30522, "hidden_size": 8,
+                                              "num_hidden_layers": 1, "num_attention_heads": 2,
+                                              "intermediate_size": 8}))
+  (hf / "model.safetensors").write_bytes(b"<html>503 Service Unavailable</html>")
+  code, err = _run(capsys, "analyze", "--model", str(hf), "--data", "ud-ewt", "--out", str(tmp_path / "o"))
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert "model.safetensors is not a readable safetensors file" in err and "again" in err
+  # A heads_jax directory whose params.safetensors was truncated.
+  hj = _tiny_model_dir(tmp_path / "hj")
+  data = (hj / "params.safetensors").read_bytes()
+  (hj / "params.safetensors").write_bytes(data[: len(data) // 2])
+  code, err = _run(capsys, "analyze", "--model", str(hj), "--data", "ud-ewt", "--out", str(tmp_path / "o2"))
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert "params.safetensors is not a readable safetensors file" in err
+
+
+def test_max_length_above_position_limit_is_refused_before_encoding(capsys, monkeypatch, tmp_path):
+  import heads_jax.analysis as analysis
+  m = _tiny_model_dir(tmp_path / "m", max_position_embeddings=64)
+
+  def no_encoding(*a, **k):
+    raise AssertionError("encoded data before checking --max-length")
+  monkeypatch.setattr(analysis, "encode_spec", no_encoding)
+  code, err = _run(capsys, "analyze", "--model", str(m), "--data", "ud-ewt", "--out", str(tmp_path / "o"),
+                   "--max-length", "65")
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert "--max-length 65 exceeds the model's 64 positions" in err and "--max-length 64 or less" in err

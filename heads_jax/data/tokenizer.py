@@ -11,6 +11,8 @@ from pathlib import Path
 
 from transformers import BertTokenizerFast
 
+from heads_jax.data.assets import vocab_path
+
 _PROBE = "the of and to in is was that it for on with as he be at by this had not are but from"
 _SPECIALS = ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]")
 
@@ -48,7 +50,6 @@ def load_tokenizer(path_or_vocab=None, do_lower_case: bool | None = None) -> Ber
   ``do_lower_case`` argument if given, else the folder's ``tokenizer_config.json``, else True.
   """
   if path_or_vocab is None:
-    from heads_jax.data.assets import vocab_path
     path_or_vocab = vocab_path()
   path = Path(path_or_vocab)
   if path.is_dir():

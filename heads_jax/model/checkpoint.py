@@ -18,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 from flax import nnx
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
 
+from heads_jax.errors import UserError
 from heads_jax.model.config import BertConfig
 from heads_jax.model.convert import ARCHITECTURES, architecture_of, assign_params, flat_params
 
@@ -42,7 +45,6 @@ def build_model(architecture: str, cfg: BertConfig, num_labels: int | None = Non
 
 def save_model(model: nnx.Module, out_dir, tokenizer=None, *, id2label: dict | None = None) -> Path:
   """Writes ``model`` (and ``tokenizer``) as a heads_jax model directory."""
-  from safetensors.numpy import save_file
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   arch = architecture_of(model)
@@ -68,13 +70,16 @@ def read_manifest(path) -> dict:
 def load_model_dir(path, architecture: str | None = None, dtype: str | None = None):
   """Reads a heads_jax model directory. ``architecture`` may ask for the encoder only
   (``"BertModel"``) or another head, whose missing parameters stay freshly initialised."""
-  from safetensors.numpy import load_file
   path = Path(path)
   m = read_manifest(path)
   cfg = BertConfig.from_dict(m["config"])
   if dtype:
     cfg = cfg.replace(dtype=dtype)
-  params = load_file(str(path / PARAMS))
+  try:
+    params = load_file(str(path / PARAMS))
+  except SafetensorError as e:
+    raise UserError(f"{path / PARAMS} is not a readable safetensors file ({e}); the file is "
+                    f"damaged or truncated: copy or export the model again") from None
   saved = m["architecture"]
   arch = architecture or saved
   model = build_model(arch, cfg, m.get("num_labels"))

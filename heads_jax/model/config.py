@@ -10,6 +10,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from heads_jax.errors import UserError
+
 # name: (num_layers, num_heads, hidden_size, intermediate_size)
 SIZES = {
     "tiny": (2, 4, 64, 128),       # tests
@@ -50,6 +52,14 @@ class BertConfig:
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
+
+  def check_max_length(self, max_length: int) -> None:
+    """Refuses (UserError) sequences of ``max_length`` positions that the position embeddings
+    cannot hold; call it before encoding any data."""
+    if max_length > self.max_position_embeddings:
+      raise UserError(f"--max-length {max_length} exceeds the model's {self.max_position_embeddings} "
+                      f"positions (max_position_embeddings); use --max-length "
+                      f"{self.max_position_embeddings} or less")
 
   def replace(self, **kw) -> "BertConfig":
     return dataclasses.replace(self, **kw)

@@ -20,7 +20,10 @@ from pathlib import Path
 
 import numpy as np
 from flax import nnx
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
 
+from heads_jax.errors import UserError
 from heads_jax.model.bert import BertModel
 from heads_jax.model.config import BertConfig
 from heads_jax.model.heads import BertForPreTraining, BertForSequenceClassification
@@ -105,13 +108,15 @@ def read_hf_state_dict(directory) -> dict[str, np.ndarray]:
   d = Path(directory)
   st = sorted(d.glob("model*.safetensors"))
   if st:
-    from safetensors.numpy import load_file
     out = {}
     for f in st:
       try:
         out.update(load_file(str(f)))
       except TypeError:  # bfloat16 tensors: numpy cannot hold them, go through torch
         out.update(_read_with_torch(f, safetensors=True))
+      except SafetensorError as e:
+        raise UserError(f"{f} is not a readable safetensors file ({e}); the file is damaged or "
+                        f"truncated (an interrupted download?): download or export it again") from None
     return out
   bins = sorted(d.glob("pytorch_model*.bin"))
   if bins:
@@ -126,13 +131,13 @@ def read_hf_state_dict(directory) -> dict[str, np.ndarray]:
 
 def _read_with_torch(f: Path, safetensors: bool = False) -> dict[str, np.ndarray]:
   try:
-    import torch
+    import torch  # optional heavy dependency: only .bin and bfloat16 checkpoints need it
   except ImportError as e:
     raise ImportError(f"reading {f.name} needs PyTorch (pip install torch), or convert the "
                       f"checkpoint to safetensors") from e
   if safetensors:
-    from safetensors.torch import load_file
-    sd = load_file(str(f))
+    from safetensors.torch import load_file as load_torch_file  # needs torch, imported above
+    sd = load_torch_file(str(f))
   else:
     sd = torch.load(str(f), map_location="cpu", weights_only=True)
   return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in sd.items()}
@@ -217,7 +222,6 @@ def hf_state_dict(model: nnx.Module) -> dict[str, np.ndarray]:
 
 def export_hf(model: nnx.Module, tokenizer, out_dir, *, id2label: dict | None = None) -> Path:
   """Writes ``config.json`` + ``model.safetensors`` (+ tokenizer files) to ``out_dir``."""
-  from safetensors.numpy import save_file
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   arch = architecture_of(model)

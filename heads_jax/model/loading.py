@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.model.checkpoint import build_model, is_heads_jax_dir, load_model_dir, read_manifest, save_model
 from heads_jax.model.config import BertConfig
 from heads_jax.model.convert import detect_architecture, export_hf, load_hf_params, normalise_hf_keys, read_hf_state_dict
@@ -56,10 +57,7 @@ def load_model(path, *, head: str | None = None, num_labels: int | None = None,
   else:
     raise FileNotFoundError(f"{p} holds neither config.json (Hugging Face BERT) nor heads_jax.json "
                             f"(heads_jax model directory)")
-  tokenizer = None
-  if with_tokenizer:
-    from heads_jax.data.tokenizer import load_tokenizer
-    tokenizer = load_tokenizer(p)
+  tokenizer = load_tokenizer(p) if with_tokenizer else None
   return model, tokenizer
 
 
