@@ -17,16 +17,23 @@ or ``--correction`` costs seconds. A directory that holds another run's results 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+from heads_jax import contract
 from heads_jax.data.batch import ROLES, SYNTACTIC_ROLES
+from heads_jax.data.specs import encode_spec, parse_spec
+from heads_jax.hoststats.clustering import cluster_heads
+from heads_jax.hoststats.hypothesis import hypothesis_tests
+from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, format_roles_by_layer
+from heads_jax.hoststats.summary import summary_figures
+from heads_jax.model.loading import load_model
+from heads_jax.report.html import build_analysis_report
+from heads_jax.stats.collector import collect, combine_measures
+from heads_jax.stats.step import make_analysis_step
 
-RUN_FILE = "run.json"
-SCORES_FILE = "scores.npz"
 # Settings that determine scores.npz (the device pass); the others only affect host statistics.
 DEVICE_KEYS = ("model", "data", "max_examples", "max_length", "direction", "syntax", "parser", "roles",
                "measures", "js")
@@ -71,30 +78,27 @@ def _check_out_dir(cfg: AnalysisConfig, overwrite: bool) -> bool:
   out = Path(cfg.out)
   if out.exists() and not out.is_dir():
     raise NotADirectoryError(f"--out {out} is a file; give a directory")
-  run_file = out / RUN_FILE
-  if not run_file.is_file():
+  previous = contract.read_run(out)
+  if previous is None:
     others = [p.name for p in out.glob("*")] if out.is_dir() else []
-    if others and not overwrite and any(n in others for n in (SCORES_FILE, "tests.csv", "report.html")):
+    if others and not overwrite and any(n in others for n in (contract.SCORES_FILE,
+                                                              contract.TESTS_CSV, "report.html")):
       raise FileExistsError(f"{out} holds analysis files of an unknown run; choose another --out "
                             f"or pass --overwrite")
     return False
-  previous = json.loads(run_file.read_text())
   same = previous.get("device") == cfg.device_settings()
   if not same and not overwrite:
     diff = [k for k in DEVICE_KEYS if previous.get("device", {}).get(k) != cfg.device_settings()[k]]
     raise FileExistsError(f"{out} holds another run's results (different {', '.join(diff)}); "
                           f"choose another --out or pass --overwrite")
-  return same and (out / SCORES_FILE).is_file()
+  return same and (out / contract.SCORES_FILE).is_file()
 
 
 def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bool = True) -> dict:
   """The device pass: ``{"sieve_bias", "distance", "lengths", "roles", "data_index", "data_info"}``."""
-  from heads_jax.data.specs import encode_spec, parse_spec
-  from heads_jax.stats.collector import collect
-  from heads_jax.stats.step import make_analysis_step
   if model is None:
-    from heads_jax.model.loading import load_model
     model, tokenizer = load_model(cfg.model)
+  model.config.check_max_length(cfg.max_length)
   roles = tuple(cfg.roles)
   if not cfg.syntax:
     roles = tuple(r for r in roles if r not in SYNTACTIC_ROLES)
@@ -118,24 +122,19 @@ def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bo
   out["roles"] = roles
   out["data_info"] = infos
   if cfg.measures:
-    from heads_jax.stats.collector import combine_measures
     out["measures"] = combine_measures(parts)
   return out
 
 
-def save_scores(path, scores: dict) -> Path:
-  """``scores.npz``; with several data sets also ``data_index`` (which spec each sequence is from)."""
-  from heads_jax.stats.collector import save_scores as _save
-  extra = {"data_index": scores["data_index"]} if len(set(scores["data_index"].tolist())) > 1 else {}
-  return _save(path, scores, scores["roles"], **extra)
+def write_scores(out_dir, scores: dict) -> Path:
+  """Writes ``scores.npz`` of the device pass; ``data_index`` only when there are several data sets."""
+  several = len(set(scores["data_index"].tolist())) > 1
+  return contract.write_scores(out_dir, scores["sieve_bias"], scores["roles"], scores["distance"],
+                               scores["lengths"], scores["data_index"] if several else None)
 
 
 def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
   """Tests, roles, summary and clusters from ``scores`` (host only); writes their files."""
-  from heads_jax.hoststats import io
-  from heads_jax.hoststats.clustering import cluster_heads
-  from heads_jax.hoststats.hypothesis import hypothesis_tests
-  from heads_jax.hoststats.summary import summary_figures
   out = Path(cfg.out)
   passthrough = {"direction": cfg.direction, "model": str(cfg.model),
                  "data": " + ".join(cfg.data), "max_length": cfg.max_length,
@@ -144,11 +143,11 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
                  "syntax": cfg.syntax}
   tests, settings = hypothesis_tests(scores.sieve_bias, scores.roles, tau=cfg.tau, alpha=cfg.alpha,
                                      test=cfg.test, correction=cfg.correction, settings=passthrough)
-  io.write_tests(tests, settings, out)
+  contract.write_tests(tests, settings, out)
   summary = summary_figures(scores.sieve_bias, scores.roles, tests)
-  io.write_summary(summary, out)
+  contract.write_summary(summary, out)
   clusters, info = cluster_heads(scores.distance, k=cfg.clusters, method=cfg.cluster_method, seed=cfg.seed)
-  io.write_clusters(clusters, info, out)
+  contract.write_clusters(clusters, info, out)
   return {"tests": tests, "settings": settings, "summary": summary, "clusters": clusters,
           "cluster_info": info}
 
@@ -156,27 +155,23 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
 def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: bool = False,
                  progress: bool = True, log=print) -> dict:
   """Runs the whole analysis; returns the host results plus ``out`` and ``report`` paths."""
-  from heads_jax.hoststats import io
-  from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, format_roles_by_layer
   out = Path(cfg.out)
   reuse = _check_out_dir(cfg, overwrite)
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.time()
   if reuse:
-    previous = json.loads((out / RUN_FILE).read_text())
-    data_info = previous.get("data_info", [])
-    log(f"reusing {out / SCORES_FILE} (same model and data); recomputing the host statistics")
+    data_info = contract.read_run(out).get("data_info", [])
+    log(f"reusing {out / contract.SCORES_FILE} (same model and data); recomputing the host "
+        "statistics")
   else:
     scores = compute_scores(cfg, model, tokenizer, progress=progress)
-    save_scores(out / SCORES_FILE, scores)
+    write_scores(out, scores)
     if "measures" in scores:
-      from heads_jax.stats.collector import MEASURES_FILE, save_measures
-      save_measures(out / MEASURES_FILE, scores["measures"])
+      contract.write_measures(out, scores["measures"])
     data_info = scores["data_info"]
-    (out / RUN_FILE).write_text(json.dumps({"device": cfg.device_settings(),
-                                            "data_info": data_info}, indent=2, default=str))
+    contract.write_run(out, cfg.device_settings(), data_info)
   device_s = time.time() - t0
-  scores = io.read_scores(out / SCORES_FILE)
+  scores = contract.read_scores(out)
   host = host_statistics(cfg, scores, data_info)
   assigned, roles = assignment_array(host["tests"], scores.roles, scores.num_layers, scores.num_heads)
   table = coarse_roles_by_layer(assigned, roles)
@@ -187,7 +182,6 @@ def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: 
   log(headline(host["summary"]))
   report = None
   if cfg.report:
-    from heads_jax.report.html import build_analysis_report
     report = build_analysis_report(out, title=cfg.title)
     log(f"report: {report}")
   host.update(out=out, report=report, device_seconds=device_s)

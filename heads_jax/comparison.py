@@ -14,18 +14,20 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from heads_jax import contract
+
 
 def attention_similarity_section(before_model, after_model, out, *, data=None, after=None,
                                  max_examples=500, max_length=128, log=print) -> dict:
   """Computes the per-head attention similarity of two models (Kovaleva et al. 2019), writes
   ``attention_similarity.csv`` and its figure into ``out``, returns the report section."""
-  import json
   from heads_jax.ablation.similarity import similarity_on_spec, similarity_table
   from heads_jax.errors import UserError
   from heads_jax.model.loading import load_model
   from heads_jax.report.ablation import plot_similarity, similarity_section
-  if data is None and after is not None and (Path(after) / "run.json").is_file():
-    specs = json.loads((Path(after) / "run.json").read_text()).get("device", {}).get("data") or []
+  run = contract.read_run(after) if data is None and after is not None else None
+  if run is not None:
+    specs = run.get("device", {}).get("data") or []
     data = specs[0] if specs else None
   if data is None:
     raise UserError("the attention similarity needs inputs: pass --data SPEC")
@@ -47,7 +49,6 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
   """Compares two analysis directories; returns the path of the report. With ``before_model``
   and ``after_model``, adds the per-head attention similarity of the two models on ``data``
   (default: the first data set of the ``after`` analysis)."""
-  from heads_jax.hoststats import io
   from heads_jax.hoststats.compare import compare_runs
   from heads_jax.report.html import write_compare_report
   for d in (before, after):
@@ -61,7 +62,7 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
     log(f"warning: {w}")
   out = Path(out)
   out.mkdir(parents=True, exist_ok=True)
-  io.write_comparison(comparison, out)
+  contract.write_comparison(comparison, out)
   extra = []
   if before_model or after_model:
     if not (before_model and after_model):
@@ -70,7 +71,8 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
     extra.append(attention_similarity_section(before_model, after_model, out, data=data,
                                               after=after, max_examples=max_examples,
                                               max_length=max_length, log=log))
-  summaries = [io.read_summary(d) if (Path(d) / "summary.json").is_file() else None for d in (before, after)]
+  summaries = [contract.read_summary(d) if (Path(d) / contract.SUMMARY_JSON).is_file() else None
+               for d in (before, after)]
   report = write_compare_report(
       out, compare_df=comparison.sieve_bias, heads_df=comparison.roles,
       cluster_changes_df=comparison.clusters,

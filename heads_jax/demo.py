@@ -18,9 +18,10 @@ model) on fewer sentences: about a minute.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
+
+from heads_jax import contract
 
 STAGE_MINUTES = {"pretrain": 7, "finetune": 2, "analysis": 1, "compare": 0.2}
 
@@ -104,7 +105,7 @@ def _tiny_model(out: Path) -> Path:
 
 
 def _headlines(analysis_dir: Path) -> dict:
-  return json.loads((Path(analysis_dir) / "summary.json").read_text())
+  return contract.read_summary(analysis_dir)
 
 
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool = False,

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from heads_jax.data import batch as batch_lib
-from heads_jax.hoststats import clustering, io
+from heads_jax import contract
+from heads_jax.hoststats import clustering
 
 F = batch_lib.DISTANCE_FEATURES
 
@@ -78,7 +79,7 @@ def test_align_labels():
 def test_recovers_planted_groups_and_names(method):
   x, truth = _planted()
   df, info = clustering.cluster_heads(x, method=method, n_init=2, tsne=False)
-  assert list(df.columns) == list(io.CLUSTER_COLUMNS)
+  assert list(df.columns) == list(contract.CLUSTER_COLUMNS)
   assert len(df) == 40
   np.testing.assert_array_equal(df["cluster_name"].to_numpy(), truth)
   assert info["names"] == ["dense", "diagonal", "dense+vertical", "vertical"]  # id order

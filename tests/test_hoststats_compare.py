@@ -3,7 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from heads_jax.hoststats import compare, io
+from heads_jax import contract
+from heads_jax.hoststats import compare
 
 ROLES = ("local", "cls", "syntactic")
 L, H, N = 6, 2, 4
@@ -28,23 +29,23 @@ def _sieve_bias(after: bool, seed=0):
 def _tests(assigned: dict, roles=ROLES):
   rows = [[l, h, r, 1.0, N, 0.0, 0.5, 0.5, r in assigned.get((l, h), ())]
           for l in range(L) for h in range(H) for r in roles]
-  return pd.DataFrame(rows, columns=list(io.TEST_COLUMNS))
+  return pd.DataFrame(rows, columns=list(contract.TEST_COLUMNS))
 
 
 def _clusters(names):
   rows = [[l, h] + [1 / 21] * 21 + [0, names[(l, h)], 0.0, 0.0] for l in range(L) for h in range(H)]
-  return pd.DataFrame(rows, columns=list(io.CLUSTER_COLUMNS))
+  return pd.DataFrame(rows, columns=list(contract.CLUSTER_COLUMNS))
 
 
 def _write_run(path, after, settings=None, roles=ROLES, assigned=None, clusters=None, n=N):
   sb = _sieve_bias(after)[:n]
   if roles != ROLES:
     sb = sb[..., [ROLES.index(r) for r in roles]]
-  io.write_scores(path, sb, roles, lengths=np.full(n, 9))
+  contract.write_scores(path, sb, roles, lengths=np.full(n, 9))
   base = {"tau": 3.0, "alpha": 0.05, "data": "ud_ewt_test", "model": "after" if after else "before"}
-  io.write_tests(_tests(assigned or {}, roles), {**base, **(settings or {})}, path)
+  contract.write_tests(_tests(assigned or {}, roles), {**base, **(settings or {})}, path)
   if clusters is not None:
-    io.write_clusters(_clusters(clusters), {"k": 4}, path)
+    contract.write_clusters(_clusters(clusters), {"k": 4}, path)
   return path
 
 
@@ -102,10 +103,10 @@ def test_planted_role_and_cluster_changes(tmp_path):
 
 def test_write_and_read_comparison(tmp_path):
   result = compare.compare_runs(*_pair(tmp_path))
-  paths = io.write_comparison(result, tmp_path / "cmp")
+  paths = contract.write_comparison(result, tmp_path / "cmp")
   assert set(paths) == {"compare_sieve_bias.csv", "compare_roles.csv", "compare_clusters.csv",
                         "compare.json"}
-  back = io.read_comparison(tmp_path / "cmp")
+  back = contract.read_comparison(tmp_path / "cmp")
   pd.testing.assert_frame_equal(back.sieve_bias, result.sieve_bias)
   pd.testing.assert_frame_equal(back.roles, result.roles)
   pd.testing.assert_frame_equal(back.clusters, result.clusters)
@@ -141,21 +142,14 @@ def test_different_data_is_an_error(tmp_path):
   before, after = _pair(tmp_path / "b", settings={"data": "glue_mrpc"})
   with pytest.raises(ValueError, match="different data: data"):
     compare.compare_runs(before, after)
-  io.write_scores(after, _sieve_bias(True), ROLES, lengths=np.full(N, 7))
+  contract.write_scores(after, _sieve_bias(True), ROLES, lengths=np.full(N, 7))
   with pytest.raises(ValueError, match="lengths differ"):
     compare.compare_runs(before, after)
 
 
 def test_different_architecture_is_an_error(tmp_path):
   before, after = _pair(tmp_path)
-  io.write_scores(after, _sieve_bias(True)[:, :4], ROLES, lengths=np.full(N, 9))
+  contract.write_scores(after, _sieve_bias(True)[:, :4], ROLES, lengths=np.full(N, 9))
   with pytest.raises(ValueError, match="different architectures: before 6 layers x 2 heads, "
                      "after 4 x 2"):
     compare.compare_runs(before, after)
-
-
-def test_layer_groups():
-  assert [g.tolist() for g in compare.layer_groups(12).values()] == [
-      [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-  assert [g.tolist() for g in compare.layer_groups(4).values()] == [[0, 1], [2], [3]]
-  assert list(compare.layer_groups(2)) == ["initial", "middle"]

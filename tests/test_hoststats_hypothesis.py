@@ -74,6 +74,24 @@ def test_corrections_hand_computed():
                              [0.02, 0.04, np.nan, 0.04, 0.02])
 
 
+def test_corrections_step_down_and_step_up_hand_computed():
+  """Holm's running max and BH's running min from the top both matter here (R's p.adjust gives
+  the same numbers); BH also equals scipy.stats.false_discovery_control."""
+  p = np.array([0.05, 0.01, 0.04, 0.02, 0.03])
+  # holm, sorted: 5*0.01=0.05, 4*0.02=0.08, 3*0.03=0.09, 2*0.04=0.08 -> 0.09, 1*0.05 -> 0.09
+  np.testing.assert_allclose(hypothesis.adjust_p_values(p, "holm"),
+                             [0.09, 0.05, 0.09, 0.08, 0.09])
+  # bh, sorted: 5*0.01/1, 5*0.02/2, 5*0.03/3, 5*0.04/4, 5*0.05/5: all 0.05
+  np.testing.assert_allclose(hypothesis.adjust_p_values(p, "bh"), np.full(5, 0.05))
+  q = np.array([0.001, 0.2, 0.011, 0.04, 0.9, 0.03])
+  # bh by hand: sorted 0.001, 0.011, 0.03, 0.04, 0.2, 0.9 -> 6p/i = 0.006, 0.033, 0.06, 0.06,
+  # 0.24, 0.9 (already non-decreasing)
+  np.testing.assert_allclose(hypothesis.adjust_p_values(q, "bh"),
+                             [0.006, 0.24, 0.033, 0.06, 0.9, 0.06])
+  np.testing.assert_allclose(hypothesis.adjust_p_values(q, "bh"),
+                             stats.false_discovery_control(q, method="bh"))
+
+
 def test_corrections_clip_at_one_and_keep_shape():
   p = np.array([[0.5, 0.9], [0.2, np.nan]])
   np.testing.assert_allclose(hypothesis.adjust_p_values(p, "bonferroni"), [[1, 1], [0.6, np.nan]])
@@ -169,7 +187,7 @@ def test_host_statistics_import_no_jax():
   code = ("import sys\n"
           "import heads_jax.hoststats.hypothesis, heads_jax.hoststats.roles, "
           "heads_jax.hoststats.summary, heads_jax.hoststats.clustering, "
-          "heads_jax.hoststats.compare, heads_jax.hoststats.io\n"
+          "heads_jax.hoststats.compare, heads_jax.contract\n"
           "bad = [m for m in sys.modules if m == 'jax' or m.startswith('jax.')]\n"
           "assert not bad, bad\n")
   subprocess.run([sys.executable, "-c", code], check=True)

@@ -84,3 +84,10 @@ def test_roles_by_layer_and_format():
   assert lines[-1].split() == ["total", "2", "2", "2", "2"]
   assert len({len(line) for line in lines}) == 1  # fixed width
   assert len(roles_lib.format_roles_by_layer(fine, total=False).splitlines()) == 3
+
+
+def test_layer_groups():
+  assert [g.tolist() for g in roles_lib.layer_groups(12).values()] == [
+      [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+  assert [g.tolist() for g in roles_lib.layer_groups(4).values()] == [[0, 1], [2], [3]]
+  assert list(roles_lib.layer_groups(2)) == ["initial", "middle"]

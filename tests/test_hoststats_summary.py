@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from heads_jax.hoststats import io, summary
+from heads_jax import contract
+from heads_jax.hoststats import summary
 
 NAN = np.nan
 ROLES = ("local", "cls", "nsubj", "syntactic")
@@ -29,7 +30,7 @@ def _inputs():
     for r in ROLES:
       pv = next(p)
       rows.append([l, h, r, 1.0, 6, 0.0, pv, pv, r in names])
-  tests = pd.DataFrame(rows, columns=list(io.TEST_COLUMNS))
+  tests = pd.DataFrame(rows, columns=list(contract.TEST_COLUMNS))
   return sb, tests
 
 

@@ -155,7 +155,8 @@ def test_analysis_step_and_collector_gather_measures(tmp_path):
   per-sequence ones in dataset order (filler rows dropped) and averages js over the sequences;
   measures.npz round-trips; scores.npz keeps its contract."""
   import reference_impl as ref
-  from heads_jax.stats.collector import collect, load_measures, save_measures, save_scores
+  from heads_jax import contract
+  from heads_jax.stats.collector import collect
   from heads_jax.stats.step import make_analysis_step
   cfg = config_for("tiny", vocab_size=2048, max_position_embeddings=32)
   model = BertModel(cfg, rngs=nnx.Rngs(1))
@@ -180,11 +181,11 @@ def test_analysis_step_and_collector_gather_measures(tmp_path):
   plain = make_analysis_step(model, roles=("local", "cls"))(data)
   assert sorted(plain) == ["distance", "sieve_bias"]                         # default: unchanged
   np.testing.assert_allclose(got["sieve_bias"], plain["sieve_bias"], rtol=1e-5, atol=1e-6)
-  save_scores(tmp_path / "scores.npz", got)
+  contract.write_scores(tmp_path, got["sieve_bias"], got["roles"], got["distance"], got["lengths"])
   with np.load(tmp_path / "scores.npz") as z:
     assert sorted(z.files) == ["distance", "lengths", "roles", "sieve_bias"]
-  path = save_measures(tmp_path / "measures.npz", got)
-  back = load_measures(tmp_path)
+  path = contract.write_measures(tmp_path, got)
+  back = contract.read_measures(tmp_path)
   assert back["token_measures"] == measures.TOKEN_MEASURES
   np.testing.assert_allclose(back["entropy"], got["entropy"])
   np.testing.assert_allclose(back["js"], got["js"])
@@ -194,12 +195,13 @@ def test_analysis_step_and_collector_gather_measures(tmp_path):
                   progress=False)
   assert "js" not in no_js and no_js["entropy"].shape == (7, 2, 4)
   with pytest.raises(KeyError, match="measures=True"):
-    save_measures(tmp_path / "m2.npz", plain | {"lengths": np.zeros(7)})
+    contract.write_measures(tmp_path / "m2.npz", plain | {"lengths": np.zeros(7)})
 
 
 def test_combine_measures_and_analysis_sections(tmp_path):
   from heads_jax.report.ablation import analysis_extra_sections
-  from heads_jax.stats.collector import combine_measures, save_measures
+  from heads_jax import contract
+  from heads_jax.stats.collector import combine_measures
   rng = np.random.default_rng(0)
 
   def part(n, js_value):
@@ -213,7 +215,7 @@ def test_combine_measures_and_analysis_sections(tmp_path):
   np.testing.assert_allclose(both["js"], 2.5)          # weighted by the sequences: (2*1 + 6*3) / 8
   assert both["js_sequences"] == 8
   assert analysis_extra_sections(tmp_path) == []
-  save_measures(tmp_path / "measures.npz", both)
+  contract.write_measures(tmp_path, both)
   titles = [s["title"] for s in analysis_extra_sections(tmp_path)]
   assert titles == ["Attention entropy (Clark et al. 2019)", "Attention to special tokens and neighbours",
                     "Heads by Jensen-Shannon distance"]

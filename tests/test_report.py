@@ -386,18 +386,18 @@ def test_build_analysis_report_from_files(tmp_path, data):
 
 def test_report_reads_what_hoststats_writes(tmp_path):
   """Integration: the host statistics' own writers and summary keys feed the report."""
-  hypothesis = pytest.importorskip("heads_jax.hoststats.hypothesis")
-  summary_lib = pytest.importorskip("heads_jax.hoststats.summary")
-  io = pytest.importorskip("heads_jax.hoststats.io")
+  from heads_jax import contract
+  from heads_jax.hoststats import hypothesis
+  from heads_jax.hoststats import summary as summary_lib
   scores = make_scores(n=8, layers=2, heads=3)
   tests_df, settings = hypothesis.hypothesis_tests(scores["sieve_bias"], list(scores["roles"]),
                                                    settings={"model": "m", "data": "d"})
   summary = summary_lib.summary_figures(scores["sieve_bias"], list(scores["roles"]), tests_df)
   out = tmp_path / "run"
-  io.write_scores(out, scores["sieve_bias"], list(scores["roles"]), scores["distance"],
+  contract.write_scores(out, scores["sieve_bias"], list(scores["roles"]), scores["distance"],
                   scores["lengths"])
-  io.write_tests(tests_df, settings, out)
-  io.write_summary(summary, out)
+  contract.write_tests(tests_df, settings, out)
+  contract.write_summary(summary, out)
   text = html.build_analysis_report(out, dpi=DPI).read_text()
   headline = text[text.index('<table id="table-summary">'):]
   headline = headline[:headline.index("</table>")]

@@ -12,7 +12,7 @@ from flax import nnx
 import reference_impl as ref
 from heads_jax.data import batch as B
 from heads_jax.parallel import data_mesh
-from heads_jax.stats.collector import collect, load_scores, save_scores
+from heads_jax.stats.collector import collect
 from heads_jax.stats.step import make_analysis_step
 
 
@@ -196,32 +196,6 @@ def test_collect_rejects_missing_and_duplicate_indices(dataset, planted):
     collect(step, _batches(dataset, np.array([0, 1, 2, 3, 3, 4]), 3), 11, progress=False)
   with pytest.raises(ValueError, match=r"\[0, 5\)"):
     collect(step, _batches(dataset, np.arange(8), 4), 5, progress=False)
-
-
-def test_scores_npz_roundtrip(tmp_path):
-  rng = np.random.default_rng(0)
-  result = {"sieve_bias": rng.random((4, 2, 3, 2)), "distance": rng.random((4, 2, 3, 21)),
-            "lengths": np.array([5, 6, 7, 8])}
-  result["sieve_bias"][1, :, :, 1] = np.nan
-  path = save_scores(tmp_path / "out" / "scores.npz", result, roles=("local", "obj"))
-  assert path.name == "scores.npz"
-  with np.load(path, allow_pickle=False) as raw:  # the contract: these keys, dtypes, shapes
-    assert sorted(raw.files) == ["distance", "lengths", "roles", "sieve_bias"]
-    assert raw["sieve_bias"].dtype == np.float32 and raw["distance"].dtype == np.float32
-    assert np.issubdtype(raw["lengths"].dtype, np.integer)
-    assert raw["roles"].tolist() == ["local", "obj"]
-  back = load_scores(path)
-  assert back["roles"] == ("local", "obj")
-  np.testing.assert_allclose(back["sieve_bias"], result["sieve_bias"].astype(np.float32))
-  np.testing.assert_array_equal(back["lengths"], result["lengths"])
-  with np.load(path) as z:  # an additive key written by another stage comes back too
-    extra = dict(z, data_index=np.array([0, 0, 1, 1]))
-  np.savez(tmp_path / "extra.npz", **extra)
-  assert load_scores(tmp_path / "extra.npz")["data_index"].tolist() == [0, 0, 1, 1]
-  with pytest.raises(ValueError, match="2 roles"):
-    save_scores(tmp_path / "bad.npz", result, roles=("local",))
-  with pytest.raises(FileNotFoundError, match="no scores file"):
-    load_scores(tmp_path / "missing.npz")
 
 
 def test_collector_module_imports_no_jax():

@@ -48,13 +48,13 @@ from sklearn import manifold
 from sklearn import mixture
 
 from heads_jax.data import batch as batch_lib
-from heads_jax.hoststats import io as io_lib
+from heads_jax import contract
 
 METHODS = ("kmeans", "gmm")
 CLUSTER_NAMES = ("dense", "diagonal", "dense+vertical", "vertical")
 PURE_NAMES = ("vertical", "diagonal", "dense")  # the columns of `name_scores`
 REST_NAME = "dense+vertical"
-CLUSTER_COLUMNS = io_lib.CLUSTER_COLUMNS
+CLUSTER_COLUMNS = contract.CLUSTER_COLUMNS
 FEATURES = batch_lib.DISTANCE_FEATURES
 _SPECIAL = [FEATURES.index(f) for f in ("cls", "sep", "comma", "period")]
 _SELF = FEATURES.index("self")
@@ -227,4 +227,4 @@ def cluster_heads(distance, *, k: int = 4, method: str = "kmeans", seed: int = 0
       "stability": stability, "stability_fits": int(stability_fits),
       "tsne_perplexity": perplexity,
   }
-  return df, io_lib.to_jsonable(info)
+  return df, contract.to_jsonable(info)

@@ -1,12 +1,14 @@
 """Before/after comparison of two analysis runs, e.g. BERT before and after fine-tuning (host).
 
 `compare_runs(before_dir, after_dir)` reads two analysis output directories (scores.npz,
-tests.csv, settings.json and, when both have it, clusters.csv) and returns a `Comparison`:
+tests.csv, settings.json and, when both have it, clusters.csv) and returns a
+`heads_jax.contract.Comparison` (written and read by `heads_jax.contract.write_comparison` /
+`read_comparison`):
 
 * ``sieve_bias``: columns role, layer_group, before, after, delta (= after - before). For each
-  role common to both runs and each third of the layers (Pande et al. Fig. 6; thirds by
-  ``numpy.array_split(range(l), 3)``: for 12 layers 0-3 initial, 4-7 middle, 8-11 final; with
-  fewer than 3 layers the empty groups are left out), the mean of every non-NaN sieve bias over
+  role common to both runs and each third of the layers (Pande et al. Fig. 6;
+  `heads_jax.hoststats.roles.layer_groups`: for 12 layers 0-3 initial, 4-7 middle, 8-11 final;
+  with fewer than 3 layers the empty groups are left out), the mean of every non-NaN sieve bias over
   the sequences and the heads of the group's layers (each (sequence, layer, head) value weighted
   equally). NaN when the role has no value in the group.
 * ``roles``: one row per head: layer, head, roles_before, roles_after, gained, lost, each a
@@ -30,7 +32,6 @@ Host-only module (numpy, pandas); no jax.
 
 from __future__ import annotations
 
-import dataclasses
 import warnings as warnings_lib
 from pathlib import Path
 from typing import Sequence
@@ -38,35 +39,15 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from heads_jax.hoststats import io as io_lib
+from heads_jax import contract
 from heads_jax.hoststats import roles as roles_lib
 
-LAYER_GROUPS = ("initial", "middle", "final")
 SIEVE_BIAS_COLUMNS = ("role", "layer_group", "before", "after", "delta")
 ROLES_COLUMNS = ("layer", "head", "roles_before", "roles_after", "gained", "lost")
 CLUSTERS_COLUMNS = ("layer", "head", "cluster_before", "cluster_after", "changed")
 DATA_SETTINGS = ("data", "num_sequences")
 IGNORED_SETTINGS = ("model", "model_path", "checkpoint", "output_dir", "out_dir", "created",
                     "timestamp", "elapsed_s", "version", "git_commit")
-
-
-@dataclasses.dataclass
-class Comparison:
-  """A before/after comparison (see the module docstring for the tables)."""
-  sieve_bias: pd.DataFrame
-  roles: pd.DataFrame
-  clusters: pd.DataFrame | None
-  warnings: list[str]
-  before_dir: str | None = None
-  after_dir: str | None = None
-  settings_before: dict = dataclasses.field(default_factory=dict)
-  settings_after: dict = dataclasses.field(default_factory=dict)
-
-
-def layer_groups(num_layers: int) -> dict[str, np.ndarray]:
-  """The initial, middle and final thirds of the layers (non-empty groups only)."""
-  parts = np.array_split(np.arange(num_layers), 3)
-  return {name: part for name, part in zip(LAYER_GROUPS, parts) if part.size}
 
 
 def _group_means(sieve_bias: np.ndarray, layers: np.ndarray) -> np.ndarray:
@@ -91,7 +72,7 @@ def sieve_bias_change(before, after, roles: Sequence[str]) -> pd.DataFrame:
   if before.shape[1:] != after.shape[1:]:
     raise ValueError(f"before has [l, h, r] = {before.shape[1:]} but after has {after.shape[1:]}")
   rows = []
-  groups = layer_groups(before.shape[1])
+  groups = roles_lib.layer_groups(before.shape[1])
   means = {g: (_group_means(before, layers), _group_means(after, layers))
            for g, layers in groups.items()}
   for i, role in enumerate(roles):
@@ -143,7 +124,7 @@ def cluster_changes(clusters_before: pd.DataFrame, clusters_after: pd.DataFrame)
   return df[list(CLUSTERS_COLUMNS)]
 
 
-def _check_same_data(before: io_lib.Scores, after: io_lib.Scores, settings_before: dict,
+def _check_same_data(before: contract.Scores, after: contract.Scores, settings_before: dict,
                      settings_after: dict) -> None:
   if (before.num_layers, before.num_heads) != (after.num_layers, after.num_heads):
     raise ValueError(
@@ -161,7 +142,7 @@ def _check_same_data(before: io_lib.Scores, after: io_lib.Scores, settings_befor
                      "tokenizer or max_length); rerun both analyses on the same inputs")
   for key in DATA_SETTINGS:
     if key in settings_before and key in settings_after:
-      if io_lib.to_jsonable(settings_before[key]) != io_lib.to_jsonable(settings_after[key]):
+      if contract.to_jsonable(settings_before[key]) != contract.to_jsonable(settings_after[key]):
         raise ValueError(f"the runs have different data: {key} = {settings_before[key]!r} before, "
                          f"{settings_after[key]!r} after; the sieve bias comparison needs the same "
                          f"inputs")
@@ -171,20 +152,20 @@ def _settings_warnings(settings_before: dict, settings_after: dict) -> list[str]
   out = []
   skip = set(IGNORED_SETTINGS) | set(DATA_SETTINGS)
   for key in sorted((set(settings_before) | set(settings_after)) - skip):
-    b = io_lib.to_jsonable(settings_before.get(key))
-    a = io_lib.to_jsonable(settings_after.get(key))
+    b = contract.to_jsonable(settings_before.get(key))
+    a = contract.to_jsonable(settings_after.get(key))
     if b != a:
       out.append(f"setting {key!r} differs: before {b!r}, after {a!r}; the comparison assumes "
                  f"the same inputs and test settings, so read the differences with care")
   return out
 
 
-def compare_runs(before_dir, after_dir) -> Comparison:
+def compare_runs(before_dir, after_dir) -> contract.Comparison:
   """Compares two analysis output directories (see the module docstring)."""
-  before = io_lib.read_scores(before_dir)
-  after = io_lib.read_scores(after_dir)
-  tests_before, settings_before = io_lib.read_tests(before_dir)
-  tests_after, settings_after = io_lib.read_tests(after_dir)
+  before = contract.read_scores(before_dir)
+  after = contract.read_scores(after_dir)
+  tests_before, settings_before = contract.read_tests(before_dir)
+  tests_after, settings_after = contract.read_tests(after_dir)
   _check_same_data(before, after, settings_before, settings_after)
 
   notes = _settings_warnings(settings_before, settings_after)
@@ -201,15 +182,15 @@ def compare_runs(before_dir, after_dir) -> Comparison:
   roles = role_changes(tests_before, tests_after, common)
 
   clusters = None
-  have = [(Path(d) / io_lib.CLUSTERS_CSV).exists() for d in (before_dir, after_dir)]
+  have = [(Path(d) / contract.CLUSTERS_CSV).exists() for d in (before_dir, after_dir)]
   if all(have):
-    clusters = cluster_changes(io_lib.read_clusters(before_dir)[0],
-                               io_lib.read_clusters(after_dir)[0])
+    clusters = cluster_changes(contract.read_clusters(before_dir)[0],
+                               contract.read_clusters(after_dir)[0])
   elif any(have):
-    notes.append(f"{io_lib.CLUSTERS_CSV} exists in only one run; cluster changes are left out")
+    notes.append(f"{contract.CLUSTERS_CSV} exists in only one run; cluster changes are left out")
 
   for note in notes:
     warnings_lib.warn(note, stacklevel=2)
-  return Comparison(sieve_bias=sieve, roles=roles, clusters=clusters, warnings=notes,
+  return contract.Comparison(sieve_bias=sieve, roles=roles, clusters=clusters, warnings=notes,
                     before_dir=str(before_dir), after_dir=str(after_dir),
                     settings_before=settings_before, settings_after=settings_after)

@@ -34,7 +34,8 @@ Multiple comparisons (``correction``), over all tests of the run with a non-NaN 
 * ``none``: p_adjusted = p (the paper's setting).
 * ``bonferroni``: min(1, m p).
 * ``holm``: step-down, p_adj_(i) = min(1, max_{j <= i} (m - j + 1) p_(j)).
-* ``bh`` (Benjamini-Hochberg FDR): step-up, p_adj_(i) = min(1, min_{j >= i} m p_(j) / j).
+* ``bh`` (Benjamini-Hochberg FDR): step-up, p_adj_(i) = min(1, min_{j >= i} m p_(j) / j),
+  computed by ``scipy.stats.false_discovery_control(p, method="bh")``.
 
 A role is assigned to a head when p_adjusted < alpha (NaN is never assigned).
 
@@ -55,11 +56,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from heads_jax.hoststats import io as io_lib
+from heads_jax import contract
 
 TESTS = ("t", "z")
 CORRECTIONS = ("none", "bonferroni", "holm", "bh")
-TEST_COLUMNS = io_lib.TEST_COLUMNS
+TEST_COLUMNS = contract.TEST_COLUMNS
 
 
 def auto_tau(sieve_bias) -> float:
@@ -132,13 +133,14 @@ def adjust_p_values(p_values, correction: str = "none") -> np.ndarray:
   if correction == "bonferroni":
     out[ok] = np.minimum(q * m, 1.0)
     return out
+  if correction == "bh":
+    out[ok] = stats.false_discovery_control(q, method="bh")
+    return out
+  # holm (scipy has no Holm adjustment; statsmodels' multipletests is not a dependency)
   order = np.argsort(q, kind="stable")
   ranked = q[order]
   rank = np.arange(1, m + 1)
-  if correction == "holm":
-    adjusted = np.maximum.accumulate(ranked * (m - rank + 1))
-  else:  # bh
-    adjusted = np.minimum.accumulate((ranked * m / rank)[::-1])[::-1]
+  adjusted = np.maximum.accumulate(ranked * (m - rank + 1))
   unsorted = np.empty(m)
   unsorted[order] = np.minimum(adjusted, 1.0)
   out[ok] = unsorted
@@ -168,7 +170,7 @@ def hypothesis_tests(sieve_bias, roles, *, tau: float | str = 3.0, alpha: float 
     num_tests (tests with a p-value, the m of the corrections), num_sequences, roles and the
     pass-through keys.
   """
-  io_lib.validate_scores(sieve_bias, roles)
+  contract.validate_scores(sieve_bias, roles)
   sieve_bias = np.asarray(sieve_bias)
   roles = tuple(roles)
   if not (isinstance(alpha, (int, float)) and 0.0 < alpha < 1.0):
@@ -201,7 +203,7 @@ def hypothesis_tests(sieve_bias, roles, *, tau: float | str = 3.0, alpha: float 
   }
   out = dict(computed)
   for key, value in dict(settings or {}).items():
-    if key in computed and io_lib.to_jsonable(value) != io_lib.to_jsonable(computed[key]):
+    if key in computed and contract.to_jsonable(value) != contract.to_jsonable(computed[key]):
       raise ValueError(f"settings[{key!r}] = {value!r} disagrees with the value this test run uses "
                        f"({computed[key]!r}); pass it as the keyword argument instead")
     out[key] = value

@@ -16,6 +16,9 @@ A coarse role is *available* in a run when at least one of its fine roles was co
 the run's role list); functions here return only the available coarse roles. A head is
 "unskilled" when it has none of the available coarse roles.
 
+Also the layer groups (initial, middle and final thirds of the layers) of the before/after
+comparison. The report draws with these definitions (it does not copy them).
+
 Host-only module (numpy, pandas); no jax.
 """
 
@@ -35,6 +38,8 @@ COARSE_ROLES = {
     "block": ("block",),
 }
 UNSKILLED = "unskilled"
+# Thirds of the layers (Pande et al. Fig. 6), see `layer_groups`.
+LAYER_GROUPS = ("initial", "middle", "final")
 
 
 def role_order(names) -> tuple[str, ...]:
@@ -44,6 +49,13 @@ def role_order(names) -> tuple[str, ...]:
   return tuple(known + [r for r in names if r not in batch_lib.ROLES])
 
 
+def layer_groups(num_layers: int) -> dict[str, np.ndarray]:
+  """The initial, middle and final thirds of the layers (non-empty groups only), by
+  ``numpy.array_split(range(num_layers), 3)``: for 12 layers 0-3, 4-7, 8-11."""
+  parts = np.array_split(np.arange(num_layers), 3)
+  return {name: part for name, part in zip(LAYER_GROUPS, parts) if part.size}
+
+
 def assignment_array(tests: pd.DataFrame, roles: Sequence[str] | None = None,
                      num_layers: int | None = None,
                      num_heads: int | None = None) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -51,7 +63,7 @@ def assignment_array(tests: pd.DataFrame, roles: Sequence[str] | None = None,
 
   Args:
     tests: a table with columns layer, head, role, assigned (e.g. from
-      `hypothesis.hypothesis_tests` or `io.read_tests`), one row per (layer, head, role).
+      `hypothesis.hypothesis_tests` or `heads_jax.contract.read_tests`), one row per (layer, head, role).
     roles: the role axis order; default: the table's roles in `batch.ROLES` order.
     num_layers, num_heads: default: 1 + the largest index in the table.
 
@@ -61,7 +73,7 @@ def assignment_array(tests: pd.DataFrame, roles: Sequence[str] | None = None,
   missing = {"layer", "head", "role", "assigned"} - set(tests.columns)
   if missing:
     raise ValueError(f"the tests table lacks the columns {sorted(missing)}; pass the table of "
-                     f"hypothesis.hypothesis_tests or io.read_tests")
+                     f"hypothesis.hypothesis_tests or contract.read_tests")
   roles = role_order(tests["role"]) if roles is None else tuple(roles)
   layer = tests["layer"].to_numpy(np.int64)
   head = tests["head"].to_numpy(np.int64)

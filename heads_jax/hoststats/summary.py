@@ -35,10 +35,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from heads_jax.hoststats import io as io_lib
+from heads_jax import contract
 from heads_jax.hoststats import roles as roles_lib
-
-COARSE_SHARE_KEYS = tuple(f"share_{c}" for c in roles_lib.COARSE_ROLES)
 
 
 def mean_sieve_score(sieve_bias) -> float | None:
@@ -69,7 +67,7 @@ def spearman_local_syntactic(sieve_bias, roles: Sequence[str],
     result = stats.spearmanr(x, y)
   out["rho"] = float(result.statistic)
   out["p_value"] = float(result.pvalue)
-  return io_lib.to_jsonable(out)
+  return contract.to_jsonable(out)
 
 
 def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
@@ -82,7 +80,7 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
     tests: the run's tests table (columns of `hypothesis.TEST_COLUMNS`).
     p_interval: the open interval for ``share_p_between``.
   """
-  io_lib.validate_scores(sieve_bias, roles)
+  contract.validate_scores(sieve_bias, roles)
   sieve_bias = np.asarray(sieve_bias)
   roles = tuple(roles)
   b, l, h, _ = sieve_bias.shape
@@ -121,4 +119,4 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
   out["num_assigned_by_role"] = {r: int(assigned[..., i].sum()) for i, r in enumerate(roles)}
   out["num_heads_by_coarse_role"] = {c: int(coarse[..., i].sum()) for i, c in enumerate(names)}
   out["num_heads_by_coarse_role"][roles_lib.UNSKILLED] = int((~coarse.any(-1)).sum())
-  return io_lib.to_jsonable(out)
+  return contract.to_jsonable(out)

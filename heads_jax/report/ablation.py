@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from heads_jax import contract
 from heads_jax.report.figures import _new_figure, _save
 from heads_jax.report import style
 from heads_jax.report.html import CSS, esc, kv_table_html, png_data_uri, slug, table_html
@@ -299,13 +300,6 @@ def pruning_section(curve: pd.DataFrame, summary: pd.DataFrame, figure_path, *,
 # measures (Clark et al. 2019) and similarity (Kovaleva et al. 2019)
 
 
-def read_measures(path) -> dict:
-  """Reads ``measures.npz`` (a file or an analysis directory holding one); see
-  ``heads_jax.stats.collector.save_measures``."""
-  from heads_jax.stats.collector import load_measures
-  return load_measures(path)
-
-
 def _per_layer_scatter(ax, values, *, ylabel: str, reference=None, color="#2c7fb8"):
   """Scatter of each head's value by layer (jittered), the layer mean as a line."""
   values = np.asarray(values, float)
@@ -441,7 +435,7 @@ def measures_sections(measures: dict | str | Path, fig_dir, *, num_layers: int |
                       num_heads: int | None = None, dpi: int = DEFAULT_DPI) -> list[dict]:
   """Report sections of the measures: attention entropy, attention to special tokens and
   neighbours, and (when present) the MDS picture of the Jensen-Shannon distances."""
-  m = read_measures(measures) if not isinstance(measures, dict) else measures
+  m = contract.read_measures(measures) if not isinstance(measures, dict) else measures
   fig_dir = Path(fig_dir)
   entropy = np.nanmean(np.asarray(m["entropy"], float), axis=0)            # [l, h]
   cls_ent = np.nanmean(np.asarray(m["cls_entropy"], float), axis=0)
@@ -532,8 +526,7 @@ def analysis_extra_sections(out_dir, *, dpi: int = DEFAULT_DPI) -> list[dict]:
   """The measures sections for an analysis report: ``[]`` when ``out_dir`` holds no
   ``measures.npz``; figures go to ``out_dir/figures``. For
   ``heads_jax.report.html.write_report(..., extra_sections=...)``."""
-  from heads_jax.stats.collector import MEASURES_FILE
   out_dir = Path(out_dir)
-  if not (out_dir / MEASURES_FILE).is_file():
+  if not (out_dir / contract.MEASURES_FILE).is_file():
     return []
-  return measures_sections(out_dir / MEASURES_FILE, out_dir / "figures", dpi=dpi)
+  return measures_sections(out_dir / contract.MEASURES_FILE, out_dir / "figures", dpi=dpi)

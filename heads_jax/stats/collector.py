@@ -1,4 +1,4 @@
-"""Streaming collection of per-sequence statistics, and ``scores.npz`` (DESIGN.md section 4).
+"""Streaming collection of per-sequence statistics on the host (no jax here).
 
 ``collect`` drives an analysis step (``heads_jax.stats.step``) over a batch iterator that
 yields ``(indices, batch)``: ``indices`` int ``[b]`` are the positions of the batch's
@@ -11,27 +11,20 @@ When the step also returns the measures of ``heads_jax.stats.measures`` (``entro
 ``cls_entropy`` ``[b, l, h]``, ``token_attention`` ``[b, l, h, 5]``), they are gathered the
 same way (``[N, ...]``); the Jensen-Shannon distances ``js`` ``[b, l*h, l*h]`` are summed over
 the sequences instead (``[N, l*h, l*h]`` would be large) and come back as their mean.
-``save_measures`` / ``load_measures`` write and read ``measures.npz``, a file of its own beside
-``scores.npz`` (whose contract stays fixed).
+``combine_measures`` joins the measures of several data sets.
 
-This module imports no jax: ``load_scores`` / ``save_scores`` are used by the host stages.
+The collector returns arrays; the analysis job writes them with ``heads_jax.contract``
+(``write_scores``, ``write_measures``), the one owner of the files of DESIGN.md section 4.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
-NUM_DISTANCE_FEATURES = 21
-SCORE_KEYS = ("sieve_bias", "roles", "distance", "lengths")
-# measures.npz (heads_jax.stats.measures): per-sequence arrays, and the token_attention columns.
-MEASURES_FILE = "measures.npz"
-MEASURE_ROW_KEYS = ("entropy", "cls_entropy", "token_attention")
-TOKEN_MEASURES = ("cls", "sep", "punct", "prev", "next")
+from heads_jax.contract import MEASURE_ROW_KEYS
 
 
 def _real_lengths(batch: dict) -> np.ndarray:
@@ -167,126 +160,10 @@ def collect(step, batches: Iterable, num_sequences: int, *, roles: Sequence[str]
   return result
 
 
-def _validate(sieve_bias, distance, lengths, roles) -> None:
-  if sieve_bias.ndim != 4:
-    raise ValueError(f"sieve_bias must be [N, L, H, R], got shape {sieve_bias.shape}")
-  n, l, h, r = sieve_bias.shape
-  if r != len(roles):
-    raise ValueError(f"sieve_bias has {r} roles but {len(roles)} role names were given: {list(roles)}")
-  if distance.shape != (n, l, h, NUM_DISTANCE_FEATURES):
-    raise ValueError(f"distance must be [N, L, H, 21] = {(n, l, h, NUM_DISTANCE_FEATURES)}, "
-                     f"got {distance.shape}")
-  if lengths.shape != (n,):
-    raise ValueError(f"lengths must be [N] = ({n},), got {lengths.shape}")
-
-
-def save_scores(path, result: dict, roles: Sequence[str] | None = None, **extra) -> Path:
-  """Writes ``scores.npz`` (DESIGN.md section 4) to ``path`` exactly (no suffix added).
-
-  Keys: ``sieve_bias`` float32 ``[N, L, H, R]`` (NaN where a role's sieve is empty),
-  ``roles`` str ``[R]``, ``distance`` float32 ``[N, L, H, 21]``, ``lengths`` int32 ``[N]``.
-  ``roles`` defaults to ``result["roles"]``. ``extra`` arrays are stored beside them (additive
-  keys such as ``data_index``; the contract keys keep their names and shapes).
-  """
-  if roles is None:
-    if "roles" not in result:
-      raise ValueError("pass roles=... (result has no 'roles')")
-    roles = result["roles"]
-  roles = tuple(str(r) for r in roles)
-  for key in ("sieve_bias", "distance", "lengths"):
-    if key not in result:
-      raise KeyError(f"result lacks {key!r}; pass the dict returned by collect()")
-  sieve = np.asarray(result["sieve_bias"], np.float32)
-  distance = np.asarray(result["distance"], np.float32)
-  lengths = np.asarray(result["lengths"])
-  if not np.issubdtype(lengths.dtype, np.integer):
-    raise TypeError(f"lengths must be integer, got {lengths.dtype}")
-  _validate(sieve, distance, lengths, roles)
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
-  with open(tmp, "wb") as f:
-    np.savez(f, sieve_bias=sieve, roles=np.asarray(roles, dtype=str), distance=distance,
-             lengths=lengths.astype(np.int32), **{k: np.asarray(v) for k, v in extra.items()})
-  os.replace(tmp, path)
-  return path
-
-
-def load_scores(path) -> dict:
-  """Reads a ``scores.npz``: ``sieve_bias``, ``distance``, ``lengths`` arrays and ``roles``
-  (tuple of str), checked for the shapes of DESIGN.md section 4. Additional arrays a writer
-  added (e.g. ``data_index``) are returned as they are."""
-  path = Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"no scores file at {path}; run the analysis first (analyze/heads)")
-  with np.load(path, allow_pickle=False) as data:
-    missing = [k for k in SCORE_KEYS if k not in data.files]
-    if missing:
-      raise ValueError(f"{path} is not a scores.npz: it lacks {missing} (has {data.files})")
-    out = {k: data[k] for k in data.files}
-  out["roles"] = tuple(str(r) for r in out["roles"])
-  _validate(out["sieve_bias"], out["distance"], out["lengths"], out["roles"])
-  return out
-
-
-def save_measures(path, result: dict) -> Path:
-  """Writes ``measures.npz``: ``entropy``, ``cls_entropy`` float32 ``[N, L, H]``,
-  ``token_attention`` float32 ``[N, L, H, 5]`` (columns ``token_measures``), ``lengths`` int32
-  ``[N]``, and when present ``js`` float32 ``[L*H, L*H]`` (mean Jensen-Shannon distance between
-  heads) with ``js_sequences``. ``result``: the dict of ``collect`` with a measures step (any
-  ``data_index`` is kept)."""
-  missing = [k for k in MEASURE_ROW_KEYS + ("lengths",) if k not in result]
-  if missing:
-    raise KeyError(f"result lacks {missing}: make the analysis step with measures=True")
-  entropy = np.asarray(result["entropy"], np.float32)
-  if entropy.ndim != 3:
-    raise ValueError(f"entropy must be [N, L, H], got shape {entropy.shape}")
-  n, l, h = entropy.shape
-  token = np.asarray(result["token_attention"], np.float32)
-  if token.shape != (n, l, h, len(TOKEN_MEASURES)):
-    raise ValueError(f"token_attention must be {(n, l, h, len(TOKEN_MEASURES))}, got {token.shape}")
-  arrays = {"entropy": entropy, "cls_entropy": np.asarray(result["cls_entropy"], np.float32),
-            "token_attention": token, "token_measures": np.asarray(TOKEN_MEASURES, dtype=str),
-            "lengths": np.asarray(result["lengths"], np.int32)}
-  if arrays["cls_entropy"].shape != (n, l, h) or arrays["lengths"].shape != (n,):
-    raise ValueError("cls_entropy must be [N, L, H] and lengths [N] like entropy")
-  if result.get("js") is not None:
-    js = np.asarray(result["js"], np.float32)
-    if js.shape != (l * h, l * h):
-      raise ValueError(f"js must be [L*H, L*H] = {(l * h, l * h)}, got {js.shape}")
-    arrays["js"] = js
-    arrays["js_sequences"] = np.int64(result.get("js_sequences", n))
-  if "data_index" in result:
-    arrays["data_index"] = np.asarray(result["data_index"], np.int32)
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
-  with open(tmp, "wb") as f:
-    np.savez(f, **arrays)
-  os.replace(tmp, path)
-  return path
-
-
-def load_measures(path) -> dict:
-  """Reads ``measures.npz`` (a file, or an analysis directory holding one)."""
-  path = Path(path)
-  if path.is_dir():
-    path = path / MEASURES_FILE
-  if not path.is_file():
-    raise FileNotFoundError(f"no measures file at {path}; run the analysis with measures on")
-  with np.load(path, allow_pickle=False) as data:
-    missing = [k for k in MEASURE_ROW_KEYS + ("lengths",) if k not in data.files]
-    if missing:
-      raise ValueError(f"{path} is not a measures.npz: it lacks {missing} (has {data.files})")
-    out = {k: data[k] for k in data.files}
-  out["token_measures"] = tuple(str(x) for x in out.get("token_measures", TOKEN_MEASURES))
-  return out
-
-
 def combine_measures(parts) -> dict:
   """The measures of several ``collect`` results (e.g. one per data spec) as one: per-sequence
   arrays concatenated along N (with ``lengths`` and any ``data_index``), ``js`` averaged with
-  the weights ``js_sequences``. Returns a dict for ``save_measures``."""
+  the weights ``js_sequences``. Returns a dict for ``heads_jax.contract.write_measures``."""
   parts = [p for p in parts if p is not None]
   if not parts or any(k not in p for p in parts for k in MEASURE_ROW_KEYS):
     raise KeyError("every part needs entropy, cls_entropy and token_attention: make the analysis "

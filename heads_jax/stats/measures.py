@@ -28,10 +28,10 @@ import jax
 import jax.numpy as jnp
 
 from heads_jax.data.batch import TOKEN_CLS, TOKEN_COMMA, TOKEN_PERIOD, TOKEN_SEP
-# The contract of measures.npz lives with its writer (no jax there): the token_attention columns
-# and the per-sequence arrays `all_measures` returns besides `js`.
-from heads_jax.stats.collector import MEASURE_ROW_KEYS as MEASURE_KEYS
-from heads_jax.stats.collector import TOKEN_MEASURES
+# The contract of measures.npz (heads_jax.contract): the token_attention columns and the
+# per-sequence arrays `all_measures` returns besides `js`.
+from heads_jax.contract import MEASURE_ROW_KEYS as MEASURE_KEYS
+from heads_jax.contract import TOKEN_MEASURES
 from heads_jax.stats.sieve_bias import normalised_rows, row_entropy
 
 _HIGHEST = jax.lax.Precision.HIGHEST

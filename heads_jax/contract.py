@@ -1,0 +1,472 @@
+"""The on-disk contract of an analysis (DESIGN.md section 4): the one writer and one reader of
+every file an analysis, a comparison and the report exchange.
+
+Every stage goes through this module: the analysis job (`heads_jax.analysis`) writes
+scores.npz, measures.npz and run.json; the host statistics' results are written by
+``write_tests`` / ``write_summary`` / ``write_clusters``; the comparison by
+``write_comparison``; the report (`heads_jax.report`) reads them all back with the ``read_*``
+functions. Nothing else opens these files. Names, keys and shapes are the contract: keep them
+stable (new keys are additive).
+
+=====================  ======================================================================
+file                   content (writer / reader)
+=====================  ======================================================================
+``scores.npz``         ``sieve_bias`` float32 ``[b, l, h, r]`` (NaN where a role's sieve is
+                       empty), ``roles`` (r names), ``distance`` float32 ``[b, l, h, d=21]``,
+                       ``lengths`` int32 ``[b]``; optionally ``data_index`` int32 ``[b]`` (which
+                       data spec a sequence came from, when there are several).
+                       `write_scores` / `read_scores` (a `Scores`).
+``measures.npz``       ``entropy``, ``cls_entropy`` float32 ``[b, l, h]``, ``token_attention``
+                       float32 ``[b, l, h, 5]`` (columns ``token_measures`` =
+                       `TOKEN_MEASURES`), ``lengths`` int32 ``[b]``; optionally ``js`` float32
+                       ``[l*h, l*h]`` (mean Jensen-Shannon distance between heads) with
+                       ``js_sequences``, and ``data_index``. `write_measures` / `read_measures`.
+``run.json``           ``{"device": the settings that determine scores.npz, "data_info": [...]}``
+                       of the analysis job. `write_run` / `read_run`.
+``tests.csv``          one row per (layer, head, role), the columns `TEST_COLUMNS`; a plain CSV
+                       (no comment lines) readable by pandas and spreadsheets. Empty cells are
+                       NaN; zero-variance statistics are written as ``inf`` / ``-inf``.
+``settings.json``      the run's settings (tau, tau_requested, alpha, test, correction, ... ).
+``tests.json``         ``{"settings": ..., "tests": [row, ...]}``: the same rows as tests.csv as
+                       records; non-finite numbers (NaN, +-inf) are ``null`` (strict JSON).
+                       These three: `write_tests` / `read_tests`.
+``clusters.csv``       one row per head, the columns `CLUSTER_COLUMNS`.
+``clusters.json``      the clustering info dict (method, k, names, centroids, stability, ...).
+                       Both: `write_clusters` / `read_clusters`.
+``summary.json``       the summary figures of `heads_jax.hoststats.summary.summary_figures`.
+                       `write_summary` / `read_summary`.
+``compare_*.csv``,     the before/after comparison of `heads_jax.hoststats.compare` (a
+``compare.json``       `Comparison`, written into the comparison's own output directory).
+                       `write_comparison` / `read_comparison`.
+=====================  ======================================================================
+
+npz files are written to a temporary name and renamed, so a reader never sees half a file.
+
+Host-only module (numpy, pandas; the constants of `heads_jax.data.batch`); no jax. It sits
+just above ``data`` in the stage order, so that every later stage can use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from heads_jax.data import batch as batch_lib
+
+SCORES_FILE = "scores.npz"
+MEASURES_FILE = "measures.npz"
+RUN_FILE = "run.json"
+TESTS_CSV = "tests.csv"
+TESTS_JSON = "tests.json"
+SETTINGS_JSON = "settings.json"
+CLUSTERS_CSV = "clusters.csv"
+CLUSTERS_JSON = "clusters.json"
+SUMMARY_JSON = "summary.json"
+COMPARE_SIEVE_BIAS_CSV = "compare_sieve_bias.csv"
+COMPARE_ROLES_CSV = "compare_roles.csv"
+COMPARE_CLUSTERS_CSV = "compare_clusters.csv"
+COMPARE_JSON = "compare.json"
+
+TEST_COLUMNS = ("layer", "head", "role", "mean", "n", "statistic", "p_value", "p_adjusted",
+                "assigned")
+CLUSTER_COLUMNS = (("layer", "head") + tuple(batch_lib.DISTANCE_FEATURES)
+                   + ("cluster", "cluster_name", "tsne_x", "tsne_y"))
+# measures.npz: the per-sequence arrays, and the token_attention columns (in this order).
+MEASURE_ROW_KEYS = ("entropy", "cls_entropy", "token_attention")
+TOKEN_MEASURES = ("cls", "sep", "punct", "prev", "next")
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+
+def to_jsonable(obj: Any) -> Any:
+  """Converts numpy scalars/arrays, tuples and paths to JSON types; NaN and +-inf become None."""
+  if isinstance(obj, Mapping):
+    return {str(k): to_jsonable(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [to_jsonable(v) for v in obj]
+  if isinstance(obj, np.ndarray):
+    return to_jsonable(obj.tolist())
+  if isinstance(obj, (np.bool_, bool)):
+    return bool(obj)
+  if isinstance(obj, (np.integer, int)):
+    return int(obj)
+  if isinstance(obj, (np.floating, float)):
+    obj = float(obj)
+    return obj if math.isfinite(obj) else None
+  if isinstance(obj, os.PathLike):
+    return os.fspath(obj)
+  if obj is None or isinstance(obj, str):
+    return obj
+  raise TypeError(f"cannot write {type(obj).__name__} {obj!r} as JSON; use numbers, strings, "
+                  f"lists or dicts in settings and info dicts")
+
+
+def write_json(obj, path) -> Path:
+  """Writes strict JSON (NaN/inf as null), indented."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(to_jsonable(obj), f, indent=2, allow_nan=False)
+    f.write("\n")
+  return path
+
+
+def read_json(path) -> Any:
+  """Reads a JSON file; a file that is not JSON is a ValueError naming it."""
+  path = Path(path)
+  try:
+    return json.loads(path.read_text(encoding="utf-8"))
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON ({e}); re-run the stage that wrote it") from e
+
+
+def _write_npz(path: Path, arrays: dict) -> Path:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  with open(tmp, "wb") as f:
+    np.savez(f, **arrays)
+  os.replace(tmp, path)
+  return path
+
+
+def _in_dir(path, name: str) -> Path:
+  """A path ending in .npz is the file itself; any other path is an output directory."""
+  path = Path(path)
+  return path if path.suffix == ".npz" else path / name
+
+
+# ---------------------------------------------------------------------------------------------
+# scores.npz
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+  """The content of ``scores.npz``.
+
+  Attributes:
+    sieve_bias: float32 ``[b, l, h, r]``, NaN where a role's sieve is empty for a sequence.
+    roles: the r role names (order of `heads_jax.data.batch.ROLES`, minus roles not computed).
+    distance: float32 ``[b, l, h, d]`` (d = 21, order `batch.DISTANCE_FEATURES`), or None when
+      the file holds no distance features.
+    lengths: int ``[b]`` real positions per sequence, or None when absent.
+    data_index: int ``[b]``: which data spec each sequence came from, or None when absent.
+  """
+  sieve_bias: np.ndarray
+  roles: tuple[str, ...]
+  distance: np.ndarray | None = None
+  lengths: np.ndarray | None = None
+  data_index: np.ndarray | None = None
+
+  def __post_init__(self):
+    validate_scores(self.sieve_bias, self.roles, self.distance, self.lengths, self.data_index)
+
+  @property
+  def num_sequences(self) -> int:
+    return int(self.sieve_bias.shape[0])
+
+  @property
+  def num_layers(self) -> int:
+    return int(self.sieve_bias.shape[1])
+
+  @property
+  def num_heads(self) -> int:
+    return int(self.sieve_bias.shape[2])
+
+
+def validate_scores(sieve_bias, roles, distance=None, lengths=None, data_index=None) -> None:
+  """Raises ValueError with a clear message when the arrays do not follow the contract."""
+  sieve_bias = np.asarray(sieve_bias)
+  if sieve_bias.ndim != 4:
+    raise ValueError(f"sieve_bias must have shape [b, l, h, r] (4 axes); got shape "
+                     f"{sieve_bias.shape}")
+  if not np.issubdtype(sieve_bias.dtype, np.floating):
+    raise ValueError(f"sieve_bias must be a float array (NaN marks empty sieves); got "
+                     f"{sieve_bias.dtype}")
+  roles = tuple(roles)
+  if len(roles) != sieve_bias.shape[3]:
+    raise ValueError(f"{len(roles)} role names {list(roles)} for a sieve_bias role axis of size "
+                     f"{sieve_bias.shape[3]}; the names must match the last axis")
+  if not all(isinstance(r, str) and r for r in roles):
+    raise ValueError(f"role names must be non-empty strings; got {list(roles)}")
+  if len(set(roles)) != len(roles):
+    raise ValueError(f"role names must be unique; got {list(roles)}")
+  if np.isinf(sieve_bias).any():
+    raise ValueError("sieve_bias holds infinite values; a sieve bias is a finite ratio (NaN for an "
+                     "empty sieve): check the statistics stage that wrote it")
+  b, l, h, _ = sieve_bias.shape
+  d = len(batch_lib.DISTANCE_FEATURES)
+  if distance is not None and np.shape(distance) != (b, l, h, d):
+    raise ValueError(f"distance must have shape [b, l, h, {d}] = {(b, l, h, d)} to match "
+                     f"sieve_bias; got {np.shape(distance)}")
+  for name, x in (("lengths", lengths), ("data_index", data_index)):
+    if x is None:
+      continue
+    x = np.asarray(x)
+    if x.shape != (b,):
+      raise ValueError(f"{name} must have shape [b] = ({b},); got {x.shape}")
+    if not np.issubdtype(x.dtype, np.integer):
+      raise ValueError(f"{name} must be integer; got {x.dtype}")
+
+
+def write_scores(path, sieve_bias, roles, distance=None, lengths=None, data_index=None) -> Path:
+  """Writes ``scores.npz``; path: a ``*.npz`` file, or an output directory (created if needed).
+
+  Args:
+    sieve_bias: float ``[b, l, h, r]`` (stored as float32).
+    roles: the r role names.
+    distance: float ``[b, l, h, 21]`` or None (stored as float32).
+    lengths: int ``[b]`` or None (stored as int32).
+    data_index: int ``[b]`` or None (stored as int32).
+  """
+  roles = tuple(str(r) for r in roles)
+  validate_scores(sieve_bias, roles, distance, lengths, data_index)
+  arrays = {"sieve_bias": np.asarray(sieve_bias, np.float32), "roles": np.asarray(roles, str)}
+  if distance is not None:
+    arrays["distance"] = np.asarray(distance, np.float32)
+  if lengths is not None:
+    arrays["lengths"] = np.asarray(lengths, np.int32)
+  if data_index is not None:
+    arrays["data_index"] = np.asarray(data_index, np.int32)
+  return _write_npz(_in_dir(path, SCORES_FILE), arrays)
+
+
+def read_scores(path) -> Scores:
+  """Reads ``scores.npz`` (path: the file or the analysis output directory holding it)."""
+  file = _in_dir(path, SCORES_FILE)
+  if not file.is_file():
+    raise FileNotFoundError(f"no {SCORES_FILE} at {file}: pass the analysis output directory "
+                            f"(or the npz file itself) written by the `analyze` entry point")
+  with np.load(file, allow_pickle=False) as data:
+    missing = [k for k in ("sieve_bias", "roles") if k not in data.files]
+    if missing:
+      raise ValueError(f"{file} lacks {missing}; it holds {data.files}. A scores file needs at "
+                       f"least sieve_bias [b, l, h, r] and roles [r]")
+    optional = {k: data[k] if k in data.files else None
+                for k in ("distance", "lengths", "data_index")}
+    return Scores(sieve_bias=data["sieve_bias"], roles=tuple(str(r) for r in data["roles"]),
+                  **optional)
+
+
+# ---------------------------------------------------------------------------------------------
+# measures.npz
+
+
+def write_measures(path, measures: Mapping) -> Path:
+  """Writes ``measures.npz`` (path: the file or an output directory).
+
+  ``measures``: ``entropy``, ``cls_entropy`` ``[b, l, h]``, ``token_attention`` ``[b, l, h, 5]``
+  (columns `TOKEN_MEASURES`), ``lengths`` ``[b]``, and optionally ``js`` ``[l*h, l*h]`` with
+  ``js_sequences`` and ``data_index`` ``[b]`` (e.g. `heads_jax.stats.collector.collect`'s
+  result with a measures step, or `combine_measures` of several).
+  """
+  missing = [k for k in MEASURE_ROW_KEYS + ("lengths",) if k not in measures]
+  if missing:
+    raise KeyError(f"the measures lack {missing}: make the analysis step with measures=True")
+  entropy = np.asarray(measures["entropy"], np.float32)
+  if entropy.ndim != 3:
+    raise ValueError(f"entropy must be [b, l, h], got shape {entropy.shape}")
+  b, l, h = entropy.shape
+  token = np.asarray(measures["token_attention"], np.float32)
+  if token.shape != (b, l, h, len(TOKEN_MEASURES)):
+    raise ValueError(f"token_attention must be {(b, l, h, len(TOKEN_MEASURES))}, got {token.shape}")
+  arrays = {"entropy": entropy, "cls_entropy": np.asarray(measures["cls_entropy"], np.float32),
+            "token_attention": token, "token_measures": np.asarray(TOKEN_MEASURES, dtype=str),
+            "lengths": np.asarray(measures["lengths"], np.int32)}
+  if arrays["cls_entropy"].shape != (b, l, h) or arrays["lengths"].shape != (b,):
+    raise ValueError("cls_entropy must be [b, l, h] and lengths [b] like entropy")
+  if measures.get("js") is not None:
+    js = np.asarray(measures["js"], np.float32)
+    if js.shape != (l * h, l * h):
+      raise ValueError(f"js must be [l*h, l*h] = {(l * h, l * h)}, got {js.shape}")
+    arrays["js"] = js
+    arrays["js_sequences"] = np.int64(measures.get("js_sequences", b))
+  if "data_index" in measures:
+    arrays["data_index"] = np.asarray(measures["data_index"], np.int32)
+  return _write_npz(_in_dir(path, MEASURES_FILE), arrays)
+
+
+def read_measures(path) -> dict:
+  """Reads ``measures.npz`` (the file, or an analysis directory holding one): a dict of its
+  arrays, with ``token_measures`` as a tuple of str."""
+  file = _in_dir(path, MEASURES_FILE)
+  if not file.is_file():
+    raise FileNotFoundError(f"no measures file at {file}; run the analysis with measures on")
+  with np.load(file, allow_pickle=False) as data:
+    missing = [k for k in MEASURE_ROW_KEYS + ("lengths",) if k not in data.files]
+    if missing:
+      raise ValueError(f"{file} is not a measures.npz: it lacks {missing} (has {data.files})")
+    out = {k: data[k] for k in data.files}
+  out["token_measures"] = tuple(str(x) for x in out.get("token_measures", TOKEN_MEASURES))
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# run.json
+
+
+def write_run(out_dir, device: Mapping, data_info: list) -> Path:
+  """Writes ``run.json``: the settings that determine scores.npz and the data specs' info."""
+  path = Path(out_dir) / RUN_FILE
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps({"device": device, "data_info": data_info}, indent=2, default=str),
+                  encoding="utf-8")
+  return path
+
+
+def read_run(out_dir) -> dict | None:
+  """The ``run.json`` of an output directory, or None when there is none."""
+  path = Path(out_dir) / RUN_FILE
+  return read_json(path) if path.is_file() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# tests, clusters, summary
+
+
+def _check_columns(df: pd.DataFrame, columns, what: str) -> None:
+  if tuple(df.columns) != tuple(columns):
+    raise ValueError(f"{what} must have exactly the columns {list(columns)}; got "
+                     f"{list(df.columns)}")
+
+
+def write_tests(df: pd.DataFrame, settings: Mapping, out_dir) -> dict[str, Path]:
+  """Writes tests.csv, tests.json ({"settings", "tests"}) and settings.json into out_dir.
+
+  Returns the written paths by file name.
+  """
+  _check_columns(df, TEST_COLUMNS, "the tests table")
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  paths = {TESTS_CSV: out_dir / TESTS_CSV}
+  df.to_csv(paths[TESTS_CSV], index=False)
+  records = to_jsonable(df.to_dict(orient="records"))
+  paths[TESTS_JSON] = write_json({"settings": settings, "tests": records}, out_dir / TESTS_JSON)
+  paths[SETTINGS_JSON] = write_json(settings, out_dir / SETTINGS_JSON)
+  return paths
+
+
+def read_tests(out_dir) -> tuple[pd.DataFrame, dict]:
+  """Reads tests.csv and the settings (settings.json, else tests.json) of an output directory."""
+  out_dir = Path(out_dir)
+  csv = out_dir / TESTS_CSV
+  if not csv.is_file():
+    raise FileNotFoundError(f"no {TESTS_CSV} in {out_dir}: run the hypothesis tests first "
+                            f"(`analyze`, or hypothesis.hypothesis_tests + contract.write_tests)")
+  df = pd.read_csv(csv, dtype={"role": str})
+  _check_columns(df, TEST_COLUMNS, str(csv))
+  df["assigned"] = df["assigned"].astype(bool)
+  if (out_dir / SETTINGS_JSON).is_file():
+    settings = read_json(out_dir / SETTINGS_JSON)
+  elif (out_dir / TESTS_JSON).is_file():
+    settings = read_json(out_dir / TESTS_JSON).get("settings", {})
+  else:
+    settings = {}
+  return df, settings
+
+
+def write_clusters(df: pd.DataFrame, info: Mapping, out_dir) -> dict[str, Path]:
+  """Writes clusters.csv (one row per head) and clusters.json (the info dict) into out_dir."""
+  _check_columns(df, CLUSTER_COLUMNS, "the clusters table")
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  paths = {CLUSTERS_CSV: out_dir / CLUSTERS_CSV}
+  df.to_csv(paths[CLUSTERS_CSV], index=False)
+  paths[CLUSTERS_JSON] = write_json(info, out_dir / CLUSTERS_JSON)
+  return paths
+
+
+def read_clusters(out_dir) -> tuple[pd.DataFrame, dict]:
+  """Reads clusters.csv and clusters.json (info; {} when absent) of an output directory."""
+  out_dir = Path(out_dir)
+  csv = out_dir / CLUSTERS_CSV
+  if not csv.is_file():
+    raise FileNotFoundError(f"no {CLUSTERS_CSV} in {out_dir}: run the head clustering first "
+                            f"(`analyze` with distance features, or clustering.cluster_heads + "
+                            f"contract.write_clusters)")
+  df = pd.read_csv(csv, dtype={"cluster_name": str})
+  _check_columns(df, CLUSTER_COLUMNS, str(csv))
+  info = read_json(out_dir / CLUSTERS_JSON) if (out_dir / CLUSTERS_JSON).is_file() else {}
+  return df, info
+
+
+def write_summary(summary: Mapping, out_dir) -> Path:
+  """Writes summary.json into out_dir."""
+  return write_json(summary, Path(out_dir) / SUMMARY_JSON)
+
+
+def read_summary(out_dir) -> dict:
+  """Reads summary.json of an output directory."""
+  path = Path(out_dir) / SUMMARY_JSON
+  if not path.is_file():
+    raise FileNotFoundError(f"no {SUMMARY_JSON} in {out_dir}: compute it with "
+                            f"summary.summary_figures + contract.write_summary")
+  return read_json(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the before/after comparison
+
+
+@dataclasses.dataclass
+class Comparison:
+  """A before/after comparison (tables described in `heads_jax.hoststats.compare`)."""
+  sieve_bias: pd.DataFrame
+  roles: pd.DataFrame
+  clusters: pd.DataFrame | None
+  warnings: list[str]
+  before_dir: str | None = None
+  after_dir: str | None = None
+  settings_before: dict = dataclasses.field(default_factory=dict)
+  settings_after: dict = dataclasses.field(default_factory=dict)
+
+
+def write_comparison(comparison: Comparison, out_dir) -> dict[str, Path]:
+  """Writes a `Comparison` into out_dir.
+
+  Files: compare_sieve_bias.csv, compare_roles.csv, compare_clusters.csv (only when the
+  comparison has cluster changes) and compare.json (directories, settings, warnings).
+  """
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  paths = {COMPARE_SIEVE_BIAS_CSV: out_dir / COMPARE_SIEVE_BIAS_CSV,
+           COMPARE_ROLES_CSV: out_dir / COMPARE_ROLES_CSV}
+  comparison.sieve_bias.to_csv(paths[COMPARE_SIEVE_BIAS_CSV], index=False)
+  comparison.roles.to_csv(paths[COMPARE_ROLES_CSV], index=False)
+  if comparison.clusters is not None:
+    paths[COMPARE_CLUSTERS_CSV] = out_dir / COMPARE_CLUSTERS_CSV
+    comparison.clusters.to_csv(paths[COMPARE_CLUSTERS_CSV], index=False)
+  meta = {"before_dir": str(comparison.before_dir), "after_dir": str(comparison.after_dir),
+          "settings_before": comparison.settings_before,
+          "settings_after": comparison.settings_after, "warnings": list(comparison.warnings)}
+  paths[COMPARE_JSON] = write_json(meta, out_dir / COMPARE_JSON)
+  return paths
+
+
+def read_comparison(out_dir) -> Comparison:
+  """Reads what `write_comparison` wrote back into a `Comparison`."""
+  out_dir = Path(out_dir)
+  if not (out_dir / COMPARE_JSON).is_file():
+    raise FileNotFoundError(f"no {COMPARE_JSON} in {out_dir}: run compare.compare_runs + "
+                            f"contract.write_comparison first")
+  meta = read_json(out_dir / COMPARE_JSON)
+  text = {c: str for c in ("roles_before", "roles_after", "gained", "lost")}
+  roles = pd.read_csv(out_dir / COMPARE_ROLES_CSV, dtype=text, keep_default_na=False)
+  clusters = None
+  if (out_dir / COMPARE_CLUSTERS_CSV).is_file():
+    clusters = pd.read_csv(out_dir / COMPARE_CLUSTERS_CSV,
+                           dtype={"cluster_before": str, "cluster_after": str})
+    clusters["changed"] = clusters["changed"].astype(bool)
+  return Comparison(
+      sieve_bias=pd.read_csv(out_dir / COMPARE_SIEVE_BIAS_CSV), roles=roles, clusters=clusters,
+      warnings=list(meta.get("warnings", [])), before_dir=meta.get("before_dir"),
+      after_dir=meta.get("after_dir"), settings_before=meta.get("settings_before", {}),
+      settings_after=meta.get("settings_after", {}))
