@@ -96,7 +96,8 @@ def pretraining_batch(batch_size: int, seq_len: int, max_predictions: int,
   """A real pre-training batch from the embedded Gutenberg books (seed 0), the tokenizer, and
   the timing of building ``host_batches`` more batches on the host (one thread, no prefetch)."""
   from heads_jax.data.assets import gutenberg_paths
-  from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec, TextCorpus
+  from heads_jax.data.corpora import TextCorpus
+  from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec
   from heads_jax.data.tokenizer import load_tokenizer
   tok = load_tokenizer()
   spec = PretrainingSpec(max_seq_length=seq_len, max_predictions=max_predictions)

@@ -112,3 +112,32 @@ def test_max_length_above_position_limit_is_refused_before_encoding(capsys, monk
                    "--max-length", "65")
   assert code == 2 and len(err.splitlines()) == 1, err
   assert "--max-length 65 exceeds the model's 64 positions" in err and "--max-length 64 or less" in err
+
+
+def _latin1_file(path, lines=("first line", "second line", "caf\xe9 au lait", "fourth")):
+  path.write_bytes("\n".join(lines).encode("latin-1") + b"\n")
+  return path
+
+
+def test_text_file_not_utf8_names_file_and_line(capsys, tmp_path):
+  m = _tiny_model_dir(tmp_path / "m")
+  bad = _latin1_file(tmp_path / "sentences.txt")
+  code, err = _run(capsys, "analyze", "--model", str(m), "--data", f"text:{bad}", "--no-syntax",
+                   "--out", str(tmp_path / "o"), "--no-report")
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert f"{bad}, line 3 (byte 0xe9 at column 4): not UTF-8" in err
+  tsv = _latin1_file(tmp_path / "pairs.tsv", ("a\tb", "c\td", "e\tf", "g\tcaf\xe9"))
+  code, err = _run(capsys, "analyze", "--model", str(m), "--data", f"tsv:{tsv}", "--no-syntax",
+                   "--out", str(tmp_path / "o2"), "--no-report")
+  assert code == 2 and len(err.splitlines()) == 1 and f"{tsv}, line 4 " in err, err
+
+
+def test_pretraining_corpus_not_utf8_names_file_and_line(capsys, tmp_path):
+  books = tmp_path / "books"
+  books.mkdir()
+  (books / "good.txt").write_text("A first sentence. And another one.\n\nA new paragraph here.\n")
+  _latin1_file(books / "bad.txt", ("One.", "", "Two.", "", "Thr\xe9e."))
+  code, err = _run(capsys, "pretrain", "--config", "configs/pretrain.py:tiny", "--workdir", str(tmp_path / "w"),
+                   f"--config.data.sources={books}")
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert f"{books / 'bad.txt'}, line 5 (byte 0xe9 at column 4): not UTF-8" in err

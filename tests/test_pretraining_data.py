@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from heads_jax.data.assets import gutenberg_paths
-from heads_jax.data.pretraining import (MixtureCorpus, PretrainingExamples, PretrainingSpec,
-                                        TextCorpus, TfdsCorpus, make_corpus, split_sentences)
+from heads_jax.data.corpora import MixtureCorpus, TextCorpus, TfdsCorpus, make_corpus
+from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec
+from heads_jax.data.sentences import chop_sentence, split_sentences
 from heads_jax.data.tokenizer import load_tokenizer
 
 
@@ -198,8 +199,7 @@ def test_text_without_full_stops(tmp_path, tokenizer):
                            PretrainingSpec(max_seq_length=32, max_predictions=5), 0)
   b = ex.batch(0, 32)
   assert (b["attention_mask"].sum(1) > 5).all()
-  from heads_jax.data.pretraining import _chop
-  pieces = _chop("ab " * 1000, 100)
+  pieces = chop_sentence("ab " * 1000, 100)
   assert max(map(len, pieces)) <= 100 and " ".join(pieces).split() == ["ab"] * 1000
 
 

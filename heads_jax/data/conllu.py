@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from heads_jax.data.utf8 import not_utf8
+
 NUM_COLUMNS = 10
 
 
@@ -116,7 +118,8 @@ def read_conllu(source, max_examples: int | None = None) -> Iterator[Sentence]:
   """Yields the sentences of a CoNLL-U file (path, ``.gz`` path, or open text stream).
 
   Raises ValueError naming the file and line for a malformed line: wrong number of columns,
-  a non-integer ID or HEAD, a HEAD outside 0..n, word IDs out of sequence.
+  a non-integer ID or HEAD, a HEAD outside 0..n, word IDs out of sequence; a UserError naming
+  the file and line for a file that is not UTF-8.
   """
   if max_examples is not None and max_examples <= 0:
     return
@@ -135,6 +138,10 @@ def read_conllu(source, max_examples: int | None = None) -> Iterator[Sentence]:
       count += 1
       if max_examples is not None and count >= max_examples:
         return
+  except UnicodeDecodeError:
+    if f is None:
+      raise
+    raise not_utf8(source) from None
   finally:
     if f is not None:
       f.close()

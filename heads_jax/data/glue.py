@@ -12,6 +12,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from heads_jax.data.utf8 import not_utf8
+
 
 @dataclasses.dataclass(frozen=True)
 class GlueExample:
@@ -107,6 +109,18 @@ def load_glue_tsv(path_dir, task: str, split: str = "dev", max_examples: int | N
     raise ValueError(f"bad_rows must be 'warn', 'skip' or 'error', got {bad_rows!r}")
   info = task_info(task)
   path = tsv_path(path_dir, task, split)
+  try:
+    examples, skipped = _read_glue_tsv(path, info, max_examples, bad_rows)
+  except UnicodeDecodeError:
+    raise not_utf8(path) from None
+  if skipped and bad_rows == "warn":
+    warnings.warn(f"{path}: skipped {len(skipped)} malformed row(s) at line(s) "
+                  f"{', '.join(map(str, skipped[:10]))}{' ...' if len(skipped) > 10 else ''}",
+                  stacklevel=2)
+  return examples
+
+
+def _read_glue_tsv(path, info: GlueTask, max_examples, bad_rows):
   csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
   examples, skipped = [], []
   with open(path, encoding="utf-8-sig", newline="") as f:
@@ -136,11 +150,7 @@ def load_glue_tsv(path_dir, task: str, split: str = "dev", max_examples: int | N
         continue
       texts = [row[c] for c in text_cols]
       examples.append(GlueExample(texts[0], texts[1] if len(texts) > 1 else None, label, n))
-  if skipped and bad_rows == "warn":
-    warnings.warn(f"{path}: skipped {len(skipped)} malformed row(s) at line(s) "
-                  f"{', '.join(map(str, skipped[:10]))}{' ...' if len(skipped) > 10 else ''}",
-                  stacklevel=2)
-  return examples
+  return examples, skipped
 
 
 def _as_str(value) -> str:
@@ -168,6 +178,7 @@ def load_glue_tfds(task: str, split: str = "validation", data_dir=None,
   is downloaded here unless TFDS itself does so. Test splits give ``label=None``.
   """
   info = task_info(task)
+  # Optional heavy dependency (TensorFlow Datasets), imported only when TFDS data is asked for.
   import tensorflow_datasets as tfds
   import tensorflow_datasets.text.glue  # noqa: F401  (registers the glue builder)
   split = {"dev": "validation"}.get(split, split)

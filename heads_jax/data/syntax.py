@@ -57,7 +57,7 @@ def load_parser(name: str = DEFAULT_PARSER):
 
   Raises MissingParserError saying how to install it and that ``--no-syntax`` skips syntax.
   """
-  import spacy
+  import spacy  # optional heavy dependency, loaded only when text inputs need a parser
   try:
     return spacy.load(name, exclude=["ner", "lemmatizer"])
   except OSError as e:

@@ -6,6 +6,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from heads_jax.data.utf8 import not_utf8
+
 
 @dataclasses.dataclass(frozen=True)
 class TextExample:
@@ -24,6 +26,7 @@ def _check(path) -> Path:
 
 def read_text(path, max_examples: int | None = None, unit: str = "line") -> Iterator[TextExample]:
   """Yields the texts of a UTF-8 file; blank lines are skipped, surrounding whitespace stripped.
+  A file that is not UTF-8 raises a UserError naming the file and the line.
 
   ``unit="line"``: one example per non-blank line (one sentence per line).
   ``unit="paragraph"``: one example per block of non-blank lines (blank-line separated, as the
@@ -34,25 +37,28 @@ def read_text(path, max_examples: int | None = None, unit: str = "line") -> Iter
   if max_examples is not None and max_examples <= 0:
     return
   count = 0
-  with open(_check(path), encoding="utf-8-sig") as f:
-    block = []
-    for line in f:
-      line = line.strip()
-      if unit == "line":
-        if line:
-          yield TextExample(line, None, count)
+  try:
+    with open(_check(path), encoding="utf-8-sig") as f:
+      block = []
+      for line in f:
+        line = line.strip()
+        if unit == "line":
+          if line:
+            yield TextExample(line, None, count)
+            count += 1
+        elif line:
+          block.append(line)
+          continue
+        elif block:
+          yield TextExample(" ".join(block), None, count)
           count += 1
-      elif line:
-        block.append(line)
-        continue
-      elif block:
+          block = []
+        if max_examples is not None and count >= max_examples:
+          return
+      if block:
         yield TextExample(" ".join(block), None, count)
-        count += 1
-        block = []
-      if max_examples is not None and count >= max_examples:
-        return
-    if block:
-      yield TextExample(" ".join(block), None, count)
+  except UnicodeDecodeError:
+    raise not_utf8(path) from None
 
 
 def load_text(path, max_examples: int | None = None, unit: str = "line") -> list[TextExample]:
@@ -65,9 +71,16 @@ def load_tsv(path, header: bool = False, max_examples: int | None = None) -> lis
 
   With ``header=True`` the first line is a header and is skipped. Every row must have the
   same number of columns (1 or 2); blank lines are skipped. A bad row raises ValueError with
-  file and line.
+  file and line, a file that is not UTF-8 a UserError with file and line.
   """
   csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+  try:
+    return _read_tsv(path, header, max_examples)
+  except UnicodeDecodeError:
+    raise not_utf8(path) from None
+
+
+def _read_tsv(path, header: bool, max_examples: int | None) -> list[TextExample]:
   examples, ncols = [], None
   with open(_check(path), encoding="utf-8-sig", newline="") as f:
     reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)

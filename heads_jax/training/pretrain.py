@@ -23,7 +23,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec, make_corpus
+from heads_jax.data.corpora import make_corpus
+from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec
 from heads_jax.parallel import data_mesh, shard_batch
 from heads_jax.training import checkpointing, configlib, loop, metrics as metrics_lib, optimizer, steps
 
