@@ -10,9 +10,26 @@ With ``measures=True`` the same pass also returns the measures of ``heads_jax.st
 ``[b, l, h, 5]``; with ``js=True`` also ``js`` ``[b, l*h, l*h]`` (Jensen-Shannon distances
 between heads, costly: ``(l h)^2 q k`` logarithms per sequence).
 
-Inside the single ``jax.jit`` function the model runs with ``return_attentions=True``; the
-attention ``[b, l, h, q, k]`` is reduced on the device to the per-sequence statistics and
-never reaches the host. The batch is padded with all-padding rows to a multiple of the
+Inside the single ``jax.jit`` function each layer's attention is reduced on the device to the
+per-sequence statistics right after its softmax and never reaches the host. ``stats_impl``
+chooses how (all give the same numbers to float32 rounding, ``tests/test_fused_stats.py``):
+
+* ``"layerwise"`` (default on CPU and TPU): the model's ``attention_reduce`` hook runs
+  ``heads_jax.stats.layerwise`` on each layer's probabilities ``[b, h, q, k]``: one matmul
+  against per-batch weights and one entropy pass per layer, no ``[b, l, h, q, k]`` stack and
+  no normalised or entropy-weighted copies.
+* ``"fused"`` (default on GPUs): the model keeps its fused attention (cuDNN for bfloat16) and
+  the hook runs the Pallas kernel of ``heads_jax.stats.fused`` on each layer's queries and keys;
+  the probabilities are never written to memory. Off a GPU the kernel runs in Pallas interpret
+  mode (correct, slow: for tests). A ``"uniform"`` head gate needs the probabilities and
+  falls back to ``"layerwise"``.
+* ``"stacked"``: the model returns ``attentions`` ``[b, l, h, q, k]`` and the stand-alone
+  functions reduce the stack (the original path; any callable with the model API).
+
+``"auto"`` picks ``"fused"`` on a GPU and ``"layerwise"`` elsewhere; a model whose ``__call__``
+has no ``attention_reduce`` parameter, and ``js=True`` (which compares all heads with each
+other), always take ``"stacked"``. ``compute_dtype="bfloat16"`` runs the encoder's matmuls in
+bfloat16 (float32 softmax and statistics; the error against float32 is in BENCHMARKS.md). The batch is padded with all-padding rows to a multiple of the
 number of (local) devices of the ``data`` mesh and sharded over it; the model state is
 replicated on the mesh once, when the step is made. Only the real rows come back.
 
@@ -21,6 +38,7 @@ This is where the model and the sieves meet (DESIGN.md section 2): neither impor
 
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 import jax
@@ -32,10 +50,47 @@ from heads_jax.data.batch import BATCH_FIELDS, ROLES
 from heads_jax.parallel import batch_sharding, data_mesh, pad_to_multiple, replicate, shard_batch
 from heads_jax.sieves import build_sieves, check_direction, check_roles
 from heads_jax.stats.distance import distance_features
+from heads_jax.stats.fused import fused_reducer, fused_tables
+from heads_jax.stats.layerwise import batch_tables, finish, layer_reducer
 from heads_jax.stats.measures import all_measures
 from heads_jax.stats.sieve_bias import sieve_bias
 
 GATE_MODES = ("remove", "uniform")
+STATS_IMPLS = ("auto", "layerwise", "fused", "stacked")
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def default_stats_impl() -> str:
+  """``"fused"`` on a GPU (the Pallas kernel), ``"layerwise"`` elsewhere."""
+  return "fused" if jax.default_backend() == "gpu" else "layerwise"
+
+
+def accepts_attention_reduce(model) -> bool:
+  """Whether ``model(...)`` takes the per-layer ``attention_reduce`` hook (heads_jax encoders)."""
+  fn = type(model).__call__ if isinstance(model, nnx.Module) else model
+  try:
+    return "attention_reduce" in inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return False
+
+
+def with_compute_dtype(model, dtype: str):
+  """The same encoder (same parameter arrays) computing in ``dtype`` (``"float32"`` or
+  ``"bfloat16"``; parameters, softmax and LayerNorm stay float32). Needs a module built as
+  ``type(model)(config, rngs=...)`` with a ``config.dtype`` field."""
+  if dtype not in COMPUTE_DTYPES:
+    raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
+  config = getattr(model, "config", None)
+  if config is None or not hasattr(config, "replace"):
+    raise TypeError(f"compute_dtype needs a heads_jax encoder with a config; got "
+                    f"{type(model).__name__}")
+  if config.dtype == dtype:
+    return model
+  cfg = config.replace(dtype=dtype)
+  abstract = nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0)))
+  graphdef, _ = nnx.split(abstract)
+  _, state = nnx.split(model)
+  return nnx.merge(graphdef, state)
 
 
 def _check_batch(batch: dict) -> dict:
@@ -84,20 +139,31 @@ class AnalysisStep:
   """Callable analysis step; see ``make_analysis_step``."""
 
   def __init__(self, model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
-               mesh=None, gate_mode: str = "remove", measures: bool = False, js: bool = False):
+               mesh=None, gate_mode: str = "remove", measures: bool = False, js: bool = False,
+               stats_impl: str = "auto", compute_dtype: str | None = None,
+               fused_block_q: int | None = None):
     self.roles = check_roles(roles)
     self.direction = check_direction(direction)
     if gate_mode not in GATE_MODES:
       raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
     self.gate_mode = gate_mode
     self.measures, self.js = bool(measures or js), bool(js)
-    self.mesh = data_mesh() if mesh is None else mesh
+    self.mesh = mesh = data_mesh() if mesh is None else mesh
     local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
     self.multiple = max(1, len(local))
     # A task model (pre-training / classification) carries its encoder as `.bert`; only the
     # encoder's attentions are needed, so skip the task heads (MLM logits are costly).
     encoder = getattr(model, "bert", model)
+    if compute_dtype is not None:
+      encoder = with_compute_dtype(encoder, compute_dtype)
     self.model = encoder
+    if stats_impl not in STATS_IMPLS:
+      raise ValueError(f"stats_impl must be one of {STATS_IMPLS}, got {stats_impl!r}")
+    if stats_impl == "auto":
+      stats_impl = default_stats_impl()
+    if self.js or not accepts_attention_reduce(encoder):
+      stats_impl = "stacked"
+    self.stats_impl = stats_impl
     roles, direction, gate_mode = self.roles, self.direction, self.gate_mode
     with_measures, with_js = self.measures, self.js
 
@@ -105,9 +171,24 @@ class AnalysisStep:
       kwargs = {}
       if head_gate is not None:
         kwargs = {"head_gate": head_gate, "gate_mode": gate_mode}
-      out = module(batch["input_ids"], attention_mask=batch["attention_mask"],
-                   token_type_ids=batch["token_type_ids"], return_attentions=True,
-                   deterministic=True, **kwargs)
+      inputs = (batch["input_ids"],)
+      common = dict(attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"],
+                    deterministic=True, **kwargs)
+      impl = stats_impl
+      if impl == "fused" and head_gate is not None and gate_mode == "uniform":
+        impl = "layerwise"  # the uniform gate edits the probabilities: the kernel cannot see it
+      if impl == "layerwise":
+        tables = batch_tables(batch, roles, direction, with_measures)
+        reduce = layer_reducer(tables, roles, batch["attention_mask"], with_measures)
+        out = module(*inputs, attention_reduce=reduce, **common)
+        return finish(out["attention_reduced"], tables)
+      if impl == "fused":
+        tables = fused_tables(batch, roles, direction, with_measures)
+        reduce = fused_reducer(tables, roles, direction, with_measures, block_q=fused_block_q,
+                               mesh=mesh)
+        out = module(*inputs, attention_reduce=reduce, **common)
+        return finish(out["attention_reduced"], tables)
+      out = module(*inputs, return_attentions=True, **common)
       attn = out["attentions"]                                        # [b, l, h, q, k]
       sieves = build_sieves(batch, roles, direction)                  # [b, r, q, k]
       out = {
@@ -158,7 +239,9 @@ class AnalysisStep:
 
 def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
                        mesh=None, gate_mode: str = "remove", measures: bool = False,
-                       js: bool = False) -> AnalysisStep:
+                       js: bool = False, stats_impl: str = "auto",
+                       compute_dtype: str | None = None,
+                       fused_block_q: int | None = None) -> AnalysisStep:
   """The jitted analysis step of ``model``.
 
   Args:
@@ -173,11 +256,17 @@ def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "de
     measures: also return ``entropy``, ``cls_entropy`` ``[b, l, h]`` and ``token_attention``
       ``[b, l, h, 5]`` (``heads_jax.stats.measures``; cheap).
     js: also return the Jensen-Shannon distances ``js`` ``[b, l*h, l*h]`` between heads
-      (implies ``measures``; costs ``(l h)^2 q k`` logarithms per sequence).
+      (implies ``measures``; costs ``(l h)^2 q k`` logarithms per sequence; takes the
+      ``"stacked"`` path).
+    stats_impl: ``"auto"``, ``"layerwise"``, ``"fused"`` or ``"stacked"`` (module docstring).
+    compute_dtype: ``None`` (the model's own), ``"float32"`` or ``"bfloat16"``: the encoder's
+      matmul dtype for this step (``with_compute_dtype``).
+    fused_block_q: queries per Pallas program for ``"fused"`` (default: the kernel's choice).
 
   Returns:
     an ``AnalysisStep``: ``step(batch, head_gate=None) -> dict`` of numpy arrays for the real
     rows, and ``step.submit(batch)`` to dispatch without waiting (``.result()`` fetches).
   """
   return AnalysisStep(model, roles=roles, direction=direction, mesh=mesh, gate_mode=gate_mode,
-                      measures=measures, js=js)
+                      measures=measures, js=js, stats_impl=stats_impl,
+                      compute_dtype=compute_dtype, fused_block_q=fused_block_q)

@@ -1,0 +1,314 @@
+"""Fused attention statistics: a Pallas kernel that computes each head's softmax from q . k and
+emits the sieve-bias, distance-feature, entropy and token-measure sums of a layer without writing
+the probabilities to memory.
+
+Grid ``(b, h, q / tq)``: one program takes ``tq`` queries of one head of one sequence, all keys,
+and per-position integers of the sequence (token class and type, word index, dependency head and
+relation, realness, n). It computes the scores ``s = q k^T / sqrt(e)`` (float32 accumulation),
+the masked softmax ``p`` and, per query t:
+
+* ``T = sum_s p`` and the entropy ``H = ln Z - sum_s p (s - max)`` (one pass, no logarithm per
+  element);
+* ``p @ E`` with ``E [k, 16]`` key-column indicators ([CLS] position, [SEP], ``,``, ``.``, the two
+  block columns, [CLS] class, delimiter): cls/sep/delimiter/block roles, the special-token
+  distance features and the [CLS]/[SEP]/punctuation token measures;
+* the diagonals ``p[t, t+o]`` for ``o = -2..2`` (local, prev/next local, self, prev/next token);
+* the 16 distance windows ``min(15, floor(16 |s - t| / n))`` over keys that are neither special
+  nor t, each a masked row sum computed from positions (no table);
+* the dependency roles: ``dep2head`` needs one masked row sum (the head word's pieces), shared
+  by the four relations and ``syntactic``; ``both`` adds the exact union masks per role.
+
+Each query's values are multiplied by its weights (``U``: the same per-query weights as
+``heads_jax.stats.layerwise``) and summed over the program's queries; the output is the partial
+sums ``[b, h, q / tq, C]``, added up outside. Roles are divided by ``T`` and ``block`` is
+multiplied by ``H`` as the reference definitions (``heads_jax.stats.sieve_bias``).
+
+The kernel is written for the Triton lowering (GPU) and for ``interpret=True`` (any backend;
+the tests run it on the CPU). On a GPU, Triton needs power-of-two block sizes, so the sequence
+axis is padded to a power of two (``pad_pow2``, on by default on GPUs; padding positions are
+never real). It is not tuned for TPUs (Mosaic wants ``[.., 8, 128]``-aligned blocks and another
+layout of q and k): the analysis step uses the XLA per-layer path there (see
+``heads_jax.stats.step``, ``stats_impl``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
+
+from heads_jax.data.batch import (
+    REL_ADVMOD, REL_AMOD, REL_NSUBJ, REL_OBJ, TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PAD,
+    TOKEN_PERIOD, TOKEN_SEP)
+from heads_jax.parallel import DATA_AXIS
+from heads_jax.sieves import (
+    NUM_DISTANCE_FEATURES, NUM_WINDOWS, build_sieves, check_direction, check_roles)
+from heads_jax.stats.layerwise import NUM_TOKEN_MEASURES, block_columns, role_weights
+
+_RELATIONS = {"nsubj": REL_NSUBJ, "obj": REL_OBJ, "amod": REL_AMOD, "advmod": REL_ADVMOD}
+# rows of the per-position integer table
+_CLASS, _TYPE, _WORD, _HEAD, _REL, _REAL, _N = range(7)
+_INFO_ROWS = 8
+_PAD_INFO = (TOKEN_PAD, 0, -1, -1, 0, 0, 1, 0)
+# columns of E
+(_E_POS0, _E_SEP, _E_COMMA, _E_PERIOD, _E_BLOCK0, _E_BLOCK1, _E_CLS, _E_DELIM) = range(8)
+_E_COLS = 16
+
+
+def num_channels(roles: Sequence[str], measures: bool) -> int:
+  """r + 21 [+ 2 entropies + 5 token measures]: the kernel's output channels."""
+  return len(roles) + NUM_DISTANCE_FEATURES + (2 + NUM_TOKEN_MEASURES if measures else 0)
+
+
+def _next_pow2(x: int) -> int:
+  return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def fused_tables(batch, roles: Sequence[str], direction: str = "dep2head",
+                 measures: bool = False, pad_pow2: bool | None = None) -> dict:
+  """The kernel's per-batch inputs (built once per batch, on device).
+
+  Returns ``info`` int32 ``[b, 8, kp]`` (class, type, word, head, relation, real, n per
+  position), ``cols`` float32 ``[b, kp, 16]`` (``E``), ``weights`` float32 ``[b, cp, kp]``
+  (``U``: per-query weight of each output channel, channels padded to a power of two) and
+  ``count`` ``[b, r]``; kp is k, or the next power of two with ``pad_pow2`` (default: on GPUs).
+  """
+  roles = check_roles(roles)
+  direction = check_direction(direction)
+  if pad_pow2 is None:
+    pad_pow2 = jax.default_backend() == "gpu"
+  mask = jnp.asarray(batch["attention_mask"])
+  b, k = mask.shape
+  real = mask > 0
+  realf = real.astype(jnp.float32)
+  n = jnp.sum(realf, axis=-1)                                              # [b]
+  tc = jnp.asarray(batch["token_class"])
+  pos = jnp.arange(k)
+  info = jnp.stack([tc, batch["token_type_ids"], batch["word_ids"], batch["dep_head"],
+                    batch["dep_rel"], real.astype(jnp.int32),
+                    jnp.broadcast_to(jnp.maximum(n, 1).astype(jnp.int32)[:, None], (b, k)),
+                    jnp.zeros((b, k), jnp.int32)], axis=1).astype(jnp.int32)
+  block = block_columns(batch)                                             # [b, k, 2]
+  col = lambda x: (x & real).astype(jnp.float32)                           # noqa: E731
+  cols = jnp.stack([col(pos[None] == 0), col(tc == TOKEN_SEP), col(tc == TOKEN_COMMA),
+                    col(tc == TOKEN_PERIOD), block[..., 0], block[..., 1], col(tc == TOKEN_CLS),
+                    col((pos[None] == 0) | (tc == TOKEN_SEP))], axis=-1)
+  cols = jnp.pad(cols, ((0, 0), (0, 0), (0, _E_COLS - cols.shape[-1])))
+
+  weight, count = role_weights(build_sieves(batch, roles, direction), mask)  # [b, r, q]
+  over_n = realf / jnp.maximum(n, 1.0)[:, None]                           # [b, q]
+  rows = [weight[:, j] for j in range(len(roles))] + [over_n] * NUM_DISTANCE_FEATURES
+  if measures:
+    over_n1 = realf / jnp.maximum(n - 1.0, 1.0)[:, None]
+    rows += [over_n, ((pos[None] == 0) & real).astype(jnp.float32)]       # entropy, cls_entropy
+    rows += [over_n, over_n, over_n, over_n1, over_n1]                    # cls sep punct prev next
+  weights = jnp.stack(rows, axis=1)                                        # [b, c, q]
+  c = weights.shape[1]
+  cp = _next_pow2(c)
+  weights = jnp.pad(weights, ((0, 0), (0, cp - c), (0, 0)))
+  kp = _next_pow2(k) if pad_pow2 else k
+  if kp != k:
+    extra = kp - k
+    pad_info = jnp.broadcast_to(jnp.asarray(_PAD_INFO, jnp.int32)[None, :, None], (b, _INFO_ROWS, extra))
+    info = jnp.concatenate([info, pad_info], axis=-1)
+    cols = jnp.pad(cols, ((0, 0), (0, extra), (0, 0)))
+    weights = jnp.pad(weights, ((0, 0), (0, 0), (0, extra)))
+  return {"info": info, "cols": cols, "weights": weights, "count": count}
+
+
+def _stats_kernel(q_ref, k_ref, qi_ref, ki_ref, e_ref, u_ref, o_ref, *, roles, direction,
+                  measures, block_q, scale):
+  """One (sequence, head, query block): see the module docstring. Refs: q ``[tq, e]``, k
+  ``[kp, e]``, query info ``[8, tq]``, key info ``[8, kp]``, E ``[kp, 16]``, U ``[cp, tq]``,
+  out ``[cp]``."""
+  f32 = jnp.float32
+  i = pl.program_id(2)
+  kp = k_ref.shape[0]
+  cp = o_ref.shape[0]
+  s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                          precision=jax.lax.Precision.HIGHEST, preferred_element_type=f32)
+  s = s * scale                                                            # [tq, kp]
+  krow = lambda j: ki_ref[j, :][None, :]                                   # noqa: E731  [1, kp]
+  qvec = lambda j: qi_ref[j, :]                                            # noqa: E731  [tq]
+  qcol = lambda j: qvec(j)[:, None]                                        # noqa: E731  [tq, 1]
+  kreal = krow(_REAL) > 0
+  s = jnp.where(kreal, s, jnp.finfo(f32).min)
+  m = jnp.max(s, axis=1, keepdims=True)
+  ex = jnp.where(kreal, jnp.exp(s - m), 0.0)
+  z = jnp.maximum(jnp.sum(ex, axis=1, keepdims=True), jnp.finfo(f32).tiny)
+  p = ex / z                                                               # [tq, kp]
+  total = jnp.sum(p, axis=1)                                               # [tq]
+  entropy = jnp.log(z[:, 0]) - jnp.sum(p * jnp.where(kreal, s - m, 0.0), axis=1)
+  inv_total = 1.0 / jnp.where(total > 0, total, 1.0)
+  cols = jax.lax.dot_general(p, e_ref[...], (((1,), (0,)), ((), ())),
+                             precision=jax.lax.Precision.HIGHEST, preferred_element_type=f32)
+  col = lambda j: jnp.sum(jnp.where(jax.lax.broadcasted_iota(jnp.int32, cols.shape, 1) == j,
+                                    cols, 0.0), axis=1)                  # noqa: E731  [tq]
+  qpos = i * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
+  kpos = jax.lax.broadcasted_iota(jnp.int32, (1, kp), 1)
+  off = kpos - qpos                                                        # [tq, kp]
+  masked_sum = lambda where: jnp.sum(jnp.where(where, p, 0.0), axis=1)   # noqa: E731
+  diag = {o: masked_sum(off == o) for o in (-2, -1, 0, 1, 2)}
+  qcls, qtype = qvec(_CLASS), qvec(_TYPE)
+  c_pos0, c_sep, c_comma, c_period = col(_E_POS0), col(_E_SEP), col(_E_COMMA), col(_E_PERIOD)
+  c_cls, c_delim = col(_E_CLS), col(_E_DELIM)
+  own_block = jnp.where(qtype == 0, col(_E_BLOCK0), col(_E_BLOCK1))
+
+  # dependency roles
+  qword, qhead, qrel = qcol(_WORD), qcol(_HEAD), qcol(_REL)
+  kword, khead, krel = krow(_WORD), krow(_HEAD), krow(_REL)
+  relation_roles = [r for r in roles if r in _RELATIONS or r == "syntactic"]
+  rel_values = {}
+  if relation_roles:
+    head_piece = (kword == qhead) & (qhead >= 0)                           # s in t's head word
+    if direction == "dep2head":
+      m_head = masked_sum(head_piece)
+      qrel1 = qvec(_REL)
+      rel_values = {r: m_head * (qrel1 == _RELATIONS[r]).astype(f32)
+                    for r in relation_roles if r != "syntactic"}
+      if "syntactic" in relation_roles:
+        rel_values["syntactic"] = m_head * ((qrel1 >= REL_NSUBJ)
+                                            & (qrel1 <= REL_ADVMOD)).astype(f32)
+    else:
+      dependent = (khead == qword) & (qword >= 0) & (khead >= 0)          # s's word depends on t's
+      for r in relation_roles:
+        if r == "syntactic":
+          fwd = (qrel >= REL_NSUBJ) & (qrel <= REL_ADVMOD)
+          rev = (krel >= REL_NSUBJ) & (krel <= REL_ADVMOD)
+        else:
+          fwd, rev = qrel == _RELATIONS[r], krel == _RELATIONS[r]
+        rel_values[r] = masked_sum((head_piece & fwd) | (dependent & rev))
+
+  values = []
+  for r in roles:
+    if r == "local":
+      v = diag[-2] + diag[-1] + diag[0] + diag[1] + diag[2]
+    elif r == "prev_local":
+      v = diag[-2] + diag[-1]
+    elif r == "next_local":
+      v = diag[1] + diag[2]
+    elif r == "block":
+      v = own_block * entropy
+    elif r == "block_plain":
+      v = own_block
+    elif r == "cls":
+      v = c_pos0
+    elif r == "sep":
+      v = c_sep
+    elif r == "delimiter":
+      v = c_delim
+    else:
+      v = rel_values[r]
+    values.append(v * inv_total)
+  # distance features: windows 0..15 over keys that are neither special nor t, then self and
+  # the special keys other than t (self wins over special)
+  other = (krow(_CLASS) == TOKEN_OTHER) & kreal & (off != 0)
+  dist = jnp.abs(off).astype(f32)
+  n = qcol(_N).astype(f32)
+  window = jnp.minimum(jnp.floor((NUM_WINDOWS * dist + 0.25) / n), NUM_WINDOWS - 1)
+  values += [masked_sum(other & (window == w)) for w in range(NUM_WINDOWS)]
+  d0 = diag[0]
+  is_q = lambda c: (qcls == c).astype(f32)                                 # noqa: E731
+  values += [d0, c_cls - d0 * is_q(TOKEN_CLS), c_sep - d0 * is_q(TOKEN_SEP),
+             c_comma - d0 * is_q(TOKEN_COMMA), c_period - d0 * is_q(TOKEN_PERIOD)]
+  if measures:
+    values += [entropy, entropy, c_cls, c_sep, c_comma + c_period, diag[-1], diag[1]]
+
+  lane = jax.lax.broadcasted_iota(jnp.int32, (cp,), 0)
+  out = jnp.zeros((cp,), f32)
+  for c, v in enumerate(values):
+    out = out + jnp.sum(u_ref[c, :] * v) * (lane == c).astype(f32)
+  o_ref[...] = out
+
+
+def fused_layer_stats(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
+                      measures: bool = False, block_q: int | None = None,
+                      interpret: bool | None = None) -> dict:
+  """One layer's statistics from its queries and keys (the kernel; see the module docstring).
+
+  Args:
+    query, key: ``[b, k, h, e]`` (any float dtype; the scores accumulate in float32), before the
+      ``1/sqrt(e)`` scaling.
+    tables: ``fused_tables(batch, roles, direction, measures)`` of the batch.
+    block_q: queries per program (default: min(kp, 64); all of them in interpret mode).
+    interpret: run the kernel in the Pallas interpreter (default: unless on a GPU).
+
+  Returns:
+    the outputs of ``heads_jax.stats.layerwise.reduce_layer``: ``sieve_bias`` ``[b, h, r]`` (0
+    where a sieve is empty), ``distance`` ``[b, h, 21]`` and with ``measures`` ``entropy``,
+    ``cls_entropy`` ``[b, h]`` and ``token_attention`` ``[b, h, 5]``.
+  """
+  roles = check_roles(roles)
+  direction = check_direction(direction)
+  if interpret is None:
+    interpret = jax.default_backend() != "gpu"
+  b, k, h, e = query.shape
+  info, cols, weights = tables["info"], tables["cols"], tables["weights"]
+  kp, cp = info.shape[-1], weights.shape[1]
+  if kp != k:
+    pad = ((0, 0), (0, kp - k), (0, 0), (0, 0))
+    query, key = jnp.pad(query, pad), jnp.pad(key, pad)
+  if block_q is None:
+    block_q = kp if interpret else min(kp, 64)
+  if kp % block_q:
+    raise ValueError(f"block_q {block_q} must divide the (padded) sequence length {kp}")
+  nq = kp // block_q
+  kernel = functools.partial(_stats_kernel, roles=roles, direction=direction, measures=measures,
+                             block_q=block_q, scale=float(1.0 / (e ** 0.5)))
+  partial_sums = pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((b, h, nq, cp), jnp.float32),
+      grid=(b, h, nq),
+      in_specs=[
+          pl.BlockSpec((None, block_q, None, e), lambda bi, hi, qi: (bi, qi, hi, 0)),
+          pl.BlockSpec((None, kp, None, e), lambda bi, hi, qi: (bi, 0, hi, 0)),
+          pl.BlockSpec((None, _INFO_ROWS, block_q), lambda bi, hi, qi: (bi, 0, qi)),
+          pl.BlockSpec((None, _INFO_ROWS, kp), lambda bi, hi, qi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, _E_COLS), lambda bi, hi, qi: (bi, 0, 0)),
+          pl.BlockSpec((None, cp, block_q), lambda bi, hi, qi: (bi, 0, qi)),
+      ],
+      out_specs=pl.BlockSpec((None, None, None, cp), lambda bi, hi, qi: (bi, hi, qi, 0)),
+      interpret=interpret,
+      name="heads_jax_attention_stats",
+  )(query, key, info, info, cols, weights)
+  sums = jnp.sum(partial_sums, axis=2)                                     # [b, h, cp]
+  r = len(roles)
+  out = {"sieve_bias": sums[..., :r], "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
+  if measures:
+    base = r + NUM_DISTANCE_FEATURES
+    out["entropy"] = sums[..., base]
+    out["cls_entropy"] = sums[..., base + 1]
+    out["token_attention"] = sums[..., base + 2:base + 2 + NUM_TOKEN_MEASURES]
+  return out
+
+
+def fused_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head",
+                  measures: bool = False, block_q: int | None = None,
+                  interpret: bool | None = None, mesh=None):
+  """The model's ``attention_reduce`` hook for the fused path (needs no probabilities: the model
+  keeps its fused attention and the kernel recomputes the softmax from the queries and keys).
+
+  With a ``mesh`` of several devices the kernel runs under ``jax.shard_map`` over its ``data``
+  axis (a Pallas call is not partitioned by XLA): every device reduces its own sequences.
+  """
+  roles = check_roles(roles)
+  stats = functools.partial(fused_layer_stats, roles=roles, direction=direction,
+                            measures=measures, block_q=block_q, interpret=interpret)
+  if mesh is not None and mesh.size > 1:
+    spec = P(DATA_AXIS)
+    stats = jax.shard_map(stats, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                          check_vma=False)
+
+  def reduce(layer, probs, query, key, mask):
+    del layer, mask
+    if probs is not None:
+      raise ValueError("the fused statistics take queries and keys; this layer ran the explicit "
+                       "attention path (use the per-layer XLA reduction there)")
+    return stats(query, key, tables)
+
+  reduce.needs_probs = False
+  return reduce
