@@ -30,7 +30,7 @@ from heads_jax.hoststats.hypothesis import hypothesis_tests
 from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, format_roles_by_layer
 from heads_jax.hoststats.summary import summary_figures
 from heads_jax.model.loading import load_model
-from heads_jax.report.html import build_analysis_report
+from heads_jax.report.analysis import build_analysis_report
 from heads_jax.stats.collector import collect, combine_measures
 from heads_jax.stats.step import make_analysis_step
 

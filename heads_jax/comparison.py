@@ -24,7 +24,8 @@ def attention_similarity_section(before_model, after_model, out, *, data=None, a
   from heads_jax.ablation.similarity import similarity_on_spec, similarity_table
   from heads_jax.errors import UserError
   from heads_jax.model.loading import load_model
-  from heads_jax.report.ablation import plot_similarity, similarity_section
+  from heads_jax.report.compare import similarity_section
+  from heads_jax.report.figures.kovaleva import plot_similarity
   run = contract.read_run(after) if data is None and after is not None else None
   if run is not None:
     specs = run.get("device", {}).get("data") or []
@@ -50,7 +51,7 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
   and ``after_model``, adds the per-head attention similarity of the two models on ``data``
   (default: the first data set of the ``after`` analysis)."""
   from heads_jax.hoststats.compare import compare_runs
-  from heads_jax.report.html import write_compare_report
+  from heads_jax.report.compare import write_compare_report
   for d in (before, after):
     if not (Path(d) / "scores.npz").is_file():
       raise FileNotFoundError(f"{d} is not an analysis output directory (no scores.npz); "

@@ -133,20 +133,22 @@ def test_attention_similarity_of_two_models():
 
 
 def test_measures_report_sections(tmp_path):
-  from heads_jax.report import ablation as rep
+  from heads_jax.report import measures as measures_report
+  from heads_jax.report.figures import clark
+  from heads_jax.report.page import write_page
   att, mask, cls = _attention(seed=5, b=3, l=2, h=3)
   out = {k: np.asarray(v) for k, v in measures.all_measures(att, cls, mask, js=True).items()}
   np.savez(tmp_path / "measures.npz", entropy=out["entropy"], cls_entropy=out["cls_entropy"],
            token_attention=out["token_attention"], token_measures=np.array(measures.TOKEN_MEASURES),
            js=out["js"].mean(0), lengths=mask.sum(-1))
-  sections = rep.measures_sections(tmp_path, tmp_path / "figures")
+  sections = measures_report.measures_sections(tmp_path, tmp_path / "figures")
   assert [s["title"] for s in sections][-1] == "Heads by Jensen-Shannon distance"
   for name in ("measures_entropy.png", "measures_tokens.png", "measures_js_mds.png"):
     assert (tmp_path / "figures" / name).read_bytes().startswith(b"\x89PNG")
-  page = rep.write_page(tmp_path, title="t", sections=sections, settings={"a": 1})
+  page = write_page(tmp_path, title="t", sections=sections, settings={"a": 1})
   text = page.read_text()
   assert text.count("data:image/png;base64,") == 3 and "http" not in text.replace("http-equiv", "")
-  xy = rep.mds_embedding(out["js"].mean(0))
+  xy = clark.mds_embedding(out["js"].mean(0))
   assert xy.shape == (6, 2)
 
 
@@ -199,7 +201,7 @@ def test_analysis_step_and_collector_gather_measures(tmp_path):
 
 
 def test_combine_measures_and_analysis_sections(tmp_path):
-  from heads_jax.report.ablation import analysis_extra_sections
+  from heads_jax.report.measures import analysis_measures_sections
   from heads_jax import contract
   from heads_jax.stats.collector import combine_measures
   rng = np.random.default_rng(0)
@@ -214,9 +216,9 @@ def test_combine_measures_and_analysis_sections(tmp_path):
   np.testing.assert_array_equal(both["token_attention"][2:], b["token_attention"])
   np.testing.assert_allclose(both["js"], 2.5)          # weighted by the sequences: (2*1 + 6*3) / 8
   assert both["js_sequences"] == 8
-  assert analysis_extra_sections(tmp_path) == []
+  assert analysis_measures_sections(tmp_path) == []
   contract.write_measures(tmp_path, both)
-  titles = [s["title"] for s in analysis_extra_sections(tmp_path)]
+  titles = [s["title"] for s in analysis_measures_sections(tmp_path)]
   assert titles == ["Attention entropy (Clark et al. 2019)", "Attention to special tokens and neighbours",
                     "Heads by Jensen-Shannon distance"]
 
@@ -224,6 +226,6 @@ def test_combine_measures_and_analysis_sections(tmp_path):
 def test_host_modules_import_no_jax():
   import subprocess
   import sys
-  code = ("import sys; import heads_jax.report.ablation, heads_jax.ablation.groups, "
+  code = ("import sys; import heads_jax.report.measures, heads_jax.ablation.groups, "
           "heads_jax.stats.collector; assert 'jax' not in sys.modules, 'jax was imported'")
   subprocess.run([sys.executable, "-c", code], check=True)

@@ -15,7 +15,9 @@ import pytest
 from scipy import stats
 
 from heads_jax.data import batch as batch_lib
-from heads_jax.report import figures, html, style
+from heads_jax.hoststats import roles as roles_lib
+from heads_jax.report import analysis, compare, headline, page, style, tables
+from heads_jax.report.figures import guan, pande
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -71,7 +73,7 @@ def make_clusters_df(layers=3, heads=4, seed=0):
 def make_compare(layers=3, heads=4, roles=("local", "cls", "sep", "nsubj", "block")):
   rows = []
   for i, role in enumerate(roles):
-    for j, group in enumerate(style.LAYER_GROUPS):
+    for j, group in enumerate(roles_lib.LAYER_GROUPS):
       before = 2.0 + i + 0.1 * j
       after = before + (-1) ** (i + j) * 0.3 * (j + 1)
       rows.append({"role": role, "layer_group": group, "before": before, "after": after,
@@ -128,7 +130,7 @@ def data():
 @pytest.fixture(scope="module")
 def drawn(data, tmp_path_factory):
   """All analysis figures, drawn once for the module: {name: png path}."""
-  return figures.analysis_figures(
+  return analysis.analysis_figures(
       tmp_path_factory.mktemp("figures"), sieve_bias=data["scores"]["sieve_bias"],
       roles=data["scores"]["roles"], tests_df=data["tests"], tau=3.0, alpha=0.05,
       clusters_df=data["clusters"], dpi=DPI)
@@ -151,7 +153,7 @@ def small_tests():
 
 
 def test_coarse_role_flags_by_hand():
-  flags = style.coarse_role_flags(small_tests()).set_index(["layer", "head"])
+  flags = tables.coarse_role_flags(small_tests()).set_index(["layer", "head"])
   assert flags.loc[(0, 0)].to_dict() == {"local": True, "syntactic": False, "delimiter": True,
                                          "block": False, "unskilled": False}
   assert flags.loc[(0, 1), "unskilled"]
@@ -161,12 +163,12 @@ def test_coarse_role_flags_by_hand():
 
 
 def test_roles_per_layer_and_head_by_hand():
-  per_layer = style.roles_per_layer(small_tests())
+  per_layer = tables.roles_per_layer(small_tests())
   assert per_layer.loc[0, "cls"] == 1 and per_layer.loc[1, "nsubj"] == 2
   assert per_layer.loc[1, "any syntactic"] == 2 and per_layer.loc[0, "unskilled"] == 1
   assert per_layer.loc["all", "heads"] == 4 and per_layer.loc["all", "any local"] == 2
   assert list(per_layer.columns[:6]) == ["local", "prev_local", "block", "cls", "sep", "nsubj"]
-  per_head = style.roles_per_head(small_tests()).set_index(["layer", "head"])
+  per_head = tables.roles_per_head(small_tests()).set_index(["layer", "head"])
   assert per_head.loc[(1, 0), "roles"] == "local, block, sep, nsubj"
   assert per_head.loc[(0, 1), "roles"] == "(none)" and per_head.loc[(1, 0), "num_roles"] == 4
 
@@ -175,35 +177,35 @@ def test_roles_without_defined_tests_count_as_not_computed(tmp_path):
   tests = small_tests()
   tests.loc[tests["role"] == "block", ["mean", "assigned"]] = [np.nan, "False"]
   tests["n"] = np.where(tests["role"] == "block", 0, 10)
-  assert "block" not in style.tested_roles(tests)
-  assert style.tested_roles(small_tests().assign(n=10)) == ["local", "prev_local", "block", "cls",
+  assert "block" not in tables.tested_roles(tests)
+  assert tables.tested_roles(small_tests().assign(n=10)) == ["local", "prev_local", "block", "cls",
                                                             "sep", "nsubj"]
-  _, sets = figures._coarse_flags(tests, ("local", "syntactic", "block", "delimiter"))
+  _, sets = tables.coarse_flags(tests, ("local", "syntactic", "block", "delimiter"))
   assert sets == ["local", "syntactic", "delimiter"]
-  text = html.write_report(tmp_path, title="t", settings=SETTINGS, summary={"share_block": 0.0},
+  text = analysis.write_report(tmp_path, title="t", settings=SETTINGS, summary={"share_block": 0.0},
                            tests_df=tests).read_text()
   row = re.search(r"Heads with the block role</td><td[^>]*>([^<]*)<", text).group(1)
   assert row == "not computed"
 
 
 def test_assigned_matrix_and_sorted_heads():
-  assigned = style.assigned_matrix(small_tests(), style.GRID_ROLES)
+  assigned = tables.assigned_matrix(small_tests(), style.GRID_ROLES)
   assert assigned.shape == (2, 2, 9)
   assert assigned[1, 0].sum() == 3  # nsubj, sep, block (local is not a grid role)
   assert assigned[0, 0, style.GRID_ROLES.index("cls")] and not assigned[0, 1].any()
-  order = figures.sorted_heads(np.array([[[1, 0], [1, 1], [0, 0]], [[0, 0], [0, 0], [1, 0]]], bool))
+  order = pande.sorted_heads(np.array([[[1, 0], [1, 1], [0, 0]], [[0, 0], [0, 0], [1, 0]]], bool))
   np.testing.assert_array_equal(order, [[1, 0, 2], [2, 0, 1]])
 
 
 def test_upset_counts_by_hand():
   flags = pd.DataFrame({"a": [1, 1, 0, 0, 1], "b": [1, 0, 0, 0, 1]}).astype(bool)
-  counts = figures.upset_counts(flags, ["a", "b"])
+  counts = pande.upset_counts(flags, ["a", "b"])
   assert counts.to_dict() == {(True, True): 2, (False, False): 2, (True, False): 1}
   assert list(counts.index)[0] == (True, True)  # largest first, ties: more sets first
 
 
 def test_mean_matrix_places_values():
-  means, roles = figures.mean_matrix(small_tests())
+  means, roles = tables.mean_matrix(small_tests())
   assert roles == ["local", "prev_local", "block", "cls", "sep", "nsubj"]
   assert means.shape == (2, 2, 6)
   assert means[1, 1, roles.index("sep")] == pytest.approx(2.1)
@@ -211,15 +213,15 @@ def test_mean_matrix_places_values():
 
 def test_bad_inputs_have_clear_errors(tmp_path, data):
   with pytest.raises(ValueError, match="lacks columns"):
-    figures.plot_role_grid(data["tests"].drop(columns=["assigned"]), tmp_path / "g.png")
+    pande.plot_role_grid(data["tests"].drop(columns=["assigned"]), tmp_path / "g.png")
   with pytest.raises(ValueError, match="assigned"):
-    style.check_tests_df(data["tests"].assign(assigned="maybe"))
+    tables.check_tests_df(data["tests"].assign(assigned="maybe"))
   with pytest.raises(ValueError, match=r"\.png"):
-    figures.plot_score_cdf([1.0, 2.0], tmp_path / "x.jpg", tau=3)
+    pande.plot_score_cdf([1.0, 2.0], tmp_path / "x.jpg", tau=3)
   with pytest.raises(ValueError, match="2 or 3 sets"):
-    figures.plot_role_venn(data["tests"], tmp_path / "v.png", sets=("local",))
+    pande.plot_role_venn(data["tests"], tmp_path / "v.png", sets=("local",))
   with pytest.raises(ValueError, match=r"\[0, 1\]"):
-    figures.plot_pvalue_hist([0.5, 1.5], tmp_path / "p.png")
+    pande.plot_pvalue_hist([0.5, 1.5], tmp_path / "p.png")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -237,33 +239,27 @@ def test_analysis_figures_write_pngs(drawn):
 def test_other_figures_write_pngs(tmp_path, data):
   t = data["tests"]
   paths = [
-      figures.plot_role_upset(t, tmp_path / "upset_manual.png", engine="manual", dpi=DPI),
-      figures.plot_role_venn(t, tmp_path / "venn2.png", sets=("local", "syntactic"), dpi=DPI),
-      figures.plot_finetune_delta(data["compare"], tmp_path / "delta.png", dpi=DPI),
-      figures.plot_finetune_delta(pd.concat([data["compare"].assign(task="mrpc"),
+      pande.plot_role_upset(t, tmp_path / "upset_manual.png", dpi=DPI),
+      pande.plot_role_venn(t, tmp_path / "venn2.png", sets=("local", "syntactic"), dpi=DPI),
+      pande.plot_finetune_delta(data["compare"], tmp_path / "delta.png", dpi=DPI),
+      pande.plot_finetune_delta(pd.concat([data["compare"].assign(task="mrpc"),
                                              data["compare"].assign(task="sst2")]),
                                   tmp_path / "delta_tasks.png", dpi=DPI),
-      figures.plot_cluster_changes(data["changes"], tmp_path / "changes.png", dpi=DPI),
-      figures.plot_role_upset(t.assign(assigned=False), tmp_path / "upset_none.png",
-                              engine="manual", dpi=DPI),
-      figures.plot_role_venn(t.assign(assigned=False), tmp_path / "venn_none.png", dpi=DPI),
-      figures.plot_score_cdf(np.full(5, np.nan), tmp_path / "cdf_empty.png", tau=3.0, dpi=DPI),
+      guan.plot_cluster_changes(data["changes"], tmp_path / "changes.png", dpi=DPI),
+      pande.plot_role_upset(t.assign(assigned=False), tmp_path / "upset_none.png", dpi=DPI),
+      pande.plot_role_venn(t.assign(assigned=False), tmp_path / "venn_none.png", dpi=DPI),
+      pande.plot_score_cdf(np.full(5, np.nan), tmp_path / "cdf_empty.png", tau=3.0, dpi=DPI),
   ]
   for p in paths:
     assert p.is_file()
     check_png(p, min_bytes=1000)
 
 
-def test_venn_fallback_without_library(tmp_path, data, monkeypatch):
-  monkeypatch.setitem(sys.modules, "matplotlib_venn", None)  # import raises ImportError
-  check_png(figures.plot_role_venn(data["tests"], tmp_path / "venn_hand.png", dpi=DPI))
-
-
 def test_role_grid_marks_only_assigned_roles(tmp_path):
   """The grid's coloured markers must change when an assignment changes."""
   base = small_tests()
-  a = check_png(figures.plot_role_grid(base, tmp_path / "a.png", dpi=DPI), min_bytes=1000)
-  b = check_png(figures.plot_role_grid(base.assign(assigned="False"), tmp_path / "b.png", dpi=DPI),
+  a = check_png(pande.plot_role_grid(base, tmp_path / "a.png", dpi=DPI), min_bytes=1000)
+  b = check_png(pande.plot_role_grid(base.assign(assigned="False"), tmp_path / "b.png", dpi=DPI),
                 min_bytes=1000)
   assert a.shape == b.shape and np.abs(a - b).sum() > 0
   saturated = lambda img: (img[..., :3].max(-1) - img[..., :3].min(-1) > 0.3).sum()
@@ -280,7 +276,7 @@ def data_uris(text):
 
 def test_write_report_embeds_figures_and_tables(tmp_path, data, drawn):
   figs = drawn
-  path = html.write_report(
+  path = analysis.write_report(
       tmp_path, title="Run <1> & co", settings=SETTINGS, summary=SUMMARY, tests_df=data["tests"],
       clusters_df=data["clusters"],
       cluster_info={"names": ["dense", "diagonal"], "stability": 0.9, "method": "kmeans", "k": 2,
@@ -293,8 +289,8 @@ def test_write_report_embeds_figures_and_tables(tmp_path, data, drawn):
   assert len(uris) == len(figs)
   assert sorted(base64.b64decode(u) for u in uris) == sorted(p.read_bytes() for p in figs.values())
   for name in figs:
-    assert f'id="fig-{html.slug(name)}"' in text
-    assert html.esc(figures.FIGURE_TEXT[name][2]) in text  # "how to read this" line
+    assert f'id="fig-{page.slug(name)}"' in text
+    assert page.esc(analysis.FIGURE_TEXT[name][2]) in text  # "how to read this" line
   for table in ("table-settings", "table-summary", "table-summary-other", "table-roles-per-layer",
                 "table-roles-per-head", "table-cluster-info", "table-cluster-means",
                 "table-clusters", "table-cluster-name-scores"):
@@ -318,24 +314,24 @@ def test_write_report_embeds_figures_and_tables(tmp_path, data, drawn):
 
 
 def test_summary_matching_and_unknown_keys():
-  known, rest = html.match_summary({"spearman": {"rho": 0.3, "p": 0.01}, "unskilled": 0.2,
+  known, rest = headline.match_summary({"spearman": {"rho": 0.3, "p": 0.01}, "unskilled": 0.2,
                                     "odd": 1})
   assert known["spearman_local_syntactic"] == ("spearman.rho", 0.3)
   assert known["spearman_p_value"] == ("spearman.p", 0.01)
   assert known["share_unskilled"] == ("unskilled", 0.2)
   assert rest == [("odd", 1)]
-  assert html.format_value(0.025, "share") == "2.5%"
-  assert html.format_value(float("nan")) == "n/a"
+  assert page.format_value(0.025, "share") == "2.5%"
+  assert page.format_value(float("nan")) == "n/a"
 
 
 def test_missing_figure_is_a_clear_error(tmp_path, data):
   with pytest.raises(FileNotFoundError, match="does not exist"):
-    html.write_report(tmp_path, title="t", settings=SETTINGS, summary={}, tests_df=data["tests"],
+    analysis.write_report(tmp_path, title="t", settings=SETTINGS, summary={}, tests_df=data["tests"],
                       figures={"score_cdf": tmp_path / "nope.png"})
 
 
 def test_compare_report(tmp_path, data):
-  path = html.write_compare_report(
+  path = compare.write_compare_report(
       tmp_path, compare_df=data["compare"], heads_df=data["heads"],
       cluster_changes_df=data["changes"], settings={"before": {"model": "bert"},
                                                     "after": {"model": "bert-mrpc"}},
@@ -369,7 +365,7 @@ def write_analysis_dir(out, scores, tests_df, clusters_df=None, summary=None):
 
 def test_build_analysis_report_from_files(tmp_path, data):
   write_analysis_dir(tmp_path / "run", data["scores"], data["tests"], data["clusters"], SUMMARY)
-  path = html.build_analysis_report(tmp_path / "run", dpi=DPI)
+  path = analysis.build_analysis_report(tmp_path / "run", dpi=DPI)
   text = path.read_text()
   assert len(data_uris(text)) == 9
   assert len(list((tmp_path / "run" / "figures").glob("*.png"))) == 9
@@ -377,11 +373,11 @@ def test_build_analysis_report_from_files(tmp_path, data):
   assert "0.93" in text  # cluster info from clusters.json
   # without clusters or summary: fewer figures, still a report
   write_analysis_dir(tmp_path / "bare", data["scores"], data["tests"])
-  text = html.build_analysis_report(tmp_path / "bare", dpi=DPI).read_text()
+  text = analysis.build_analysis_report(tmp_path / "bare", dpi=DPI).read_text()
   assert len(data_uris(text)) == 6 and "table-clusters" not in text
   assert "not reported" in text
   with pytest.raises(FileNotFoundError, match="scores.npz"):
-    html.build_analysis_report(tmp_path / "nothing")
+    analysis.build_analysis_report(tmp_path / "nothing")
 
 
 def test_report_reads_what_hoststats_writes(tmp_path):
@@ -398,24 +394,27 @@ def test_report_reads_what_hoststats_writes(tmp_path):
                   scores["lengths"])
   contract.write_tests(tests_df, settings, out)
   contract.write_summary(summary, out)
-  text = html.build_analysis_report(out, dpi=DPI).read_text()
+  text = analysis.build_analysis_report(out, dpi=DPI).read_text()
   headline = text[text.index('<table id="table-summary">'):]
   headline = headline[:headline.index("</table>")]
   assert "not reported" not in headline  # every headline key of hoststats is recognised
-  assert html.format_value(summary["mean_sieve_score"], "float") in headline
-  assert html.format_value(summary["share_p_between"], "share") in headline
+  assert page.format_value(summary["mean_sieve_score"], "float") in headline
+  assert page.format_value(summary["share_p_between"], "share") in headline
   assert "Attention heads: m on d" in text
 
 
 def test_as_bool_reads_csv_spellings():
-  np.testing.assert_array_equal(style.as_bool(["True", "false", "", None, "1"]),
+  np.testing.assert_array_equal(tables.as_bool(["True", "false", "", None, "1"]),
                                 [True, False, False, False, True])
-  np.testing.assert_array_equal(style.as_bool([1.0, np.nan, 0.0]), [True, False, False])
+  np.testing.assert_array_equal(tables.as_bool([1.0, np.nan, 0.0]), [True, False, False])
 
 
 def test_report_imports_no_jax():
-  code = ("import sys; import heads_jax.report.html, heads_jax.report.figures; "
-          "sys.exit(1 if 'jax' in sys.modules else 0)")
+  modules = ["page", "style", "tables", "headline", "analysis", "compare", "ablation", "measures",
+             "index"] + [f"figures.{m}" for m in ("common", "pande", "guan", "clark", "michel",
+                                                   "kovaleva")]
+  code = ("import sys; " + "; ".join(f"import heads_jax.report.{m}" for m in modules)
+          + "; sys.exit(1 if 'jax' in sys.modules else 0)")
   assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 
 
@@ -426,9 +425,9 @@ def test_report_imports_no_jax():
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists() and not shutil.which("chromium"),
                     reason="Chromium is not installed (optional, only for screenshots)")
 def test_screenshot_is_not_blank(tmp_path, data):
-  figs = {"score_cdf": figures.plot_score_cdf(data["scores"]["sieve_bias"],
+  figs = {"score_cdf": pande.plot_score_cdf(data["scores"]["sieve_bias"],
                                               tmp_path / "f" / "cdf.png", tau=3.0, dpi=DPI)}
-  page = html.write_report(tmp_path, title="Screenshot", settings=SETTINGS, summary=SUMMARY,
+  page = analysis.write_report(tmp_path, title="Screenshot", settings=SETTINGS, summary=SUMMARY,
                            tests_df=data["tests"], figures=figs)
   shot = tmp_path / "shot.png"
   result = subprocess.run([sys.executable, str(REPO / "scripts" / "screenshot.py"), str(page),

@@ -63,7 +63,8 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
   import pandas as pd
   from heads_jax.ablation import ablate, evaluate, groups as groups_lib, importance as imp_lib, pruning
   from heads_jax.report import ablation as rep
-  from heads_jax.report.html import table_html
+  from heads_jax.report.figures import guan, michel
+  from heads_jax.report.page import table_html, write_page
 
   if not (config.by or config.cross or config.importance or config.prune):
     raise UserError("nothing to do: ask for --by cluster|role|layer|heads, --cross intra|inter|both, "
@@ -101,7 +102,7 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
     table = ablate.ablate_groups(ev, groups, mode=config.mode, random_seeds=config.random_seeds,
                                  seed=config.seed, base=base, log=log)
     table.to_csv(out / "ablation.csv", index=False)
-    fig = rep.plot_group_ablation(table, fig_dir / "ablation.png")
+    fig = guan.plot_group_ablation(table, fig_dir / "ablation.png")
     note = (f"Heads {'removed (gate 0)' if config.mode == 'remove' else 'given uniform attention over the real tokens'}; "
             f"groups by {config.by}" + (f" from {config.analysis}" if config.analysis else "") + ".")
     sections.append(rep.ablation_section(table, fig, title=f"Ablation by {config.by}", note=note))
@@ -132,7 +133,7 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
     table = ablate.ablate_segments(ev, cgroups, parts=parts, renormalise=config.renormalise,
                                    random_seeds=config.random_seeds, seed=config.seed, base=base, log=log)
     table.to_csv(out / "segment_ablation.csv", index=False)
-    fig = rep.plot_segment_ablation(table, fig_dir / "segment_ablation.png")
+    fig = guan.plot_segment_ablation(table, fig_dir / "segment_ablation.png")
     sections.append(rep.segment_section(table, fig))
     settings["intra/inter rows renormalised"] = bool(config.renormalise)
     results["files"]["segment_ablation"] = str(out / "segment_ablation.csv")
@@ -157,7 +158,7 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
     imp_settings = {"gradient": "per example" if not config.importance_per_batch else "per batch (authors' code)",
                     "layer L2 normalisation": bool(config.layer_norm),
                     "estimated on": (src.data.name if src is not ev else data.name)}
-    fig = rep.plot_importance(imp, fig_dir / "importance.png",
+    fig = michel.plot_importance(imp, fig_dir / "importance.png",
                               label="importance (layer-normalised)" if config.layer_norm else "E|dL/dgate|")
     sections.append(rep.importance_section(imp, fig, raw=raw, settings=imp_settings))
     results["files"]["importance"] = str(out / "importance.csv")
@@ -172,7 +173,7 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
       summary = pruning.curve_summary(curve, metrics)
       curve.to_csv(out / "pruning.csv", index=False)
       summary.to_csv(out / "pruning_summary.csv", index=False)
-      fig = rep.plot_pruning_curve(curve, fig_dir / "pruning.png")
+      fig = michel.plot_pruning_curve(curve, fig_dir / "pruning.png")
       prune_settings = {"step": config.prune_step, "largest share": config.prune_max,
                         "importance re-estimated after each step": not config.prune_once,
                         "random orders": config.random_seeds}
@@ -184,7 +185,7 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
 
   settings["seconds"] = round(time.time() - t0, 1)
   title = config.title or f"Head ablation: {Path(str(config.model)).name} on {data.task.name}"
-  report = rep.write_page(out, title=title, sections=sections, settings=settings,
+  report = write_page(out, title=title, sections=sections, settings=settings,
                           subtitle=f"model: {config.model} | data: {data.name}")
   results["report"] = str(report)
   (out / "ablation.json").write_text(json.dumps(results, indent=2, default=str))

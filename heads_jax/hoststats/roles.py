@@ -63,7 +63,8 @@ def assignment_array(tests: pd.DataFrame, roles: Sequence[str] | None = None,
 
   Args:
     tests: a table with columns layer, head, role, assigned (e.g. from
-      `hypothesis.hypothesis_tests` or `heads_jax.contract.read_tests`), one row per (layer, head, role).
+      `hypothesis.hypothesis_tests` or `heads_jax.contract.read_tests`), one row per
+      (layer, head, role).
     roles: the role axis order; default: the table's roles in `batch.ROLES` order.
     num_layers, num_heads: default: 1 + the largest index in the table.
 

@@ -2,22 +2,20 @@
 
 Sections: what was run; pre-training and fine-tuning curves; the paper's headline figures side
 by side for every analysed model (with links to their full reports); each model's role grid;
-the effect of fine-tuning. Host only: reads the files the stages wrote, no jax.
+the effect of fine-tuning. Host only: reads the files the stages wrote (summary.json through
+`heads_jax.contract`), no jax.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 
-from heads_jax.report.html import _figure_html, _page, _write, esc, table_html
+from heads_jax import contract
+from heads_jax.report.page import esc, figure_html, table_html, write_page
 
 HEADLINE_ROWS = (
     ("share_delimiter", "heads with a delimiter role ([CLS]/[SEP])", "pct"),
@@ -48,7 +46,8 @@ def plot_training_curves(pretrain: dict | None, finetune: dict | None, path) -> 
   panels = [p for p in (pretrain, finetune) if p and p.get("train")]
   if not panels:
     return None
-  fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 3.6), squeeze=False)
+  fig = Figure(figsize=(6.2 * len(panels), 3.6))
+  axes = fig.subplots(1, len(panels), squeeze=False)
   ax_i = 0
   if pretrain and pretrain.get("train"):
     ax = axes[0, ax_i]
@@ -86,7 +85,6 @@ def plot_training_curves(pretrain: dict | None, finetune: dict | None, path) -> 
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
 
 
@@ -121,9 +119,11 @@ def write_index(out: Path, parts: dict) -> Path:
       evals = (parts.get("pretrain") or {}).get("eval") or []
       uni = next((e["unigram_baseline"] for e in reversed(evals) if "unigram_baseline" in e), None)
       uni = f"{uni:.2f}" if uni is not None else "about 6.3"
-      body.append(_figure_html("training", {"path": fig, "title": "Training curves",
-                                            "caption": "Pre-training losses and fine-tuning accuracy on held-out data.",
-                                            "how": f"The MLM loss should fall below the unigram baseline ({uni} nats per wordpiece on the embedded books: the loss of a model that ignores the context); accuracy is on SST-2 sentences not used for training."}))
+      body.append(figure_html(
+          fig, "Training curves", "Pre-training losses and fine-tuning accuracy on held-out data.",
+          f"The MLM loss should fall below the unigram baseline ({uni} nats per wordpiece on the "
+          "embedded books: the loss of a model that ignores the context); accuracy is on SST-2 "
+          "sentences not used for training.", name="training"))
     pt = _training_table(parts.get("pretrain") or {}, ("mlm_loss", "mlm_accuracy", "nsp_accuracy"))
     if pt is not None:
       body.append("<h3>Pre-training, held-out evaluation</h3>" + table_html(pt))
@@ -137,7 +137,7 @@ def write_index(out: Path, parts: dict) -> Path:
     for key, label, kind in HEADLINE_ROWS:
       row = {"figure": label}
       for name, d in analyses.items():
-        s = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
+        s = contract.read_summary(d) if (d / contract.SUMMARY_JSON).is_file() else {}
         row[name] = _fmt(s.get(key), kind)
       rows.append(row)
     note = ("<p>Shares are of all heads of a model. A role is assigned to a head when its mean sieve "
@@ -149,17 +149,21 @@ def write_index(out: Path, parts: dict) -> Path:
     for name, d in analyses.items():
       g = d / "figures" / "role_grid.png"
       if g.is_file():
-        grids.append(_figure_html(f"grid-{name}", {"path": g, "title": f"Roles of every head: {name}",
-                                                   "caption": "One cell per head, one marker per assigned role (Pande et al. Fig. 5).",
-                                                   "how": "Heads are sorted within each layer by their number of roles."}))
+        grids.append(figure_html(
+            g, f"Roles of every head: {name}",
+            "One cell per head, one marker per assigned role (Pande et al. Fig. 5).",
+            "Heads are sorted within each layer by their number of roles.", name=f"grid-{name}"))
     if grids:
       sections.append(("Roles per head", "".join(grids)))
   if parts.get("compare"):
     f = Path(parts["compare"]) / "figures" / "finetune_delta.png"
     if f.is_file():
-      sections.append(("Effect of fine-tuning", _figure_html("delta", {
-          "path": f, "title": "Change of mean sieve bias after fine-tuning",
-          "caption": "Per role, over the initial, middle and final thirds of the layers (Pande et al. Fig. 6).",
-          "how": "Bars above zero: the fine-tuned model attends more to that role's tokens than the pre-trained one."})))
+      sections.append(("Effect of fine-tuning", figure_html(
+          f, "Change of mean sieve bias after fine-tuning",
+          "Per role, over the initial, middle and final thirds of the layers (Pande et al. Fig. 6).",
+          "Bars above zero: the fine-tuned model attends more to that role's tokens than the "
+          "pre-trained one.",
+          name="delta")))
   title = "heads_jax demo" + (" (quick)" if parts.get("quick") else "")
-  return _write(out, "report.html", _page(title, "BERT attention heads: what each head does", sections))
+  return write_page(out, title=title, subtitle="BERT attention heads: what each head does",
+                    sections=sections)

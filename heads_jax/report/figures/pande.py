@@ -1,37 +1,36 @@
-"""Figures of the analysis report (matplotlib, PNG; host side, no jax).
+"""Figures of Pande et al. 2021 ("The heads hypothesis"), Figs. 3-6, from the contract files.
 
-Every ``plot_xxx(..., path) -> Path`` draws one figure from plain arrays / DataFrames (the
-contract files of DESIGN.md section 4) and writes it as a PNG at ``path`` (parent folders are
-created). The figures follow Pande et al. 2021 (Figs. 3-6) and Guan et al. 2020 (Figs. 1-3);
-``FIGURE_TEXT`` holds the title, caption and a "how to read this" line per standard figure name,
-used by :mod:`heads_jax.report.html`.
+* Fig. 3: `plot_score_cdf` (all sieve bias scores, their mean and tau), `plot_pvalue_hist`.
+* Fig. 4: `plot_role_upset` (drawn here: upsetplot 0.9 breaks on pandas 3) and `plot_role_venn`
+  (matplotlib-venn) of the coarse roles.
+* Fig. 5: `plot_role_grid` (one marker per assigned fine role in a layer x head grid), and
+  `plot_role_heatmaps` (mean sieve bias per head, one panel per role).
+* Fig. 6: `plot_finetune_delta` (change of mean sieve bias after fine-tuning per layer group).
 
-Nothing statistical is computed here beyond simple means and counts for drawing: tests, role
-assignment and clusters come from ``tests.csv`` / ``clusters.csv``.
-
-Axis letters in shapes: b sequence (batch), l layer, h head, r role, d feature.
+Tests and role assignments come from ``tests.csv`` (hoststats); nothing is tested here.
 """
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from pathlib import Path
 
 import matplotlib
+import matplotlib_venn
 import numpy as np
 import pandas as pd
 from matplotlib import colors as mcolors
 from matplotlib import patches as mpatches
-from matplotlib import ticker as mticker
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from heads_jax.data import batch as batch_lib
-from heads_jax.report import style
+from heads_jax.hoststats import roles as roles_lib
+from heads_jax.report import style, tables
+from heads_jax.report.figures.common import (DEFAULT_DPI, PLAIN, empty_note, finite, new_figure,
+                                             save_figure)
+from heads_jax.report.tables import require_columns
 
-DEFAULT_DPI = 110
-
+# ---------------------------------------------------------------------------------------------
 # name -> (title, caption, how to read). Captions say what is drawn; "how" says how to read it.
 FIGURE_TEXT = {
     "score_cdf": (
@@ -78,96 +77,12 @@ FIGURE_TEXT = {
         "and final layers (Pande et al. Fig. 6).",
         "Bars above zero mean the heads of that layer group attend more to the role's sieve "
         "after fine-tuning; below zero, less."),
-    "cluster_tsne": (
-        "t-SNE of heads by distance features",
-        "Every head placed by t-SNE of its 21 distance features, coloured by K-means cluster "
-        "(Guan et al. Fig. 1); the number at each point is its layer.",
-        "Nearby points attend similarly; t-SNE distances between far-apart groups are not "
-        "meaningful, only the grouping is."),
-    "cluster_layers": (
-        "Attention type per layer",
-        "Number of heads of each attention type (cluster) in every layer (Guan et al. Fig. 2).",
-        "Read a bar bottom-up to see how many heads of the layer are of each type; compare bars "
-        "to see types moving through the depth."),
-    "cluster_features": (
-        "Distance features per attention type",
-        "Box plots of the 21 distance features of the heads in each cluster (Guan et al. Fig. 3): "
-        "attention mass in 16 relative-distance windows, to itself, [CLS], [SEP], ',' and '.'.",
-        "Boxes span the middle half of the heads, the line is the median; a cluster with high "
-        "'self' and 'w0' is diagonal, high [CLS]/[SEP] vertical, spread over windows dense."),
-    "cluster_changes": (
-        "Attention type before and after fine-tuning",
-        "Number of heads with each pair (type before, type after fine-tuning).",
-        "The diagonal holds heads that kept their type; every off-diagonal count is heads that "
-        "changed type (row: before, column: after)."),
 }
 
 
-# ---------------------------------------------------------------------------------------------
-# helpers
-
-
-_PLAIN = mticker.FuncFormatter(lambda v, _pos: f"{v:g}")
-
-
-def _new_figure(width: float, height: float, constrained: bool = True) -> Figure:
-  return Figure(figsize=(width, height), layout="constrained" if constrained else None)
-
-
-def _save(fig: Figure, path, dpi: int) -> Path:
-  path = Path(path)
-  if path.suffix.lower() != ".png":
-    raise ValueError(f"figure path must end in .png, got {str(path)!r}")
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=dpi, format="png", facecolor="white")
-  return path
-
-
-def _finite(values) -> np.ndarray:
-  """float64 ``[m]``: the finite entries of ``values`` (any shape), flattened."""
-  v = np.asarray(values, dtype=np.float64).ravel()
-  return v[np.isfinite(v)]
-
-
-def require_columns(df, columns, what: str):
-  if not isinstance(df, pd.DataFrame):
-    raise TypeError(f"{what} must be a pandas DataFrame, got {type(df).__name__}")
-  missing = [c for c in columns if c not in df.columns]
-  if missing:
-    raise ValueError(f"{what} lacks columns {missing}; it needs {list(columns)}, "
-                     f"has {list(df.columns)}")
-
-
-def _empty_note(ax, text: str):
-  ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=11,
-          color="#555555")
-  ax.set_xticks([])
-  ax.set_yticks([])
-
-
-def _coarse_flags(flags_or_tests: pd.DataFrame, sets) -> tuple[pd.DataFrame, list[str]]:
-  """Per-head bool flags for the coarse ``sets`` and the sets actually computed.
-
-  Accepts a tests table (``role`` column; coarse roles none of whose fine roles were tested are
-  dropped) or a per-head table that already holds one bool column per set.
-  """
-  if "role" in flags_or_tests.columns:
-    tested = set(style.tested_roles(flags_or_tests))
-    flags = style.coarse_role_flags(flags_or_tests)
-    computed = [s for s in sets if any(r in tested for r in style.COARSE_ROLES.get(s, (s,)))]
-    if sets and not all(s in style.COARSE_ROLES for s in sets):
-      bad = [s for s in sets if s not in style.COARSE_ROLES]
-      raise ValueError(f"unknown coarse roles {bad}; choose from {list(style.COARSE_ROLES)}")
-    return flags, computed
-  require_columns(flags_or_tests, list(sets), "per-head role flags")
-  flags = flags_or_tests.copy()
-  for s in sets:
-    flags[s] = style.as_bool(flags[s])
-  return flags, list(sets)
-
 
 # ---------------------------------------------------------------------------------------------
-# Pande et al. Fig. 3: scores and p-values
+# Fig. 3: scores and p-values
 
 
 def plot_score_cdf(scores, path, *, tau: float, mean: float | None = None, title: str | None = None,
@@ -179,11 +94,11 @@ def plot_score_cdf(scores, path, *, tau: float, mean: float | None = None, title
     tau: the test threshold, drawn as a vertical line.
     mean: the value to mark as "mean of all scores"; default: the mean of the finite scores.
   """
-  values = np.sort(_finite(scores))
-  fig = _new_figure(7.5, 4.6)
+  values = np.sort(finite(scores))
+  fig = new_figure(7.5, 4.6)
   ax = fig.add_subplot()
   if values.size == 0:
-    _empty_note(ax, "no finite sieve bias scores")
+    empty_note(ax, "no finite sieve bias scores")
   else:
     mean = float(values.mean()) if mean is None else float(mean)
     # Draw at most ~4000 quantiles: the curve looks the same and the PNG stays small.
@@ -202,7 +117,7 @@ def plot_score_cdf(scores, path, *, tau: float, mean: float | None = None, title
     ax.step(np.maximum(x, left), y, where="post", color="#333333", lw=1.6,
             label=f"sieve bias scores (n = {values.size:,})")
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(_PLAIN)
+    ax.xaxis.set_major_formatter(PLAIN)
     ax.set_xlim(left, max(float(values.max()), tau, mean, 1.0) * 1.3)
     if below > 0:
       ax.text(0.02, 0.5, f"{below:.1%} of scores\nbelow {left:g}\n(drawn at the edge)",
@@ -219,7 +134,7 @@ def plot_score_cdf(scores, path, *, tau: float, mean: float | None = None, title
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="upper left", fontsize=9, frameon=True)
   ax.set_title(title or FIGURE_TEXT["score_cdf"][0])
-  return _save(fig, path, dpi)
+  return save_figure(fig, path, dpi)
 
 
 def plot_pvalue_hist(p_values, path, *, band=(0.05, 0.95), alpha: float | None = None,
@@ -231,19 +146,19 @@ def plot_pvalue_hist(p_values, path, *, band=(0.05, 0.95), alpha: float | None =
     band: the interval whose share is annotated (the paper's (0.05, 0.95)).
     alpha: the significance level, drawn as a line when given.
   """
-  p = _finite(p_values)
+  p = finite(p_values)
   if p.size and ((p < 0).any() or (p > 1).any()):
     raise ValueError("p-values must lie in [0, 1]; pass the p_value column of tests.csv")
-  fig = _new_figure(7.5, 4.6)
+  fig = new_figure(7.5, 4.6)
   ax = fig.add_subplot()
   if p.size == 0:
-    _empty_note(ax, "no p-values (no role had a defined test)")
+    empty_note(ax, "no p-values (no role had a defined test)")
   else:
     counts, edges = np.histogram(p, bins=bins, range=(0.0, 1.0))
     ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#4c72b0",
            edgecolor="white", label=f"tests (n = {p.size:,})")
     ax.set_yscale("symlog", linthresh=1)
-    ax.yaxis.set_major_formatter(_PLAIN)
+    ax.yaxis.set_major_formatter(PLAIN)
     ax.set_ylim(0, max(2.0, counts.max() * 2.0))
     lo, hi = band
     inside = float(((p > lo) & (p < hi)).mean())
@@ -256,11 +171,11 @@ def plot_pvalue_hist(p_values, path, *, band=(0.05, 0.95), alpha: float | None =
     ax.set_ylabel("number of tests (log scale)")
     ax.legend(loc="upper center", fontsize=9)
   ax.set_title(title or FIGURE_TEXT["pvalue_hist"][0])
-  return _save(fig, path, dpi)
+  return save_figure(fig, path, dpi)
 
 
 # ---------------------------------------------------------------------------------------------
-# Pande et al. Fig. 4: role overlap
+# Fig. 4: role overlap
 
 
 def upset_counts(flags: pd.DataFrame, sets) -> pd.Series:
@@ -277,16 +192,8 @@ def upset_counts(flags: pd.DataFrame, sets) -> pd.Series:
                    dtype=int)
 
 
-def _upset_with_library(fig: Figure, flags: pd.DataFrame, sets):
-  import upsetplot  # optional: broken with pandas >= 3 (copy-on-write) as of upsetplot 0.9
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    data = upsetplot.from_indicators(list(sets), data=flags[list(sets)].astype(bool))
-    upsetplot.UpSet(data, subset_size="count", show_counts=True, sort_by="cardinality",
-                    sort_categories_by="input").plot(fig=fig)
-
-
-def _upset_by_hand(fig: Figure, flags: pd.DataFrame, sets):
+def _draw_upset(fig: Figure, flags: pd.DataFrame, sets):
+  """The UpSet chart: intersection sizes (bars), their member sets (dots), set sizes (left)."""
   counts = upset_counts(flags, sets)
   num = len(counts)
   gs = fig.add_gridspec(2, 3, width_ratios=(1.1, 1.0, max(3.0, 0.55 * num)),
@@ -337,82 +244,34 @@ def _upset_by_hand(fig: Figure, flags: pd.DataFrame, sets):
 
 
 def plot_role_upset(tests_or_flags: pd.DataFrame, path, *,
-                    sets=("local", "syntactic", "block", "delimiter"), engine: str = "auto",
-                    title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
+                    sets=("local", "syntactic", "block", "delimiter"), title: str | None = None,
+                    dpi: int = DEFAULT_DPI) -> Path:
   """UpSet plot of the heads' coarse roles.
 
   Args:
     tests_or_flags: a tests table (``tests.csv``: layer, head, role, assigned) or a per-head
       table with one bool column per set.
     sets: coarse roles to intersect; those none of whose fine roles was tested are dropped.
-    engine: ``"upsetplot"`` (the library), ``"manual"`` (drawn here), or ``"auto"``: the library,
-      falling back to the hand-drawn version when it fails (upsetplot 0.9 breaks on pandas 3).
   """
-  if engine not in ("auto", "upsetplot", "manual"):
-    raise ValueError(f"engine must be 'auto', 'upsetplot' or 'manual', got {engine!r}")
-  flags, sets = _coarse_flags(tests_or_flags, sets)
+  flags, sets = tables.coarse_flags(tests_or_flags, sets)
   heads = len(flags)
   label = title or FIGURE_TEXT["role_upset"][0]
   if not sets or heads == 0:
-    fig = _new_figure(7, 3.5)
-    _empty_note(fig.add_subplot(), "no coarse role was tested")
+    fig = new_figure(7, 3.5)
+    empty_note(fig.add_subplot(), "no coarse role was tested")
     fig.suptitle(label)
-    return _save(fig, path, dpi)
+    return save_figure(fig, path, dpi)
   width = 3.2 + 0.55 * max(4, len(upset_counts(flags, sets)))
-  fig = _new_figure(min(width, 16), 5.2, constrained=False)
-  drawn = False
-  if engine in ("auto", "upsetplot"):
-    try:
-      _upset_with_library(fig, flags, sets)
-      drawn = True
-    except Exception:  # noqa: BLE001 - any failure of the optional library: draw it by hand
-      if engine == "upsetplot":
-        raise
-      fig.clf()
-  if not drawn:
-    _upset_by_hand(fig, flags, sets)
+  fig = new_figure(min(width, 16), 5.2, constrained=False)
+  _draw_upset(fig, flags, sets)
   fig.suptitle(f"{label} ({heads} heads)", fontsize=12)
-  fig.subplots_adjust(left=0.03, right=0.98, top=0.9, bottom=0.1 if not drawn else 0.05)
-  return _save(fig, path, dpi)
-
-
-def _venn_by_hand(ax, flags: pd.DataFrame, sets):
-  """Venn diagram of 2 or 3 sets with equal circles and region counts (no library)."""
-  k = len(sets)
-  centres = [(-0.5, 0.0), (0.5, 0.0)] if k == 2 else [(-0.5, 0.3), (0.5, 0.3), (0.0, -0.55)]
-  for (cx, cy), s in zip(centres, sets):
-    ax.add_patch(mpatches.Circle((cx, cy), 0.9, alpha=0.3,
-                                 color=style.COARSE_COLORS.get(s, "#888888")))
-    ax.add_patch(mpatches.Circle((cx, cy), 0.9, fill=False, lw=1.2,
-                                 color=style.COARSE_COLORS.get(s, "#888888")))
-  counts = upset_counts(flags, sets)
-  for combo in itertools.product([False, True], repeat=k):
-    if not any(combo):
-      continue
-    members = [c for c, on in zip(centres, combo) if on]
-    others = [c for c, on in zip(centres, combo) if not on]
-    px = np.mean([c[0] for c in members])
-    py = np.mean([c[1] for c in members])
-    # push the label away from the circles it is not in
-    for ox, oy in others:
-      px += (px - ox) * 0.35
-      py += (py - oy) * 0.35
-    ax.text(px, py, str(int(counts.get(combo, 0))), ha="center", va="center", fontsize=12)
-  for (cx, cy), s in zip(centres, sets):
-    lx, ly = cx * 1.9, cy * 1.9 + (0.1 if cy >= 0 else -0.2)
-    if k == 2:
-      ly = 1.05
-    ax.text(lx, ly, s, ha="center", va="center", fontsize=12, fontweight="bold",
-            color=style.COARSE_COLORS.get(s, "#333333"))
-  ax.set_xlim(-1.9, 1.9)
-  ax.set_ylim(-1.8, 1.6)
-  ax.set_aspect("equal")
-  ax.axis("off")
+  fig.subplots_adjust(left=0.03, right=0.98, top=0.9, bottom=0.1)
+  return save_figure(fig, path, dpi)
 
 
 def plot_role_venn(tests_or_flags: pd.DataFrame, path, *, sets=("local", "syntactic", "delimiter"),
                    title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
-  """Venn diagram of 2 or 3 coarse roles (matplotlib-venn when installed, else drawn here).
+  """Venn diagram of 2 or 3 coarse roles (matplotlib-venn; areas roughly proportional).
 
   Args:
     tests_or_flags: a tests table or per-head bool flags (as for :func:`plot_role_upset`).
@@ -421,40 +280,32 @@ def plot_role_venn(tests_or_flags: pd.DataFrame, path, *, sets=("local", "syntac
   if not 2 <= len(sets) <= 3:
     raise ValueError(f"a Venn diagram needs 2 or 3 sets, got {list(sets)}; use plot_role_upset "
                      "for more")
-  flags, sets = _coarse_flags(tests_or_flags, sets)
-  fig = _new_figure(6.2, 5.4)
+  flags, sets = tables.coarse_flags(tests_or_flags, sets)
+  fig = new_figure(6.2, 5.4)
   ax = fig.add_subplot()
   label = title or FIGURE_TEXT["role_venn"][0]
   if len(sets) < 2:
-    _empty_note(ax, "fewer than two of these roles were tested")
+    empty_note(ax, "fewer than two of these roles were tested")
     ax.set_title(label)
-    return _save(fig, path, dpi)
+    return save_figure(fig, path, dpi)
   members = [set(np.flatnonzero(flags[s].to_numpy())) for s in sets]
   none = int((~flags[list(sets)].any(axis=1)).sum())
   if not any(members):
-    _empty_note(ax, f"no head has any of the roles {', '.join(sets)}")
+    empty_note(ax, f"no head has any of the roles {', '.join(sets)}")
   else:
-    try:
-      import matplotlib_venn as mv
-      colors = [style.COARSE_COLORS.get(s, "#888888") for s in sets]
-      with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fn = mv.venn2 if len(sets) == 2 else mv.venn3
-        fn(subsets=members, set_labels=list(sets), set_colors=colors, alpha=0.45, ax=ax)
-    except ImportError:
-      _venn_by_hand(ax, flags, sets)
+    colors = [style.COARSE_COLORS.get(s, "#888888") for s in sets]
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      venn = matplotlib_venn.venn2 if len(sets) == 2 else matplotlib_venn.venn3
+      venn(subsets=members, set_labels=list(sets), set_colors=colors, alpha=0.45, ax=ax)
   ax.text(0.0, 0.0, f"none of these roles: {none} heads", transform=ax.transAxes, fontsize=9,
           color="#555555", ha="left", va="bottom")
   ax.set_title(f"{label} ({len(flags)} heads)")
-  return _save(fig, path, dpi)
+  return save_figure(fig, path, dpi)
 
 
 # ---------------------------------------------------------------------------------------------
-# Pande et al. Fig. 5: role grid
-
-
-_GRID_MARKERS = {"cls": "s", "sep": "s", "nsubj": "^", "obj": "^", "amod": "^", "advmod": "^",
-                 "prev_local": "o", "next_local": "o", "block": "D"}
+# Fig. 5: role grid and mean sieve bias per head
 
 
 def sorted_heads(assigned: np.ndarray) -> np.ndarray:
@@ -475,15 +326,15 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
     tests_df: ``tests.csv`` (layer, head, role, assigned).
     roles: the fine roles drawn, each at a fixed place of a 3-column sub-grid in the cell.
   """
-  df = style.check_tests_df(tests_df)
+  df = tables.check_tests_df(tests_df)
   roles = list(roles)
-  tested = set(style.tested_roles(df))
-  num_layers, num_heads = style.grid_shape(df)
-  assigned = style.assigned_matrix(df, roles)  # [l, h, r]
+  tested = set(tables.tested_roles(df))
+  num_layers, num_heads = tables.grid_shape(df)
+  assigned = tables.assigned_matrix(df, roles)  # [l, h, r]
   order = sorted_heads(assigned)
   ncol = 3
   nrow = int(np.ceil(len(roles) / ncol))
-  fig = _new_figure(1.2 + 0.62 * num_heads, 1.9 + 0.58 * num_layers)
+  fig = new_figure(1.2 + 0.62 * num_heads, 1.9 + 0.58 * num_layers)
   ax = fig.add_subplot()
   offsets = [((i % ncol) - (ncol - 1) / 2) * 0.26 for i in range(len(roles))]
   offsets_y = [((i // ncol) - (nrow - 1) / 2) * 0.24 for i in range(len(roles))]
@@ -503,7 +354,7 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
     ax.scatter(*np.array(off_points).T, s=2, color="#d0d0d0", zorder=2)
   for role, points in on_points.items():
     if points:
-      ax.scatter(*np.array(points).T, s=22, marker=_GRID_MARKERS.get(role, "o"),
+      ax.scatter(*np.array(points).T, s=22, marker=style.GRID_MARKERS.get(role, "o"),
                  color=style.ROLE_COLORS.get(role, "#333333"), edgecolor="black",
                  linewidths=0.3, zorder=3)
   ax.set_xlim(-0.55, num_heads - 0.45)
@@ -516,7 +367,7 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
   for spine in ax.spines.values():
     spine.set_visible(False)
   ax.tick_params(length=0)
-  handles = [Line2D([], [], ls="", marker=_GRID_MARKERS.get(r, "o"), markersize=7,
+  handles = [Line2D([], [], ls="", marker=style.GRID_MARKERS.get(r, "o"), markersize=7,
                     markerfacecolor=style.ROLE_COLORS.get(r, "#333333"), markeredgecolor="black",
                     markeredgewidth=0.4,
                     label=r if r in tested else f"{r} (not computed)") for r in roles]
@@ -524,24 +375,7 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
              frameon=False, title="role assigned (markers sit at the same place in every cell)",
              title_fontsize=8)
   fig.suptitle(title or FIGURE_TEXT["role_grid"][0])
-  return _save(fig, path, dpi)
-
-
-# ---------------------------------------------------------------------------------------------
-# heatmaps of the mean sieve bias
-
-
-def mean_matrix(tests_df: pd.DataFrame, roles=None) -> tuple[np.ndarray, list[str]]:
-  """float ``[l, h, r]`` of the ``mean`` column of a tests table (NaN where absent), and the roles."""
-  df = style.check_tests_df(tests_df, required=("layer", "head", "role", "mean"))
-  roles = style.role_order(df["role"].unique()) if roles is None else list(roles)
-  num_layers, num_heads = style.grid_shape(df)
-  out = np.full((num_layers, num_heads, len(roles)), np.nan)
-  index = {r: i for i, r in enumerate(roles)}
-  sel = df[df["role"].isin(roles)]
-  out[sel["layer"].to_numpy(), sel["head"].to_numpy(), sel["role"].map(index).to_numpy(dtype=int)
-      ] = sel["mean"].astype(float).to_numpy()
-  return out, roles
+  return save_figure(fig, path, dpi)
 
 
 def plot_role_heatmaps(means, roles, path, *, tau: float, assigned=None, ncols: int = 4,
@@ -579,7 +413,7 @@ def plot_role_heatmaps(means, roles, path, *, tau: float, assigned=None, ncols: 
   cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#bdbdbd")
   panel_w = max(2.2, 0.2 * num_heads + 0.6)
   panel_h = max(1.9, 0.17 * num_layers + 0.7)
-  fig = _new_figure(panel_w * ncols + 1.2, panel_h * nrows + 0.9)
+  fig = new_figure(panel_w * ncols + 1.2, panel_h * nrows + 0.9)
   axes = fig.subplots(nrows, ncols, squeeze=False)
   image = None
   for i, ax in enumerate(axes.ravel()):
@@ -611,11 +445,11 @@ def plot_role_heatmaps(means, roles, path, *, tau: float, assigned=None, ncols: 
   fig.suptitle((title or FIGURE_TEXT["role_heatmaps"][0]) + (f"  ({note}; grey: undefined)"
                                                              if note else "  (grey: undefined)"),
                fontsize=11)
-  return _save(fig, path, dpi)
+  return save_figure(fig, path, dpi)
 
 
 # ---------------------------------------------------------------------------------------------
-# Pande et al. Fig. 6: fine-tuning
+# Fig. 6: fine-tuning
 
 
 def plot_finetune_delta(compare_df: pd.DataFrame, path, *, title: str | None = None,
@@ -631,10 +465,10 @@ def plot_finetune_delta(compare_df: pd.DataFrame, path, *, title: str | None = N
   df["role"] = df["role"].astype(str)
   df["layer_group"] = df["layer_group"].astype(str)
   tasks = list(dict.fromkeys(df["task"].astype(str))) if "task" in df.columns else [None]
-  roles = style.role_order(df["role"].unique())
-  groups = [g for g in style.LAYER_GROUPS if g in set(df["layer_group"])]
+  roles = roles_lib.role_order(df["role"].unique())
+  groups = [g for g in roles_lib.LAYER_GROUPS if g in set(df["layer_group"])]
   groups += sorted(set(df["layer_group"]) - set(groups))
-  fig = _new_figure(max(7.0, 0.65 * len(roles) + 2.5), 3.6 * len(tasks) + 0.6)
+  fig = new_figure(max(7.0, 0.65 * len(roles) + 2.5), 3.6 * len(tasks) + 0.6)
   axes = fig.subplots(len(tasks), 1, squeeze=False)[:, 0]
   width = 0.8 / max(1, len(groups))
   for ax, task in zip(axes, tasks):
@@ -656,189 +490,4 @@ def plot_finetune_delta(compare_df: pd.DataFrame, path, *, title: str | None = N
                  frameon=False)
   axes[-1].set_xlabel("role")
   fig.suptitle(title or FIGURE_TEXT["finetune_delta"][0])
-  return _save(fig, path, dpi)
-
-
-def plot_cluster_changes(changes_df: pd.DataFrame, path, *, title: str | None = None,
-                         dpi: int = DEFAULT_DPI) -> Path:
-  """Matrix of head counts per (cluster before, cluster after fine-tuning).
-
-  Args:
-    changes_df: one row per head with columns cluster_before, cluster_after (names or ids).
-  """
-  require_columns(changes_df, ("cluster_before", "cluster_after"), "cluster change table")
-  before = changes_df["cluster_before"].astype(str)
-  after = changes_df["cluster_after"].astype(str)
-  names = style.cluster_order(list(before) + list(after))
-  table = pd.crosstab(before, after).reindex(index=names, columns=names, fill_value=0)
-  fig = _new_figure(1.6 + 1.1 * len(names), 1.4 + 0.9 * len(names))
-  ax = fig.add_subplot()
-  image = ax.imshow(table.to_numpy(), cmap="Blues", vmin=0)
-  top = table.to_numpy().max() if table.size else 0
-  for i in range(len(names)):
-    for j in range(len(names)):
-      v = int(table.iat[i, j])
-      ax.text(j, i, str(v), ha="center", va="center", fontsize=10,
-              color="white" if v > top * 0.6 else "black")
-  ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
-  ax.set_yticks(range(len(names)), names)
-  ax.set_xlabel("type after fine-tuning")
-  ax.set_ylabel("type before fine-tuning")
-  changed = int((before.to_numpy() != after.to_numpy()).sum())
-  fig.colorbar(image, ax=ax, shrink=0.8, label="heads")
-  ax.set_title(f"{title or FIGURE_TEXT['cluster_changes'][0]}\n"
-               f"{changed} of {len(before)} heads changed type", fontsize=11)
-  return _save(fig, path, dpi)
-
-
-# ---------------------------------------------------------------------------------------------
-# Guan et al. Figs. 1-3: clusters
-
-
-def _check_clusters(clusters_df, extra=()):
-  require_columns(clusters_df, ("layer", "head", "cluster_name") + tuple(extra),
-                   "clusters table (clusters.csv)")
-  if len(clusters_df) == 0:
-    raise ValueError("the clusters table is empty: there are no heads to draw")
-
-
-def plot_cluster_tsne(clusters_df: pd.DataFrame, path, *, label_layers: bool = True,
-                      title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
-  """Scatter of the heads' t-SNE coordinates, coloured by cluster name, labelled by layer."""
-  _check_clusters(clusters_df, ("tsne_x", "tsne_y"))
-  xy = clusters_df[["tsne_x", "tsne_y"]].astype(float).to_numpy()
-  if not np.isfinite(xy).all():
-    raise ValueError("clusters.csv has missing t-SNE coordinates (tsne_x / tsne_y); re-run the "
-                     "clustering with t-SNE enabled or leave this figure out")
-  names = clusters_df["cluster_name"].astype(str).to_numpy()
-  palette = style.cluster_colors(names)
-  fig = _new_figure(7.2, 6.0)
-  ax = fig.add_subplot()
-  for name, color in palette.items():
-    sel = names == name
-    ax.scatter(xy[sel, 0], xy[sel, 1], s=60, color=color, alpha=0.75, edgecolor="white",
-               linewidths=0.5, label=f"{name} ({int(sel.sum())} heads)")
-  if label_layers:
-    for (x, y), layer in zip(xy, clusters_df["layer"].astype(int)):
-      ax.text(x, y, str(layer), fontsize=5.5, ha="center", va="center", color="black")
-  ax.set_xlabel("t-SNE dimension 1")
-  ax.set_ylabel("t-SNE dimension 2")
-  ax.set_xticks([])
-  ax.set_yticks([])
-  ax.legend(title="attention type (cluster)", fontsize=9, title_fontsize=9, loc="best")
-  ax.set_title(title or FIGURE_TEXT["cluster_tsne"][0])
-  return _save(fig, path, dpi)
-
-
-def plot_cluster_layers(clusters_df: pd.DataFrame, path, *, title: str | None = None,
-                        dpi: int = DEFAULT_DPI) -> Path:
-  """Stacked bars: number of heads of each cluster type per layer."""
-  _check_clusters(clusters_df)
-  layers = clusters_df["layer"].astype(int)
-  names = clusters_df["cluster_name"].astype(str)
-  palette = style.cluster_colors(names)
-  all_layers = np.arange(layers.max() + 1)
-  table = pd.crosstab(layers, names).reindex(index=all_layers, columns=list(palette), fill_value=0)
-  fig = _new_figure(max(6.5, 0.45 * len(all_layers) + 2.5), 4.4)
-  ax = fig.add_subplot()
-  bottom = np.zeros(len(all_layers))
-  for name, color in palette.items():
-    values = table[name].to_numpy()
-    ax.bar(all_layers, values, bottom=bottom, color=color, label=name, width=0.8,
-           edgecolor="white", linewidth=0.5)
-    bottom += values
-  ax.set_xticks(all_layers)
-  ax.set_xlabel("layer")
-  ax.set_ylabel("number of heads")
-  ax.legend(title="attention type", fontsize=9, title_fontsize=9, loc="upper left",
-            bbox_to_anchor=(1.01, 1.0))
-  ax.set_title(title or FIGURE_TEXT["cluster_layers"][0])
-  return _save(fig, path, dpi)
-
-
-FEATURE_LABELS = tuple(f"w{i}" for i in range(16)) + ("self", "[CLS]", "[SEP]", "comma", "period")
-
-
-def plot_cluster_features(clusters_df: pd.DataFrame, path, *,
-                          features=batch_lib.DISTANCE_FEATURES, title: str | None = None,
-                          dpi: int = DEFAULT_DPI) -> Path:
-  """One panel per cluster with box plots of the 21 distance features of its heads."""
-  _check_clusters(clusters_df, tuple(features))
-  names = clusters_df["cluster_name"].astype(str).to_numpy()
-  palette = style.cluster_colors(names)
-  labels = list(FEATURE_LABELS) if tuple(features) == batch_lib.DISTANCE_FEATURES else list(features)
-  values = clusters_df[list(features)].astype(float).to_numpy()  # [heads, d]
-  top = min(1.02, float(np.nanmax(values)) * 1.08 + 0.02) if np.isfinite(values).any() else 1.02
-  ncols = 2 if len(palette) > 1 else 1
-  nrows = int(np.ceil(len(palette) / ncols))
-  fig = _new_figure(6.2 * ncols, 3.0 * nrows + 0.6)
-  axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
-  for ax, (name, color) in zip(axes.ravel(), palette.items()):
-    sel = values[names == name]
-    box = ax.boxplot([sel[:, d] for d in range(sel.shape[1])], patch_artist=True, widths=0.6,
-                     showfliers=True, flierprops={"markersize": 2, "alpha": 0.5})
-    for patch in box["boxes"]:
-      patch.set_facecolor(color)
-      patch.set_alpha(0.6)
-    for median in box["medians"]:
-      median.set_color("black")
-    ax.set_xticks(np.arange(1, len(labels) + 1), labels, rotation=90, fontsize=7)
-    ax.set_title(f"{name} ({sel.shape[0]} heads)", fontsize=10, color=color, fontweight="bold")
-    ax.set_ylim(-0.02, top)
-    ax.grid(True, axis="y", alpha=0.3)
-  for ax in axes.ravel()[len(palette):]:
-    ax.set_visible(False)
-  for ax in axes[:, 0]:
-    ax.set_ylabel("attention mass")
-  for ax in axes[-1, :]:
-    ax.set_xlabel("distance window (w0 = nearest) or token kind")
-  fig.suptitle(title or FIGURE_TEXT["cluster_features"][0])
-  return _save(fig, path, dpi)
-
-
-# ---------------------------------------------------------------------------------------------
-# all figures of one analysis
-
-
-def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau: float,
-                     alpha: float | None = None, clusters_df: pd.DataFrame | None = None,
-                     mean_score: float | None = None, p_band=(0.05, 0.95),
-                     dpi: int = DEFAULT_DPI) -> dict[str, Path]:
-  """Draw every figure of an analysis run into ``fig_dir``; returns ``{name: png path}``.
-
-  Args:
-    sieve_bias: float ``[b, l, h, r]`` (scores.npz); only used for the score CDF.
-    roles: the r role names of ``sieve_bias``.
-    tests_df: tests.csv; clusters_df: clusters.csv or None (cluster figures left out).
-    mean_score: the summary's mean of all sieve scores, marked on the CDF (default: computed).
-    p_band: the p-value interval shaded in the histogram.
-  """
-  fig_dir = Path(fig_dir)
-  tests_df = style.check_tests_df(tests_df)
-  out = {}
-  out["score_cdf"] = plot_score_cdf(sieve_bias, fig_dir / "score_cdf.png", tau=tau,
-                                    mean=mean_score, dpi=dpi)
-  if "p_value" in tests_df.columns:
-    out["pvalue_hist"] = plot_pvalue_hist(tests_df["p_value"], fig_dir / "pvalue_hist.png",
-                                          band=p_band, alpha=alpha, dpi=dpi)
-  out["role_upset"] = plot_role_upset(tests_df, fig_dir / "role_upset.png", dpi=dpi)
-  out["role_venn"] = plot_role_venn(tests_df, fig_dir / "role_venn.png", dpi=dpi)
-  out["role_grid"] = plot_role_grid(tests_df, fig_dir / "role_grid.png", dpi=dpi)
-  heat_roles = [r for r in style.role_order(roles) if r in style.tested_roles(tests_df)]
-  if "mean" in tests_df.columns and heat_roles:
-    dropped = [r for r in style.role_order(roles) if r not in heat_roles]
-    means, heat_roles = mean_matrix(tests_df, heat_roles)
-    out["role_heatmaps"] = plot_role_heatmaps(
-        means, heat_roles, fig_dir / "role_heatmaps.png", tau=tau,
-        assigned=style.assigned_matrix(tests_df, heat_roles), dpi=dpi,
-        title=FIGURE_TEXT["role_heatmaps"][0]
-        + (f"; not computed: {', '.join(dropped)}" if dropped else ""))
-  if clusters_df is not None and len(clusters_df):
-    if {"tsne_x", "tsne_y"} <= set(clusters_df.columns) and np.isfinite(
-        clusters_df[["tsne_x", "tsne_y"]].astype(float).to_numpy()).all():
-      out["cluster_tsne"] = plot_cluster_tsne(clusters_df, fig_dir / "cluster_tsne.png", dpi=dpi)
-    out["cluster_layers"] = plot_cluster_layers(clusters_df, fig_dir / "cluster_layers.png", dpi=dpi)
-    if set(batch_lib.DISTANCE_FEATURES) <= set(clusters_df.columns):
-      out["cluster_features"] = plot_cluster_features(clusters_df, fig_dir / "cluster_features.png",
-                                                      dpi=dpi)
-  return out
+  return save_figure(fig, path, dpi)

@@ -1,0 +1,306 @@
+"""The analysis report: all figures and ``report.html`` of one analysis output directory.
+
+`build_analysis_report(out_dir)` reads the contract files (`heads_jax.contract`: scores.npz,
+tests.csv and settings, and when present clusters.csv/json, summary.json, measures.npz), draws
+the figures of Pande et al. and Guan et al. into ``out_dir/figures`` (`analysis_figures`) and
+writes the page with `write_report`: settings beside the paper's, headline figures
+(`heads_jax.report.headline`), roles per layer, figures, assigned roles per head, clusters, and
+the measures of Clark et al. (`heads_jax.report.measures`). Computes no statistics: only means
+and counts for drawing. No jax.
+
+Summary dictionary (``summary.json``, written by ``heads_jax.hoststats.summary``). Any keys
+are rendered (nested dicts flattened to ``outer.inner``, None shown as "n/a"). These keys, or
+the aliases listed in ``headline.SUMMARY_FIELDS``, are shown as the paper's headline figures
+next to the published reference values:
+
+==============================  ==============================================================
+key                             meaning
+==============================  ==============================================================
+``share_delimiter``             share of heads (0..1) with the coarse role delimiter
+``share_local``                 ... local
+``share_syntactic``             ... syntactic
+``share_block``                 ... block
+``share_unskilled``             share of heads with no role at all
+``share_syntactic_also_local``  share of the syntactic heads that are also local
+``spearman_local_syntactic``    Spearman rho of local vs syntactic sieve bias
+``spearman_p_value``            its p-value
+``mean_sieve_score``            mean of all sieve bias scores
+``share_p_between``             share of p-values in (0.05, 0.95) (``p_interval``)
+==============================  ==============================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from heads_jax import contract
+from heads_jax.data import batch as batch_lib
+from heads_jax.hoststats import roles as roles_lib
+from heads_jax.report import style, tables
+from heads_jax.report.figures import guan, pande
+from heads_jax.report.figures.common import DEFAULT_DPI
+from heads_jax.report.headline import SUMMARY_FIELDS, match_summary, summary_value
+from heads_jax.report.measures import analysis_measures_sections
+from heads_jax.report.page import (esc, figure_spec_html, flatten, format_value, is_number,
+                                   kv_table_html, sections_from_specs, slug, table_html,
+                                   write_page)
+
+# ---------------------------------------------------------------------------------------------
+# figures of Pande et al. and Guan et al. by name: (title, caption, how to read)
+FIGURE_TEXT = {**pande.FIGURE_TEXT, **guan.FIGURE_TEXT}
+
+PAPER_SETTINGS = {"tau": "3", "alpha": "0.05", "test": "z-statistic (one-sided)",
+                  "correction": "none", "direction": "dependent -> head"}
+
+
+
+def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau: float,
+                     alpha: float | None = None, clusters_df: pd.DataFrame | None = None,
+                     mean_score: float | None = None, p_band=(0.05, 0.95),
+                     dpi: int = DEFAULT_DPI) -> dict[str, Path]:
+  """Draw every figure of an analysis run into ``fig_dir``; returns ``{name: png path}``.
+
+  Args:
+    sieve_bias: float ``[b, l, h, r]`` (scores.npz); only used for the score CDF.
+    roles: the r role names of ``sieve_bias``.
+    tests_df: tests.csv; clusters_df: clusters.csv or None (cluster figures left out).
+    mean_score: the summary's mean of all sieve scores, marked on the CDF (default: computed).
+    p_band: the p-value interval shaded in the histogram.
+  """
+  fig_dir = Path(fig_dir)
+  tests_df = tables.check_tests_df(tests_df)
+  out = {}
+  out["score_cdf"] = pande.plot_score_cdf(sieve_bias, fig_dir / "score_cdf.png", tau=tau,
+                                    mean=mean_score, dpi=dpi)
+  if "p_value" in tests_df.columns:
+    out["pvalue_hist"] = pande.plot_pvalue_hist(tests_df["p_value"], fig_dir / "pvalue_hist.png",
+                                          band=p_band, alpha=alpha, dpi=dpi)
+  out["role_upset"] = pande.plot_role_upset(tests_df, fig_dir / "role_upset.png", dpi=dpi)
+  out["role_venn"] = pande.plot_role_venn(tests_df, fig_dir / "role_venn.png", dpi=dpi)
+  out["role_grid"] = pande.plot_role_grid(tests_df, fig_dir / "role_grid.png", dpi=dpi)
+  heat_roles = [r for r in roles_lib.role_order(roles) if r in tables.tested_roles(tests_df)]
+  if "mean" in tests_df.columns and heat_roles:
+    dropped = [r for r in roles_lib.role_order(roles) if r not in heat_roles]
+    means, heat_roles = tables.mean_matrix(tests_df, heat_roles)
+    out["role_heatmaps"] = pande.plot_role_heatmaps(
+        means, heat_roles, fig_dir / "role_heatmaps.png", tau=tau,
+        assigned=tables.assigned_matrix(tests_df, heat_roles), dpi=dpi,
+        title=pande.FIGURE_TEXT["role_heatmaps"][0]
+        + (f"; not computed: {', '.join(dropped)}" if dropped else ""))
+  if clusters_df is not None and len(clusters_df):
+    if {"tsne_x", "tsne_y"} <= set(clusters_df.columns) and np.isfinite(
+        clusters_df[["tsne_x", "tsne_y"]].astype(float).to_numpy()).all():
+      out["cluster_tsne"] = guan.plot_cluster_tsne(clusters_df, fig_dir / "cluster_tsne.png",
+                                                   dpi=dpi)
+    out["cluster_layers"] = guan.plot_cluster_layers(clusters_df, fig_dir / "cluster_layers.png",
+                                                     dpi=dpi)
+    if set(batch_lib.DISTANCE_FEATURES) <= set(clusters_df.columns):
+      out["cluster_features"] = guan.plot_cluster_features(
+          clusters_df, fig_dir / "cluster_features.png", dpi=dpi)
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the page
+
+
+def _settings_section(settings: dict) -> str:
+  items = flatten(settings or {})
+  paper = {k: v for k, v in PAPER_SETTINGS.items() if k in dict(items)}
+  return (kv_table_html(items, table_id="table-settings", extra_columns={"paper": paper})
+          + '<p class="note">Layers and heads are numbered from 0, as in the CSV files.</p>')
+
+
+def _summary_section(summary: dict, tested: list[str] | None = None) -> str:
+  """Headline table (with the paper's values), then the other summary entries: scalars in a
+  key/value table, each dict of scalars (e.g. per-role values) as a one-row table."""
+  known, rest = match_summary(summary)
+  rows = []
+  for key, label, kind, _aliases, paper, ref in SUMMARY_FIELDS:
+    coarse = key[len("share_"):] if key.startswith("share_") else None
+    if (tested is not None and coarse in roles_lib.COARSE_ROLES
+        and not any(r in tested for r in roles_lib.COARSE_ROLES[coarse])):
+      value = "not computed"
+    elif key in known:
+      value = format_value(known[key][1], kind)
+    else:
+      value = "not reported"
+    rows.append(f"<tr><td>{esc(label)}</td><td class=\"num\">{esc(value)}</td>"
+                f"<td class=\"ref\">{esc(paper or '-')}</td><td class=\"ref\">{esc(ref or '-')}</td>"
+                "</tr>")
+  head = ("<tr><th>headline figure</th><th>this run</th><th>paper (BERT-base)</th>"
+          "<th>reference (MiniLM-L6, 200 EWT test sentences)</th></tr>")
+  out = (f'<div class="scroll"><table id="table-summary"><thead>{head}</thead>'
+         f"<tbody>{''.join(rows)}</tbody></table></div>"
+         '<p class="note">Shares are of all heads, except "syntactic heads that are also local" '
+         "(a share of the syntactic heads); \"not computed\": the run has no defined score for "
+         "any role of the group (block needs sentence pairs). The paper (Pande et al. 2021) "
+         "reports a mean sieve score of 2.8 and 1.8% of p-values in (0.05, 0.95) for BERT-base; "
+         "the reference column is an independent implementation of the same definitions "
+         "(DESIGN.md).</p>")
+  if rest:
+    groups: dict[str, list[tuple[str, object]]] = {}
+    scalars = []
+    for key, value in rest:
+      outer, _, inner = key.partition(".")
+      if inner and "." not in inner:
+        groups.setdefault(outer, []).append((inner, value))
+      else:
+        scalars.append((key, value))
+    out += "<h3>Other summary values</h3>"
+    if scalars:
+      out += kv_table_html(scalars, table_id="table-summary-other", headers=("key", "value"))
+    for outer, items in groups.items():
+      table = pd.DataFrame([[v for _, v in items]], columns=[k for k, _ in items], index=[outer])
+      table.index.name = "summary"
+      out += table_html(table.astype(object), table_id=f"table-summary-{slug(outer)}", index=True,
+                        float_format="{:.4g}")
+  return out
+
+
+def _clusters_section(clusters_df: pd.DataFrame, cluster_info: dict | None) -> str:
+  out = ""
+  if cluster_info:
+    scalars, matrices = [], []
+    for key, value in flatten(cluster_info):
+      if (isinstance(value, (list, tuple)) and value
+          and all(isinstance(v, (list, tuple)) for v in value)):
+        matrices.append((key, value))
+      else:
+        scalars.append((key, value))
+    out += "<h3>Clustering</h3>" + kv_table_html(scalars, table_id="table-cluster-info",
+                                                 headers=("property", "value"))
+    names = cluster_info.get("names") if isinstance(cluster_info.get("names"), list) else None
+    feature_names = cluster_info.get("feature_names")
+    short = dict(zip(batch_lib.DISTANCE_FEATURES, guan.FEATURE_LABELS))
+    for key, rows in matrices:
+      width = max(len(r) for r in rows)
+      # column names: "<key>_columns" / "<singular key>_columns" (e.g. name_score_columns for
+      # name_scores), else the feature names when the width is theirs, else 0, 1, ...
+      own = cluster_info.get(f"{key}_columns", cluster_info.get(f"{key[:-1]}_columns"))
+      if isinstance(own, list) and len(own) == width:
+        columns = [str(c) for c in own]
+      elif isinstance(feature_names, list) and len(feature_names) == width:
+        columns = [short.get(f, f) for f in feature_names]
+      else:
+        columns = [str(i) for i in range(width)]
+      table = pd.DataFrame([list(r) + [None] * (width - len(r)) for r in rows], columns=columns)
+      table.index = names if names and len(names) == len(rows) else range(len(rows))
+      table.index.name = "cluster"
+      out += (f"<h3>{esc(key)}</h3>"
+              + table_html(table, table_id=f"table-cluster-{slug(key)}", index=True,
+                           float_format="{:.3f}"))
+  features = [f for f in batch_lib.DISTANCE_FEATURES if f in clusters_df.columns]
+  short = dict(zip(batch_lib.DISTANCE_FEATURES, guan.FEATURE_LABELS))
+  if "cluster_name" in clusters_df.columns:
+    names = clusters_df["cluster_name"].astype(str)
+    order = style.cluster_order(names)
+    summary = clusters_df.assign(cluster_name=names).groupby("cluster_name")
+    table = pd.DataFrame({"heads": summary.size()})
+    for f in features:
+      table[f] = summary[f].mean()
+    table = table.reindex(order).rename(columns=short)
+    table.index.name = "cluster"
+    out += ("<h3>Mean distance features per cluster</h3>"
+            + table_html(table, table_id="table-cluster-means", index=True, float_format="{:.2f}"))
+  first = [c for c in ("layer", "head", "cluster", "cluster_name") if c in clusters_df.columns]
+  shown = first + [c for c in clusters_df.columns if c not in first + ["tsne_x", "tsne_y"]]
+  heads = clusters_df[shown].sort_values(["layer", "head"]).rename(columns=short)
+  out += ('<h3>Heads</h3><p class="note">Mean attention mass of each head in the 16 distance '
+          "windows w0 (nearest) .. w15, to itself, [CLS], [SEP], commas and periods (the 21 features "
+          "sum to 1; full precision in clusters.csv).</p>"
+          + table_html(heads, table_id="table-clusters", tall=True, float_format="{:.2f}"))
+  return out
+
+
+def write_report(out_dir, *, title: str, settings: dict, summary: dict, tests_df: pd.DataFrame,
+                 clusters_df: pd.DataFrame | None = None, cluster_info: dict | None = None,
+                 figures: dict | None = None, extra_sections=None,
+                 filename: str = "report.html") -> Path:
+  """Write the self-contained analysis report ``out_dir/report.html``; returns its path.
+
+  Args:
+    settings: the run's settings (tests.json "settings": tau, alpha, test, correction, ...).
+    summary: headline statistics (module docstring; any keys are shown).
+    tests_df: tests.csv (layer, head, role, mean, n, statistic, p_value, p_adjusted, assigned).
+    clusters_df, cluster_info: clusters.csv and the clustering's info dict, or None.
+    figures: ``{name: png path}`` or ``{name: {"path", "title", "caption", "how"}}``; standard
+      names (``figures.FIGURE_TEXT``) get their caption and "how to read this" line.
+    extra_sections: more sections at the end: dicts with ``title`` and any of ``text``
+      (escaped), ``html`` (trusted, inserted as is), ``table`` (DataFrame), ``figure`` (PNG path,
+      with ``caption`` / ``how``); or ``(title, text)`` pairs.
+  """
+  tests_df = tables.check_tests_df(tests_df)
+  sections = [("Settings", _settings_section(settings)),
+              ("Headline figures", _summary_section(summary, tables.tested_roles(tests_df)))]
+  per_layer = tables.roles_per_layer(tests_df)
+  sections.append(("Roles per layer", (
+      '<p class="note">Number of heads in each layer with a role assigned (fine roles, then the '
+      "coarse groups; a head counts once per group).</p>"
+      + table_html(per_layer, table_id="table-roles-per-layer", index=True))))
+  figs = "".join(figure_spec_html(name, spec, FIGURE_TEXT)
+                 for name, spec in (figures or {}).items())
+  sections.append(("Figures", figs or '<p class="empty">(no figures)</p>'))
+  sections.append(("Assigned roles per head", (
+      '<p class="note">Roles whose test rejected "mean sieve bias <= tau"; the full tests with '
+      "means, statistics and p-values are in tests.csv.</p>"
+      + table_html(tables.roles_per_head(tests_df), table_id="table-roles-per-head", tall=True))))
+  if clusters_df is not None:
+    sections.append(("Clusters", _clusters_section(clusters_df, cluster_info)))
+  sections += sections_from_specs(extra_sections)
+  subtitle = " | ".join(f"{k}: {format_value(settings[k])}" for k in ("model", "data", "num_sequences")
+                        if settings and k in settings)
+  return write_page(out_dir, title=title, subtitle=subtitle, sections=sections, filename=filename)
+
+
+def short_name(value) -> str:
+  """A readable short form of a model / data setting: paths shortened to their last two parts
+  (``conllu:../data/ud_ewt/en_ewt-ud-test.conllu`` -> ``conllu:ud_ewt/en_ewt-ud-test.conllu``)."""
+  text = str(value)
+  prefix = ""
+  if ":" in text and "/" not in text.split(":", 1)[0]:
+    prefix, text = text.split(":", 1)
+    prefix += ":"
+  if "/" in text:
+    parts = [p for p in text.split("/") if p not in ("", ".", "..")]
+    text = "/".join(parts[-2:])
+  return prefix + text
+
+
+def build_analysis_report(out_dir, *, title: str | None = None,
+                          dpi: int = DEFAULT_DPI) -> Path:
+  """Draw all figures and write ``report.html`` from the contract files of an analysis directory.
+
+  Reads (with `heads_jax.contract`) ``scores.npz``, ``tests.csv`` and the settings, and when
+  present ``clusters.csv`` with ``clusters.json`` (cluster info), ``summary.json`` and
+  ``measures.npz``. Figures go to ``out_dir/figures``. Computes no statistics: only means and
+  counts for drawing.
+  """
+  out_dir = Path(out_dir)
+  scores = contract.read_scores(out_dir)
+  tests_df, settings = contract.read_tests(out_dir)
+  if "tau" not in settings:
+    raise ValueError(f"the settings of {out_dir} (settings.json or tests.json) must hold at least "
+                     "'tau'; re-run the analysis that wrote them")
+  summary = (contract.read_summary(out_dir) if (out_dir / contract.SUMMARY_JSON).is_file()
+             else {})
+  clusters_df, cluster_info = (contract.read_clusters(out_dir)
+                               if (out_dir / contract.CLUSTERS_CSV).is_file() else (None, None))
+  mean_score = summary_value(summary, "mean_sieve_score")
+  band = summary.get("p_interval") if isinstance(summary, dict) else None
+  band = tuple(float(b) for b in band) if isinstance(band, (list, tuple)) and len(band) == 2 \
+      else (0.05, 0.95)
+  figs = analysis_figures(
+      out_dir / "figures", sieve_bias=scores.sieve_bias, roles=scores.roles, tests_df=tests_df,
+      tau=float(settings["tau"]), alpha=float(settings["alpha"]) if "alpha" in settings else None,
+      clusters_df=clusters_df, mean_score=float(mean_score) if is_number(mean_score) else None,
+      p_band=band, dpi=dpi)
+  if title is None:
+    parts = [short_name(settings[k]) for k in ("model", "data") if settings.get(k)]
+    title = "Attention heads: " + " on ".join(parts) if parts else "Attention-head analysis"
+  return write_report(out_dir, title=title, settings=settings, summary=summary, tests_df=tests_df,
+                      clusters_df=clusters_df, cluster_info=cluster_info, figures=figs,
+                      extra_sections=analysis_measures_sections(out_dir, dpi=dpi))

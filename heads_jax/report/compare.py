@@ -1,0 +1,181 @@
+"""The before/after report of a comparison (e.g. a model before and after fine-tuning).
+
+`write_compare_report` draws the change of mean sieve bias per role and layer group (Pande et
+al. Fig. 6) and the cluster changes (Guan et al.), and writes ``report.html`` with the
+headline figures side by side, the tables of `heads_jax.hoststats.compare` and the roles and
+attention types each head gained or lost. `similarity_section` adds the per-head attention
+similarity of the two models (Kovaleva et al. 2019). No jax.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from heads_jax.hoststats import roles as roles_lib
+from heads_jax.report import tables
+from heads_jax.report.figures import guan, pande
+from heads_jax.report.figures.common import DEFAULT_DPI
+from heads_jax.report.headline import SUMMARY_FIELDS, match_summary
+from heads_jax.report.page import (esc, sections_from_specs, figure_html, figure_spec_html, flatten,
+                                   format_value, is_missing, kv_table_html, table_html, write_page)
+from heads_jax.report.tables import require_columns
+
+# ---------------------------------------------------------------------------------------------
+# the figures of this report by name: (title, caption, how to read)
+FIGURE_TEXT = {"finetune_delta": pande.FIGURE_TEXT["finetune_delta"],
+               "cluster_changes": guan.FIGURE_TEXT["cluster_changes"]}
+
+
+
+def _summary_compare_section(before: dict, after: dict) -> str:
+  kb, rb = match_summary(before)
+  ka, ra = match_summary(after)
+  rows = []
+  for key, label, kind, _aliases, _paper, _ref in SUMMARY_FIELDS:
+    if key in kb or key in ka:
+      b = format_value(kb[key][1], kind) if key in kb else "n/a"
+      a = format_value(ka[key][1], kind) if key in ka else "n/a"
+      rows.append(f'<tr><td>{esc(label)}</td><td class="num">{esc(b)}</td>'
+                  f'<td class="num">{esc(a)}</td></tr>')
+  rest_b, rest_a = dict(rb), dict(ra)
+  for key in dict.fromkeys(list(rest_b) + list(rest_a)):
+    rows.append(f"<tr><td>{esc(key)}</td><td class=\"num\">{esc(format_value(rest_b.get(key)))}</td>"
+                f"<td class=\"num\">{esc(format_value(rest_a.get(key)))}</td></tr>")
+  return ('<div class="scroll"><table id="table-summary-compare"><thead><tr><th>figure</th>'
+          f"<th>before</th><th>after</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def _split(text) -> list[str]:
+  if is_missing(text):
+    return []
+  return [t for t in str(text).split(";") if t.strip()]
+
+
+def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.DataFrame | None = None,
+                         cluster_changes_df: pd.DataFrame | None = None,
+                         title: str = "Attention heads before and after fine-tuning",
+                         settings: dict | None = None, summary_before: dict | None = None,
+                         summary_after: dict | None = None, figures: dict | None = None,
+                         warnings=None, extra_sections=None, filename: str = "report.html",
+                         dpi: int = DEFAULT_DPI) -> Path:
+  """Write the self-contained before/after fine-tuning report ``out_dir/report.html``.
+
+  Args:
+    compare_df: role, layer_group (initial / middle / final), before, after, delta (optional task).
+    heads_df: per head: layer, head, roles_before, roles_after, gained, lost (';'-joined roles).
+    cluster_changes_df: per head: layer, head, cluster_before, cluster_after, changed.
+    settings: the comparison's settings (may nest "before" / "after" dicts).
+    summary_before, summary_after: the two runs' summary dicts (shown side by side).
+    warnings: reasons to read the comparison with care (e.g. ``Comparison.warnings``), listed
+      in a section of their own.
+    figures: extra or replacement figures ``{name: path or spec}``; the change-of-sieve-bias and
+      cluster-change figures are drawn into ``out_dir/figures`` unless given here.
+  """
+  require_columns(compare_df, ("role", "layer_group", "before", "after", "delta"),
+                               "fine-tuning comparison table")
+  fig_dir = Path(out_dir) / "figures"
+  figs = {"finetune_delta": pande.plot_finetune_delta(compare_df, fig_dir / "finetune_delta.png",
+                                                            dpi=dpi)}
+  if cluster_changes_df is not None and len(cluster_changes_df):
+    figs["cluster_changes"] = guan.plot_cluster_changes(
+        cluster_changes_df, fig_dir / "cluster_changes.png", dpi=dpi)
+  figs.update(figures or {})
+
+  sections = []
+  if warnings:
+    sections.append(("Warnings", '<ul class="warnings">' + "".join(
+        f"<li>{esc(w)}</li>" for w in warnings) + "</ul>"))
+  sections.append(("Settings", kv_table_html(flatten(settings or {}), table_id="table-settings")))
+  if summary_before or summary_after:
+    sections.append(("Headline figures before and after",
+                     _summary_compare_section(summary_before or {}, summary_after or {})))
+  df = compare_df.copy()
+  df["role"] = df["role"].astype(str)
+  roles = roles_lib.role_order(df["role"].unique())
+  groups = [g for g in roles_lib.LAYER_GROUPS if g in set(df["layer_group"].astype(str))]
+  groups += sorted(set(df["layer_group"].astype(str)) - set(groups))
+  index = ["task", "role"] if "task" in df.columns else ["role"]
+  pivot = df.pivot_table(index=index, columns="layer_group", values="delta", aggfunc="mean")
+  pivot = pivot.reindex(columns=groups)
+  if index == ["role"]:
+    pivot = pivot.reindex(roles)
+  pivot.columns = [f"delta {g}" for g in pivot.columns]
+  long = df.assign(_r=df["role"].map({r: i for i, r in enumerate(roles)}),
+                   _g=df["layer_group"].astype(str).map({g: i for i, g in enumerate(groups)}))
+  long = long.sort_values([c for c in ("task",) if c in long.columns] + ["_r", "_g"]).drop(
+      columns=["_r", "_g"])
+  sections.append(("Change of sieve bias per role and layer group", (
+      '<p class="note">Mean sieve bias after minus before fine-tuning, per role and layer group '
+      "(initial / middle / final thirds of the layers).</p>"
+      + table_html(pivot, table_id="table-delta", index=True)
+      + "<h3>Before, after and change</h3>"
+      + table_html(long, table_id="table-compare"))))
+  sections.append(("Figures", "".join(figure_spec_html(n, s, FIGURE_TEXT)
+                                      for n, s in figs.items())))
+  if heads_df is not None:
+    require_columns(heads_df, ("layer", "head", "gained", "lost"),
+                                 "per-head role change table")
+    gained = heads_df["gained"].map(_split)
+    lost = heads_df["lost"].map(_split)
+    changed = heads_df[(gained.map(len) > 0) | (lost.map(len) > 0)].sort_values(["layer", "head"])
+    changed = changed.assign(**{c: changed[c].map(lambda v: ", ".join(_split(v)))
+                                for c in ("roles_before", "roles_after", "gained", "lost")
+                                if c in changed.columns})
+    counts = {}
+    for lst, what in ((gained, "gained"), (lost, "lost")):
+      for roles_ in lst:
+        for r in roles_:
+          counts.setdefault(r, {"gained": 0, "lost": 0})[what] += 1
+    count_df = pd.DataFrame.from_dict(counts, orient="index", columns=["gained", "lost"])
+    count_df = count_df.reindex(roles_lib.role_order(count_df.index)) if len(count_df) else count_df
+    count_df.index.name = "role"
+    sections.append(("Role changes per head", (
+        f"<p>{len(changed)} of {len(heads_df)} heads gained or lost at least one role.</p>"
+        "<h3>Heads gaining / losing each role</h3>"
+        + table_html(count_df, table_id="table-role-change-counts", index=True)
+        + "<h3>Heads whose roles changed</h3>"
+        + table_html(changed, table_id="table-role-changes", tall=True))))
+  if cluster_changes_df is not None:
+    require_columns(cluster_changes_df, ("layer", "head", "cluster_before",
+                                                      "cluster_after"), "cluster change table")
+    ch = cluster_changes_df
+    moved = (ch["changed"].pipe(tables.as_bool) if "changed" in ch.columns
+             else (ch["cluster_before"].astype(str) != ch["cluster_after"].astype(str)).to_numpy())
+    sections.append(("Cluster changes", (
+        f"<p>{int(np.sum(moved))} of {len(ch)} heads changed attention type.</p>"
+        + table_html(ch[moved].sort_values(["layer", "head"]), table_id="table-cluster-changes",
+                     tall=True))))
+  sections += sections_from_specs(extra_sections)
+  subtitle = " | ".join(f"{k}: {format_value(v)}" for k, v in flatten(settings or {})
+                        if k.split(".")[-1] in ("model", "task", "data"))
+  return write_page(out_dir, title=title, subtitle=subtitle, sections=sections, filename=filename)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention similarity (Kovaleva et al. 2019)
+
+
+def similarity_section(similarity, figure_path, *, num_sequences: int | None = None,
+                       data: str | None = None,
+                       title: str = "Attention similarity before and after fine-tuning") -> dict:
+  sim = np.asarray(similarity, float)
+  per_layer = pd.DataFrame({"layer": np.arange(sim.shape[0]), "mean cosine": sim.mean(1),
+                            "min cosine": sim.min(1), "max cosine": sim.max(1)})
+  l, h = np.unravel_index(np.argsort(sim, axis=None)[:10], sim.shape)
+  changed = pd.DataFrame({"layer": l, "head": h, "cosine": sim[l, h]})
+  src = f" on {esc(data)}" if data else ""
+  n = f" ({num_sequences} sequences)" if num_sequences else ""
+  html = (f"<p>Cosine similarity of each head's attention map (the real query x key block, "
+          f"flattened) under the model before and after fine-tuning, on the same inputs{src}{n}, "
+          f"averaged over the sequences (Kovaleva et al. 2019).</p>"
+          + figure_html(figure_path, title, "Per-head cosine similarity (rows: layers, columns: "
+                        "heads).", "1 = fine-tuning left the head's attention as it was; lower "
+                        "values mark the heads fine-tuning changed most (usually the last layers).")
+          + "<h3>Per layer</h3>" + table_html(per_layer, table_id="table-similarity-layers",
+                                              float_format="{:.3f}")
+          + "<h3>Most changed heads</h3>" + table_html(changed, table_id="table-similarity-heads",
+                                                       float_format="{:.3f}"))
+  return {"title": title, "html": html}

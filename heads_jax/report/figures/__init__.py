@@ -1,0 +1,21 @@
+"""Figures of the reports, one module per paper they reproduce (matplotlib, PNG; no jax).
+
+* `heads_jax.report.figures.pande`: Pande et al. 2021, Figs. 3-6 (sieve bias scores, p-values,
+  role overlap, role grid, mean sieve bias per head, change after fine-tuning).
+* `heads_jax.report.figures.guan`: Guan et al. 2020, Figs. 1-3 and Table 3 (head clusters, their
+  distance features and change after fine-tuning; ablation by head group and by segment).
+* `heads_jax.report.figures.clark`: Clark et al. 2019 (attention entropy, attention to special
+  tokens and neighbours, heads by Jensen-Shannon distance).
+* `heads_jax.report.figures.michel`: Michel et al. 2019 (head importance, pruning curve).
+* `heads_jax.report.figures.kovaleva`: Kovaleva et al. 2019 (attention similarity before and
+  after fine-tuning).
+* `heads_jax.report.figures.common`: what they share (figure creation, saving, heatmaps).
+
+Every ``plot_xxx(..., path) -> Path`` draws one figure from plain arrays / DataFrames (the
+contract files of DESIGN.md section 4, or the ablation's CSV tables) and writes it as a PNG at
+``path`` (parent folders are created). ``FIGURE_TEXT`` of a paper module holds the title,
+caption and a "how to read this" line per standard figure name. Nothing statistical is
+computed here beyond simple means and counts for drawing.
+
+Axis letters in shapes: b sequence (batch), l layer, h head, r role, d feature.
+"""

@@ -1,0 +1,258 @@
+"""Figures of Guan et al. 2020 ("How far does BERT look at"): Figs. 1-3 and the ablations of
+Table 3.
+
+* Fig. 1: `plot_cluster_tsne` (heads by t-SNE of their 21 distance features, by cluster).
+* Fig. 2: `plot_cluster_layers` (attention types per layer).
+* Fig. 3: `plot_cluster_features` (the distance features of each attention type).
+* `plot_cluster_changes`: attention type before and after fine-tuning.
+* Table 3: `plot_group_ablation` (a head group removed) and `plot_segment_ablation`
+  (intra- / inter-sentence attention removed), each against random groups of the same size.
+
+Inputs: ``clusters.csv`` (hoststats.clustering) and the ablation's CSV tables.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from heads_jax.data import batch as batch_lib
+from heads_jax.report import style
+from heads_jax.report.figures.common import DEFAULT_DPI, new_figure, save_figure
+from heads_jax.report.tables import require_columns
+
+# ---------------------------------------------------------------------------------------------
+# name -> (title, caption, how to read). Captions say what is drawn; "how" says how to read it.
+FIGURE_TEXT = {
+    "cluster_tsne": (
+        "t-SNE of heads by distance features",
+        "Every head placed by t-SNE of its 21 distance features, coloured by K-means cluster "
+        "(Guan et al. Fig. 1); the number at each point is its layer.",
+        "Nearby points attend similarly; t-SNE distances between far-apart groups are not "
+        "meaningful, only the grouping is."),
+    "cluster_layers": (
+        "Attention type per layer",
+        "Number of heads of each attention type (cluster) in every layer (Guan et al. Fig. 2).",
+        "Read a bar bottom-up to see how many heads of the layer are of each type; compare bars "
+        "to see types moving through the depth."),
+    "cluster_features": (
+        "Distance features per attention type",
+        "Box plots of the 21 distance features of the heads in each cluster (Guan et al. Fig. 3): "
+        "attention mass in 16 relative-distance windows, to itself, [CLS], [SEP], ',' and '.'.",
+        "Boxes span the middle half of the heads, the line is the median; a cluster with high "
+        "'self' and 'w0' is diagonal, high [CLS]/[SEP] vertical, spread over windows dense."),
+    "cluster_changes": (
+        "Attention type before and after fine-tuning",
+        "Number of heads with each pair (type before, type after fine-tuning).",
+        "The diagonal holds heads that kept their type; every off-diagonal count is heads that "
+        "changed type (row: before, column: after)."),
+}
+
+
+
+FEATURE_LABELS = tuple(f"w{i}" for i in range(16)) + ("self", "[CLS]", "[SEP]", "comma", "period")
+
+
+# ---------------------------------------------------------------------------------------------
+# Figs. 1-3: clusters
+
+
+def _check_clusters(clusters_df, extra=()):
+  require_columns(clusters_df, ("layer", "head", "cluster_name") + tuple(extra),
+                   "clusters table (clusters.csv)")
+  if len(clusters_df) == 0:
+    raise ValueError("the clusters table is empty: there are no heads to draw")
+
+
+def plot_cluster_tsne(clusters_df: pd.DataFrame, path, *, label_layers: bool = True,
+                      title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
+  """Scatter of the heads' t-SNE coordinates, coloured by cluster name, labelled by layer."""
+  _check_clusters(clusters_df, ("tsne_x", "tsne_y"))
+  xy = clusters_df[["tsne_x", "tsne_y"]].astype(float).to_numpy()
+  if not np.isfinite(xy).all():
+    raise ValueError("clusters.csv has missing t-SNE coordinates (tsne_x / tsne_y); re-run the "
+                     "clustering with t-SNE enabled or leave this figure out")
+  names = clusters_df["cluster_name"].astype(str).to_numpy()
+  palette = style.cluster_colors(names)
+  fig = new_figure(7.2, 6.0)
+  ax = fig.add_subplot()
+  for name, color in palette.items():
+    sel = names == name
+    ax.scatter(xy[sel, 0], xy[sel, 1], s=60, color=color, alpha=0.75, edgecolor="white",
+               linewidths=0.5, label=f"{name} ({int(sel.sum())} heads)")
+  if label_layers:
+    for (x, y), layer in zip(xy, clusters_df["layer"].astype(int)):
+      ax.text(x, y, str(layer), fontsize=5.5, ha="center", va="center", color="black")
+  ax.set_xlabel("t-SNE dimension 1")
+  ax.set_ylabel("t-SNE dimension 2")
+  ax.set_xticks([])
+  ax.set_yticks([])
+  ax.legend(title="attention type (cluster)", fontsize=9, title_fontsize=9, loc="best")
+  ax.set_title(title or FIGURE_TEXT["cluster_tsne"][0])
+  return save_figure(fig, path, dpi)
+
+
+def plot_cluster_layers(clusters_df: pd.DataFrame, path, *, title: str | None = None,
+                        dpi: int = DEFAULT_DPI) -> Path:
+  """Stacked bars: number of heads of each cluster type per layer."""
+  _check_clusters(clusters_df)
+  layers = clusters_df["layer"].astype(int)
+  names = clusters_df["cluster_name"].astype(str)
+  palette = style.cluster_colors(names)
+  all_layers = np.arange(layers.max() + 1)
+  table = pd.crosstab(layers, names).reindex(index=all_layers, columns=list(palette), fill_value=0)
+  fig = new_figure(max(6.5, 0.45 * len(all_layers) + 2.5), 4.4)
+  ax = fig.add_subplot()
+  bottom = np.zeros(len(all_layers))
+  for name, color in palette.items():
+    values = table[name].to_numpy()
+    ax.bar(all_layers, values, bottom=bottom, color=color, label=name, width=0.8,
+           edgecolor="white", linewidth=0.5)
+    bottom += values
+  ax.set_xticks(all_layers)
+  ax.set_xlabel("layer")
+  ax.set_ylabel("number of heads")
+  ax.legend(title="attention type", fontsize=9, title_fontsize=9, loc="upper left",
+            bbox_to_anchor=(1.01, 1.0))
+  ax.set_title(title or FIGURE_TEXT["cluster_layers"][0])
+  return save_figure(fig, path, dpi)
+
+
+def plot_cluster_features(clusters_df: pd.DataFrame, path, *,
+                          features=batch_lib.DISTANCE_FEATURES, title: str | None = None,
+                          dpi: int = DEFAULT_DPI) -> Path:
+  """One panel per cluster with box plots of the 21 distance features of its heads."""
+  _check_clusters(clusters_df, tuple(features))
+  names = clusters_df["cluster_name"].astype(str).to_numpy()
+  palette = style.cluster_colors(names)
+  labels = list(FEATURE_LABELS) if tuple(features) == batch_lib.DISTANCE_FEATURES else list(features)
+  values = clusters_df[list(features)].astype(float).to_numpy()  # [heads, d]
+  top = min(1.02, float(np.nanmax(values)) * 1.08 + 0.02) if np.isfinite(values).any() else 1.02
+  ncols = 2 if len(palette) > 1 else 1
+  nrows = int(np.ceil(len(palette) / ncols))
+  fig = new_figure(6.2 * ncols, 3.0 * nrows + 0.6)
+  axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+  for ax, (name, color) in zip(axes.ravel(), palette.items()):
+    sel = values[names == name]
+    box = ax.boxplot([sel[:, d] for d in range(sel.shape[1])], patch_artist=True, widths=0.6,
+                     showfliers=True, flierprops={"markersize": 2, "alpha": 0.5})
+    for patch in box["boxes"]:
+      patch.set_facecolor(color)
+      patch.set_alpha(0.6)
+    for median in box["medians"]:
+      median.set_color("black")
+    ax.set_xticks(np.arange(1, len(labels) + 1), labels, rotation=90, fontsize=7)
+    ax.set_title(f"{name} ({sel.shape[0]} heads)", fontsize=10, color=color, fontweight="bold")
+    ax.set_ylim(-0.02, top)
+    ax.grid(True, axis="y", alpha=0.3)
+  for ax in axes.ravel()[len(palette):]:
+    ax.set_visible(False)
+  for ax in axes[:, 0]:
+    ax.set_ylabel("attention mass")
+  for ax in axes[-1, :]:
+    ax.set_xlabel("distance window (w0 = nearest) or token kind")
+  fig.suptitle(title or FIGURE_TEXT["cluster_features"][0])
+  return save_figure(fig, path, dpi)
+
+
+def plot_cluster_changes(changes_df: pd.DataFrame, path, *, title: str | None = None,
+                         dpi: int = DEFAULT_DPI) -> Path:
+  """Matrix of head counts per (cluster before, cluster after fine-tuning).
+
+  Args:
+    changes_df: one row per head with columns cluster_before, cluster_after (names or ids).
+  """
+  require_columns(changes_df, ("cluster_before", "cluster_after"), "cluster change table")
+  before = changes_df["cluster_before"].astype(str)
+  after = changes_df["cluster_after"].astype(str)
+  names = style.cluster_order(list(before) + list(after))
+  table = pd.crosstab(before, after).reindex(index=names, columns=names, fill_value=0)
+  fig = new_figure(1.6 + 1.1 * len(names), 1.4 + 0.9 * len(names))
+  ax = fig.add_subplot()
+  image = ax.imshow(table.to_numpy(), cmap="Blues", vmin=0)
+  top = table.to_numpy().max() if table.size else 0
+  for i in range(len(names)):
+    for j in range(len(names)):
+      v = int(table.iat[i, j])
+      ax.text(j, i, str(v), ha="center", va="center", fontsize=10,
+              color="white" if v > top * 0.6 else "black")
+  ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
+  ax.set_yticks(range(len(names)), names)
+  ax.set_xlabel("type after fine-tuning")
+  ax.set_ylabel("type before fine-tuning")
+  changed = int((before.to_numpy() != after.to_numpy()).sum())
+  fig.colorbar(image, ax=ax, shrink=0.8, label="heads")
+  ax.set_title(f"{title or FIGURE_TEXT['cluster_changes'][0]}\n"
+               f"{changed} of {len(before)} heads changed type", fontsize=11)
+  return save_figure(fig, path, dpi)
+
+
+# ---------------------------------------------------------------------------------------------
+# Table 3: ablation by head group and by segment
+
+
+def plot_group_ablation(table: pd.DataFrame, path, *, metric: str = "accuracy",
+                        title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
+  """Horizontal bars: change of ``metric`` when each group is ablated, with the mean change
+  (and standard deviation) over random groups of the same size as a black marker."""
+  require_columns(table, ("group", "kind", "num_heads", "ablation", f"{metric}_change"),
+                  "ablation table")
+  df = table[table["kind"] != "baseline"].reset_index(drop=True)
+  fig = new_figure(7.5, 0.42 * max(len(df), 2) + 1.6)
+  ax = fig.add_subplot()
+  if len(df) == 0:
+    ax.text(0.5, 0.5, "no groups", ha="center", va="center", transform=ax.transAxes)
+    return save_figure(fig, path, dpi)
+  labels = [f"{g} ({n} heads)" + (f", {a}" if a not in ("remove",) else "")
+            for g, n, a in zip(df["group"], df["num_heads"], df["ablation"])]
+  y = np.arange(len(df))[::-1]
+  colors = style.cluster_colors(df["group"].astype(str))
+  bar_colors = [colors.get(str(g), "#888888") if k == "cluster" else "#6a8caf"
+                for g, k in zip(df["group"], df["kind"])]
+  ax.barh(y, 100 * df[f"{metric}_change"].to_numpy(float), color=bar_colors, height=0.6,
+          label="group ablated")
+  if f"random_{metric}_change" in df.columns:
+    r = 100 * df[f"random_{metric}_change"].to_numpy(float)
+    e = 100 * df.get(f"random_{metric}_std", pd.Series(np.zeros(len(df)))).to_numpy(float)
+    ok = np.isfinite(r)
+    ax.errorbar(r[ok], y[ok], xerr=np.nan_to_num(e[ok]), fmt="D", color="black", markersize=5,
+                capsize=3, label="random heads, same number (mean ± sd)")
+  ax.axvline(0, color="#444444", linewidth=0.8)
+  ax.set_yticks(y, labels, fontsize=9)
+  ax.set_xlabel(f"change of {metric} (percentage points) vs the unablated model")
+  ax.grid(True, axis="x", alpha=0.3)
+  ax.legend(fontsize=8, loc="best")
+  ax.set_title(title or f"Ablation by head group: change of {metric}")
+  return save_figure(fig, path, dpi)
+
+
+def plot_segment_ablation(table: pd.DataFrame, path, *, metric: str = "accuracy",
+                          title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
+  """Grouped bars: change of ``metric`` when the intra- or inter-sentence attention of each
+  group is removed, with the random-group means as markers."""
+  require_columns(table, ("group", "ablation", f"{metric}_change"), "segment ablation table")
+  df = table[table["kind"] != "baseline"]
+  groups = list(dict.fromkeys(df["group"].astype(str)))
+  parts = [p for p in ("intra", "inter") if p in set(df["ablation"])]
+  fig = new_figure(max(6.0, 1.3 * len(groups) + 2.5), 4.4)
+  ax = fig.add_subplot()
+  width = 0.8 / max(len(parts), 1)
+  colors = {"intra": "#d95f02", "inter": "#7570b3"}
+  for i, part in enumerate(parts):
+    sub = df[df["ablation"] == part].set_index(df[df["ablation"] == part]["group"].astype(str))
+    x = np.arange(len(groups)) + (i - (len(parts) - 1) / 2) * width
+    vals = 100 * sub.reindex(groups)[f"{metric}_change"].to_numpy(float)
+    ax.bar(x, vals, width=width * 0.95, color=colors[part], label=f"{part}-sentence removed")
+    if f"random_{metric}_change" in sub.columns:
+      r = 100 * sub.reindex(groups)[f"random_{metric}_change"].to_numpy(float)
+      ax.plot(x, r, "D", color="black", markersize=4,
+              label="random heads, same number" if i == 0 else None)
+  ax.axhline(0, color="#444444", linewidth=0.8)
+  ax.set_xticks(np.arange(len(groups)), groups, rotation=20)
+  ax.set_ylabel(f"change of {metric} (percentage points)")
+  ax.grid(True, axis="y", alpha=0.3)
+  ax.legend(fontsize=8)
+  ax.set_title(title or "Removing intra- / inter-sentence attention")
+  return save_figure(fig, path, dpi)
