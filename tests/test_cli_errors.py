@@ -141,3 +141,32 @@ def test_pretraining_corpus_not_utf8_names_file_and_line(capsys, tmp_path):
                    f"--config.data.sources={books}")
   assert code == 2 and len(err.splitlines()) == 1, err
   assert f"{books / 'bad.txt'}, line 5 (byte 0xe9 at column 4): not UTF-8" in err
+
+
+@pytest.mark.slow  # ~15 s: compiles and runs three training steps
+def test_nan_loss_names_the_last_good_checkpoint(capsys, tmp_path):
+  # Warm-up step 1 has learning rate 0 (the state stays good); step 2 applies 1e30, so the loss of
+  # step 3 is NaN: the checkpoint of step 2 produced it and goes, step 1 stays and is named.
+  work = tmp_path / "w"
+  code, err = _run(capsys, "pretrain", "--config", "configs/pretrain.py:tiny", "--workdir", str(work),
+                   "--config.optimizer.learning_rate=1e30", "--config.optimizer.warmup_steps=1",
+                   "--config.num_train_steps=3", "--config.checkpoint.every_steps=1",
+                   "--config.checkpoint.async_save=False", "--config.log_every=3",
+                   "--config.eval_batches=0", "--config.export=False", "--config.tensorboard=False",
+                   "--config.batch_size=8", "--config.data.max_seq_length=32",
+                   "--config.data.max_predictions=5")
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert "the loss is nan at step 3" in err
+  assert f"the last good checkpoint is step 1 in {work / 'checkpoints'}" in err
+  assert "deleted the checkpoint(s) of step 2" in err
+  assert "--config.optimizer.learning_rate=2.5e+29" in err
+  assert sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()) == ["1"]
+
+
+def test_config_override_errors_through_the_cli(capsys, tmp_path):
+  for override, words in (("--config.batch_size=abc", ("batch_size", "abc")), ("--config.nope=1", ("nope",))):
+    code, err = _run(capsys, "pretrain", "--config", "configs/pretrain.py:tiny", "--workdir", str(tmp_path / "w"),
+                     override)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("heads-jax pretrain: error:") and all(w in err for w in words), err
+  assert not (tmp_path / "w").exists()

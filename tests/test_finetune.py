@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from heads_jax.data.glue import GlueExample
+from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, encode_examples,
+                                         eval_batches)
 from heads_jax.training import configlib, finetune
 
 
@@ -15,22 +17,22 @@ def test_classification_metrics_match_sklearn():
   rng = np.random.default_rng(0)
   y = rng.integers(0, 2, 200)
   p = np.where(rng.random(200) < 0.7, y, 1 - y)
-  m = finetune.classification_metrics(p, y)
+  m = classification_metrics(p, y)
   assert m["accuracy"] == pytest.approx(sk.accuracy_score(y, p))
   assert m["f1"] == pytest.approx(sk.f1_score(y, p))
   assert m["precision"] == pytest.approx(sk.precision_score(y, p))
-  assert finetune.classification_metrics(np.zeros(4), np.zeros(4))["f1"] == 0.0
+  assert classification_metrics(np.zeros(4), np.zeros(4))["f1"] == 0.0
 
 
 def test_epoch_batches_cover_each_epoch_once():
   arrays = {"labels": np.arange(10, dtype=np.int32), "input_ids": np.arange(20).reshape(10, 2)}
-  b = finetune.EpochBatches(arrays, 4, seed=1)
+  b = EpochBatches(arrays, 4, seed=1)
   seen = np.concatenate([b.batch(s)["labels"] for s in range(5)])  # 20 rows = 2 epochs
   assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
   assert not np.array_equal(seen[:10], seen[10:])
-  again = finetune.EpochBatches(arrays, 4, seed=1)
+  again = EpochBatches(arrays, 4, seed=1)
   np.testing.assert_array_equal(again.batch(3)["input_ids"], b.batch(3)["input_ids"])
-  halves = [finetune.EpochBatches(arrays, 4, 1, p, 2).batch(3)["labels"] for p in range(2)]
+  halves = [EpochBatches(arrays, 4, 1, p, 2).batch(3)["labels"] for p in range(2)]
   np.testing.assert_array_equal(np.concatenate(halves), b.batch(3)["labels"])
   it = b.iterate(2)
   np.testing.assert_array_equal(next(it)["labels"], b.batch(2)["labels"])
@@ -40,7 +42,7 @@ def test_eval_batches_cover_all_rows():
   arrays = {k: np.arange(13 * 3).reshape(13, 3) for k in ("input_ids", "attention_mask", "token_type_ids")}
   arrays["labels"] = np.arange(13)
   rows, weights = [], []
-  for batch, idx in finetune.eval_batches(arrays, 8, num_devices=8):
+  for batch, idx in eval_batches(arrays, 8, 8):
     assert len(batch["labels"]) == 8
     assert (batch["attention_mask"][idx < 0] == 0).all()
     rows.append(idx)
@@ -62,14 +64,14 @@ def _qnli_dir(tmp_path, n=50):
 def test_missing_train_split_uses_a_seeded_holdout(tmp_path):
   root = _qnli_dir(tmp_path)
   c = configlib.load_config("configs/finetune.py:qnli", [f"data.glue_dir={root}"])
-  train, ev, note = finetune.load_task_examples(c)
+  train, ev, note = finetune.task_splits(c)
   assert (len(train), len(ev)) == (45, 5)
   assert note["train_split"] == "dev" and note["holdout_fraction"] == 0.1
   assert not {e.idx for e in train} & {e.idx for e in ev}
-  train2, ev2, _ = finetune.load_task_examples(c)
+  train2, ev2, _ = finetune.task_splits(c)
   assert [e.idx for e in ev2] == [e.idx for e in ev] == note["eval_idx"]
   c.data.holdout_seed = 5
-  assert [e.idx for e in finetune.load_task_examples(c)[1]] != note["eval_idx"]
+  assert [e.idx for e in finetune.task_splits(c)[1]] != note["eval_idx"]
   assert train[0].text_b is not None and {e.label for e in train} == {0, 1}
 
 
@@ -77,7 +79,7 @@ def test_encode_examples_pairs(tmp_path):
   from heads_jax.data.tokenizer import load_tokenizer
   tok = load_tokenizer()
   ex = [GlueExample("a question here", "the answer " * 40, 1, 0), GlueExample("short", "pair", 0, 1)]
-  enc = finetune.encode_examples(ex, tok, 16)
+  enc = encode_examples(ex, tok, 16)
   assert enc["input_ids"].shape == (2, 16) and enc["labels"].tolist() == [1, 0]
   assert enc["attention_mask"][0].all() and enc["attention_mask"][1].sum() == 5
   assert enc["token_type_ids"][1, :5].tolist() == [0, 0, 0, 1, 1]
@@ -130,7 +132,7 @@ def test_finetune_separable_task_through_mocked_tfds(tmp_path):
   from heads_jax import load_model
   model, tok = load_model(work / "best_model", head="auto")
   assert model.num_labels == 2
-  enc = finetune.encode_examples(
+  enc = encode_examples(
       [GlueExample(r["sentence"], None, int(r["label"]), i) for i, r in enumerate(splits["validation"])],
       tok, 16)
   logits = np.asarray(model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])["logits"])

@@ -16,7 +16,7 @@ from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.model.config import config_for
 from heads_jax.model.heads import BertForPreTraining
 from heads_jax.parallel import data_mesh, shard_batch
-from heads_jax.training import checkpointing, configlib, loop, metrics, optimizer, pretrain, steps
+from heads_jax.training import checkpointing, configlib, job, loop, metrics, optimizer, pretrain, steps
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, tokenizer):
   # phase 2 starts from the phase-1 parameters with a fresh optimizer (step 0)
   c2 = _tiny(2, init_checkpoint=str(tmp_path / "a" / "checkpoints"))
   c2.data.max_seq_length, c2.data.max_predictions = 64, 10
-  tx, _ = pretrain.make_tx(c2)
+  tx, _ = job.make_tx(c2)
   ck = checkpointing.Checkpoints(tmp_path / "c" / "checkpoints")
   parts, state, start, origin = loop.initial_state(
       model=_model(tokenizer, seed=9), tx=tx, mesh=data_mesh(), ckpts=ck,

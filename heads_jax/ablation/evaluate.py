@@ -6,17 +6,18 @@
     ev.evaluate(head_gate=gate, gate_mode="uniform")
     ev.evaluate(segment_removal=removal)          # [l, h, 2], see heads_jax.model.bert
 
-The dev set is encoded once, sorted by length and cut into batches whose length is rounded up
-to a multiple of ``bucket_step`` (so short sentences do not pay for 128 positions); every batch
-is padded to a multiple of the number of devices with weight-0 rows and put on the ``data``
-mesh once, and reused by every evaluation. One jitted call per batch returns the batch's sums
+The dev set is encoded once (``heads_jax.data.glue_batches``, as fine-tuning), sorted by
+length and cut into batches whose length is rounded up to a multiple of ``bucket_step`` (so
+short sentences do not pay for 128 positions); every batch is padded to a multiple of the number
+of devices with weight-0 rows and put on the ``data`` mesh once, and reused by every
+evaluation. One jitted call per batch returns the batch's sums
 (correct predictions, true / false positives, false negatives, summed loss, rows); they are
 added on the device and fetched once per evaluation. The model's state is replicated on the
 mesh once. ``Evaluator`` also carries what ``heads_jax.ablation.importance`` needs (graph,
 state, batches).
 
 Metrics follow ``heads_jax.data.glue.TASKS``: accuracy for every task, and F1 of the positive
-class (label 1) for MRPC and QQP (as ``heads_jax.training.finetune``).
+class (label 1) for MRPC and QQP (``glue_batches.metrics_from_counts``, as fine-tuning).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from heads_jax.data import glue
+from heads_jax.data import glue, glue_batches
+from heads_jax.data.specs import load_spec, parse_spec
 from heads_jax.errors import UserError
+from heads_jax.model.loading import load_model
 from heads_jax.parallel import data_mesh, replicate, shard_batch
 
 SUM_NAMES = ("correct", "tp", "fp", "fn", "loss", "n")
@@ -66,23 +69,6 @@ class EvalData:
     return self.task.metrics
 
 
-def encode_glue(examples, tokenizer, max_length: int = 128) -> dict:
-  """``input_ids``, ``attention_mask``, ``token_type_ids`` int32 ``[n, k]`` (k = the longest
-  encoded example) and ``labels`` ``[n]``; pairs truncated longest-first, as fine-tuning."""
-  if not examples:
-    raise UserError("the evaluation set is empty")
-  if any(e.label is None for e in examples):
-    raise UserError("the evaluation data has unlabelled rows (a GLUE test split?): use the dev "
-                    "split (glue-tsv:DIR/TASK:dev or glue:TASK:validation)")
-  a = [e.text_a for e in examples]
-  b = [e.text_b for e in examples] if examples[0].text_b is not None else None
-  enc = tokenizer(a, b, truncation="longest_first" if b is not None else True,
-                  max_length=max_length, padding="longest", return_tensors="np")
-  out = {k: np.asarray(enc[k], np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
-  out["labels"] = np.asarray([e.label for e in examples], np.int32)
-  return out
-
-
 def eval_rows_from_finetune(path) -> list[int] | None:
   """The ``eval_idx`` rows a fine-tuning run held out (its ``data.json``), or None when it
   evaluated on a whole split. ``path``: the ``data.json`` or the run's work directory."""
@@ -107,7 +93,6 @@ def load_eval_data(spec: str, tokenizer, *, task: str | None = None, max_length:
     task: the GLUE task (default: the spec's); must match the spec's when both are given.
     rows: keep only these ``idx`` values (e.g. a fine-tuning run's held-out rows).
   """
-  from heads_jax.data.specs import load_spec, parse_spec
   parsed = parse_spec(spec)
   if parsed.kind not in ("glue", "glue-tsv"):
     raise UserError(f"data spec {spec!r} is not GLUE data; evaluation needs labels: use "
@@ -127,7 +112,12 @@ def load_eval_data(spec: str, tokenizer, *, task: str | None = None, max_length:
     if max_examples is not None:
       examples = examples[:max_examples]
     kept = np.asarray([e.idx for e in examples], np.int64)
-  enc = encode_glue(examples, tokenizer, max_length)
+  if not examples:
+    raise UserError("the evaluation set is empty")
+  if any(e.label is None for e in examples):
+    raise UserError("the evaluation data has unlabelled rows (a GLUE test split?): use the dev "
+                    "split (glue-tsv:DIR/TASK:dev or glue:TASK:validation)")
+  enc = glue_batches.encode_examples(examples, tokenizer, max_length, pad_to_max_length=False)
   name = dataset.name + (f" ({len(examples)} held-out rows)" if rows is not None else "")
   return EvalData(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"], enc["labels"],
                   info, name, kept)
@@ -139,24 +129,8 @@ def make_batches(data: EvalData, batch_size: int, multiple: int, bucket_step: in
   ``batch_size`` rounded up to ``multiple`` rows (weight 0, row -1)."""
   if batch_size < 1:
     raise UserError(f"batch size must be >= 1, got {batch_size}")
-  b = -(-batch_size // multiple) * multiple
-  lengths = data.lengths
-  order = np.argsort(lengths, kind="stable")
-  full = data.input_ids.shape[1]
-  out = []
-  for start in range(0, len(order), b):
-    idx = order[start:start + b]
-    k = min(full, max(1, -(-int(lengths[idx].max()) // bucket_step) * bucket_step))
-    real = len(idx)
-    take = np.concatenate([idx, np.zeros(b - real, np.int64)])
-    batch = {name: np.ascontiguousarray(getattr(data, name)[take, :k])
-             for name in ("input_ids", "attention_mask", "token_type_ids")}
-    batch["labels"] = data.labels[take]
-    weights = (np.arange(b) < real).astype(np.float32)
-    batch["attention_mask"] = batch["attention_mask"] * weights[:, None].astype(np.int32)
-    batch["weights"] = weights
-    out.append((batch, np.where(weights > 0, take, -1)))
-  return out
+  arrays = {name: getattr(data, name) for name in glue_batches.TEXT_ARRAYS + ("labels",)}
+  return list(glue_batches.eval_batches(arrays, batch_size, multiple, bucket_step=bucket_step))
 
 
 def batch_sums(logits, labels, weights):
@@ -175,11 +149,8 @@ def batch_sums(logits, labels, weights):
 def metrics_from_sums(sums) -> dict:
   """Accuracy, F1 (positive class 1), precision, recall, mean loss and n from ``batch_sums``."""
   correct, tp, fp, fn, loss, n = (float(x) for x in np.asarray(sums))
-  precision = tp / (tp + fp) if tp + fp else 0.0
-  recall = tp / (tp + fn) if tp + fn else 0.0
-  f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-  return {"accuracy": correct / n if n else float("nan"), "f1": f1, "precision": precision,
-          "recall": recall, "loss": loss / n if n else float("nan"), "n": int(round(n))}
+  return dict(glue_batches.metrics_from_counts(correct, tp, fp, fn, n),
+              loss=loss / n if n else float("nan"), n=int(round(n)))
 
 
 def check_classifier(model):
@@ -272,7 +243,6 @@ class Evaluator:
 
 def load_classifier(path, dtype: str | None = None):
   """``(model, tokenizer)`` of a fine-tuned classifier directory (heads_jax or Hugging Face)."""
-  from heads_jax.model.loading import load_model
   model, tokenizer = load_model(path, head="auto", dtype=dtype)
   check_classifier(model)
   return model, tokenizer

@@ -2,7 +2,9 @@
 
 Modules: ``optimizer`` (LAMB with BERT conventions, schedule), ``steps`` (jitted train/eval
 steps over the ``data`` mesh), ``checkpointing`` (Orbax), ``metrics`` (JSON lines,
-TensorBoard, throughput, MFU), ``loop`` (restore-or-init, the training loop), ``configlib``
-(config files and overrides), ``pretrain`` and ``finetune`` (``run(config, workdir)`` and
-the command-line entry points). Configs: ``configs/pretrain.py``, ``configs/finetune.py``.
+TensorBoard, throughput, MFU), ``loop`` (restore-or-init, the training loop), ``rundir`` (every
+path of a run's work directory), ``job`` (the set-up both jobs share: mesh, optimizer, model,
+checkpoints, metrics, export), ``configlib`` (config files and overrides), ``pretrain`` and
+``finetune`` (``train_and_evaluate(config, workdir)``; their entry points are
+``train/pretrain.py`` and ``train/finetune.py``). Configs: ``heads_jax.configs``.
 """

@@ -15,9 +15,9 @@ Because batch ``N`` of every data stream here is a function of ``(seed, N)`` and
 of step ``N`` is ``fold_in(key, N)``, restoring step ``N`` and training on gives the same
 parameters and losses as a run that was never interrupted.
 
-``initial_params`` reads the parameters a run starts from when its work directory has no
-checkpoint yet: a heads_jax model directory, a Hugging Face BERT directory, or an Orbax
-checkpoint directory of another run (e.g. phase 1 for phase 2 of pre-training).
+``restore_params_from_run`` reads the parameters (only) of another run's checkpoints, e.g.
+phase 1 for phase 2 of pre-training; its restore arguments come from Orbax's
+``checkpoint_utils.construct_restore_args``.
 """
 
 from __future__ import annotations
@@ -51,10 +51,14 @@ class Checkpoints:
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
+  def is_due(self, step: int) -> bool:
+    """Whether ``save(step, ...)`` saves without ``force``."""
+    return step % self.save_interval_steps == 0
+
   def save(self, step: int, state, meta: dict | None = None, *, force: bool = False) -> bool:
     """Saves (asynchronously) when ``step`` is a multiple of the interval (or ``force``);
     returns whether it saved."""
-    if not force and step % self.save_interval_steps:
+    if not force and not self.is_due(step):
       return False
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               meta=ocp.args.JsonSave(_jsonable(meta or {})))
@@ -69,6 +73,9 @@ class Checkpoints:
     out = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
     return out.state, dict(out.meta or {})
+
+  def delete(self, step: int) -> None:
+    self.manager.delete(int(step))
 
   def wait(self):
     self.manager.wait_until_finished()
@@ -96,19 +103,11 @@ def restore_params_from_run(directory, abstract_params, step: int | None = None)
     raise FileNotFoundError(f"no checkpoint in {directory}")
   # Restore only the params subtree (partial restore): the optimizer state is skipped.
   target = {"params": abstract_params}
+  restore_args = ocp.checkpoint_utils.construct_restore_args(target)
   restored = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(item=target, restore_args=_restore_args(target),
-                                   partial_restore=True)))
+      state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)))
   mngr.close()
   return restored.state["params"], step
-
-
-def _restore_args(target):
-  def arg(x):
-    if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None:
-      return ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype)
-    return ocp.RestoreArgs()
-  return jax.tree.map(arg, target)
 
 
 def is_orbax_run_dir(path) -> bool:

@@ -16,6 +16,12 @@ the jitted step. It logs averaged metrics every ``log_every`` steps (JSON lines,
 a progress line), evaluates every ``eval_every`` steps, saves a checkpoint when the
 checkpoint interval is due (and always at the last step, at ``stop_at_step`` and on SIGTERM),
 and returns the per-step history of the logged metrics.
+
+A loss or gradient norm that is not finite stops the run with ``NonFiniteLoss`` (a
+``UserError``). The loop checks the metrics of every step at each log and before each save, so
+no checkpoint is written after such a step; the state saved just before the first non-finite
+loss (whose parameters produced it) is deleted, so the newest checkpoint left is the last good
+one and running the same command again (e.g. with a lower learning rate) resumes from it.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from heads_jax.errors import UserError
+from heads_jax.model.loading import load_model
 from heads_jax.parallel import shard_batch
 from heads_jax.training import checkpointing, metrics as metrics_lib, steps
 
@@ -53,7 +61,6 @@ def load_init_model(init_checkpoint: str, head: str, *, num_labels: int | None =
     raise FileNotFoundError(f"init_checkpoint {init_checkpoint} does not exist: pass a heads_jax "
                             f"model directory, a Hugging Face BERT directory or a run's "
                             f"checkpoints directory")
-  from heads_jax.model.loading import load_model
   model, _ = load_model(init_checkpoint, head=head, num_labels=num_labels, dtype=dtype,
                         with_tokenizer=False)
   return model
@@ -115,6 +122,47 @@ class _StopFlag:
       signal.signal(signal.SIGTERM, self._old)
 
 
+class NonFiniteLoss(UserError):
+  """The loss (or the gradient norm) of ``step`` is ``value``, not finite; ``last_good`` is the
+  newest checkpoint left in ``directory`` (None: none)."""
+
+  def __init__(self, step: int, value: float, last_good: int | None, directory,
+               deleted: tuple[int, ...] = ()):
+    self.step, self.value, self.last_good, self.directory = step, value, last_good, directory
+    where = (f"the last good checkpoint is step {last_good} in {directory} (running again "
+             f"resumes from it)" if last_good is not None else
+             "no good checkpoint was saved before it")
+    if deleted:
+      where += f"; deleted the checkpoint(s) of step {', '.join(map(str, deleted))} that led to it"
+    super().__init__(f"the loss is {value} at step {step}; {where}")
+
+
+def _first_non_finite(host: list[dict], first_step: int):
+  """``(step, value, first bad state)`` of the first of ``host`` (the metrics of steps
+  ``first_step, first_step + 1, ...``) whose loss or gradient norm is not finite, else None.
+  A non-finite loss at step k condemns the state after k - 1 steps (its parameters produced
+  it); a non-finite gradient norm the state after step k (its update)."""
+  for i, m in enumerate(host):
+    k = first_step + i
+    if "loss" in m and not np.isfinite(m["loss"]):
+      return k, float(m["loss"]), k - 1
+    if "grad_norm" in m and not np.isfinite(m["grad_norm"]):
+      return k, float(m.get("loss", m["grad_norm"])), k
+  return None
+
+
+def _stop_non_finite(bad, ckpts: checkpointing.Checkpoints | None):
+  step, value, first_bad_state = bad
+  last_good, directory, deleted = None, None, []
+  if ckpts is not None:
+    ckpts.wait()
+    deleted = [s for s in ckpts.all_steps() if s >= first_bad_state]
+    for s in deleted:
+      ckpts.delete(s)
+    last_good, directory = ckpts.latest_step(), ckpts.directory
+  raise NonFiniteLoss(step, value, last_good, directory, tuple(sorted(deleted)))
+
+
 def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: int,
                total_steps: int, ckpts: checkpointing.Checkpoints | None,
                writer: metrics_lib.MetricsWriter | None, throughput: metrics_lib.Throughput | None,
@@ -125,7 +173,8 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
 
   ``batches`` yields the host batches of steps ``start_step, start_step + 1, ...``.
   ``eval_fn(state, step) -> dict`` is called every ``eval_every`` steps and at the end.
-  ``history`` holds one dict per logged step (``step`` = number of steps done).
+  ``history`` holds one dict per logged step (``step`` = number of steps done). Raises
+  ``NonFiniteLoss`` (see the module docstring).
   """
   history: list[dict] = []
   pending: list[dict] = []
@@ -144,6 +193,7 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
       if step % log_every == 0 or final:
         host = steps.to_host(pending)
         pending = []
+        bad = _first_non_finite(host, step - len(host) + 1)
         avg = {k: float(np.mean([h[k] for h in host])) for k in host[0]}
         if throughput is not None:
           avg.update(throughput.update(step))
@@ -153,9 +203,8 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
           writer.write(step, {k: v for k, v in avg.items() if k != "step"}, "train")
         if print_fn is not None and is_main:
           print_fn(metrics_lib.progress_line(step, total_steps, avg))
-        if not all(np.isfinite(v) for k, v in avg.items() if k in ("loss",)):
-          raise FloatingPointError(f"loss is {avg.get('loss')} at step {step}; lower the learning "
-                                   f"rate or check the data")
+        if bad is not None:
+          _stop_non_finite(bad, ckpts)
       if eval_fn is not None and ((eval_every and step % eval_every == 0) or step == total_steps):
         t0 = time.perf_counter()
         ev = eval_fn(state, step)
@@ -166,7 +215,11 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
                                                  if isinstance(v, (int, float))))
         if throughput is not None:  # do not count evaluation time as training time
           throughput._t += time.perf_counter() - t0
-      if ckpts is not None:
+      if ckpts is not None and (final or ckpts.is_due(step)):
+        if pending:  # steps not checked by a log yet: check them before saving
+          bad = _first_non_finite(steps.to_host(pending), step - len(pending) + 1)
+          if bad is not None:
+            _stop_non_finite(bad, ckpts)
         meta = meta_fn(step) if meta_fn else {}
         ckpts.save(step, state, meta, force=final)
       if flag.stop:

@@ -1,7 +1,7 @@
 """Training metrics: a JSON-lines log, TensorBoard event files, throughput, MFU, progress line.
 
-TensorBoard files are written with ``tensorboardX`` (no TensorFlow needed); when it is not
-installed only the JSON-lines log is written. Only process 0 writes.
+TensorBoard files are written with ``tensorboardX`` (no TensorFlow needed). Only process 0
+writes. Paths: ``heads_jax.training.rundir.RunDir``.
 
 FLOPs convention (PaLM, Chowdhery et al. 2022, appendix B): one training step costs
 ``6 * N + 12 * l * d * q`` FLOPs per token, with ``N`` the number of non-embedding parameters
@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
-from pathlib import Path
+
+import jax
+from tensorboardX import SummaryWriter
+
+from heads_jax.training.rundir import RunDir
 
 # Peak dense bfloat16 FLOP/s of one JAX device (a TPU v2/v3 device is one core; v4 and later
 # expose one device per chip).
@@ -53,7 +56,6 @@ def peak_flops(device_kind: str) -> float | None:
 
 def non_embedding_params(params) -> int:
   """Parameters outside the embedding tables (leaves whose path holds ``embedding``)."""
-  import jax
   total = 0
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     if any("embed" in str(getattr(k, "key", getattr(k, "name", k))) for k in path):
@@ -69,22 +71,19 @@ def train_flops_per_token(n_non_embedding: int, num_layers: int, hidden_size: in
 
 
 class MetricsWriter:
-  """Writes scalars to ``workdir/metrics.jsonl`` and TensorBoard events in ``workdir/tb``."""
+  """Writes scalars to the run's ``metrics.jsonl`` and TensorBoard events to its ``tb/``."""
 
   def __init__(self, workdir, *, enabled: bool = True, tensorboard: bool = True):
     self.enabled = enabled
-    self.path = Path(workdir) / "metrics.jsonl"
+    run = RunDir(workdir)
+    self.path = run.metrics_file
     self._tb = None
     if not enabled:
       return
     self.path.parent.mkdir(parents=True, exist_ok=True)
     self._file = open(self.path, "a")
     if tensorboard:
-      try:
-        from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(str(Path(workdir) / "tb"))
-      except ImportError:  # optional dependency
-        self._tb = None
+      self._tb = SummaryWriter(str(run.tensorboard_dir))
 
   def write(self, step: int, scalars: dict, prefix: str = "train"):
     if not self.enabled:
@@ -116,7 +115,7 @@ def _float(v):
 
 def read_metrics(workdir, split: str | None = None) -> list[dict]:
   """The records of ``workdir/metrics.jsonl`` (optionally of one split)."""
-  path = Path(workdir) / "metrics.jsonl"
+  path = RunDir(workdir).metrics_file
   if not path.exists():
     return []
   rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -178,7 +177,3 @@ def progress_line(step: int, total: int, scalars: dict) -> str:
   if "eta_s" in scalars:
     parts.append(f"left {format_duration(scalars['eta_s'])}")
   return " | ".join(parts)
-
-
-def print_progress(line: str, stream=None):
-  print(line, file=stream or sys.stdout, flush=True)

@@ -26,7 +26,6 @@ The parameters (the master weights) stay float32 whatever the model's compute dt
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import optax
 
 
@@ -103,8 +102,3 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
   if accumulate_steps > 1:
     tx = optax.MultiSteps(tx, every_k_schedule=accumulate_steps)
   return tx, schedule
-
-
-def current_learning_rate(schedule: optax.Schedule, step, accumulate_steps: int = 1):
-  """The learning rate applied at optimizer micro-step ``step`` (a jnp scalar)."""
-  return schedule(jnp.asarray(step) // max(1, accumulate_steps))

@@ -68,12 +68,6 @@ def reseed(rng_state, key):
   return jax.tree.unflatten(treedef, out)
 
 
-def abstract_model_parts(build: Callable[[], nnx.Module]) -> tuple[ModelParts, dict]:
-  """``split_model`` of a model built abstractly (shapes only, no initialisation cost)."""
-  model = nnx.eval_shape(build)
-  return split_model(model)
-
-
 def init_train_state(params, tx: optax.GradientTransformation) -> dict:
   return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
 

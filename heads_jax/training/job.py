@@ -1,0 +1,166 @@
+"""The skeleton every training job shares (pre-training and fine-tuning).
+
+``TrainingJob(config, workdir)`` holds what both set up the same way, in the order they use it:
+
+1. the host processes (``jax.distributed`` when ``config.distributed``), the work directory
+   (``RunDir``: every path of the run) and the one-axis ``data`` mesh over all devices, with
+   ``config.batch_size`` checked against it;
+2. the optimizer and its learning-rate schedule (``make_tx``: LAMB or AdamW with the BERT
+   conventions, from ``config.optimizer``);
+3. ``init_model``: the model a run starts from (``config.init_checkpoint`` when it is a model
+   directory, else freshly initialised from ``config.model`` with ``config.seed``);
+4. ``initial_state``: the train state, from the run's own latest checkpoint (resume), another
+   run's parameters, or the model (``heads_jax.training.loop.initial_state``), and the Orbax
+   checkpoint manager of ``workdir/checkpoints``;
+5. ``train_step`` / ``eval_step``: the jitted steps over the mesh;
+6. ``train``: the loop with its throughput meter (tokens/s, MFU) and metrics writer, closing
+   the checkpoint manager, the writer and the batch stream however it ends;
+7. ``export``: the final model as a heads_jax and a Hugging Face directory.
+
+What differs between the jobs (data, losses, what an evaluation computes) stays in
+``pretrain.py`` and ``finetune.py``.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from heads_jax.errors import UserError
+from heads_jax.model.checkpoint import build_model, save_model
+from heads_jax.model.config import config_for
+from heads_jax.model.convert import export_hf
+from heads_jax.parallel import data_mesh
+from heads_jax.training import checkpointing, configlib, loop, metrics as metrics_lib, optimizer, steps
+from heads_jax.training.rundir import RunDir
+
+ARCHITECTURES = {"pretraining": "BertForPreTraining", "classification": "BertForSequenceClassification"}
+
+# The newest checkpoint is known to be good only once the next step's loss is finite (see
+# heads_jax.training.loop), so a run keeps at least two.
+MIN_CHECKPOINTS_KEPT = 2
+
+
+def make_tx(config):
+  """``(tx, schedule)`` from ``config.optimizer``; the schedule counts optimizer updates
+  (``num_train_steps // accumulate_steps`` of them)."""
+  o = config.optimizer
+  k = max(1, o.accumulate_steps)
+  return optimizer.make_optimizer(
+      learning_rate=o.learning_rate, warmup_steps=o.warmup_steps,
+      total_steps=max(1, config.num_train_steps // k), weight_decay=o.weight_decay, b1=o.b1,
+      b2=o.b2, eps=o.eps, clip_norm=o.clip_norm, accumulate_steps=k,
+      end_learning_rate=o.end_learning_rate, power=o.power, name=o.name)
+
+
+class TrainingJob:
+  """One training run's shared set-up and bookkeeping (see the module docstring)."""
+
+  def __init__(self, config, workdir):
+    steps.maybe_initialize_distributed(config.distributed)
+    self.config = config
+    self.dir = RunDir(workdir)
+    self.process_index, self.process_count = jax.process_index(), jax.process_count()
+    self.is_main = self.process_index == 0
+    self.mesh = data_mesh()
+    self.num_devices = self.mesh.devices.size
+    if config.batch_size % self.num_devices:
+      raise UserError(f"batch_size {config.batch_size} is not divisible by the {self.num_devices} "
+                      f"devices; use a multiple of {self.num_devices}")
+    self.tx, self.schedule = make_tx(config)
+    self.ckpts: checkpointing.Checkpoints | None = None
+    self.parts = None
+    self.model_config = None
+    self.start_step, self.origin = 0, "fresh"
+
+  def print(self, *args) -> None:
+    """``print`` on the main process only."""
+    if self.is_main:
+      print(*args, flush=True)
+
+  def create_dir(self) -> None:
+    """Creates the work directory and writes ``config.json`` (main process)."""
+    self.dir.create()
+    if self.is_main:
+      configlib.save_config(self.config, self.dir.config_file)
+
+  def init_model(self, head: str, tokenizer, *, num_labels: int | None = None):
+    """The model the run starts from: ``config.init_checkpoint`` when it is a heads_jax or
+    Hugging Face model directory (heads it lacks freshly initialised), else a fresh
+    ``config.model`` of the tokenizer's vocabulary. Its vocabulary must match the tokenizer's."""
+    c = self.config
+    model = loop.load_init_model(c.init_checkpoint, head, num_labels=num_labels, dtype=c.model.dtype)
+    if model is None:
+      m = c.model
+      cfg = config_for(m.size, vocab_size=tokenizer.vocab_size, dtype=m.dtype,
+                       hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
+                       max_position_embeddings=m.max_position_embeddings)
+      model = build_model(ARCHITECTURES[head], cfg, num_labels, seed=c.seed)
+    if model.config.vocab_size != tokenizer.vocab_size:
+      raise UserError(f"model vocabulary ({model.config.vocab_size}) and tokenizer "
+                      f"({tokenizer.vocab_size}) differ: set config.tokenizer to the model's "
+                      f"tokenizer")
+    return model
+
+  def initial_state(self, model, *, init_subtree: str | None = None):
+    """The train state to start from (see ``loop.initial_state``); opens the run's checkpoint
+    manager and sets ``parts``, ``model_config``, ``start_step`` and ``origin``."""
+    c = self.config.checkpoint
+    self.ckpts = checkpointing.Checkpoints(self.dir.checkpoints, save_interval_steps=c.every_steps,
+                                           max_to_keep=max(MIN_CHECKPOINTS_KEPT, c.keep),
+                                           async_save=c.async_save)
+    self.model_config = model.config
+    self.parts, state, self.start_step, self.origin = loop.initial_state(
+        model=model, tx=self.tx, mesh=self.mesh, ckpts=self.ckpts,
+        init_checkpoint=self.config.init_checkpoint, init_subtree=init_subtree)
+    return state
+
+  def train_step(self, loss_fn):
+    return steps.make_train_step(self.parts, self.tx, loss_fn, mesh=self.mesh,
+                                 schedule=self.schedule,
+                                 accumulate_steps=self.config.optimizer.accumulate_steps,
+                                 dropout_seed=self.config.dropout_seed)
+
+  def eval_step(self, loss_fn, *, with_predictions: bool = False):
+    return steps.make_eval_step(self.parts, loss_fn, mesh=self.mesh,
+                                with_predictions=with_predictions)
+
+  def train(self, state, train_step, batches, *, seq_len: int, eval_fn=None, meta: dict):
+    """Runs ``loop.train_loop`` from ``start_step`` to ``config.num_train_steps`` (or
+    ``stop_at_step``); returns ``(state, history)``. ``meta`` is stored with every checkpoint
+    (with ``step``). Closes the checkpoint manager, the metrics writer and ``batches``.
+
+    A loss that is not finite raises a UserError naming the last good checkpoint and what to
+    change."""
+    c = self.config
+    cfg = self.model_config
+    n_params = metrics_lib.non_embedding_params(state["params"])
+    fpt = metrics_lib.train_flops_per_token(n_params, cfg.num_layers, cfg.hidden_size, seq_len)
+    throughput = metrics_lib.Throughput(c.batch_size * seq_len, fpt, self.num_devices,
+                                        jax.devices()[0].device_kind, c.num_train_steps,
+                                        self.start_step)
+    writer = metrics_lib.MetricsWriter(self.dir, enabled=self.is_main, tensorboard=c.tensorboard)
+    try:
+      return loop.train_loop(
+          state=state, train_step=train_step, batches=iter(batches), mesh=self.mesh,
+          start_step=self.start_step, total_steps=c.num_train_steps, ckpts=self.ckpts,
+          writer=writer, throughput=throughput, log_every=c.log_every, eval_every=c.eval_every,
+          eval_fn=eval_fn, meta_fn=lambda s: {"step": s, **meta}, stop_at_step=c.stop_at_step,
+          print_fn=print if self.is_main else None)
+    except loop.NonFiniteLoss as e:
+      lr = c.optimizer.learning_rate
+      raise UserError(f"{e}; lower the learning rate (now {lr:g}, e.g. "
+                      f"--config.optimizer.learning_rate={lr / 4:g}) or lengthen the warm-up "
+                      f"(--config.optimizer.warmup_steps), or check the data") from None
+    finally:
+      if hasattr(batches, "close"):
+        batches.close()
+      self.ckpts.close()
+      writer.close()
+
+  def export(self, params, tokenizer, model_dir: str, hf_dir: str, *,
+             id2label: dict | None = None) -> dict:
+    """Writes the model with ``params`` to ``workdir/model_dir`` (heads_jax) and
+    ``workdir/hf_dir`` (Hugging Face); returns both paths."""
+    model = steps.merge_model(self.parts, steps.to_host(params))
+    return {"heads_jax": str(save_model(model, self.dir.sub(model_dir), tokenizer, id2label=id2label)),
+            "hf": str(export_hf(model, tokenizer, self.dir.sub(hf_dir), id2label=id2label))}

@@ -1,0 +1,68 @@
+"""The work directory of a training run: every path in it, named in one place.
+
+    workdir/config.json       the config used                        (RunDir.config_file)
+    workdir/data.json         fine-tuning: which rows were used      (RunDir.data_file)
+    workdir/summary.json      fine-tuning: the run's summary         (RunDir.summary_file)
+    workdir/metrics.jsonl     train and eval scalars                 (RunDir.metrics_file)
+    workdir/tb/               TensorBoard events                     (RunDir.tensorboard_dir)
+    workdir/checkpoints/      Orbax checkpoints of the train state   (RunDir.checkpoints)
+    workdir/best/             fine-tuning: the best evaluation's parameters (RunDir.best)
+    workdir/model/, hf/       pre-training exports (heads_jax, Hugging Face)
+    workdir/best_model/, best_hf/  fine-tuning exports of the best evaluation
+
+Every training module takes its paths from here, so that where a run lives (a local folder
+today) changes in this module only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class RunDir:
+  """The paths of one run's work directory (see the module docstring)."""
+
+  def __init__(self, root):
+    self.root = root.root if isinstance(root, RunDir) else Path(root).absolute()
+
+  def __repr__(self) -> str:
+    return f"RunDir({str(self.root)!r})"
+
+  def __str__(self) -> str:
+    return str(self.root)
+
+  def create(self) -> "RunDir":
+    self.root.mkdir(parents=True, exist_ok=True)
+    return self
+
+  def sub(self, name: str) -> Path:
+    """``workdir/name`` (an export directory, e.g. ``model`` or ``best_hf``)."""
+    return self.root / name
+
+  @property
+  def config_file(self) -> Path:
+    return self.root / "config.json"
+
+  @property
+  def data_file(self) -> Path:
+    return self.root / "data.json"
+
+  @property
+  def summary_file(self) -> Path:
+    return self.root / "summary.json"
+
+  @property
+  def metrics_file(self) -> Path:
+    return self.root / "metrics.jsonl"
+
+  @property
+  def tensorboard_dir(self) -> Path:
+    return self.root / "tb"
+
+  @property
+  def checkpoints(self) -> Path:
+    return self.root / "checkpoints"
+
+  @property
+  def best(self) -> Path:
+    return self.root / "best"
