@@ -15,17 +15,18 @@ import warnings
 from pathlib import Path
 
 from heads_jax import contract
+from heads_jax.ablation.similarity import similarity_on_spec, similarity_table
+from heads_jax.errors import UserError
+from heads_jax.hoststats.compare import compare_runs
+from heads_jax.model.loading import load_model
+from heads_jax.report.compare import similarity_section, write_compare_report
+from heads_jax.report.figures.kovaleva import plot_similarity
 
 
 def attention_similarity_section(before_model, after_model, out, *, data=None, after=None,
                                  max_examples=500, max_length=128, log=print) -> dict:
   """Computes the per-head attention similarity of two models (Kovaleva et al. 2019), writes
   ``attention_similarity.csv`` and its figure into ``out``, returns the report section."""
-  from heads_jax.ablation.similarity import similarity_on_spec, similarity_table
-  from heads_jax.errors import UserError
-  from heads_jax.model.loading import load_model
-  from heads_jax.report.compare import similarity_section
-  from heads_jax.report.figures.kovaleva import plot_similarity
   run = contract.read_run(after) if data is None and after is not None else None
   if run is not None:
     specs = run.get("device", {}).get("data") or []
@@ -50,8 +51,6 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
   """Compares two analysis directories; returns the path of the report. With ``before_model``
   and ``after_model``, adds the per-head attention similarity of the two models on ``data``
   (default: the first data set of the ``after`` analysis)."""
-  from heads_jax.hoststats.compare import compare_runs
-  from heads_jax.report.compare import write_compare_report
   for d in (before, after):
     if not (Path(d) / "scores.npz").is_file():
       raise FileNotFoundError(f"{d} is not an analysis output directory (no scores.npz); "
@@ -67,7 +66,6 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
   extra = []
   if before_model or after_model:
     if not (before_model and after_model):
-      from heads_jax.errors import UserError
       raise UserError("the attention similarity needs both --before-model and --after-model")
     extra.append(attention_similarity_section(before_model, after_model, out, data=data,
                                               after=after, max_examples=max_examples,
