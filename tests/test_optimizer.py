@@ -35,8 +35,10 @@ def test_masks():
   assert not is_bias_or_norm((jax.tree_util.DictKey("dense"), jax.tree_util.DictKey("kernel")))
 
 
-def numpy_lamb(params, grads_seq, *, lr_fn, wd=0.01, b1=0.9, b2=0.999, eps=1e-6, clip=1.0):
-  """Reference LAMB (You et al. 2019, BERT conventions), one dict of float64 arrays per step."""
+def numpy_lamb(params, grads_seq, *, lr_fn, wd=0.01, b1=0.9, b2=0.999, eps=1e-6, clip=1.0,
+               trust=True):
+  """Reference LAMB (You et al. 2019, BERT conventions), one dict of float64 arrays per step;
+  ``trust=False`` is AdamW (Loshchilov & Hutter: decoupled decay, no trust ratio)."""
   w = {k: v.copy() for k, v in params.items()}
   m = {k: np.zeros_like(v) for k, v in w.items()}
   v = {k: np.zeros_like(x) for k, x in w.items()}
@@ -53,8 +55,9 @@ def numpy_lamb(params, grads_seq, *, lr_fn, wd=0.01, b1=0.9, b2=0.999, eps=1e-6,
       u = mhat / (np.sqrt(vhat) + eps)
       if k not in EXCLUDED:
         u = u + wd * w[k]
-        wn, un = np.linalg.norm(w[k]), np.linalg.norm(u)
-        u = u * (wn / un if wn > 0 and un > 0 else 1.0)
+        if trust:
+          wn, un = np.linalg.norm(w[k]), np.linalg.norm(u)
+          u = u * (wn / un if wn > 0 and un > 0 else 1.0)
       w[k] = w[k] - lr * u
   return w
 
@@ -130,10 +133,41 @@ def test_accumulation_equals_mean_gradient():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_adamw_option_and_errors():
-  tx, _ = make_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=3, name="adamw")
-  p = {"w": {"kernel": jnp.ones((2, 2))}, "b": {"bias": jnp.ones(2)}}
-  u, _ = tx.update(jax.tree.map(jnp.ones_like, p), tx.init(p), p)
-  assert u["w"]["kernel"].shape == (2, 2)
+@pytest.mark.parametrize("clip", [1.0, None])
+def test_adamw_matches_numpy_and_optax(clip):
+  """``name="adamw"``: clipping, Adam moments, decoupled decay off biases / LayerNorm, the same
+  schedule, no trust ratio; against a numpy AdamW and against optax.adamw itself."""
+  rng = np.random.default_rng(4)
+  p0 = _params(rng)
+  grads = [jax.tree.map(lambda x: 3.0 * rng.normal(size=np.shape(x)), p0) for _ in range(4)]
+  kw = dict(learning_rate=0.1, warmup_steps=2, total_steps=6, clip_norm=clip)
+  tx, sched = make_optimizer(name="adamw", **kw)
+  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), p0)
+  state = tx.init(params)
+  for g in grads:
+    up, state = tx.update(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g), state, params)
+    params = optax.apply_updates(params, up)
+  got = _flat(params)
+  ref = numpy_lamb(_flat(p0), [_flat(g) for g in grads], lr_fn=lambda t: float(sched(t)),
+                   clip=clip, trust=False)
+  for k in ref:
+    np.testing.assert_allclose(got[k], ref[k], rtol=2e-5, atol=2e-6, err_msg=k)
+  lamb_ref = numpy_lamb(_flat(p0), [_flat(g) for g in grads], lr_fn=lambda t: float(sched(t)),
+                        clip=clip)
+  assert not np.allclose(got["layers/0/query/kernel"], lamb_ref["layers/0/query/kernel"], atol=1e-4)
+  # optax's own AdamW with the same mask (and clipping) takes the same steps
+  theirs = optax.adamw(sched, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=decay_mask)
+  if clip:
+    theirs = optax.chain(optax.clip_by_global_norm(clip), theirs)
+  q = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), p0)
+  s = theirs.init(q)
+  for g in grads:
+    up, s = theirs.update(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g), s, q)
+    q = optax.apply_updates(q, up)
+  for k, v in _flat(q).items():
+    np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+def test_unknown_optimizer_is_refused():
   with pytest.raises(ValueError, match="lamb"):
     make_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=3, name="sgd")
