@@ -28,11 +28,12 @@ SUBCOMMANDS = {
     "analyze": ("heads_jax.analyze.heads", "analyse the attention heads of a BERT model (sieve bias, tests, roles, clusters, report)"),
     "compare": ("heads_jax.analyze.compare", "compare two analyses (before/after fine-tuning, or two models)"),
     "ablate": ("heads_jax.analyze.ablate", "ablate heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning"),
+    "reproduce": ("heads_jax.analyze.reproduce", "Pande et al. end to end: fine-tuning grid, analyses before/after, comparison, report beside the papers' numbers"),
     "convert": ("heads_jax.analyze.convert", "convert a Hugging Face BERT directory <-> a heads_jax model directory"),
 }
 
 # Subcommands whose flags accept the ml_collections override syntax --config.key=value.
-CONFIG_SUBCOMMANDS = ("pretrain", "finetune")
+CONFIG_SUBCOMMANDS = ("pretrain", "finetune", "reproduce")
 
 
 def build_parser() -> argparse.ArgumentParser:

