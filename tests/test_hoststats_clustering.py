@@ -112,8 +112,53 @@ def test_tsne_and_stability_on_small_runs():
     clustering.cluster_heads(x, method="dbscan")
 
 
-def test_stability_drops_on_structureless_features():
+def test_stability_on_a_controlled_half_stable_case(monkeypatch):
+  """40 heads, 4 reference clusters. Every half-sample fit returns its own permutation of the
+  cluster ids (alignment must undo it); heads 0-19 always land in their reference cluster,
+  heads 20-29 move to another cluster in fit 3 only, heads 30-39 in every odd fit. Stability =
+  the share of heads with the same aligned label in all fits = 20 / 40 exactly."""
+  n, k, fits = 40, 4, 6
+  reference = np.arange(n) % k
+  features = np.arange(n, dtype=np.float64)[:, None] * np.ones((1, 21))  # row j identifies head j
+  calls = []
+
+  class Fake:
+    def __init__(self, i):
+      self.i = i
+
+    def predict(self, x):
+      heads = x[:, 0].astype(int)
+      label = reference[heads].copy()
+      moved = ((heads >= 20) & (heads < 30) & (self.i == 3)) | ((heads >= 30) & (self.i % 2 == 1))
+      label[moved] = (label[moved] + 1 + heads[moved] % 3) % k   # spread over the other ids
+      return np.random.default_rng(self.i).permutation(k)[label]
+
+  def fake_fit(x, k_, method, seed, n_init):
+    calls.append((np.asarray(x).copy(), k_, method, seed))
+    return Fake(len(calls) - 1), None
+
+  monkeypatch.setattr(clustering, "_fit", fake_fit)
+  got = clustering.clustering_stability(features, reference, k, "gmm", seed=5, fits=fits, n_init=3)
+  assert got == 0.5
+  assert len(calls) == fits
+  for x, k_, method, seed in calls:                     # halves drawn without replacement
+    assert x.shape == (n // 2, 21) and len(set(x[:, 0])) == n // 2
+    assert (k_, method) == (k, "gmm")
+  assert len({tuple(sorted(x[:, 0])) for x, *_ in calls}) == fits   # a new half every fit
+  assert len({seed for *_, seed in calls}) == fits                  # and its own seed
+  calls.clear()
+  assert clustering.clustering_stability(features, reference, k, fits=3) == 0.75  # fits 0-2
+  assert clustering.clustering_stability(features, reference, k, fits=1) == 1.0
+  assert clustering.clustering_stability(features[:7], reference[:7], k) is None  # 3 < k
+  assert clustering.clustering_stability(features[:8], reference[:8], k, fits=2) == 1.0  # 4 = k
+
+
+def test_stability_on_real_fits():
+  """Tight planted clusters are stable (1.0); structureless features are not."""
+  x, _ = _planted(per=6, b=1, noise=0.002)
+  _, info = clustering.cluster_heads(x, n_init=2, tsne=False, stability_fits=4)
+  assert info["stability"] == 1.0 and info["stability_fits"] == 4
   rng = np.random.default_rng(0)
-  x = rng.dirichlet(np.ones(21), (1, 4, 10))  # 40 heads, no cluster structure
-  _, info = clustering.cluster_heads(x, n_init=2, tsne=False)
-  assert 0.0 <= info["stability"] < 1.0
+  noise = rng.dirichlet(np.ones(21), (1, 4, 10))  # 40 heads, no cluster structure
+  _, info = clustering.cluster_heads(noise, n_init=2, tsne=False)
+  assert 0.0 <= info["stability"] < 0.9
