@@ -6,9 +6,20 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+# The shared data sits beside the repository (``../shared/data``: on a developer's machine and
+# in CI's fresh clone alike); never a machine-specific absolute path.
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 REPO = Path(__file__).resolve().parents[1]
+
+
+def requires_shared(*parts: str):
+  """Skips a test when ``SHARED/parts`` is missing on a developer's machine; under CI (``CI``
+  set) the test runs and fails instead, so a moved or missing copy cannot pass as a skip."""
+  path = SHARED.joinpath(*parts)
+  return pytest.mark.skipif(not path.exists() and not os.environ.get("CI"),
+                            reason=f"shared data not present: {path}")
 
 
 def minilm_dir() -> Path | None:

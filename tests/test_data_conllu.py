@@ -8,9 +8,10 @@ import pytest
 
 from heads_jax.data import assets
 from heads_jax.data.conllu import load_conllu, read_conllu
+from tests.helpers import SHARED, requires_shared
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SHARED_EWT = Path("/work/shared/data/ud_ewt")
+SHARED_EWT = SHARED / "ud_ewt"
 
 
 def test_skips_multiword_tokens_and_empty_nodes():
@@ -75,14 +76,14 @@ def _counts(path):
           tuple(rels[r] for r in ("nsubj", "obj", "amod", "advmod")), nsubj_any)
 
 
-# Sentences and syntactic words as in /work/shared/data/SOURCES.md. Its nsubj column (2,074 /
+# Sentences and syntactic words as in shared/data/SOURCES.md. Its nsubj column (2,074 /
 # 2,137) counts nsubj with its subtypes (nsubj:pass, nsubj:outer); the exact-label counts
 # (1,950 / 1,958) were taken with awk on column 8 of integer-ID lines.
 def test_embedded_ud_ewt_test_counts():
   assert _counts(assets.ud_ewt_test_path()) == (2077, 25094, (1950, 1153, 1247, 1324), 2074)
 
 
-@pytest.mark.skipif(not SHARED_EWT.exists(), reason="shared data not present")
+@requires_shared("ud_ewt")
 def test_shared_ud_ewt_dev_counts():
   assert _counts(SHARED_EWT / "en_ewt-ud-dev.conllu") == (2001, 25147, (1958, 1211, 1326, 1353),
                                                           2137)

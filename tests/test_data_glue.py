@@ -7,9 +7,10 @@ import pytest
 from heads_jax.data import assets
 from heads_jax.data.glue import (TASKS, GlueExample, glue_example_from_record, load_glue_tfds,
                                  load_glue_tsv, task_info, tsv_path)
+from tests.helpers import SHARED, requires_shared
 
 GLUE = Path(__file__).parent / "fixtures" / "glue"
-SHARED_GLUE = Path("/work/shared/data/glue")
+SHARED_GLUE = SHARED / "glue"
 
 
 def test_task_metadata():
@@ -71,13 +72,13 @@ def test_max_examples_and_missing_split():
 def test_embedded_dev_sets():
   mrpc = load_glue_tsv(assets.glue_dir(), "mrpc")
   sst2 = load_glue_tsv(assets.glue_dir(), "sst2")
-  # Row and label counts from /work/shared/data/SOURCES.md.
+  # Row and label counts from shared/data/SOURCES.md.
   assert (len(mrpc), sum(e.label for e in mrpc)) == (408, 279)
   assert (len(sst2), sum(e.label for e in sst2)) == (872, 444)
   assert all(e.text_b for e in mrpc) and all(e.text_b is None for e in sst2)
 
 
-@pytest.mark.skipif(not SHARED_GLUE.exists(), reason="shared data not present")
+@requires_shared("glue")
 def test_shared_qnli_dev_and_qqp_subset():
   qnli = load_glue_tsv(SHARED_GLUE, "qnli", "dev")
   assert (len(qnli), sum(e.label == 0 for e in qnli)) == (5463, 2702)  # entailment = 0
