@@ -73,6 +73,16 @@ def _parse(argv=None):
   p.add_argument("--no-jax-cache", action="store_true", help="do not turn on JAX's persistent "
                  "compilation cache (default: on, in a temporary folder, to measure its effect)")
   p.add_argument("--sweep", action="store_true", help="also sweep sort window, batch size, bucket step")
+  p.add_argument("--stats-impl", default="auto", choices=("auto", "layerwise", "fused", "stacked"),
+                 help="the analysis step's statistics path (heads_jax.stats.step; auto: fused "
+                      "Pallas kernel on a GPU, per-layer XLA elsewhere)")
+  p.add_argument("--compare-impls", default="stacked", help="comma-separated other stats_impl "
+                 "values timed in the same run ('' = none; 'fused' off a GPU runs the Pallas "
+                 "interpreter: slow)")
+  p.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="the encoder's matmul dtype for the step and the forward passes")
+  p.add_argument("--dtype-error", action="store_true", help="also measure the sieve-bias / "
+                 "distance error of a bfloat16 forward against float32 on the same batches")
   p.add_argument("--out", default=None, help="JSON path (default: bench/bench_analysis.json)")
   p.add_argument("--_memory-child", type=int, default=None, help=argparse.SUPPRESS)
   p.add_argument("--_hf-dir-resolved", default=None, help=argparse.SUPPRESS)
@@ -117,13 +127,15 @@ def _padding(batches) -> dict:
           "shapes": sorted({tuple(b["input_ids"].shape) for _, b in batches})}
 
 
-def _forward_fns(model, mesh):
-  """Jitted bare forward (pooled output only) and forward returning the attentions, both with the
-  model state replicated on ``mesh`` like the analysis step's."""
+def _forward_fns(model, mesh, compute_dtype: str = "float32"):
+  """Jitted bare forward (pooled output only; the model's fused attention path) and forward
+  returning the attentions, both with the model state replicated on ``mesh`` like the analysis
+  step's, in ``compute_dtype``."""
   import jax
   from flax import nnx
   from heads_jax.parallel import replicate
-  encoder = getattr(model, "bert", model)
+  from heads_jax.stats.step import with_compute_dtype
+  encoder = with_compute_dtype(getattr(model, "bert", model), compute_dtype)
   graphdef, state = nnx.split(encoder)
   state = replicate(state, mesh)
 
@@ -187,16 +199,22 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
 
   batches = _encode(args, tokenizer, n)
   mesh = data_mesh()
-  step = make_analysis_step(model)
-  forward, forward_attn = _forward_fns(model, mesh)
+  step = make_analysis_step(model, stats_impl=args.stats_impl, compute_dtype=args.compute_dtype)
+  others = {impl: make_analysis_step(model, stats_impl=impl, compute_dtype=args.compute_dtype)
+            for impl in filter(None, (x.strip() for x in args.compare_impls.split(",")))
+            if impl != step.stats_impl}
+  forward, forward_attn = _forward_fns(model, mesh, args.compute_dtype)
   shapes = _one_per_shape(batches)
   with common.Timer() as t:
     collect(step, shapes, n, progress=False, allow_missing=True)
   compile_s = t.wall
+  for other in others.values():
+    collect(other, shapes, n, progress=False, allow_missing=True)
   _time_forward(forward, shapes, mesh, step.multiple)
   _time_forward(forward_attn, shapes, mesh, step.multiple)
 
   walls = {"analysis": [], "forward": [], "forward_attn": []}
+  walls.update({f"analysis_{impl}": [] for impl in others})
   cpus = {k: [] for k in walls}
   ours = None
   for _ in range(args.repeats):       # interleaved, so load from other processes hits all alike
@@ -204,6 +222,8 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
       with common.Timer() as t:
         if key == "analysis":
           ours = collect(step, batches, n, progress=False)
+        elif key.startswith("analysis_"):
+          collect(others[key[len("analysis_"):]], batches, n, progress=False)
         else:
           _time_forward(forward if key == "forward" else forward_attn, batches, mesh, step.multiple)
       walls[key].append(t.wall)
@@ -220,8 +240,10 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
                              "range": common.spread(n, timing[key]), "median_s": timing[key]["median_s"],
                              "cpu_s": timing[key]["cpu_median_s"]}
   rows = [
-      row("heads_jax analysis step (sieve bias 13 roles + distance)", "analysis"),
-      row("bare jitted forward (no attentions returned)", "forward"),
+      row(f"heads_jax analysis step (sieve bias 13 roles + distance; stats_impl="
+          f"{step.stats_impl})", "analysis"),
+      *[row(f"heads_jax analysis step, stats_impl={impl}", f"analysis_{impl}") for impl in others],
+      row("bare jitted forward (fused attention, no attentions returned)", "forward"),
       row("jitted forward returning attentions", "forward_attn"),
       {"method": "compute_scores end-to-end, cold (encode + compile + pass)",
        "seq_per_s": n / cold.wall, "range": "", "median_s": cold.wall, "cpu_s": cold.cpu},
@@ -233,6 +255,7 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
       "model": name, "layers": enc.num_layers, "heads": enc.num_heads, "hidden": enc.hidden_size,
       "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}",
       "data": args.data, "sequences": n, "batch_size": args.batch_size,
+      "stats_impl": step.stats_impl, "compute_dtype": args.compute_dtype,
       "max_length": args.max_length, "sort_window": args.sort_window, "bucket_step": args.bucket_step,
       "padding": _padding(batches), "analysis_compile_s": round(compile_s, 2),
       "timing": timing, "end_to_end_cold_s": cold.wall,
@@ -243,7 +266,35 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
       "statistics_overhead_vs_forward_cpu":
           timing["analysis"]["cpu_median_s"] / timing["forward"]["cpu_median_s"] - 1,
   }
+  if args.dtype_error:
+    result["bfloat16_error"] = _dtype_error(model, batches, n)
   return result, ours, batches
+
+
+def _dtype_error(model, batches, n: int) -> dict:
+  """Sieve-bias and distance error of a bfloat16 forward against float32 on the same batches
+  (same statistics path), over the (sequence, layer, head, role) values defined in both."""
+  from heads_jax.stats.collector import collect
+  from heads_jax.stats.step import make_analysis_step
+  ref = collect(make_analysis_step(model, compute_dtype="float32"), batches, n, progress=False)
+  low = collect(make_analysis_step(model, compute_dtype="bfloat16"), batches, n, progress=False)
+  out = {}
+  for key in ("sieve_bias", "distance"):
+    a, b = np.asarray(ref[key], np.float64), np.asarray(low[key], np.float64)
+    both = ~np.isnan(a) & ~np.isnan(b)
+    err = np.abs(a - b)[both]
+    out[key] = {"max_abs": float(err.max()), "mean_abs": float(err.mean()),
+                "max_rel": float((err / np.maximum(np.abs(a[both]), 1e-12)).max()),
+                "values": int(both.sum()), "nan_pattern_equal": bool(np.array_equal(
+                    np.isnan(a), np.isnan(b))), "reference_mean_abs": float(np.abs(a[both]).mean())}
+  # the per-head means over the sequences (what the hypothesis tests and the report use)
+  a, b = np.asarray(ref["sieve_bias"], np.float64), np.asarray(low["sieve_bias"], np.float64)
+  ma, mb = np.nanmean(a, axis=0), np.nanmean(b, axis=0)                 # [l, h, r]
+  ok = ~np.isnan(ma) & ~np.isnan(mb)
+  err = np.abs(ma - mb)[ok]
+  out["sieve_bias_head_means"] = {"max_abs": float(err.max()), "mean_abs": float(err.mean()),
+                                  "max_rel": float((err / np.maximum(np.abs(ma[ok]), 1e-12)).max())}
+  return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,6 +304,7 @@ def _baseline(args, hf_dir: Path, batches: list, ours: dict, ours_rate: dict) ->
   import bench_notebook_baseline as nb
   m = min(args.sequences, args.baseline_sequences)
   torch_model = nb.load_torch_model(hf_dir)
+  device = str(next(torch_model.parameters()).device)
   threads, trial = nb.choose_torch_threads(args.baseline_threads, torch_model, batches[:1])
   picked, count = [], 0
   for idx, batch in batches:       # the first m sequences of the same batches
@@ -264,14 +316,23 @@ def _baseline(args, hf_dir: Path, batches: list, ours: dict, ours_rate: dict) ->
   res = nb.run_baseline(torch_model, picked, pickle_dir=pickle_dir)
   agreement = nb.compare(res, ours)
   total = res["maps_s"] + res["pickle_s"] + res["loops_s"]
+  total_cpu = res["maps_cpu_s"] + res["pickle_cpu_s"] + res["loops_cpu_s"]
   rate = count / total
   return {
-      "sequences": count, "torch_threads": threads, "thread_trial_s": trial,
+      "sequences": count, "torch_device": device, "torch_threads": threads, "thread_trial_s": trial,
+      "total_cpu_s": total_cpu, "cpu_s_per_sequence": total_cpu / count,
       "maps_s": res["maps_s"], "pickle_s": res["pickle_s"], "loops_s": res["loops_s"],
       "total_s": total, "seq_per_s": rate, "maps_seq_per_s": count / res["maps_s"],
       "stored_maps_mib": res["maps_mib"], "agreement_with_heads_jax": agreement,
       "speedups": {k: v / rate for k, v in ours_rate.items()},
   }
+
+
+def _cpu_ratio(tp: dict, bl: dict) -> float:
+  """Notebook CPU seconds per sequence / heads_jax analysis-step CPU seconds per sequence (all
+  threads of each process): the work ratio, steadier than wall time on a shared machine."""
+  ours = tp["timing"]["analysis"]["cpu_median_s"] / tp["sequences"]
+  return bl["cpu_s_per_sequence"] / ours
 
 
 # ------------------------------------------------------------------------------------------------
@@ -388,6 +449,7 @@ def main(argv=None):
     print(json.dumps(_memory_child(args)))
     return
   note = common.warn_if_emulated_devices()
+  print(common.device_header(common.machine_info()))
   with tempfile.TemporaryDirectory() as tmp:
     hf_dir, name = _resolve_model_dir(args, Path(tmp) / "model")
     args.tmp, args.jax_cache = tmp, None
@@ -401,6 +463,10 @@ def main(argv=None):
                               title=f"\nanalysis throughput: {name}, {tp['sequences']} sequences, "
                                     f"batch {tp['batch_size']}, padding {tp['padding']['padding_share']:.0%}, "
                                     f"{tp['devices']}"))
+    if "bfloat16_error" in tp:
+      print("bfloat16 forward vs float32: " + "; ".join(
+          f"{k}: max abs {v['max_abs']:.2e}, mean abs {v['mean_abs']:.2e}, max rel {v['max_rel']:.2e}"
+          for k, v in tp["bfloat16_error"].items()))
     print(f"statistics on top of the bare forward: {tp['statistics_overhead_vs_forward']:+.1%} wall, "
           f"{tp['statistics_overhead_vs_forward_cpu']:+.1%} CPU time (target < +10%); on top of the "
           f"forward returning attentions: {tp['statistics_overhead_vs_forward_attn']:+.1%} wall")
@@ -410,6 +476,7 @@ def main(argv=None):
       if tp["end_to_end_warm_cache_s"]:
         rates["end-to-end, warm compilation cache"] = tp["sequences"] / tp["end_to_end_warm_cache_s"]
       bl = _baseline(args, hf_dir, batches, ours, rates)
+      bl["speedup_cpu_time_steady_state"] = _cpu_ratio(tp, bl)
       result["notebook_baseline"] = bl
       rows = [{"method": "notebook approach: torch maps, pickle, numpy loops", "sequences": bl["sequences"],
                "seq_per_s": bl["seq_per_s"], "maps_s": bl["maps_s"], "pickle_s": bl["pickle_s"],
@@ -417,7 +484,12 @@ def main(argv=None):
       rows += [{"method": f"heads_jax, {k}", "sequences": tp["sequences"], "seq_per_s": v,
                 "heads_jax_speedup": f"{bl['speedups'][k]:.1f}x"} for k, v in rates.items()]
       print(common.format_table(rows, title=f"\nvs the authors' notebook approach (target >= 20x; "
-                                            f"torch threads {bl['torch_threads']})"))
+                                            f"torch on {bl['torch_device']}, threads "
+                                            f"{bl['torch_threads']})"))
+      print(f"in CPU time (all threads of each process): notebook {bl['cpu_s_per_sequence']:.4f} s "
+            f"per sequence, heads_jax steady state "
+            f"{tp['timing']['analysis']['cpu_median_s'] / tp['sequences']:.4f}: "
+            f"{bl['speedup_cpu_time_steady_state']:.1f}x")
       agree = bl["agreement_with_heads_jax"]
       print("agreement with heads_jax on the same sequences: "
             + "; ".join(f"{k}: max abs diff {v['max_abs_diff']:.2e}, NaN pattern equal "

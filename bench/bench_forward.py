@@ -75,18 +75,21 @@ def jax_forward(model, attentions: bool):
 
 
 def torch_forward(hf_dir, attentions: bool, threads: int | None = None):
+  """transformers' ``BertModel`` on the GPU when torch sees one (else the CPU), float32."""
   import torch
   from transformers import BertModel
+  from bench_notebook_baseline import torch_device
+  device = torch_device()
   model = BertModel.from_pretrained(str(hf_dir), attn_implementation="eager" if attentions else "sdpa")
-  model.eval()
+  model.eval().to(device)
 
   def run(x):
     if threads:
       torch.set_num_threads(threads)
     with torch.inference_mode():
-      out = model(input_ids=torch.from_numpy(x["input_ids"]).long(),
-                  attention_mask=torch.from_numpy(x["attention_mask"]).long(),
-                  token_type_ids=torch.from_numpy(x["token_type_ids"]).long(),
+      out = model(input_ids=torch.from_numpy(x["input_ids"]).long().to(device),
+                  attention_mask=torch.from_numpy(x["attention_mask"]).long().to(device),
+                  token_type_ids=torch.from_numpy(x["token_type_ids"]).long().to(device),
                   output_attentions=attentions)
     return torch.stack(out.attentions, dim=1) if attentions else out.pooler_output
 
@@ -109,6 +112,7 @@ def _time(fn, inputs, batches: int, repeats: int, block) -> dict:
 def main(argv=None):
   args = _parse(argv)
   note = common.warn_if_emulated_devices()
+  print(common.device_header(common.machine_info()))
   cores = common.available_cores()
   threads = [int(x) for x in (args.torch_threads or f"{cores},1").split(",") if x.strip()]
   threads = list(dict.fromkeys(threads))
@@ -127,15 +131,21 @@ def main(argv=None):
   inputs = make_inputs(args.batch_size, args.seq_len, cfg.vocab_size)
   tokens = args.batch_size * args.seq_len * args.batches
   fpt = 2.0 * n_params + 4.0 * cfg.num_layers * cfg.hidden_size * args.seq_len
-  peak = common.cpu_peak_flops_estimate()
+  peak = common.peak_flops("float32")
 
   jax_block = lambda out: out.block_until_ready()
-  torch_block = lambda out: out
+
+  def torch_block(out):
+    if out.is_cuda:
+      import torch
+      torch.cuda.synchronize()
+    return out
+
   entries = {}
   with tempfile.TemporaryDirectory() as tmp:
     export_hf(model, tok, tmp)
     jax_attn, torch_attn = jax_forward(model, True), torch_forward(tmp, True, threads[0])
-    diff = float(np.max(np.abs(np.asarray(jax_attn(inputs)) - torch_attn(inputs).numpy())))
+    diff = float(np.max(np.abs(np.asarray(jax_attn(inputs)) - torch_attn(inputs).cpu().numpy())))
     entries["heads_jax jit, attentions"] = _time(jax_attn, inputs, args.batches, args.repeats, jax_block)
     del jax_attn
     for th in threads:

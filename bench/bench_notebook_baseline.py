@@ -51,12 +51,22 @@ SPECIAL_FEATURE = {B.TOKEN_CLS: 17, B.TOKEN_SEP: 18, B.TOKEN_COMMA: 19, B.TOKEN_
 # ------------------------------------------------------------------------------------------------
 # Maps
 
-def load_torch_model(hf_dir):
-  """transformers' PyTorch ``BertModel`` with eager attention (so it can return the maps)."""
+def torch_device(setting: str = "auto") -> str:
+  """``"cuda"`` when torch sees a GPU (the notebooks ran their PyTorch model on the GPU), else
+  ``"cpu"``; or ``setting`` itself."""
+  if setting != "auto":
+    return setting
+  import torch
+  return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_torch_model(hf_dir, device: str = "auto"):
+  """transformers' PyTorch ``BertModel`` with eager attention (so it can return the maps), float32,
+  on ``device`` (``torch_device``)."""
   from transformers import BertModel
   model = BertModel.from_pretrained(str(hf_dir), attn_implementation="eager")
   model.eval()
-  return model
+  return model.to(torch_device(device))
 
 
 def produce_maps(torch_model, batches) -> tuple[list, list, list]:
@@ -65,13 +75,14 @@ def produce_maps(torch_model, batches) -> tuple[list, list, list]:
   batch fields (``[k]`` each)."""
   import torch
   indices, maps, rows = [], [], []
+  device = next(torch_model.parameters()).device
+  tensor = lambda x: torch.from_numpy(np.asarray(x, np.int64)).to(device)  # noqa: E731
   with torch.inference_mode():
     for idx, batch in batches:
-      out = torch_model(input_ids=torch.from_numpy(np.asarray(batch["input_ids"], np.int64)),
-                        attention_mask=torch.from_numpy(np.asarray(batch["attention_mask"], np.int64)),
-                        token_type_ids=torch.from_numpy(np.asarray(batch["token_type_ids"], np.int64)),
-                        output_attentions=True)
-      attn = torch.stack(out.attentions, dim=1).numpy()           # [b, l, h, k, k]
+      out = torch_model(input_ids=tensor(batch["input_ids"]),
+                        attention_mask=tensor(batch["attention_mask"]),
+                        token_type_ids=tensor(batch["token_type_ids"]), output_attentions=True)
+      attn = torch.stack(out.attentions, dim=1).cpu().numpy()     # [b, l, h, k, k] on the host
       for i, j in enumerate(np.asarray(idx)):
         if j < 0:
           continue
@@ -226,17 +237,18 @@ def run_baseline(torch_model, batches, roles=B.ROLES, distance: bool = True,
   Returns ``sieve_bias`` / ``distance`` in dataset order of the indices seen, ``indices``,
   ``maps_s``, ``pickle_s`` and ``loops_s`` (seconds), ``maps_mib`` (memory of the stored maps).
   """
-  t0 = time.perf_counter()
+  t0, c0 = time.perf_counter(), time.process_time()
   indices, maps, rows = produce_maps(torch_model, batches)
-  t1 = time.perf_counter()
+  t1, c1 = time.perf_counter(), time.process_time()
   if pickle_dir is not None:
     maps = pickle_round_trip(maps, pickle_dir)
-  t2 = time.perf_counter()
+  t2, c2 = time.perf_counter(), time.process_time()
   scores = notebook_scores(maps, rows, roles, distance)
-  t3 = time.perf_counter()
+  t3, c3 = time.perf_counter(), time.process_time()
   order = np.argsort(indices)
   out = {k: v[order] for k, v in scores.items()}
   out.update(indices=np.asarray(indices)[order], maps_s=t1 - t0, pickle_s=t2 - t1, loops_s=t3 - t2,
+             maps_cpu_s=c1 - c0, pickle_cpu_s=c2 - c1, loops_cpu_s=c3 - c2,
              maps_mib=sum(m.nbytes for m in maps) / 2**20)
   return out
 
@@ -300,6 +312,7 @@ def default_hf_dir(size: str, tmp: Path, prefer_minilm: bool = True) -> tuple[Pa
 def main(argv=None):
   import tempfile
   args = _parse(argv)
+  print(common.device_header(common.machine_info(jax_devices=args.check)))
   from heads_jax.data.specs import encode_spec
   with tempfile.TemporaryDirectory() as tmp:
     hf_dir, name = ((Path(args.hf_dir), str(args.hf_dir)) if args.hf_dir

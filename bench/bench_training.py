@@ -178,12 +178,14 @@ def time_torch(cfg, batch: dict, form: str, steps_per_run: int, repeats: int, th
   """``form``: ``masked-only`` (MLM logits at the masked positions) or ``full`` (the HF API with
   ``labels``: logits at every position); ``threads``: torch intra-op threads."""
   import torch
+  from bench_notebook_baseline import torch_device
+  device = torch_device()
   common.set_torch_threads(threads)
   torch.manual_seed(0)
-  model = _torch_model(cfg)
+  model = _torch_model(cfg).to(device)
   optim = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6,
                             weight_decay=0.01)
-  t = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
+  t = {k: torch.from_numpy(np.asarray(v)).to(device) for k, v in batch.items()}
   ids, mask, types = t["input_ids"].long(), t["attention_mask"].long(), t["token_type_ids"].long()
   pos, mids, w = t["masked_positions"].long(), t["masked_ids"].long(), t["masked_weights"].float()
   nsp = t["next_sentence_label"].long()
@@ -211,6 +213,8 @@ def time_torch(cfg, batch: dict, form: str, steps_per_run: int, repeats: int, th
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optim.step()
+    if device == "cuda":
+      torch.cuda.synchronize()
     return loss
 
   with common.Timer() as tm:
@@ -231,12 +235,13 @@ def time_torch(cfg, batch: dict, form: str, steps_per_run: int, repeats: int, th
 def main(argv=None):
   args = _parse(argv)
   note = common.warn_if_emulated_devices()
+  print(common.device_header(common.machine_info(torch_threads=False)))
   batch_sizes = _batch_sizes(args.batch)
   cores = common.available_cores()
   threads = [int(x) for x in (args.torch_threads or f"{cores},1").split(",") if x.strip()]
   threads = list(dict.fromkeys(threads))
   from heads_jax.model.config import config_for
-  peak = common.cpu_peak_flops_estimate()
+  peak = common.peak_flops("float32")
   matmul = common.measured_matmul_flops()
   result = {"machine": common.machine_info(torch_threads=not args.no_torch),
             "command": common.command_line(), "note": note,

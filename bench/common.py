@@ -141,6 +141,11 @@ def machine_info(*, jax_devices: bool = True, torch_threads: bool = True) -> dic
     out["jax_devices"] = f"{len(devs)} x {devs[0].platform}:{devs[0].device_kind}"
     if devs[0].platform != "cpu":
       out["accelerator"] = devs[0].device_kind
+      try:
+        out["backend_version"] = devs[0].client.platform_version
+      except Exception:
+        out["backend_version"] = None
+      out["gpu"] = nvidia_smi()
   if torch_threads:
     try:
       import torch
@@ -148,6 +153,77 @@ def machine_info(*, jax_devices: bool = True, torch_threads: bool = True) -> dic
     except ImportError:
       out["torch_threads"] = None
   return out
+
+
+def nvidia_smi() -> list | None:
+  """``[{"name", "driver", "memory_mib", "clock_max_mhz"}]`` per GPU from ``nvidia-smi``, or None."""
+  import shutil
+  import subprocess
+  if not shutil.which("nvidia-smi"):
+    return None
+  try:
+    text = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                           "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                          timeout=30, check=True).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None
+  rows = []
+  for line in text.strip().splitlines():
+    name, driver, mem, clock = (x.strip() for x in line.split(",")[:4])
+    rows.append({"name": name, "driver": driver, "memory_mib": mem, "clock_max_mhz": clock})
+  return rows
+
+
+def device_header(info: dict) -> str:
+  """One line naming where a benchmark runs: devices, driver, jax/jaxlib, date, load."""
+  v = info.get("versions", {})
+  gpu = info.get("gpu") or []
+  driver = f", driver {gpu[0]['driver']}" if gpu else ""
+  backend = f", {info['backend_version']}" if info.get("backend_version") else ""
+  return (f"device: {info.get('jax_devices', '?')} ({info.get('accelerator')}{driver}{backend}); "
+          f"jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, flax {v.get('flax')}, torch {v.get('torch')}; "
+          f"{info['date_utc']} UTC; load average {info.get('load_average_1m')}; "
+          f"XLA_FLAGS={info.get('xla_flags')!r}")
+
+
+# Dense peak FLOP/s per device from the vendors' data sheets (no sparsity), by compute dtype.
+ACCELERATOR_PEAKS = {
+    "H100 SXM": {"bfloat16": 989e12, "float32": 67e12},   # NVIDIA H100 SXM5 data sheet
+    "H100 PCIe": {"bfloat16": 756e12, "float32": 51e12},
+    "H100 NVL": {"bfloat16": 835e12, "float32": 60e12},
+    "H200": {"bfloat16": 989e12, "float32": 67e12},
+    "A100": {"bfloat16": 312e12, "float32": 19.5e12},
+    "TPU v3": {"bfloat16": 123e12, "float32": None},
+    "TPU v4": {"bfloat16": 275e12, "float32": None},
+    "TPU v5 lite": {"bfloat16": 197e12, "float32": None},
+}
+
+
+def accelerator_peak_flops(device_kind: str, dtype: str = "bfloat16") -> dict:
+  """``{"flops", "how"}``: the data-sheet peak of a GPU/TPU for ``dtype`` (``flops`` None when the
+  device is unknown). H100 names: "NVIDIA H100 80GB HBM3" is the SXM part, "... PCIe" the PCIe."""
+  kind = device_kind or ""
+  if "H100" in kind:
+    key = "H100 PCIe" if "PCIe" in kind else ("H100 NVL" if "NVL" in kind else "H100 SXM")
+  elif "H200" in kind:
+    key = "H200"
+  elif "A100" in kind:
+    key = "A100"
+  else:
+    key = next((k for k in ACCELERATOR_PEAKS if k.lower() in kind.lower()), None)
+  if key is None or ACCELERATOR_PEAKS[key].get(dtype) is None:
+    return {"flops": None, "how": f"no data-sheet peak for {kind!r} / {dtype}"}
+  return {"flops": ACCELERATOR_PEAKS[key][dtype], "how": f"{key} data sheet, dense {dtype}"}
+
+
+def peak_flops(dtype: str = "float32") -> dict:
+  """The peak for MFU on the default JAX device: the data sheet on a GPU/TPU, the estimate
+  (``cpu_peak_flops_estimate``) on a CPU."""
+  import jax
+  dev = jax.devices()[0]
+  if dev.platform == "cpu":
+    return cpu_peak_flops_estimate()
+  return accelerator_peak_flops(dev.device_kind, dtype)
 
 
 def warn_if_emulated_devices() -> str | None:
