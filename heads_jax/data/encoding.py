@@ -1,19 +1,33 @@
 """Examples -> encoded batches (DESIGN.md section 3 "Input encoding"; format in `batch.py`).
 
-Singles are ``[CLS] A [SEP]``, pairs ``[CLS] A [SEP] B [SEP]`` (token type 0 up to and including
-the first ``[SEP]``, 1 after it), at most ``max_length`` positions (default 128), pairs
-truncated longest-first exactly as the Hugging Face tokenizers do (``truncation="longest_first"``:
-if the shorter segment fits in half the budget it is kept whole and the longer one is cut to the
-rest; otherwise both are cut to half, the longer one, or B on a tie, keeping the odd position).
+Each tokenizer applies its family's template (BERT, DistilBERT, ELECTRA, ALBERT:
+``[CLS] A [SEP]`` and ``[CLS] A [SEP] B [SEP]``; RoBERTa, XLM-RoBERTa: ``<s> A </s>`` and
+``<s> A </s></s> B </s>``). ``token_type_ids`` holds the *segment* of every position as DESIGN.md
+section 3 defines it for any template (`template_segments`): 0 for the start token and A, 1 for B;
+of the delimiters between A and B the first is 0 and the others 1; delimiters after B are 1. For
+the BERT template this is BERT's token types; families without token types ignore the field in
+the model (``heads_jax.model.config``) while the sieves still read the segments. At most
+``max_length`` positions (default 128), pairs truncated longest-first exactly as the Hugging Face
+tokenizers do (``truncation="longest_first"``: if the shorter segment fits in half the budget it
+is kept whole and the longer one is cut to the rest; otherwise both are cut to half, the longer
+one, or B on a tie, keeping the odd position).
+
+``token_class`` marks the tokenizer's own start token (``[CLS]``, ``<s>``) and separator
+(``[SEP]``, ``</s>``), and the comma and period pieces, with or without the word-boundary mark of
+byte-level BPE (``Ġ``) and SentencePiece (``▁``).
 
 A segment is encoded in one of three modes (`Segment.mode`):
 
-- ``"words"``: pre-split words (CoNLL-U syntactic words) -> ``is_split_into_words``; every
-  wordpiece knows the index of the word it came from.
+- ``"words"``: pre-split words (CoNLL-U syntactic words). With a WordPiece tokenizer ->
+  ``is_split_into_words``; with byte-level BPE or SentencePiece (whose pieces carry the space
+  before a word) the words are joined with single spaces and encoded as ``"aligned"`` text, so
+  that the model sees ordinary text. Either way every piece knows the index of the word it came
+  from.
 - ``"aligned"``: raw text plus parser words with character spans -> the text is tokenised with
   offsets and each wordpiece is given the parser word whose span overlaps the piece's
-  characters (the first such word if a piece straddles two). Never by searching for a piece's
-  first occurrence, which is wrong for repeated words.
+  characters (the first such word if a piece straddles two); a piece with no characters of a
+  word (a lone ``Ġ``/``▁`` word-boundary piece) belongs to the word of the next piece of its
+  segment. Never by searching for a piece's first occurrence, which is wrong for repeated words.
 - ``"text"``: raw text only (no parse) -> word ids are the tokenizer's own pre-tokenised words.
 
 Word indices run over the whole sequence: segment B's words continue after segment A's (after
@@ -139,21 +153,77 @@ def align_pieces_to_words(offsets, spans) -> np.ndarray:
   return out
 
 
-def _token_class(ids: np.ndarray, special: dict) -> np.ndarray:
+def _token_class(ids: np.ndarray, special: dict, seq: np.ndarray) -> np.ndarray:
+  """TOKEN_* per position; the start token and the separator count only where the template put
+  them (``seq`` -1), punctuation only inside the texts."""
   cls = np.full(ids.shape, B.TOKEN_OTHER, np.int32)
   for token_id, value in special.items():
     if token_id is not None:
-      cls[ids == token_id] = value
+      where = (seq < 0) if value in (B.TOKEN_CLS, B.TOKEN_SEP) else (seq >= 0)
+      cls[(ids == token_id) & where] = value
   return cls
 
 
+# Spellings of the comma and period pieces: plain, byte-level BPE (space before), SentencePiece.
+_PUNCTUATION = {B.TOKEN_COMMA: (",", "\u0120,", "\u2581,"), B.TOKEN_PERIOD: (".", "\u0120.", "\u2581.")}
+
+
 def _special_ids(tokenizer) -> dict:
-  """token id -> TOKEN_* for [CLS], [SEP], ',' and '.' (punctuation only if in the vocab)."""
-  def known(token):
-    token_id = tokenizer.convert_tokens_to_ids(token)
-    return None if token_id is None or token_id == tokenizer.unk_token_id else token_id
-  return {tokenizer.cls_token_id: B.TOKEN_CLS, tokenizer.sep_token_id: B.TOKEN_SEP,
-          known(","): B.TOKEN_COMMA, known("."): B.TOKEN_PERIOD}
+  """token id -> TOKEN_* for the tokenizer's start token and separator (``[CLS]``/``<s>``,
+  ``[SEP]``/``</s>``), and the comma and period pieces in the vocabulary."""
+  vocab = tokenizer.get_vocab()
+  out = {}
+  for cls, spellings in _PUNCTUATION.items():
+    for token in spellings:
+      if token in vocab and vocab[token] != tokenizer.unk_token_id:
+        out[vocab[token]] = cls
+  out[tokenizer.cls_token_id] = B.TOKEN_CLS
+  out[tokenizer.sep_token_id] = B.TOKEN_SEP
+  return out
+
+
+def is_wordpiece(tokenizer) -> bool:
+  """True for a WordPiece tokenizer (BERT, DistilBERT, ELECTRA), False for byte-level BPE
+  (RoBERTa) and SentencePiece (XLM-RoBERTa, ALBERT)."""
+  return type(tokenizer.backend_tokenizer.model).__name__ == "WordPiece"
+
+
+def template_segments(sequence_ids, pair: bool) -> np.ndarray:
+  """The segment (0/1) of every position of one encoded single text or pair, int32 ``[n]``
+  (DESIGN.md section 3), from the tokenizer's ``sequence_ids`` (0 for A, 1 for B, None for the
+  template's special tokens): for a pair, the special tokens up to A's last piece and the first
+  one after it are 0, B and every later special token 1 (an empty A ends at the start token).
+  A single text is all 0."""
+  seq = np.array([-1 if s is None else s for s in sequence_ids], np.int32)
+  seg = np.zeros(len(seq), np.int32)
+  if pair:
+    a_at = np.flatnonzero(seq == 0)
+    last_a = int(a_at[-1]) if a_at.size else 0
+    seg[last_a + 2:] = 1
+    seg[(seq == 1)] = 1
+  return seg
+
+
+def _as_aligned_text(seg: "Segment") -> "Segment":
+  """A words-mode segment as text: the words joined by single spaces, with their spans."""
+  spans, pos = [], 0
+  for w in seg.words:
+    spans.append((pos, pos + len(w)))
+    pos += len(w) + 1
+  return Segment(text=" ".join(seg.words), words=seg.words, spans=tuple(spans), heads=seg.heads,
+                 deprels=seg.deprels)
+
+
+def _attach_boundary_pieces(local: np.ndarray, offsets: np.ndarray, text: str) -> np.ndarray:
+  """Gives a piece that covers no word's characters (empty offsets or only whitespace: a lone
+  ``Ġ``/``▁``) the word of the next piece, within one segment's pieces."""
+  out = local.copy()
+  for i in range(len(out) - 2, -1, -1):
+    if out[i] < 0 and out[i + 1] >= 0:
+      s, e = int(offsets[i, 0]), int(offsets[i, 1])
+      if not text[s:e].strip():
+        out[i] = out[i + 1]
+  return out
 
 
 def _segment_arcs(seg: Segment):
@@ -174,7 +244,8 @@ def _row(enc, example: AnalysisExample, special: dict) -> dict:
   for s, seg in enumerate(segments):
     where = seq == s
     if seg.mode == "aligned":
-      local[where] = align_pieces_to_words(offsets[where], seg.spans)
+      local[where] = _attach_boundary_pieces(align_pieces_to_words(offsets[where], seg.spans),
+                                             offsets[where], seg.text)
     else:
       local[where] = [-1 if w is None else w for w, keep in zip(enc.word_ids, where) if keep]
   # Word numbering over the sequence: B continues after A.
@@ -204,12 +275,19 @@ def _row(enc, example: AnalysisExample, special: dict) -> dict:
   return {
       "input_ids": ids,
       "attention_mask": np.ones(n, np.int32),
-      "token_type_ids": np.asarray(enc.type_ids, np.int32),
-      "token_class": _token_class(ids, special),
+      "token_type_ids": template_segments(enc.sequence_ids, example.b is not None),
+      "token_class": _token_class(ids, special, seq),
       "word_ids": word_ids,
       "dep_head": dep_head,
       "dep_rel": dep_rel,
   }
+
+
+def _text_for_subwords(ex: AnalysisExample) -> AnalysisExample:
+  """Words-mode segments as aligned text (byte-level BPE and SentencePiece tokenizers)."""
+  a = _as_aligned_text(ex.a) if ex.a.mode == "words" else ex.a
+  b = _as_aligned_text(ex.b) if ex.b is not None and ex.b.mode == "words" else ex.b
+  return ex if (a is ex.a and b is ex.b) else dataclasses.replace(ex, a=a, b=b)
 
 
 def _check_max_length(max_length: int) -> None:
@@ -228,6 +306,8 @@ def encode_examples(examples: Sequence[AnalysisExample], tokenizer,
     raise TypeError("encoding needs a fast (Rust) tokenizer for word ids and character offsets; "
                     "load one with heads_jax.data.tokenizer.load_tokenizer")
   special = _special_ids(tokenizer)
+  if not is_wordpiece(tokenizer):
+    examples = [_text_for_subwords(ex) for ex in examples]
   rows = [None] * len(examples)
   groups: dict[tuple, list[int]] = {}
   for i, ex in enumerate(examples):
@@ -248,6 +328,22 @@ def encode_examples(examples: Sequence[AnalysisExample], tokenizer,
     for j, i in enumerate(idxs):
       rows[i] = _row(enc.encodings[j], examples[i], special)
   return rows
+
+
+def encode_texts(tokenizer, first: Sequence[str], second: Sequence[str] | None = None, *,
+                 max_length: int, pad_to_max_length: bool = True) -> dict:
+  """Model inputs of raw texts or pairs (fine-tuning, ablation): ``input_ids``,
+  ``attention_mask`` and ``token_type_ids`` (the segments of `template_segments`, 0 on padding),
+  int32 ``[n, q]``, q = ``max_length`` or the longest sequence; pairs truncated longest-first."""
+  enc = tokenizer(list(first), None if second is None else list(second),
+                  truncation="longest_first" if second is not None else True,
+                  max_length=int(max_length),
+                  padding="max_length" if pad_to_max_length else "longest")
+  ids = np.asarray(enc["input_ids"], np.int32)
+  mask = np.asarray(enc["attention_mask"], np.int32)
+  segments = np.stack([template_segments(e.sequence_ids, second is not None)
+                       for e in enc.encodings]).astype(np.int32)
+  return {"input_ids": ids, "attention_mask": mask, "token_type_ids": segments * mask}
 
 
 def bucket_lengths(max_length: int = DEFAULT_MAX_LENGTH,

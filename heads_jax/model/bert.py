@@ -1,10 +1,14 @@
-"""A post-LN BERT encoder in Flax NNX that can return every attention map.
+"""A post-LN Transformer encoder in Flax NNX that can return every attention map: BERT, and
+RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA and ALBERT as configurations of the same modules
+(``heads_jax.model.config``: token types, position offset, embedding projection, pooler,
+shared layers).
 
 Shape legend: b batch, q query positions, k key positions (q == k == sequence length),
 l layer, h head, d hidden, e head dimension (d = h * e), f feed-forward width.
 
-The forward pass matches ``transformers.BertModel`` (eager attention) to float32 rounding;
-``tests/test_model_parity.py`` checks hidden states and every attention map.
+The forward pass matches transformers' PyTorch models (eager attention) to float32 rounding;
+``tests/test_model_parity.py`` (BERT) and ``tests/test_model_families.py`` (the other families)
+check hidden states and every attention map.
 
 Two switches serve the analysis and ablations, and cost nothing when off:
 
@@ -65,6 +69,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from heads_jax.model.config import BertConfig
@@ -131,24 +136,52 @@ def layer_norm(cfg: BertConfig, d: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
                        rngs=rngs)
 
 
+def sinusoidal_table(n: int, d: int) -> np.ndarray:
+  """float32 ``[n, d]``: Vaswani et al.'s positions (DistilBERT's ``sinusoidal_pos_embds``):
+  ``sin(p / 10000^(2 floor(j/2) / d))`` on even columns ``j``, ``cos`` of the same on odd ones."""
+  pos = np.arange(n, dtype=np.float64)[:, None]
+  j = np.arange(d)
+  angle = pos / np.power(10000.0, 2 * (j // 2) / d)
+  return np.where(j % 2 == 0, np.sin(angle), np.cos(angle)).astype(np.float32)
+
+
 class Embeddings(nnx.Module):
-  """Word + position + token-type embeddings, LayerNorm, dropout."""
+  """Word + position (+ token-type) embeddings, LayerNorm, dropout (+ projection to the hidden
+  size). Widths ``e = cfg.embed_dim``; see ``heads_jax.model.config`` for the families."""
 
   def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
-    embed = lambda n: nnx.Embed(n, cfg.hidden_size, embedding_init=_init(cfg),
-                                param_dtype=jnp.float32, rngs=rngs)
+    e = cfg.embed_dim
+    embed = lambda n, init=_init(cfg): nnx.Embed(n, e, embedding_init=init,  # noqa: E731
+                                                 param_dtype=jnp.float32, rngs=rngs)
+    self.cfg = cfg
     self.word = embed(cfg.vocab_size)
-    self.position = embed(cfg.max_position_embeddings)
-    self.token_type = embed(cfg.type_vocab_size)
-    self.norm = layer_norm(cfg, cfg.hidden_size, rngs)
+    if cfg.sinusoidal_positions:
+      table = sinusoidal_table(cfg.max_position_embeddings, e)
+      self.position = embed(cfg.max_position_embeddings, lambda *_: jnp.asarray(table))
+    else:
+      self.position = embed(cfg.max_position_embeddings)
+    self.token_type = embed(cfg.type_vocab_size) if cfg.type_vocab_size > 0 else None
+    self.norm = layer_norm(cfg, e, rngs)
     self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
+    self.projection = dense(cfg, e, cfg.hidden_size, rngs) if cfg.embedding_projection else None
 
   def __call__(self, input_ids, token_type_ids, *, deterministic: bool):
-    """ids ``[b, q]`` -> ``[b, q, d]`` float32."""
+    """ids ``[b, q]`` -> ``[b, q, d]`` (float32, or the compute dtype after a projection).
+
+    ``token_type_ids`` index the type table when it has two or more rows; a one-row table
+    (RoBERTa) adds its row everywhere, and a model without one (DistilBERT) ignores them."""
     q = input_ids.shape[1]
-    x = (self.word(input_ids) + self.position(jnp.arange(q))[None]
-         + self.token_type(token_type_ids))
-    return self.dropout(self.norm(x), deterministic=deterministic)
+    positions = jnp.arange(q) + self.cfg.position_offset
+    x = self.word(input_ids) + self.position(positions)[None]
+    if self.token_type is not None:
+      if self.cfg.type_vocab_size == 1:
+        x = x + self.token_type.embedding[...][0]
+      else:
+        x = x + self.token_type(token_type_ids)
+    x = self.dropout(self.norm(x), deterministic=deterministic)
+    if self.projection is not None:
+      x = self.projection(x)
+    return x
 
 
 class SelfAttention(nnx.Module):
@@ -248,13 +281,19 @@ class Layer(nnx.Module):
 
 
 class BertModel(nnx.Module):
-  """The BERT encoder with pooler (``transformers.BertModel``)."""
+  """The encoder of every family (``transformers.BertModel``, ``RobertaModel``,
+  ``XLMRobertaModel``, ``DistilBertModel``, ``ElectraModel``, ``AlbertModel``), with the pooler
+  where the family has one.
+
+  ``layers`` holds the distinct layers (``cfg.num_distinct_layers``); applied layer ``i`` runs
+  ``layers[cfg.layer_schedule[i]]`` (ALBERT shares them; every other family has one per layer).
+  """
 
   def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
     self.config = cfg
     self.embeddings = Embeddings(cfg, rngs=rngs)
-    self.layers = nnx.List([Layer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
-    self.pooler = dense(cfg, cfg.hidden_size, cfg.hidden_size, rngs)
+    self.layers = nnx.List([Layer(cfg, rngs=rngs) for _ in range(cfg.num_distinct_layers)])
+    self.pooler = dense(cfg, cfg.hidden_size, cfg.hidden_size, rngs) if cfg.pooler else None
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, head_gate=None,
                gate_mode: str = "remove", return_attentions: bool = False,
@@ -265,7 +304,8 @@ class BertModel(nnx.Module):
 
     Args:
       attention_mask: ``[b, q]``, 1 on real tokens (default: all real).
-      token_type_ids: ``[b, q]`` (default: zeros).
+      token_type_ids: ``[b, q]`` segment ids, 0 for the first segment and 1 for the second
+        (default: zeros); families without token types ignore them (``Embeddings``).
       head_gate: optional float ``[l, h]`` (see the module docstring).
       gate_mode: ``"remove"`` or ``"uniform"``.
       return_attentions: add ``attentions`` float32 ``[b, l, h, q, k]``.
@@ -281,7 +321,8 @@ class BertModel(nnx.Module):
         (module docstring); its outputs come back as ``attention_reduced``.
 
     Returns:
-      dict with ``last_hidden_state`` ``[b, q, d]`` and ``pooled`` ``[b, d]`` (float32), plus the
+      dict with ``last_hidden_state`` ``[b, q, d]`` and, where the family has a pooler, ``pooled``
+      ``[b, d]`` (float32), plus the
       optional entries above and ``attention_reduced`` (each leaf ``[b, l, ...]``) with
       ``attention_reduce``.
     """
@@ -293,9 +334,9 @@ class BertModel(nnx.Module):
     input_ids = jnp.asarray(input_ids, jnp.int32)
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
-    if input_ids.shape[1] > cfg.max_position_embeddings:
-      raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
-                       f"{cfg.max_position_embeddings}; truncate the inputs (e.g. --max-length)")
+    if input_ids.shape[1] > cfg.max_positions:
+      raise ValueError(f"sequence length {input_ids.shape[1]} exceeds the model's "
+                       f"{cfg.max_positions} positions; truncate the inputs (e.g. --max-length)")
     mask = jnp.ones_like(input_ids) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
     types = jnp.zeros_like(input_ids) if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32)
     if head_gate is not None:
@@ -311,7 +352,8 @@ class BertModel(nnx.Module):
 
     x = self.embeddings(input_ids, types, deterministic=deterministic)
     hidden, attentions, reduced = [x], [], []
-    for i, layer in enumerate(self.layers):
+    for i, which in enumerate(cfg.layer_schedule):
+      layer = self.layers[which]
       gate = None if head_gate is None else head_gate[i]
       attention_kw = {"attention": attention, "need_probs": return_attentions,
                       "reduce": attention_reduce, "layer": i}
@@ -326,7 +368,9 @@ class BertModel(nnx.Module):
       if attention_reduce is not None:
         reduced.append(layer_reduced)
     x = x.astype(jnp.float32)
-    out = {"last_hidden_state": x, "pooled": jnp.tanh(self.pooler(x[:, 0]).astype(jnp.float32))}
+    out = {"last_hidden_state": x}
+    if self.pooler is not None:
+      out["pooled"] = jnp.tanh(self.pooler(x[:, 0]).astype(jnp.float32))
     if return_attentions:
       query_real = mask[:, None, None, :, None].astype(jnp.float32)
       out["attentions"] = jnp.stack(attentions, axis=1) * query_real  # [b, l, h, q, k]

@@ -1,7 +1,37 @@
-"""BERT configuration and the size variants, in one table.
+"""Encoder configuration: one post-LN Transformer encoder, six model families, size variants.
 
-Field names follow the paper/JAX world; ``from_hf_dict`` / ``to_hf_dict`` translate to and
-from a Hugging Face ``config.json``.
+Every supported family is the same encoder (``heads_jax.model.bert``) with a few switches; the
+families differ only in configuration and in the names of their weights:
+
+===============  =============  =========  ==============  ==========  ===========  ===========
+family           token types    positions  embedding size  pooler      layers       classifier
+===============  =============  =========  ==============  ==========  ===========  ===========
+``bert``         2 rows         0..        hidden          yes         own          pooler
+``roberta``      1 row (0)      pad + 1..  hidden          yes         own          dense, tanh
+``xlm-roberta``  1 row (0)      pad + 1..  hidden          yes         own          dense, tanh
+``distilbert``   none           0..        hidden          no          own          dense, relu
+``electra``      2 rows         0..        E (projected)   no          own          dense, gelu
+``albert``       2 rows         0..        E (projected)   yes         shared       pooler
+===============  =============  =========  ==============  ==========  ===========  ===========
+
+* Token types: ``type_vocab_size`` rows; with 0 rows (DistilBERT) there is no table, with 1 row
+  every position gets row 0 (RoBERTa: the model ignores segment ids), with 2 or more the
+  ``token_type_ids`` index it.
+* Positions: position ``i`` of a sequence uses row ``position_offset + i`` (RoBERTa:
+  ``pad_token_id + 1``, as fairseq), so at most ``max_position_embeddings - position_offset``
+  positions fit (``max_positions``). DistilBERT's sinusoidal table (``sinusoidal_positions``) is
+  an ordinary parameter initialised to the sinusoids.
+* ``embedding_size`` (0 = ``hidden_size``) with ``embedding_projection``: ELECTRA's
+  ``embeddings_project`` and ALBERT's ``embedding_hidden_mapping_in`` (a linear map applied
+  after the embedding LayerNorm).
+* ALBERT's sharing: ``num_hidden_groups`` groups of ``inner_group_num`` layers; HF's layer
+  ``i`` of ``num_hidden_layers`` runs group ``int(i / (num_hidden_layers / num_hidden_groups))``.
+  ``num_layers`` here always counts the attention layers *applied* (``num_hidden_layers *
+  inner_group_num``), which is what attention maps, head gates and every ``[l, h]`` array index;
+  ``layer_schedule`` says which distinct layer each applied layer runs.
+
+Field names follow the paper/JAX world; ``from_hf_dict`` / ``to_hf_dict`` translate to and from a
+Hugging Face ``config.json`` of any of the families.
 """
 
 from __future__ import annotations
@@ -24,8 +54,30 @@ SIZES = {
 
 
 @dataclasses.dataclass(frozen=True)
+class Family:
+  """What distinguishes a model family beyond its hyper-parameters."""
+  name: str
+  model_type: str     # Hugging Face config.json "model_type"
+  hf_class: str       # Hugging Face class prefix: f"{hf_class}Model", f"{hf_class}ForSequenceClassification"
+  hf_prefix: str      # the encoder's key prefix in a task model's state dict ("bert.", "roberta.", ...)
+  classifier: str     # sequence classifier: "pooler" (pooled [CLS] -> linear) or the activation of
+                      # its own dense layer on [CLS] ("tanh", "gelu", "relu")
+  weights: str        # weight-name scheme of the layers: "bert", "distilbert" or "albert"
+
+
+FAMILIES = {f.name: f for f in (
+    Family("bert", "bert", "Bert", "bert", "pooler", "bert"),
+    Family("roberta", "roberta", "Roberta", "roberta", "tanh", "bert"),
+    Family("xlm-roberta", "xlm-roberta", "XLMRoberta", "roberta", "tanh", "bert"),
+    Family("distilbert", "distilbert", "DistilBert", "distilbert", "relu", "distilbert"),
+    Family("electra", "electra", "Electra", "electra", "gelu", "bert"),
+    Family("albert", "albert", "Albert", "albert", "pooler", "albert"),
+)}
+
+
+@dataclasses.dataclass(frozen=True)
 class BertConfig:
-  """Hyper-parameters of a post-LN BERT encoder (defaults: BERT-base uncased)."""
+  """Hyper-parameters of a post-LN encoder of one of ``FAMILIES`` (defaults: BERT-base uncased)."""
   vocab_size: int = 30522
   hidden_size: int = 768
   num_layers: int = 12
@@ -40,6 +92,15 @@ class BertConfig:
   hidden_act: str = "gelu"  # "gelu" (exact erf, as BERT) or "gelu_new"/"gelu_tanh"
   dtype: str = "float32"    # compute dtype; parameters, softmax and LayerNorm stay float32
   pad_token_id: int = 0
+  family: str = "bert"
+  embedding_size: int = 0            # 0: hidden_size
+  embedding_projection: bool = False  # a linear map embedding_size -> hidden_size after the embeddings
+  position_offset: int = 0
+  sinusoidal_positions: bool = False
+  pooler: bool = True
+  num_hidden_groups: int = 0         # ALBERT: groups of shared layers (0: every layer its own weights)
+  inner_group_num: int = 1
+  classifier_dropout: float | None = None  # None: hidden_dropout
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -48,18 +109,67 @@ class BertConfig:
       raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
     if self.hidden_act not in _ACTS:
       raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(_ACTS)}")
+    if self.family not in FAMILIES:
+      raise ValueError(f"family {self.family!r} is not supported; use one of {sorted(FAMILIES)}")
+    if self.embed_dim != self.hidden_size and not self.embedding_projection:
+      raise ValueError(f"embedding_size {self.embedding_size} differs from hidden_size "
+                       f"{self.hidden_size}: set embedding_projection=True")
+    if self.inner_group_num < 1 or self.num_layers % self.inner_group_num:
+      raise ValueError(f"num_layers {self.num_layers} must be a multiple of inner_group_num "
+                       f"{self.inner_group_num} (num_layers counts applied layers)")
+    if not 0 <= self.num_hidden_groups <= self.num_layers // self.inner_group_num:
+      raise ValueError(f"num_hidden_groups {self.num_hidden_groups} must be between 0 and "
+                       f"{self.num_layers // self.inner_group_num}")
+    if self.max_positions < 1:
+      raise ValueError(f"position_offset {self.position_offset} leaves no position of "
+                       f"{self.max_position_embeddings}")
+
+  @property
+  def info(self) -> Family:
+    return FAMILIES[self.family]
 
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
 
+  @property
+  def embed_dim(self) -> int:
+    """Width of the embedding tables (``embedding_size``, or ``hidden_size`` when 0)."""
+    return self.embedding_size or self.hidden_size
+
+  @property
+  def max_positions(self) -> int:
+    """The longest sequence the position table holds."""
+    return self.max_position_embeddings - self.position_offset
+
+  @property
+  def num_hidden_layers(self) -> int:
+    """Hugging Face's ``num_hidden_layers`` (ALBERT: applications of a layer group)."""
+    return self.num_layers // self.inner_group_num
+
+  @property
+  def num_distinct_layers(self) -> int:
+    """How many layers have their own weights."""
+    if not self.num_hidden_groups:
+      return self.num_layers
+    return self.num_hidden_groups * self.inner_group_num
+
+  @property
+  def layer_schedule(self) -> tuple[int, ...]:
+    """For each applied layer ``0..num_layers-1``, the distinct layer (weights) it runs."""
+    if not self.num_hidden_groups:
+      return tuple(range(self.num_layers))
+    n, g, inner = self.num_hidden_layers, self.num_hidden_groups, self.inner_group_num
+    return tuple(int(i / (n / g)) * inner + j for i in range(n) for j in range(inner))
+
   def check_max_length(self, max_length: int) -> None:
     """Refuses (UserError) sequences of ``max_length`` positions that the position embeddings
     cannot hold; call it before encoding any data."""
-    if max_length > self.max_position_embeddings:
-      raise UserError(f"--max-length {max_length} exceeds the model's {self.max_position_embeddings} "
-                      f"positions (max_position_embeddings); use --max-length "
-                      f"{self.max_position_embeddings} or less")
+    if max_length > self.max_positions:
+      offset = (f" ({self.max_position_embeddings} rows, the first {self.position_offset} unused)"
+                if self.position_offset else " (max_position_embeddings)")
+      raise UserError(f"--max-length {max_length} exceeds the model's {self.max_positions} "
+                      f"positions{offset}; use --max-length {self.max_positions} or less")
 
   def replace(self, **kw) -> "BertConfig":
     return dataclasses.replace(self, **kw)
@@ -73,48 +183,98 @@ class BertConfig:
     return cls(**{k: v for k, v in d.items() if k in names})
 
   def to_hf_dict(self) -> dict:
-    """The Hugging Face ``BertConfig`` dictionary for ``config.json``."""
-    return {
-        "architectures": ["BertModel"], "model_type": "bert",
-        "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-        "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
-        "intermediate_size": self.intermediate_size, "hidden_act": self.hidden_act,
-        "hidden_dropout_prob": self.hidden_dropout,
-        "attention_probs_dropout_prob": self.attention_dropout,
-        "max_position_embeddings": self.max_position_embeddings,
-        "type_vocab_size": self.type_vocab_size, "initializer_range": self.initializer_range,
-        "layer_norm_eps": self.layer_norm_eps, "pad_token_id": self.pad_token_id,
-        "position_embedding_type": "absolute",
-    }
+    """The Hugging Face config dictionary (``config.json``) of this family's encoder."""
+    fam = self.info
+    common = {"architectures": [f"{fam.hf_class}Model"], "model_type": fam.model_type,
+              "vocab_size": self.vocab_size, "max_position_embeddings": self.max_position_embeddings,
+              "initializer_range": self.initializer_range, "pad_token_id": self.pad_token_id}
+    if self.family == "distilbert":
+      return {**common, "dim": self.hidden_size, "n_layers": self.num_layers, "n_heads": self.num_heads,
+              "hidden_dim": self.intermediate_size, "activation": self.hidden_act,
+              "dropout": self.hidden_dropout, "attention_dropout": self.attention_dropout,
+              "sinusoidal_pos_embds": self.sinusoidal_positions,
+              "seq_classif_dropout": _or(self.classifier_dropout, 0.2)}
+    out = {**common, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
+           "num_attention_heads": self.num_heads, "intermediate_size": self.intermediate_size,
+           "hidden_act": self.hidden_act, "hidden_dropout_prob": self.hidden_dropout,
+           "attention_probs_dropout_prob": self.attention_dropout,
+           "type_vocab_size": self.type_vocab_size, "layer_norm_eps": self.layer_norm_eps,
+           "position_embedding_type": "absolute"}
+    if self.family in ("electra", "albert"):
+      out["embedding_size"] = self.embed_dim
+    if self.family == "albert":
+      out.update(num_hidden_groups=self.num_hidden_groups or self.num_hidden_layers,
+                 inner_group_num=self.inner_group_num,
+                 classifier_dropout_prob=_or(self.classifier_dropout, 0.1))
+    elif self.classifier_dropout is not None:
+      out["classifier_dropout"] = self.classifier_dropout
+    if self.family in ("roberta", "xlm-roberta"):
+      out.update(bos_token_id=0, eos_token_id=2)
+    return out
 
   @classmethod
   def from_hf_dict(cls, d: dict) -> "BertConfig":
-    """Reads a Hugging Face BERT ``config.json`` dictionary."""
-    if d.get("model_type", "bert") != "bert":
-      raise ValueError(f"model_type is {d.get('model_type')!r}; heads_jax loads BERT models only")
+    """Reads a Hugging Face ``config.json`` dictionary of any of ``FAMILIES``."""
+    model_type = d.get("model_type", "bert")
+    by_type = {f.model_type: f.name for f in FAMILIES.values()}
+    if model_type not in by_type:
+      raise ValueError(f"model_type is {model_type!r}; heads_jax loads "
+                       f"{', '.join(sorted(by_type))} models")
+    family = by_type[model_type]
     pet = d.get("position_embedding_type", "absolute")
-    if pet != "absolute":
+    if pet not in (None, "absolute"):
       raise ValueError(f"position_embedding_type {pet!r} is not supported (only 'absolute')")
-    act = d.get("hidden_act", "gelu")
-    return cls(
-        vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
-        num_layers=d["num_hidden_layers"], num_heads=d["num_attention_heads"],
-        intermediate_size=d["intermediate_size"],
+    pad = d.get("pad_token_id", 0) or 0
+    if family == "distilbert":
+      return cls(vocab_size=d["vocab_size"], hidden_size=d["dim"], num_layers=d["n_layers"],
+                 num_heads=d["n_heads"], intermediate_size=d["hidden_dim"],
+                 max_position_embeddings=d.get("max_position_embeddings", 512), type_vocab_size=0,
+                 layer_norm_eps=1e-12,  # fixed in transformers' DistilBERT
+                 hidden_dropout=d.get("dropout", 0.1),
+                 attention_dropout=d.get("attention_dropout", 0.1),
+                 initializer_range=d.get("initializer_range", 0.02),
+                 hidden_act=d.get("activation", "gelu"), pad_token_id=pad, family=family,
+                 sinusoidal_positions=bool(d.get("sinusoidal_pos_embds", False)), pooler=False,
+                 classifier_dropout=d.get("seq_classif_dropout", 0.2))
+    hidden = d["hidden_size"]
+    kw = dict(
+        vocab_size=d["vocab_size"], hidden_size=hidden, num_layers=d["num_hidden_layers"],
+        num_heads=d["num_attention_heads"], intermediate_size=d["intermediate_size"],
         max_position_embeddings=d.get("max_position_embeddings", 512),
         type_vocab_size=d.get("type_vocab_size", 2),
         layer_norm_eps=d.get("layer_norm_eps", 1e-12),
         hidden_dropout=d.get("hidden_dropout_prob", 0.1),
         attention_dropout=d.get("attention_probs_dropout_prob", 0.1),
         initializer_range=d.get("initializer_range", 0.02),
-        hidden_act=act, pad_token_id=d.get("pad_token_id", 0) or 0,
-    )
+        hidden_act=d.get("hidden_act", "gelu"), pad_token_id=pad, family=family,
+        classifier_dropout=d.get("classifier_dropout"))
+    if family in ("roberta", "xlm-roberta"):
+      kw["position_offset"] = pad + 1
+    elif family == "electra":
+      e = d.get("embedding_size") or hidden
+      kw.update(embedding_size=e if e != hidden else 0, embedding_projection=e != hidden,
+                pooler=False)
+    elif family == "albert":
+      inner = d.get("inner_group_num", 1)
+      kw.update(embedding_size=d.get("embedding_size", 128), embedding_projection=True,
+                num_layers=d["num_hidden_layers"] * inner,
+                num_hidden_groups=d.get("num_hidden_groups", 1), inner_group_num=inner,
+                classifier_dropout=d.get("classifier_dropout_prob", 0.1))
+    return cls(**kw)
 
   @classmethod
   def from_hf_file(cls, path) -> "BertConfig":
     return cls.from_hf_dict(json.loads(Path(path).read_text()))
 
 
+# Alias: the configuration is not specific to BERT.
+EncoderConfig = BertConfig
+
 _ACTS = {"gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu"}
+
+
+def _or(value, default):
+  return default if value is None else value
 
 
 def config_for(size: str = "base", **overrides) -> BertConfig:

@@ -1,11 +1,14 @@
-"""Hugging Face BERT checkpoints <-> heads_jax parameters.
+"""Hugging Face checkpoints <-> heads_jax parameters, for every family of
+``heads_jax.model.config.FAMILIES`` (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA, ALBERT).
 
 Import: a directory with ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``
-(the latter needs torch), written by ``BertModel``, ``BertForPreTraining`` or
-``BertForSequenceClassification``; keys with or without the ``bert.`` prefix; old TF-converted
-``LayerNorm.gamma/beta`` names are accepted. Export writes a directory that
-``transformers.BertModel.from_pretrained`` (and, for the heads, ``BertForPreTraining`` /
-``BertForSequenceClassification``) loads.
+(the latter needs torch), written by the family's base model (``BertModel``, ``RobertaModel``,
+...), its ``...ForSequenceClassification``, or any other task model, whose encoder is read (BERT's
+``BertForPreTraining`` heads are read too); keys with or without the encoder prefix (``bert.``,
+``roberta.``, ``distilbert.``, ``electra.``, ``albert.``); old TF-converted ``LayerNorm.gamma/beta``
+names are accepted. Export writes a directory that the family's transformers class loads
+(``XModel``, ``XForSequenceClassification``; ``BertForPreTraining`` for BERT): every family
+converts both ways.
 
 Parameters are matched by name; every heads_jax parameter is documented by ``hf_key``.
 PyTorch ``Linear.weight`` is ``[out, in]``; Flax ``kernel`` is ``[in, out]``: transposed.
@@ -25,7 +28,7 @@ from safetensors.numpy import load_file, save_file
 
 from heads_jax.errors import UserError
 from heads_jax.model.bert import BertModel
-from heads_jax.model.config import BertConfig
+from heads_jax.model.config import FAMILIES, BertConfig
 from heads_jax.model.heads import BertForPreTraining, BertForSequenceClassification
 
 ARCHITECTURES = {
@@ -34,47 +37,89 @@ ARCHITECTURES = {
     "BertForSequenceClassification": BertForSequenceClassification,
 }
 
-# heads_jax encoder path (after "bert/" is stripped) -> Hugging Face name (after "bert.").
-_ENCODER_RULES = [
-    (r"embeddings/word/embedding", "embeddings.word_embeddings.weight"),
-    (r"embeddings/position/embedding", "embeddings.position_embeddings.weight"),
-    (r"embeddings/token_type/embedding", "embeddings.token_type_embeddings.weight"),
-    (r"embeddings/norm/(scale|bias)", r"embeddings.LayerNorm.\1"),
-    (r"layers/(\d+)/attention/(query|key|value)/(kernel|bias)", r"encoder.layer.\1.attention.self.\2.\3"),
-    (r"layers/(\d+)/attention/output/(kernel|bias)", r"encoder.layer.\1.attention.output.dense.\2"),
-    (r"layers/(\d+)/attention/norm/(scale|bias)", r"encoder.layer.\1.attention.output.LayerNorm.\2"),
-    (r"layers/(\d+)/intermediate/(kernel|bias)", r"encoder.layer.\1.intermediate.dense.\2"),
-    (r"layers/(\d+)/output/(kernel|bias)", r"encoder.layer.\1.output.dense.\2"),
-    (r"layers/(\d+)/norm/(scale|bias)", r"encoder.layer.\1.output.LayerNorm.\2"),
-    (r"pooler/(kernel|bias)", r"pooler.dense.\1"),
-]
-_HEAD_RULES = [
-    (r"mlm/transform/(kernel|bias)", r"cls.predictions.transform.dense.\1"),
-    (r"mlm/norm/(scale|bias)", r"cls.predictions.transform.LayerNorm.\1"),
-    (r"mlm/bias", "cls.predictions.bias"),
-    (r"nsp/(kernel|bias)", r"cls.seq_relationship.\1"),
-    (r"classifier/(kernel|bias)", r"classifier.\1"),
-]
+# heads_jax parameter path -> Hugging Face name, by weight scheme (``Family.weights``).
+# Layer parts: heads_jax sub-path of ``layers/<u>/`` -> the family's name under its layer prefix.
+_LAYER_PARTS = {
+    "bert": {"attention/query": "attention.self.query", "attention/key": "attention.self.key",
+             "attention/value": "attention.self.value", "attention/output": "attention.output.dense",
+             "attention/norm": "attention.output.LayerNorm", "intermediate": "intermediate.dense",
+             "output": "output.dense", "norm": "output.LayerNorm"},
+    "distilbert": {"attention/query": "attention.q_lin", "attention/key": "attention.k_lin",
+                   "attention/value": "attention.v_lin", "attention/output": "attention.out_lin",
+                   "attention/norm": "sa_layer_norm", "intermediate": "ffn.lin1",
+                   "output": "ffn.lin2", "norm": "output_layer_norm"},
+    "albert": {"attention/query": "attention.query", "attention/key": "attention.key",
+               "attention/value": "attention.value", "attention/output": "attention.dense",
+               "attention/norm": "attention.LayerNorm", "intermediate": "ffn",
+               "output": "ffn_output", "norm": "full_layer_layer_norm"},
+}
+_EMBEDDING_PARTS = {"embeddings/word": "embeddings.word_embeddings",
+                    "embeddings/position": "embeddings.position_embeddings",
+                    "embeddings/token_type": "embeddings.token_type_embeddings",
+                    "embeddings/norm": "embeddings.LayerNorm"}
+_PROJECTION = {"electra": "embeddings_project", "albert": "encoder.embedding_hidden_mapping_in"}
+_BERT_HEADS = {"mlm/transform": "cls.predictions.transform.dense",
+               "mlm/norm": "cls.predictions.transform.LayerNorm", "mlm": "cls.predictions",
+               "nsp": "cls.seq_relationship"}
+# Sequence classifier by Family.classifier: heads_jax module -> HF module.
+_CLASSIFIER = {"pooler": {"classifier": "classifier"},
+               "tanh": {"pre_classifier": "classifier.dense", "classifier": "classifier.out_proj"},
+               "gelu": {"pre_classifier": "classifier.dense", "classifier": "classifier.out_proj"},
+               "relu": {"pre_classifier": "pre_classifier", "classifier": "classifier"}}
+_LEAF = {"kernel": "weight", "scale": "weight", "bias": "bias", "embedding": "weight"}
+_DEFAULT = BertConfig()
 
 
-def hf_key(path: str) -> tuple[str, bool]:
-  """Maps a heads_jax parameter path (``a/b/c``) to ``(Hugging Face key, transpose)``.
+def _layer_prefix(cfg: BertConfig, u: int) -> str:
+  scheme = cfg.info.weights
+  if scheme == "distilbert":
+    return f"transformer.layer.{u}."
+  if scheme == "albert":
+    return (f"encoder.albert_layer_groups.{u // cfg.inner_group_num}."
+            f"albert_layers.{u % cfg.inner_group_num}.")
+  return f"encoder.layer.{u}."
 
-  Encoder keys come back with the ``bert.`` prefix only if the path starts with ``bert/``.
+
+def _encoder_module(cfg: BertConfig, module: str) -> str | None:
+  """HF name (no prefix, no leaf) of an encoder module path, or None."""
+  if module in _EMBEDDING_PARTS:
+    return _EMBEDDING_PARTS[module]
+  if module == "embeddings/projection":
+    return _PROJECTION.get(cfg.family)
+  if module == "pooler":
+    return "pooler" if cfg.family == "albert" else "pooler.dense"
+  m = re.fullmatch(r"layers/(\d+)/(.+)", module)
+  if m and m.group(2) in _LAYER_PARTS[cfg.info.weights]:
+    return _layer_prefix(cfg, int(m.group(1))) + _LAYER_PARTS[cfg.info.weights][m.group(2)]
+  return None
+
+
+def hf_key(path: str, cfg: BertConfig | None = None) -> tuple[str, bool]:
+  """Maps a heads_jax parameter path (``a/b/c``) of a model with config ``cfg`` (default: BERT)
+  to ``(Hugging Face key, transpose)``.
+
+  Encoder keys come back with the family's prefix (``bert.``, ``roberta.``, ...) only if the path
+  starts with ``bert/`` (the encoder inside a task model).
   """
+  cfg = cfg or _DEFAULT
   prefix = ""
   if path.startswith("bert/"):
-    path, prefix = path[len("bert/"):], "bert."
-  for rules, pre in ((_ENCODER_RULES, prefix), (_HEAD_RULES, "")):
-    for pattern, repl in rules:
-      if re.fullmatch(pattern, path):
-        name = re.sub(pattern, repl, path)
-        transpose = name.endswith(".kernel")
-        name = name.replace(".kernel", ".weight").replace(".scale", ".weight")
-        if name.endswith("_embeddings.weight"):
-          transpose = False
-        return pre + name, transpose
-  raise KeyError(f"no Hugging Face name for heads_jax parameter {path!r}")
+    path, prefix = path[len("bert/"):], cfg.info.hf_prefix + "."
+  module, _, leaf = path.rpartition("/")
+  if leaf not in _LEAF:
+    raise KeyError(f"no Hugging Face name for heads_jax parameter {path!r}")
+  name = _encoder_module(cfg, module)
+  if name is None:
+    prefix = ""
+    if path == "mlm/bias":
+      return "cls.predictions.bias", False
+    heads = dict(_CLASSIFIER[cfg.info.classifier])
+    if cfg.family == "bert":
+      heads.update(_BERT_HEADS)
+    name = heads.get(module)
+  if name is None:
+    raise KeyError(f"no Hugging Face name for heads_jax parameter {path!r} ({cfg.family})")
+  return prefix + name + "." + _LEAF[leaf], leaf == "kernel"
 
 
 def flat_params(model: nnx.Module) -> dict[str, np.ndarray]:
@@ -143,39 +188,48 @@ def _read_with_torch(f: Path, safetensors: bool = False) -> dict[str, np.ndarray
   return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in sd.items()}
 
 
-def normalise_hf_keys(sd: dict) -> dict[str, np.ndarray]:
-  """Drops the ``bert.`` prefix of encoder keys and renames ``gamma/beta`` to ``weight/bias``."""
+def normalise_hf_keys(sd: dict, cfg: BertConfig | None = None) -> dict[str, np.ndarray]:
+  """Drops the encoder prefix of a task model's keys (the family's ``bert.``, ``roberta.``, ...;
+  any known one without ``cfg``) and renames ``gamma/beta`` to ``weight/bias``."""
+  prefixes = ([cfg.info.hf_prefix + "."] if cfg is not None
+              else sorted({f.hf_prefix + "." for f in FAMILIES.values()}))
   out = {}
   for k, v in sd.items():
     k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
     k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
-    if k.startswith("bert."):
-      k = k[len("bert."):]
+    for prefix in prefixes:
+      if k.startswith(prefix):
+        k = k[len(prefix):]
+        break
     out[k] = v
   return out
 
 
 def detect_architecture(sd: dict) -> tuple[str, int | None]:
-  """``(architecture, num_labels)`` from the keys of a (normalised) state dict."""
-  if "classifier.weight" in sd:
-    return "BertForSequenceClassification", int(sd["classifier.weight"].shape[0])
+  """``(architecture, num_labels)`` from the keys of a (normalised) state dict. Heads other than
+  a sequence classifier and BERT's pre-training heads (e.g. RoBERTa's ``lm_head``) are ignored:
+  such a checkpoint loads as its encoder."""
+  for key in ("classifier.out_proj.weight", "classifier.weight"):
+    if key in sd:
+      return "BertForSequenceClassification", int(sd[key].shape[0])
   if "cls.predictions.bias" in sd or "cls.predictions.transform.dense.weight" in sd:
     return "BertForPreTraining", None
   return "BertModel", None
 
 
 def load_hf_params(model: nnx.Module, directory, *, strict_heads: bool = False) -> list[str]:
-  """Copies a Hugging Face checkpoint's weights into ``model`` (any of ``ARCHITECTURES``).
+  """Copies a Hugging Face checkpoint's weights into ``model`` (any of ``ARCHITECTURES``, of the
+  family its config names).
 
   The encoder must be complete (a missing pooler is allowed: it stays freshly initialised, with
   a warning). Heads the checkpoint lacks stay freshly initialised (e.g. a classifier on a
   pre-trained encoder) unless ``strict_heads``. Returns the paths left at their initial value.
   """
-  sd = normalise_hf_keys(read_hf_state_dict(directory))
+  cfg: BertConfig = model.config
+  sd = normalise_hf_keys(read_hf_state_dict(directory), cfg)
   values, missing = {}, []
   for path in flat_params(model):
-    key, transpose = hf_key(path)
-    key = key[len("bert."):] if key.startswith("bert.") else key
+    key, transpose = _unprefixed(hf_key(path, cfg), cfg)
     if key not in sd:
       missing.append(path)
       continue
@@ -184,7 +238,8 @@ def load_hf_params(model: nnx.Module, directory, *, strict_heads: bool = False) 
   encoder_missing = [p for p in missing if not _is_head(p) and "pooler" not in p]
   if encoder_missing:
     raise ValueError(f"{directory}: the checkpoint lacks encoder parameters, e.g. "
-                     f"{hf_key(encoder_missing[0])[0]} (for {encoder_missing[0]}); is it a BERT model?")
+                     f"{hf_key(encoder_missing[0], cfg)[0]} (for {encoder_missing[0]}); is it a "
+                     f"{cfg.family} model?")
   if missing:
     if strict_heads:
       raise ValueError(f"{directory}: the checkpoint lacks {missing}")
@@ -193,8 +248,14 @@ def load_hf_params(model: nnx.Module, directory, *, strict_heads: bool = False) 
   return missing
 
 
+def _unprefixed(key_transpose, cfg: BertConfig):
+  key, transpose = key_transpose
+  prefix = cfg.info.hf_prefix + "."
+  return (key[len(prefix):] if key.startswith(prefix) else key), transpose
+
+
 def _is_head(path: str) -> bool:
-  return path.split("/")[0] in ("mlm", "nsp", "classifier")
+  return path.split("/")[0] in ("mlm", "nsp", "classifier", "pre_classifier")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,14 +266,21 @@ def architecture_of(model: nnx.Module) -> str:
   for name, cls in ARCHITECTURES.items():
     if type(model) is cls:
       return name
-  raise TypeError(f"not a heads_jax BERT model: {type(model).__name__}")
+  raise TypeError(f"not a heads_jax model: {type(model).__name__}")
+
+
+def hf_architecture(architecture: str, cfg: BertConfig) -> str:
+  """The transformers class of a heads_jax architecture in ``cfg``'s family
+  (``BertForSequenceClassification`` -> ``RobertaForSequenceClassification``, ...)."""
+  return cfg.info.hf_class + architecture[len("Bert"):]
 
 
 def hf_state_dict(model: nnx.Module) -> dict[str, np.ndarray]:
   """The model's parameters under Hugging Face names (PyTorch layouts), float32."""
+  cfg: BertConfig = model.config
   sd = {}
   for path, v in flat_params(model).items():
-    key, transpose = hf_key(path)
+    key, transpose = hf_key(path, cfg)
     v = np.asarray(v, np.float32)
     sd[key] = np.ascontiguousarray(v.T if transpose else v)
   if "cls.predictions.bias" in sd:
@@ -221,13 +289,14 @@ def hf_state_dict(model: nnx.Module) -> dict[str, np.ndarray]:
 
 
 def export_hf(model: nnx.Module, tokenizer, out_dir, *, id2label: dict | None = None) -> Path:
-  """Writes ``config.json`` + ``model.safetensors`` (+ tokenizer files) to ``out_dir``."""
+  """Writes ``config.json`` + ``model.safetensors`` (+ tokenizer files) to ``out_dir``: a
+  directory that the family's transformers class (``hf_architecture``) loads."""
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   arch = architecture_of(model)
   cfg: BertConfig = model.config
   hf = cfg.to_hf_dict()
-  hf["architectures"] = [arch]
+  hf["architectures"] = [hf_architecture(arch, cfg)]
   if arch == "BertForSequenceClassification":
     n = model.num_labels
     id2label = id2label or {i: f"LABEL_{i}" for i in range(n)}

@@ -1,12 +1,22 @@
-"""Task heads on the BERT encoder: MLM + NSP for pre-training, a pooled classifier for GLUE.
+"""Task heads on the encoder: MLM + NSP for pre-training (BERT), a sequence classifier (every
+family) for GLUE.
 
 Shape legend: b batch, q positions, p masked positions, d hidden, v vocabulary, c classes.
-Each model keeps the encoder as ``.bert`` and forwards every encoder keyword
+Each model keeps the encoder as ``.bert`` (whatever the family) and forwards every encoder keyword
 (``head_gate``, ``gate_mode``, ``return_attentions``, ...) to it.
+
+The classifier follows the family (``Family.classifier``), as transformers does:
+
+* ``"pooler"`` (BERT, ALBERT): dropout on the pooled ``[CLS]`` vector, then ``classifier``;
+* ``"tanh"`` (RoBERTa, XLM-RoBERTa) and ``"gelu"`` (ELECTRA): dropout, ``pre_classifier`` on the
+  first position, the activation, dropout, ``classifier`` (HF ``classifier.dense`` /
+  ``classifier.out_proj``);
+* ``"relu"`` (DistilBERT): ``pre_classifier`` on the first position, ReLU, dropout, ``classifier``.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -36,6 +46,9 @@ class BertForPreTraining(nnx.Module):
   """BERT with the masked-language-model and next-sentence-prediction heads."""
 
   def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
+    if cfg.family != "bert":
+      raise ValueError(f"pre-training heads (MLM + NSP) exist for the bert family only, not "
+                       f"{cfg.family!r}; load the encoder or a classifier instead")
     self.config = cfg
     self.bert = BertModel(cfg, rngs=rngs)
     self.mlm = MLMHead(cfg, rngs=rngs)
@@ -56,13 +69,21 @@ class BertForPreTraining(nnx.Module):
 
 
 class BertForSequenceClassification(nnx.Module):
-  """BERT with dropout + a linear classifier on the pooled ``[CLS]`` vector."""
+  """The encoder with the family's sequence classifier (module docstring)."""
 
   def __init__(self, cfg: BertConfig, num_labels: int = 2, *, rngs: nnx.Rngs):
     self.config = cfg
     self.num_labels = num_labels
-    self.bert = BertModel(cfg, rngs=rngs)
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
+    self.style = cfg.info.classifier
+    if self.style == "pooler" and not cfg.pooler:
+      raise ValueError(f"the {cfg.family} classifier reads the pooled [CLS] vector; the config has "
+                       "no pooler")
+    # A classifier with its own dense layer does not use (nor have, as in transformers) a pooler.
+    self.bert = BertModel(cfg if self.style == "pooler" else cfg.replace(pooler=False), rngs=rngs)
+    rate = cfg.hidden_dropout if cfg.classifier_dropout is None else cfg.classifier_dropout
+    self.dropout = nnx.Dropout(rate, rngs=rngs)
+    self.pre_classifier = (None if self.style == "pooler"
+                           else dense(cfg, cfg.hidden_size, cfg.hidden_size, rngs))
     self.classifier = dense(cfg, cfg.hidden_size, num_labels, rngs)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,
@@ -70,6 +91,15 @@ class BertForSequenceClassification(nnx.Module):
     """Adds ``logits`` float32 ``[b, c]`` to the encoder outputs."""
     out = self.bert(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
                     **encoder_kw)
-    pooled = self.dropout(out["pooled"], deterministic=deterministic)
-    out["logits"] = self.classifier(pooled).astype(jnp.float32)
+    drop = lambda x: self.dropout(x, deterministic=deterministic)  # noqa: E731
+    if self.style == "pooler":
+      x = drop(out["pooled"])
+    else:
+      x = out["last_hidden_state"][:, 0]
+      if self.style != "relu":
+        x = drop(x)
+      x = self.pre_classifier(x)
+      x = {"tanh": jnp.tanh, "relu": jax.nn.relu}.get(self.style, lambda y: activation("gelu", y))(x)
+      x = drop(x)
+    out["logits"] = self.classifier(x).astype(jnp.float32)
     return out

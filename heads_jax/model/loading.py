@@ -1,9 +1,12 @@
-"""``load_model``: a model and its tokenizer from a Hugging Face or heads_jax directory."""
+"""``load_model``: a model and its tokenizer from a Hugging Face directory (any family of
+``heads_jax.model.config.FAMILIES``), a hub id in the local Hugging Face cache, or a heads_jax
+directory."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from heads_jax import hub
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.model.checkpoint import build_model, is_heads_jax_dir, load_model_dir, read_manifest, save_model
 from heads_jax.model.config import BertConfig
@@ -18,8 +21,11 @@ def load_model(path, *, head: str | None = None, num_labels: int | None = None,
   """Loads ``(model, tokenizer)``.
 
   Args:
-    path: a Hugging Face BERT directory (``config.json`` + ``model.safetensors`` or
-      ``pytorch_model.bin``) or a heads_jax model directory (``heads_jax.json``).
+    path: a Hugging Face directory of BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA or ALBERT
+      (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, tokenizer files), a
+      hub id such as ``roberta-base`` (``heads_jax.hub``: the local Hugging Face cache, which
+      honours ``HF_HOME`` and ``HF_HUB_OFFLINE``), or a heads_jax model directory
+      (``heads_jax.json``). An existing local path always wins over a hub id.
     head: ``None``/``"encoder"`` gives the ``BertModel`` encoder (what the analysis needs);
       ``"pretraining"``, ``"classification"`` (with ``num_labels``) or ``"auto"`` (whatever the
       checkpoint holds) give a model with heads; heads absent from the checkpoint are freshly
@@ -28,12 +34,11 @@ def load_model(path, *, head: str | None = None, num_labels: int | None = None,
 
   Returns:
     ``(model, tokenizer)``; ``model(input_ids, attention_mask=..., token_type_ids=...,
-    return_attentions=True)["attentions"]`` is float32 ``[b, l, h, q, k]``; the tokenizer is a
-    ``transformers.BertTokenizerFast`` (``None`` if ``with_tokenizer=False``).
+    return_attentions=True)["attentions"]`` is float32 ``[b, l, h, q, k]``; the tokenizer is the
+    directory's fast tokenizer (``heads_jax.data.tokenizer``; ``None`` if
+    ``with_tokenizer=False``).
   """
-  p = Path(path)
-  if not p.exists():
-    raise FileNotFoundError(f"model path {p} does not exist")
+  p = hub.model_path(path)
   if not p.is_dir():
     raise ValueError(f"model path {p} is a file; pass the directory that holds config.json "
                      f"(Hugging Face) or heads_jax.json (heads_jax)")
@@ -50,12 +55,12 @@ def load_model(path, *, head: str | None = None, num_labels: int | None = None,
       cfg = cfg.replace(dtype=dtype)
     labels = num_labels
     if arch == "auto":
-      arch, labels = detect_architecture(normalise_hf_keys(read_hf_state_dict(p)))
+      arch, labels = detect_architecture(normalise_hf_keys(read_hf_state_dict(p), cfg))
       labels = num_labels or labels
     model = build_model(arch or "BertModel", cfg, labels)
     load_hf_params(model, p)
   else:
-    raise FileNotFoundError(f"{p} holds neither config.json (Hugging Face BERT) nor heads_jax.json "
+    raise FileNotFoundError(f"{p} holds neither config.json (Hugging Face model) nor heads_jax.json "
                             f"(heads_jax model directory)")
   tokenizer = load_tokenizer(p) if with_tokenizer else None
   return model, tokenizer
@@ -66,7 +71,7 @@ def convert_dir(src, dst, *, overwrite: bool = False):
   ``heads_jax.json``) is exported to Hugging Face format, a Hugging Face directory imported into
   heads_jax format, heads included. Returns ``(kind written, model)``. Refuses a non-empty
   ``dst`` unless ``overwrite``."""
-  src, dst = Path(src), Path(dst)
+  src, dst = hub.model_path(src), Path(dst)
   if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not overwrite:
     raise FileExistsError(f"{dst} is not empty; choose a new directory or pass --overwrite")
   model, tokenizer = load_model(src, head="auto")

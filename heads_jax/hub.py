@@ -1,0 +1,120 @@
+"""Hugging Face hub ids (``roberta-base``, ``google/electra-small-discriminator``) as model and
+tokenizer sources, through huggingface_hub's local cache.
+
+``resolve(name)`` returns the snapshot directory of ``name`` in the hub cache
+(``<cache>/models--org--name/snapshots/<commit>/``, the commit that ``refs/<revision>`` names),
+which then loads like any local Hugging Face directory. The cache is
+``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else huggingface_hub's default (``~/.cache/huggingface/hub``),
+read when ``resolve`` is called. With ``HF_HUB_OFFLINE=1`` only the cache is consulted and a
+missing id is a one-line ``UserError`` saying how to fetch it; otherwise a missing model is
+downloaded into the cache (weights as safetensors, or ``pytorch_model.bin`` where the repository
+has no safetensors; config and tokenizer files; nothing else).
+
+Local paths always win: ``load_model`` and ``load_tokenizer`` ask the hub only for a name that is
+not an existing path and looks like a repository id (``looks_like_repo_id``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import huggingface_hub
+from huggingface_hub import constants
+from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
+                                    LocalEntryNotFoundError, RepositoryNotFoundError,
+                                    RevisionNotFoundError)
+
+from heads_jax.errors import UserError
+
+# What a model directory needs: config, weights, tokenizer files.
+CONFIG_PATTERNS = ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model",
+                   "sentencepiece.bpe.model"]
+SAFETENSORS_PATTERNS = ["model.safetensors", "model-*.safetensors", "model.safetensors.index.json"]
+BIN_PATTERNS = ["pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json"]
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def looks_like_repo_id(name: str) -> bool:
+  """``name`` or ``org/name`` of letters, digits, ``_.-`` (no ``..``, no path of more parts)."""
+  return bool(_REPO_ID.fullmatch(name)) and ".." not in name and not name.endswith((".json", ".txt"))
+
+
+def offline() -> bool:
+  """``HF_HUB_OFFLINE`` as set now (huggingface_hub reads it once, at import)."""
+  return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in _TRUE
+
+
+def cache_dir() -> Path:
+  """The hub cache now: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else the default."""
+  if os.environ.get("HF_HUB_CACHE"):
+    return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+  if os.environ.get("HF_HOME"):
+    return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+  return Path(constants.HF_HUB_CACHE)
+
+
+def fetch_hint(repo_id: str) -> str:
+  return (f"fetch it on a machine with network access with `hf download {repo_id}` (same "
+          f"HF_HOME), or pass a local model directory")
+
+
+def _snapshot(repo_id: str, revision: str | None, cache: Path, local_only: bool,
+              patterns: list[str]) -> Path:
+  return Path(huggingface_hub.snapshot_download(repo_id, revision=revision, cache_dir=cache,
+                                                local_files_only=local_only,
+                                                allow_patterns=patterns))
+
+
+def _has_weights(d: Path) -> bool:
+  return any(d.glob("model*.safetensors")) or any(d.glob("pytorch_model*.bin"))
+
+
+def resolve(repo_id: str, revision: str | None = None) -> Path:
+  """The local snapshot directory of hub model ``repo_id`` (module docstring); UserError if
+  it is not cached and cannot be fetched."""
+  if not looks_like_repo_id(repo_id):
+    raise UserError(f"{repo_id!r} is neither an existing path nor a Hugging Face hub id")
+  cache = cache_dir()
+  where = f"{repo_id}{'@' + revision if revision else ''}"
+  try:
+    snap = _snapshot(repo_id, revision, cache, True, CONFIG_PATTERNS + SAFETENSORS_PATTERNS + BIN_PATTERNS)
+    if (snap / "config.json").is_file() and _has_weights(snap):
+      return snap
+    missing = "config.json" if not (snap / "config.json").is_file() else "weights"
+  except LocalEntryNotFoundError:
+    missing = None
+  if offline():
+    what = f"holds it without its {missing}" if missing else "does not hold it"
+    raise UserError(f"model {where}: no local directory of that name, and the Hugging Face cache "
+                    f"{cache} {what} (HF_HUB_OFFLINE is set): {fetch_hint(repo_id)}")
+  try:
+    snap = _snapshot(repo_id, revision, cache, False, CONFIG_PATTERNS + SAFETENSORS_PATTERNS)
+    if not _has_weights(snap):
+      snap = _snapshot(repo_id, revision, cache, False, CONFIG_PATTERNS + BIN_PATTERNS)
+  except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError, EntryNotFoundError) as e:
+    raise UserError(f"model {where}: no local directory of that name, and {type(e).__name__} on "
+                    f"the Hugging Face hub (a typo, a private or gated model?)") from None
+  except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as e:
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise UserError(f"model {where}: no local directory of that name, not in the Hugging Face "
+                    f"cache {cache}, and the download failed ({first}): {fetch_hint(repo_id)}") from None
+  if not (snap / "config.json").is_file() or not _has_weights(snap):
+    raise UserError(f"model {where} on the Hugging Face hub has no config.json with "
+                    "safetensors or pytorch_model.bin weights; it is not a model heads_jax loads")
+  return snap
+
+
+def model_path(name) -> Path:
+  """``name`` as a local path when it exists, else its hub snapshot (``resolve``); a name that
+  is neither is a FileNotFoundError."""
+  p = Path(name).expanduser()
+  if p.exists():
+    return p
+  if looks_like_repo_id(str(name)):
+    return resolve(str(name))
+  raise FileNotFoundError(f"model path {p} does not exist")
