@@ -102,11 +102,11 @@ def test_ablate_cli_errors(tiny_dir, tmp_path):
   with pytest.raises(UserError, match="needs --analysis"):
     run_ablation(_args(model=tiny_dir, data="mrpc", out=tmp_path / "o", by="cluster",
                            max_examples=4, max_length=64))
-  with pytest.raises(UserError, match="exceed the model's 64"):
+  with pytest.raises(UserError, match="--max-length 128 exceeds the model's 64 positions"):
     run_ablation(_args(model=tiny_dir, data="mrpc", out=tmp_path / "o", by="layer",
                            max_examples=4))
   with pytest.raises(UserError, match="not GLUE data"):
-    run_ablation(_args(model=tiny_dir, data="ud-ewt", out=tmp_path / "o", by="layer"))
+    run_ablation(_args(model=tiny_dir, data="ud-ewt", out=tmp_path / "o", by="layer", max_length=64))
 
 
 def test_eval_rows_from_finetune_data_json(tmp_path):

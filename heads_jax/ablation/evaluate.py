@@ -148,9 +148,10 @@ def batch_sums(logits, labels, weights):
 
 def metrics_from_sums(sums) -> dict:
   """Accuracy, F1 (positive class 1), precision, recall, mean loss and n from ``batch_sums``."""
-  correct, tp, fp, fn, loss, n = (float(x) for x in np.asarray(sums))
-  return dict(glue_batches.metrics_from_counts(correct, tp, fp, fn, n),
-              loss=loss / n if n else float("nan"), n=int(round(n)))
+  s = dict(zip(SUM_NAMES, (float(x) for x in np.asarray(sums))))
+  n = s["n"]
+  return dict(glue_batches.metrics_from_counts(s["correct"], s["tp"], s["fp"], s["fn"], n),
+              loss=s["loss"] / n if n else float("nan"), n=int(round(n)))
 
 
 def check_classifier(model):

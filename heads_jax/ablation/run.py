@@ -16,7 +16,14 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
+from heads_jax.ablation import ablate, evaluate, groups as groups_lib, importance as imp_lib, pruning
 from heads_jax.errors import UserError
+from heads_jax.report import ablation as rep
+from heads_jax.report.figures import guan, michel
+from heads_jax.report.page import table_html, write_page
 
 
 @dataclasses.dataclass
@@ -59,13 +66,6 @@ def _print_table(df, columns, log):
 
 def run_ablation(config: AblationConfig, log=print) -> dict:
   """Runs what ``config`` asks for; writes into ``config.out``; returns the paths and results."""
-  import numpy as np
-  import pandas as pd
-  from heads_jax.ablation import ablate, evaluate, groups as groups_lib, importance as imp_lib, pruning
-  from heads_jax.report import ablation as rep
-  from heads_jax.report.figures import guan, michel
-  from heads_jax.report.page import table_html, write_page
-
   if not (config.by or config.cross or config.importance or config.prune):
     raise UserError("nothing to do: ask for --by cluster|role|layer|heads, --cross intra|inter|both, "
                     "--importance and/or --prune")
@@ -76,6 +76,7 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
   fig_dir = out / "figures"
   t0 = time.time()
   model, tokenizer = evaluate.load_classifier(config.model, dtype=config.dtype)
+  model.config.check_max_length(config.max_length)
   rows = evaluate.eval_rows_from_finetune(config.finetune_data) if config.finetune_data else None
   data = evaluate.load_eval_data(config.data, tokenizer, task=config.task, max_length=config.max_length,
                                  max_examples=config.max_examples, rows=rows)

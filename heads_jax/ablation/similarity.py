@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from flax import nnx
 
+from heads_jax.data.specs import encode_spec
 from heads_jax.errors import UserError
 from heads_jax.parallel import data_mesh, pad_to_multiple, replicate, shard_batch
 from heads_jax.stats.measures import attention_cosine
@@ -94,7 +95,8 @@ def attention_similarity(model_a, model_b, batches, *, mesh=None) -> tuple[np.nd
 def similarity_on_spec(model_a, model_b, tokenizer, spec: str, *, max_examples: int | None = 500,
                        max_length: int = 128, batch_size: int = 32, mesh=None):
   """``attention_similarity`` on a data spec (``heads_jax.data.specs``), without parsing."""
-  from heads_jax.data.specs import encode_spec
+  for model in (model_a, model_b):
+    model.config.check_max_length(max_length)
   _, batches, n = encode_spec(spec, tokenizer, max_length=max_length, batch_size=batch_size,
                               max_examples=max_examples, syntax=False)
   if n == 0:

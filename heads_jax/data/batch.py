@@ -46,7 +46,6 @@ REL_NSUBJ = 1
 REL_OBJ = 2
 REL_AMOD = 3
 REL_ADVMOD = 4
-RELATIONS = ("nsubj", "obj", "amod", "advmod")  # REL_* = 1 + index here
 
 # Relation labels as parsers spell them -> REL_*. UD `obj` and ClearNLP/spaCy `dobj` are the
 # same role; subtyped labels (`nsubj:pass`) and spaCy's `nsubjpass` deliberately do not match.

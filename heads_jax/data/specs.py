@@ -25,7 +25,6 @@ from heads_jax.data.encoding import (DEFAULT_BUCKET_STEP, DEFAULT_MAX_LENGTH, An
 
 SPEC_FORMS = ("conllu:FILE", "glue:TASK[:SPLIT]", "glue-tsv:DIR/TASK[:SPLIT]", "tsv:FILE[:header]",
               "text:FILE", "ud-ewt", "sst2", "mrpc")
-BUILTIN = ("ud-ewt", "sst2", "mrpc")
 
 
 def _bad(spec: str, why: str) -> ValueError:
