@@ -3,10 +3,11 @@
 Modules:
 
 * ``groups``: groups of heads (cluster types, roles, layers, lists) and their gates (host only);
-* ``evaluate``: jitted, data-parallel evaluation of a GLUE classifier under a head gate;
+* ``evaluate``: jitted, data-parallel evaluation of a GLUE classifier under a head gate (its
+  batching and metrics: ``heads_jax.data.glue_batches``, as fine-tuning);
 * ``ablate``: ablation tables by group and intra/inter-sentence attention removal (Guan et al. 2020);
 * ``importance``: head importance, the expected absolute gate gradient (Michel et al. 2019);
 * ``pruning``: iterative pruning curve by importance against random pruning;
 * ``similarity``: per-head attention cosine similarity of two models (Kovaleva et al. 2019);
-* ``cli``: the ``heads-jax ablate`` subcommand.
+* ``run``: the ablate job, ``run_ablation(AblationConfig)`` (entry point: ``analyze/ablate.py``).
 """
