@@ -279,3 +279,34 @@ def test_configs_and_overrides():
   args = parser.parse_args(["--workdir", "w", "--set", "batch_size=8", "--set", "log_every=3"])
   cfg = configlib.load_config(args.config, args.overrides)
   assert cfg.batch_size == 8 and cfg.log_every == 3 and cfg.model.size == "tiny"
+
+
+@pytest.mark.parametrize("bad_step, key, last_good, deleted", [
+    (5, "loss", 2, (4,)),       # the loss of step 5 comes from the state saved at step 4
+    (4, "grad_norm", 2, ()),    # the update of step 4 is bad: step 4 is never saved
+    (2, "loss", None, ()),      # the state of step 1 was never saved; nothing good is left
+])
+def test_non_finite_loss_keeps_only_good_checkpoints(tmp_path, bad_step, key, last_good, deleted):
+  # A fake step (no model): the state counts steps, the metrics are given per step. Logging every
+  # 10 steps, so the check before each save (every 2 steps) is what stops the run.
+  def train_step(state, batch):
+    k = int(state["step"]) + 1
+    m = {"loss": 1.0, "grad_norm": 1.0}
+    if k == bad_step:
+      m[key] = float("nan")
+    return {"step": np.int32(k), "w": state["w"] + 1}, m
+
+  ckpts = checkpointing.Checkpoints(tmp_path / "ck", save_interval_steps=2, max_to_keep=3,
+                                    async_save=False)
+  batches = iter(lambda: {"x": np.zeros(8, np.float32)}, None)
+  with pytest.raises(loop.NonFiniteLoss) as e:
+    loop.train_loop(state={"step": np.int32(0), "w": np.zeros(3, np.float32)},
+                    train_step=train_step, batches=batches, mesh=data_mesh(), start_step=0,
+                    total_steps=10, ckpts=ckpts, writer=None, throughput=None, log_every=10,
+                    print_fn=None)
+  assert e.value.step == bad_step and e.value.last_good == last_good
+  kept = [last_good] if last_good is not None else []
+  assert ckpts.all_steps() == kept
+  assert ("deleted the checkpoint(s) of step 4" in str(e.value)) == bool(deleted)
+  assert isinstance(e.value, UserError)
+  ckpts.close()
