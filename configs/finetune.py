@@ -14,9 +14,11 @@ weight decay 0.01, dropout 0.1, bfloat16 compute.
 Data: ``data.source = "tsv"`` reads GLUE TSV folders under ``data.glue_dir`` (default
 ``$HEADS_JAX_GLUE_DIR`` or ``/work/shared/data/glue``); ``"tfds"`` reads prepared TFDS
 ``glue/<task>``. A task without a train split there (QNLI here: dev and test only; QQP: only
-``train_subset``) trains on 90% of the available labelled split and evaluates on the other 10%
-(``data.holdout_fraction``, ``data.holdout_seed``); the run writes which rows to
-``workdir/data.json``.
+``train_subset``) is an error unless ``data.fallback_train_split`` names the split to train on
+instead: then the run trains on 90% of it and evaluates on the other 10%
+(``data.holdout_fraction``, ``data.holdout_seed``) and writes which rows to
+``workdir/data.json``. The ``cpu_qnli`` and ``cpu_qqp`` presets set it (``dev``,
+``train_subset``); the paper's presets do not (use TFDS there).
 
 ``init_checkpoint``: a Hugging Face BERT folder (e.g. ``bert-base-uncased``), a heads_jax model
 folder (e.g. a pre-training run's ``workdir/model``) or a pre-training run's ``checkpoints``
@@ -64,6 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_split = "dev"
   c.data.holdout_fraction = 0.0  # > 0: evaluate on a seeded holdout of the train split
   c.data.holdout_seed = 0
+  c.data.fallback_train_split = ""  # a split to cut train + eval from when train_split is missing
   c.data.max_examples = 0  # > 0: read at most this many rows per split
   c.data.max_seq_length = 128
 
@@ -114,8 +117,6 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
   c.preset = arg
   if name in TASKS:
     c.task = name
-    if name == "qqp":
-      c.data.train_split = "train"  # falls back to train_subset + holdout where only that exists
   elif name == "tiny" or name.startswith("tiny_"):
     task = name[len("tiny_"):] if name.startswith("tiny_") else "sst2"
     if task not in TASKS:
@@ -151,6 +152,8 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     c.optimizer.learning_rate = lr
     c.optimizer.warmup_steps = steps // 10
     c.data.max_seq_length = seq
+    # The shared GLUE copy has no QNLI train and only a QQP train subset: say which split to cut.
+    c.data.fallback_train_split = {"qnli": "dev", "qqp": "train_subset"}.get(task, "")
     c.eval_every = 100 if steps < 1000 else 250
     c.checkpoint.every_steps = c.eval_every
     c.log_every = 25

@@ -9,6 +9,7 @@ import pytest
 from heads_jax.data.glue import GlueExample
 from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, encode_examples,
                                          eval_batches)
+from heads_jax.errors import UserError
 from heads_jax.training import configlib, finetune
 
 
@@ -61,9 +62,12 @@ def _qnli_dir(tmp_path, n=50):
   return tmp_path / "glue"
 
 
-def test_missing_train_split_uses_a_seeded_holdout(tmp_path):
+def test_missing_train_split_is_an_error_unless_a_fallback_is_named(tmp_path):
   root = _qnli_dir(tmp_path)
   c = configlib.load_config("configs/finetune.py:qnli", [f"data.glue_dir={root}"])
+  with pytest.raises(UserError, match="no train split.*fallback_train_split=dev"):
+    finetune.task_splits(c)
+  c.data.fallback_train_split = "dev"
   train, ev, note = finetune.task_splits(c)
   assert (len(train), len(ev)) == (45, 5)
   assert note["train_split"] == "dev" and note["holdout_fraction"] == 0.1

@@ -3,11 +3,13 @@
 Shared by fine-tuning (``heads_jax.training.finetune``) and the ablation's evaluation
 (``heads_jax.ablation.evaluate``).
 
-* ``load_task_splits``: the labelled train and eval examples of a task. Where a task has no
-  train split (the shared copy of QNLI has only dev and test; QQP only a 23K-row
-  ``train_subset``), or ``holdout_fraction > 0``, the available labelled split is shuffled with
-  ``holdout_seed`` and cut: the first ``round(holdout_fraction * n)`` rows (default 10%) become
-  the eval set, the rest the train set; the returned note says which rows were used.
+* ``load_task_splits``: the labelled train and eval examples of a task. With
+  ``holdout_fraction > 0`` the train split is shuffled with ``holdout_seed`` and cut: the first
+  ``round(holdout_fraction * n)`` rows become the eval set, the rest the train set. A task
+  without its train split (the shared copy of QNLI has only dev and test; QQP only a 23K-row
+  ``train_subset``) is an error unless ``fallback_split`` names the split to cut instead (a
+  holdout of it, 10% unless ``holdout_fraction`` says otherwise): training on a part of a split
+  that is otherwise evaluated is never silent. The returned note says which rows were used.
 * ``encode_examples``: ``[CLS] A [SEP] B [SEP]`` with longest-first truncation to
   ``max_length``, padded to ``max_length`` (training: one shape) or to the longest example.
 * ``EpochBatches``: training batch ``N`` holds the examples at positions ``N * B .. N * B + B - 1``
@@ -29,17 +31,17 @@ import logging
 import numpy as np
 
 from heads_jax.data import glue
+from heads_jax.errors import UserError
 
 log = logging.getLogger(__name__)
 
-FALLBACK_TRAIN_SPLITS = ("train", "train_subset", "dev")
 TEXT_ARRAYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def load_task_splits(task: str, *, source: str = "tsv", glue_dir=None, tfds_data_dir=None,
                      train_split: str = "train", eval_split: str = "dev",
                      holdout_fraction: float = 0.0, holdout_seed: int = 0,
-                     max_examples: int | None = None):
+                     max_examples: int | None = None, fallback_split: str = ""):
   """``(train, eval, note)``: lists of ``GlueExample`` and a dict saying where they came from
   (``task``, ``source``, ``train_split``, ``eval_split``, ``num_train``, ``num_eval``, and for a
   holdout ``holdout_fraction``, ``holdout_seed``, ``eval_idx``). ``source``: ``"tsv"`` (GLUE
@@ -58,23 +60,17 @@ def load_task_splits(task: str, *, source: str = "tsv", glue_dir=None, tfds_data
   used_split = train_split
   try:
     train = load(train_split)
-  except (FileNotFoundError, ValueError) as e:
-    if source != "tsv":
-      raise
-    train = None
-    for alt in FALLBACK_TRAIN_SPLITS:
-      if alt == train_split:
-        continue
-      try:
-        train = load(alt)
-      except FileNotFoundError:
-        continue
-      log.warning("GLUE %s has no %s split in %s (%s); training on a split of %s", info.name,
-                  train_split, glue_dir, e, alt)
-      used_split = alt
-      break
-    if train is None:
-      raise
+  except FileNotFoundError as e:
+    if source != "tsv" or not fallback_split or fallback_split == train_split:
+      raise UserError(
+          f"GLUE {info.name} has no {train_split} split under {glue_dir} "
+          f"({str(e).split(';')[0]}); use TFDS (data.source=tfds), or name the split to cut a "
+          f"training set from explicitly: data.fallback_train_split=dev trains on a seeded 90% of "
+          f"dev and evaluates on the other 10%") from None
+    train = load(fallback_split)
+    log.warning("GLUE %s has no %s split in %s; training on a holdout of %s "
+                "(data.fallback_train_split)", info.name, train_split, glue_dir, fallback_split)
+    used_split = fallback_split
   holdout = holdout_fraction
   if used_split != train_split and holdout <= 0:
     holdout = 0.1

@@ -44,7 +44,8 @@ def task_splits(config):
   return load_task_splits(config.task, source=d.source, glue_dir=d.glue_dir,
                           tfds_data_dir=d.tfds_data_dir, train_split=d.train_split,
                           eval_split=d.eval_split, holdout_fraction=d.holdout_fraction,
-                          holdout_seed=d.holdout_seed, max_examples=d.max_examples)
+                          holdout_seed=d.holdout_seed, max_examples=d.max_examples,
+                          fallback_split=d.fallback_train_split)
 
 
 def _tokenizer_for(config):
