@@ -695,6 +695,8 @@ def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dic
   if config.stop_after and config.stop_after not in STAGES:
     raise UserError(f"config.stop_after={config.stop_after!r}: one of {', '.join(STAGES)} (or empty)")
   tasks = task_list(config)
+  if config.pretrained.kind == "init":
+    resolve_model_path(config.pretrained.path)  # a missing model fails now, not after stage 1
   workdir.mkdir(parents=True, exist_ok=True)
   markers = Markers(workdir)
   if redo:

@@ -40,6 +40,10 @@ from heads_jax.report.figures import guan as guan_figures
 from heads_jax.report.figures import pande as pande_figures
 
 PAIR_TASKS = ("mrpc", "qqp", "qnli")
+# The papers' numbers are compared under the paper's role rule (a role when the mean sieve bias
+# exceeds tau = 3 significantly); runs that also record the calibrated rule
+# (`heads_jax.hoststats.calibration`) show its shares beside them.
+RULE = "paper"
 CLUSTER_NAMES = ("dense", "diagonal", "dense+vertical", "vertical")
 
 
@@ -54,6 +58,24 @@ def _read_json(path: Path):
 def _mean(values) -> float | None:
   v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
   return float(np.mean(v)) if v else None
+
+
+def rule_tests(tests: pd.DataFrame, rule: str = RULE) -> pd.DataFrame:
+  """The tests table with ``assigned`` by ``rule`` (its ``assigned_<rule>`` column when the run
+  recorded several rules)."""
+  col = f"assigned_{rule}"
+  return tests.assign(assigned=tests[col]) if col in tests.columns else tests
+
+
+def rule_summary(summary: dict, rule: str = RULE) -> dict | None:
+  """``summary`` with the shares and counts of ``rule`` (``by_rule``); the summary itself when it
+  records one rule only; None when it records several but not ``rule``."""
+  by_rule = summary.get("by_rule")
+  if not by_rule:
+    return summary if rule == RULE else None
+  if rule not in by_rule:
+    return None
+  return {**summary, **by_rule[rule], "rule": rule}
 
 
 def overlap_figures(tests: pd.DataFrame) -> dict:
@@ -88,8 +110,11 @@ def analysis_figures_of(out_dir) -> dict:
   """Everything the report needs from one analysis directory."""
   out_dir = Path(out_dir)
   tests, settings = contract.read_tests(out_dir)
-  summary = contract.read_summary(out_dir)
-  result = {"out": str(out_dir), "summary": summary, "tau": settings.get("tau"),
+  tests = rule_tests(tests)
+  raw = contract.read_summary(out_dir)
+  summary = rule_summary(raw)
+  result = {"out": str(out_dir), "summary": summary, "calibrated": rule_summary(raw, "calibrated"),
+            "tau": settings.get("tau"),
             "overlaps": overlap_figures(tests), "block_by_layer": block_heads_by_layer(tests),
             "num_block_heads": (None if "block" not in set(tests["role"].astype(str)) else
                                 int(tests[(tests["role"] == "block")]["assigned"].astype(bool).sum()))}
@@ -169,11 +194,22 @@ def _syntactic(results: dict, kind: str, task: str) -> tuple[dict | None, str]:
   return fig, "task sequences"
 
 
-def claim_values(results: dict, c: paper.Claim, kind: str) -> tuple[object, str]:
+def claim_values(results: dict, c: paper.Claim, kind: str, rule: str = RULE) -> tuple[object, str]:
   """This run's value of claim ``c`` for ``kind`` (pretrained / finetuned) and what it was
-  computed over."""
+  computed over; shares of heads by role ``rule`` (None when the run did not record it)."""
   tasks = results["tasks"]
   per = results["per_task"][kind]
+  if rule != RULE:
+    if c.summary_key not in ("share_delimiter", "share_unskilled", "share_syntactic_also_local"):
+      return None, ""
+    key = "summary"
+    results = {**results, "per_task": {k: {t: {**f, key: f.get("calibrated")} for t, f in v.items()
+                                           if f.get("calibrated")}
+                                       for k, v in results["per_task"].items()},
+               "syntax_fallback": {k: {t: {**f, key: f.get("calibrated")} for t, f in v.items()
+                                       if f.get("calibrated")}
+                                   for k, v in results["syntax_fallback"].items()}}
+    per = results["per_task"][kind]
   if c.summary_key in ("mean_sieve_score", "auto_tau", "share_p_between"):
     pooled = results["pooled"][kind]
     return pooled[c.summary_key], f"pooled over {len([t for t in tasks if t in per])} task(s)"
@@ -235,6 +271,7 @@ def paper_table(results: dict) -> pd.DataFrame:
       continue
     pre, over_pre = claim_values(results, c, "pretrained")
     fin, over_fin = claim_values(results, c, "finetuned")
+    cal, _ = claim_values(results, c, c.model, rule="calibrated")
     mine = pre if c.model == "pretrained" else fin
     rows.append({
         "key": c.key, "paper": c.paper.split(" (")[0], "claim": c.text,
@@ -242,6 +279,7 @@ def paper_table(results: dict) -> pd.DataFrame:
         "this_run_pretrained": paper.format_value(c.kind, pre),
         "this_run_finetuned": paper.format_value(c.kind, fin),
         "difference": paper.format_difference(c, paper.difference(c, mine)),
+        "this_run_calibrated_rule": paper.format_value(c.kind, cal) if cal is not None else "",
         "compared_model": c.model, "computed_over": over_pre if c.model == "pretrained" else over_fin,
         "source": c.source, "note": c.note,
         "value_paper": c.value, "value_pretrained": pre, "value_finetuned": fin})
@@ -370,7 +408,7 @@ def _figures(results: dict, fig_dir: Path) -> dict:
       fig = results["per_task"][kind].get(t)
       if fig is None:
         continue
-      tests, _ = contract.read_tests(fig["out"])
+      tests = rule_tests(contract.read_tests(fig["out"])[0])
       what = "pre-trained" if kind == "pretrained" else "fine-tuned"
       figs[f"venn_{t}_{kind}"] = (pande_figures.plot_role_venn(
           tests, fig_dir / f"venn_{t}_{kind}.png", title=f"{name}, {what}: role overlap"),
@@ -441,7 +479,8 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
                     f"{(cfg.get('analysis') or {}).get('tau')}, alpha = {(cfg.get('analysis') or {}).get('alpha')}, "
                     f"correction {(cfg.get('analysis') or {}).get('correction')}")]
   paper_cols = ["paper", "claim", "paper_value", "this_run_pretrained", "this_run_finetuned",
-                "difference", "compared_model", "computed_over", "source", "note"]
+                "difference", "compared_model", "computed_over", "this_run_calibrated_rule",
+                "source", "note"]
   sections = [
       ("Setup", page.kv_table_html(setup, table_id="table-setup")
        + page.kv_table_html(list(paper.PANDE_SETUP.items()), table_id="table-paper-setup",
@@ -456,7 +495,10 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
       ("The papers' numbers beside this run",
        "<p>Every quantitative claim of Pande et al. (2021) and Guan et al. (2020) the "
        "reproduction checks. <i>difference</i> is this run minus the paper (shares in percentage "
-       "points) for the model the claim is about (<i>compared_model</i>).</p>"
+       "points) for the model the claim is about (<i>compared_model</i>). Roles are assigned by "
+       "the paper's rule (mean sieve bias significantly above tau); where the run also recorded "
+       "the rule calibrated against uniform attention, its shares are in "
+       "<i>this_run_calibrated_rule</i>.</p>"
        + page.table_html(table[paper_cols], table_id="table-paper")),
       ("Fine-tuning: best dev score per task",
        "<p>The best evaluation of each grid point is kept; the table gives the best grid point per "
