@@ -40,6 +40,13 @@ def add_args(p):
                  help="t: Student's t (default); z: the released notebooks' variant (ddof=0, t tail)")
   p.add_argument("--correction", choices=("none", "bonferroni", "holm", "bh"), default="none",
                  help="multiple-comparison correction over all tests of the run (default none, as the paper)")
+  p.add_argument("--rule", choices=("calibrated", "paper"), default="calibrated",
+                 help="role rule: 'calibrated' (default: a role also needs a score significantly above "
+                      "what uniform attention scores, and near-uniform heads get none) or 'paper' "
+                      "(mean significantly above tau only); tests.csv holds both decisions (DESIGN.md 3)")
+  p.add_argument("--near-uniform-nats", type=float, default=0.1,
+                 help="heads whose rows are on average within this KL divergence (nats) of uniform "
+                      "attention are near-uniform (default 0.1)")
   p.add_argument("--direction", choices=("dep2head", "both"), default="dep2head",
                  help="syntactic sieves: dependent -> head (default) or both directions")
   p.add_argument("--no-syntax", dest="syntax", action="store_false",
@@ -66,7 +73,8 @@ def main(args):
   cfg = AnalysisConfig(model=args.model, data=tuple(args.data), out=args.out,
                        max_examples=args.max_examples, max_length=args.max_length,
                        batch_size=args.batch_size, bucket_step=args.bucket_step, tau=args.tau, alpha=args.alpha, test=args.test,
-                       correction=args.correction, direction=args.direction, syntax=args.syntax,
+                       correction=args.correction, rule=args.rule,
+                       near_uniform_nats=args.near_uniform_nats, direction=args.direction, syntax=args.syntax,
                        parser=args.parser, roles=roles, measures=args.measures, js=args.js,
                        clusters=args.clusters,
                        cluster_method=args.cluster_method, report=args.report)

@@ -25,6 +25,8 @@ import numpy as np
 from heads_jax import contract
 from heads_jax.data.batch import ROLES, SYNTACTIC_ROLES
 from heads_jax.data.specs import encode_spec, parse_spec
+from heads_jax.errors import UserError
+from heads_jax.hoststats.calibration import DEFAULT_RULE, NEAR_UNIFORM_NATS, RULES, apply_rule
 from heads_jax.hoststats.clustering import cluster_heads
 from heads_jax.hoststats.hypothesis import hypothesis_tests
 from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, format_roles_by_layer
@@ -52,6 +54,8 @@ class AnalysisConfig:
   alpha: float = 0.05
   test: str = "t"
   correction: str = "none"
+  rule: str = DEFAULT_RULE           # "calibrated" or "paper" (hoststats.calibration, DESIGN.md 3)
+  near_uniform_nats: float = NEAR_UNIFORM_NATS
   direction: str = "dep2head"
   syntax: bool = True
   parser: str | None = None  # spaCy pipeline for text inputs (default en_core_web_sm); "none": no arcs for text
@@ -71,6 +75,18 @@ class AnalysisConfig:
     d["data"] = list(self.data)
     d["roles"] = list(self.roles)
     return {k: d[k] for k in DEVICE_KEYS}
+
+
+def check_rule_settings(cfg: AnalysisConfig) -> None:
+  """The role rule's settings (UserError): a known rule; the calibrated rule for block needs
+  block_plain (its test C); a threshold >= 0."""
+  if cfg.rule not in RULES:
+    raise UserError(f"--rule must be one of {', '.join(RULES)}; got {cfg.rule!r}")
+  if cfg.rule == "calibrated" and "block" in cfg.roles and "block_plain" not in cfg.roles:
+    raise UserError("the calibrated rule for block needs block_plain: add it to --roles, or use "
+                    "--rule paper")
+  if not cfg.near_uniform_nats >= 0:
+    raise UserError(f"--near-uniform-nats must be >= 0; got {cfg.near_uniform_nats}")
 
 
 def _check_out_dir(cfg: AnalysisConfig, overwrite: bool) -> bool:
@@ -143,8 +159,20 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
                  "syntax": cfg.syntax}
   tests, settings = hypothesis_tests(scores.sieve_bias, scores.roles, tau=cfg.tau, alpha=cfg.alpha,
                                      test=cfg.test, correction=cfg.correction, settings=passthrough)
+  if scores.lengths is None:
+    raise UserError(f"{out / contract.SCORES_FILE} holds no lengths (an old file?): re-run the "
+                    "analysis with --overwrite")
+  entropy = None
+  if (out / contract.MEASURES_FILE).is_file():  # the row entropy: near-uniform heads
+    m = contract.read_measures(out)
+    if np.array_equal(m["lengths"], scores.lengths):  # not a stale file of another run
+      entropy = m["entropy"]
+  tests, settings = apply_rule(tests, settings, scores.sieve_bias, scores.roles, scores.lengths,
+                               rule=cfg.rule, entropy=entropy,
+                               near_uniform_nats=cfg.near_uniform_nats)
   contract.write_tests(tests, settings, out)
-  summary = summary_figures(scores.sieve_bias, scores.roles, tests)
+  summary = summary_figures(scores.sieve_bias, scores.roles, tests, rule=cfg.rule,
+                            near_uniform_computed=entropy is not None)
   contract.write_summary(summary, out)
   clusters, info = cluster_heads(scores.distance, k=cfg.clusters, method=cfg.cluster_method, seed=cfg.seed)
   contract.write_clusters(clusters, info, out)
@@ -156,6 +184,7 @@ def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: 
                  progress: bool = True, log=print) -> dict:
   """Runs the whole analysis; returns the host results plus ``out`` and ``report`` paths."""
   out = Path(cfg.out)
+  check_rule_settings(cfg)
   reuse = _check_out_dir(cfg, overwrite)
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.time()
@@ -177,8 +206,11 @@ def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: 
   table = coarse_roles_by_layer(assigned, roles)
   log(f"\n{scores.num_sequences} sequences, {scores.num_layers} layers x {scores.num_heads} heads, "
       f"tau = {host['settings']['tau']:g}, alpha = {cfg.alpha:g}, test = {cfg.test}, "
-      f"correction = {cfg.correction}")
-  log("heads per role and layer:\n" + format_roles_by_layer(table))
+      f"correction = {cfg.correction}, rule = {cfg.rule}")
+  if host["settings"].get("num_near_uniform_heads"):
+    log(f"near-uniform heads (no role under the calibrated rule): "
+        f"{', '.join(host['settings']['near_uniform_heads'])}")
+  log(f"heads per role and layer ({cfg.rule} rule):\n" + format_roles_by_layer(table))
   log(headline(host["summary"]))
   report = None
   if cfg.report:
@@ -195,8 +227,13 @@ def headline(summary: dict) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"
   rho = summary.get("spearman_local_syntactic")
   mean = summary.get("mean_sieve_score")
-  return (f"delimiter heads {pct('share_delimiter')}, local {pct('share_local')}, "
-          f"syntactic {pct('share_syntactic')}, block {pct('share_block')}, no role "
+  paper = (summary.get("by_rule") or {}).get("paper")
+  block = pct('share_block')
+  if summary.get("rule") == "calibrated" and paper and paper.get("share_block") is not None:
+    block += f" (paper's rule: {100 * paper['share_block']:.1f}%)"
+  rule = f"{summary['rule']} rule: " if summary.get("rule") else ""
+  return (f"{rule}delimiter heads {pct('share_delimiter')}, local {pct('share_local')}, "
+          f"syntactic {pct('share_syntactic')}, block {block}, no role "
           f"{pct('share_unskilled')}; syntactic heads also local {pct('share_syntactic_also_local')}; "
           f"mean sieve score {'n/a' if mean is None else f'{mean:.2f}'}; Spearman(local, syntactic) "
           f"{'n/a' if rho is None else f'{rho:.2f}'}; p-values in (0.05, 0.95) "

@@ -23,7 +23,10 @@ file                   content (writer / reader)
                        ``js_sequences``, and ``data_index``. `write_measures` / `read_measures`.
 ``run.json``           ``{"device": the settings that determine scores.npz, "data_info": [...]}``
                        of the analysis job. `write_run` / `read_run`.
-``tests.csv``          one row per (layer, head, role), the columns `TEST_COLUMNS`; a plain CSV
+``tests.csv``          one row per (layer, head, role), the columns `TEST_COLUMNS`, then (an
+                       analysis run always writes them) `RULE_COLUMNS`: the calibrated rule's
+                       tests and both rules' decisions (`heads_jax.hoststats.calibration`;
+                       ``assigned`` is the decision of the run's ``rule``); a plain CSV
                        (no comment lines) readable by pandas and spreadsheets. Empty cells are
                        NaN; zero-variance statistics are written as ``inf`` / ``-inf``.
 ``settings.json``      the run's settings (tau, tau_requested, alpha, test, correction, ... ).
@@ -76,6 +79,11 @@ COMPARE_JSON = "compare.json"
 
 TEST_COLUMNS = ("layer", "head", "role", "mean", "n", "statistic", "p_value", "p_adjusted",
                 "assigned")
+# Optional columns after TEST_COLUMNS (all or none): the role rules (hoststats.calibration).
+RULE_COLUMNS = ("uniform", "mean_minus_uniform", "statistic_uniform", "p_uniform",
+                "p_block_plain", "p_calibrated", "p_calibrated_adjusted", "near_uniform",
+                "assigned_paper", "assigned_calibrated")
+RULE_BOOL_COLUMNS = ("near_uniform", "assigned_paper", "assigned_calibrated")
 CLUSTER_COLUMNS = (("layer", "head") + tuple(batch_lib.DISTANCE_FEATURES)
                    + ("cluster", "cluster_name", "tsne_x", "tsne_y"))
 # measures.npz: the per-sequence arrays, and the token_attention columns (in this order).
@@ -338,12 +346,18 @@ def _check_columns(df: pd.DataFrame, columns, what: str) -> None:
                      f"{list(df.columns)}")
 
 
+def _check_test_columns(df: pd.DataFrame, what: str) -> None:
+  """`TEST_COLUMNS`, or `TEST_COLUMNS` followed by `RULE_COLUMNS`."""
+  if tuple(df.columns) != TEST_COLUMNS:
+    _check_columns(df, TEST_COLUMNS + RULE_COLUMNS, what)
+
+
 def write_tests(df: pd.DataFrame, settings: Mapping, out_dir) -> dict[str, Path]:
   """Writes tests.csv, tests.json ({"settings", "tests"}) and settings.json into out_dir.
 
   Returns the written paths by file name.
   """
-  _check_columns(df, TEST_COLUMNS, "the tests table")
+  _check_test_columns(df, "the tests table")
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   paths = {TESTS_CSV: out_dir / TESTS_CSV}
@@ -362,8 +376,10 @@ def read_tests(out_dir) -> tuple[pd.DataFrame, dict]:
     raise FileNotFoundError(f"no {TESTS_CSV} in {out_dir}: run the hypothesis tests first "
                             f"(`analyze`, or hypothesis.hypothesis_tests + contract.write_tests)")
   df = pd.read_csv(csv, dtype={"role": str})
-  _check_columns(df, TEST_COLUMNS, str(csv))
-  df["assigned"] = df["assigned"].astype(bool)
+  _check_test_columns(df, str(csv))
+  for column in ("assigned",) + RULE_BOOL_COLUMNS:
+    if column in df.columns:
+      df[column] = df[column].astype(bool)
   if (out_dir / SETTINGS_JSON).is_file():
     settings = read_json(out_dir / SETTINGS_JSON)
   elif (out_dir / TESTS_JSON).is_file():

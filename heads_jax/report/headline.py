@@ -2,7 +2,7 @@
 
 `SUMMARY_FIELDS` lists each headline figure: its canonical key (as written by
 `heads_jax.hoststats.summary`), label, kind (share | float | corr | p), accepted aliases, the
-paper's value (BERT-base) and the reference value of DESIGN.md (MiniLM-L6 on the first 200 UD
+paper's value (BERT-base) (`paper_value`, from `heads_jax.hoststats.paper`; None where the paper gives none) and the reference value of DESIGN.md (MiniLM-L6 on the first 200 UD
 EWT test sentences). `match_summary` finds them in any summary dict (nested dicts flattened
 to ``outer.inner``); the analysis and the compare reports show them. No jax.
 """
@@ -11,7 +11,26 @@ from __future__ import annotations
 
 import re
 
+from heads_jax.hoststats import paper as paper_lib
 from heads_jax.report.page import flatten
+
+
+def paper_value(key: str) -> str | None:
+  """The paper's value of a summary figure as the report prints it (`heads_jax.hoststats.paper`):
+  one claim's value (with its range), several tasks' values as their range, or None where the
+  paper gives none."""
+  found = [c for c in paper_lib.claims(paper_lib.PANDE) if c.summary_key == key and c.value is not None]
+  if not found:
+    return None
+  if len(found) == 1:
+    c = found[0]
+    text = paper_lib.format_paper_value(c)
+    return text + (", mean over the four tasks" if c.scope in ("mean_over_tasks", "range_over_tasks") else "")
+  values = sorted(c.value for c in found)
+  kind = found[0].kind
+  return (f"{paper_lib.format_value(kind, values[0])} to {paper_lib.format_value(kind, values[-1])} "
+          f"(per task)")
+
 
 SUMMARY_FIELDS = (
     ("share_delimiter", "Heads with a delimiter role ([CLS], [SEP] or both)", "share",
@@ -66,3 +85,7 @@ def summary_value(summary: dict, key: str):
   """The value of a headline field (canonical ``key`` of ``SUMMARY_FIELDS``) or None."""
   known, _ = match_summary(summary)
   return known.get(key, (None, None))[1]
+
+# The paper's values from heads_jax.hoststats.paper (one place for the published numbers).
+SUMMARY_FIELDS = tuple((key, label, kind, aliases, paper_value(key) or paper, ref)
+                       for key, label, kind, aliases, paper, ref in SUMMARY_FIELDS)

@@ -22,6 +22,8 @@ HEADLINE_ROWS = (
     ("share_local", "heads with a local role (previous/next tokens)", "pct"),
     ("share_syntactic", "heads with a syntactic role (nsubj, obj, amod, advmod)", "pct"),
     ("share_block", "heads with the block role (own sentence of a pair)", "pct"),
+    ("by_rule.paper.share_block", "... block heads under the paper's rule (tau only)", "pct"),
+    ("share_near_uniform", "heads with near-uniform attention (no role)", "pct"),
     ("share_unskilled", "heads without any role", "pct"),
     ("share_syntactic_also_local", "syntactic heads that are also local", "pct"),
     ("spearman_local_syntactic", "Spearman rho of local vs syntactic sieve bias", "num"),
@@ -103,7 +105,10 @@ def write_index(out: Path, parts: dict) -> Path:
   sections = []
   analyses = {k: Path(v) for k, v in parts.get("analyses", {}).items()}
 
-  intro = [f"<p>{esc('Quick mode: one model analysed.' if parts.get('quick') else 'The paper’s pipeline in miniature: a BERT pre-trained on Gutenberg books, fine-tuned on SST-2, and the attention heads of both (and of a real pre-trained model) analysed with sieve bias scores and hypothesis tests (Pande et al., AAAI 2021) and distance-feature clustering (Guan et al., COLING 2020).')}</p>"]
+  default = ('Quick mode: one model analysed.' if parts.get('quick') else 'The paper’s pipeline: '
+             'models analysed with sieve bias scores and hypothesis tests (Pande et al., AAAI 2021) '
+             'and distance-feature clustering (Guan et al., COLING 2020).')
+  intro = [f"<p>{esc(parts.get('description') or default)}</p>"]
   links = [f"<li>{_link(d / 'report.html', out, f'Full analysis report: {name}')}</li>" for name, d in analyses.items()]
   if parts.get("compare"):
     links.append(f"<li>{_link(Path(parts['compare']) / 'report.html', out, 'Before vs after fine-tuning (compare report)')}</li>")
@@ -111,6 +116,7 @@ def write_index(out: Path, parts: dict) -> Path:
   if parts.get("minutes") is not None:
     intro.append(f"<p class=\"meta\">Run time: {parts['minutes']:.1f} minutes. Output folder: {esc(out.resolve())}.</p>")
   sections.append(("What was run", "".join(intro)))
+  sections.extend((title, html) for title, html in parts.get("notes") or ())  # the caller's HTML
 
   if parts.get("pretrain") or parts.get("finetune"):
     body = []
@@ -138,10 +144,16 @@ def write_index(out: Path, parts: dict) -> Path:
       row = {"figure": label}
       for name, d in analyses.items():
         s = contract.read_summary(d) if (d / contract.SUMMARY_JSON).is_file() else {}
-        row[name] = _fmt(s.get(key), kind)
+        value = s
+        for part in key.split("."):  # nested keys: by_rule.paper.share_block
+          value = value.get(part) if isinstance(value, dict) else None
+        row[name] = _fmt(value, kind)
       rows.append(row)
     note = ("<p>Shares are of all heads of a model. A role is assigned to a head when its mean sieve "
-            "bias over the sequences is significantly above tau = 3 (one-sided t-test, alpha = 0.05). "
+            "bias over the sequences is significantly above tau = 3 (one-sided t-test, alpha = 0.05) "
+            "and, under the calibrated rule (the default, named on every role figure), also "
+            "significantly above what uniform attention scores on the same sequences (1; ln n for "
+            "block); heads whose attention is near-uniform get no role (DESIGN.md section 3). "
             "Data: UD EWT test sentences (gold parses, for the syntactic roles) and MRPC sentence "
             "pairs (for the block role).</p>")
     sections.append(("Headline findings", note + table_html(pd.DataFrame(rows))))

@@ -1,9 +1,9 @@
 """Figures of Guan et al. 2020 ("How far does BERT look at"): Figs. 1-3 and the ablations of
 Table 3.
 
-* Fig. 1: `plot_cluster_tsne` (heads by t-SNE of their 21 distance features, by cluster).
-* Fig. 2: `plot_cluster_layers` (attention types per layer).
-* Fig. 3: `plot_cluster_features` (the distance features of each attention type).
+* Fig. 1: `plot_cluster_features` (box plots of the distance features of each attention type).
+* Fig. 2: `plot_cluster_tsne` (heads by t-SNE of their 21 distance features, by cluster).
+* Fig. 3: `plot_cluster_layers` (attention types per layer).
 * `plot_cluster_changes`: attention type before and after fine-tuning.
 * Table 3: `plot_group_ablation` (a head group removed) and `plot_segment_ablation`
   (intra- / inter-sentence attention removed), each against random groups of the same size.
@@ -29,17 +29,17 @@ FIGURE_TEXT = {
     "cluster_tsne": (
         "t-SNE of heads by distance features",
         "Every head placed by t-SNE of its 21 distance features, coloured by K-means cluster "
-        "(Guan et al. Fig. 1); the number at each point is its layer.",
+        "(Guan et al. Fig. 2); the number at each point is its layer.",
         "Nearby points attend similarly; t-SNE distances between far-apart groups are not "
         "meaningful, only the grouping is."),
     "cluster_layers": (
         "Attention type per layer",
-        "Number of heads of each attention type (cluster) in every layer (Guan et al. Fig. 2).",
+        "Number of heads of each attention type (cluster) in every layer (Guan et al. Fig. 3).",
         "Read a bar bottom-up to see how many heads of the layer are of each type; compare bars "
         "to see types moving through the depth."),
     "cluster_features": (
         "Distance features per attention type",
-        "Box plots of the 21 distance features of the heads in each cluster (Guan et al. Fig. 3): "
+        "Box plots of the 21 distance features of the heads in each cluster (Guan et al. Fig. 1): "
         "attention mass in 16 relative-distance windows, to itself, [CLS], [SEP], ',' and '.'.",
         "Boxes span the middle half of the heads, the line is the median; a cluster with high "
         "'self' and 'w0' is diagonal, high [CLS]/[SEP] vertical, spread over windows dense."),
