@@ -30,10 +30,10 @@ Presets:
 
   - MRPC and SST-2: train on ``train``, evaluate on ``dev`` (at most 500 rows), analyse the first
     200 rows of ``test``, as the paper;
-  - QNLI (dev and test only): fine-tune on a seeded 80% of ``dev``, evaluate on the other 20%
-    (at most 500 rows), analyse the first 200 rows of ``test``;
+  - QNLI (dev and test only): evaluate on 500 seeded rows of ``dev``, fine-tune on the other
+    4,963, analyse the first 200 rows of ``test``;
   - QQP (only ``train_subset``, 23K rows of the official train set): analyse its first 200 rows,
-    evaluate on a seeded 20% of the rest (at most 500), fine-tune on the remainder.
+    evaluate on 500 seeded rows of the rest, fine-tune on the remainder.
 
   Syntax: spaCy ``en_core_web_sm`` when it is installed; otherwise the text is analysed without
   dependency arcs and the syntactic roles (and the claims about them) come from the same models on
@@ -45,7 +45,7 @@ Splits (``data.TASK.train``, ``.eval``, ``.analysis``: GLUE split names, e.g. ``
 ``test``, ``train_subset``). Fine-tuning never trains on rows that are evaluated or analysed: two
 roles naming the same split share it only when ``data.partition_shared_splits`` is True, and then
 they get disjoint rows (analysis: the first N rows; eval: a seeded ``data.eval_fraction`` of the
-rest; train: what remains); otherwise such a config is refused. The run writes the rows of every
+rest, at most ``data.max_eval_examples``; train: what remains); otherwise such a config is refused. The run writes the rows of every
 role to ``DIR/data/<TASK>/{train,dev,analysis}.tsv`` and where they came from to
 ``DIR/data/splits.json``; the report states it per task.
 

@@ -209,8 +209,9 @@ def plan_task(config, task: str, split_rows: dict) -> dict:
 
   ``split_rows``: ``{split: number of rows}``. Roles on one split get disjoint rows (analysis:
   the first ``test_sequences``; eval: a seeded ``data.eval_fraction`` of the rest; train: the
-  remainder); that needs ``data.partition_shared_splits``. Caps: ``data.max_eval_examples``,
-  ``data.max_train_examples`` (the first rows after the cut).
+  remainder); that needs ``data.partition_shared_splits``. Caps: ``data.max_eval_examples``
+  (on a shared split the rows it leaves out go to training), ``data.max_train_examples`` (the
+  first rows after the cut).
   """
   td, d = config.data[task], config.data
   splits = {"train": td.train, "eval": td.eval, "analysis": td.analysis}
@@ -238,6 +239,8 @@ def plan_task(config, task: str, split_rows: dict) -> dict:
         raise UserError(f"config.data.eval_fraction must lie in (0, 1), got {d.eval_fraction}")
       order = np.random.default_rng([int(d.seed), sum(map(ord, task))]).permutation(len(rest))
       k = int(round(d.eval_fraction * len(rest)))
+      if d.max_eval_examples > 0:  # rows the cap leaves out of the evaluation go to training
+        k = min(k, int(d.max_eval_examples))
       plan["eval"] = (split, sorted(rest[i] for i in order[:k]))
       plan["train"] = (split, sorted(rest[i] for i in order[k:]))
     elif "eval" in roles:
@@ -341,7 +344,8 @@ def stage_data(ctx: Context) -> dict:
   tasks = {}
   for task in ctx.tasks:
     d = config.data
-    key = {"task": dict(config.data[task].to_dict()), "glue_dir": str(d.glue_dir),
+    key = {"task": dict(config.data[task].to_dict()), "source": resolve_source(config, task),
+           "glue_dir": str(d.glue_dir),
            "tfds_data_dir": d.tfds_data_dir, "partition": bool(d.partition_shared_splits),
            "eval_fraction": d.eval_fraction, "max_train": d.max_train_examples,
            "max_eval": d.max_eval_examples, "seed": d.seed, "n": int(config.test_sequences)}

@@ -95,6 +95,10 @@ def test_plan_partitions_a_shared_split_into_disjoint_rows(small_glue):
   assert rp.plan_task(c, "qqp", {"train_subset": 130}) == plan
   c.data.seed = 1
   assert rp.plan_task(c, "qqp", {"train_subset": 130})["eval"] != plan["eval"]
+  # a cap on the evaluation rows gives the rest to training
+  c.data.max_eval_examples = 5
+  capped = rp.plan_task(c, "qqp", {"train_subset": 130})
+  assert (len(capped["eval"][1]), len(capped["train"][1])) == (5, 115)
 
 
 def test_shared_split_is_refused_unless_the_config_says_so(small_glue):
@@ -111,6 +115,29 @@ def test_missing_train_split_is_an_explicit_error(small_glue, tmp_path):
   c.data.qnli.train = "train"   # the folder has no QNLI train.tsv
   with pytest.raises(UserError, match="no train split.*data.qnli"):
     rp.materialize_task(c, "qnli", tmp_path)
+
+
+def test_tfds_source_when_the_glue_folder_has_no_train_split(small_glue, tmp_path, monkeypatch):
+  """``auto`` reads QNLI from TFDS when the folder has no QNLI train.tsv (the paper preset)."""
+  c = toy_config(small_glue, test_sequences=5)
+  c.data.qnli.source = "auto"
+  c.data.qnli.train, c.data.qnli.eval, c.data.qnli.analysis = "train", "validation", "test"
+  assert rp.resolve_source(c, "qnli") == "tfds" and rp.resolve_source(c, "mrpc") == "tsv"
+  calls = []
+
+  def fake_tfds(task, split, data_dir=None, max_examples=None):
+    calls.append((task, split))
+    n = {"train": 30, "validation": 10, "test": 8}[split]
+    return [glue.GlueExample(f"q{split}{i}?", f"s {i}.", None if split == "test" else i % 2, i)
+            for i in range(n)]
+  monkeypatch.setattr(glue, "load_glue_tfds", fake_tfds)
+  out = rp.materialize_task(c, "qnli", tmp_path)
+  assert sorted(calls) == [("qnli", "test"), ("qnli", "train"), ("qnli", "validation")]
+  assert out["source"] == "tfds" and not out["shared_splits"]
+  assert {r: out["roles"][r]["rows"] for r in rp.ROLES} == {"train": 30, "eval": 10, "analysis": 5}
+  analysed = glue.load_glue_tsv(tmp_path, "qnli", "analysis")
+  assert [e.text_a for e in analysed] == [f"qtest{i}?" for i in range(5)]
+  assert all(e.label is None for e in analysed)
 
 
 def test_check_disjoint_catches_an_overlap():

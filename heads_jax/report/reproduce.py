@@ -34,7 +34,6 @@ import pandas as pd
 
 from heads_jax import contract
 from heads_jax.hoststats import paper
-from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report import page
 from heads_jax.report.figures import guan as guan_figures
 from heads_jax.report.figures import pande as pande_figures
@@ -394,7 +393,7 @@ def _figures(results: dict, fig_dir: Path) -> dict:
         title=f"Fig. 3 (left): all sieve bias scores of the pre-trained model, {n_tasks} task(s) pooled"),
         "All sieve bias scores, pooled over the tasks (Pande et al. Fig. 3)",
         "Cumulative share of every sieve bias score (sequence x head x role) of the pre-trained "
-        f"model over the tasks' analysed sequences; the paper: mean 2.8, tau = 3.")
+        "model over the tasks' analysed sequences; the paper: mean 2.8, tau = 3.")
   if pooled["num_p_values"]:
     figs["pooled_p"] = (pande_figures.plot_pvalue_hist(
         pooled["p_values"], fig_dir / "pooled_pvalue_hist.png", alpha=alpha,
