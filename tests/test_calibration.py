@@ -233,3 +233,26 @@ def test_tests_csv_round_trip_keeps_both_decisions(tmp_path):
   assert back_settings["rule"] == "calibrated"
   with pytest.raises(ValueError, match="columns"):
     contract.write_tests(tests.drop(columns=["p_uniform"]), settings, tmp_path)
+
+
+@pytest.mark.slow
+def test_random_model_gets_no_role_on_sentences_and_pairs(tmp_path, size="mini"):
+  """A randomly initialised BERT through the whole analysis (UD EWT sentences with gold parses and
+  MRPC pairs): no role under the default rule; the paper's rule calls its heads block heads."""
+  from heads_jax.analysis import AnalysisConfig, run_analysis
+  from heads_jax.data.tokenizer import load_tokenizer
+  from heads_jax.model.checkpoint import build_model, save_model
+  from heads_jax.model.config import config_for
+  tok = load_tokenizer(None)
+  model_dir = save_model(build_model("BertModel", config_for(size, vocab_size=tok.vocab_size)),
+                         tmp_path / "model", tok)
+  cfg = AnalysisConfig(model=str(model_dir), data=("ud-ewt", "mrpc"), out=str(tmp_path / "out"),
+                       max_examples=24, parser="none", report=False)
+  host = run_analysis(cfg, progress=False, log=lambda *a: None)
+  tests = host["tests"]
+  assert not tests["assigned"].any()
+  assert host["summary"]["share_unskilled"] == 1.0 and host["summary"]["share_block"] == 0.0
+  paper = tests[tests["assigned_paper"]]
+  assert set(paper["role"]) == {"block"}                   # the artefact the rule removes
+  assert host["summary"]["by_rule"]["paper"]["share_block"] > 0.5
+  assert tests["near_uniform"].all()
