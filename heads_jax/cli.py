@@ -17,6 +17,7 @@ import os
 import sys
 
 import heads_jax
+from heads_jax import xla_flags
 from heads_jax.errors import UserError
 from heads_jax.training.configlib import split_config_overrides
 
@@ -85,6 +86,7 @@ def main(argv=None) -> int:
   # The training jobs build batches in a background thread while XLA keeps every core busy; the
   # Rust tokenizer's own thread pool then only adds contention (measured: 1.3-1.6x slower batches).
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+  xla_flags.apply()  # before any JAX backend exists (heads_jax/xla_flags.py)
   enable_compilation_cache()
   debug = getattr(args, "debug", False)
   try:
