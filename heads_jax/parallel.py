@@ -4,6 +4,12 @@ This is the form in which JAX now implements ``pmap``: arrays carry a ``NamedSha
 and ``jax.jit`` partitions the computation. The same code runs on a TPU v3-8 (8 cores),
 one GPU, the CPU (tests emulate 8 devices) and multi-host pods, where each process feeds
 its own slice of the global batch (``jax.make_array_from_process_local_data``).
+
+Several host processes (a TPU pod, several GPU hosts, or several processes of one machine) join
+through ``initialize_distributed`` before any other JAX call: a coordinator address, the number
+of processes and this process's id, each discovered automatically on Cloud TPU pods and on
+SLURM / Open MPI / Kubernetes clusters when left unset. On CPUs the processes exchange data
+through the gloo collectives (``jax_cpu_collectives_implementation``).
 """
 
 from __future__ import annotations
@@ -13,6 +19,70 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 DATA_AXIS = "data"
+
+
+def distributed_requested(enabled: bool = False, coordinator_address: str = "",
+                          num_processes: int = 0, process_id: int = -1) -> bool:
+  """Whether these settings ask for ``jax.distributed`` (any of them set)."""
+  return bool(enabled or coordinator_address or (num_processes or 0) > 0
+              or (process_id is not None and process_id >= 0))
+
+
+def initialize_distributed(enabled: bool = False, coordinator_address: str = "",
+                           num_processes: int = 0, process_id: int = -1,
+                           cpu_collectives: str = "gloo") -> bool:
+  """Joins the host processes of a multi-host run (``jax.distributed.initialize``).
+
+  Does nothing unless a setting asks for it (``distributed_requested``) or when JAX is already
+  initialised. Unset settings (``""``, ``0``, ``-1``) are left to JAX's auto-detection (Cloud
+  TPU pods, SLURM, Open MPI, Kubernetes; ``JAX_COORDINATOR_ADDRESS`` from the environment).
+  ``cpu_collectives`` selects the CPU cross-process collectives (``"gloo"``; ``"mpi"`` needs an
+  MPI build). Returns whether this call initialised. Must run before any other JAX call that
+  touches a device.
+  """
+  if not distributed_requested(enabled, coordinator_address, num_processes, process_id):
+    return False
+  if jax.distributed.is_initialized():
+    return False
+  if cpu_collectives:
+    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+  kwargs = {}
+  if coordinator_address:
+    kwargs["coordinator_address"] = coordinator_address
+  if num_processes and num_processes > 0:
+    kwargs["num_processes"] = int(num_processes)
+  if process_id is not None and process_id >= 0:
+    kwargs["process_id"] = int(process_id)
+  jax.distributed.initialize(**kwargs)
+  return True
+
+
+def initialize_from_config(distributed) -> bool:
+  """``initialize_distributed`` from a config's ``distributed`` block (a ConfigDict or dict with
+  ``enabled``, ``coordinator_address``, ``num_processes``, ``process_id``; a bare bool is
+  ``enabled``)."""
+  if isinstance(distributed, bool) or distributed is None:
+    return initialize_distributed(bool(distributed))
+  get = distributed.get
+  return initialize_distributed(
+      enabled=bool(get("enabled", False)), coordinator_address=get("coordinator_address", "") or "",
+      num_processes=int(get("num_processes", 0) or 0), process_id=int(get("process_id", -1)),
+      cpu_collectives=get("cpu_collectives", "gloo") or "")
+
+
+def shard_global_batch(batch: dict, mesh: Mesh) -> dict:
+  """Puts a host batch that every process holds whole (the same global batch on each) on the
+  mesh: each process supplies the rows of its own devices. On one process this is
+  ``shard_batch``. The leading dimension must be divisible by the mesh's size."""
+  if jax.process_count() == 1:
+    return shard_batch(batch, mesh)
+  sharding = batch_sharding(mesh)
+
+  def put(x):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+  return jax.tree.map(put, batch)
 
 
 def data_mesh(devices=None) -> Mesh:

@@ -18,6 +18,11 @@ parameters and losses as a run that was never interrupted.
 ``restore_params_from_run`` reads the parameters (only) of another run's checkpoints, e.g.
 phase 1 for phase 2 of pre-training; its restore arguments come from Orbax's
 ``checkpoint_utils.construct_restore_args``.
+
+Directories are ``etils.epath`` paths (``heads_jax.data.storage.as_path``): a local folder or a
+``gs://`` URL, where Orbax writes the arrays through TensorStore's ``gcs`` driver. On several
+host processes every process calls the same methods and Orbax writes one checkpoint (each
+process its shards, process 0 the metadata).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from heads_jax.data.storage import as_path
+
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +44,7 @@ class Checkpoints:
 
   def __init__(self, directory, *, save_interval_steps: int = 1000, max_to_keep: int | None = 3,
                async_save: bool = True):
-    self.directory = Path(directory).absolute()
+    self.directory = as_path(directory)
     self.save_interval_steps = max(1, int(save_interval_steps))
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=self.save_interval_steps, max_to_keep=max_to_keep,
@@ -95,7 +102,7 @@ def restore_params_from_run(directory, abstract_params, step: int | None = None)
   ignoring its optimizer state. ``directory`` is that run's checkpoint directory;
   ``abstract_params`` may be a subtree of the saved params (e.g. ``{"bert": ...}`` to take only
   the encoder of a pre-training run), every other saved leaf is skipped."""
-  directory = Path(directory).absolute()
+  directory = as_path(directory)
   mngr = ocp.CheckpointManager(directory, item_names=("state", "meta"),
                                options=ocp.CheckpointManagerOptions(read_only=True, create=False))
   step = mngr.latest_step() if step is None else step
@@ -112,8 +119,8 @@ def restore_params_from_run(directory, abstract_params, step: int | None = None)
 
 def is_orbax_run_dir(path) -> bool:
   """A directory of numbered Orbax step folders (a training run's checkpoints)."""
-  p = Path(path)
-  return p.is_dir() and any(c.is_dir() and c.name.isdigit() for c in p.iterdir())
+  p = as_path(path)
+  return p.is_dir() and any(c.name.isdigit() and c.is_dir() for c in p.iterdir())
 
 
 def _jsonable(x):
@@ -125,6 +132,6 @@ def _jsonable(x):
     return x.item()
   if isinstance(x, np.ndarray) or isinstance(x, jax.Array):
     return np.asarray(x).tolist()
-  if isinstance(x, Path):
+  if isinstance(x, Path) or hasattr(x, "__fspath__"):
     return str(x)
   return x

@@ -18,6 +18,7 @@ from pathlib import Path
 import ml_collections
 
 import heads_jax.configs
+from heads_jax.data.storage import write_text
 from heads_jax.errors import UserError
 
 PACKAGED_CONFIGS = Path(heads_jax.configs.__file__).parent  # the repository's configs/, installed
@@ -135,5 +136,5 @@ def add_config_args(parser, default_config: str) -> None:
 
 
 def save_config(config: ml_collections.ConfigDict, path) -> None:
-  Path(path).parent.mkdir(parents=True, exist_ok=True)
-  Path(path).write_text(json.dumps(config.to_dict(), indent=2, default=str))
+  """Writes ``config`` as JSON to ``path`` (a local path or a URL)."""
+  write_text(path, json.dumps(config.to_dict(), indent=2, default=str))

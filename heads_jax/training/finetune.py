@@ -21,7 +21,6 @@ and ``workdir/best_hf`` (Hugging Face ``BertForSequenceClassification``).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -30,6 +29,7 @@ from jax.experimental import multihost_utils
 from heads_jax.data import glue
 from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, encode_examples,
                                          eval_batches, load_task_splits)
+from heads_jax.data.storage import as_path, is_url, local_copy
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch
@@ -41,7 +41,8 @@ def task_splits(config):
   """``(train, eval, note)`` of ``config.task`` as ``config.data`` says
   (``heads_jax.data.glue_batches.load_task_splits``)."""
   d = config.data
-  return load_task_splits(config.task, source=d.source, glue_dir=d.glue_dir,
+  glue_dir = local_copy(d.glue_dir) if d.source == "tsv" and is_url(d.glue_dir) else d.glue_dir
+  return load_task_splits(config.task, source=d.source, glue_dir=glue_dir,
                           tfds_data_dir=d.tfds_data_dir, train_split=d.train_split,
                           eval_split=d.eval_split, holdout_fraction=d.holdout_fraction,
                           holdout_seed=d.holdout_seed, max_examples=d.max_examples,
@@ -50,10 +51,10 @@ def task_splits(config):
 
 def _tokenizer_for(config):
   if config.tokenizer:
-    return load_tokenizer(config.tokenizer)
-  init = Path(config.init_checkpoint) if config.init_checkpoint else None
+    return load_tokenizer(local_copy(config.tokenizer))
+  init = as_path(config.init_checkpoint) if config.init_checkpoint else None
   if init and init.is_dir() and any((init / f).is_file() for f in ("tokenizer.json", "vocab.txt")):
-    return load_tokenizer(init)
+    return load_tokenizer(local_copy(init))
   return load_tokenizer(None)
 
 

@@ -2,9 +2,10 @@
 
 ``TrainingJob(config, workdir)`` holds what both set up the same way, in the order they use it:
 
-1. the host processes (``jax.distributed`` when ``config.distributed``), the work directory
-   (``RunDir``: every path of the run) and the one-axis ``data`` mesh over all devices, with
-   ``config.batch_size`` checked against it;
+1. the host processes (``jax.distributed`` as ``config.distributed`` says:
+   ``heads_jax.parallel.initialize_from_config``), the work directory (``RunDir``: every path
+   of the run, a local folder or a ``gs://`` URL) and the one-axis ``data`` mesh over all
+   devices of all processes, with ``config.batch_size`` checked against it;
 2. the optimizer and its learning-rate schedule (``make_tx``: LAMB or AdamW with the BERT
    conventions, from ``config.optimizer``);
 3. ``init_model``: the model a run starts from (``config.init_checkpoint`` when it is a model
@@ -15,7 +16,8 @@
 5. ``train_step`` / ``eval_step``: the jitted steps over the mesh;
 6. ``train``: the loop with its throughput meter (tokens/s, MFU) and metrics writer, closing
    the checkpoint manager, the writer and the batch stream however it ends;
-7. ``export``: the final model as a heads_jax and a Hugging Face directory.
+7. ``export``: the final model as a heads_jax and a Hugging Face directory (written locally and
+   copied to the work directory when that is a URL).
 
 What differs between the jobs (data, losses, what an evaluation computes) stays in
 ``pretrain.py`` and ``finetune.py``.
@@ -25,11 +27,12 @@ from __future__ import annotations
 
 import jax
 
+from heads_jax.data.storage import display, staged_output
 from heads_jax.errors import UserError
 from heads_jax.model.checkpoint import build_model, save_model
 from heads_jax.model.config import config_for
 from heads_jax.model.convert import export_hf
-from heads_jax.parallel import data_mesh
+from heads_jax.parallel import data_mesh, initialize_from_config
 from heads_jax.training import checkpointing, configlib, loop, metrics as metrics_lib, optimizer, steps
 from heads_jax.training.rundir import RunDir
 
@@ -56,7 +59,7 @@ class TrainingJob:
   """One training run's shared set-up and bookkeeping (see the module docstring)."""
 
   def __init__(self, config, workdir):
-    steps.maybe_initialize_distributed(config.distributed)
+    initialize_from_config(config.distributed)
     self.config = config
     self.dir = RunDir(workdir)
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
@@ -162,5 +165,8 @@ class TrainingJob:
     """Writes the model with ``params`` to ``workdir/model_dir`` (heads_jax) and
     ``workdir/hf_dir`` (Hugging Face); returns both paths."""
     model = steps.merge_model(self.parts, steps.to_host(params))
-    return {"heads_jax": str(save_model(model, self.dir.sub(model_dir), tokenizer, id2label=id2label)),
-            "hf": str(export_hf(model, tokenizer, self.dir.sub(hf_dir), id2label=id2label))}
+    with staged_output(self.dir.sub(model_dir), fetch_existing=False) as local:
+      save_model(model, local, tokenizer, id2label=id2label)
+    with staged_output(self.dir.sub(hf_dir), fetch_existing=False) as local:
+      export_hf(model, tokenizer, local, id2label=id2label)
+    return {"heads_jax": display(self.dir.sub(model_dir)), "hf": display(self.dir.sub(hf_dir))}

@@ -29,13 +29,13 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from pathlib import Path
 from typing import Callable, Iterator
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from heads_jax.data.storage import as_path, local_copy
 from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
 from heads_jax.parallel import shard_batch
@@ -57,11 +57,12 @@ def load_init_model(init_checkpoint: str, head: str, *, num_labels: int | None =
   ``init_checkpoint`` is empty or an Orbax run directory (handled by ``initial_state``)."""
   if not init_checkpoint or checkpointing.is_orbax_run_dir(init_checkpoint):
     return None
-  if not Path(init_checkpoint).exists():
+  if not as_path(init_checkpoint).exists():
     raise FileNotFoundError(f"init_checkpoint {init_checkpoint} does not exist: pass a heads_jax "
                             f"model directory, a Hugging Face BERT directory or a run's "
                             f"checkpoints directory")
-  model, _ = load_model(init_checkpoint, head=head, num_labels=num_labels, dtype=dtype,
+  # A model directory in cloud storage is mirrored once into the local cache (storage.local_copy).
+  model, _ = load_model(local_copy(init_checkpoint), head=head, num_labels=num_labels, dtype=dtype,
                         with_tokenizer=False)
   return model
 

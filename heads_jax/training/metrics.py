@@ -1,7 +1,7 @@
 """Training metrics: a JSON-lines log, TensorBoard event files, throughput, MFU, progress line.
 
 TensorBoard files are written with ``tensorboardX`` (no TensorFlow needed). Only process 0
-writes. Paths: ``heads_jax.training.rundir.RunDir``.
+writes. Paths: ``heads_jax.training.rundir.RunDir`` (a local folder or a ``gs://`` URL).
 
 FLOPs convention (PaLM, Chowdhery et al. 2022, appendix B): one training step costs
 ``6 * N + 12 * l * d * q`` FLOPs per token, with ``N`` the number of non-embedding parameters
@@ -71,17 +71,31 @@ def train_flops_per_token(n_non_embedding: int, num_layers: int, hidden_size: in
 
 
 class MetricsWriter:
-  """Writes scalars to the run's ``metrics.jsonl`` and TensorBoard events to its ``tb/``."""
+  """Writes scalars to the run's ``metrics.jsonl`` and TensorBoard events to its ``tb/``.
 
-  def __init__(self, workdir, *, enabled: bool = True, tensorboard: bool = True):
+  A local work directory gets one appended line per record. In cloud storage (a URL), where an
+  object cannot be appended to, the file is rewritten whole (the earlier records read back when
+  the run resumes) at most every ``sync_seconds`` and when the writer closes; TensorBoard events
+  go through tensorboardX's own ``gs://`` writer, flushed as rarely.
+  """
+
+  def __init__(self, workdir, *, enabled: bool = True, tensorboard: bool = True,
+               sync_seconds: float = 30.0):
     self.enabled = enabled
     run = RunDir(workdir)
     self.path = run.metrics_file
+    self.remote = run.is_remote
+    self.sync_seconds = sync_seconds
     self._tb = None
     if not enabled:
       return
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._file = open(self.path, "a")
+    if self.remote:
+      self._lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+      self._synced = time.monotonic()
+      self._dirty = False
+    else:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self._file = open(self.path, "a")
     if tensorboard:
       self._tb = SummaryWriter(str(run.tensorboard_dir))
 
@@ -90,18 +104,41 @@ class MetricsWriter:
       return
     clean = {k: _float(v) for k, v in scalars.items()}
     record = {"step": int(step), "split": prefix, "time": time.time(), **clean}
-    self._file.write(json.dumps(record) + "\n")
-    self._file.flush()
+    line = json.dumps(record) + "\n"
+    if self.remote:
+      self._lines.append(line)
+      self._dirty = True
+    else:
+      self._file.write(line)
+      self._file.flush()
     if self._tb is not None:
       for k, v in clean.items():
         if v is not None and math.isfinite(v):
           self._tb.add_scalar(f"{prefix}/{k}", v, int(step))
+      if not self.remote:
+        self._tb.flush()
+    if self.remote and time.monotonic() - self._synced >= self.sync_seconds:
+      self.sync()
+
+  def sync(self):
+    """Writes what is buffered (a remote run; a local one writes every record at once)."""
+    if not self.enabled or not self.remote:
+      return
+    if self._dirty:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self.path.write_text("".join(self._lines))
+      self._dirty = False
+    if self._tb is not None:
       self._tb.flush()
+    self._synced = time.monotonic()
 
   def close(self):
     if not self.enabled:
       return
-    self._file.close()
+    if self.remote:
+      self.sync()
+    else:
+      self._file.close()
     if self._tb is not None:
       self._tb.close()
 
@@ -114,7 +151,7 @@ def _float(v):
 
 
 def read_metrics(workdir, split: str | None = None) -> list[dict]:
-  """The records of ``workdir/metrics.jsonl`` (optionally of one split)."""
+  """The records of ``workdir/metrics.jsonl`` (optionally of one split); a URL works too."""
   path = RunDir(workdir).metrics_file
   if not path.exists():
     return []

@@ -21,6 +21,7 @@ import numpy as np
 
 from heads_jax.data.corpora import make_corpus
 from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec
+from heads_jax.data.storage import local_copy
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch
@@ -55,7 +56,7 @@ def train_and_evaluate(config, workdir) -> dict:
   """
   job = TrainingJob(config, workdir)
   job.create_dir()
-  tokenizer = load_tokenizer(config.tokenizer or None)
+  tokenizer = load_tokenizer(local_copy(config.tokenizer) if config.tokenizer else None)
   examples = build_examples(config, tokenizer)
   model = job.init_model("pretraining", tokenizer)
   cfg = model.config

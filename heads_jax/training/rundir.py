@@ -10,59 +10,68 @@
     workdir/model/, hf/       pre-training exports (heads_jax, Hugging Face)
     workdir/best_model/, best_hf/  fine-tuning exports of the best evaluation
 
-Every training module takes its paths from here, so that where a run lives (a local folder
-today) changes in this module only.
+Every training module takes its paths from here. The work directory may be a local folder or a
+cloud URL (``gs://bucket/run``): every path here is an ``etils.epath.Path``
+(``heads_jax.data.storage.as_path``), so a URL stays a URL (never resolved as a local path) and
+Orbax, the metrics writer and the exports reach it through ``epath``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from etils import epath
+
+from heads_jax.data.storage import as_path, display, is_url
 
 
 class RunDir:
   """The paths of one run's work directory (see the module docstring)."""
 
   def __init__(self, root):
-    self.root = root.root if isinstance(root, RunDir) else Path(root).absolute()
+    self.root = root.root if isinstance(root, RunDir) else as_path(root)
 
   def __repr__(self) -> str:
-    return f"RunDir({str(self.root)!r})"
+    return f"RunDir({display(self.root)!r})"
 
   def __str__(self) -> str:
-    return str(self.root)
+    return display(self.root)
+
+  @property
+  def is_remote(self) -> bool:
+    """Whether the run lives in cloud storage (a URL)."""
+    return is_url(self.root)
 
   def create(self) -> "RunDir":
     self.root.mkdir(parents=True, exist_ok=True)
     return self
 
-  def sub(self, name: str) -> Path:
+  def sub(self, name: str) -> epath.Path:
     """``workdir/name`` (an export directory, e.g. ``model`` or ``best_hf``)."""
     return self.root / name
 
   @property
-  def config_file(self) -> Path:
+  def config_file(self) -> epath.Path:
     return self.root / "config.json"
 
   @property
-  def data_file(self) -> Path:
+  def data_file(self) -> epath.Path:
     return self.root / "data.json"
 
   @property
-  def summary_file(self) -> Path:
+  def summary_file(self) -> epath.Path:
     return self.root / "summary.json"
 
   @property
-  def metrics_file(self) -> Path:
+  def metrics_file(self) -> epath.Path:
     return self.root / "metrics.jsonl"
 
   @property
-  def tensorboard_dir(self) -> Path:
+  def tensorboard_dir(self) -> epath.Path:
     return self.root / "tb"
 
   @property
-  def checkpoints(self) -> Path:
+  def checkpoints(self) -> epath.Path:
     return self.root / "checkpoints"
 
   @property
-  def best(self) -> Path:
+  def best(self) -> epath.Path:
     return self.root / "best"

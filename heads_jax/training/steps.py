@@ -197,13 +197,3 @@ def to_host(tree):
       return np.asarray(x.addressable_data(0))
     return np.asarray(jax.device_get(x))
   return jax.tree.map(one, tree)
-
-
-def maybe_initialize_distributed(enabled: bool, **kwargs) -> None:
-  """``jax.distributed.initialize(**kwargs)`` for multi-host runs (before any other JAX call).
-
-  On Cloud TPU pods and most GPU clusters (SLURM, Open MPI) the arguments are discovered
-  automatically; elsewhere pass ``coordinator_address``, ``num_processes``, ``process_id``.
-  """
-  if enabled:
-    jax.distributed.initialize(**{k: v for k, v in kwargs.items() if v not in (None, "", -1)})

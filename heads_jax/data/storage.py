@@ -1,0 +1,191 @@
+"""Paths that may be local or in cloud storage (``gs://``, ``s3://``, ...), through ``etils.epath``.
+
+Every path a job reads or writes (a training run's work directory, an init checkpoint, corpus
+and GLUE data, exports, metrics, an analysis's output directory) goes through this module, so
+that ``--workdir gs://bucket/run`` means the bucket, never a local folder named ``gs:``:
+
+* ``as_path(p)``: an ``epath.Path``; a URL stays a URL, a local path becomes absolute. (A URL
+  is never passed through ``pathlib.Path`` or ``os.path``: ``Path("gs://b/x")`` is ``gs:/b/x``.)
+* ``local_copy(p)``: a local directory or file with the content of ``p``: ``p`` itself when it
+  is local, else a mirror in ``cache_root()`` (files already there with the same size are not
+  fetched again, so an interrupted copy resumes). For what a library reads through plain
+  ``open`` (a Hugging Face or heads_jax model directory, GLUE TSV folders, corpus shards).
+* ``upload_tree(local, url)`` and ``staged_output(p)``: a job that writes many files through
+  plain ``open`` (figures, reports) writes into a local directory that is then copied to ``p``.
+
+How a URL is reached: ``etils.epath`` uses ``tf.io.gfile`` when TensorFlow is installed, else
+``fsspec`` (``gcsfs`` for ``gs://``, the ``gcs`` extra of setup.cfg). Orbax checkpoints use
+``epath`` for their directories and TensorStore's own ``gcs`` driver for the arrays. Both follow
+the usual Google credentials (a TPU VM's service account, ``gcloud auth application-default
+login``). For an emulator (tests): ``STORAGE_EMULATOR_HOST`` (gcsfs) and
+``TENSORSTORE_GCS_HTTP_URL`` + ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` (TensorStore); see
+``tests/gcs_emulator.py``.
+
+Host-only (no jax).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from etils import epath
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path) -> bool:
+  """Whether ``path`` is a URL (``gs://...``, ``s3://...``), as a string or an ``epath.Path``."""
+  return bool(_URL.match(os.fspath(path) if not isinstance(path, str) else path))
+
+
+def as_path(path) -> epath.Path:
+  """``path`` as an ``epath.Path``: URLs unchanged, local paths made absolute (``~`` expanded)."""
+  if isinstance(path, epath.Path) and is_url(path):
+    return path
+  text = os.fspath(path)
+  if is_url(text):
+    return epath.Path(text)
+  return epath.Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def display(path) -> str:
+  """The string to show a user (and to store in JSON): the URL or the absolute local path."""
+  return os.fspath(as_path(path))
+
+
+def cache_root() -> Path:
+  """Where remote inputs are mirrored: ``$HEADS_JAX_REMOTE_CACHE`` (default
+  ``~/.cache/heads_jax/remote``)."""
+  root = os.environ.get("HEADS_JAX_REMOTE_CACHE") or os.path.join(
+      os.path.expanduser("~"), ".cache", "heads_jax", "remote")
+  return Path(root)
+
+
+def _cache_dir_for(url: str) -> Path:
+  url = url.rstrip("/")
+  digest = hashlib.sha1(url.encode()).hexdigest()[:16]
+  name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rsplit("/", 1)[-1])[:60] or "root"
+  return cache_root() / f"{name}-{digest}"
+
+
+def _fetch_file(src: epath.Path, dest: Path, size: int | None = None) -> None:
+  """Copies ``src`` to ``dest`` unless a file of the same size is there; atomic (temporary name,
+  then rename), so concurrent copies (several processes of one host) never see half a file."""
+  if size is None:
+    size = src.stat().length
+  if dest.is_file() and dest.stat().st_size == size:
+    return
+  dest.parent.mkdir(parents=True, exist_ok=True)
+  tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
+  try:
+    with src.open("rb") as fin, open(tmp, "wb") as fout:
+      shutil.copyfileobj(fin, fout, length=16 << 20)
+    os.replace(tmp, dest)
+  finally:
+    if tmp.exists():
+      tmp.unlink()
+
+
+def walk_files(root: epath.Path):
+  """``(relative posix path, epath.Path)`` of every file under ``root`` (recursively)."""
+  stack = [(root, "")]
+  while stack:
+    d, rel = stack.pop()
+    for child in sorted(d.iterdir(), key=lambda p: p.name):
+      sub = f"{rel}{child.name}"
+      if child.is_dir():
+        stack.append((child, sub + "/"))
+      else:
+        yield sub, child
+
+
+def local_copy(path, dest=None, *, progress=None):
+  """A local path holding the content of ``path`` (a file or a directory tree).
+
+  A ``path`` that is not a URL is returned unchanged (it may also be a name that the caller
+  resolves, e.g. a Hugging Face hub id). A URL is mirrored into ``dest`` (default:
+  a folder of ``cache_root()`` named after the URL); files already there with the same size are
+  kept, so an interrupted copy resumes and a second call costs one listing. ``progress(name,
+  size)`` is called for each file fetched. A missing URL raises FileNotFoundError.
+  """
+  if not is_url(path):
+    return path
+  src = as_path(path)
+  dest = Path(dest) if dest is not None else _cache_dir_for(os.fspath(src))
+  if src.is_dir():
+    for rel, f in walk_files(src):
+      target = dest / rel
+      size = f.stat().length
+      if progress is not None and not (target.is_file() and target.stat().st_size == size):
+        progress(rel, size)
+      _fetch_file(f, target, size)
+    dest.mkdir(parents=True, exist_ok=True)
+    return dest
+  if not src.exists():
+    raise FileNotFoundError(f"{src} does not exist")
+  target = dest / src.name
+  _fetch_file(src, target)
+  return target
+
+
+def upload_tree(local, url) -> epath.Path:
+  """Copies every file under the local directory ``local`` to ``url`` (same relative paths,
+  existing files replaced); returns ``as_path(url)``."""
+  root = as_path(url)
+  local = Path(local)
+  for f in sorted(local.rglob("*")):
+    if f.is_file():
+      target = root / f.relative_to(local).as_posix()
+      target.parent.mkdir(parents=True, exist_ok=True)
+      with open(f, "rb") as fin, target.open("wb") as fout:
+        shutil.copyfileobj(fin, fout, length=16 << 20)
+  return root
+
+
+def copy_tree(src, dest) -> epath.Path:
+  """Copies a directory tree between any two locations (local or URL)."""
+  if not is_url(src) and not is_url(dest):
+    shutil.copytree(os.fspath(as_path(src)), os.fspath(as_path(dest)), dirs_exist_ok=True)
+    return as_path(dest)
+  if not is_url(src):
+    return upload_tree(os.fspath(as_path(src)), dest)
+  with tempfile.TemporaryDirectory(prefix="heads_jax_copy_") as tmp:
+    local_copy(src, tmp)
+    return upload_tree(tmp, dest) if is_url(dest) else Path(shutil.copytree(
+        tmp, os.fspath(as_path(dest)), dirs_exist_ok=True))
+
+
+@contextlib.contextmanager
+def staged_output(path, *, fetch_existing: bool = True):
+  """Yields a local directory to write ``path``'s files into.
+
+  A local ``path``: itself (created). A URL: a temporary directory holding a copy of what is
+  already at the URL (``fetch_existing``; so a job can find its earlier results there), whose
+  files are uploaded to the URL when the block ends without an exception.
+  """
+  if not is_url(path):
+    local = Path(os.fspath(as_path(path)))
+    local.mkdir(parents=True, exist_ok=True)
+    yield local
+    return
+  with tempfile.TemporaryDirectory(prefix="heads_jax_stage_") as tmp:
+    remote = as_path(path)
+    if fetch_existing and remote.is_dir():
+      local_copy(remote, tmp)
+    yield Path(tmp)
+    upload_tree(tmp, remote)
+
+
+def write_text(path, text: str) -> epath.Path:
+  """Writes ``text`` (UTF-8) to a local path or URL, creating the parent directory."""
+  p = as_path(path)
+  p.parent.mkdir(parents=True, exist_ok=True)
+  p.write_text(text)
+  return p
