@@ -293,3 +293,43 @@ def test_colab_notebook_runs_an_existing_preset():
     preset = code.split("PRESET = ")[1].split()[0].strip("'\"")
   configlib.load_config(f"configs/reproduce.py:{preset}")
   assert code.count("REPO = ") == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# report pieces, by hand
+
+
+def test_overlaps_and_block_layers_by_hand():
+  from heads_jax.report import reproduce as report
+  rows = []
+  # 2 layers x 2 heads; nsubj heads: (0,0), (1,1); of them (0,0) also next_local.
+  # obj heads: (0,1); prev_local: none. block heads: (1,0), (1,1).
+  assigned = {("nsubj", 0, 0), ("nsubj", 1, 1), ("next_local", 0, 0), ("next_local", 1, 0),
+              ("obj", 0, 1), ("block", 1, 0), ("block", 1, 1)}
+  for role in ("nsubj", "obj", "next_local", "prev_local", "block"):
+    for layer in range(2):
+      for head in range(2):
+        rows.append({"layer": layer, "head": head, "role": role,
+                     "assigned": (role, layer, head) in assigned,
+                     "assigned_paper": (role, layer, head) in assigned and role != "obj"})
+  tests = pd.DataFrame(rows)
+  o = report.overlap_figures(tests)
+  assert o["nsubj_next_local"] == {"heads": 2, "also": 1, "share": 0.5}
+  assert o["obj_prev_local"] == {"heads": 1, "also": 0, "share": 0.0}
+  assert report.block_heads_by_layer(tests) == [0, 2]
+  # the paper's rule column replaces ``assigned``
+  paper_rule = report.rule_tests(tests)
+  assert report.overlap_figures(paper_rule)["obj_prev_local"] == {"heads": 0, "also": 0, "share": None}
+  assert report.block_heads_by_layer(tests[tests["role"] != "block"]) is None
+
+
+def test_paper_differences():
+  c = paper.claim("share_delimiter")
+  assert paper.difference(c, 0.70) == pytest.approx(100 * (0.70 - 0.7343))
+  assert paper.format_difference(c, paper.difference(c, 0.70)) == "-3.4 pp"
+  assert paper.difference(paper.claim("block_layer"), 0) == "holds"
+  assert paper.difference(paper.claim("block_layer"), 2) == "does not hold"
+  assert paper.difference(paper.claim("guan_stability"), 0.5) is None      # no paper value
+  assert paper.difference(paper.claim("spearman_qnli"), None) is None
+  assert paper.devlin_dev("qnli").value == 0.884 and paper.devlin_dev("qqp").value is None
+  assert {c.task for c in paper.CLAIMS if c.key.startswith("spearman_")} == set(glue.TASKS)
