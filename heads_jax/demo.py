@@ -60,8 +60,8 @@ def _real_model(model) -> tuple[Path, str]:
 
 def pretrain_config(steps: int = 400):
   """The demo's pre-training: the ``tiny`` preset's pipeline with the 6x8 ``demo`` model."""
-  from heads_jax.training.configlib import load_config
-  c = load_config("pretrain.py:tiny")
+  from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
+  c = load_config(f"{PACKAGED_CONFIGS / 'pretrain.py'}:tiny")  # the shipped file, whatever the cwd holds
   c.preset = "demo"
   c.model.size = "demo"
   c.num_train_steps = steps
@@ -82,8 +82,8 @@ def finetune_config(init_checkpoint: str, steps: int = 250):
   preset (32 x 64 wordpieces per step, LAMB, peak rate 2e-4, 10% warm-up, linear decay) on a
   seeded 75/25 split into train and held-out rows; one evaluation, at the end."""
   from heads_jax.data.assets import glue_dir
-  from heads_jax.training.configlib import load_config
-  c = load_config("finetune.py:cpu_sst2")
+  from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
+  c = load_config(f"{PACKAGED_CONFIGS / 'finetune.py'}:cpu_sst2")
   c.preset = "demo_sst2"
   c.init_checkpoint = init_checkpoint
   c.data.glue_dir = str(glue_dir())
