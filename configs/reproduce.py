@@ -118,6 +118,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.finetune.eval_batch_size = 128
   c.finetune.dtype = "bfloat16"
   c.finetune.log_every = 100
+  # False: a finished grid point keeps its exports (best_model/, best_hf/) and drops its Orbax
+  # checkpoints (BERT-base: about 2.5 GB of train state per grid point).
+  c.finetune.keep_checkpoints = False
 
   c.analysis = ml_collections.ConfigDict()
   c.analysis.parser = "en_core_web_sm"  # a spaCy pipeline; "auto": it if installed, else none; "none"

@@ -510,6 +510,9 @@ def stage_finetune(ctx: Context) -> dict:
         if "heads_jax" not in (s.get("exports") or {}):
           raise RuntimeError(f"fine-tuning {wd} ended at step {s['final_step']} of "
                              f"{c.num_train_steps} without exporting its best model")
+        if not config.finetune.keep_checkpoints:  # the exports are what later stages read
+          for sub in ("checkpoints", "best"):
+            shutil.rmtree(wd / sub, ignore_errors=True)
         return {"workdir": str(wd), "model": s["exports"]["heads_jax"], "metric": s["select_metric"],
                 "score": float(best["score"]), "best": best, "final_eval": s.get("final_eval"),
                 "final_step": s["final_step"], "batch_size": c.batch_size,

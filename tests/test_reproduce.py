@@ -184,6 +184,8 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
   out = capsys.readouterr().out
   assert "stopped after finetune" in out and "[4/6]" not in out
   assert (wd / "finetune" / "sst2" / "best.json").is_file() and not (wd / "analysis").exists()
+  run_dir = wd / "finetune" / "sst2" / "bs8_lr0.01"
+  assert (run_dir / "best_model").is_dir() and not (run_dir / "checkpoints").exists()
   before = {s: _finished(wd, s) for s in ("data", "pretrained", "finetune")}
   assert len(before["finetune"]) == 4
 
