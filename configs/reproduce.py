@@ -96,6 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.pretrained.path = ""        # init: HF BERT folder, heads_jax model folder or pre-training workdir
   c.pretrained.pretrain_config = "pretrain.py:bert_base"          # kind=pretrain: phase 1
   c.pretrained.pretrain_phase2_config = "pretrain.py:bert_base_phase2"  # "" = no phase 2
+  c.pretrained.pretrain_overrides = ""  # ";"-separated key=value for both phases, e.g. "num_train_steps=1000"
   c.pretrained.size = "tiny"    # kind=random: heads_jax.model.config size
 
   c.data = ml_collections.ConfigDict()

@@ -396,12 +396,13 @@ def _pretrain(ctx: Context) -> dict:
   from heads_jax.training import configlib, pretrain
   pc = ctx.config.pretrained
   out = ctx.workdir / "pretrained"
-  c1 = configlib.load_config(pc.pretrain_config)
+  overrides = [o.strip() for o in str(pc.pretrain_overrides).split(";") if o.strip()]
+  c1 = configlib.load_config(pc.pretrain_config, overrides)
   ctx.sub(f"pre-training phase 1 ({pc.pretrain_config}, {c1.num_train_steps} steps)")
   pretrain.train_and_evaluate(c1, out / "phase1")
   model = out / "phase1" / "model"
   if pc.pretrain_phase2_config:
-    c2 = configlib.load_config(pc.pretrain_phase2_config)
+    c2 = configlib.load_config(pc.pretrain_phase2_config, overrides)
     c2.init_checkpoint = str(out / "phase1" / "checkpoints")
     ctx.sub(f"pre-training phase 2 ({pc.pretrain_phase2_config}, {c2.num_train_steps} steps)")
     pretrain.train_and_evaluate(c2, out / "phase2")
@@ -423,7 +424,8 @@ def stage_pretrained(ctx: Context) -> dict:
     key = {"kind": "random", "size": pc.size, "seed": ctx.config.seed}
   elif pc.kind == "pretrain":
     fn = lambda: _pretrain(ctx)
-    key = {"kind": "pretrain", "phase1": pc.pretrain_config, "phase2": pc.pretrain_phase2_config}
+    key = {"kind": "pretrain", "phase1": pc.pretrain_config, "phase2": pc.pretrain_phase2_config,
+           "overrides": pc.pretrain_overrides}
   else:
     raise UserError(f"config.pretrained.kind must be init, pretrain or random, got {pc.kind!r}")
   m = run_unit(ctx, "pretrained", "model", key, fn, clean=[out])

@@ -267,6 +267,23 @@ def test_cli_grid_keeps_the_best_run(small_glue, tmp_path, capsys):
   assert best["model"].startswith(str(wd / "finetune" / "mrpc" / best["best_run"]))
 
 
+@pytest.mark.slow
+def test_pretraining_stage_gives_the_model_finetuning_starts_from(small_glue, tmp_path):
+  wd = tmp_path / "pt"
+  c = toy_config(small_glue, tasks="sst2", stop_after="pretrained")
+  c.pretrained.kind = "pretrain"
+  c.pretrained.pretrain_config = "pretrain.py:tiny"
+  c.pretrained.pretrain_phase2_config = ""
+  c.pretrained.pretrain_overrides = "num_train_steps=3;eval_every=3;log_every=1;checkpoint.every_steps=3"
+  rp.run_reproduce(c, wd)
+  pre = json.loads((wd / "pretrained" / "pretrained.json").read_text())
+  assert pre["model"] == str(wd / "pretrained" / "phase1" / "model")
+  assert (wd / "pretrained" / "phase1" / "model" / "heads_jax.json").is_file()
+  ft = rp.finetune_config(c, "sst2", 8, 1e-2, pre["model"], wd / "data")
+  assert ft.init_checkpoint == pre["model"] and ft.data.glue_dir == str(wd / "data")
+  assert (ft.data.train_split, ft.data.eval_split, ft.data.holdout_fraction) == ("train", "dev", 0.0)
+
+
 def test_cli_bad_input_is_one_line(small_glue, tmp_path, capsys):
   rc = cli.main(["reproduce", "--config", "configs/reproduce.py:toy", "--workdir", str(tmp_path),
                  "--config.tasks=mnli"])
