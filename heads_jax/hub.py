@@ -59,8 +59,8 @@ def cache_dir() -> Path:
 
 
 def fetch_hint(repo_id: str) -> str:
-  return (f"fetch it on a machine with network access with `hf download {repo_id}` (same "
-          f"HF_HOME), or pass a local model directory")
+  return (f"fetch it with `hf download {repo_id}` where there is network access (into the "
+          f"same cache: HF_HOME / HF_HUB_CACHE), or pass a local model directory")
 
 
 def _snapshot(repo_id: str, revision: str | None, cache: Path, local_only: bool,

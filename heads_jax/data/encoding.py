@@ -26,8 +26,7 @@ A segment is encoded in one of three modes (`Segment.mode`):
 - ``"aligned"``: raw text plus parser words with character spans -> the text is tokenised with
   offsets and each wordpiece is given the parser word whose span overlaps the piece's
   characters (the first such word if a piece straddles two); a piece with no characters of a
-  word (a lone ``Ġ``/``▁`` word-boundary piece) belongs to the word of the next piece of its
-  segment. Never by searching for a piece's first occurrence, which is wrong for repeated words.
+  word (a lone ``Ġ``/``▁`` word-boundary piece) belongs to the word that follows it in the text. Never by searching for a piece's first occurrence, which is wrong for repeated words.
 - ``"text"``: raw text only (no parse) -> word ids are the tokenizer's own pre-tokenised words.
 
 Word indices run over the whole sequence: segment B's words continue after segment A's (after
@@ -214,15 +213,19 @@ def _as_aligned_text(seg: "Segment") -> "Segment":
                  deprels=seg.deprels)
 
 
-def _attach_boundary_pieces(local: np.ndarray, offsets: np.ndarray, text: str) -> np.ndarray:
+def _attach_boundary_pieces(local: np.ndarray, offsets: np.ndarray, text: str, spans) -> np.ndarray:
   """Gives a piece that covers no word's characters (empty offsets or only whitespace: a lone
-  ``Ġ``/``▁``) the word of the next piece, within one segment's pieces."""
+  ``Ġ``/``▁``) the word that follows it in the text (the first word starting at or after the
+  piece's end), within one segment."""
   out = local.copy()
-  for i in range(len(out) - 2, -1, -1):
-    if out[i] < 0 and out[i + 1] >= 0:
-      s, e = int(offsets[i, 0]), int(offsets[i, 1])
-      if not text[s:e].strip():
-        out[i] = out[i + 1]
+  starts = np.asarray([a for a, _ in spans], np.int64)
+  for i in np.flatnonzero(out < 0):
+    s, e = int(offsets[i, 0]), int(offsets[i, 1])
+    if text[s:e].strip():
+      continue
+    j = int(np.searchsorted(starts, e, side="left"))
+    if j < len(starts):
+      out[i] = j
   return out
 
 
@@ -245,7 +248,7 @@ def _row(enc, example: AnalysisExample, special: dict) -> dict:
     where = seq == s
     if seg.mode == "aligned":
       local[where] = _attach_boundary_pieces(align_pieces_to_words(offsets[where], seg.spans),
-                                             offsets[where], seg.text)
+                                             offsets[where], seg.text, seg.spans)
     else:
       local[where] = [-1 if w is None else w for w, keep in zip(enc.word_ids, where) if keep]
   # Word numbering over the sequence: B continues after A.

@@ -31,6 +31,7 @@ import logging
 import numpy as np
 
 from heads_jax.data import glue
+from heads_jax.data.encoding import encode_texts
 from heads_jax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -104,10 +105,8 @@ def encode_examples(examples, tokenizer, max_length: int, *, pad_to_max_length: 
   ``pad_to_max_length`` is False. Pairs are truncated longest-first."""
   a = [e.text_a for e in examples]
   b = [e.text_b for e in examples] if examples[0].text_b is not None else None
-  enc = tokenizer(a, b, truncation="longest_first" if b is not None else True,
-                  max_length=max_length, padding="max_length" if pad_to_max_length else "longest",
-                  return_tensors="np")
-  out = {k: np.asarray(enc[k], np.int32) for k in TEXT_ARRAYS}
+  # token_type_ids: the segments of DESIGN.md section 3 for any family's template
+  out = encode_texts(tokenizer, a, b, max_length=max_length, pad_to_max_length=pad_to_max_length)
   out["labels"] = np.asarray([e.label for e in examples], np.int32)
   return out
 
