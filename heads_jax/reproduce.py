@@ -476,9 +476,18 @@ def finetune_config(config, task: str, batch_size: int, lr: float, init: str, da
   return c
 
 
+def rows_key(data_marker: dict, role: str) -> dict:
+  """What identifies the rows of ``role``: source, split and row ranges (not when they were
+  written, so a new analysis size leaves fine-tuning on unchanged rows alone)."""
+  out = data_marker["outputs"]
+  r = out["roles"][role]
+  return {"origin": out["origin"], "split": r["split"], "idx": r["idx"]}
+
+
 def _finetune_key(c, init_marker: dict, data_marker: dict) -> dict:
   d = {k: v for k, v in c.to_dict().items() if k not in _COSMETIC}
-  return {"config": d, "pretrained": init_marker.get("finished"), "data": data_marker.get("finished")}
+  return {"config": d, "pretrained": init_marker.get("finished"),
+          "train": rows_key(data_marker, "train"), "eval": rows_key(data_marker, "eval")}
 
 
 def pick_best(results: dict) -> tuple[str, dict]:
@@ -566,13 +575,13 @@ def analysis_units(ctx: Context, parser: str) -> list[dict]:
     spec = f"glue-tsv:{ctx.workdir / 'data' / info.dir_name}:analysis"
     data_marker = ctx.markers.read_unit("data", task)
     units.append({"unit": f"pretrained/{task}", "model_kind": "pretrained", "task": task,
-                  "data": spec, "model": pre["outputs"]["model"], "inputs": [pre["finished"],
-                                                                             data_marker["finished"]],
+                  "data": spec, "model": pre["outputs"]["model"],
+                  "inputs": [pre["finished"], rows_key(data_marker, "analysis")],
                   "out": str(root / "pretrained" / task)})
     best = json.loads((ctx.workdir / "finetune" / task / "best.json").read_text())
     units.append({"unit": f"finetuned/{task}", "model_kind": "finetuned", "task": task,
                   "data": spec, "model": best["model"],
-                  "inputs": [best["finished"][best["best_run"]], data_marker["finished"]],
+                  "inputs": [best["finished"][best["best_run"]], rows_key(data_marker, "analysis")],
                   "out": str(root / "finetuned" / task)})
   fallback = config.analysis.syntax_fallback
   if fallback and parser == "none":

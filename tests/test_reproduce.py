@@ -245,10 +245,22 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
   splits = json.loads((wd / "data" / "splits.json").read_text())
   assert splits["qnli"]["roles"]["train"]["split"] == "dev" and splits["qnli"]["shared_splits"]
 
-  # 5. --redo compare: the comparisons and the report (which reads them) run again, nothing earlier
+  # 5. more analysed sequences: the data stage and the analyses run again; MRPC and SST-2 (their
+  # own test split) keep their fine-tuning, QNLI too (its eval rows do not depend on the analysis
+  # split), QQP (one shared split: the training rows move) fine-tunes again
+  fin = _finished(wd, "finetune")
+  rp.run_reproduce(toy_config(small_glue, test_sequences=12), wd)
+  fin2 = _finished(wd, "finetune")
+  assert {k: fin2[k] for k in fin if not k.startswith("qqp")} == {k: v for k, v in fin.items()
+                                                                 if not k.startswith("qqp")}
+  assert fin2["qqp_bs8_lr0.01.json"] > fin["qqp_bs8_lr0.01.json"]
+  after = _finished(wd, "analysis")
+  assert rows.shape[0] > 0 and (pd.read_csv(wd / "paper_table.csv").shape[0] == rows.shape[0])
+
+  # 6. --redo compare: the comparisons and the report (which reads them) run again, nothing earlier
   compared = _finished(wd, "compare")
   reported = _finished(wd, "report")
-  rp.run_reproduce(toy_config(small_glue), wd, redo="compare")
+  rp.run_reproduce(toy_config(small_glue, test_sequences=12), wd, redo="compare")
   assert _finished(wd, "analysis") == after
   assert all(_finished(wd, "compare")[k] > v for k, v in compared.items())
   assert _finished(wd, "report")["report.json"] > reported["report.json"]
