@@ -8,7 +8,8 @@ Stages (``STAGES``), each writing under ``workdir``:
 2. ``pretrained``: the pre-trained model (an existing model or pre-training run, pre-training
    phases 1 and 2, or a random model) -> ``pretrained/pretrained.json``;
 3. ``finetune``: every task over the config's grid (``finetune/<task>/bs<B>_lr<LR>``), the best
-   dev score per task kept (``finetune/<task>/best.json``);
+   dev score per task kept (``finetune/<task>/best.json``); a finished grid point keeps its
+   exports and drops its Orbax checkpoints unless ``finetune.keep_checkpoints``;
 4. ``analysis``: the pre-trained model on every task's analysis rows and each fine-tuned model on
    its own task's (``analysis/pretrained/<task>``, ``analysis/finetuned/<task>``; with
    ``analysis.syntax_fallback`` and no parser also on that data);
@@ -21,8 +22,10 @@ Restarts. Each stage is made of units (a task, a grid point, an analysis). A uni
 runs and ``stages/<stage>/<unit>.json`` (key, outputs, times) last. A unit whose done marker has
 the current key is skipped; a unit started with another key has its outputs removed first; a
 unit started with the same key and not finished continues (fine-tuning resumes from its
-checkpoints). Inputs are part of the key (e.g. an analysis's key holds the finish time of the
-fine-tuning it reads), so redoing a stage makes the later stages that read it run again.
+checkpoints). Inputs are part of the key (an analysis's key holds the finish time of the model
+it reads and the rows it analyses; a fine-tuning's key its config and its train and eval rows),
+so redoing a stage makes the later stages that read it run again, and a changed setting redoes
+only what depends on it.
 ``redo=STAGE`` removes that stage's markers and outputs first. ``config.stop_after`` stops after a
 stage. Each stage prints one line when it starts and one with its time when it ends.
 """
