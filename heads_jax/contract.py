@@ -72,6 +72,7 @@ SETTINGS_JSON = "settings.json"
 CLUSTERS_CSV = "clusters.csv"
 CLUSTERS_JSON = "clusters.json"
 SUMMARY_JSON = "summary.json"
+EXAMPLES_JSON = "examples.json"
 COMPARE_SIEVE_BIAS_CSV = "compare_sieve_bias.csv"
 COMPARE_ROLES_CSV = "compare_roles.csv"
 COMPARE_CLUSTERS_CSV = "compare_clusters.csv"
@@ -426,6 +427,26 @@ def read_summary(out_dir) -> dict:
     raise FileNotFoundError(f"no {SUMMARY_JSON} in {out_dir}: compute it with "
                             f"summary.summary_figures + contract.write_summary")
   return read_json(path)
+
+
+def write_examples(doc: Mapping, out_dir) -> Path:
+  """Writes examples.json (the head view's example maps, DESIGN.md section 4; the document of
+  ``hoststats.examples.examples_document``) into out_dir."""
+  if doc.get("format") != "heads_jax.examples" or not isinstance(doc.get("heads"), list) \
+      or not isinstance(doc.get("sequences"), list):
+    raise ValueError("not an examples document: build it with hoststats.examples.examples_document")
+  return write_json(doc, Path(out_dir) / EXAMPLES_JSON)
+
+
+def read_examples(out_dir) -> dict | None:
+  """examples.json of an output directory, or None when the run has none."""
+  path = Path(out_dir) / EXAMPLES_JSON
+  if not path.is_file():
+    return None
+  doc = read_json(path)
+  if not isinstance(doc, dict) or doc.get("format") != "heads_jax.examples":
+    raise ValueError(f"{path} is not a heads_jax examples file")
+  return doc
 
 
 # ---------------------------------------------------------------------------------------------

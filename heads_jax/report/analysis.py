@@ -39,7 +39,7 @@ import pandas as pd
 from heads_jax import contract
 from heads_jax.data import batch as batch_lib
 from heads_jax.hoststats import roles as roles_lib
-from heads_jax.report import style, tables
+from heads_jax.report import style, tables, views
 from heads_jax.report.figures import guan, pande
 from heads_jax.report.figures.common import DEFAULT_DPI
 from heads_jax.report.headline import SUMMARY_FIELDS, match_summary, summary_value
@@ -379,6 +379,10 @@ def build_analysis_report(out_dir, *, title: str | None = None,
   if title is None:
     parts = [short_name(settings[k]) for k in ("model", "data") if settings.get(k)]
     title = "Attention heads: " + " on ".join(parts) if parts else "Attention-head analysis"
+  extra = list(analysis_measures_sections(out_dir, dpi=dpi) or [])
+  examples = contract.read_examples(out_dir)  # the interactive head view (report/views.py)
+  if examples and examples.get("heads"):
+    extra.insert(0, views.head_view_section(examples, tests_df, clusters_df))
   return write_report(out_dir, title=title, settings=settings, summary=summary, tests_df=tests_df,
                       clusters_df=clusters_df, cluster_info=cluster_info, figures=figs,
-                      extra_sections=analysis_measures_sections(out_dir, dpi=dpi))
+                      extra_sections=extra)

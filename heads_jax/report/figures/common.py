@@ -23,12 +23,16 @@ def new_figure(width: float, height: float, constrained: bool = True) -> Figure:
 
 
 def save_figure(fig: Figure, path, dpi: int) -> Path:
-  """Writes ``fig`` as a PNG at ``path`` (must end in .png; folders are created)."""
+  """Writes ``fig`` as a PNG at ``path`` (must end in .png; folders are created) and, always, as
+  an SVG beside it (same name, ``.svg``: vector text and lines for papers; fonts as paths, so it
+  looks the same everywhere). Returns the PNG's path (the report embeds the PNG)."""
   path = Path(path)
   if path.suffix.lower() != ".png":
     raise ValueError(f"figure path must end in .png, got {str(path)!r}")
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=dpi, format="png", facecolor="white")
+  fig.savefig(path.with_suffix(".svg"), format="svg", facecolor="white",
+              metadata={"Date": None})  # no timestamp: the same figure gives the same file
   return path
 
 
