@@ -173,3 +173,16 @@ def test_clicking_a_head_in_headless_chromium(report, tmp_path):
     shot = b.screenshot(tmp_path / "view.png", selector="#hv")
     assert shot.stat().st_size > 5000
     assert b.problems() == []
+
+
+def test_an_unchanged_choice_needs_no_forward_pass(report):
+  """Re-running the host statistics with the same outcome keeps examples.json as it is."""
+  from heads_jax.stats.examples import write_head_examples
+  page, doc = report
+
+  def loader():
+    raise AssertionError("the model was loaded")
+  path, computed = write_head_examples(page.parent, loader, None, [], max_length=64)
+  assert not computed and contract.read_examples(page.parent) == json.loads(json.dumps(doc))
+  with pytest.raises(AssertionError, match="the model was loaded"):
+    write_head_examples(page.parent, loader, None, [], max_length=64, per_head=2)

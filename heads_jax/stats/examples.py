@@ -224,12 +224,7 @@ def _run_rows(encoder, tokenizer, batch, rows, seqs, need, lengths, out):
     }
 
 
-def write_head_examples(out_dir, model, tokenizer, specs, *, max_length: int,
-                        max_examples: int | None = None, per_head: int = DEFAULT_PER_HEAD,
-                        max_tokens: int = DEFAULT_MAX_TOKENS, bucket_step: int = 16,
-                        batch_size: int = DEFAULT_BATCH) -> Path:
-  """Chooses the examples from ``out_dir``'s scores.npz and tests.csv, computes their maps and
-  writes ``out_dir/examples.json`` (module docstring); returns its path."""
+def _choose_from_files(out_dir, per_head: int, max_tokens: int):
   scores = contract.read_scores(out_dir)
   tests, settings = contract.read_tests(out_dir)
   L, H = scores.num_layers, scores.num_heads
@@ -244,10 +239,44 @@ def write_head_examples(out_dir, model, tokenizer, specs, *, max_length: int,
   lengths = scores.lengths if scores.lengths is not None else np.zeros(len(scores.sieve_bias), int)
   examples = choose_examples(scores.sieve_bias, scores.roles, assigned, statistic, lengths,
                              per_head=per_head, max_tokens=max_tokens)
+  return examples, scores, settings
+
+
+def _same_choice(doc: dict | None, examples: list[HeadExamples], per_head: int, max_tokens: int) -> bool:
+  """Whether ``doc`` (an examples.json) holds exactly these picks."""
+  if not doc or doc.get("per_head") != per_head or doc.get("max_tokens") != max_tokens \
+      or len(doc.get("heads", [])) != len(examples):
+    return False
+  index = [s["index"] for s in doc["sequences"]]
+  for e, h in zip(examples, doc["heads"]):
+    stored = [(index[x["sequence"]], x["role"]) for x in h["examples"]]
+    if (h["layer"], h["head"]) != (e.layer, e.head) or stored != [(p[0], p[1]) for p in e.picks]:
+      return False
+  return True
+
+
+def write_head_examples(out_dir, model, tokenizer, specs, *, max_length: int,
+                        max_examples: int | None = None, per_head: int = DEFAULT_PER_HEAD,
+                        max_tokens: int = DEFAULT_MAX_TOKENS, bucket_step: int = 16,
+                        batch_size: int = DEFAULT_BATCH) -> tuple[Path, bool]:
+  """Chooses the examples from ``out_dir``'s scores.npz and tests.csv, computes their maps and
+  writes ``out_dir/examples.json`` (module docstring). An examples.json that already holds the
+  same choice (a re-run that only changed host settings) is kept without a forward pass.
+
+  ``model`` may be a zero-argument callable returning ``(model, tokenizer)`` (then
+  ``tokenizer`` is ignored): it is called only when maps must be computed.
+  Returns ``(path, computed)``.
+  """
+  examples, scores, settings = _choose_from_files(out_dir, per_head, max_tokens)
+  path = Path(out_dir) / contract.EXAMPLES_JSON
+  if _same_choice(contract.read_examples(out_dir), examples, per_head, max_tokens):
+    return path, False
+  if callable(model) and not hasattr(model, "config"):
+    model, tokenizer = model()
   need = sequences_needed(examples)
   sequences = example_maps(model, tokenizer, specs, need, max_length=max_length,
                            max_examples=max_examples, lengths=scores.lengths,
                            batch_size=batch_size, bucket_step=bucket_step)
   doc = examples_document(examples, sequences, per_head=per_head, max_tokens=max_tokens,
                           rule=settings.get("rule"))
-  return contract.write_examples(doc, out_dir)
+  return contract.write_examples(doc, out_dir), True
