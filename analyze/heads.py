@@ -24,11 +24,12 @@ def _tau(s: str):
 
 
 def add_args(p):
-  p.add_argument("--model", required=True, help="a Hugging Face BERT directory or a heads_jax model directory")
+  p.add_argument("--model", required=True, help="a Hugging Face BERT directory or a heads_jax model directory "
+                                                 "(a local path or gs://...)")
   p.add_argument("--data", required=True, action="append", metavar="SPEC",
                  help="conllu:FILE | glue:TASK[:SPLIT] (TFDS) | glue-tsv:DIR/TASK[:SPLIT] | tsv:FILE[:header] | "
                       "text:FILE | ud-ewt | sst2 | mrpc (embedded); repeat to analyse several data sets together")
-  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--out", required=True, help="output directory (a local path or gs://...)")
   p.add_argument("--max-examples", type=int, default=None, help="first N examples of each data set")
   p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
   p.add_argument("--batch-size", type=int, default=32, help="sequences per device step (default 32)")
@@ -62,6 +63,16 @@ def add_args(p):
   p.add_argument("--cluster-method", choices=("kmeans", "gmm"), default="kmeans")
   p.add_argument("--no-report", dest="report", action="store_false", help="skip figures and report.html")
   p.add_argument("--overwrite", action="store_true", help="replace another run's results in --out")
+  g = p.add_argument_group("several host processes (a TPU pod slice, several GPU hosts)",
+                           "each process runs its devices' rows of every batch; process 0 "
+                           "writes --out. Unset values are auto-detected on Cloud TPU pods and "
+                           "SLURM / Open MPI clusters")
+  g.add_argument("--distributed", action="store_true",
+                 help="join the other processes (jax.distributed) with auto-detected settings")
+  g.add_argument("--coordinator-address", default="", metavar="HOST:PORT",
+                 help="address of process 0's coordinator")
+  g.add_argument("--num-processes", type=int, default=0, help="number of processes")
+  g.add_argument("--process-id", type=int, default=-1, help="this process's id, 0 .. N-1")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -78,4 +89,6 @@ def main(args):
                        parser=args.parser, roles=roles, measures=args.measures, js=args.js,
                        clusters=args.clusters,
                        cluster_method=args.cluster_method, report=args.report)
-  run_analysis(cfg, overwrite=args.overwrite)
+  distributed = {"enabled": args.distributed, "coordinator_address": args.coordinator_address,
+                 "num_processes": args.num_processes, "process_id": args.process_id}
+  run_analysis(cfg, overwrite=args.overwrite, distributed=distributed)

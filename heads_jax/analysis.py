@@ -12,6 +12,14 @@ holds ``data_index`` int ``[N]`` (which spec each sequence came from) beside the
 Re-running into the same directory with the same model and data reuses ``scores.npz`` (the
 device pass) and recomputes the host statistics, so changing ``--tau``, ``--alpha``, ``--test``
 or ``--correction`` costs seconds. A directory that holds another run's results is refused.
+
+``--out`` and ``--model`` may be cloud URLs (``gs://bucket/...``): the model directory is
+mirrored into the local cache, and the files are written into a local staging folder (holding
+a copy of what the URL already has, so the reuse above works there too) that is copied to the
+URL at the end (``heads_jax.data.storage``). With several host processes
+(``run_analysis(..., distributed=...)``, ``heads-jax analyze --num-processes``) every process
+reads the same data, each runs its devices' rows of every batch, all get every row back, and
+process 0 alone writes the files.
 """
 
 from __future__ import annotations
@@ -20,11 +28,13 @@ import dataclasses
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from heads_jax import contract
 from heads_jax.data.batch import ROLES, SYNTACTIC_ROLES
 from heads_jax.data.specs import encode_spec, parse_spec
+from heads_jax.data.storage import as_path, is_url, local_copy, staged_output
 from heads_jax.errors import UserError
 from heads_jax.hoststats.calibration import DEFAULT_RULE, NEAR_UNIFORM_NATS, RULES, apply_rule
 from heads_jax.hoststats.clustering import cluster_heads
@@ -32,6 +42,7 @@ from heads_jax.hoststats.hypothesis import hypothesis_tests
 from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, format_roles_by_layer
 from heads_jax.hoststats.summary import summary_figures
 from heads_jax.model.loading import load_model
+from heads_jax.parallel import initialize_distributed
 from heads_jax.report.analysis import build_analysis_report
 from heads_jax.stats.collector import collect, combine_measures
 from heads_jax.stats.step import make_analysis_step
@@ -113,7 +124,7 @@ def _check_out_dir(cfg: AnalysisConfig, overwrite: bool) -> bool:
 def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bool = True) -> dict:
   """The device pass: ``{"sieve_bias", "distance", "lengths", "roles", "data_index", "data_info"}``."""
   if model is None:
-    model, tokenizer = load_model(cfg.model)
+    model, tokenizer = load_model(local_copy(cfg.model))
   model.config.check_max_length(cfg.max_length)
   roles = tuple(cfg.roles)
   if not cfg.syntax:
@@ -181,13 +192,51 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
 
 
 def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: bool = False,
-                 progress: bool = True, log=print) -> dict:
-  """Runs the whole analysis; returns the host results plus ``out`` and ``report`` paths."""
-  out = Path(cfg.out)
+                 progress: bool = True, log=print, distributed: dict | None = None) -> dict:
+  """Runs the whole analysis; returns the host results plus ``out`` and ``report`` paths.
+
+  ``cfg.out`` may be a URL (module docstring). ``distributed``: keyword arguments of
+  ``heads_jax.parallel.initialize_distributed`` (``coordinator_address``, ``num_processes``,
+  ``process_id``, ``enabled``) for a run over several host processes; a process other than 0
+  returns ``{"out", "process_index", "num_sequences"}`` after the device pass.
+  """
+  if distributed:
+    initialize_distributed(**distributed)
   check_rule_settings(cfg)
-  reuse = _check_out_dir(cfg, overwrite)
-  out.mkdir(parents=True, exist_ok=True)
+  if not is_url(cfg.out):
+    return _run_in(cfg, model=model, tokenizer=tokenizer, overwrite=overwrite, progress=progress,
+                   log=log)
+  main = jax.process_index() == 0
+  with staged_output(cfg.out, upload=main) as local:
+    host = _run_in(dataclasses.replace(cfg, out=str(local)), model=model, tokenizer=tokenizer,
+                   overwrite=overwrite, progress=progress, log=log, shown_out=cfg.out)
+    remote = as_path(cfg.out)
+    if host.get("report") is not None:
+      host["report"] = remote / Path(host["report"]).relative_to(local).as_posix()
+    host["out"] = remote
+  if main:
+    log(f"copied to {cfg.out}")
+  return host
+
+
+def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, progress: bool, log,
+            shown_out: str | None = None) -> dict:
+  """``run_analysis`` into the local directory ``cfg.out``."""
+  out = Path(cfg.out)
+  main = jax.process_index() == 0
+  if not main:
+    log = lambda *a, **k: None  # noqa: E731 (process 0 reports)
+  try:
+    reuse = _check_out_dir(cfg, overwrite)
+  except (FileExistsError, NotADirectoryError) as e:
+    raise type(e)(str(e).replace(str(out), shown_out)) if shown_out else e
+  if main:
+    out.mkdir(parents=True, exist_ok=True)
   t0 = time.time()
+  if not main:
+    scores = None if reuse else compute_scores(cfg, model, tokenizer, progress=False)
+    return {"out": out, "process_index": jax.process_index(),
+            "num_sequences": None if scores is None else int(len(scores["lengths"]))}
   if reuse:
     data_info = contract.read_run(out).get("data_info", [])
     log(f"reusing {out / contract.SCORES_FILE} (same model and data); recomputing the host "

@@ -27,7 +27,9 @@ Host-only (no jax).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -36,6 +38,8 @@ import uuid
 from pathlib import Path
 
 from etils import epath
+
+from heads_jax.errors import UserError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -51,8 +55,19 @@ def as_path(path) -> epath.Path:
     return path
   text = os.fspath(path)
   if is_url(text):
+    _check_backend(text)
     return epath.Path(text)
   return epath.Path(os.path.abspath(os.path.expanduser(text)))
+
+
+@functools.lru_cache(maxsize=None)
+def _check_backend(url: str) -> None:
+  scheme = url.split("://", 1)[0].lower()
+  needs = {"gs": "gcsfs", "s3": "s3fs"}.get(scheme)
+  if needs and not (importlib.util.find_spec(needs) or importlib.util.find_spec("tensorflow")):
+    extra = ' (pip install "heads_jax[gcs]")' if scheme == "gs" else ""
+    raise UserError(f"{url}: reading and writing {scheme}:// paths needs the {needs} package"
+                    f"{extra}")
 
 
 def display(path) -> str:
@@ -163,12 +178,13 @@ def copy_tree(src, dest) -> epath.Path:
 
 
 @contextlib.contextmanager
-def staged_output(path, *, fetch_existing: bool = True):
+def staged_output(path, *, fetch_existing: bool = True, upload: bool = True):
   """Yields a local directory to write ``path``'s files into.
 
   A local ``path``: itself (created). A URL: a temporary directory holding a copy of what is
   already at the URL (``fetch_existing``; so a job can find its earlier results there), whose
-  files are uploaded to the URL when the block ends without an exception.
+  files are uploaded to the URL when the block ends without an exception (and ``upload``: the
+  other processes of a multi-host job pass False).
   """
   if not is_url(path):
     local = Path(os.fspath(as_path(path)))
@@ -180,7 +196,8 @@ def staged_output(path, *, fetch_existing: bool = True):
     if fetch_existing and remote.is_dir():
       local_copy(remote, tmp)
     yield Path(tmp)
-    upload_tree(tmp, remote)
+    if upload:
+      upload_tree(tmp, remote)
 
 
 def write_text(path, text: str) -> epath.Path:

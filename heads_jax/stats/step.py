@@ -31,7 +31,8 @@ has no ``attention_reduce`` parameter, and ``js=True`` (which compares all heads
 other), always take ``"stacked"``. ``compute_dtype="bfloat16"`` runs the encoder's matmuls in
 bfloat16 (float32 softmax and statistics; the error against float32 is in BENCHMARKS.md). The batch is padded with all-padding rows to a multiple of the
 number of (local) devices of the ``data`` mesh and sharded over it; the model state is
-replicated on the mesh once, when the step is made. Only the real rows come back.
+replicated on the mesh once, when the step is made. Only the real rows come back. With several
+host processes every process passes the same global batch and gets all its rows back.
 
 This is where the model and the sieves meet (DESIGN.md section 2): neither imports the other.
 """
@@ -47,7 +48,8 @@ import numpy as np
 from flax import nnx
 
 from heads_jax.data.batch import BATCH_FIELDS, ROLES
-from heads_jax.parallel import batch_sharding, data_mesh, pad_to_multiple, replicate, shard_batch
+from heads_jax.parallel import (batch_sharding, data_mesh, pad_to_multiple, replicate, replicated,
+                                shard_batch, shard_global_batch)
 from heads_jax.sieves import build_sieves, check_direction, check_roles
 from heads_jax.stats.distance import distance_features
 from heads_jax.stats.fused import fused_reducer, fused_tables
@@ -149,8 +151,12 @@ class AnalysisStep:
     self.gate_mode = gate_mode
     self.measures, self.js = bool(measures or js), bool(js)
     self.mesh = mesh = data_mesh() if mesh is None else mesh
+    # One process: batches are padded to a multiple of its devices. Several processes (a pod,
+    # or `heads-jax analyze --num-processes`): every process passes the same global batch, each
+    # supplies its devices' rows, and the results come back replicated to all of them.
+    self.multi_process = jax.process_count() > 1
     local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
-    self.multiple = max(1, len(local))
+    self.multiple = self.mesh.devices.size if self.multi_process else max(1, len(local))
     # A task model (pre-training / classification) carries its encoder as `.bert`; only the
     # encoder's attentions are needed, so skip the task heads (MLM logits are costly).
     encoder = getattr(model, "bert", model)
@@ -199,7 +205,7 @@ class AnalysisStep:
         out.update(all_measures(attn, batch["token_class"], batch["attention_mask"], js=with_js))
       return out
 
-    out_shardings = batch_sharding(self.mesh)
+    out_shardings = replicated(self.mesh) if self.multi_process else batch_sharding(self.mesh)
     if isinstance(encoder, nnx.Module):
       graphdef, state = nnx.split(encoder)
       self._state = replicate(state, self.mesh)
@@ -226,7 +232,7 @@ class AnalysisStep:
     """
     batch = _check_batch(batch)
     padded, rows = pad_to_multiple(batch, self.multiple)
-    device_batch = shard_batch(padded, self.mesh)
+    device_batch = (shard_global_batch if self.multi_process else shard_batch)(padded, self.mesh)
     if head_gate is not None:
       head_gate = replicate(jnp.asarray(head_gate, jnp.float32), self.mesh)
     return PendingResult(self._run(self._state, device_batch, head_gate), rows)

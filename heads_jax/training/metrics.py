@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import tempfile
 import time
 
 import jax
 from tensorboardX import SummaryWriter
 
+from heads_jax.data.storage import upload_tree
 from heads_jax.training.rundir import RunDir
 
 # Peak dense bfloat16 FLOP/s of one JAX device (a TPU v2/v3 device is one core; v4 and later
@@ -76,7 +79,8 @@ class MetricsWriter:
   A local work directory gets one appended line per record. In cloud storage (a URL), where an
   object cannot be appended to, the file is rewritten whole (the earlier records read back when
   the run resumes) at most every ``sync_seconds`` and when the writer closes; TensorBoard events
-  go through tensorboardX's own ``gs://`` writer, flushed as rarely.
+  are written to a local folder whose files are copied to ``tb/`` as often (each run segment
+  adds its own events file, as locally).
   """
 
   def __init__(self, workdir, *, enabled: bool = True, tensorboard: bool = True,
@@ -96,8 +100,12 @@ class MetricsWriter:
     else:
       self.path.parent.mkdir(parents=True, exist_ok=True)
       self._file = open(self.path, "a")
+    self._tb_local = None
     if tensorboard:
-      self._tb = SummaryWriter(str(run.tensorboard_dir))
+      if self.remote:
+        self._tb_local = tempfile.mkdtemp(prefix="heads_jax_tb_")
+        self._tb_remote = run.tensorboard_dir
+      self._tb = SummaryWriter(self._tb_local or str(run.tensorboard_dir))
 
   def write(self, step: int, scalars: dict, prefix: str = "train"):
     if not self.enabled:
@@ -130,6 +138,7 @@ class MetricsWriter:
       self._dirty = False
     if self._tb is not None:
       self._tb.flush()
+      upload_tree(self._tb_local, self._tb_remote)
     self._synced = time.monotonic()
 
   def close(self):
@@ -141,6 +150,9 @@ class MetricsWriter:
       self._file.close()
     if self._tb is not None:
       self._tb.close()
+      if self._tb_local:
+        upload_tree(self._tb_local, self._tb_remote)
+        shutil.rmtree(self._tb_local, ignore_errors=True)
 
 
 def _float(v):
