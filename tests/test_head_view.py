@@ -88,7 +88,6 @@ def test_section_embeds_the_document_safely(tmp_path):
     contract.write_examples({"heads": []}, tmp_path)
 
 
-@pytest.mark.slow
 def test_example_maps_are_transformers_attention(tmp_path):
   """The second pass re-encodes the analysis's data and returns exactly the chosen sequences'
   maps: transformers' RobertaModel on the same sequences gives the same attention."""

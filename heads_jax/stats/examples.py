@@ -32,7 +32,9 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
+import jax
 import numpy as np
+from flax import nnx
 
 from heads_jax import contract
 from heads_jax.data.specs import encode_spec
@@ -166,20 +168,61 @@ def example_maps(model, tokenizer, specs, need: dict, *, max_length: int,
                  bucket_step: int = 16) -> dict[int, dict]:
   """Tokens, segments and attention maps of the sequences in ``need``.
 
+  The chosen rows are collected while the data streams past, then run through one jitted
+  forward pass in chunks of ``batch_size`` rows, all padded to one length (a multiple of
+  ``bucket_step``): one compilation whatever the lengths.
+
   Args:
     model: the encoder, or a task model whose ``.bert`` is used.
     tokenizer: the model's tokenizer (``heads_jax.data.tokenizer``).
     specs: the analysis's data specs, in order.
-    need: ``{sequence: [(layer, head), ...]}`` (``hoststats.examples.sequences_needed``).
+    need: ``{sequence: [(layer, head), ...]}`` (`sequences_needed`).
     lengths: int ``[N]`` of ``scores.npz``, checked against the re-encoded sequences.
 
   Returns:
     ``{sequence: {"tokens": [str] * n, "segments": [int] * n, "maps": {(layer, head): float32
     [n, n]}}}`` for every sequence of ``need``.
   """
+  rows = _collect_rows(tokenizer, specs, set(int(i) for i in need), max_length=max_length,
+                       max_examples=max_examples, batch_size=batch_size, bucket_step=bucket_step)
   encoder = getattr(model, "bert", model)
-  remaining = set(int(i) for i in need)
+  graphdef, state = nnx.split(encoder)
+
+  @jax.jit
+  def forward(state, ids, mask, types):
+    out = nnx.merge(graphdef, state)(ids, mask, types, return_attentions=True, attention="explicit")
+    return out["attentions"]
+
+  seqs = sorted(rows)
+  k = max(len(rows[s]["input_ids"]) for s in seqs)
+  k = min(max(k, 1) + (-k) % bucket_step, max(max_length, k))
   out: dict[int, dict] = {}
+  for start in range(0, len(seqs), batch_size):
+    chunk = seqs[start:start + batch_size]
+    arrays = {f: np.zeros((batch_size, k), np.int32) for f in ("input_ids", "attention_mask",
+                                                               "token_type_ids")}
+    for j, seq in enumerate(chunk):
+      n = len(rows[seq]["input_ids"])
+      for f in arrays:
+        arrays[f][j, :n] = rows[seq][f]
+    att = np.asarray(forward(state, arrays["input_ids"], arrays["attention_mask"],
+                             arrays["token_type_ids"]))
+    for j, seq in enumerate(chunk):
+      row = rows[seq]
+      n = len(row["input_ids"])
+      if lengths is not None and int(lengths[seq]) != n:
+        raise ValueError(f"sequence {seq} has {n} positions now and {int(lengths[seq])} in the "
+                         "analysis; the data or the tokenizer changed since the analysis pass")
+      out[seq] = {"tokens": tokenizer.convert_ids_to_tokens(row["input_ids"].tolist()),
+                  "segments": row["token_type_ids"].astype(int).tolist(),
+                  "maps": {(l, h): att[j, l, h, :n, :n].astype(np.float32) for l, h in need[seq]}}
+  return out
+
+
+def _collect_rows(tokenizer, specs, remaining: set, *, max_length, max_examples, batch_size,
+                  bucket_step) -> dict[int, dict]:
+  """The encoded rows (unpadded) of the sequences in ``remaining``, by sequence number."""
+  rows: dict[int, dict] = {}
   offset = 0
   for spec in specs:
     if not remaining:
@@ -187,41 +230,23 @@ def example_maps(model, tokenizer, specs, need: dict, *, max_length: int,
     _, batches, count = encode_spec(spec, tokenizer, max_length=max_length, batch_size=batch_size,
                                     max_examples=max_examples, syntax=False,
                                     bucket_step=bucket_step)
-    if not any(offset <= i < offset + count for i in remaining):
-      offset += count
-      continue
-    for indices, batch in batches:
-      rows = [j for j, i in enumerate(indices) if i >= 0 and int(i) + offset in remaining]
-      if rows:
-        _run_rows(encoder, tokenizer, batch, rows, [int(indices[j]) + offset for j in rows], need,
-                  lengths, out)
-        remaining -= {int(indices[j]) + offset for j in rows}
-      if not any(offset <= i < offset + count for i in remaining):
-        break
+    mine = {i for i in remaining if offset <= i < offset + count}
+    if mine:
+      for indices, batch in batches:
+        for j, i in enumerate(indices):
+          if i >= 0 and int(i) + offset in mine:
+            n = int(batch["attention_mask"][j].sum())
+            rows[int(i) + offset] = {f: batch[f][j, :n].copy() for f in
+                                     ("input_ids", "attention_mask", "token_type_ids")}
+            mine.discard(int(i) + offset)
+            remaining.discard(int(i) + offset)
+        if not mine:
+          break
     offset += count
   if remaining:
     raise ValueError(f"sequences {sorted(remaining)[:5]} are not in the data ({offset} sequences); "
                      "the data changed since the analysis pass")
-  return out
-
-
-def _run_rows(encoder, tokenizer, batch, rows, seqs, need, lengths, out):
-  n_rows = batch["attention_mask"][rows].sum(-1)
-  k = int(n_rows.max())
-  sub = {f: np.ascontiguousarray(batch[f][rows, :k]) for f in ("input_ids", "attention_mask",
-                                                               "token_type_ids")}
-  att = np.asarray(encoder(sub["input_ids"], sub["attention_mask"], sub["token_type_ids"],
-                           return_attentions=True, attention="explicit")["attentions"])
-  for j, seq in enumerate(seqs):
-    n = int(n_rows[j])
-    if lengths is not None and int(lengths[seq]) != n:
-      raise ValueError(f"sequence {seq} has {n} positions now and {int(lengths[seq])} in the "
-                       "analysis; the data or the tokenizer changed since the analysis pass")
-    out[seq] = {
-        "tokens": tokenizer.convert_ids_to_tokens(sub["input_ids"][j, :n].tolist()),
-        "segments": sub["token_type_ids"][j, :n].astype(int).tolist(),
-        "maps": {(l, h): att[j, l, h, :n, :n].astype(np.float32) for l, h in need[seq]},
-    }
+  return rows
 
 
 def _choose_from_files(out_dir, per_head: int, max_tokens: int):
