@@ -1,4 +1,4 @@
-"""Analyse the attention heads of a BERT model: sieve bias, hypothesis tests, roles, clusters, report.
+"""Analyse the attention heads of an encoder (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA, ALBERT): sieve bias, hypothesis tests, roles, clusters, report.
 
 Writes into --out: scores.npz, tests.csv + tests.json, summary.json, clusters.csv, figures/*.png
 and report.html (DESIGN.md section 4), and prints the roles per layer. Thin entry point over
@@ -24,8 +24,10 @@ def _tau(s: str):
 
 
 def add_args(p):
-  p.add_argument("--model", required=True, help="a Hugging Face BERT directory or a heads_jax model directory "
-                                                 "(a local path or gs://...)")
+  p.add_argument("--model", required=True, help="a Hugging Face model directory (BERT, RoBERTa, XLM-RoBERTa, "
+                                                 "DistilBERT, ELECTRA, ALBERT), a hub id found in the local Hugging "
+                                                 "Face cache (HF_HOME; downloaded unless HF_HUB_OFFLINE=1), or a "
+                                                 "heads_jax model directory (a local path or gs://...)")
   p.add_argument("--data", required=True, action="append", metavar="SPEC",
                  help="conllu:FILE | glue:TASK[:SPLIT] (TFDS) | glue-tsv:DIR/TASK[:SPLIT] | tsv:FILE[:header] | "
                       "text:FILE | ud-ewt | sst2 | mrpc (embedded); repeat to analyse several data sets together")
@@ -62,6 +64,8 @@ def add_args(p):
   p.add_argument("--clusters", type=int, default=4, help="number of head clusters (default 4)")
   p.add_argument("--cluster-method", choices=("kmeans", "gmm"), default="kmeans")
   p.add_argument("--no-report", dest="report", action="store_false", help="skip figures and report.html")
+  p.add_argument("--examples", type=int, default=3, metavar="N",
+                 help="example sequences per head for the report's head view (examples.json; default 3, 0: none)")
   p.add_argument("--overwrite", action="store_true", help="replace another run's results in --out")
   g = p.add_argument_group("several host processes (a TPU pod slice, several GPU hosts)",
                            "each process runs its devices' rows of every batch; process 0 "
@@ -88,7 +92,7 @@ def main(args):
                        near_uniform_nats=args.near_uniform_nats, direction=args.direction, syntax=args.syntax,
                        parser=args.parser, roles=roles, measures=args.measures, js=args.js,
                        clusters=args.clusters,
-                       cluster_method=args.cluster_method, report=args.report)
+                       cluster_method=args.cluster_method, report=args.report, examples=args.examples)
   distributed = {"enabled": args.distributed, "coordinator_address": args.coordinator_address,
                  "num_processes": args.num_processes, "process_id": args.process_id}
   run_analysis(cfg, overwrite=args.overwrite, distributed=distributed)

@@ -45,6 +45,7 @@ from heads_jax.model.loading import load_model
 from heads_jax.parallel import initialize_distributed
 from heads_jax.report.analysis import build_analysis_report
 from heads_jax.stats.collector import collect, combine_measures
+from heads_jax.stats.examples import DEFAULT_PER_HEAD, write_head_examples
 from heads_jax.stats.step import make_analysis_step
 
 # Settings that determine scores.npz (the device pass); the others only affect host statistics.
@@ -80,6 +81,7 @@ class AnalysisConfig:
   bucket_step: int = 16              # padded lengths are multiples of this (smaller: less padding, more shapes)
   report: bool = True
   title: str | None = None
+  examples: int = DEFAULT_PER_HEAD   # sequences per head in the report's head view (examples.json); 0: none
 
   def device_settings(self) -> dict:
     d = dataclasses.asdict(self)
@@ -261,6 +263,13 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, progress:
         f"{', '.join(host['settings']['near_uniform_heads'])}")
   log(f"heads per role and layer ({cfg.rule} rule):\n" + format_roles_by_layer(table))
   log(headline(host["summary"]))
+  if cfg.examples > 0:  # the head view: a second, small forward pass (stats/examples.py)
+    load = ((lambda: (model, tokenizer)) if model is not None
+            else (lambda: load_model(local_copy(cfg.model))))
+    path, computed = write_head_examples(out, load, None, cfg.data, max_length=cfg.max_length,
+                                         max_examples=cfg.max_examples, per_head=cfg.examples,
+                                         bucket_step=cfg.bucket_step)
+    log(f"head view examples: {path}" + ("" if computed else " (unchanged)"))
   report = None
   if cfg.report:
     report = build_analysis_report(out, title=cfg.title)

@@ -15,6 +15,7 @@ from heads_jax.cli import main as cli_main
 from heads_jax.data.batch import ROLES, TOKEN_SEP
 from heads_jax.data.specs import encode_spec
 from heads_jax.data.tokenizer import load_tokenizer
+from heads_jax.stats.examples import decode_map
 from tests import reference_impl as ref
 from tests.family_models import save_family_dir
 from tests.helpers import REPO
@@ -84,3 +85,32 @@ def test_contract_files_and_scores_match_transformers_attention(run):
   assert len(tests) == layers * 4 * len(ROLES)
   settings = json.loads((out / "tests.json").read_text())["settings"]
   assert settings["model"] == str(model_dir)
+
+
+def test_head_view_examples_are_transformers_attention(run):
+  """examples.json: each head's examples are the chosen sequences, their maps transformers'
+  attention on them (to 1/510), their tokens the tokenizer's; the report embeds the view."""
+  family, model_dir, out, hf = run
+  doc = json.loads((out / "examples.json").read_text())
+  layers = hf.config.num_hidden_layers * getattr(hf.config, "inner_group_num", 1)
+  assert len(doc["heads"]) == layers * 4 and all(len(h["examples"]) >= 1 for h in doc["heads"])
+  z = np.load(out / "scores.npz")
+  tok = load_tokenizer(model_dir)
+  seen = 0
+  for h in doc["heads"]:
+    for x in h["examples"]:
+      seq = doc["sequences"][x["sequence"]]
+      n = len(seq["tokens"])
+      assert n == z["lengths"][seq["index"]]
+      np.testing.assert_allclose(x["score"], z["sieve_bias"][seq["index"], h["layer"], h["head"],
+                                                           ROLES.index(x["role"])], rtol=1e-6)
+      ids = tok.convert_tokens_to_ids(seq["tokens"])
+      kw = {"input_ids": torch.tensor([ids], dtype=torch.long)}
+      if family == "albert":
+        kw["token_type_ids"] = torch.tensor([seq["segments"]], dtype=torch.long)
+      with torch.no_grad():
+        att = hf(**kw, output_attentions=True).attentions[h["layer"]][0, h["head"]].numpy()
+      np.testing.assert_allclose(decode_map(x["map"], n), att, atol=0.5 / 255 + 1e-5)
+      seen += 1
+  assert seen >= 8
+  assert 'id="hv-data"' in (out / "report.html").read_text()
