@@ -18,10 +18,39 @@ Presets (``--config configs/pretrain.py:PRESET``):
   sequence length 128 (64 for ``tiny`` phase 1 to be quick), float32.
 * ``small``: a 6-layer, 8-head, hidden-256 model for one GPU or a Colab TPU (quick experiments).
 
-Data sources (``data.sources``): ``;``-separated; each ``tfds:NAME`` (a prepared TFDS text
-data set, e.g. ``tfds:wikipedia/20230601.en``) or comma-separated text paths (files,
-directories of ``*.txt``, globs). ``HEADS_JAX_GUTENBERG`` points to a Gutenberg folder (default:
-``/work/shared/data/corpus/gutenberg``).
+Data sources (``data.sources``): ``;``-separated; each a prepared corpus directory (what
+``heads-jax prepare-corpus`` writes from English Wikipedia + the Gutenberg books: the paper's
+corpus; ``HEADS_JAX_CORPUS``, default ``corpus/paper``, for the ``bert_base`` presets), ``tfds:NAME``
+(a prepared TFDS text data set) or comma-separated text paths (files, directories of ``*.txt``,
+globs). Any of them may be a ``gs://`` URL. ``HEADS_JAX_GUTENBERG`` points to a Gutenberg folder
+(default: ``/work/shared/data/corpus/gutenberg``).
+
+Held-out evaluation text is never trained on: unless ``data.eval_sources`` names other text, the
+evaluation stream reads the held-out side of ``data.sources`` and the training stream the rest
+(a prepared corpus has the split built in; text and TFDS sources are split by document with
+``data.heldout_fraction``, see ``heads_jax.data.corpora``).
+
+Memory per core of the paper's run on a TPU v3-8 (16 GiB of HBM per core; data parallel, so
+every core holds the whole model and 256 / 8 = 32 sequences), from
+``heads_jax.training.memory.estimate_config(config, 8)`` (bfloat16 activations, attention
+dropout 0.1; Korthikanti et al. 2022's ``34 s b h + 5 a s^2 b`` bytes per layer)::
+
+                                          phase 1 (128)   phase 2 (512)
+    parameters (float32, 110.1M)               0.41 GiB        0.41 GiB
+    gradients (float32)                        0.41 GiB        0.41 GiB
+    LAMB state (2 float32 moments)             0.82 GiB        0.82 GiB
+    activations kept for the backward pass     1.55 GiB       10.41 GiB
+    MLM logits and their gradient              0.15 GiB        0.58 GiB
+    total                                      3.33 GiB       12.63 GiB  of 16 GiB
+
+Phase 2 fits with about 3.4 GiB left for XLA's temporaries (the estimate is a lower bound; only
+a real v3-8 shows the peak). If it does not (an out-of-memory error names the batch size), halve
+the activations with gradient accumulation, the same update of 256 sequences in two steps of
+128: ``--config.batch_size=128 --config.optimizer.accumulate_steps=2
+--config.num_train_steps=2000`` (steps count micro-batches); or drop attention dropout
+(``--config.model.attention_dropout=0``: the fused attention keeps no ``[s, s]`` tensor, 4.8 GiB
+of activations, 7.0 GiB in all). Per-layer rematerialisation is not needed at these sizes and is
+not implemented.
 """
 
 import os
@@ -29,6 +58,7 @@ import os
 import ml_collections
 
 GUTENBERG = os.environ.get("HEADS_JAX_GUTENBERG", "/work/shared/data/corpus/gutenberg")
+CORPUS = os.environ.get("HEADS_JAX_CORPUS", "corpus/paper")  # heads-jax prepare-corpus --out ...
 
 
 def _embedded_books() -> str:
@@ -73,7 +103,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.tokenizer = ""        # HF folder or vocab.txt; "" = the embedded bert-base-uncased vocabulary
 
   c.data = ml_collections.ConfigDict()
-  c.data.sources = f"tfds:wikipedia/20230601.en;{GUTENBERG}"
+  c.data.sources = CORPUS    # the prepared Wikipedia + Gutenberg corpus (heads-jax prepare-corpus)
   c.data.weights = ""     # comma-separated mixture weights; "" = proportional to size
   c.data.layout = "paragraphs"  # text files: paragraphs (one book per file) | lines (BERT format)
   c.data.split = "train"  # TFDS split
@@ -89,7 +119,8 @@ def base_config() -> ml_collections.ConfigDict:
   # examples/s at length 128 and ~150-300 at 512; a TPU v3-8 VM has 96 vCPUs.
   c.data.num_workers = 16
   c.data.prefetch = 8
-  c.data.eval_sources = ""  # held-out text; "" = the training sources with another seed
+  c.data.eval_sources = ""  # other held-out text; "" = the held-out side of data.sources
+  c.data.heldout_fraction = 0.005  # text / TFDS sources: share of documents held out (never trained on)
   c.data.eval_seed = 1_000_003
   c.data.unigram_examples = 2048  # held-out examples for the unigram baseline (0: skip)
 
@@ -157,6 +188,7 @@ def get_config(arg: str = "bert_base") -> ml_collections.ConfigDict:
     c.model.size = "tiny"
     c.model.dtype = "float32"
     c.data.sources = _embedded_books()
+    c.data.heldout_fraction = 0.3  # of the books' 64 KiB parts: 2 of 9 (85 KB) held out
     c.data.max_seq_length = 64
     c.data.max_predictions = 10
     c.data.num_workers = 0

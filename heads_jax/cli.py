@@ -1,6 +1,7 @@
 """The ``heads-jax`` console command: dispatches each subcommand to its entry module.
 
-The entry modules live at the top of the repository, ``train/`` (pretrain, finetune) and
+The entry modules live at the top of the repository, ``train/`` (pretrain, finetune,
+prepare_corpus) and
 ``analyze/`` (analyze, compare, ablate, convert, demo), installed as ``heads_jax.train`` and
 ``heads_jax.analyze``; each has ``add_args(parser)`` and ``main(args)`` (flags, then one library
 call). This module and those are the entry layer: nothing in the library imports them.
@@ -26,6 +27,7 @@ SUBCOMMANDS = {
     "demo": ("heads_jax.analyze.demo", "the paper's pipeline in miniature on embedded data (pre-train, fine-tune, analyse, compare)"),
     "pretrain": ("heads_jax.train.pretrain", "pre-train BERT (MLM + NSP) with LAMB, data-parallel, resumable"),
     "finetune": ("heads_jax.train.finetune", "fine-tune BERT on a GLUE task (MRPC, QQP, SST-2, QNLI) with LAMB"),
+    "prepare-corpus": ("heads_jax.train.prepare_corpus", "convert English Wikipedia (Parquet) and folders of books into the pre-training corpus, once"),
     "analyze": ("heads_jax.analyze.heads", "analyse the attention heads of a BERT model (sieve bias, tests, roles, clusters, report)"),
     "compare": ("heads_jax.analyze.compare", "compare two analyses (before/after fine-tuning, or two models)"),
     "ablate": ("heads_jax.analyze.ablate", "ablate heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning"),

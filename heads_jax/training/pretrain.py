@@ -38,8 +38,13 @@ def build_examples(config, tokenizer, *, eval_split: bool = False) -> Pretrainin
   """The training (or, with ``eval_split``, held-out) example stream of ``config.data``."""
   d = config.data
   sources = d.eval_sources if (eval_split and d.eval_sources) else d.sources
+  # Held-out text is never trained on: without eval_sources both streams read data.sources, the
+  # training stream its train side and the evaluation stream its eval side (a prepared corpus has
+  # the split built in; text and TFDS sources are split by data.heldout_fraction).
+  fraction = 0.0 if d.eval_sources else d.heldout_fraction
   corpus = make_corpus(sources, layout=d.layout, split=d.split, data_dir=d.tfds_data_dir or None,
-                       text_key=d.text_key, weights=_weights(d.weights))
+                       text_key=d.text_key, weights=_weights(d.weights),
+                       side="eval" if eval_split else "train", heldout_fraction=fraction)
   spec = PretrainingSpec(max_seq_length=d.max_seq_length, max_predictions=d.max_predictions,
                          masked_lm_prob=d.masked_lm_prob, short_seq_prob=d.short_seq_prob,
                          random_next_prob=d.random_next_prob, whole_word_mask=d.whole_word_mask)
