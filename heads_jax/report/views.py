@@ -303,7 +303,7 @@ def head_view_section(examples: dict, tests_df: pd.DataFrame,
   note = ('<p class="note">Each head shows up to '
           f'{int(examples.get("per_head", 3))} sequences of this run with the highest sieve bias '
           "for its roles (taken in turns over its roles; a head without a role: its strongest role, "
-          f"by test statistic; sequences of at most {int(examples.get('max_tokens', 64))} positions "
+          f"by test statistic; sequences of at most {int(examples.get('max_tokens', 40))} positions "
           "preferred), chosen when the analysis ran"
           + (f" under the {esc(rule)} rule" if rule else "")
           + ". Lines: query tokens on the left, key tokens on the right, opacity = attention "

@@ -41,7 +41,7 @@ from heads_jax.data.specs import encode_spec
 
 DEFAULT_BATCH = 16
 DEFAULT_PER_HEAD = 3
-DEFAULT_MAX_TOKENS = 64
+DEFAULT_MAX_TOKENS = 40
 
 
 @dataclasses.dataclass(frozen=True)
