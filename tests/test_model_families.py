@@ -232,3 +232,19 @@ def test_family_limits_are_clear_errors(tmp_path):
   with pytest.raises(ValueError, match="model_type is 'gpt2'; heads_jax loads albert, bert, distilbert"):
     BertConfig.from_hf_dict(cfg)
   assert set(FAMILIES) == {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert"}
+
+
+def test_heads_jax_directories_move_between_encoder_and_classifier(tmp_path):
+  """A fine-tuned RoBERTa classifier (no pooler) saved as a heads_jax directory loads as the
+  encoder the analysis needs, and an encoder directory loads as a classifier."""
+  from heads_jax.model.checkpoint import save_model
+  cfg = BertConfig.from_hf_dict(build_hf_model("roberta", 90).config.to_dict())
+  clf = BertForSequenceClassification(cfg, 3, rngs=nnx.Rngs(0))
+  save_model(clf, tmp_path / "clf")
+  enc, _ = load_model(tmp_path / "clf", with_tokenizer=False)
+  ids, mask, seg = random_inputs(np.random.default_rng(0), b=2, k=10, vocab=90, pad_id=1)
+  np.testing.assert_allclose(np.asarray(enc(ids, mask, seg, return_attentions=True)["attentions"]),
+                             np.asarray(clf(ids, mask, seg, return_attentions=True)["attentions"]), atol=1e-6)
+  save_model(BertModel(cfg, rngs=nnx.Rngs(1)), tmp_path / "enc")
+  again, _ = load_model(tmp_path / "enc", head="classification", num_labels=2, with_tokenizer=False)
+  assert type(again) is BertForSequenceClassification and again.pre_classifier is not None
