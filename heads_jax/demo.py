@@ -20,10 +20,12 @@ Stages (each reused when its output exists, unless ``redo``):
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
 from heads_jax.errors import UserError
+from heads_jax.report.page import esc
 
 # Measured on a 2-core CPU (see README); used for the progress messages only.
 STAGE_MINUTES = {"analysis": 1.5, "finetune": 7.0, "pretrain": 4.0, "scratch_analysis": 0.7,
@@ -120,39 +122,97 @@ def _minutes(t0: float) -> float:
   return (time.time() - t0) / 60
 
 
-def front_page_text(name: str, *, quick: bool, pretrain_steps: int, finetune_steps: int,
-                    n: int) -> dict:
-  """What the front page says about the run: its description and what each model can show."""
-  if quick:
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+  """The Wilson score interval of a binomial proportion (95% by default)."""
+  if n <= 0:
+    return (float("nan"), float("nan"))
+  p = successes / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+  return (centre - half, centre + half)
+
+
+def _pct(v) -> str:
+  return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
+def _block_counts(summary: dict) -> tuple[int | None, int | None]:
+  by_rule = summary.get("by_rule") or {}
+  get = lambda r: ((by_rule.get(r) or {}).get("num_heads_by_coarse_role") or {}).get("block")
+  return get("paper"), get("calibrated")
+
+
+def front_page_text(name: str, parts: dict, *, n: int, finetune_steps: int = 0,
+                    pretrain_steps: int = 0) -> dict:
+  """What the front page says about a finished run: its description, and what each model can
+  and cannot show, with the run's own numbers (``parts``: the stages' results)."""
+  analyses = {k: Path(v) for k, v in (parts.get("analyses") or {}).items()}
+  summaries = {k: _headlines(d) for k, d in analyses.items() if (d / "summary.json").is_file()}
+  if parts.get("quick"):
     return {"description": (
         f"Quick mode: the attention heads of {name}, a real pre-trained BERT encoder, on {n} UD "
         f"EWT test sentences (gold parses, for the syntactic roles) and {n} MRPC sentence pairs "
         "(for the block role), with sieve bias scores and hypothesis tests (Pande et al., AAAI "
         "2021) and distance-feature clustering (Guan et al., COLING 2020). The full demo adds "
         "fine-tuning on SST-2 and the before/after comparison."), "notes": []}
-  notes = [("What these models can and cannot show", (
-      f"<p><b>{name}</b> is a real pre-trained encoder (trained by its authors on a large "
-      "corpus): its heads are what the paper's findings are about. Its roles, overlaps and "
-      f"layer-wise pattern can be compared with the paper's BERT-base, with two caveats: it is "
-      "smaller (6 layers) and distilled, so shares need not match, and the sequences here are "
-      f"few ({n} + {n}), so a weak role may go undetected.</p>"
-      f"<p><b>Fine-tuned (SST-2)</b>: {name} after {finetune_steps} steps on 654 SST-2 "
-      "sentences, evaluated once on 218 held-out ones. The comparison shows how fine-tuning "
-      "moves the mean sieve bias of each role per layer group (the paper's Fig. 6), on the same "
-      "sequences as before.</p>"
-      + (f"<p><b>Pre-trained from scratch</b> ({pretrain_steps} steps, a few minutes): a "
-         "demonstration that the pre-training pipeline runs and learns (its MLM loss against the "
-         "unigram baseline, which a model that ignores the context would reach). A model trained "
-         "this briefly has barely learned more than word frequencies: it shows none of the "
-         "paper's findings, and its analysis shows what such a model scores under the default "
-         "rule; it is not to be compared with the paper.</p>" if pretrain_steps > 0 else "")))]
+  real = summaries.get(f"{name} (pre-trained)") or {}
+  paper_block, cal_block = _block_counts(real)
+  body = [
+      f"<p><b>{esc(name)}</b> is a real pre-trained encoder (trained by its authors on a large "
+      "corpus): its heads are what the paper's findings are about, and its roles, overlaps and "
+      "layer pattern can be set beside the paper's BERT-base. Caveats: it is smaller (6 layers x 12 "
+      f"heads) and distilled, so the shares need not match, and {n} sentences plus {n} pairs are "
+      "few, so a weak role may go undetected."
+      + (f" Of the {paper_block} block heads the paper's rule finds, {cal_block} score "
+         "significantly above what uniform attention would (the calibrated rule, the default); "
+         "under the paper's rule uniform attention itself is a block head, since its block score "
+         "is ln n, about 3.9 on these pairs, above tau = 3 (DESIGN.md section 3)."
+         if paper_block is not None and cal_block is not None else "") + "</p>"]
+  ft = (parts.get("finetune") or {}).get("best") or {}
+  if "accuracy" in ft:
+    held = int(parts.get("finetune_heldout") or 0)
+    ci = (" (95% Wilson interval {:.1f}% to {:.1f}%)".format(
+        *(100 * x for x in wilson_interval(round(ft["accuracy"] * held), held))) if held else "")
+    body.append(
+        f"<p><b>Fine-tuned (SST-2)</b>: {esc(name)} after {finetune_steps} steps on "
+        f"{parts.get('finetune_train', '?')} SST-2 sentences, evaluated once, at the end, on "
+        f"{held} held-out ones: accuracy {_pct(ft['accuracy'])}{ci}. The comparison (the paper's "
+        "Fig. 6) shows how fine-tuning moved the mean sieve bias of each role per layer group, on "
+        "the same sequences as before.</p>")
+  pre = parts.get("pretrain") or {}
+  if pre:
+    evals = [e for e in pre.get("eval") or [] if "mlm_loss" in e]
+    last = evals[-1] if evals else {}
+    scratch = summaries.get("pre-trained from scratch (demonstration)") or {}
+    loss, uni = last.get("mlm_loss"), last.get("unigram_baseline")
+    learned = ("" if loss is None or uni is None else
+               f" After {pretrain_steps} steps its held-out MLM loss is {loss:.2f} nats per "
+               f"wordpiece against the unigram baseline's {uni:.2f} (the loss of a model that "
+               "ignores the context): "
+               + ("it has begun to use the context, a little." if loss < uni else
+                  "it has learned about as much as word frequencies, not yet how to use the "
+                  "context."))
+    heads = scratch.get("num_layers", 0) * scratch.get("num_heads", 0)
+    near = scratch.get("num_near_uniform_heads")
+    paper_block, cal_block = _block_counts(scratch)
+    roles = ("" if not scratch else
+             f" Its heads: {near if near is not None else 'n/a'} of {heads} have near-uniform "
+             f"attention; {_pct(1 - scratch.get('share_unskilled', 1.0))} get a role under the "
+             "default rule"
+             + (f" (the paper's rule would call {paper_block} of them block heads)"
+                if paper_block else "") + ".")
+    body.append(
+        "<p><b>Pre-trained from scratch</b>: a demonstration that the pre-training pipeline runs "
+        "(MLM + NSP with LAMB on the embedded books)." + learned + roles
+        + " A model trained for minutes shows none of the paper's findings and is not to be "
+        "compared with the paper; it shows what an untrained-looking model scores.</p>")
   return {"description": (
       f"The paper's analysis on a real pre-trained BERT encoder ({name}): its attention heads "
       "before and after fine-tuning on SST-2, with sieve bias scores and hypothesis tests "
-      "(Pande et al., AAAI 2021) and distance-feature clustering (Guan et al., COLING 2020); "
-      + ("and, as a demonstration of the pre-training pipeline, a small BERT pre-trained from "
-         "scratch for a few minutes." if pretrain_steps > 0 else "pre-training skipped.")),
-      "notes": notes}
+      "(Pande et al., AAAI 2021) and distance-feature clustering (Guan et al., COLING 2020)"
+      + ("; and, as a demonstration of the pre-training pipeline, a small BERT pre-trained from "
+         "scratch for a few minutes." if pre else ".")),
+      "notes": [("What these models can and cannot show", "".join(body))]}
 
 
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool = False,
@@ -182,8 +242,6 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
   parts = {"out": str(out), "quick": quick, "model": str(real), "model_name": name,
            "stage_minutes": {}}
   n = QUICK_EXAMPLES if quick else analysis_examples
-  parts.update(front_page_text(name, quick=quick, pretrain_steps=pretrain_steps,
-                               finetune_steps=finetune_steps, n=n))
   sub = lambda m: log("  " + m.replace("\n", "\n  "))
   if quick:
     log(f"[quick] analysing {name} on {n} UD EWT sentences and {n} MRPC pairs (about a minute)")
@@ -214,6 +272,9 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
       from heads_jax.training import finetune
       finetune.train_and_evaluate(finetune_config(str(real), finetune_steps), ft_dir)
     parts["finetune"] = _training_summary(ft_dir)
+    data = json.loads((ft_dir / "data.json").read_text()) if (ft_dir / "data.json").is_file() else {}
+    parts["finetune_heldout"] = data.get("num_eval") or len(data.get("eval_idx") or []) or None
+    parts["finetune_train"] = data.get("num_train")
     parts["stage_minutes"]["finetune"] = _minutes(t)
     t = time.time()
     log(f"[3/6] analysing the fine-tuned {name}")
@@ -249,6 +310,8 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
       log("[5/6] pre-training from scratch skipped (--pretrain-steps 0)")
     parts["analyses"] = {k: str(v) for k, v in analyses.items()}
   log("[6/6] writing the report" if not quick else "[quick] writing the report")
+  parts.update(front_page_text(name, parts, n=n, finetune_steps=finetune_steps,
+                               pretrain_steps=pretrain_steps))
   from heads_jax.report.index import write_index
   parts["minutes"] = _minutes(t0)
   report = write_index(out, parts)

