@@ -134,5 +134,20 @@ def shard_batch(batch: dict, mesh: Mesh) -> dict:
 
 
 def replicate(tree, mesh: Mesh):
-  """Places a pytree (parameters, optimizer state) fully replicated on the mesh."""
-  return jax.device_put(tree, replicated(mesh))
+  """Places a pytree (parameters, optimizer state) fully replicated on the mesh. With several
+  host processes each process puts its own copy on its devices (every process passes the same
+  values)."""
+  sharding = replicated(mesh)
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+
+  def put(x):
+    if not isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, bool)):
+      return x
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      data = put(jax.random.key_data(x))
+      return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    host = np.asarray(jax.device_get(x))
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+  return jax.tree.map(put, tree)

@@ -5,7 +5,7 @@ Inputs:
 
 * Wikipedia as Parquet files with ``id`` and ``text`` columns (``title`` optional): the
   Hugging Face data set ``wikimedia/wikipedia`` (e.g. its ``20231101.en`` folder, 41 files,
-  6.4M articles), fetched with ``huggingface-cli download`` or any copy of it. Read with
+  6.4M articles), fetched with ``hf download`` or any copy of it. Read with
   pyarrow, so neither TensorFlow nor an Apache Beam build of TFDS ``wikipedia`` is needed. One
   article is one document; its paragraphs are its non-empty lines.
 * Text files (``paragraphs`` layout: a book per file, blank lines between paragraphs, wrapped
