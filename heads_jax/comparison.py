@@ -55,6 +55,8 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
     if not (Path(d) / "scores.npz").is_file():
       raise FileNotFoundError(f"{d} is not an analysis output directory (no scores.npz); "
                               f"run `heads-jax analyze --out {d}` first")
+  if bool(before_model) != bool(after_model):  # before any work is done or written
+    raise UserError("the attention similarity needs both --before-model and --after-model")
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)  # they come back in comparison.warnings
     comparison = compare_runs(before, after)
@@ -64,9 +66,7 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
   out.mkdir(parents=True, exist_ok=True)
   contract.write_comparison(comparison, out)
   extra = []
-  if before_model or after_model:
-    if not (before_model and after_model):
-      raise UserError("the attention similarity needs both --before-model and --after-model")
+  if before_model and after_model:
     extra.append(attention_similarity_section(before_model, after_model, out, data=data,
                                               after=after, max_examples=max_examples,
                                               max_length=max_length, log=log))

@@ -1,0 +1,164 @@
+"""CLI paths without other tests: ``convert`` both ways and its refusals, ``compare`` errors,
+pre-training/fine-tuning config errors, ``--debug``, Ctrl-C, ``--out`` on a file, bad ``--tau``
+and ``--roles``. Errors a user can fix: exit 2, one line on stderr, nothing written."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from heads_jax import cli
+from heads_jax.errors import UserError
+from heads_jax.model.convert import flat_params
+from heads_jax.model.loading import load_model
+from tests.test_cli_errors import _tiny_model_dir
+from tests.test_hoststats_compare import _write_run
+
+
+def _run(capsys, *argv):
+  code = cli.main([str(a) for a in argv])
+  captured = capsys.readouterr()
+  return code, captured.err.strip(), captured.out
+
+
+def _one_line(code, err):
+  assert code == 2 and len(err.splitlines()) == 1, (code, err)
+  assert "Traceback" not in err
+  return err
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  return _tiny_model_dir(tmp_path_factory.mktemp("model") / "m")
+
+
+def test_convert_both_directions_and_refusals(capsys, tmp_path, model_dir):
+  # heads_jax -> Hugging Face (the source has heads_jax.json)
+  code, err, out = _run(capsys, "convert", model_dir, tmp_path / "hf")
+  assert code == 0 and "wrote Hugging Face BertModel (2 layers x 4 heads)" in out, (err, out)
+  assert not (tmp_path / "hf" / "heads_jax.json").exists()
+  config = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert config["model_type"] == "bert" and config["num_hidden_layers"] == 2
+  # Hugging Face -> heads_jax (no heads_jax.json): the same parameters come back
+  code, err, out = _run(capsys, "convert", tmp_path / "hf", tmp_path / "back")
+  assert code == 0 and "wrote heads_jax BertModel" in out, (err, out)
+  assert (tmp_path / "back" / "heads_jax.json").is_file()
+  original, _ = load_model(model_dir)
+  again, _ = load_model(tmp_path / "back")
+  a, b = flat_params(original), flat_params(again)
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_array_equal(np.asarray(b[k]), np.asarray(a[k]), err_msg=k)
+
+  # a destination holding files is refused and left as it was; --overwrite replaces it
+  stamp = (tmp_path / "hf" / "model.safetensors").stat().st_mtime_ns
+  err = _one_line(*_run(capsys, "convert", model_dir, tmp_path / "hf")[:2])
+  assert "is not empty" in err and "--overwrite" in err
+  assert (tmp_path / "hf" / "model.safetensors").stat().st_mtime_ns == stamp
+  code, _, out = _run(capsys, "convert", model_dir, tmp_path / "hf", "--overwrite")
+  assert code == 0 and "wrote Hugging Face" in out
+  (tmp_path / "file").write_text("keep me")
+  err = _one_line(*_run(capsys, "convert", model_dir, tmp_path / "file")[:2])
+  assert str(tmp_path / "file") in err and (tmp_path / "file").read_text() == "keep me"
+  err = _one_line(*_run(capsys, "convert", tmp_path / "nope", tmp_path / "x")[:2])
+  assert "does not exist" in err and not (tmp_path / "x").exists()
+  (tmp_path / "empty").mkdir()
+  err = _one_line(*_run(capsys, "convert", tmp_path / "empty", tmp_path / "y")[:2])
+  assert "neither config.json" in err
+
+
+def test_compare_errors(capsys, tmp_path):
+  before = _write_run(tmp_path / "before", False)
+  after = _write_run(tmp_path / "after", True)
+  (tmp_path / "empty").mkdir()
+  err = _one_line(*_run(capsys, "compare", "--before", tmp_path / "empty", "--after", after,
+                        "--out", tmp_path / "c1")[:2])
+  assert "no scores.npz" in err and f"heads-jax analyze --out {tmp_path / 'empty'}" in err
+  err = _one_line(*_run(capsys, "compare", "--before", before, "--after", tmp_path / "missing",
+                        "--out", tmp_path / "c1")[:2])
+  assert "no scores.npz" in err
+  assert not (tmp_path / "c1").exists()
+  # only one of the two models: refused before any comparison is written
+  for flag in ("--before-model", "--after-model"):
+    err = _one_line(*_run(capsys, "compare", "--before", before, "--after", after,
+                          "--out", tmp_path / "c2", flag, tmp_path)[:2])
+    assert "needs both --before-model and --after-model" in err
+  assert not (tmp_path / "c2").exists()
+
+
+def test_analyze_flag_errors(capsys, tmp_path, model_dir):
+  base = ["analyze", "--model", model_dir, "--data", "ud-ewt", "--max-examples", "4", "--no-report"]
+  (tmp_path / "file").write_text("x")
+  err = _one_line(*_run(capsys, *base, "--out", tmp_path / "file")[:2])
+  assert "is a file" in err and (tmp_path / "file").read_text() == "x"
+  err = _one_line(*_run(capsys, *base, "--out", tmp_path / "o", "--roles", "local,bogus")[:2])
+  assert "unknown roles ['bogus']" in err and "syntactic" in err
+  assert not (tmp_path / "o").exists()
+  # argparse's own errors: usage, then the message; exit 2
+  with pytest.raises(SystemExit) as e:
+    cli.main([str(a) for a in base] + ["--out", str(tmp_path / "o"), "--tau", "abc"])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[0].startswith("usage: heads-jax analyze")
+  assert err[-1] == "heads-jax analyze: error: argument --tau: must be a number or 'auto', got 'abc'"
+  assert not (tmp_path / "o").exists()
+
+
+def test_debug_shows_the_exception_and_ctrl_c_exits_130(capsys, monkeypatch, tmp_path, model_dir):
+  base = ["analyze", "--model", model_dir, "--data", "ud-ewt", "--out", tmp_path / "o"]
+  with pytest.raises(UserError, match="unknown roles"):
+    cli.main([str(a) for a in base] + ["--roles", "bogus", "--debug"])
+  import heads_jax.analyze.heads as entry
+
+  def boom(*a, **k):
+    raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory")
+  monkeypatch.setattr(entry, "run_analysis", boom)
+  with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+    cli.main([str(a) for a in base] + ["--debug"])
+
+  def interrupted(*a, **k):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(entry, "run_analysis", interrupted)
+  capsys.readouterr()
+  code, err, _ = _run(capsys, *base)
+  assert code == 130 and err == "heads-jax analyze: interrupted"
+
+  def crash(*a, **k):
+    raise RuntimeError("a bug")
+  monkeypatch.setattr(entry, "run_analysis", crash)
+  with pytest.raises(RuntimeError, match="a bug"):   # not a user error: the traceback stays
+    cli.main([str(a) for a in base])
+
+
+PRETRAIN = ["pretrain", "--config", "configs/pretrain.py:tiny"]
+
+
+def test_pretraining_config_errors(capsys, tmp_path):
+  assert jax.device_count() == 8
+  err = _one_line(*_run(capsys, *PRETRAIN, "--workdir", tmp_path / "w1", "--config.batch_size=12")[:2])
+  assert "batch_size 12 is not divisible by the 8 devices" in err and "multiple of 8" in err
+  assert not (tmp_path / "w1").exists()
+  small_vocab = _tiny_model_dir(tmp_path / "v97", vocab_size=97)
+  err = _one_line(*_run(capsys, *PRETRAIN, "--workdir", tmp_path / "w2",
+                        f"--config.init_checkpoint={small_vocab}")[:2])
+  assert "model vocabulary (97) and tokenizer (30522) differ" in err and "config.tokenizer" in err
+  assert not (tmp_path / "w2" / "checkpoints").exists()
+  short = _tiny_model_dir(tmp_path / "p32", max_position_embeddings=32)
+  err = _one_line(*_run(capsys, *PRETRAIN, "--workdir", tmp_path / "w3",
+                        f"--config.init_checkpoint={short}")[:2])
+  assert "data.max_seq_length 64 exceeds the model's max_position_embeddings 32" in err
+  err = _one_line(*_run(capsys, *PRETRAIN, "--workdir", tmp_path / "w4",
+                        "--config.model.max_position_embeddings=32")[:2])
+  assert "data.max_seq_length 64 exceeds the model's max_position_embeddings 32" in err
+  err = _one_line(*_run(capsys, *PRETRAIN, "--workdir", tmp_path / "w5", "--config.batch_size=abc")[:2])
+  assert "batch_size" in err
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune"])
+def test_missing_init_checkpoint(capsys, tmp_path, command):
+  preset = "configs/pretrain.py:tiny" if command == "pretrain" else "configs/finetune.py:tiny"
+  err = _one_line(*_run(capsys, command, "--config", preset, "--workdir", tmp_path / "w",
+                        f"--config.init_checkpoint={tmp_path / 'nope'}")[:2])
+  assert f"init_checkpoint {tmp_path / 'nope'} does not exist" in err
+  assert not (tmp_path / "w" / "checkpoints").exists()
