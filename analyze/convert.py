@@ -23,5 +23,5 @@ def add_args(p):
 
 def main(args):
   kind, model = convert_dir(args.src, args.dst, overwrite=args.overwrite)
-  print(f"wrote {kind} {model.config.family} {type(model).__name__} ({model.config.num_layers} layers x "
+  print(f"wrote {kind} {type(model).__name__} ({model.config.num_layers} layers x "
         f"{model.config.num_heads} heads) to {args.dst}")
