@@ -8,6 +8,8 @@ import json
 import os
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from heads_jax import cli
@@ -20,8 +22,6 @@ from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from tests.helpers import SHARED, requires_shared
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
 
 
 def _wiki_parquet(path, first_id: int, n: int):
