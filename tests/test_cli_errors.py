@@ -158,7 +158,8 @@ def test_nan_loss_names_the_last_good_checkpoint(capsys, tmp_path):
   assert code == 2 and len(err.splitlines()) == 1, err
   assert "the loss is nan at step 3" in err
   assert f"the last good checkpoint is step 1 in {work / 'checkpoints'}" in err
-  assert "deleted the checkpoint(s) of step 2" in err
+  assert f"moved the checkpoint(s) of step 2 that led to it to {work / 'nonfinite_checkpoints'}" in err
+  assert [p.name for p in (work / "nonfinite_checkpoints").iterdir()] == ["2"]  # kept, out of the run
   assert "--config.optimizer.learning_rate=2.5e+29" in err
   assert sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()) == ["1"]
 

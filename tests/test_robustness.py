@@ -82,7 +82,7 @@ def _pretrain_job(tmp_path, **overrides):
 
 def test_non_finite_loss_stops_the_job_with_one_line(tmp_path):
   """Through TrainingJob.train (the real state, checkpoints, writer): the run stops at the NaN of
-  step 4, the state that produced it (step 3) is deleted, the error is a UserError naming the
+  step 4, the state that produced it (step 3) is moved out of the run, the error is a UserError naming the
   last good checkpoint and what to change."""
   c, j = _pretrain_job(tmp_path)
   j.create_dir()

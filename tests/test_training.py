@@ -307,6 +307,7 @@ def test_non_finite_loss_keeps_only_good_checkpoints(tmp_path, bad_step, key, la
   assert e.value.step == bad_step and e.value.last_good == last_good
   kept = [last_good] if last_good is not None else []
   assert ckpts.all_steps() == kept
-  assert ("deleted the checkpoint(s) of step 4" in str(e.value)) == bool(deleted)
+  assert ("moved the checkpoint(s) of step 4 that led to it" in str(e.value)) == bool(deleted)
+  assert sorted(int(p.name) for p in (tmp_path / "nonfinite_checkpoints").glob("*")) == list(deleted)
   assert isinstance(e.value, UserError)
   ckpts.close()

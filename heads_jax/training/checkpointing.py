@@ -84,6 +84,23 @@ class Checkpoints:
   def delete(self, step: int) -> None:
     self.manager.delete(int(step))
 
+  def set_aside(self, step: int, to) -> str:
+    """Moves the checkpoint of ``step`` out of the run into ``to/STEP`` (nothing written is lost,
+    and a resumed run no longer sees it); returns where it went. Where the store cannot rename a
+    folder, the checkpoint is deleted instead and ``"deleted"`` returned."""
+    self.wait()
+    src = self.directory / str(int(step))
+    dest = as_path(to) / str(int(step))
+    try:
+      dest.parent.mkdir(parents=True, exist_ok=True)
+      src.rename(dest)
+    except OSError:
+      self.manager.delete(int(step))
+      return "deleted"
+    finally:
+      self.manager.reload()
+    return str(dest)
+
   def wait(self):
     self.manager.wait_until_finished()
 

@@ -20,8 +20,9 @@ and returns the per-step history of the logged metrics.
 A loss or gradient norm that is not finite stops the run with ``NonFiniteLoss`` (a
 ``UserError``). The loop checks the metrics of every step at each log and before each save, so
 no checkpoint is written after such a step; the state saved just before the first non-finite
-loss (whose parameters produced it) is deleted, so the newest checkpoint left is the last good
-one and running the same command again (e.g. with a lower learning rate) resumes from it.
+loss (whose parameters produced it) is moved out of the run (to ``nonfinite_checkpoints/`` beside
+the checkpoints: nothing written is lost), so the newest checkpoint left is the last good one and
+running the same command again (e.g. with a lower learning rate) resumes from it.
 """
 
 from __future__ import annotations
@@ -128,13 +129,14 @@ class NonFiniteLoss(UserError):
   newest checkpoint left in ``directory`` (None: none)."""
 
   def __init__(self, step: int, value: float, last_good: int | None, directory,
-               deleted: tuple[int, ...] = ()):
+               set_aside: tuple[int, ...] = (), aside_dir=None):
     self.step, self.value, self.last_good, self.directory = step, value, last_good, directory
     where = (f"the last good checkpoint is step {last_good} in {directory} (running again "
              f"resumes from it)" if last_good is not None else
              "no good checkpoint was saved before it")
-    if deleted:
-      where += f"; deleted the checkpoint(s) of step {', '.join(map(str, deleted))} that led to it"
+    if set_aside:
+      where += (f"; moved the checkpoint(s) of step {', '.join(map(str, set_aside))} that led to it "
+                f"to {aside_dir}")
     super().__init__(f"the loss is {value} at step {step}; {where}")
 
 
@@ -154,14 +156,15 @@ def _first_non_finite(host: list[dict], first_step: int):
 
 def _stop_non_finite(bad, ckpts: checkpointing.Checkpoints | None):
   step, value, first_bad_state = bad
-  last_good, directory, deleted = None, None, []
+  last_good, directory, moved, aside = None, None, [], None
   if ckpts is not None:
     ckpts.wait()
-    deleted = [s for s in ckpts.all_steps() if s >= first_bad_state]
-    for s in deleted:
-      ckpts.delete(s)
+    moved = [s for s in ckpts.all_steps() if s >= first_bad_state]
+    aside = ckpts.directory.parent / "nonfinite_checkpoints"
+    if any(ckpts.set_aside(s, aside) == "deleted" for s in moved):
+      aside = "nowhere (deleted: this store cannot rename folders)"
     last_good, directory = ckpts.latest_step(), ckpts.directory
-  raise NonFiniteLoss(step, value, last_good, directory, tuple(sorted(deleted)))
+  raise NonFiniteLoss(step, value, last_good, directory, tuple(sorted(moved)), aside)
 
 
 def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: int,
