@@ -24,8 +24,15 @@ import math
 import time
 from pathlib import Path
 
+from heads_jax.analysis import AnalysisConfig, headline, run_analysis
+from heads_jax.comparison import run_compare
+from heads_jax.data.assets import glue_dir
 from heads_jax.errors import UserError
+from heads_jax.report.index import write_index
 from heads_jax.report.page import esc
+from heads_jax.training import finetune, pretrain
+from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
+from heads_jax.training.metrics import read_metrics
 
 # Measured on a 2-core CPU (see README); used for the progress messages only.
 STAGE_MINUTES = {"analysis": 1.5, "finetune": 7.0, "pretrain": 4.0, "scratch_analysis": 0.7,
@@ -62,7 +69,6 @@ def _real_model(model) -> tuple[Path, str]:
 
 def pretrain_config(steps: int = 400):
   """The demo's pre-training: the ``tiny`` preset's pipeline with the 6x8 ``demo`` model."""
-  from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
   c = load_config(f"{PACKAGED_CONFIGS / 'pretrain.py'}:tiny")  # the shipped file, whatever the cwd holds
   c.preset = "demo"
   c.model.size = "demo"
@@ -83,8 +89,6 @@ def finetune_config(init_checkpoint: str, steps: int = 250):
   """Fine-tuning a real pre-trained encoder on the embedded SST-2 dev set: the ``cpu_sst2``
   preset (32 x 64 wordpieces per step, LAMB, peak rate 2e-4, 10% warm-up, linear decay) on a
   seeded 75/25 split into train and held-out rows; one evaluation, at the end."""
-  from heads_jax.data.assets import glue_dir
-  from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
   c = load_config(f"{PACKAGED_CONFIGS / 'finetune.py'}:cpu_sst2")
   c.preset = "demo_sst2"
   c.init_checkpoint = init_checkpoint
@@ -102,7 +106,6 @@ def finetune_config(init_checkpoint: str, steps: int = 250):
 
 def _analysis(model, out, *, n: int, title: str, redo: bool, log):
   """Analyses ``model`` on the first ``n`` UD EWT test sentences and ``n`` MRPC dev pairs."""
-  from heads_jax.analysis import AnalysisConfig, run_analysis
   out = Path(out)
   if (out / "report.html").is_file() and not redo:
     log(f"  reusing the analysis in {out}")
@@ -229,7 +232,6 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
     analysis_examples: UD EWT sentences and MRPC pairs (each) for the real model's analyses.
     scratch_examples: the same for the from-scratch model's analysis.
   """
-  from heads_jax.analysis import headline
   for label, v, low in (("finetune_steps", finetune_steps, 1), ("pretrain_steps", pretrain_steps, 0),
                         ("analysis_examples", analysis_examples, 2),
                         ("scratch_examples", scratch_examples, 2)):
@@ -269,7 +271,6 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
     if (ft_dir / "best_model" / "heads_jax.json").is_file() and not redo:
       log(f"  reusing {ft_dir / 'best_model'}")
     else:
-      from heads_jax.training import finetune
       finetune.train_and_evaluate(finetune_config(str(real), finetune_steps), ft_dir)
     parts["finetune"] = _training_summary(ft_dir)
     data = json.loads((ft_dir / "data.json").read_text()) if (ft_dir / "data.json").is_file() else {}
@@ -284,7 +285,6 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
     parts["stage_minutes"]["analysis_finetuned"] = _minutes(t)
     t = time.time()
     log("[4/6] comparing before and after fine-tuning")
-    from heads_jax.comparison import run_compare
     cmp_dir = out / "compare"
     run_compare(analyses[f"{name} (pre-trained)"], analyses[f"{name} fine-tuned (SST-2)"], cmp_dir,
                 title=f"{name}: before vs after fine-tuning on SST-2", log=sub)
@@ -298,7 +298,6 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
       if (pre_dir / "model" / "heads_jax.json").is_file() and not redo:
         log(f"  reusing {pre_dir / 'model'}")
       else:
-        from heads_jax.training import pretrain
         pretrain.train_and_evaluate(pretrain_config(pretrain_steps), pre_dir)
       parts["pretrain"] = _training_summary(pre_dir)
       analyses["pre-trained from scratch (demonstration)"] = _analysis(
@@ -312,7 +311,6 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
   log("[6/6] writing the report" if not quick else "[quick] writing the report")
   parts.update(front_page_text(name, parts, n=n, finetune_steps=finetune_steps,
                                pretrain_steps=pretrain_steps))
-  from heads_jax.report.index import write_index
   parts["minutes"] = _minutes(t0)
   report = write_index(out, parts)
   (out / "demo.json").write_text(json.dumps(_jsonable(parts), indent=2))
@@ -337,7 +335,6 @@ def _jsonable(parts: dict) -> dict:
 
 def _training_summary(workdir: Path) -> dict:
   """The logged metrics of a training run (metrics.jsonl) and its best evaluation."""
-  from heads_jax.training.metrics import read_metrics
   train = read_metrics(workdir, "train")
   evals = read_metrics(workdir, "eval")
   scored = [e for e in evals if "accuracy" in e]

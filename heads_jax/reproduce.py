@@ -41,10 +41,20 @@ import time
 from pathlib import Path
 
 import numpy as np
+from flax import nnx
 from threadpoolctl import threadpool_limits
 
+from heads_jax.analysis import AnalysisConfig, headline, run_analysis
+from heads_jax.comparison import run_compare
 from heads_jax.data import glue
+from heads_jax.data.syntax import DEFAULT_PARSER, MissingParserError, load_parser
+from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
+from heads_jax.model.bert import BertModel
+from heads_jax.model.checkpoint import is_heads_jax_dir, save_model
+from heads_jax.model.config import config_for
+from heads_jax.report.reproduce import write_reproduce_report
+from heads_jax.training import configlib, finetune, pretrain
 
 STAGES = ("data", "pretrained", "finetune", "analysis", "compare", "report")
 STAGE_TEXT = {
@@ -366,11 +376,6 @@ def stage_data(ctx: Context) -> dict:
 
 
 def _random_model(out: Path, size: str, seed: int) -> Path:
-  from flax import nnx
-  from heads_jax.data.tokenizer import load_tokenizer
-  from heads_jax.model.bert import BertModel
-  from heads_jax.model.checkpoint import save_model
-  from heads_jax.model.config import config_for
   tok = load_tokenizer(None)
   save_model(BertModel(config_for(size, vocab_size=tok.vocab_size), rngs=nnx.Rngs(seed)), out, tok)
   return out
@@ -379,7 +384,6 @@ def _random_model(out: Path, size: str, seed: int) -> Path:
 def resolve_model_path(path: str) -> tuple[str, str]:
   """``(model directory, what it is)`` for a HF folder, a heads_jax folder or a pre-training
   workdir (its ``model`` export)."""
-  from heads_jax.model.checkpoint import is_heads_jax_dir
   p = Path(path).expanduser()
   if not str(path) or not p.exists():
     raise UserError(f"config.pretrained.path {str(path)!r} does not exist: pass a Hugging Face BERT "
@@ -396,7 +400,6 @@ def resolve_model_path(path: str) -> tuple[str, str]:
 
 
 def _pretrain(ctx: Context) -> dict:
-  from heads_jax.training import configlib, pretrain
   pc = ctx.config.pretrained
   out = ctx.workdir / "pretrained"
   overrides = [o.strip() for o in str(pc.pretrain_overrides).split(";") if o.strip()]
@@ -453,7 +456,6 @@ def run_name(batch_size: int, lr: float) -> str:
 
 def finetune_config(config, task: str, batch_size: int, lr: float, init: str, data_root: Path):
   """The `configs/finetune.py` config of one grid point, reading the stage-1 TSV files."""
-  from heads_jax.training import configlib
   f = config.finetune
   c = configlib.load_config("finetune.py:" + f.preset.format(task=task))
   c.task = task
@@ -502,7 +504,6 @@ def pick_best(results: dict) -> tuple[str, dict]:
 
 
 def stage_finetune(ctx: Context) -> dict:
-  from heads_jax.training import finetune
   config = ctx.config
   pre = ctx.markers.read_unit("pretrained", "model")
   init = pre["outputs"]["model"]
@@ -558,7 +559,6 @@ def resolve_parser(name: str) -> str:
   missing pipeline fails when the analysis loads it)."""
   if name != "auto":
     return name
-  from heads_jax.data.syntax import DEFAULT_PARSER, MissingParserError, load_parser
   try:
     load_parser(DEFAULT_PARSER)
     return DEFAULT_PARSER
@@ -604,7 +604,6 @@ def analysis_units(ctx: Context, parser: str) -> list[dict]:
 
 
 def analysis_config(config, unit: dict, parser: str):
-  from heads_jax.analysis import AnalysisConfig
   a = config.analysis
   gold = unit.get("syntax_fallback", False)
   syntax = gold or parser != "none"
@@ -621,7 +620,6 @@ def analysis_config(config, unit: dict, parser: str):
 
 
 def stage_analysis(ctx: Context) -> dict:
-  from heads_jax.analysis import headline, run_analysis
   parser = resolve_parser(ctx.config.analysis.parser)
   if parser == "none":
     fb = ctx.config.analysis.syntax_fallback
@@ -654,7 +652,6 @@ def stage_analysis(ctx: Context) -> dict:
 
 
 def stage_compare(ctx: Context) -> dict:
-  from heads_jax.comparison import run_compare
   units = json.loads((ctx.workdir / "analysis" / "analyses.json").read_text())["units"]
   config = ctx.config
   out = {}
@@ -684,7 +681,6 @@ def stage_compare(ctx: Context) -> dict:
 
 
 def stage_report(ctx: Context) -> dict:
-  from heads_jax.report.reproduce import write_reproduce_report
   inputs = {s: (ctx.markers.read_stage(s) or {}).get("finished") for s in STAGES[:-1]}
   key = {"inputs": inputs, "tasks": list(ctx.tasks)}
 

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from heads_jax.hub import looks_like_repo_id
 from heads_jax.data import glue
 from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, encode_examples,
                                          eval_batches, load_task_splits)
@@ -55,6 +56,8 @@ def _tokenizer_for(config):
   init = as_path(config.init_checkpoint) if config.init_checkpoint else None
   if init and init.is_dir() and any((init / f).is_file() for f in ("tokenizer.json", "vocab.txt")):
     return load_tokenizer(local_copy(init))
+  if config.init_checkpoint and not init.exists() and looks_like_repo_id(str(config.init_checkpoint)):
+    return load_tokenizer(str(config.init_checkpoint))  # a hub id: the tokenizer of its cached snapshot
   return load_tokenizer(None)
 
 
