@@ -52,7 +52,7 @@ TARGETS = {
                    ["tests/test_stats.py", "tests/test_properties.py"]),
     "distance": ("heads_jax/stats/distance.py",
                  ["tests/test_stats.py"],
-                 ["tests/test_stats.py", "tests/test_properties.py"]),
+                 ["tests/test_stats.py", "tests/test_mutation_kills.py", "tests/test_properties.py"]),
     "hypothesis": ("heads_jax/hoststats/hypothesis.py",
                    ["tests/test_hoststats_hypothesis.py"],
                    ["tests/test_hoststats_hypothesis.py", "tests/test_mutation_kills.py"]),
@@ -259,9 +259,18 @@ def main(argv=None) -> int:
     if wanted:
       ms = [m for m in ms if m[0]["line"] in wanted]
     if previous is not None:
-      alive = {(r["line"], r["before"], r["after"]) for r in previous[name]["results"]
-               if r["status"] == "survived"}
-      ms = [m for m in ms if (m[0]["line"], m[0]["before"], m[0]["after"]) in alive]
+      alive = {}  # (line, before, after) -> how many such mutants survived
+      for r in previous[name]["results"]:
+        if r["status"] == "survived":
+          key = (r["line"], r["before"], r["after"])
+          alive[key] = alive.get(key, 0) + 1
+      picked = []
+      for m in ms:
+        key = (m[0]["line"], m[0]["before"], m[0]["after"])
+        if alive.get(key, 0) > 0:
+          alive[key] -= 1
+          picked.append(m)
+      ms = picked
     elif args.max_mutants and len(ms) > args.max_mutants:
       ms = random.Random(args.seed).sample(ms, args.max_mutants)
       ms.sort(key=lambda m: m[0]["line"])

@@ -77,3 +77,19 @@ def test_assignment_array_names_the_duplicated_or_missing_cell():
   gap = t[~((t["layer"] == 0) & (t["head"] == 1) & (t["role"] == "local"))]
   with pytest.raises(ValueError, match=r"\(layer 0, head 1, role local\) has 0"):
     roles.assignment_array(gap)
+
+
+# ---------------------------------------------------------------------------------------------
+# stats/distance.py
+
+
+@pytest.mark.parametrize("attn_shape, class_shape, mask_shape", [
+    ((2, 1, 1, 5, 5), (2, 4), (2, 5)),     # token_class of another length
+    ((2, 1, 1, 5, 5), (2, 5), (1, 5)),     # attention_mask of another batch
+    ((2, 1, 1, 4, 5), (2, 5), (2, 5)),     # q != k
+])
+def test_distance_features_refuse_each_wrong_shape(attn_shape, class_shape, mask_shape):
+  from heads_jax.stats.distance import distance_features
+  with pytest.raises(ValueError, match="needs q == k"):
+    distance_features(np.zeros(attn_shape, np.float32), np.zeros(class_shape, np.int32),
+                      np.ones(mask_shape, np.int32))

@@ -99,8 +99,9 @@ def test_pruning_counts_hand_values():
   for bad in (0.0, -0.1, 1.5):
     with pytest.raises(Exception, match="share"):
       pruning.pruning_counts(6, bad)
-  with pytest.raises(Exception, match="share"):
-    pruning.pruning_counts(6, 0.1, max_share=0.0)
+  for bad in (0.0, 1.5):
+    with pytest.raises(Exception, match="largest pruned share"):
+      pruning.pruning_counts(6, 0.1, max_share=bad)
 
 
 def test_importance_curve_prunes_least_important_first_once():
@@ -208,3 +209,15 @@ def test_curve_summary_every_step():
   only_random = pruning.curve_summary(curve[curve["method"] == "random"])
   assert "accuracy_importance" not in only_random.columns
   assert isinstance(only_random, pd.DataFrame) and len(only_random) == 7
+
+
+def test_defaults_reestimate_with_three_random_seeds():
+  """The defaults a caller gets: re-estimation (Michel et al.), 3 random orders from seed 0,
+  10% steps."""
+  est = FakeEstimator()
+  curve = pruning.pruning_curve(FakeEvaluator(), est)
+  assert sorted(curve[curve["method"] == "random"]["seed"].unique()) == [0, 1, 2]
+  rows = _rows(curve, "importance")
+  assert list(rows["num_pruned"]) == [0, 1, 2, 3, 4, 5, 6]   # round(0.6 i), repeats dropped
+  assert _pruned(rows.iloc[2]) == [(1, 1), (1, 2)]           # re-estimated after the first head
+  assert len(est.gates) == 6                            # once per new head, not per step
