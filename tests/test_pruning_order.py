@@ -95,6 +95,8 @@ def test_pruning_counts_hand_values():
   assert pruning.pruning_counts(6, 1 / 6) == [0, 1, 2, 3, 4, 5, 6]
   assert pruning.pruning_counts(6, 0.25) == [0, 2, 3, 4, 6]        # round(1.5) = 2, round(4.5) = 4
   assert pruning.pruning_counts(6, 0.5, max_share=0.5) == [0, 3]
+  assert pruning.pruning_counts(6, 1.0) == [0, 6]                  # a step of 1 is allowed
+  assert pruning.pruning_counts(10) == list(range(11))             # default: 10% steps to 100%
   assert pruning.pruning_counts(144, 0.05, 0.5) == [round(i * 7.2) for i in range(11)]
   for bad in (0.0, -0.1, 1.5):
     with pytest.raises(Exception, match="share"):
