@@ -187,6 +187,10 @@ def test_curve_summary_every_step():
   curve = pruning.pruning_curve(FakeEvaluator(), FakeEstimator(), step=1 / 6, reestimate=False,
                                 random_seeds=3, seed=0)
   summary = pruning.curve_summary(curve)
+  assert list(summary.columns) == [
+      "step", "share_pruned", "num_pruned", "accuracy_importance", "accuracy_random",
+      "accuracy_random_std", "f1_importance", "f1_random", "f1_random_std"]
+  assert list(summary.index) == list(range(7))
   assert list(summary["num_pruned"]) == [0, 1, 2, 3, 4, 5, 6]
   imp = _rows(curve, "importance")
   for i in range(7):
