@@ -10,7 +10,7 @@ import pytest
 
 from heads_jax import contract
 from heads_jax.report import views
-from heads_jax.stats.examples import (QUANTIZATION, HeadExamples, choose_examples, decode_map,
+from heads_jax.stats.examples import (DEFAULT_MAX_TOKENS, QUANTIZATION, HeadExamples, choose_examples, decode_map,
                                       encode_map, example_maps, examples_document,
                                       sequences_needed)
 from tests.browser import Browser, find_chromium
@@ -70,7 +70,7 @@ def _document(layers=3, heads=4, n=6, seed=0):
     tokens = ["[CLS]"] + [f"w{i}</script>" if i == 1 else f"w{i}" for i in range(1, k - 1)] + ["[SEP]"]
     seqs[seq] = {"tokens": tokens, "segments": [0] * k,
                  "maps": {lh: rng.dirichlet(np.ones(k), size=k) for lh in need}}
-  return examples_document(ex, seqs, per_head=3, max_tokens=64, rule="calibrated"), s, tests
+  return examples_document(ex, seqs, per_head=3, max_tokens=DEFAULT_MAX_TOKENS, rule="calibrated"), s, tests
 
 
 def test_section_embeds_the_document_safely(tmp_path):

@@ -190,7 +190,7 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
   assert len(before["finetune"]) == 4
 
   # 2. killed in the middle of the analysis (the third analysis fails)
-  import heads_jax.analysis as analysis_mod
+  import heads_jax.reproduce as analysis_mod  # the job's own binding of run_analysis
   real = analysis_mod.run_analysis
   calls = []
 
