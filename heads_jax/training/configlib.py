@@ -138,3 +138,21 @@ def add_config_args(parser, default_config: str) -> None:
 def save_config(config: ml_collections.ConfigDict, path) -> None:
   """Writes ``config`` as JSON to ``path`` (a local path or a URL)."""
   write_text(path, json.dumps(config.to_dict(), indent=2, default=str))
+
+
+def distributed_config() -> ml_collections.ConfigDict:
+  """Several host processes (a TPU pod slice, several GPU hosts, several processes of one
+  machine): ``jax.distributed`` joins them when any field is set. Unset fields are discovered
+  on Cloud TPU pods and SLURM / Open MPI / Kubernetes clusters, so there ``enabled=True`` is
+  enough; elsewhere give all three, e.g. for process 1 of 2:
+  ``--config.distributed.coordinator_address=10.0.0.2:8476 --config.distributed.num_processes=2
+  --config.distributed.process_id=1``. Each process feeds its own rows of every global batch;
+  all of them write one checkpoint directory (which must then be shared: a ``gs://`` URL or a
+  network file system)."""
+  d = ml_collections.ConfigDict()
+  d.enabled = False            # True: jax.distributed.initialize() with auto-detection
+  d.coordinator_address = ""   # host:port of process 0 ("" = auto-detect)
+  d.num_processes = 0          # 0 = auto-detect
+  d.process_id = -1            # -1 = auto-detect
+  d.cpu_collectives = "gloo"   # CPU cross-process collectives (jax_cpu_collectives_implementation)
+  return d
