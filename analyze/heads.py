@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from heads_jax.analysis import AnalysisConfig, run_analysis
-from heads_jax.data.batch import ROLES
+from heads_jax.data.vocabulary import ROLES
 from heads_jax.errors import UserError
 
 

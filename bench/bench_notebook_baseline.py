@@ -42,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from heads_jax.data import batch as B  # noqa: E402
+from heads_jax.data import vocabulary as B  # noqa: E402
 
 RELATION_IDS = {"nsubj": B.REL_NSUBJ, "obj": B.REL_OBJ, "amod": B.REL_AMOD, "advmod": B.REL_ADVMOD}
 SPECIAL_FEATURE = {B.TOKEN_CLS: 17, B.TOKEN_SEP: 18, B.TOKEN_COMMA: 19, B.TOKEN_PERIOD: 20}

@@ -16,7 +16,7 @@ or ``--correction`` costs seconds. A directory that holds another run's results 
 ``--out`` and ``--model`` may be cloud URLs (``gs://bucket/...``): the model directory is
 mirrored into the local cache, and the files are written into a local staging folder (holding
 a copy of what the URL already has, so the reuse above works there too) that is copied to the
-URL at the end (``heads_jax.data.storage``). With several host processes
+URL at the end (``heads_jax.storage``). With several host processes
 (``run_analysis(..., distributed=...)``, ``heads-jax analyze --num-processes``) every process
 reads the same data, each runs its devices' rows of every batch, all get every row back, and
 process 0 alone writes the files.
@@ -32,9 +32,9 @@ import jax
 import numpy as np
 
 from heads_jax import contract
-from heads_jax.data.batch import ROLES, SYNTACTIC_ROLES
+from heads_jax.data.vocabulary import ROLES, SYNTACTIC_ROLES
 from heads_jax.data.specs import encode_spec, parse_spec
-from heads_jax.data.storage import as_path, is_url, local_copy, staged_output
+from heads_jax.storage import as_path, is_url, local_copy, staged_output
 from heads_jax.errors import UserError
 from heads_jax.hoststats.calibration import DEFAULT_RULE, NEAR_UNIFORM_NATS, RULES, apply_rule
 from heads_jax.hoststats.clustering import cluster_heads

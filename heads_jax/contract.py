@@ -45,7 +45,7 @@ file                   content (writer / reader)
 
 npz files are written to a temporary name and renamed, so a reader never sees half a file.
 
-Host-only module (numpy, pandas; the constants of `heads_jax.data.batch`); no jax. It sits
+Host-only module (numpy, pandas; the constants of `heads_jax.data.vocabulary`); no jax. It sits
 just above ``data`` in the stage order, so that every later stage can use it.
 """
 
@@ -61,7 +61,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from heads_jax.data import batch as batch_lib
+from heads_jax.data import vocabulary as batch_lib
 
 SCORES_FILE = "scores.npz"
 MEASURES_FILE = "measures.npz"
@@ -163,7 +163,7 @@ class Scores:
 
   Attributes:
     sieve_bias: float32 ``[b, l, h, r]``, NaN where a role's sieve is empty for a sequence.
-    roles: the r role names (order of `heads_jax.data.batch.ROLES`, minus roles not computed).
+    roles: the r role names (order of `heads_jax.data.vocabulary.ROLES`, minus roles not computed).
     distance: float32 ``[b, l, h, d]`` (d = 21, order `batch.DISTANCE_FEATURES`), or None when
       the file holds no distance features.
     lengths: int ``[b]`` real positions per sequence, or None when absent.

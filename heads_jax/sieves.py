@@ -26,7 +26,7 @@ role               S(t)
 ``syntactic``      union of ``nsubj``, ``obj``, ``amod``, ``advmod``
 =================  ==========================================================================
 
-This module is pure ``jax.numpy`` on an encoded batch (``heads_jax.data.batch``); it never
+This module is pure ``jax.numpy`` on an encoded batch (``heads_jax.data.vocabulary``); it never
 imports the model (the two meet only in ``heads_jax.stats.step``). It is jit-friendly when
 ``roles`` and ``direction`` are static.
 """
@@ -37,7 +37,7 @@ from typing import Sequence
 
 import jax.numpy as jnp
 
-from heads_jax.data.batch import (
+from heads_jax.data.vocabulary import (
     REL_ADVMOD, REL_AMOD, REL_NSUBJ, REL_OBJ, ROLES, TOKEN_CLS, TOKEN_COMMA, TOKEN_PERIOD,
     TOKEN_SEP)
 
@@ -101,7 +101,7 @@ def build_sieves(batch: dict, roles: Sequence[str] = ROLES, direction: str = "de
   """Role masks of an encoded batch.
 
   Args:
-    batch: encoded batch (``heads_jax.data.batch``); uses ``attention_mask``,
+    batch: encoded batch (``heads_jax.data.vocabulary``); uses ``attention_mask``,
       ``token_type_ids``, ``token_class``, ``word_ids``, ``dep_head``, ``dep_rel``, all
       ``[b, k]`` (numpy or jax arrays).
     roles: role names, a subset of ``ROLES`` in any order; the output's r axis follows it.
@@ -117,7 +117,7 @@ def build_sieves(batch: dict, roles: Sequence[str] = ROLES, direction: str = "de
                          "dep_head", "dep_rel") if f not in batch]
   if missing:
     raise KeyError(f"batch lacks field(s) {missing}; encode it with heads_jax.data "
-                   "(see heads_jax/data/batch.py for the format)")
+                   "(see heads_jax/data/vocabulary.py for the format)")
   mask = jnp.asarray(batch["attention_mask"])
   if mask.ndim != 2:
     raise ValueError(f"batch fields must be [b, k]; attention_mask has shape {mask.shape}")

@@ -45,23 +45,23 @@ REPO = Path(__file__).resolve().parents[1]
 # the first failure, so the first files decide most mutants.
 TARGETS = {
     "sieves": ("heads_jax/sieves.py",
-               ["tests/test_sieves.py", "tests/test_stats.py"],
-               ["tests/test_sieves.py", "tests/test_stats.py", "tests/test_properties.py"]),
+               ["tests/test_sieves.py", "tests/stats/test_sieve_bias.py"],
+               ["tests/test_sieves.py", "tests/stats/test_sieve_bias.py", "tests/properties/test_properties.py"]),
     "sieve_bias": ("heads_jax/stats/sieve_bias.py",
-                   ["tests/test_stats.py"],
-                   ["tests/test_stats.py", "tests/test_properties.py"]),
+                   ["tests/stats/test_sieve_bias.py"],
+                   ["tests/stats/test_sieve_bias.py", "tests/properties/test_properties.py"]),
     "distance": ("heads_jax/stats/distance.py",
-                 ["tests/test_stats.py"],
-                 ["tests/test_stats.py", "tests/test_mutation_kills.py", "tests/test_properties.py"]),
+                 ["tests/stats/test_sieve_bias.py"],
+                 ["tests/stats/test_sieve_bias.py", "tests/properties/test_mutation_kills.py", "tests/properties/test_properties.py"]),
     "hypothesis": ("heads_jax/hoststats/hypothesis.py",
-                   ["tests/test_hoststats_hypothesis.py"],
-                   ["tests/test_hoststats_hypothesis.py", "tests/test_mutation_kills.py"]),
-    "roles": ("heads_jax/hoststats/roles.py",   # (tests/test_calibration.py also covers it: 1 min)
-              ["tests/test_hoststats_roles.py"],
-              ["tests/test_hoststats_roles.py", "tests/test_mutation_kills.py"]),
+                   ["tests/hoststats/test_hypothesis.py"],
+                   ["tests/hoststats/test_hypothesis.py", "tests/properties/test_mutation_kills.py"]),
+    "roles": ("heads_jax/hoststats/roles.py",   # (tests/hoststats/test_calibration.py also covers it: 1 min)
+              ["tests/hoststats/test_roles.py"],
+              ["tests/hoststats/test_roles.py", "tests/properties/test_mutation_kills.py"]),
     "pruning": ("heads_jax/ablation/pruning.py",
-                ["tests/test_ablation.py::test_pruning_counts", "tests/test_ablation.py::test_pruning_curve"],
-                ["tests/test_pruning_order.py", "tests/test_ablation.py::test_pruning_curve"]),
+                ["tests/ablation/test_ablation.py::test_pruning_counts", "tests/ablation/test_ablation.py::test_pruning_curve"],
+                ["tests/ablation/test_pruning.py", "tests/ablation/test_ablation.py::test_pruning_curve"]),
 }
 
 _BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,

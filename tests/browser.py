@@ -4,7 +4,7 @@
 background connection off: nothing leaves the machine), connects to the page's DevTools websocket
 with a minimal RFC 6455 client, and offers what the report tests need: open a file URL while
 collecting console messages and uncaught exceptions, evaluate JavaScript, click at an element's
-centre with real mouse events, and take a screenshot. Used by tests/test_head_view.py and by
+centre with real mouse events, and take a screenshot. Used by tests/report/test_views.py and by
 scripts/head_view_screenshot.py (the README picture); without a Chromium binary ``find_chromium``
 returns None and the tests skip.
 """

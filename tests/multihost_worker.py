@@ -1,4 +1,4 @@
-"""One host process of the 2-process tests (tests/test_multihost.py), run as a script:
+"""One host process of the 2-process tests (tests/e2e/test_multihost.py), run as a script:
 
     python tests/multihost_worker.py PHASE PROCESS_ID NUM_PROCESSES PORT ROOT
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.stats
 
-from heads_jax.data import batch as B
+from heads_jax.data import vocabulary as B
 
 RELATION_IDS = {"nsubj": B.REL_NSUBJ, "obj": B.REL_OBJ, "amod": B.REL_AMOD, "advmod": B.REL_ADVMOD}
 SPECIAL_FEATURE = {B.TOKEN_CLS: 17, B.TOKEN_SEP: 18, B.TOKEN_COMMA: 19, B.TOKEN_PERIOD: 20}

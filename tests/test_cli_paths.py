@@ -13,7 +13,7 @@ from heads_jax.errors import UserError
 from heads_jax.model.convert import flat_params
 from heads_jax.model.loading import load_model
 from tests.test_cli_errors import _tiny_model_dir
-from tests.test_hoststats_compare import _write_run
+from tests.hoststats.test_compare import _write_run
 
 
 def _run(capsys, *argv):

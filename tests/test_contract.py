@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from heads_jax.data import batch as batch_lib
+from heads_jax.data import vocabulary as batch_lib
 from heads_jax import contract
 from heads_jax.hoststats import hypothesis
 

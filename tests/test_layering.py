@@ -35,7 +35,7 @@ PACKAGE_DIRS = {"heads_jax": "heads_jax", "train": "heads_jax.train",
 # placed here explicitly.
 STAGES = [
     ("errors", ("heads_jax.errors", "heads_jax.xla_flags")),  # foundations: import no heads_jax module
-    ("data", ("heads_jax.data", "heads_jax.hub")),
+    ("data", ("heads_jax.data", "heads_jax.hub", "heads_jax.storage")),
     ("contract", ("heads_jax.contract",)),
     ("sieves", ("heads_jax.sieves",)),
     ("model", ("heads_jax.model", "heads_jax.parallel")),

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-import reference_impl as ref
-from heads_jax.data import batch as B
+from tests import reference_impl as ref
+from heads_jax.data import vocabulary as B
 from heads_jax.sieves import build_sieves, distance_bins
 
 E = set()  # empty sieve

@@ -38,7 +38,7 @@ from typing import Sequence
 
 import numpy as np
 
-from heads_jax.data import storage
+from heads_jax import storage
 from heads_jax.data.utf8 import check_utf8
 from heads_jax.errors import UserError
 
@@ -135,7 +135,7 @@ class TextCorpus(IndexedTextCorpus):
 
   Args:
     paths: files, directories (every ``*.txt`` inside, sorted) or glob patterns; cloud URLs
-      (``gs://...``) are mirrored into the local cache first (``heads_jax.data.storage``).
+      (``gs://...``) are mirrored into the local cache first (``heads_jax.storage``).
     layout: ``"paragraphs"`` (one document per file, blank lines between paragraphs, wrapped
       lines) or ``"lines"`` (one paragraph or sentence per line, blank lines between documents).
     use: ``"all"`` documents, or the ``"train"`` / ``"eval"`` side of the held-out split: a

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from heads_jax.data import batch as B
+from heads_jax.data import vocabulary as B
 
 DEFAULT_MAX_LENGTH = 128
 DEFAULT_BUCKET_STEP = 16

@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from heads_jax.data import storage
+from heads_jax import storage
 from heads_jax.data.corpora import (MANIFEST, PART_BYTES, _expand_paths, _unit_hash, heldout_unit,
                                     index_name)
 from heads_jax.data.utf8 import check_utf8

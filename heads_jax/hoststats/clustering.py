@@ -47,7 +47,7 @@ from sklearn import cluster as sk_cluster
 from sklearn import manifold
 from sklearn import mixture
 
-from heads_jax.data import batch as batch_lib
+from heads_jax.data import vocabulary as batch_lib
 from heads_jax import contract
 
 METHODS = ("kmeans", "gmm")

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from heads_jax.data import batch as batch_lib
+from heads_jax.data import vocabulary as batch_lib
 
 COARSE_ROLES = {
     "local": ("local", "prev_local", "next_local"),

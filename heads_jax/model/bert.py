@@ -7,7 +7,7 @@ Shape legend: b batch, q query positions, k key positions (q == k == sequence le
 l layer, h head, d hidden, e head dimension (d = h * e), f feed-forward width.
 
 The forward pass matches transformers' PyTorch models (eager attention) to float32 rounding;
-``tests/test_model_parity.py`` (BERT) and ``tests/test_model_families.py`` (the other families)
+``tests/model/test_parity.py`` (BERT) and ``tests/model/test_families.py`` (the other families)
 check hidden states and every attention map.
 
 Two switches serve the analysis and ablations, and cost nothing when off:
@@ -38,7 +38,7 @@ Two switches serve the analysis and ablations, and cost nothing when off:
   implementation everywhere else (CPU, TPU, float32 on GPU). ``jax.nn.dot_product_attention``
   with ``implementation=None`` always picks XLA in jax 0.10, so ``fused_implementation`` names
   cuDNN explicitly. Padding keys are masked with a boolean mask (XLA) or with key lengths
-  (cuDNN: heads_jax batches are right-padded, ``heads_jax.data.batch``).
+  (cuDNN: heads_jax batches are right-padded, ``heads_jax.data.vocabulary``).
 * *explicit*: scores, masked softmax (float32), optional gate/segment edits, attention dropout,
   then the weighted sum; it yields the probabilities.
 
@@ -50,7 +50,7 @@ so a training run with ``attention_dropout > 0`` (BERT's 0.1, the default preset
 explicit path, exactly as before; set ``model.attention_dropout = 0`` to train on the fused
 path (cuDNN on a GPU). ``"explicit"`` forces the explicit path; ``"xla"`` / ``"cudnn"`` force
 the fused path with that implementation (ValueError where it cannot be used). The two paths
-agree to float32 rounding, forward and gradient (``tests/test_attention_paths.py``), except on
+agree to float32 rounding, forward and gradient (``tests/model/test_attention_paths.py``), except on
 an all-padding row (no real key), whose context is 0 on the explicit path and the mean value
 on the fused one; nothing reads such rows (filler rows of a batch).
 

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from heads_jax import contract
-from heads_jax.data import batch as batch_lib
+from heads_jax.data import vocabulary as batch_lib
 from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report import style, tables, views
 from heads_jax.report.figures import guan, pande

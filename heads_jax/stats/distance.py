@@ -37,7 +37,7 @@ def distance_features(attn, token_class, attention_mask, per_query: bool = False
 
   Args:
     attn: attention probabilities ``[b, l, h, q, k]``.
-    token_class: ``[b, k]`` (``heads_jax.data.batch.TOKEN_*``).
+    token_class: ``[b, k]`` (``heads_jax.data.vocabulary.TOKEN_*``).
     attention_mask: ``[b, k]``, 1 on real positions.
     per_query: return the per-query features ``[b, l, h, q, 21]`` (zero on padding queries)
       instead of their mean.

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-from heads_jax.data.batch import (
+from heads_jax.data.vocabulary import (
     REL_ADVMOD, REL_AMOD, REL_NSUBJ, REL_OBJ, TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PAD,
     TOKEN_PERIOD, TOKEN_SEP)
 from heads_jax.parallel import DATA_AXIS

@@ -17,7 +17,7 @@ no entropy-weighted copy is ever made:
 The rows are taken as they come from the model's softmax: normalised over the real keys. The
 stand-alone functions (``sieve_bias``, ``distance_features``, ``measures``) renormalise each row
 first, which for a softmax row changes the result by float32 rounding only (about 1e-7
-relative); ``tests/test_fused_stats.py`` checks the per-layer statistics against them and the
+relative); ``tests/stats/test_fused.py`` checks the per-layer statistics against them and the
 loop reference. Rows that do not sum to 1 (e.g. segment removal, never used by the analysis
 step) need the stand-alone functions.
 
@@ -33,7 +33,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from heads_jax.data.batch import TOKEN_CLS, TOKEN_SEP
+from heads_jax.data.vocabulary import TOKEN_CLS, TOKEN_SEP
 from heads_jax.sieves import NUM_DISTANCE_FEATURES, build_sieves, check_direction, check_roles
 from heads_jax.stats.distance import _bin_weights
 from heads_jax.stats.measures import _token_weights

@@ -2,7 +2,7 @@
 
 Conventions as ``heads_jax.stats.sieve_bias`` and ``heads_jax.stats.distance``: inputs are the
 attention ``[b, l, h, q, k]`` of a batch (padding keys 0, padding query rows 0), its
-``attention_mask`` ``[b, k]`` and ``token_class`` ``[b, k]`` (``heads_jax.data.batch.TOKEN_*``);
+``attention_mask`` ``[b, k]`` and ``token_class`` ``[b, k]`` (``heads_jax.data.vocabulary.TOKEN_*``);
 outputs are per sequence. A sequence without real positions (an all-padding filler row) gives
 0 everywhere.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from heads_jax.data.batch import TOKEN_CLS, TOKEN_COMMA, TOKEN_PERIOD, TOKEN_SEP
+from heads_jax.data.vocabulary import TOKEN_CLS, TOKEN_COMMA, TOKEN_PERIOD, TOKEN_SEP
 # The contract of measures.npz (heads_jax.contract): the token_attention columns and the
 # per-sequence arrays `all_measures` returns besides `js`.
 from heads_jax.contract import MEASURE_ROW_KEYS as MEASURE_KEYS

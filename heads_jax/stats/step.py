@@ -12,7 +12,7 @@ between heads, costly: ``(l h)^2 q k`` logarithms per sequence).
 
 Inside the single ``jax.jit`` function each layer's attention is reduced on the device to the
 per-sequence statistics right after its softmax and never reaches the host. ``stats_impl``
-chooses how (all give the same numbers to float32 rounding, ``tests/test_fused_stats.py``):
+chooses how (all give the same numbers to float32 rounding, ``tests/stats/test_fused.py``):
 
 * ``"layerwise"`` (default on CPU and TPU): the model's ``attention_reduce`` hook runs
   ``heads_jax.stats.layerwise`` on each layer's probabilities ``[b, h, q, k]``: one matmul
@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from heads_jax.data.batch import BATCH_FIELDS, ROLES
+from heads_jax.data.vocabulary import BATCH_FIELDS, ROLES
 from heads_jax.parallel import (batch_sharding, data_mesh, pad_to_multiple, replicate, replicated,
                                 shard_batch, shard_global_batch)
 from heads_jax.sieves import build_sieves, check_direction, check_roles
@@ -99,7 +99,7 @@ def _check_batch(batch: dict) -> dict:
   missing = [f for f in BATCH_FIELDS if f not in batch]
   if missing:
     raise KeyError(f"batch lacks field(s) {missing}; an analysis batch needs all of "
-                   f"{list(BATCH_FIELDS)} (see heads_jax/data/batch.py)")
+                   f"{list(BATCH_FIELDS)} (see heads_jax/data/vocabulary.py)")
   arrays = {f: np.asarray(batch[f]) for f in BATCH_FIELDS}
   shape = arrays["input_ids"].shape
   if len(shape) != 2 or shape[0] == 0:
@@ -227,7 +227,7 @@ class AnalysisStep:
     """Pads, shards and dispatches ``batch`` without waiting for the result.
 
     Args:
-      batch: host encoded batch (``heads_jax.data.batch``), every field ``[b, k]``.
+      batch: host encoded batch (``heads_jax.data.vocabulary``), every field ``[b, k]``.
       head_gate: optional float ``[l, h]`` passed to the model with this step's gate_mode.
     """
     batch = _check_batch(batch)

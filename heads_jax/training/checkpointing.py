@@ -19,7 +19,7 @@ parameters and losses as a run that was never interrupted.
 phase 1 for phase 2 of pre-training; its restore arguments come from Orbax's
 ``checkpoint_utils.construct_restore_args``.
 
-Directories are ``etils.epath`` paths (``heads_jax.data.storage.as_path``): a local folder or a
+Directories are ``etils.epath`` paths (``heads_jax.storage.as_path``): a local folder or a
 ``gs://`` URL, where Orbax writes the arrays through TensorStore's ``gcs`` driver. On several
 host processes every process calls the same methods and Orbax writes one checkpoint (each
 process its shards, process 0 the metadata).
@@ -34,7 +34,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from heads_jax.data.storage import as_path
+from heads_jax.storage import as_path
 
 log = logging.getLogger(__name__)
 

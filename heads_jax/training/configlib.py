@@ -18,7 +18,7 @@ from pathlib import Path
 import ml_collections
 
 import heads_jax.configs
-from heads_jax.data.storage import write_text
+from heads_jax.storage import write_text
 from heads_jax.errors import UserError
 
 PACKAGED_CONFIGS = Path(heads_jax.configs.__file__).parent  # the repository's configs/, installed

@@ -30,7 +30,7 @@ from heads_jax.hub import looks_like_repo_id
 from heads_jax.data import glue
 from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, encode_examples,
                                          eval_batches, load_task_splits)
-from heads_jax.data.storage import as_path, is_url, local_copy
+from heads_jax.storage import as_path, is_url, local_copy
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import jax
 
-from heads_jax.data.storage import display, staged_output
+from heads_jax.storage import display, staged_output
 from heads_jax.errors import UserError
 from heads_jax.model.checkpoint import build_model, save_model
 from heads_jax.model.config import config_for

@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from heads_jax.data.storage import as_path, local_copy
+from heads_jax.storage import as_path, local_copy
 from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
 from heads_jax.parallel import shard_batch

@@ -16,7 +16,7 @@ device holds when every device keeps the whole model (the one-axis ``data`` mesh
   sequence, and their gradient.
 
 XLA's temporaries (fusion buffers, the all-reduce of the gradients) come on top: the estimate
-is a lower bound that should leave a few GiB free. ``tests/test_memory.py`` checks the arithmetic
+is a lower bound that should leave a few GiB free. ``tests/training/test_memory.py`` checks the arithmetic
 by hand and against the parameter count of the real model.
 """
 

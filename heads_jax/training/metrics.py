@@ -25,7 +25,7 @@ import time
 import jax
 from tensorboardX import SummaryWriter
 
-from heads_jax.data.storage import upload_tree
+from heads_jax.storage import upload_tree
 from heads_jax.training.rundir import RunDir
 
 # Peak dense bfloat16 FLOP/s of one JAX device (a TPU v2/v3 device is one core; v4 and later

@@ -21,7 +21,7 @@ import numpy as np
 
 from heads_jax.data.corpora import make_corpus
 from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec
-from heads_jax.data.storage import local_copy
+from heads_jax.storage import local_copy
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch

@@ -12,7 +12,7 @@
 
 Every training module takes its paths from here. The work directory may be a local folder or a
 cloud URL (``gs://bucket/run``): every path here is an ``etils.epath.Path``
-(``heads_jax.data.storage.as_path``), so a URL stays a URL (never resolved as a local path) and
+(``heads_jax.storage.as_path``), so a URL stays a URL (never resolved as a local path) and
 Orbax, the metrics writer and the exports reach it through ``epath``.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from etils import epath
 
-from heads_jax.data.storage import as_path, display, is_url
+from heads_jax.storage import as_path, display, is_url
 
 
 class RunDir:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from heads_jax.data import batch as batch_lib
+from heads_jax.data import vocabulary as batch_lib
 from heads_jax.report import style
 from heads_jax.report.figures.common import DEFAULT_DPI, new_figure, save_figure
 from heads_jax.report.tables import require_columns

@@ -1,0 +1,56 @@
+"""Plain-text and TSV analysis inputs."""
+from pathlib import Path
+
+import pytest
+
+from heads_jax.data import assets
+from heads_jax.data.text import TextExample, load_text, load_tsv, read_text
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def test_lines_skip_blanks_and_strip():
+  assert load_text(FIXTURES / "sentences.txt") == [
+      TextExample("The cat sat.", None, 0), TextExample("The dog ran.", None, 1),
+      TextExample("A bird sang.", None, 2)]
+  assert [e.text_a for e in read_text(FIXTURES / "sentences.txt", max_examples=2)] == [
+      "The cat sat.", "The dog ran."]
+
+
+def test_paragraphs(tmp_path):
+  path = tmp_path / "book.txt"
+  path.write_text("First line\nof para one.\n\nPara two.\n\n\nPara\nthree\n")
+  assert [e.text_a for e in load_text(path, unit="paragraph")] == [
+      "First line of para one.", "Para two.", "Para three"]
+  assert len(load_text(path, unit="paragraph", max_examples=2)) == 2
+  with pytest.raises(ValueError, match="unit must be"):
+    load_text(path, unit="word")
+
+
+def test_embedded_book_paragraphs():
+  paras = load_text(assets.gutenberg_paths()[0], unit="paragraph", max_examples=50)
+  assert len(paras) == 50 and all(p.text_a and "\n" not in p.text_a for p in paras)
+
+
+def test_tsv_pairs_with_header_and_quotes():
+  ex = load_tsv(FIXTURES / "pairs.tsv", header=True)
+  assert ex == [TextExample("The cat sat.", "A cat was sitting.", 0),
+                TextExample('Dogs "bark".', "Dogs are loud.", 1)]
+  no_header = load_tsv(FIXTURES / "pairs.tsv")
+  assert no_header[0] == TextExample("first", "second", 0) and len(no_header) == 3
+
+
+def test_tsv_single_column_and_errors(tmp_path):
+  single = tmp_path / "single.tsv"
+  single.write_text("One.\n\nTwo.\n")
+  assert load_tsv(single) == [TextExample("One.", None, 0), TextExample("Two.", None, 1)]
+  mixed = tmp_path / "mixed.tsv"
+  mixed.write_text("a\tb\nc\n")
+  with pytest.raises(ValueError, match=r"mixed.tsv, line 2: found 1 column"):
+    load_tsv(mixed)
+  three = tmp_path / "three.tsv"
+  three.write_text("a\tb\tc\n")
+  with pytest.raises(ValueError, match="line 1: expected 1 .* or 2 .* found 3"):
+    load_tsv(three)
+  with pytest.raises(FileNotFoundError):
+    load_tsv(tmp_path / "none.tsv")

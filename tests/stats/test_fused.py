@@ -1,0 +1,193 @@
+"""Per-layer (XLA) and fused (Pallas, interpret mode) attention statistics against the loop
+reference (tests/reference_impl.py) and the stand-alone statistics, and through the analysis
+step on a real (tiny) BERT."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests import reference_impl as ref
+from heads_jax.data import vocabulary as B
+from heads_jax.model.bert import BertModel
+from heads_jax.model.config import config_for
+from heads_jax.parallel import data_mesh
+from heads_jax.stats import fused, layerwise, measures
+from heads_jax.stats.step import make_analysis_step
+
+ALL = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention")
+
+
+def _case(seed, b=7, k=12, h=3, e=8, min_len=1):
+  """A reference batch (singles and pairs, padding, possibly an all-padding row) with random
+  queries/keys and the probabilities of their masked softmax ``[b, h, q, k]`` (float64)."""
+  rng = np.random.default_rng(seed)
+  batch = ref.random_batch(rng, b, k, min_len=min_len)
+  q = (1.5 * rng.normal(size=(b, k, h, e))).astype(np.float32)
+  kk = (1.5 * rng.normal(size=(b, k, h, e))).astype(np.float32)
+  mask = batch["attention_mask"] > 0
+  s = np.einsum("bqhe,bkhe->bhqk", q.astype(np.float64), kk) / np.sqrt(e)
+  s = np.where(mask[:, None, None, :], s, -np.inf)
+  m = np.max(s, axis=-1, keepdims=True)
+  ex = np.where(mask[:, None, None, :], np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
+  p = ex / np.maximum(ex.sum(-1, keepdims=True), 1e-300)
+  p = p * mask[:, None, :, None]
+  return batch, q, kk, p
+
+
+def _reference(batch, p, direction):
+  """Loop reference for sieve bias / distance, stand-alone jnp functions for the measures."""
+  attn = p[:, None]                                                    # [b, 1, h, q, k]
+  out = {"sieve_bias": ref.sieve_bias(attn, batch, B.ROLES, direction)[:, 0],
+         "distance": ref.distance_features(attn, batch)[:, 0]}
+  got = measures.all_measures(attn.astype(np.float32), batch["token_class"], batch["attention_mask"])
+  out.update({key: np.asarray(v)[:, 0] for key, v in got.items()})
+  return out
+
+
+def _finished(out, tables):
+  """Per-layer output [b, h, ...] with the NaN of empty sieves (``layerwise.finish``)."""
+  stacked = {key: v[:, None] for key, v in out.items()}
+  return {key: np.asarray(v)[:, 0] for key, v in layerwise.finish(stacked, tables).items()}
+
+
+def _check(got, want, rtol=1e-5, atol=1e-6):
+  assert set(want) <= set(got)
+  for key in want:
+    np.testing.assert_array_equal(np.isnan(got[key]), np.isnan(want[key]), err_msg=key)
+    np.testing.assert_allclose(got[key], want[key], rtol=rtol, atol=atol, err_msg=key)
+
+
+@pytest.mark.parametrize("direction", ["dep2head", "both"])
+def test_layerwise_equals_reference(direction):
+  batch, _, _, p = _case(0)
+  assert (batch["attention_mask"].sum(1) < batch["attention_mask"].shape[1]).any()  # padding
+  assert (batch["token_type_ids"] == 1).any() and (batch["token_type_ids"].max(1) == 0).any()
+  tables = layerwise.batch_tables(batch, B.ROLES, direction, measures=True)
+  out = jax.jit(lambda p, t: layerwise.reduce_layer(p, t, B.ROLES, batch["attention_mask"], True))(
+      p.astype(np.float32), tables)
+  _check(_finished(out, tables), _reference(batch, p, direction))
+
+
+@pytest.mark.parametrize("direction", ["dep2head", "both"])
+def test_fused_kernel_equals_reference(direction):
+  batch, q, kk, p = _case(1)
+  tables = fused.fused_tables(batch, B.ROLES, direction, measures=True)
+  out = jax.jit(lambda q, k, t: fused.fused_layer_stats(q, k, t, B.ROLES, direction, True,
+                                                        interpret=True))(q, kk, tables)
+  _check(_finished(out, tables), _reference(batch, p, direction))
+
+
+def test_fused_kernel_padded_to_power_of_two_in_query_blocks():
+  """The GPU layout: sequence padded 12 -> 16, four programs of 4 queries per head."""
+  batch, q, kk, p = _case(2, b=3, k=12, h=2)
+  tables = fused.fused_tables(batch, B.ROLES, measures=True, pad_pow2=True)
+  assert tables["info"].shape[-1] == 16 and tables["weights"].shape[1] == 64
+  out = jax.jit(lambda q, k, t: fused.fused_layer_stats(q, k, t, B.ROLES, measures=True,
+                                                        block_q=4, interpret=True))(q, kk, tables)
+  _check(_finished(out, tables), _reference(batch, p, "dep2head"))
+
+
+def test_fused_kernel_role_subset_and_bfloat16_inputs():
+  batch, q, kk, _ = _case(3, b=4, k=10, min_len=4)
+  roles = ("sep", "block", "obj", "local")
+  q16, k16 = q.astype(jnp.bfloat16), kk.astype(jnp.bfloat16)
+  # the reference on the bfloat16-rounded inputs: the kernel accumulates the scores in float32
+  _, _, _, p = _case(3, b=4, k=10, min_len=4)
+  s = np.einsum("bqhe,bkhe->bhqk", np.asarray(q16, np.float64), np.asarray(k16, np.float64))
+  mask = batch["attention_mask"] > 0
+  s = np.where(mask[:, None, None, :], s / np.sqrt(q.shape[-1]), -np.inf)
+  p = np.exp(s - s.max(-1, keepdims=True))
+  p = p / p.sum(-1, keepdims=True) * mask[:, None, :, None]
+  tables = fused.fused_tables(batch, roles)
+  out = fused.fused_layer_stats(q16, k16, tables, roles, interpret=True)
+  assert set(out) == {"sieve_bias", "distance"} and out["sieve_bias"].shape == (4, 3, 4)
+  want = ref.sieve_bias(p[:, None], batch, roles)[:, 0]
+  _check(_finished(out, tables), {"sieve_bias": want})
+
+
+def test_filler_row_gives_nan_and_zeros():
+  batch, q, kk, _ = _case(4, b=3, k=8, min_len=3)
+  for f, v in B.empty_batch(1, 8).items():
+    batch[f] = np.concatenate([batch[f], v])
+  q = np.concatenate([q, q[:1]])
+  kk = np.concatenate([kk, kk[:1]])
+  tables = fused.fused_tables(batch, B.ROLES, measures=True)
+  out = _finished(fused.fused_layer_stats(q, kk, tables, B.ROLES, measures=True,
+                                          interpret=True), tables)
+  assert np.isnan(out["sieve_bias"][3]).all()
+  for key in ALL[1:]:
+    assert np.all(np.isfinite(out[key][:3])) and np.all(out[key][3] == 0), key
+
+
+# -- through the analysis step, with a real (tiny) BERT ------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_bert():
+  cfg = config_for("tiny", vocab_size=2048, max_position_embeddings=32)
+  model = BertModel(cfg, rngs=nnx.Rngs(1))
+  # sharper attention than the 0.02 initialisation gives (nearly uniform rows test little)
+  for layer in model.layers:
+    layer.attention.query.kernel[...] = layer.attention.query.kernel[...] * 40
+  return model
+
+
+@pytest.fixture(scope="module")
+def step_batch():
+  return ref.random_batch(np.random.default_rng(5), 6, 16, min_len=2)
+
+
+@pytest.fixture(scope="module")
+def stacked(tiny_bert, step_batch):
+  return make_analysis_step(tiny_bert, measures=True, stats_impl="stacked")(step_batch)
+
+
+@pytest.mark.parametrize("impl", ["layerwise", "fused"])
+def test_step_paths_equal_stacked_on_8_devices(tiny_bert, step_batch, stacked, impl):
+  assert len(jax.devices()) == 8
+  step = make_analysis_step(tiny_bert, measures=True, stats_impl=impl)
+  assert step.stats_impl == impl
+  got = step(step_batch)
+  assert set(got) == set(stacked)
+  _check(got, stacked, rtol=1e-5, atol=1e-6)
+  # and the stand-alone path itself against the loop reference, on the model's attention
+  graphdef, state = nnx.split(tiny_bert)
+  attn = np.asarray(jax.jit(lambda st, b: nnx.merge(graphdef, st)(
+      b["input_ids"], b["attention_mask"], b["token_type_ids"], return_attentions=True)
+      ["attentions"])(state, step_batch), np.float64)
+  assert attn.max() > 0.5  # some peaked rows
+  np.testing.assert_allclose(got["sieve_bias"], ref.sieve_bias(attn, step_batch, B.ROLES),
+                             rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_fused_step_one_device_and_gates(tiny_bert, step_batch, stacked):
+  one = data_mesh(jax.devices()[:1])
+  got = make_analysis_step(tiny_bert, measures=True, stats_impl="fused", mesh=one)(step_batch)
+  _check(got, stacked)
+  gate = np.ones((2, 4), np.float32)
+  gate[1, 2] = 0.0
+  for mode in ("remove", "uniform"):  # "uniform" falls back to the per-layer XLA path
+    want = make_analysis_step(tiny_bert, stats_impl="stacked", gate_mode=mode)(step_batch, gate)
+    got = make_analysis_step(tiny_bert, stats_impl="fused", gate_mode=mode)(step_batch, gate)
+    _check(got, want)
+  sb = got["sieve_bias"][:, 1, 2]            # uniform head: bias 1 on every non-block role
+  plain = [B.ROLES.index(r) for r in B.ROLES if r != "block"]
+  np.testing.assert_allclose(sb[:, plain][~np.isnan(sb[:, plain])], 1.0, rtol=1e-5)
+
+
+def test_js_and_plain_callables_take_the_stacked_path(tiny_bert):
+  assert make_analysis_step(tiny_bert, js=True).stats_impl == "stacked"
+  assert make_analysis_step(tiny_bert).stats_impl == "layerwise"  # CPU default
+  with pytest.raises(ValueError, match="stats_impl"):
+    make_analysis_step(tiny_bert, stats_impl="flash")
+
+
+def test_bfloat16_compute_is_close_to_float32(tiny_bert, step_batch, stacked):
+  got = make_analysis_step(tiny_bert, measures=True, compute_dtype="bfloat16")(step_batch)
+  assert tiny_bert.config.dtype == "float32"  # the model itself is unchanged
+  finite = ~np.isnan(stacked["sieve_bias"])
+  np.testing.assert_array_equal(np.isnan(got["sieve_bias"]), ~finite)
+  err = np.abs(got["sieve_bias"][finite] - stacked["sieve_bias"][finite])
+  assert 0 < err.max() < 0.1 * np.abs(stacked["sieve_bias"][finite]).max()
