@@ -6,14 +6,14 @@ intra- or inter-sentence attention of chosen heads removed (--cross; Guan et al.
 computes head importance and the pruning curve (--importance, --prune; Michel et al. 2019).
 Each ablation is compared with random groups of the same size. Writes into --out: ablation.csv,
 segment_ablation.csv, importance.csv, pruning.csv, pruning_summary.csv, ablation.json,
-figures/*.png and report.html. Thin entry point over ``heads_jax.ablation.run.run_ablation``.
+figures/*.png and report.html. Thin entry point over ``heads_jax.pipelines.ablate.run_ablation``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from heads_jax.ablation.run import AblationConfig, run_ablation
+from heads_jax.pipelines.ablate import AblationConfig, run_ablation
 
 
 def add_args(p):

@@ -2,12 +2,12 @@
 
 Writes compare_sieve_bias.csv, compare_roles.csv, compare_clusters.csv, compare.json, figures and
 report.html into --out (and, with --before-model/--after-model, the per-head attention similarity
-of Kovaleva et al. 2019). Thin entry point over ``heads_jax.comparison.run_compare``.
+of Kovaleva et al. 2019). Thin entry point over ``heads_jax.pipelines.compare.run_compare``.
 """
 
 from __future__ import annotations
 
-from heads_jax.comparison import run_compare
+from heads_jax.pipelines.compare import run_compare
 
 
 def add_args(p):

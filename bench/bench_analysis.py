@@ -10,7 +10,7 @@ encode_spec``, sorted by length within windows as ``heads-jax analyze`` does), i
   the pooled output comes back); the statistics' cost is ``analysis / forward - 1`` (target
   under 10 %); **forward+attn** returns the attentions ``[b, l, h, q, k]`` (not fetched), to
   show what materialising the maps costs by itself;
-* **end-to-end**: ``heads_jax.analysis.compute_scores`` (tokenisation + encoding + step
+* **end-to-end**: ``heads_jax.pipelines.analyze.compute_scores`` (tokenisation + encoding + step
   compilation + device pass + collection: what ``heads-jax analyze`` spends before its host
   statistics), once cold (first thing in the process) and once more at the end with JAX's
   persistent compilation cache warm (turned on in a temporary folder; ``--no-jax-cache`` off);
@@ -184,7 +184,7 @@ def _one_per_shape(batches) -> list:
 # Throughput
 
 def _analysis_config(args, name: str, n: int):
-  from heads_jax.analysis import AnalysisConfig
+  from heads_jax.pipelines.analyze import AnalysisConfig
   return AnalysisConfig(model=name, data=(args.data,), out="unused", max_examples=n,
                         max_length=args.max_length, batch_size=args.batch_size, parser=args.parser,
                         sort_window=args.sort_window or None)
@@ -193,7 +193,7 @@ def _analysis_config(args, name: str, n: int):
 def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
   import jax
   from heads_jax import load_model
-  from heads_jax.analysis import compute_scores
+  from heads_jax.pipelines.analyze import compute_scores
   from heads_jax.parallel import data_mesh
   from heads_jax.stats.collector import collect
   from heads_jax.stats.step import make_analysis_step
@@ -354,7 +354,7 @@ def _memory_child(args) -> dict:
   """Fresh process: peak RSS of ``compute_scores`` on ``args._memory_child`` sequences."""
   import tracemalloc
   from heads_jax import load_model
-  from heads_jax.analysis import compute_scores
+  from heads_jax.pipelines.analyze import compute_scores
   hf_dir = Path(args._hf_dir_resolved)
   model, tokenizer = load_model(hf_dir)
   n = args._memory_child

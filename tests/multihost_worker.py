@@ -36,7 +36,7 @@ def finetune_overrides(init: str) -> list[str]:
 
 
 def analysis_config(model, out):
-  from heads_jax.analysis import AnalysisConfig
+  from heads_jax.pipelines.analyze import AnalysisConfig
   return AnalysisConfig(model=str(model), data=("ud-ewt",), out=str(out), max_examples=12,
                         batch_size=8, measures=False, report=False, clusters=2)
 
@@ -50,7 +50,7 @@ def main(argv):
   phase, pid, nproc, port, root = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), argv[4]
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
   os.environ["JAX_PLATFORMS"] = "cpu"
-  from heads_jax.analysis import run_analysis
+  from heads_jax.pipelines.analyze import run_analysis
   from heads_jax.training import configlib, finetune, pretrain
 
   dist = distributed_overrides(pid, nproc, port)

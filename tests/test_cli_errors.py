@@ -102,7 +102,7 @@ def test_corrupt_weights_file(capsys, tmp_path):
 
 
 def test_max_length_above_position_limit_is_refused_before_encoding(capsys, monkeypatch, tmp_path):
-  import heads_jax.analysis as analysis
+  import heads_jax.pipelines.analyze as analysis
   m = _tiny_model_dir(tmp_path / "m", max_position_embeddings=64)
 
   def no_encoding(*a, **k):

@@ -9,5 +9,6 @@ Modules:
 * ``importance``: head importance, the expected absolute gate gradient (Michel et al. 2019);
 * ``pruning``: iterative pruning curve by importance against random pruning;
 * ``similarity``: per-head attention cosine similarity of two models (Kovaleva et al. 2019);
-* ``run``: the ablate job, ``run_ablation(AblationConfig)`` (entry point: ``analyze/ablate.py``).
+(the ablate job, ``run_ablation(AblationConfig)``, is ``heads_jax.pipelines.ablate``; entry point:
+``analyze/ablate.py``).
 """

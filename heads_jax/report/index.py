@@ -100,7 +100,7 @@ def _training_table(part: dict, metrics: tuple[str, ...]) -> pd.DataFrame | None
 
 
 def write_index(out: Path, parts: dict) -> Path:
-  """Writes ``out/report.html`` from the parts of a demo run (see ``heads_jax.demo``)."""
+  """Writes ``out/report.html`` from the parts of a demo run (see ``heads_jax.pipelines.demo``)."""
   out = Path(out)
   fig_dir = out / "figures"
   sections = []

@@ -9,9 +9,9 @@ import pytest
 from flax import nnx
 
 from heads_jax.ablation import evaluate
-from heads_jax.ablation.run import run_ablation
+from heads_jax.pipelines.ablate import run_ablation
 from heads_jax.analyze import ablate as ablate_entry
-from heads_jax.comparison import attention_similarity_section
+from heads_jax.pipelines.compare import attention_similarity_section
 from heads_jax.data.vocabulary import DISTANCE_FEATURES
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-from heads_jax.analysis import AnalysisConfig, run_analysis
+from heads_jax.pipelines.analyze import AnalysisConfig, run_analysis
 from heads_jax.data.assets import ud_ewt_test_path
 from heads_jax.data import vocabulary as B
 from heads_jax.data.vocabulary import ROLES

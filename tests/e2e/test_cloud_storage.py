@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from heads_jax import contract
-from heads_jax.analysis import AnalysisConfig, run_analysis
+from heads_jax.pipelines.analyze import AnalysisConfig, run_analysis
 from heads_jax import storage
 from heads_jax.model.checkpoint import MANIFEST
 from heads_jax.training import configlib, finetune, metrics, pretrain

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from heads_jax import contract
-from heads_jax.analysis import run_analysis
+from heads_jax.pipelines.analyze import run_analysis
 from heads_jax.training import configlib, finetune, pretrain
 from tests.gcs_emulator import free_port
 from tests.helpers import REPO

@@ -239,7 +239,7 @@ def test_tests_csv_round_trip_keeps_both_decisions(tmp_path):
 def test_random_model_gets_no_role_on_sentences_and_pairs(tmp_path, size="mini"):
   """A randomly initialised BERT through the whole analysis (UD EWT sentences with gold parses and
   MRPC pairs): no role under the default rule; the paper's rule calls its heads block heads."""
-  from heads_jax.analysis import AnalysisConfig, run_analysis
+  from heads_jax.pipelines.analyze import AnalysisConfig, run_analysis
   from heads_jax.data.tokenizer import load_tokenizer
   from heads_jax.model.checkpoint import build_model, save_model
   from heads_jax.model.config import config_for

@@ -5,8 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from heads_jax import contract, demo
-from heads_jax.demo import run_demo
+from heads_jax import contract
+from heads_jax.pipelines import demo
+from heads_jax.pipelines.demo import run_demo
 from heads_jax.errors import UserError
 from tests.helpers import minilm_dir
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from heads_jax import cli
-from heads_jax import reproduce as rp
+from heads_jax.pipelines import reproduce as rp
 from heads_jax.data import glue
 from heads_jax.data.assets import glue_dir as embedded_glue_dir
 from heads_jax.errors import UserError
@@ -190,7 +190,7 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
   assert len(before["finetune"]) == 4
 
   # 2. killed in the middle of the analysis (the third analysis fails)
-  import heads_jax.reproduce as analysis_mod  # the job's own binding of run_analysis
+  import heads_jax.pipelines.reproduce as analysis_mod  # the job's own binding of run_analysis
   real = analysis_mod.run_analysis
   calls = []
 

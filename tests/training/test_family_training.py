@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from heads_jax import load_model
-from heads_jax.ablation.run import AblationConfig, run_ablation
+from heads_jax.pipelines.ablate import AblationConfig, run_ablation
 from heads_jax.data.glue import GlueExample
 from heads_jax.data.glue_batches import encode_examples
 from heads_jax.training import configlib, finetune

@@ -24,8 +24,8 @@ import math
 import time
 from pathlib import Path
 
-from heads_jax.analysis import AnalysisConfig, headline, run_analysis
-from heads_jax.comparison import run_compare
+from heads_jax.pipelines.analyze import AnalysisConfig, headline, run_analysis
+from heads_jax.pipelines.compare import run_compare
 from heads_jax.data.assets import glue_dir
 from heads_jax.errors import UserError
 from heads_jax.report.index import write_index

@@ -44,8 +44,8 @@ import numpy as np
 from flax import nnx
 from threadpoolctl import threadpool_limits
 
-from heads_jax.analysis import AnalysisConfig, headline, run_analysis
-from heads_jax.comparison import run_compare
+from heads_jax.pipelines.analyze import AnalysisConfig, headline, run_analysis
+from heads_jax.pipelines.compare import run_compare
 from heads_jax.data import glue
 from heads_jax.data.syntax import DEFAULT_PARSER, MissingParserError, load_parser
 from heads_jax.data.tokenizer import load_tokenizer

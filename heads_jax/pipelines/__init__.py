@@ -1,0 +1,14 @@
+"""The jobs a user runs, each a pipeline of keyed stages over one engine (``engine``).
+
+Modules:
+
+* ``engine``: keyed stages and units, markers written last, ``redo`` cascading to later stages;
+* ``analyze``: one analysis (``run_analysis(AnalysisConfig)``; entry point ``analyze/heads.py``);
+* ``compare``: two analyses side by side (``run_compare``; ``analyze/compare.py``);
+* ``ablate``: head ablation, importance and pruning (``run_ablation``; ``analyze/ablate.py``);
+* ``reproduce``: Pande et al. end to end (``run_reproduce``; ``analyze/reproduce.py``);
+* ``demo``: the paper's findings on a real model, offline (``run_demo``; ``analyze/demo.py``).
+
+The files a pipeline writes at run level (stage markers, reproduce's best/analyses files, the
+demo's ``demo.json``) are read and written by ``heads_jax.runfiles`` only.
+"""
