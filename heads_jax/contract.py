@@ -1,7 +1,7 @@
 """The on-disk contract of an analysis (DESIGN.md section 4): the one writer and one reader of
 every file an analysis, a comparison and the report exchange.
 
-Every stage goes through this module: the analysis job (`heads_jax.analysis`) writes
+Every stage goes through this module: the analysis job (`heads_jax.pipelines.analyze`) writes
 scores.npz, measures.npz and run.json; the host statistics' results are written by
 ``write_tests`` / ``write_summary`` / ``write_clusters``; the comparison by
 ``write_comparison``; the report (`heads_jax.report`) reads them all back with the ``read_*``
@@ -427,6 +427,185 @@ def read_summary(out_dir) -> dict:
     raise FileNotFoundError(f"no {SUMMARY_JSON} in {out_dir}: compute it with "
                             f"summary.summary_figures + contract.write_summary")
   return read_json(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# typed readers of tests, clusters and summary
+
+
+@dataclasses.dataclass(frozen=True)
+class Tests:
+  """tests.csv and the settings of an analysis directory (`load_tests`).
+
+  Attributes:
+    table: one row per (layer, head, role), the columns `TEST_COLUMNS` [+ `RULE_COLUMNS`];
+      ``assigned`` and the rule decisions are bool.
+    settings: settings.json (else tests.json's ``settings``; {} when neither exists).
+  """
+  table: pd.DataFrame
+  settings: dict = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    _check_test_columns(self.table, "the tests table")
+
+  @property
+  def has_rules(self) -> bool:
+    """Whether the table has the role rules' columns (`RULE_COLUMNS`)."""
+    return set(RULE_COLUMNS) <= set(self.table.columns)
+
+  @property
+  def roles(self) -> tuple[str, ...]:
+    """The table's roles, in `vocabulary.ROLES` order, then unknown ones in first-seen order."""
+    return batch_lib.role_order(self.table["role"].astype(str))
+
+  @property
+  def num_layers(self) -> int:
+    return int(self.table["layer"].max()) + 1 if len(self.table) else 0
+
+  @property
+  def num_heads(self) -> int:
+    return int(self.table["head"].max()) + 1 if len(self.table) else 0
+
+  @property
+  def rule(self) -> str | None:
+    """The rule of the ``assigned`` column (settings ``rule``), or None when not recorded."""
+    return self.settings.get("rule")
+
+  @property
+  def tau(self) -> float | None:
+    return self.settings.get("tau")
+
+  @property
+  def alpha(self) -> float | None:
+    return self.settings.get("alpha")
+
+  def role(self, role: str) -> pd.DataFrame:
+    """The rows of one role (one per head); empty when the run did not test it."""
+    return self.table[self.table["role"].astype(str) == role]
+
+  def with_rule(self, rule: str) -> pd.DataFrame:
+    """The table with ``assigned`` = the decisions of ``rule`` ("paper" or "calibrated")."""
+    if rule not in ("paper", "calibrated"):
+      raise ValueError(f"rule must be 'paper' or 'calibrated', got {rule!r}")
+    if not self.has_rules:
+      if self.rule in (None, rule):
+        return self.table
+      raise ValueError(f"this tests table has only the {self.rule!r} rule's decisions (no "
+                       f"rule columns); re-run the analysis to get the {rule!r} rule")
+    return self.table.assign(assigned=self.table[f"assigned_{rule}"].astype(bool))
+
+
+@dataclasses.dataclass(frozen=True)
+class Clusters:
+  """clusters.csv and clusters.json of an analysis directory (`load_clusters`).
+
+  Attributes:
+    table: one row per head, the columns `CLUSTER_COLUMNS`.
+    info: the clustering info dict (method, k, names, centroids, stability, ...; {} if absent).
+  """
+  table: pd.DataFrame
+  info: dict = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    _check_columns(self.table, CLUSTER_COLUMNS, "the clusters table")
+
+  @property
+  def features(self) -> np.ndarray:
+    """float ``[l*h, d]``: the heads' distance features (`vocabulary.DISTANCE_FEATURES`)."""
+    return self.table[list(batch_lib.DISTANCE_FEATURES)].to_numpy(np.float64)
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    """The cluster names of the heads present, in first-seen order."""
+    return tuple(dict.fromkeys(self.table["cluster_name"].astype(str)))
+
+  def name_of(self) -> dict[tuple[int, int], str]:
+    """``{(layer, head): cluster_name}``."""
+    t = self.table
+    return {(int(l), int(h)): str(c) for l, h, c in zip(t["layer"], t["head"], t["cluster_name"])}
+
+
+# The keys `heads_jax.hoststats.summary.summary_figures` writes that `Summary` exposes as
+# attributes (None when the file lacks them).
+SUMMARY_SHARE_KEYS = ("share_local", "share_syntactic", "share_delimiter", "share_block",
+                      "share_unskilled", "share_syntactic_also_local")
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+  """summary.json of an analysis directory (`load_summary`; keys described in
+  `heads_jax.hoststats.summary`). ``figures`` is the whole document; the common keys are
+  properties, `share` / `for_rule` read a rule's figures."""
+  figures: dict
+
+  def get(self, key: str, default=None):
+    return self.figures.get(key, default)
+
+  def __getitem__(self, key: str):
+    return self.figures[key]
+
+  def __contains__(self, key: str) -> bool:
+    return key in self.figures
+
+  num_sequences = property(lambda self: self.figures.get("num_sequences"))
+  num_layers = property(lambda self: self.figures.get("num_layers"))
+  num_heads = property(lambda self: self.figures.get("num_heads"))
+  rule = property(lambda self: self.figures.get("rule"))
+  share_unskilled = property(lambda self: self.figures.get("share_unskilled"))
+  share_syntactic_also_local = property(
+      lambda self: self.figures.get("share_syntactic_also_local"))
+  spearman_local_syntactic = property(lambda self: self.figures.get("spearman_local_syntactic"))
+  mean_sieve_score = property(lambda self: self.figures.get("mean_sieve_score"))
+  share_p_between = property(lambda self: self.figures.get("share_p_between"))
+  num_near_uniform_heads = property(lambda self: self.figures.get("num_near_uniform_heads"))
+
+  @property
+  def rules(self) -> tuple[str, ...]:
+    """The rules with their own figures (``by_rule``), () for a run without rule columns."""
+    return tuple(self.figures.get("by_rule") or ())
+
+  def for_rule(self, rule: str | None = None) -> dict:
+    """The role figures (shares, ``num_assigned_by_role``, ``num_heads_by_coarse_role``) of
+    ``rule``; the top-level figures (the run's own rule) when ``rule`` is None or the run's."""
+    if rule is None or rule == self.rule and rule not in self.rules:
+      return self.figures
+    by_rule = self.figures.get("by_rule") or {}
+    if rule not in by_rule:
+      raise KeyError(f"summary.json has no figures for rule {rule!r} (has {list(by_rule)})")
+    return by_rule[rule]
+
+  def share(self, coarse_role: str, rule: str | None = None) -> float | None:
+    """The share of heads with a coarse role (or ``unskilled``) under ``rule``; None when the
+    run did not compute it."""
+    return self.for_rule(rule).get(f"share_{coarse_role}")
+
+  def num_heads_by_coarse_role(self, rule: str | None = None) -> dict:
+    return dict(self.for_rule(rule).get("num_heads_by_coarse_role") or {})
+
+  def num_assigned_by_role(self, rule: str | None = None) -> dict:
+    return dict(self.for_rule(rule).get("num_assigned_by_role") or {})
+
+
+def load_tests(out_dir) -> Tests:
+  """tests.csv and the settings of an output directory as a `Tests`."""
+  return Tests(*read_tests(out_dir))
+
+
+def load_clusters(out_dir) -> Clusters:
+  """clusters.csv and clusters.json of an output directory as a `Clusters`."""
+  return Clusters(*read_clusters(out_dir))
+
+
+def load_summary(out_dir, missing_ok: bool = False) -> Summary | None:
+  """summary.json of an output directory as a `Summary`; with ``missing_ok`` None when absent."""
+  if missing_ok and not (Path(out_dir) / SUMMARY_JSON).is_file():
+    return None
+  return Summary(read_summary(out_dir))
+
+
+def has_clusters(out_dir) -> bool:
+  """Whether an output directory holds clusters.csv."""
+  return (Path(out_dir) / CLUSTERS_CSV).is_file()
 
 
 def write_examples(doc: Mapping, out_dir) -> Path:
