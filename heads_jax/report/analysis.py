@@ -9,8 +9,8 @@ the measures of Clark et al. (`heads_jax.report.measures`). Computes no statisti
 and counts for drawing. No jax.
 
 Summary dictionary (``summary.json``, written by ``heads_jax.hoststats.summary``). Any keys
-are rendered (nested dicts flattened to ``outer.inner``, None shown as "n/a"). These keys, or
-the aliases listed in ``headline.SUMMARY_FIELDS``, are shown as the paper's headline figures
+are rendered (nested dicts flattened to ``outer.inner``, None shown as "n/a"). The rows of
+``headline.ROWS`` (these keys and a few more) are shown as the paper's headline figures
 next to the published reference values:
 
 ==============================  ==============================================================
@@ -42,7 +42,7 @@ from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report import style, tables, views
 from heads_jax.report.figures import guan, pande
 from heads_jax.report.figures.common import DEFAULT_DPI
-from heads_jax.report.headline import SUMMARY_FIELDS, match_summary, summary_value
+from heads_jax.report import headline
 from heads_jax.report.measures import analysis_measures_sections
 from heads_jax.report.page import (esc, figure_spec_html, flatten, format_value, is_number,
                                    kv_table_html, sections_from_specs, slug, table_html,
@@ -125,27 +125,13 @@ def _settings_section(settings: dict) -> str:
 def _summary_section(summary: dict, tested: list[str] | None = None) -> str:
   """Headline table (with the paper's values), then the other summary entries: scalars in a
   key/value table, each dict of scalars (e.g. per-role values) as a one-row table."""
-  known, rest = match_summary(summary)
+  rest = headline.other_entries(summary)
   # shown in their own sections ("Role rules", "Fine-role overlaps")
   rest = [(k, v) for k, v in rest if not k.startswith(("by_rule.", "fine_role_overlaps."))]
-  rows = []
-  for key, label, kind, _aliases, paper, ref in SUMMARY_FIELDS:
-    coarse = key[len("share_"):] if key.startswith("share_") else None
-    if (tested is not None and coarse in roles_lib.COARSE_ROLES
-        and not any(r in tested for r in roles_lib.COARSE_ROLES[coarse])):
-      value = "not computed"
-    elif key in known:
-      value = format_value(known[key][1], kind)
-    else:
-      value = "not reported"
-    rows.append(f"<tr><td>{esc(label)}</td><td class=\"num\">{esc(value)}</td>"
-                f"<td class=\"ref\">{esc(paper or '-')}</td><td class=\"ref\">{esc(ref or '-')}</td>"
-                "</tr>")
-  head = ("<tr><th>headline figure</th><th>this run</th><th>paper (BERT-base)</th>"
-          "<th>reference (MiniLM-L6, 200 EWT test sentences)</th></tr>")
-  out = (f'<div class="scroll"><table id="table-summary"><thead>{head}</thead>'
-         f"<tbody>{''.join(rows)}</tbody></table></div>"
-         '<p class="note">Shares are of all heads, except "syntactic heads that are also local" '
+  table = headline.headline_html({"this run": summary}, reference=True,
+                                 tested={"this run": tested}, label_header="headline figure")
+  out = (table
+         + '<p class="note">Shares are of all heads, except "syntactic heads that are also local" '
          "(a share of the syntactic heads); \"not computed\": the run has no defined score for "
          "any role of the group (block needs sentence pairs). The paper (Pande et al. 2021) "
          "reports a mean sieve score of 2.8 and 1.8% of p-values in (0.05, 0.95) for BERT-base; "
@@ -367,7 +353,7 @@ def build_analysis_report(out_dir, *, title: str | None = None,
              else {})
   clusters_df, cluster_info = (contract.read_clusters(out_dir)
                                if (out_dir / contract.CLUSTERS_CSV).is_file() else (None, None))
-  mean_score = summary_value(summary, "mean_sieve_score")
+  mean_score = headline.summary_value(summary, "mean_sieve_score")
   band = summary.get("p_interval") if isinstance(summary, dict) else None
   band = tuple(float(b) for b in band) if isinstance(band, (list, tuple)) and len(band) == 2 \
       else (0.05, 0.95)

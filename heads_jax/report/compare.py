@@ -18,7 +18,7 @@ from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report import tables
 from heads_jax.report.figures import guan, pande
 from heads_jax.report.figures.common import DEFAULT_DPI
-from heads_jax.report.headline import SUMMARY_FIELDS, match_summary
+from heads_jax.report import headline
 from heads_jax.report.page import (esc, sections_from_specs, figure_html, figure_spec_html, flatten,
                                    format_value, is_missing, kv_table_html, table_html, write_page)
 from heads_jax.report.tables import require_columns
@@ -31,16 +31,11 @@ FIGURE_TEXT = {"finetune_delta": pande.FIGURE_TEXT["finetune_delta"],
 
 
 def _summary_compare_section(before: dict, after: dict) -> str:
-  kb, rb = match_summary(before)
-  ka, ra = match_summary(after)
-  rows = []
-  for key, label, kind, _aliases, _paper, _ref in SUMMARY_FIELDS:
-    if key in kb or key in ka:
-      b = format_value(kb[key][1], kind) if key in kb else "n/a"
-      a = format_value(ka[key][1], kind) if key in ka else "n/a"
-      rows.append(f'<tr><td>{esc(label)}</td><td class="num">{esc(b)}</td>'
-                  f'<td class="num">{esc(a)}</td></tr>')
-  rest_b, rest_a = dict(rb), dict(ra)
+  table = headline.headline_table({"before": before, "after": after}, paper=False,
+                                  skip_absent=True)
+  rows = [f'<tr><td>{esc(r.figure)}</td><td class="num">{esc(r.before)}</td>'
+          f'<td class="num">{esc(r.after)}</td></tr>' for r in table.itertuples(index=False)]
+  rest_b, rest_a = dict(headline.other_entries(before)), dict(headline.other_entries(after))
   for key in dict.fromkeys(list(rest_b) + list(rest_a)):
     rows.append(f"<tr><td>{esc(key)}</td><td class=\"num\">{esc(format_value(rest_b.get(key)))}</td>"
                 f"<td class=\"num\">{esc(format_value(rest_a.get(key)))}</td></tr>")

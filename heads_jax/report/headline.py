@@ -1,18 +1,50 @@
-"""The paper's headline figures of a run (the keys of ``summary.json``) and how they are shown.
+"""The paper's headline figures of a run (keys of ``summary.json``): ONE table of rows, ONE formatter.
 
-`SUMMARY_FIELDS` lists each headline figure: its canonical key (as written by
-`heads_jax.hoststats.summary`), label, kind (share | float | corr | p), accepted aliases, the
-paper's value (BERT-base) (`paper_value`, from `heads_jax.hoststats.paper`; None where the paper gives none) and the reference value of DESIGN.md (MiniLM-L6 on the first 200 UD
-EWT test sentences). `match_summary` finds them in any summary dict (nested dicts flattened
-to ``outer.inner``); the analysis and the compare reports show them. No jax.
+`ROWS` lists each headline figure once: its key in ``summary.json`` exactly as
+`heads_jax.hoststats.summary.summary_figures` writes it (dotted for a nested value, e.g.
+``by_rule.paper.share_block``), its label (reports), its short label (console), its kind (how
+`format_number` shows it: share | float | corr | p), the paper's value (BERT-base, from
+`heads_jax.hoststats.paper`; None where the paper gives none) and the reference value of DESIGN.md
+(MiniLM-L6 on the first 200 UD EWT test sentences). No aliases: the file is ours.
+
+Every view of the headline figures goes through this module:
+
+* `headline_text(summary)`: one line for the console (pipelines' logs);
+* `headline_table(summaries)`: a DataFrame, one row per figure, one column per run (+ paper);
+* `headline_html(summaries, ...)`: the same table as HTML (analysis, compare, demo front page).
+
+No jax.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
 
 from heads_jax.hoststats import paper as paper_lib
-from heads_jax.report.page import flatten
+from heads_jax.hoststats import roles as roles_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One headline figure (see the module docstring)."""
+  key: str
+  label: str
+  short: str
+  kind: str
+  paper: str | None = None
+  reference: str | None = None
+  optional: bool = False  # shown only when a summary has it (not "not reported")
+
+  @property
+  def coarse_role(self) -> str | None:
+    """The coarse role a ``share_<role>`` row counts (None for the other rows)."""
+    name = self.key.rpartition(".")[2]
+    role = name[len("share_"):] if name.startswith("share_") else None
+    return role if role in roles_lib.COARSE_ROLES else None
 
 
 def paper_value(key: str) -> str | None:
@@ -32,60 +64,163 @@ def paper_value(key: str) -> str | None:
           f"(per task)")
 
 
-SUMMARY_FIELDS = (
-    ("share_delimiter", "Heads with a delimiter role ([CLS], [SEP] or both)", "share",
-     ("delimiter", "shares_delimiter", "delimiter_share", "share_delimiter_heads"), None, None),
-    ("share_local", "Heads with a local role (local, previous or next)", "share",
-     ("local", "shares_local", "local_share", "share_local_heads"), None, None),
-    ("share_syntactic", "Heads with a syntactic role (any of the four relations)", "share",
-     ("syntactic", "shares_syntactic", "syntactic_share", "share_syntactic_heads"), None, None),
-    ("share_block", "Heads with the block role", "share",
-     ("block", "shares_block", "block_share", "share_block_heads"), None, None),
-    ("share_unskilled", "Heads without any role (unskilled)", "share",
-     ("unskilled", "shares_unskilled", "share_none", "share_no_role", "unskilled_share"), None, None),
-    ("share_syntactic_also_local", "Syntactic heads that are also local", "share",
-     ("syntactic_also_local", "share_syntactic_local", "overlap_syntactic_local",
-      "syntactic_local_overlap"), None, None),
-    ("spearman_local_syntactic", "Spearman rho, local vs syntactic sieve bias", "corr",
-     ("spearman_rho", "spearman_local_syntactic_rho", "spearman"), None, None),
-    ("spearman_p_value", "Spearman p-value", "p",
-     ("spearman_p", "spearman_local_syntactic_p", "spearman_pvalue"), None, None),
-    ("mean_sieve_score", "Mean of all sieve bias scores", "float",
-     ("mean_score", "mean_sieve_bias", "mean_all_scores", "mean_of_all_sieve_scores",
-      "mean_all_sieve_scores"), "2.8", "2.75"),
-    ("share_p_between", "p-values in (0.05, 0.95)", "share",
-     ("share_p_mid", "share_p_in_band", "share_p_005_095", "share_p_in_005_095",
-      "share_pvalues_mid", "share_p_values_mid", "p_mid_share", "share_p_middle"), "1.8%", "2.5%"),
+def _row(key, label, short, kind, paper=None, reference=None, optional=False) -> Row:
+  return Row(key, label, short, kind, paper_value(key) or paper, reference, optional)
+
+
+# The paper's values come from heads_jax.hoststats.paper (one place for the published numbers);
+# the literal paper values below are used only where it has no claim for the key.
+ROWS: tuple[Row, ...] = (
+    _row("share_delimiter", "Heads with a delimiter role ([CLS], [SEP] or both)", "delimiter heads",
+         "share"),
+    _row("share_local", "Heads with a local role (local, previous or next)", "local", "share"),
+    _row("share_syntactic", "Heads with a syntactic role (any of the four relations)", "syntactic",
+         "share"),
+    _row("share_block", "Heads with the block role", "block", "share"),
+    _row("by_rule.paper.share_block", "... block heads under the paper's rule (tau only)",
+         "block (paper's rule)", "share", optional=True),
+    _row("share_near_uniform", "Heads with near-uniform attention (no role)", "near-uniform",
+         "share", optional=True),
+    _row("share_unskilled", "Heads without any role (unskilled)", "no role", "share"),
+    _row("share_syntactic_also_local", "Syntactic heads that are also local",
+         "syntactic heads also local", "share"),
+    _row("spearman_local_syntactic", "Spearman rho, local vs syntactic sieve bias",
+         "Spearman(local, syntactic)", "corr"),
+    _row("spearman_p_value", "Spearman p-value", "its p", "p"),
+    _row("mean_sieve_score", "Mean of all sieve bias scores", "mean sieve score", "float",
+         "2.8", "2.75"),
+    _row("share_p_between", "p-values in (0.05, 0.95)", "p-values in (0.05, 0.95)", "share",
+         "1.8%", "2.5%"),
 )
+ROW_BY_KEY = {r.key: r for r in ROWS}
 
 
-def _norm_key(key: str) -> str:
-  return re.sub(r"[^a-z0-9]+", "_", str(key).lower()).strip("_")
+def _missing(v) -> bool:
+  return v is None or (isinstance(v, (float, np.floating)) and math.isnan(float(v)))
 
 
-def match_summary(summary: dict) -> tuple[dict[str, tuple[str, object]], list[tuple[str, object]]]:
-  """Split a summary into the known headline fields and the rest.
+def format_number(v, kind: str | None = None) -> str:
+  """THE number formatter of the reports: shares as percentages (1 decimal), correlations with 3
+  decimals, p-values with 2 significant digits, other floats of a kind ``float`` with 2 decimals,
+  any other float with 4 significant digits, integers with thousands separators; None/NaN ->
+  "n/a", bools yes/no, lists and dicts item by item."""
+  if _missing(v):
+    return "n/a"
+  if isinstance(v, (bool, np.bool_)):
+    return "yes" if v else "no"
+  if isinstance(v, (list, tuple, np.ndarray)):
+    return ", ".join(format_number(x) for x in v)
+  if isinstance(v, dict):
+    return "; ".join(f"{k}: {format_number(x)}" for k, x in v.items())
+  if isinstance(v, (int, np.integer)):
+    return f"{int(v):,}" if kind != "p" else f"{int(v)}"
+  if isinstance(v, (float, np.floating)):
+    v = float(v)
+    if kind == "share" and 0.0 <= v <= 1.0:
+      return f"{v:.1%}"
+    if kind == "corr":
+      return f"{v:.3f}"
+    if kind == "p":
+      return "< 1e-300" if v == 0 else f"{v:.2g}"
+    if kind == "float":
+      return f"{v:.2f}"
+    return f"{v:.4g}"
+  return str(v)
 
-  Returns ``({canonical key: (original key, value)}, [(key, value) of the other entries]))``.
+
+def lookup(summary: dict | None, key: str):
+  """The value of ``key`` (dotted for nested dicts) in a summary; None when absent."""
+  value = summary or {}
+  for part in key.split("."):
+    value = value.get(part) if isinstance(value, dict) else None
+  return value
+
+
+def summary_value(summary: dict | None, key: str):
+  """The value of a headline row's key in ``summary`` (None when absent)."""
+  return lookup(summary, ROW_BY_KEY[key].key)
+
+
+def present(summary: dict | None, key: str) -> bool:
+  """Whether the summary has ``key`` (dotted for nested dicts), even with the value None."""
+  value = summary or {}
+  for part in key.split("."):
+    if not isinstance(value, dict) or part not in value:
+      return False
+    value = value[part]
+  return True
+
+
+def _cell(summary: dict | None, row: Row, tested: list[str] | None) -> str:
+  coarse = row.coarse_role
+  if (tested is not None and coarse is not None
+      and not any(r in tested for r in roles_lib.COARSE_ROLES[coarse])):
+    return "not computed"
+  if not present(summary, row.key):
+    return "not reported"
+  return format_number(lookup(summary, row.key), row.kind)
+
+
+def headline_text(summary: dict, rows: tuple[Row, ...] = ROWS) -> str:
+  """The headline figures of one summary in one console line ("rule: label value; ...");
+  figures the summary does not have are left out."""
+  parts = [f"{r.short} {format_number(lookup(summary, r.key), r.kind)}" for r in rows
+           if present(summary, r.key)]
+  rule = f"{summary['rule']} rule: " if (summary or {}).get("rule") else ""
+  return rule + "; ".join(parts)
+
+
+def headline_table(summaries: dict[str, dict], *, rows: tuple[Row, ...] = ROWS,
+                   paper: bool = True, reference: bool = False,
+                   tested: dict[str, list[str] | None] | None = None,
+                   skip_absent: bool = False) -> pd.DataFrame:
+  """One row per headline figure, one column per run (``{column name: summary}``), formatted.
+
+  Args:
+    paper / reference: add the paper's value / DESIGN.md's reference value as columns.
+    tested: per run, the roles it computed (a coarse share of a group with no computed role
+      reads "not computed"); None: no check.
+    skip_absent: leave out rows whose key no run's summary has (optional rows: always).
+  Cells: `format_number` text; "not reported" for a top-level key the summary lacks.
   """
-  items = flatten(summary or {})
-  known, used = {}, set()
-  normed = {_norm_key(k): (k, v) for k, v in items}
-  for key, _label, _kind, aliases, _paper, _ref in SUMMARY_FIELDS:
-    for cand in (key,) + tuple(aliases):
-      if cand in normed and normed[cand][0] not in used:
-        known[key] = normed[cand]
-        used.add(normed[cand][0])
-        break
-  rest = [(k, v) for k, v in items if k not in used]
-  return known, rest
+  records = []
+  for row in rows:
+    if ((skip_absent or row.optional)
+        and not any(present(s, row.key) for s in summaries.values())):
+      continue
+    rec = {"figure": row.label}
+    for name, s in summaries.items():
+      rec[name] = _cell(s, row, (tested or {}).get(name))
+    if paper:
+      rec["paper (BERT-base)"] = row.paper or "-"
+    if reference:
+      rec["reference (MiniLM-L6, 200 EWT test sentences)"] = row.reference or "-"
+    records.append(rec)
+  columns = (["figure", *summaries] + (["paper (BERT-base)"] if paper else [])
+             + (["reference (MiniLM-L6, 200 EWT test sentences)"] if reference else []))
+  return pd.DataFrame(records, columns=columns)
 
 
-def summary_value(summary: dict, key: str):
-  """The value of a headline field (canonical ``key`` of ``SUMMARY_FIELDS``) or None."""
-  known, _ = match_summary(summary)
-  return known.get(key, (None, None))[1]
+def headline_html(summaries: dict[str, dict], *, table_id: str = "table-summary",
+                  label_header: str = "figure", **kwargs) -> str:
+  """`headline_table` (``kwargs``) as an HTML table (escaped; value columns right-aligned);
+  ``label_header`` heads the column of labels."""
+  from heads_jax.report.page import esc  # imported here: page imports this module
+  table = headline_table(summaries, **kwargs)
+  head = "".join(f"<th>{esc(c)}</th>" for c in [label_header, *table.columns[1:]])
+  body = []
+  for rec in table.itertuples(index=False):
+    cells = [f"<td>{esc(rec[0])}</td>"]
+    for col, v in zip(table.columns[1:], rec[1:]):
+      cls = "ref" if col.startswith(("paper", "reference")) else "num"
+      cells.append(f'<td class="{cls}">{esc(v)}</td>')
+    body.append(f"<tr>{''.join(cells)}</tr>")
+  return (f'<div class="scroll"><table id="{esc(table_id)}"><thead><tr>{head}</tr></thead>'
+          f"<tbody>{''.join(body)}</tbody></table></div>")
 
-# The paper's values from heads_jax.hoststats.paper (one place for the published numbers).
-SUMMARY_FIELDS = tuple((key, label, kind, aliases, paper_value(key) or paper, ref)
-                       for key, label, kind, aliases, paper, ref in SUMMARY_FIELDS)
+
+def other_entries(summary: dict) -> list[tuple[str, object]]:
+  """The summary's entries that are not headline rows (nested dicts flattened to ``a.b``)."""
+  from heads_jax.report.page import flatten
+  keys = {r.key for r in ROWS}
+  return [(k, v) for k, v in flatten(summary or {}) if k not in keys]

@@ -15,29 +15,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from heads_jax import contract
-from heads_jax.report.headline import paper_value
+from heads_jax.report import headline
 from heads_jax.report.page import esc, figure_html, table_html, write_page
-
-HEADLINE_ROWS = (
-    ("share_delimiter", "heads with a delimiter role ([CLS]/[SEP])", "pct"),
-    ("share_local", "heads with a local role (previous/next tokens)", "pct"),
-    ("share_syntactic", "heads with a syntactic role (nsubj, obj, amod, advmod)", "pct"),
-    ("share_block", "heads with the block role (own sentence of a pair)", "pct"),
-    ("by_rule.paper.share_block", "... block heads under the paper's rule (tau only)", "pct"),
-    ("share_near_uniform", "heads with near-uniform attention (no role)", "pct"),
-    ("share_unskilled", "heads without any role", "pct"),
-    ("share_syntactic_also_local", "syntactic heads that are also local", "pct"),
-    ("spearman_local_syntactic", "Spearman rho of local vs syntactic sieve bias", "num"),
-    ("mean_sieve_score", "mean of all sieve bias scores", "num"),
-    ("share_p_between", "share of p-values in (0.05, 0.95)", "pct"),
-)
-
-
-def _fmt(v, kind):
-  if v is None or (isinstance(v, float) and v != v):
-    return "n/a"
-  return f"{100 * v:.1f}%" if kind == "pct" else f"{v:.2f}"
-
 
 def _link(target: Path, base: Path, text: str) -> str:
   rel = os.path.relpath(Path(target), Path(base))
@@ -140,17 +119,9 @@ def write_index(out: Path, parts: dict) -> Path:
     sections.append(("Training", "".join(body)))
 
   if analyses:
-    rows = []
-    for key, label, kind in HEADLINE_ROWS:
-      row = {"figure": label}
-      for name, d in analyses.items():
-        s = contract.read_summary(d) if (d / contract.SUMMARY_JSON).is_file() else {}
-        value = s
-        for part in key.split("."):  # nested keys: by_rule.paper.share_block
-          value = value.get(part) if isinstance(value, dict) else None
-        row[name] = _fmt(value, kind)
-      row["paper (BERT-base)"] = paper_value(key) or "-"
-      rows.append(row)
+    summaries = {name: contract.read_summary(d) if (d / contract.SUMMARY_JSON).is_file() else {}
+                 for name, d in analyses.items()}
+    rows = headline.headline_table(summaries)
     note = ("<p>Shares are of all heads of a model. A role is assigned to a head when its mean sieve "
             "bias over the sequences is significantly above tau = 3 (one-sided t-test, alpha = 0.05) "
             "and, under the calibrated rule (the default, named on every role figure), also "
@@ -158,7 +129,7 @@ def write_index(out: Path, parts: dict) -> Path:
             "block); heads whose attention is near-uniform get no role (DESIGN.md section 3). "
             "Data: UD EWT test sentences (gold parses, for the syntactic roles) and MRPC sentence "
             "pairs (for the block role).</p>")
-    sections.append(("Headline findings", note + table_html(pd.DataFrame(rows))))
+    sections.append(("Headline findings", note + table_html(rows)))
     grids = []
     for name, d in analyses.items():
       g = d / "figures" / "role_grid.png"

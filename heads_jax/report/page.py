@@ -91,29 +91,9 @@ def is_number(v) -> bool:
 
 
 def format_value(v, kind: str | None = None) -> str:
-  """Text of one value: shares as percentages, floats with 4 significant digits, lists joined."""
-  if is_missing(v):
-    return "n/a"
-  if isinstance(v, (bool, np.bool_)):
-    return "yes" if v else "no"
-  if isinstance(v, (list, tuple, np.ndarray)):
-    return ", ".join(format_value(x) for x in v)
-  if isinstance(v, dict):
-    return "; ".join(f"{k}: {format_value(x)}" for k, x in v.items())
-  if isinstance(v, (int, np.integer)):
-    return f"{int(v):,}" if kind != "p" else f"{int(v)}"
-  if isinstance(v, (float, np.floating)):
-    v = float(v)
-    if kind == "share" and 0.0 <= v <= 1.0:
-      return f"{v:.1%}"
-    if kind == "corr":
-      return f"{v:.3f}"
-    if kind == "p":
-      return "< 1e-300" if v == 0 else f"{v:.2g}"
-    if kind == "float":
-      return f"{v:.2f}"
-    return f"{v:.4g}"
-  return str(v)
+  """Text of one value: `heads_jax.report.headline.format_number` (the one number formatter)."""
+  from heads_jax.report.headline import format_number
+  return format_number(v, kind)
 
 
 def flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:

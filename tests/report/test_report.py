@@ -313,13 +313,16 @@ def test_write_report_embeds_figures_and_tables(tmp_path, data, drawn):
     assert f'href="#{sid}"' in text
 
 
-def test_summary_matching_and_unknown_keys():
-  known, rest = headline.match_summary({"spearman": {"rho": 0.3, "p": 0.01}, "unskilled": 0.2,
-                                    "odd": 1})
-  assert known["spearman_local_syntactic"] == ("spearman.rho", 0.3)
-  assert known["spearman_p_value"] == ("spearman.p", 0.01)
-  assert known["share_unskilled"] == ("unskilled", 0.2)
-  assert rest == [("odd", 1)]
+def test_headline_rows_by_the_writers_keys_only():
+  summary = {"share_unskilled": 0.2, "spearman_local_syntactic": 0.3, "odd": 1,
+             "by_rule": {"paper": {"share_block": 0.125}}, "unskilled": 0.9}
+  assert headline.lookup(summary, "by_rule.paper.share_block") == 0.125
+  assert headline.summary_value(summary, "share_unskilled") == 0.2
+  # no aliases: "unskilled" is not the writer's key, so it is just another entry
+  assert ("unskilled", 0.9) in headline.other_entries(summary)
+  assert ("odd", 1) in headline.other_entries(summary)
+  assert all(k not in dict(headline.other_entries(summary))
+             for k in ("share_unskilled", "by_rule.paper.share_block"))
   assert page.format_value(0.025, "share") == "2.5%"
   assert page.format_value(float("nan")) == "n/a"
 

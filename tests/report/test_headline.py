@@ -1,0 +1,50 @@
+"""The one headline table (`heads_jax.report.headline`): rows keyed as hoststats writes them, one
+formatter, the console line and the HTML table on hand values."""
+
+import numpy as np
+
+from heads_jax.hoststats import summary as summary_lib
+from heads_jax.report import headline
+from tests.report.test_report import make_scores
+
+
+def test_format_number_on_hand_values():
+  f = headline.format_number
+  assert f(0.025, "share") == "2.5%" and f(1.0, "share") == "100.0%"
+  assert f(1.5, "share") == "1.5"  # not a share: 4 significant digits
+  assert f(0.41234, "corr") == "0.412" and f(-0.5, "corr") == "-0.500"
+  assert f(0.000123, "p") == "0.00012" and f(0.0, "p") == "< 1e-300"
+  assert f(2.754, "float") == "2.75" and f(3.14159) == "3.142"
+  assert f(12345) == "12,345" and f(None) == "n/a" and f(float("nan"), "share") == "n/a"
+  assert f(np.float32(0.5), "share") == "50.0%" and f(True) == "yes"
+
+
+def test_every_row_key_is_written_by_hoststats():
+  scores = make_scores(n=8, layers=2, heads=3)
+  from heads_jax.hoststats import hypothesis
+  tests_df, _ = hypothesis.hypothesis_tests(scores["sieve_bias"], list(scores["roles"]),
+                                            settings={"model": "m", "data": "d"})
+  summary = summary_lib.summary_figures(scores["sieve_bias"], list(scores["roles"]), tests_df)
+  for row in headline.ROWS:
+    assert row.optional or headline.present(summary, row.key), row.key
+  assert len({r.key for r in headline.ROWS}) == len(headline.ROWS)
+
+
+def test_console_line_and_table_on_hand_values():
+  s = {"rule": "calibrated", "share_delimiter": 0.25, "spearman_local_syntactic": 0.41234,
+       "mean_sieve_score": 2.754, "share_p_between": 0.025, "share_block": None,
+       "by_rule": {"paper": {"share_block": 0.5}}}
+  text = headline.headline_text(s)
+  assert text.startswith("calibrated rule: delimiter heads 25.0%; block n/a; block (paper's rule) 50.0%")
+  assert "Spearman(local, syntactic) 0.412" in text and "mean sieve score 2.75" in text
+  assert "p-values in (0.05, 0.95) 2.5%" in text and "local 0" not in text  # absent: left out
+  table = headline.headline_table({"a": s, "b": {}}).set_index("figure")
+  assert table.loc["Heads with a delimiter role ([CLS], [SEP] or both)", "a"] == "25.0%"
+  assert table.loc["Heads with a local role (local, previous or next)", "a"] == "not reported"
+  assert table.loc["... block heads under the paper's rule (tau only)", "b"] == "not reported"
+  assert table.loc["Mean of all sieve bias scores", "paper (BERT-base)"] == "2.80"
+  assert "Heads with near-uniform attention (no role)" not in table.index  # optional, absent
+  html = headline.headline_html({"x<y": s}, label_header="headline figure")
+  assert "<th>x&lt;y</th>" in html and '<td class="num">25.0%</td>' in html
+  cut = headline.headline_table({"a": s}, tested={"a": ["local"]}).set_index("figure")
+  assert cut.loc["Heads with the block role", "a"] == "not computed"
