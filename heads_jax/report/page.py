@@ -1,4 +1,4 @@
-"""The page toolkit of the reports: CSS, HTML tables, embedded figures and writing a page.
+"""The page toolkit of the reports: CSS (assets/page.css), HTML tables, embedded figures and writing a page.
 
 A report is one self-contained HTML file: CSS inline, every PNG figure embedded as a base64
 data URI, no external links or scripts, so it can be mailed or archived as a single file. All
@@ -9,7 +9,8 @@ inserted as they are. Every report (`heads_jax.report.analysis`, ``compare``, ``
 A section is a ``(title, html)`` pair or a dict ``{"title", "html"}``; `extra_sections` turns
 user-facing section specs (text, table, figure) into such pairs.
 
-Host side: numpy / pandas only, no jax, and nothing else of the report package.
+Host side: numpy / pandas only, no jax; of the report package only `headline.format_number`
+(`format_value`, the one number formatter).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import datetime as _dt
 import html as _html
 import math
 import re
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -27,37 +29,13 @@ import pandas as pd
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-CSS = """
-body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; color: #222;
-       margin: 0; background: #ffffff; line-height: 1.45; }
-main { max-width: 1240px; margin: 0 auto; padding: 24px 32px 48px; }
-h1 { font-size: 26px; margin: 8px 0 4px; }
-h2 { font-size: 20px; margin: 36px 0 10px; padding-bottom: 4px; border-bottom: 2px solid #e4e4e4; }
-h3 { font-size: 16px; margin: 22px 0 6px; }
-p.meta { color: #666; font-size: 13px; margin: 0 0 12px; }
-nav.toc { background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 6px; padding: 10px 18px;
-          font-size: 14px; }
-nav.toc ol { margin: 4px 0; padding-left: 22px; columns: 2; }
-a { color: #0b5cad; text-decoration: none; }
-a:hover { text-decoration: underline; }
-table { border-collapse: collapse; font-size: 12.5px; margin: 6px 0 14px; }
-th, td { border: 1px solid #dcdcdc; padding: 3px 8px; vertical-align: top; }
-th { background: #f0f3f6; text-align: left; font-weight: 600; position: sticky; top: 0; }
-tr:nth-child(even) td { background: #fafbfc; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.ref { color: #555; }
-.scroll { overflow-x: auto; max-width: 100%; }
-.tall { max-height: 640px; overflow-y: auto; border: 1px solid #eee; display: inline-block; }
-figure { margin: 14px 0 28px; padding: 12px; border: 1px solid #e6e6e6; border-radius: 6px;
-         background: #fff; }
-figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
-figcaption { font-size: 13.5px; margin-top: 8px; }
-figcaption .how { color: #555; display: block; margin-top: 3px; }
-.note { color: #555; font-size: 13px; }
-.empty { color: #888; font-style: italic; }
-ul.warnings { background: #fff8e1; border: 1px solid #f0d58c; border-radius: 6px; padding: 8px 28px; }
-footer { margin-top: 40px; color: #888; font-size: 12px; }
-"""
+def asset(name: str) -> str:
+  """The text of a package file ``heads_jax/report/assets/<name>`` (CSS, JavaScript), read with
+  `importlib.resources` (so it works from a wheel) and inlined into the page by its caller."""
+  return resources.files("heads_jax.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+CSS = asset("page.css")
 
 
 # ---------------------------------------------------------------------------------------------
