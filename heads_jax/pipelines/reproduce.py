@@ -33,8 +33,6 @@ stage. Each stage prints one line when it starts and one with its time when it e
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-import json
 import re
 import shutil
 import time
@@ -50,6 +48,9 @@ from heads_jax.data import glue
 from heads_jax.data.syntax import DEFAULT_PARSER, MissingParserError, load_parser
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
+from heads_jax import runfiles
+from heads_jax.pipelines.engine import Context, Stage, minutes, run_pipeline, run_unit
+from heads_jax.runfiles import unit_file_name
 from heads_jax.model.bert import BertModel
 from heads_jax.model.checkpoint import is_heads_jax_dir, save_model
 from heads_jax.model.config import config_for
@@ -69,94 +70,6 @@ ROLES = ("train", "eval", "analysis")
 ROLE_FILES = {"train": "train", "eval": "dev", "analysis": "analysis"}
 # Fine-tuning config fields that do not change the result (left out of a unit's key).
 _COSMETIC = ("log_every", "tensorboard", "stop_at_step", "checkpoint", "export", "preset")
-
-
-class StopAfter(Exception):
-  """Raised internally when ``config.stop_after`` names the stage just finished."""
-
-
-# ------------------------------------------------------------------------------------------------
-# markers
-
-
-def _now() -> str:
-  return _dt.datetime.now().isoformat(timespec="microseconds")
-
-
-def _canon(obj) -> str:
-  return json.dumps(obj, sort_keys=True, default=str)
-
-
-def _unit_file(unit: str) -> str:
-  return re.sub(r"[^A-Za-z0-9_.-]+", "_", unit)
-
-
-class Markers:
-  """Stage and unit markers under ``workdir/stages``."""
-
-  def __init__(self, workdir: Path):
-    self.root = Path(workdir) / "stages"
-
-  def _unit(self, stage: str, unit: str, started: bool = False) -> Path:
-    return self.root / stage / (_unit_file(unit) + (".started.json" if started else ".json"))
-
-  def read_unit(self, stage: str, unit: str, started: bool = False) -> dict | None:
-    p = self._unit(stage, unit, started)
-    return json.loads(p.read_text()) if p.is_file() else None
-
-  def write_unit(self, stage: str, unit: str, data: dict, started: bool = False) -> None:
-    p = self._unit(stage, unit, started)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(p)
-
-  def read_stage(self, stage: str) -> dict | None:
-    p = self.root / f"{stage}.json"
-    return json.loads(p.read_text()) if p.is_file() else None
-
-  def write_stage(self, stage: str, data: dict) -> None:
-    self.root.mkdir(parents=True, exist_ok=True)
-    (self.root / f"{stage}.json").write_text(json.dumps(data, indent=2, default=str))
-
-  def clear(self, stage: str) -> None:
-    shutil.rmtree(self.root / stage, ignore_errors=True)
-    (self.root / f"{stage}.json").unlink(missing_ok=True)
-
-
-@dataclasses.dataclass
-class Context:
-  config: object
-  workdir: Path
-  markers: Markers
-  log: object
-  tasks: tuple[str, ...]
-  counts: dict = dataclasses.field(default_factory=lambda: {"ran": 0, "reused": 0})
-
-  def sub(self, message: str) -> None:
-    self.log("  " + str(message).replace("\n", "\n  "))
-
-
-def run_unit(ctx: Context, stage: str, unit: str, key: dict, fn, clean=()) -> dict:
-  """Runs ``fn() -> outputs`` unless ``unit`` of ``stage`` is done with ``key``; returns the
-  unit's marker (``outputs``, ``finished``, ``seconds``, ...). ``clean``: paths removed when the
-  unit was last started with another key."""
-  done = ctx.markers.read_unit(stage, unit)
-  if done is not None and _canon(done.get("key")) == _canon(key):
-    ctx.counts["reused"] += 1
-    return done
-  started = ctx.markers.read_unit(stage, unit, started=True)
-  if (done is not None or started is not None) and _canon((started or done).get("key")) != _canon(key):
-    for p in clean:
-      shutil.rmtree(p, ignore_errors=True) if Path(p).is_dir() else Path(p).unlink(missing_ok=True)
-  t0 = time.time()
-  ctx.markers.write_unit(stage, unit, {"key": key, "started": _now()}, started=True)
-  outputs = fn()
-  marker = {"key": key, "outputs": outputs, "started": _dt.datetime.fromtimestamp(t0).isoformat(),
-            "finished": _now(), "seconds": round(time.time() - t0, 3)}
-  ctx.markers.write_unit(stage, unit, marker)
-  ctx.counts["ran"] += 1
-  return marker
 
 
 # ------------------------------------------------------------------------------------------------
@@ -365,10 +278,9 @@ def stage_data(ctx: Context) -> dict:
     info = glue.task_info(task)
     m = run_unit(ctx, "data", task, key, lambda t=task: materialize_task(config, t, root),
                  clean=[root / info.dir_name])
-    tasks[task] = m["outputs"]
-    ctx.sub(f"{info.dir_name}: {m['outputs']['describe']}")
-  (root / "splits.json").write_text(json.dumps(tasks, indent=2))
-  return {"splits": str(root / "splits.json")}
+    tasks[task] = m.outputs
+    ctx.sub(f"{info.dir_name}: {m.outputs['describe']}")
+  return {"splits": str(runfiles.write_splits(ctx.workdir, tasks))}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -435,10 +347,9 @@ def stage_pretrained(ctx: Context) -> dict:
   else:
     raise UserError(f"config.pretrained.kind must be init, pretrain or random, got {pc.kind!r}")
   m = run_unit(ctx, "pretrained", "model", key, fn, clean=[out])
-  (out).mkdir(parents=True, exist_ok=True)
-  (out / "pretrained.json").write_text(json.dumps(m["outputs"], indent=2))
-  ctx.sub(f"{m['outputs']['what']}: {m['outputs']['model']}")
-  return m["outputs"]
+  runfiles.write_pretrained(ctx.workdir, m.outputs)
+  ctx.sub(f"{m.outputs['what']}: {m.outputs['model']}")
+  return m.outputs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -535,15 +446,14 @@ def stage_finetune(ctx: Context) -> dict:
                     k: v for k, v in s["data"].items() if k != "eval_idx"}}
       m = run_unit(ctx, "finetune", f"{task}/{name}", _finetune_key(c, pre, data_marker), fn,
                    clean=[wd])
-      results[name] = dict(m["outputs"], finished=m["finished"])
+      results[name] = dict(m.outputs, finished=m.finished)
     best_name, best = pick_best(results)
     summary = {"task": task, "best_run": best_name, "model": best["model"], "metric": best["metric"],
                "score": best["score"], "best": best["best"],
                "grid": {k: {kk: v[kk] for kk in ("batch_size", "learning_rate", "score", "metric")}
                         for k, v in results.items()},
                "finished": {k: v["finished"] for k, v in results.items()}}
-    (ctx.workdir / "finetune" / task).mkdir(parents=True, exist_ok=True)
-    (ctx.workdir / "finetune" / task / "best.json").write_text(json.dumps(summary, indent=2))
+    runfiles.write_best(ctx.workdir, task, summary)
     out[task] = summary
     pts = ", ".join(f"{k} {v['metric']} {100 * v['score']:.1f}" for k, v in results.items())
     ctx.sub(f"{task}: best {best_name} ({best['metric']} {100 * best['score']:.1f}); grid: {pts}")
@@ -581,19 +491,19 @@ def analysis_units(ctx: Context, parser: str) -> list[dict]:
                   "data": spec, "model": pre["outputs"]["model"],
                   "inputs": [pre["finished"], rows_key(data_marker, "analysis")],
                   "out": str(root / "pretrained" / task)})
-    best = json.loads((ctx.workdir / "finetune" / task / "best.json").read_text())
+    best = runfiles.read_best(ctx.workdir, task)
     units.append({"unit": f"finetuned/{task}", "model_kind": "finetuned", "task": task,
                   "data": spec, "model": best["model"],
                   "inputs": [best["finished"][best["best_run"]], rows_key(data_marker, "analysis")],
                   "out": str(root / "finetuned" / task)})
   fallback = config.analysis.syntax_fallback
   if fallback and parser == "none":
-    slug = _unit_file(fallback)
+    slug = unit_file_name(fallback)
     units.append({"unit": f"pretrained/{slug}", "model_kind": "pretrained", "task": None,
                   "data": fallback, "model": pre["outputs"]["model"], "inputs": [pre["finished"]],
                   "out": str(root / "pretrained" / slug), "syntax_fallback": True})
     for task in ctx.tasks:
-      best = json.loads((ctx.workdir / "finetune" / task / "best.json").read_text())
+      best = runfiles.read_best(ctx.workdir, task)
       units.append({"unit": f"finetuned/{task}-{slug}", "model_kind": "finetuned", "task": task,
                     "data": fallback, "model": best["model"],
                     "inputs": [best["finished"][best["best_run"]]],
@@ -641,9 +551,8 @@ def stage_analysis(ctx: Context) -> dict:
       return {"out": cfg.out, "summary": host["summary"]}
     m = run_unit(ctx, "analysis", u["unit"], key, fn, clean=[u["out"]])
     out["units"][u["unit"]] = dict({k: v for k, v in u.items() if k != "inputs"},
-                                   finished=m["finished"])
-  (ctx.workdir / "analysis").mkdir(parents=True, exist_ok=True)
-  (ctx.workdir / "analysis" / "analyses.json").write_text(json.dumps(out, indent=2, default=str))
+                                   finished=m.finished)
+  runfiles.write_analyses(ctx.workdir, out)
   return out
 
 
@@ -652,7 +561,7 @@ def stage_analysis(ctx: Context) -> dict:
 
 
 def stage_compare(ctx: Context) -> dict:
-  units = json.loads((ctx.workdir / "analysis" / "analyses.json").read_text())["units"]
+  units = runfiles.read_analyses(ctx.workdir)["units"]
   config = ctx.config
   out = {}
   for task in ctx.tasks:
@@ -672,7 +581,7 @@ def stage_compare(ctx: Context) -> dict:
                            title=f"{name}: pre-trained vs fine-tuned on {name}", **kw)
       return {"out": str(dest), "report": str(report)}
     m = run_unit(ctx, "compare", task, key, fn, clean=[dest])
-    out[task] = dict(m["outputs"], finished=m["finished"])
+    out[task] = dict(m.outputs, finished=m.finished)
   return out
 
 
@@ -686,21 +595,25 @@ def stage_report(ctx: Context) -> dict:
 
   def fn():
     return write_reproduce_report(ctx.workdir, config=ctx.config.to_dict(), tasks=ctx.tasks)
-  m = run_unit(ctx, "report", "report", key, fn, clean=[])
-  return m["outputs"]
+  return run_unit(ctx, "report", "report", key, fn, clean=[]).outputs
 
 
-STAGE_FUNCS = {"data": stage_data, "pretrained": stage_pretrained, "finetune": stage_finetune,
-               "analysis": stage_analysis, "compare": stage_compare, "report": stage_report}
-
-# Outputs removed by ``redo`` (relative to the workdir).
-STAGE_OUTPUTS = {"data": ("data",), "pretrained": ("pretrained",), "finetune": ("finetune",),
-                 "analysis": ("analysis",), "compare": ("compare",),
-                 "report": ("report.html", "paper_table.csv", "results.json", "report_figures")}
-
-
-def _minutes(seconds: float) -> str:
-  return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+# The pipeline: each stage, what it reads (the ``redo`` cascade) and the outputs ``redo`` removes
+# (relative to the workdir).
+PIPELINE = (
+    Stage("data", STAGE_TEXT["data"], stage_data, outputs=("data",)),
+    Stage("pretrained", STAGE_TEXT["pretrained"], stage_pretrained, outputs=("pretrained",)),
+    Stage("finetune", STAGE_TEXT["finetune"], stage_finetune, reads=("data", "pretrained"),
+          outputs=("finetune",)),
+    Stage("analysis", STAGE_TEXT["analysis"], stage_analysis,
+          reads=("data", "pretrained", "finetune"), outputs=("analysis",)),
+    Stage("compare", STAGE_TEXT["compare"], stage_compare, reads=("analysis",),
+          outputs=("compare",)),
+    Stage("report", STAGE_TEXT["report"], stage_report,
+          reads=("data", "pretrained", "finetune", "analysis", "compare"),
+          outputs=("report.html", "paper_table.csv", "results.json", "report_figures")),
+)
+assert tuple(s.name for s in PIPELINE) == STAGES
 
 
 def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dict:
@@ -715,35 +628,11 @@ def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dic
   if config.pretrained.kind == "init":
     resolve_model_path(config.pretrained.path)  # a missing model fails now, not after stage 1
   workdir.mkdir(parents=True, exist_ok=True)
-  markers = Markers(workdir)
-  if redo:
-    markers.clear(redo)
-    for rel in STAGE_OUTPUTS[redo]:
-      p = workdir / rel
-      shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-  (workdir / "reproduce_config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
+  runfiles.write_reproduce_config(workdir, config.to_dict())
   t_all = time.time()
-  results = {}
   log(f"heads-jax reproduce ({config.preset or 'custom'}): {', '.join(tasks)} in {workdir}")
-  for i, stage in enumerate(STAGES, 1):
-    ctx = Context(config, workdir, markers, log, tasks)
-    log(f"[{i}/{len(STAGES)}] {stage}: {STAGE_TEXT[stage]}")
-    t0 = time.time()
-    results[stage] = STAGE_FUNCS[stage](ctx)
-    seconds = time.time() - t0
-    ran, reused = ctx.counts["ran"], ctx.counts["reused"]
-    if ran == 0:
-      state = f"all {reused} part(s) done earlier, reused"
-    else:
-      state = f"{ran} part(s) run" + (f", {reused} reused" if reused else "")
-    log(f"[{i}/{len(STAGES)}] {stage}: {state}; {_minutes(seconds)}")
-    previous = markers.read_stage(stage)
-    if ran or previous is None:
-      markers.write_stage(stage, {"stage": stage, "finished": _now(), "seconds": round(seconds, 3),
-                                  "ran": ran, "reused": reused})
-    if config.stop_after == stage:
-      log(f"stopped after {stage} (config.stop_after); run the same command again to continue")
-      break
-  else:
-    log(f"done in {_minutes(time.time() - t_all)}; report: {results['report']['report']}")
+  results = run_pipeline(PIPELINE, workdir, config=config, tasks=tasks, redo=redo,
+                         stop_after=config.stop_after or None, log=log)
+  if "report" in results:
+    log(f"done in {minutes(time.time() - t_all)}; report: {results['report']['report']}")
   return results

@@ -1,6 +1,8 @@
 """The demo: quick mode end to end (the README's first command, in its fast form), the full mode's
 stages on a very short schedule, and its errors."""
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -82,3 +84,95 @@ def test_demo_without_the_real_model_says_how_to_get_it(monkeypatch, tmp_path):
     run_demo(tmp_path / "demo", model=tmp_path / "missing", log=lambda *a: None)
   with pytest.raises(UserError, match="finetune-steps"):
     run_demo(tmp_path / "demo", model=tmp_path, finetune_steps=0, log=lambda *a: None)
+
+
+# ------------------------------------------------------------------------------------------------
+# reruns: exactly the stages whose settings changed (the work itself replaced by recorders)
+
+
+@pytest.fixture
+def recorded_demo(tmp_path, monkeypatch):
+  """run_demo with each stage's work replaced by a recorder: returns ``(run, calls)``;
+  ``run(**kw)`` runs the demo in one folder and returns the results the report got."""
+  import types
+  model = tmp_path / "model"
+  model.mkdir()
+  (model / "weights.bin").write_bytes(b"w")
+  calls, reported = [], []
+  monkeypatch.setattr(demo, "_real_model", lambda m: (model, "TinyBERT"))
+
+  def analyse(cfg, log):
+    calls.append(("analysis", Path(cfg.out).name, cfg.max_examples))
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+
+  def train(kind):
+    def fn(c, workdir):
+      calls.append((kind, c.num_train_steps))
+      Path(workdir).mkdir(parents=True, exist_ok=True)
+      return {"data": {"num_train": 654, "num_eval": 218}}
+    return types.SimpleNamespace(train_and_evaluate=fn)
+  monkeypatch.setattr(demo, "analyse", analyse)
+  monkeypatch.setattr(demo, "finetune", train("finetune"))
+  monkeypatch.setattr(demo, "pretrain", train("pretrain"))
+  monkeypatch.setattr(demo, "run_compare", lambda a, b, dest, **kw: calls.append(("compare",)))
+
+  def write_report(s, results, log):
+    reported.append(dict(results))
+    return s.out / "report.html"
+  monkeypatch.setattr(demo, "write_report", write_report)
+
+  def run(**kw):
+    calls.clear()
+    kw = {"pretrain_steps": 4, "finetune_steps": 4, "analysis_examples": 12,
+          "scratch_examples": 8, **kw}
+    demo.run_demo(tmp_path / "demo", log=lambda m: None, **kw)
+    return reported[-1]
+  return run, calls
+
+
+def test_demo_rerun_with_the_same_settings_reuses_everything(recorded_demo):
+  run, calls = recorded_demo
+  first = run()
+  assert calls == [("analysis", "pretrained", 12), ("finetune", 4), ("analysis", "finetuned", 12),
+                   ("compare",), ("pretrain", 4), ("analysis", "scratch", 8)]
+  assert first["finetune"].num_eval == 218
+  again = run()
+  assert calls == [] and again == first
+
+
+def test_demo_examples_reruns_the_analyses_and_what_reads_them(recorded_demo):
+  """The stale reuse of issue 22: --examples 300 after a run with 150 must analyse 300."""
+  run, calls = recorded_demo
+  first = run(analysis_examples=150)
+  second = run(analysis_examples=300)
+  assert calls == [("analysis", "pretrained", 300), ("analysis", "finetuned", 300), ("compare",)]
+  assert second["finetune"] == first["finetune"]  # fine-tuning kept
+  assert second["pretrain"] == first["pretrain"]
+
+
+def test_demo_finetune_steps_reruns_the_finetuning_and_what_reads_it(recorded_demo):
+  run, calls = recorded_demo
+  first = run(finetune_steps=4)
+  second = run(finetune_steps=8)
+  assert calls == [("finetune", 8), ("analysis", "finetuned", 12), ("compare",)]
+  assert second["finetune"].finished > first["finetune"].finished
+  assert second["analysis_pretrained"] == first["analysis_pretrained"]
+  # back to 4 steps: trains again (the 8-step run replaced it), not the old result passed off
+  run(finetune_steps=4)
+  assert calls[0] == ("finetune", 4)
+
+
+def test_demo_new_model_files_rerun_everything_reading_the_model(recorded_demo, tmp_path):
+  run, calls = recorded_demo
+  run()
+  (tmp_path / "model" / "weights.bin").write_bytes(b"new weights")
+  run()
+  assert calls == [("analysis", "pretrained", 12), ("finetune", 4), ("analysis", "finetuned", 12),
+                   ("compare",)]
+
+
+def test_demo_redo_reruns_every_stage(recorded_demo):
+  run, calls = recorded_demo
+  run()
+  run(redo=True)
+  assert len(calls) == 6

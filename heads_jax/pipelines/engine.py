@@ -1,0 +1,216 @@
+"""The stage engine every pipeline runs on: keyed stages made of keyed units.
+
+A pipeline is a sequence of `Stage`s; a stage is made of units (a task, a grid point, an
+analysis), each run through `run_unit(ctx, stage, unit, key, fn, clean)`:
+
+* the key holds everything the unit's result depends on: its settings and the identity of its
+  inputs (for a file or folder its content fingerprint, `fingerprint`; for another unit's result
+  that unit's finish marker, `Context.upstream`);
+* a unit whose finish marker holds the current key is skipped (reused);
+* a unit started or finished with another key has its outputs (``clean``) removed, then runs;
+* a unit started with the same key and not finished runs again over what it left (fine-tuning
+  resumes from its checkpoints);
+* ``RUN/stages/<stage>/<unit>.started.json`` is written before ``fn`` runs and the finish marker
+  ``<unit>.json`` last, after every output (atomically; `heads_jax.runfiles.Markers`).
+
+Since a key holds the finish time of the units it reads, a unit that reran makes every unit that
+reads it rerun, and a changed setting reruns exactly what depends on it. ``redo=STAGE``
+(`run_pipeline`) removes that stage's markers and outputs, so it reruns, and with it every stage
+that reads it (`dependents`). Each stage prints one line when it starts and one with its time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from heads_jax.errors import UserError
+from heads_jax.runfiles import Markers, canonical
+
+
+class StopAfter(Exception):
+  """Raised internally when the pipeline's ``stop_after`` names the stage just finished."""
+
+
+def now() -> str:
+  return _dt.datetime.now().isoformat(timespec="microseconds")
+
+
+def fingerprint(path) -> list:
+  """The identity of a file or folder's content: ``[[relative path, size, mtime_ns], ...]`` of
+  its files (sorted), so a rewritten input changes the key of every unit reading it."""
+  p = Path(path)
+  if p.is_file():
+    st = p.stat()
+    return [[p.name, st.st_size, st.st_mtime_ns]]
+  if not p.is_dir():
+    return [[str(p), None, None]]
+  out = []
+  for f in sorted(x for x in p.rglob("*") if x.is_file()):
+    st = f.stat()
+    out.append([str(f.relative_to(p)), st.st_size, st.st_mtime_ns])
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitResult:
+  """A unit's finish marker: its key, what it returned, when it ran, and whether this call
+  reused it (``reused``) instead of running it."""
+  key: Any
+  outputs: Any
+  started: str
+  finished: str
+  seconds: float
+  reused: bool = False
+
+  def marker(self) -> dict:
+    return {"key": self.key, "outputs": self.outputs, "started": self.started,
+            "finished": self.finished, "seconds": self.seconds}
+
+  @classmethod
+  def from_marker(cls, m: dict, reused: bool = False) -> "UnitResult":
+    return cls(key=m.get("key"), outputs=m.get("outputs"), started=m.get("started"),
+               finished=m.get("finished"), seconds=m.get("seconds"), reused=reused)
+
+
+@dataclasses.dataclass
+class Context:
+  """What a stage function gets: the pipeline's settings, its run directory, its markers, the
+  log, and the counts of units run and reused in the current stage."""
+  config: Any
+  workdir: Path
+  markers: Markers
+  log: Callable[[str], None]
+  tasks: tuple[str, ...] = ()
+  counts: dict = dataclasses.field(default_factory=lambda: {"ran": 0, "reused": 0})
+  results: dict = dataclasses.field(default_factory=dict)  # the earlier stages' results, this run
+
+  def sub(self, message: str) -> None:
+    """Logs an indented line under the current stage's."""
+    self.log("  " + str(message).replace("\n", "\n  "))
+
+  def upstream(self, stage: str, unit: str) -> UnitResult:
+    """The finish marker of ``unit`` of an earlier ``stage`` (which must have finished)."""
+    m = self.markers.read_unit(stage, unit)
+    if m is None:
+      raise RuntimeError(f"stage {stage} has no finished unit {unit!r} (run it first)")
+    return UnitResult.from_marker(m, reused=True)
+
+
+def _remove(path) -> None:
+  p = Path(path)
+  shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def run_unit(ctx: Context, stage: str, unit: str, key, fn: Callable[[], Any],
+             clean=()) -> UnitResult:
+  """Runs ``fn() -> outputs`` (JSON-able) unless ``unit`` of ``stage`` finished with ``key``;
+  returns its `UnitResult`. ``clean``: paths removed before a run when the unit was last
+  started or finished with another key."""
+  done = ctx.markers.read_unit(stage, unit)
+  if done is not None and canonical(done.get("key")) == canonical(key):
+    ctx.counts["reused"] += 1
+    return UnitResult.from_marker(done, reused=True)
+  started = ctx.markers.read_unit(stage, unit, started=True)
+  last = started or done
+  if last is not None and canonical(last.get("key")) != canonical(key):
+    for p in clean:
+      _remove(p)
+  t0 = time.time()
+  t_start = now()
+  ctx.markers.write_unit(stage, unit, {"key": key, "started": t_start}, started=True)
+  outputs = fn()
+  result = UnitResult(key=key, outputs=outputs, started=t_start, finished=now(),
+                      seconds=round(time.time() - t0, 3))
+  ctx.markers.write_unit(stage, unit, result.marker())  # last: the unit is done
+  ctx.counts["ran"] += 1
+  return result
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """One stage of a pipeline.
+
+  Attributes:
+    name: its name (``--redo`` takes it).
+    text: what it does, for the progress line.
+    run: ``run(ctx) -> result`` (a typed result of the stage).
+    reads: the earlier stages whose results it reads (the ``redo`` cascade).
+    outputs: paths under the run directory that ``redo`` removes.
+  """
+  name: str
+  text: str
+  run: Callable[[Context], Any]
+  reads: tuple[str, ...] = ()
+  outputs: tuple[str, ...] = ()
+
+
+def dependents(stages, name: str) -> tuple[str, ...]:
+  """``name`` and every stage that reads it, directly or through another, in pipeline order."""
+  out = {name}
+  for s in stages:
+    if set(s.reads) & out:
+      out.add(s.name)
+  return tuple(s.name for s in stages if s.name in out)
+
+
+def reset_stage(workdir, stage: Stage) -> None:
+  """Removes ``stage``'s markers and outputs, so that it runs again from nothing."""
+  Markers(workdir).clear(stage.name)
+  for rel in stage.outputs:
+    _remove(Path(workdir) / rel)
+
+
+def minutes(seconds: float) -> str:
+  return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def run_pipeline(stages, workdir, *, config=None, tasks=(), redo: str | None = None,
+                 stop_after: str | None = None, log=print,
+                 skip: Callable[[Stage], str | None] | None = None) -> dict:
+  """Runs ``stages`` in order in ``workdir``; returns ``{stage name: its result}``.
+
+  ``redo``: that stage's markers and outputs are removed first, so it reruns, and every stage
+  reading it reruns with it (their keys hold its units' finish times; `dependents` lists them).
+  ``stop_after``: stop after that stage. ``skip(stage)``: a reason to skip a stage, or None.
+  """
+  names = [s.name for s in stages]
+  if redo is not None and redo not in names:
+    raise UserError(f"--redo {redo!r}: one of {', '.join(names)}")
+  if stop_after and stop_after not in names:
+    raise UserError(f"stop_after={stop_after!r}: one of {', '.join(names)} (or empty)")
+  workdir = Path(workdir)
+  markers = Markers(workdir)
+  if redo:
+    reset_stage(workdir, stages[names.index(redo)])
+  results = {}
+  n = len(stages)
+  for i, stage in enumerate(stages, 1):
+    reason = skip(stage) if skip else None
+    if reason:
+      log(f"[{i}/{n}] {stage.name}: skipped ({reason})")
+      continue
+    ctx = Context(config, workdir, markers, log, tuple(tasks), results=results)
+    log(f"[{i}/{n}] {stage.name}: {stage.text}")
+    t0 = time.time()
+    results[stage.name] = stage.run(ctx)
+    seconds = time.time() - t0
+    ran, reused = ctx.counts["ran"], ctx.counts["reused"]
+    if ran == 0 and reused:
+      state = f"all {reused} part(s) done earlier, reused"
+    elif ran == 0:
+      state = "done"
+    else:
+      state = f"{ran} part(s) run" + (f", {reused} reused" if reused else "")
+    log(f"[{i}/{n}] {stage.name}: {state}; {minutes(seconds)}")
+    if ran or markers.read_stage(stage.name) is None:
+      markers.write_stage(stage.name, {"stage": stage.name, "finished": now(),
+                                       "seconds": round(seconds, 3), "ran": ran, "reused": reused})
+    if stop_after == stage.name:
+      log(f"stopped after {stage.name} (stop_after); run the same command again to continue")
+      break
+  return results

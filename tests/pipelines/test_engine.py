@@ -1,0 +1,151 @@
+"""The stage engine: a unit reruns when its key changes and only then, an unfinished unit
+continues, ``redo`` cascades to the stages that read the redone one, the finish marker is
+written last, and each stage logs a start line and a timed end line."""
+
+import json
+
+import pytest
+
+from heads_jax import runfiles
+from heads_jax.errors import UserError
+from heads_jax.pipelines import engine
+from heads_jax.pipelines.engine import Context, Stage, run_pipeline, run_unit
+
+
+def _ctx(tmp_path, log=None):
+  return Context(None, tmp_path, runfiles.Markers(tmp_path), log or (lambda m: None))
+
+
+def test_same_key_skips_and_changed_key_reruns_and_cleans(tmp_path):
+  ctx = _ctx(tmp_path)
+  out = tmp_path / "out"
+  calls = []
+
+  def fn(v):
+    def run():
+      calls.append(v)
+      out.mkdir(exist_ok=True)
+      (out / f"{v}.txt").write_text(str(v))
+      return {"v": v}
+    return run
+  r1 = run_unit(ctx, "s", "a/b", {"n": 1}, fn(1), clean=[out])
+  assert not r1.reused and r1.outputs == {"v": 1} and calls == [1]
+  r2 = run_unit(ctx, "s", "a/b", {"n": 1}, fn(1), clean=[out])
+  assert r2.reused and r2.finished == r1.finished and calls == [1]
+  assert ctx.counts == {"ran": 1, "reused": 1}
+  r3 = run_unit(ctx, "s", "a/b", {"n": 2}, fn(2), clean=[out])
+  assert not r3.reused and calls == [1, 2] and r3.finished > r1.finished
+  # the outputs of the run with the other key were removed before the new run
+  assert sorted(p.name for p in out.iterdir()) == ["2.txt"]
+
+
+def test_started_unfinished_unit_continues_without_cleaning(tmp_path):
+  ctx = _ctx(tmp_path)
+  out = tmp_path / "out"
+  out.mkdir()
+
+  def killed():
+    (out / "checkpoint").write_text("step 3")
+    raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    run_unit(ctx, "train", "u", {"steps": 10}, killed, clean=[out])
+  assert ctx.markers.read_unit("train", "u", started=True)["key"] == {"steps": 10}
+  assert ctx.markers.read_unit("train", "u") is None  # no finish marker: not done
+  seen = []
+  r = run_unit(ctx, "train", "u", {"steps": 10},
+               lambda: seen.append((out / "checkpoint").read_text()) or "done", clean=[out])
+  assert seen == ["step 3"] and r.outputs == "done"  # same key: what it left is kept
+
+
+def test_started_with_another_key_is_cleaned(tmp_path):
+  ctx = _ctx(tmp_path)
+  out = tmp_path / "out"
+  out.mkdir()
+
+  def killed():
+    (out / "checkpoint").write_text("old")
+    raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    run_unit(ctx, "train", "u", {"steps": 10}, killed, clean=[out])
+  run_unit(ctx, "train", "u", {"steps": 20}, lambda: out.exists(), clean=[out])
+  assert ctx.markers.read_unit("train", "u")["outputs"] is False
+
+
+def test_finish_marker_is_written_last(tmp_path):
+  """While ``fn`` runs (its outputs being written) there is no finish marker; a failing ``fn``
+  leaves none."""
+  ctx = _ctx(tmp_path)
+  path = ctx.markers.unit_path("s", "u")
+
+  def fn():
+    assert not path.exists() and ctx.markers.unit_path("s", "u", started=True).is_file()
+    return 1
+  run_unit(ctx, "s", "u", {}, fn)
+  assert json.loads(path.read_text())["outputs"] == 1
+  with pytest.raises(RuntimeError):
+    run_unit(ctx, "s", "v", {}, lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+  assert not ctx.markers.unit_path("s", "v").exists()
+  assert not list(path.parent.glob("*.tmp"))
+
+
+def _pipeline(calls, settings):
+  """a -> b (reads a) -> c (reads b); d independent."""
+  def stage(name, reads=()):
+    def run(ctx):
+      key = {"setting": settings[name], "inputs": [ctx.upstream(r, r).finished for r in reads]}
+      return run_unit(ctx, name, name, key, lambda: calls.append(name) or name).finished
+    return Stage(name, f"stage {name}", run, reads=reads)
+  return (stage("a"), stage("b", ("a",)), stage("c", ("b",)), stage("d"))
+
+
+def test_pipeline_reruns_exactly_what_a_changed_setting_reaches(tmp_path):
+  calls, logs = [], []
+  settings = {"a": 1, "b": 1, "c": 1, "d": 1}
+  run_pipeline(_pipeline(calls, settings), tmp_path, log=logs.append)
+  assert calls == ["a", "b", "c", "d"]
+  # each stage: one start line and one line with its time
+  assert [m for m in logs if m.startswith("[2/4] b")] == ["[2/4] b: stage b", logs[3]]
+  assert logs[3].startswith("[2/4] b: 1 part(s) run; ") and logs[3].endswith(" s")
+  calls.clear()
+  logs.clear()
+  run_pipeline(_pipeline(calls, settings), tmp_path, log=logs.append)
+  assert calls == [] and "[4/4] d: all 1 part(s) done earlier, reused" in logs[-1]
+  settings["b"] = 2
+  run_pipeline(_pipeline(calls, settings), tmp_path, log=logs.append)
+  assert calls == ["b", "c"]
+
+
+def test_redo_cascades_to_the_stages_that_read_it(tmp_path):
+  calls = []
+  settings = {"a": 1, "b": 1, "c": 1, "d": 1}
+  stages = _pipeline(calls, settings)
+  (tmp_path / "a_out").mkdir()
+  stages = (Stage("a", "a", stages[0].run, outputs=("a_out",)),) + stages[1:]
+  run_pipeline(stages, tmp_path, log=lambda m: None)
+  calls.clear()
+  run_pipeline(stages, tmp_path, redo="a", log=lambda m: None)
+  assert calls == ["a", "b", "c"] and not (tmp_path / "a_out").exists()
+  assert engine.dependents(stages, "a") == ("a", "b", "c")
+  assert engine.dependents(stages, "d") == ("d",)
+  with pytest.raises(UserError, match="--redo 'x': one of a, b, c, d"):
+    run_pipeline(stages, tmp_path, redo="x", log=lambda m: None)
+
+
+def test_stop_after_and_results(tmp_path):
+  calls = []
+  stages = _pipeline(calls, {"a": 1, "b": 1, "c": 1, "d": 1})
+  logs = []
+  results = run_pipeline(stages, tmp_path, stop_after="b", log=logs.append)
+  assert list(results) == ["a", "b"] and calls == ["a", "b"]
+  assert "stopped after b" in logs[-1]
+
+
+def test_fingerprint_changes_with_a_rewritten_file(tmp_path):
+  d = tmp_path / "model"
+  d.mkdir()
+  (d / "w.bin").write_bytes(b"12")
+  f1 = engine.fingerprint(d)
+  assert engine.fingerprint(d) == f1
+  (d / "w.bin").write_bytes(b"123")
+  assert engine.fingerprint(d) != f1
+  assert engine.fingerprint(tmp_path / "missing") == [[str(tmp_path / "missing"), None, None]]
