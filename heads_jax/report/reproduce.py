@@ -34,6 +34,7 @@ import pandas as pd
 
 from heads_jax import contract
 from heads_jax.hoststats import paper
+from heads_jax.hoststats import pooled as pooled_lib
 from heads_jax.report import page
 from heads_jax.report.figures import guan as guan_figures
 from heads_jax.report.figures import pande as pande_figures
@@ -128,22 +129,12 @@ def analysis_figures_of(out_dir) -> dict:
 
 
 def _pooled(dirs) -> dict:
-  """Fig. 3 pooled over analysis directories: scores, p-values, mean, tau rule, band share."""
+  """Fig. 3 pooled over analysis directories (`heads_jax.hoststats.pooled.pooled_figures`)."""
   scores, pvals = [], []
   for d in dirs:
-    s = contract.read_scores(d)
-    v = np.asarray(s.sieve_bias, np.float64).ravel()
-    scores.append(v[np.isfinite(v)])
-    t, _ = contract.read_tests(d)
-    p = t["p_value"].to_numpy(np.float64)
-    pvals.append(p[np.isfinite(p)])
-  scores = np.concatenate(scores) if scores else np.zeros(0)
-  pvals = np.concatenate(pvals) if pvals else np.zeros(0)
-  mean = float(scores.mean()) if scores.size else None
-  return {"scores": scores, "p_values": pvals, "mean_sieve_score": mean,
-          "auto_tau": (float(math.floor(mean) + 1) if mean is not None else None),
-          "share_p_between": (float(((pvals > 0.05) & (pvals < 0.95)).mean()) if pvals.size else None),
-          "num_scores": int(scores.size), "num_p_values": int(pvals.size)}
+    scores.append(contract.read_scores(d).sieve_bias)
+    pvals.append(contract.read_tests(d)[0]["p_value"].to_numpy(np.float64))
+  return pooled_lib.pooled_figures(scores, pvals)
 
 
 def reproduction_results(workdir, tasks=None) -> dict:
