@@ -91,7 +91,7 @@ def load_model_dir(path, architecture: str | None = None, dtype: str | None = No
   expected = flat_params(model)
   # Heads may be absent (fresh), and so may the pooler: a classifier whose head has its own dense
   # layer (RoBERTa, ELECTRA, DistilBERT) has none, and its encoder gets a fresh one.
-  optional = ("mlm", "nsp", "classifier", "pre_classifier", "pooler", "bert/pooler")
+  optional = ("mlm", "nsp", "classifier", "pre_classifier", "qa_outputs", "pooler", "bert/pooler")
   missing = [k for k in expected if k not in params and not k.startswith(optional)]
   if missing:
     raise ValueError(f"{path}: {PARAMS} lacks {missing[0]} (and {len(missing) - 1} more)")

@@ -7,7 +7,8 @@ Import: a directory with ``config.json`` and ``model.safetensors`` or ``pytorch_
 ``BertForPreTraining`` heads are read too); keys with or without the encoder prefix (``bert.``,
 ``roberta.``, ``distilbert.``, ``electra.``, ``albert.``); old TF-converted ``LayerNorm.gamma/beta``
 names are accepted. Export writes a directory that the family's transformers class loads
-(``XModel``, ``XForSequenceClassification``; ``BertForPreTraining`` for BERT): every family
+(``XModel``, ``XForSequenceClassification``, ``XForQuestionAnswering``; ``BertForPreTraining``
+for BERT): every family
 converts both ways.
 
 Parameters are matched by name; every heads_jax parameter is documented by ``hf_key``.
@@ -29,12 +30,14 @@ from safetensors.numpy import load_file, save_file
 from heads_jax.errors import UserError
 from heads_jax.model.bert import BertModel
 from heads_jax.model.config import FAMILIES, BertConfig
-from heads_jax.model.heads import BertForPreTraining, BertForSequenceClassification
+from heads_jax.model.heads import (BertForPreTraining, BertForQuestionAnswering,
+                                   BertForSequenceClassification)
 
 ARCHITECTURES = {
     "BertModel": BertModel,
     "BertForPreTraining": BertForPreTraining,
     "BertForSequenceClassification": BertForSequenceClassification,
+    "BertForQuestionAnswering": BertForQuestionAnswering,
 }
 
 # heads_jax parameter path -> Hugging Face name, by weight scheme (``Family.weights``).
@@ -113,7 +116,7 @@ def hf_key(path: str, cfg: BertConfig | None = None) -> tuple[str, bool]:
     prefix = ""
     if path == "mlm/bias":
       return "cls.predictions.bias", False
-    heads = dict(_CLASSIFIER[cfg.info.classifier])
+    heads = dict(_CLASSIFIER[cfg.info.classifier], qa_outputs="qa_outputs")  # every family's span head
     if cfg.family == "bert":
       heads.update(_BERT_HEADS)
     name = heads.get(module)
@@ -212,6 +215,8 @@ def detect_architecture(sd: dict) -> tuple[str, int | None]:
   for key in ("classifier.out_proj.weight", "classifier.weight"):
     if key in sd:
       return "BertForSequenceClassification", int(sd[key].shape[0])
+  if "qa_outputs.weight" in sd:
+    return "BertForQuestionAnswering", None
   if "cls.predictions.bias" in sd or "cls.predictions.transform.dense.weight" in sd:
     return "BertForPreTraining", None
   return "BertModel", None
@@ -255,7 +260,7 @@ def _unprefixed(key_transpose, cfg: BertConfig):
 
 
 def _is_head(path: str) -> bool:
-  return path.split("/")[0] in ("mlm", "nsp", "classifier", "pre_classifier")
+  return path.split("/")[0] in ("mlm", "nsp", "classifier", "pre_classifier", "qa_outputs")
 
 
 # ---------------------------------------------------------------------------------------------

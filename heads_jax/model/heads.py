@@ -1,5 +1,5 @@
 """Task heads on the encoder: MLM + NSP for pre-training (BERT), a sequence classifier (every
-family) for GLUE.
+family) for GLUE, a span head (every family) for SQuAD.
 
 Shape legend: b batch, q positions, p masked positions, d hidden, v vocabulary, c classes.
 Each model keeps the encoder as ``.bert`` (whatever the family) and forwards every encoder keyword
@@ -102,4 +102,27 @@ class BertForSequenceClassification(nnx.Module):
       x = {"tanh": jnp.tanh, "relu": jax.nn.relu}.get(self.style, lambda y: activation("gelu", y))(x)
       x = drop(x)
     out["logits"] = self.classifier(x).astype(jnp.float32)
+    return out
+
+
+class BertForQuestionAnswering(nnx.Module):
+  """The encoder (no pooler) with a span head: ``qa_outputs``, a linear map of every position
+  to a start and an end logit, as transformers' ``*ForQuestionAnswering`` of every family
+  (DistilBERT applies dropout before it: its ``qa_dropout``, 0.1 as its ``dropout`` by default,
+  here ``hidden_dropout``)."""
+
+  def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
+    self.config = cfg
+    self.bert = BertModel(cfg.replace(pooler=False), rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.hidden_dropout if cfg.family == "distilbert" else 0.0, rngs=rngs)
+    self.qa_outputs = dense(cfg, cfg.hidden_size, 2, rngs)
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,
+               deterministic: bool = True, **encoder_kw) -> dict:
+    """Adds ``start_logits`` and ``end_logits`` float32 ``[b, k]`` to the encoder outputs."""
+    out = self.bert(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
+                    **encoder_kw)
+    x = self.dropout(out["last_hidden_state"], deterministic=deterministic)
+    logits = self.qa_outputs(x).astype(jnp.float32)                     # [b, k, 2]
+    out["start_logits"], out["end_logits"] = logits[..., 0], logits[..., 1]
     return out

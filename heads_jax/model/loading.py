@@ -13,7 +13,8 @@ from heads_jax.model.config import BertConfig
 from heads_jax.model.convert import detect_architecture, export_hf, load_hf_params, normalise_hf_keys, read_hf_state_dict
 
 HEADS = {None: None, "encoder": "BertModel", "pretraining": "BertForPreTraining",
-         "classification": "BertForSequenceClassification", "auto": "auto"}
+         "classification": "BertForSequenceClassification",
+         "question-answering": "BertForQuestionAnswering", "auto": "auto"}
 
 
 def load_model(path, *, head: str | None = None, num_labels: int | None = None,
@@ -27,7 +28,8 @@ def load_model(path, *, head: str | None = None, num_labels: int | None = None,
       honours ``HF_HOME`` and ``HF_HUB_OFFLINE``), or a heads_jax model directory
       (``heads_jax.json``). An existing local path always wins over a hub id.
     head: ``None``/``"encoder"`` gives the ``BertModel`` encoder (what the analysis needs);
-      ``"pretraining"``, ``"classification"`` (with ``num_labels``) or ``"auto"`` (whatever the
+      ``"pretraining"``, ``"classification"`` (with ``num_labels``), ``"question-answering"``
+      (a span head) or ``"auto"`` (whatever the
       checkpoint holds) give a model with heads; heads absent from the checkpoint are freshly
       initialised.
     dtype: compute dtype override (``"float32"``/``"bfloat16"``).

@@ -36,7 +36,8 @@ from heads_jax.parallel import data_mesh, initialize_from_config
 from heads_jax.training import checkpointing, configlib, loop, metrics as metrics_lib, optimizer, steps
 from heads_jax.training.rundir import RunDir
 
-ARCHITECTURES = {"pretraining": "BertForPreTraining", "classification": "BertForSequenceClassification"}
+ARCHITECTURES = {"pretraining": "BertForPreTraining", "classification": "BertForSequenceClassification",
+                 "question-answering": "BertForQuestionAnswering"}
 
 # The newest checkpoint is known to be good only once the next step's loss is finite (see
 # heads_jax.training.loop), so a run keeps at least two.
