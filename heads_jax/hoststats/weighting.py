@@ -1,0 +1,71 @@
+"""Roles under attention weights beside roles under norm weights (host, numpy / pandas; no jax).
+
+The tests and the roles of the norm-weighted sieve bias (``norm_sieve_bias`` of ``scores.npz``,
+``heads_jax.stats.norms``) are computed by the very functions of the attention-weighted ones
+(``hoststats.hypothesis.hypothesis_tests`` and ``hoststats.calibration.apply_rule``, same tau,
+alpha, test, correction and rule); their rows join ``tests.csv`` with ``weighting = "norm"``
+beside the attention rows (``weighting = "attention"``). The near-uniform screen reads the
+attention's row entropy and is not applied to the norm rows (``near_uniform`` False there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from heads_jax.hoststats.calibration import apply_rule
+from heads_jax.hoststats.hypothesis import hypothesis_tests
+from heads_jax.hoststats.roles import assignment_array, coarse_roles
+
+WEIGHTINGS = ("attention", "norm")
+
+
+def norm_tests(norm_sieve_bias, roles, settings: dict, lengths) -> pd.DataFrame:
+  """The tests table of the norm-weighted scores with the run's ``settings`` (tau used, alpha, test,
+  correction, rule) and a ``weighting`` column = "norm"."""
+  tests, s = hypothesis_tests(norm_sieve_bias, roles, tau=float(settings["tau"]),
+                              alpha=float(settings["alpha"]), test=settings["test"],
+                              correction=settings["correction"])
+  tests, _ = apply_rule(tests, s, norm_sieve_bias, roles, lengths,
+                        rule=settings.get("rule", "calibrated"))
+  tests["weighting"] = "norm"
+  return tests
+
+
+def with_weighting(tests: pd.DataFrame, norm: pd.DataFrame | None) -> pd.DataFrame:
+  """The attention rows (``weighting`` = "attention") followed by the norm rows."""
+  out = tests.copy()
+  out["weighting"] = "attention"
+  return out if norm is None else pd.concat([out, norm[out.columns]], ignore_index=True)
+
+
+def role_changes(tests: pd.DataFrame, norm: pd.DataFrame) -> pd.DataFrame:
+  """Per role: heads assigned under attention weights, under norm weights, kept, lost (assigned
+  under attention only), gained, and the lost heads as "layer:head" (coarse roles first, then
+  fine roles, in the tables' order)."""
+  roles = list(dict.fromkeys(tests["role"].astype(str)))
+  a, _ = assignment_array(tests, roles)
+  n, _ = assignment_array(norm, roles)
+  ca, coarse = coarse_roles(a, roles)
+  cn, _ = coarse_roles(n, roles)
+  rows = []
+  for kind, names, x, y in (("coarse", coarse, ca, cn), ("fine", roles, a, n)):
+    for j, name in enumerate(names):
+      xa, yn = x[..., j], y[..., j]
+      rows.append({"kind": kind, "role": name, "attention": int(xa.sum()), "norm": int(yn.sum()),
+                   "kept": int((xa & yn).sum()), "lost": int((xa & ~yn).sum()),
+                   "gained": int((~xa & yn).sum()),
+                   "lost_heads": ",".join(f"{l}:{h}" for l, h in np.argwhere(xa & ~yn))})
+  return pd.DataFrame(rows)
+
+
+def weighting_summary(tests: pd.DataFrame, norm: pd.DataFrame) -> dict:
+  """``summary.json`` key ``by_weighting``: the share of heads with each coarse role under each
+  weighting, ``{"attention": {role: share}, "norm": {...}}``."""
+  roles = list(dict.fromkeys(tests["role"].astype(str)))
+  out = {}
+  for name, t in (("attention", tests), ("norm", norm)):
+    assigned, _ = assignment_array(t, roles)
+    coarse, names = coarse_roles(assigned, roles)
+    out[name] = {c: float(coarse[..., j].mean()) for j, c in enumerate(names)}
+  return out

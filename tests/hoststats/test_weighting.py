@@ -1,0 +1,44 @@
+"""Roles under attention and norm weights (heads_jax.hoststats.weighting)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heads_jax.hoststats.calibration import apply_rule
+from heads_jax.hoststats.hypothesis import hypothesis_tests
+from heads_jax.hoststats.weighting import norm_tests, role_changes, weighting_summary, with_weighting
+
+
+def _scores(rng, sep_high):
+  """[N, l, h, r] for roles (local, sep, cls): head (0, 0) is a sep head when ``sep_high``."""
+  x = rng.normal(1.0, 0.1, size=(40, 1, 2, 3))
+  if sep_high:
+    x[:, 0, 0, 1] = rng.normal(6.0, 0.3, size=40)
+  x[:, 0, 1, 0] = rng.normal(5.0, 0.3, size=40)   # local head under both weightings
+  return x
+
+
+def test_norm_rows_use_the_same_tests_and_show_the_lost_role():
+  rng = np.random.default_rng(0)
+  roles = ("local", "sep", "cls")
+  lengths = np.full(40, 20)
+  attention = _scores(rng, True)
+  norm = _scores(rng, False)
+  tests, settings = hypothesis_tests(attention, roles)
+  tests, settings = apply_rule(tests, settings, attention, roles, lengths)
+  nt = norm_tests(norm, roles, settings, lengths)
+  # the norm rows are exactly the tests of the norm scores with the run's settings
+  expected, s = hypothesis_tests(norm, roles)
+  expected, _ = apply_rule(expected, s, norm, roles, lengths)
+  np.testing.assert_array_equal(nt["p_calibrated"].to_numpy(), expected["p_calibrated"].to_numpy())
+  assert (nt["weighting"] == "norm").all()
+  both = with_weighting(tests, nt)
+  assert both["weighting"].tolist() == ["attention"] * 6 + ["norm"] * 6
+  changes = role_changes(tests, nt).set_index(["kind", "role"])
+  assert changes.loc[("fine", "sep"), ["attention", "norm", "lost", "gained"]].tolist() == [1, 0, 1, 0]
+  assert changes.loc[("fine", "sep"), "lost_heads"] == "0:0"
+  assert changes.loc[("coarse", "delimiter"), "lost"] == 1
+  assert changes.loc[("coarse", "local"), ["kept", "lost"]].tolist() == [1, 0]
+  summary = weighting_summary(tests, nt)
+  assert summary["attention"]["delimiter"] == 0.5 and summary["norm"]["delimiter"] == 0.0
+  assert summary["attention"]["local"] == summary["norm"]["local"] == 0.5
