@@ -26,6 +26,9 @@ role               S(t)
 ``syntactic``      union of ``nsubj``, ``obj``, ``amod``, ``advmod``
 =================  ==========================================================================
 
+Each role's sieve kind and parameters come from the role registry
+(``heads_jax.data.vocabulary.REGISTRY``); the table above is the registry's content.
+
 This module is pure ``jax.numpy`` on an encoded batch (``heads_jax.data.vocabulary``); it never
 imports the model (the two meet only in ``heads_jax.stats.step``). It is jit-friendly when
 ``roles`` and ``direction`` are static.
@@ -33,17 +36,15 @@ imports the model (the two meet only in ``heads_jax.stats.step``). It is jit-fri
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax.numpy as jnp
 
-from heads_jax.data.vocabulary import (
-    REL_ADVMOD, REL_AMOD, REL_NSUBJ, REL_OBJ, ROLES, TOKEN_CLS, TOKEN_COMMA, TOKEN_PERIOD,
-    TOKEN_SEP)
+from heads_jax.data import vocabulary as vocab
+from heads_jax.data.vocabulary import ROLES, TOKEN_CLS, TOKEN_COMMA, TOKEN_PERIOD, TOKEN_SEP
 
 DIRECTIONS = ("dep2head", "both")
-
-_RELATION_IDS = {"nsubj": REL_NSUBJ, "obj": REL_OBJ, "amod": REL_AMOD, "advmod": REL_ADVMOD}
 
 # Index of each distance feature in the 21-vector (DESIGN.md: windows 0..15, self, [CLS],
 # [SEP], ',', '.').
@@ -56,13 +57,14 @@ NUM_DISTANCE_FEATURES = 21
 def check_roles(roles: Sequence[str]) -> tuple[str, ...]:
   """Validates role names against ``ROLES``; returns them as a tuple (order kept)."""
   roles = tuple(roles)
-  unknown = [r for r in roles if r not in ROLES]
+  unknown = [r for r in roles if r not in vocab.ROLE_TABLE]
   if unknown:
-    raise ValueError(f"unknown role(s) {unknown}; choose from {list(ROLES)}")
+    raise ValueError(f"unknown role(s) {unknown}; choose from {list(vocab.ROLE_TABLE)} (the "
+                     f"role registry, heads_jax/data/vocabulary.py)")
   if len(set(roles)) != len(roles):
     raise ValueError(f"roles must not repeat, got {list(roles)}")
   if not roles:
-    raise ValueError("roles is empty; pass at least one of " + ", ".join(ROLES))
+    raise ValueError("roles is empty; pass at least one of " + ", ".join(vocab.ROLE_TABLE))
   return roles
 
 
@@ -84,14 +86,15 @@ def _offsets(k: int) -> jnp.ndarray:
   return pos[None, :] - pos[:, None]
 
 
-def _relation_sieve(word_ids, dep_head, dep_rel, rel_id: int, direction: str) -> jnp.ndarray:
-  """bool ``[b, q, k]`` for one relation, before the padding mask."""
-  # dependent -> head: t's word depends on s's word by rel.
-  dep_of = (dep_rel == rel_id) & (dep_head >= 0)                      # [b, q]
+def _relation_sieve(word_ids, dep_head, dep_rel, rel_ids, direction: str) -> jnp.ndarray:
+  """bool ``[b, q, k]`` for the union of relations ``rel_ids``, before the padding mask."""
+  has_rel = functools.reduce(jnp.logical_or, [dep_rel == r for r in rel_ids])
+  # dependent -> head: t's word depends on s's word by one of the relations.
+  dep_of = has_rel & (dep_head >= 0)                                  # [b, q]
   sieve = dep_of[:, :, None] & (word_ids[:, None, :] == dep_head[:, :, None])
   if direction == "both":
-    # head -> dependent: s's word depends on t's word by rel.
-    head_of = (dep_rel == rel_id) & (dep_head >= 0)                   # [b, k]
+    # head -> dependent: s's word depends on t's word by one of the relations.
+    head_of = has_rel & (dep_head >= 0)                               # [b, k]
     sieve = sieve | (head_of[:, None, :] & (word_ids[:, :, None] >= 0)
                      & (dep_head[:, None, :] == word_ids[:, :, None]))
   return sieve
@@ -133,37 +136,28 @@ def build_sieves(batch: dict, roles: Sequence[str] = ROLES, direction: str = "de
   off = _offsets(k)[None]                                             # [1, q, k]
   key_is = lambda x: x[:, None, :]                                    # noqa: E731  [b, 1, k]
 
-  cache = {}
+  is_pair = jnp.any(real & (token_type == 1), axis=1)                 # [b]
+  special = (token_class == TOKEN_CLS) | (token_class == TOKEN_SEP)
+  key_masks = {vocab.KEY_POSITION0: (jnp.arange(k) == 0)[None, None, :],  # [CLS] position
+               vocab.KEY_SEP: key_is(token_class == TOKEN_SEP)}
 
-  def sieve(role):
-    if role in cache:
-      return cache[role]
-    if role == "local":
-      s = jnp.abs(off) <= 2
-    elif role == "prev_local":
-      s = (off >= -2) & (off <= -1)
-    elif role == "next_local":
-      s = (off >= 1) & (off <= 2)
-    elif role in ("block", "block_plain"):
-      is_pair = jnp.any(real & (token_type == 1), axis=1)             # [b]
-      special = (token_class == TOKEN_CLS) | (token_class == TOKEN_SEP)
+  def sieve(name):
+    """The sieve of one registry role (`heads_jax.data.vocabulary.REGISTRY`)."""
+    role = vocab.role(name)
+    if role.sieve == vocab.SIEVE_OFFSETS:
+      lo, hi = role.offsets
+      s = (off >= lo) & (off <= hi)
+    elif role.sieve == vocab.SIEVE_BLOCK:
       s = (is_pair[:, None, None] & key_is(~special)
            & (token_type[:, :, None] == token_type[:, None, :]))
-    elif role == "cls":
-      s = (jnp.arange(k) == 0)[None, None, :]                         # key position 0
-    elif role == "sep":
-      s = key_is(token_class == TOKEN_SEP)
-    elif role == "delimiter":
-      s = sieve("cls") | sieve("sep")
-    elif role in _RELATION_IDS:
-      s = _relation_sieve(word_ids, dep_head, dep_rel, _RELATION_IDS[role], direction)
-    elif role == "syntactic":
-      s = sieve("nsubj") | sieve("obj") | sieve("amod") | sieve("advmod")
-    else:  # pragma: no cover - check_roles rejects it
-      raise ValueError(role)
-    s = jnp.broadcast_to(s, (b, k, k)) & pairs
-    cache[role] = s
-    return s
+    elif role.sieve == vocab.SIEVE_KEYS:
+      s = functools.reduce(jnp.logical_or, [key_masks[kind] for kind in role.keys])
+    elif role.sieve == vocab.SIEVE_RELATION:
+      s = _relation_sieve(word_ids, dep_head, dep_rel, role.relations, direction)
+    else:  # pragma: no cover - Role validates its kind
+      raise ValueError(f"role {name!r} has sieve kind {role.sieve!r}, which heads_jax.sieves "
+                       f"does not build")
+    return jnp.broadcast_to(s, (b, k, k)) & pairs
 
   return jnp.stack([sieve(r) for r in roles], axis=1)
 

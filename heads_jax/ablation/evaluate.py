@@ -37,6 +37,7 @@ from heads_jax.data.specs import load_spec, parse_spec
 from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
 from heads_jax.parallel import data_mesh, replicate, shard_batch
+from heads_jax.training.rundir import RunDir
 
 SUM_NAMES = ("correct", "tp", "fp", "fn", "loss", "n")
 GATE_MODES = ("remove", "uniform")
@@ -74,7 +75,7 @@ def eval_rows_from_finetune(path) -> list[int] | None:
   evaluated on a whole split. ``path``: the ``data.json`` or the run's work directory."""
   path = Path(path)
   if path.is_dir():
-    path = path / "data.json"
+    path = Path(RunDir(path).data_file)   # the fine-tuning run's own file (training.rundir)
   if not path.is_file():
     raise UserError(f"{path} does not exist: --finetune-data takes the data.json of a fine-tuning "
                     "run (or its work directory)")

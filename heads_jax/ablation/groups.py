@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from heads_jax import contract
 from heads_jax.errors import UserError
 from heads_jax.hoststats.roles import COARSE_ROLES, UNSKILLED, assignment_array, coarse_roles, role_order
 
@@ -163,15 +164,18 @@ def load_groups(by: str, *, num_layers: int, num_heads: int, analysis: str | Pat
     raise UserError(f"--by {by} needs --analysis DIR (the output directory of `heads-jax analyze` "
                     "on this model)")
   folder = Path(analysis)
-  file = folder / ("clusters.csv" if by == "cluster" else "tests.csv")
+  file = folder / (contract.CLUSTERS_CSV if by == "cluster" else contract.TESTS_CSV)
   if not file.is_file():
     raise UserError(f"{file} does not exist: --analysis must be the output directory of "
-                    "`heads-jax analyze` (it writes clusters.csv and tests.csv)")
-  table = pd.read_csv(file)
-  if by == "cluster":
-    groups = cluster_groups(table)
-  else:
-    groups = role_groups(table, level=role_level)
+                    f"`heads-jax analyze` (it writes {contract.CLUSTERS_CSV} and "
+                    f"{contract.TESTS_CSV})")
+  try:
+    if by == "cluster":
+      groups = cluster_groups(contract.load_clusters(folder).table)
+    else:
+      groups = role_groups(contract.load_tests(folder).table, level=role_level)
+  except ValueError as e:   # a file that does not follow the contract
+    raise UserError(f"{file}: {e}") from None
   for g in groups:
     check_heads(g.heads, num_layers, num_heads, str(file))
   return groups

@@ -12,6 +12,9 @@ coarse role      the head has any of these fine roles
 ``block``        block (the entropy-weighted score; block_plain is not part of it)
 ===============  ==================================================
 
+(each role's ``group`` in the role registry, ``heads_jax.data.vocabulary.REGISTRY``, which this
+module reads: `COARSE_ROLES`).
+
 A coarse role is *available* in a run when at least one of its fine roles was computed (is in
 the run's role list); functions here return only the available coarse roles. A head is
 "unskilled" when it has none of the available coarse roles.
@@ -31,22 +34,14 @@ import pandas as pd
 
 from heads_jax.data import vocabulary as batch_lib
 
-COARSE_ROLES = {
-    "local": ("local", "prev_local", "next_local"),
-    "syntactic": ("syntactic", "nsubj", "obj", "amod", "advmod"),
-    "delimiter": ("delimiter", "cls", "sep"),
-    "block": ("block",),
-}
+# The coarse roles and their fine roles: the role registry's groups (data/vocabulary.py).
+COARSE_ROLES = batch_lib.COARSE_ROLES
 UNSKILLED = "unskilled"
 # Thirds of the layers (Pande et al. Fig. 6), see `layer_groups`.
 LAYER_GROUPS = ("initial", "middle", "final")
 
 
-def role_order(names) -> tuple[str, ...]:
-  """Known roles in batch.ROLES order, then unknown ones in first-seen order."""
-  names = list(dict.fromkeys(names))
-  known = [r for r in batch_lib.ROLES if r in names]
-  return tuple(known + [r for r in names if r not in batch_lib.ROLES])
+role_order = batch_lib.role_order   # known roles in registry order, then unknown ones
 
 
 def layer_groups(num_layers: int) -> dict[str, np.ndarray]:

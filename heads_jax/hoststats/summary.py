@@ -47,6 +47,7 @@ import pandas as pd
 from scipy import stats
 
 from heads_jax import contract
+from heads_jax.data import vocabulary
 from heads_jax.hoststats import roles as roles_lib
 
 
@@ -58,7 +59,8 @@ def mean_sieve_score(sieve_bias) -> float | None:
 
 
 def spearman_local_syntactic(sieve_bias, roles: Sequence[str],
-                             local: str = "local", syntactic: str = "syntactic") -> dict:
+                             local: str = vocabulary.SPEARMAN_ROLES[0],
+                             syntactic: str = vocabulary.SPEARMAN_ROLES[1]) -> dict:
   """Spearman correlation of two roles' sieve bias over the (sequence, layer, head) triples
   where both are defined. Returns {"rho", "p_value", "num_pairs"} (rho, p None if undefined)."""
   roles = tuple(roles)
@@ -81,7 +83,7 @@ def spearman_local_syntactic(sieve_bias, roles: Sequence[str],
   return contract.to_jsonable(out)
 
 
-FINE_OVERLAPS = (("nsubj", "next_local"), ("obj", "prev_local"))
+FINE_OVERLAPS = vocabulary.FINE_OVERLAPS   # the role registry's (data/vocabulary.py)
 
 
 def fine_role_overlaps(assigned: np.ndarray, roles: Sequence[str],
@@ -110,9 +112,10 @@ def _role_figures(assigned: np.ndarray, roles: tuple[str, ...]) -> dict:
     out[f"share_{c}"] = (float(coarse[..., names.index(c)].sum() / num_heads)
                          if c in names else None)
   out["share_unskilled"] = float((~coarse.any(-1)).sum() / num_heads)
-  if "syntactic" in names and "local" in names:
-    syn = coarse[..., names.index("syntactic")]
-    both = syn & coarse[..., names.index("local")]
+  first, second = vocabulary.ALSO_COARSE                  # syntactic heads also local
+  if first in names and second in names:
+    syn = coarse[..., names.index(first)]
+    both = syn & coarse[..., names.index(second)]
     out["share_syntactic_also_local"] = float(both.sum() / syn.sum()) if syn.any() else None
   else:
     out["share_syntactic_also_local"] = None

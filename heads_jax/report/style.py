@@ -6,22 +6,16 @@ The role definitions themselves (coarse roles, role order, layer groups) are tho
 
 from __future__ import annotations
 
-# The nine fine roles of the role grid (Pande et al. Fig. 5), in the order of their markers,
-# and each one's marker (one shape per coarse role).
-GRID_ROLES = ("cls", "sep", "nsubj", "obj", "amod", "advmod", "prev_local", "next_local", "block")
-GRID_MARKERS = {"cls": "s", "sep": "s", "nsubj": "^", "obj": "^", "amod": "^", "advmod": "^",
-                "prev_local": "o", "next_local": "o", "block": "D"}
+from heads_jax.data import vocabulary
 
-ROLE_COLORS = {
-    "cls": "#1f77b4", "sep": "#17becf", "delimiter": "#2c7fb8",
-    "nsubj": "#d62728", "obj": "#ff7f0e", "amod": "#e377c2", "advmod": "#8c564b",
-    "syntactic": "#b2182b",
-    "prev_local": "#2ca02c", "next_local": "#98df8a", "local": "#1b7837",
-    "block": "#9467bd", "block_plain": "#c5b0d5",
-}
-
-COARSE_COLORS = {"local": "#1b7837", "syntactic": "#b2182b", "delimiter": "#2c7fb8",
-                 "block": "#9467bd"}
+# The role table comes from the role registry (`heads_jax.data.vocabulary.REGISTRY`): the fine
+# roles of the role grid (Pande et al. Fig. 5) in the order of their markers, each one's marker
+# (one shape per coarse role), colour and label; the coarse roles' colours.
+GRID_ROLES = vocabulary.GRID_ROLES
+GRID_MARKERS = {r.name: r.marker for r in vocabulary.REGISTRY if r.marker is not None}
+ROLE_COLORS = {r.name: r.color for r in vocabulary.REGISTRY}
+ROLE_LABELS = {r.name: r.label for r in vocabulary.REGISTRY}
+COARSE_COLORS = dict(vocabulary.COARSE_COLORS)
 
 # Cluster names of Guan et al. and their colours; unknown names get the fallback cycle.
 CLUSTER_ORDER = ("dense", "diagonal", "dense+vertical", "vertical")

@@ -32,11 +32,14 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from heads_jax.data import vocabulary as vocab
 from heads_jax.data.vocabulary import TOKEN_CLS, TOKEN_SEP
 from heads_jax.sieves import NUM_DISTANCE_FEATURES, build_sieves, check_direction, check_roles
 from heads_jax.stats.distance import _bin_weights
 from heads_jax.stats.measures import _token_weights
+from heads_jax.stats.sieve_bias import entropy_weighted_mask, row_mass_entropy
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 NUM_TOKEN_MEASURES = 5
@@ -92,15 +95,13 @@ def batch_tables(batch, roles: Sequence[str], direction: str = "dep2head",
           "real_over_n": real / n[:, None], "cls_real": real[:, 0]}
 
 
-def row_mass_entropy(probs, attention_mask):
-  """Each row's mass over the real keys ``T`` and its entropy after normalisation
-  ``H = ln T - sum(a ln a) / T`` (0 for an empty row), both float32 ``[..., q]``; one pass."""
-  keys = (jnp.asarray(attention_mask) > 0)[:, None, None, :]
-  a = jnp.where(keys, probs.astype(jnp.float32), 0.0)
-  total = jnp.sum(a, axis=-1)
-  a_log_a = jnp.sum(a * jnp.log(jnp.maximum(a, jnp.finfo(jnp.float32).tiny)), axis=-1)
-  safe = jnp.where(total > 0, total, 1.0)
-  return total, jnp.where(total > 0, jnp.log(safe) - a_log_a / safe, 0.0)
+def _check_block_sieve(name: str) -> None:
+  """This path weights by the entropy only roles with the block sieve (its mass per query comes
+  from ``block_cols``)."""
+  if vocab.role(name).sieve != vocab.SIEVE_BLOCK:
+    raise ValueError(f"role {name!r} is entropy-weighted with a {vocab.role(name).sieve!r} sieve; "
+                     f"the per-layer path weights only {vocab.SIEVE_BLOCK!r} sieves (use "
+                     f"stats_impl='fused' or the reference heads_jax.stats.sieve_bias)")
 
 
 def reduce_layer(probs, tables: dict, roles: Sequence[str], attention_mask,
@@ -119,13 +120,15 @@ def reduce_layer(probs, tables: dict, roles: Sequence[str], attention_mask,
   sums = jnp.matmul(probs.reshape(b, h, q * k), tables["weights"], precision=_HIGHEST)  # [b, h, C]
   out = {"sieve_bias": sums[..., :r],
          "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
-  if "block" in roles or measures:
+  weighted = np.flatnonzero(entropy_weighted_mask(roles))   # the registry's entropy-weighted roles
+  if len(weighted) or measures:
     _, entropy = row_mass_entropy(probs, attention_mask)                  # [b, h, q]
-    if "block" in roles:
-      j = roles.index("block")
+    if len(weighted):
       cols = jnp.matmul(probs.reshape(b, h * q, k), tables["block_cols"],
                         precision=_HIGHEST).reshape(b, h, q, 2)
       own = jnp.where((tables["token_type"] == 0)[:, None, :], cols[..., 0], cols[..., 1])
+    for j in weighted:
+      _check_block_sieve(roles[j])
       block = jnp.sum(own * entropy * tables["role_weight"][:, None, j, :], axis=-1)
       out["sieve_bias"] = out["sieve_bias"].at[..., j].set(block)
     if measures:

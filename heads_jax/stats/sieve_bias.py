@@ -24,10 +24,18 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from heads_jax.data import vocabulary as vocab
 from heads_jax.sieves import check_roles
 
 _HIGHEST = jax.lax.Precision.HIGHEST  # full float32 matmuls also on TPU (bf16 passes) / GPU (TF32)
+
+
+def entropy_weighted_mask(roles: Sequence[str]) -> np.ndarray:
+  """bool ``[r]``: which roles' score is bias x row entropy (the registry's
+  ``entropy_weighted``, `heads_jax.data.vocabulary.REGISTRY`)."""
+  return np.asarray([vocab.role(r).entropy_weighted for r in roles], bool).reshape(len(roles))
 
 
 def _check_shapes(attn, sieves, attention_mask, roles):
@@ -41,20 +49,31 @@ def _check_shapes(attn, sieves, attention_mask, roles):
     raise ValueError(f"attention_mask must be [b, k] = {(b, k)}, got {attention_mask.shape}")
 
 
-def row_entropy(attn, attention_mask) -> jnp.ndarray:
-  """Natural-log entropy of each query's attention row over the real keys, ``[b, l, h, q]``.
+def row_mass_entropy(attn, attention_mask):
+  """Each query row's mass over the real keys and its natural-log entropy after normalisation
+  over them (as ``scipy.stats.entropy``), both float32 ``[b, ..., q]``, for attention
+  ``[b, ..., q, k]`` (any axes between b and q, e.g. ``[b, l, h, q, k]`` or ``[b, h, q, k]``).
 
-  The row is normalised over the real keys first (as ``scipy.stats.entropy``): with
-  ``T = sum_s a_s`` and ``p_s = a_s / T``, ``-sum_s p_s ln p_s = ln T - (sum_s a_s ln a_s) / T``,
-  which needs one logarithm per element and no division (0 ln 0 = 0).
+  With ``T = sum_s a_s`` and ``p_s = a_s / T``, ``-sum_s p_s ln p_s = ln T - (sum_s a_s ln a_s)
+  / T``, which needs one pass, one logarithm per element and no division (0 ln 0 = 0); an empty
+  row (``T = 0``) has entropy 0. The one definition of the row entropy: ``row_entropy`` and
+  ``heads_jax.stats.layerwise`` use it.
   """
-  attn = attn.astype(jnp.float32)
-  keys = (jnp.asarray(attention_mask) > 0)[:, None, None, None, :]
-  a = jnp.where(keys, attn, 0.0)
+  attn = jnp.asarray(attn)
+  mask = jnp.asarray(attention_mask) > 0
+  b, k = mask.shape
+  keys = mask.reshape((b,) + (1,) * (attn.ndim - 2) + (k,))
+  a = jnp.where(keys, attn.astype(jnp.float32), 0.0)
   total = jnp.sum(a, axis=-1)
   a_log_a = jnp.sum(a * jnp.log(jnp.maximum(a, jnp.finfo(jnp.float32).tiny)), axis=-1)
   safe = jnp.where(total > 0, total, 1.0)
-  return jnp.where(total > 0, jnp.log(safe) - a_log_a / safe, 0.0)
+  return total, jnp.where(total > 0, jnp.log(safe) - a_log_a / safe, 0.0)
+
+
+def row_entropy(attn, attention_mask) -> jnp.ndarray:
+  """Natural-log entropy of each query's attention row over the real keys, ``[b, l, h, q]``
+  (the row normalised over the real keys first; `row_mass_entropy`)."""
+  return row_mass_entropy(attn, attention_mask)[1]
 
 
 def sieve_bias_per_query(attn, sieves, attention_mask, roles: Sequence[str]):
@@ -87,10 +106,11 @@ def sieve_bias_per_query(attn, sieves, attention_mask, roles: Sequence[str]):
   mean_all = total / jnp.maximum(n, 1.0)[:, None, None, None]         # [b, l, h, q]
   mean_all = jnp.where(mean_all > 0, mean_all, 1.0)[:, :, :, None, :]
   beta = mean_in / mean_all                                           # [b, l, h, r, q]
-  if "block" in roles:
+  weighted = entropy_weighted_mask(roles)
+  if weighted.any():
     entropy = row_entropy(attn, attention_mask)                       # [b, l, h, q]
-    is_block = (jnp.arange(len(roles)) == roles.index("block"))[None, None, None, :, None]
-    beta = jnp.where(is_block, beta * entropy[:, :, :, None, :], beta)
+    is_weighted = jnp.asarray(weighted)[None, None, None, :, None]
+    beta = jnp.where(is_weighted, beta * entropy[:, :, :, None, :], beta)
   beta = jnp.where(valid[:, None, None], beta, 0.0)
   return beta, valid
 
@@ -145,10 +165,9 @@ def sieve_bias(attn, sieves, attention_mask, roles: Sequence[str]) -> jnp.ndarra
   w = jnp.where(sieves, weight[..., None], 0.0)                       # [b, r, q, k]
   w = jnp.transpose(w, (0, 2, 3, 1)).reshape(b, q * k, r)
   out = jnp.matmul(p.reshape(b, l * h, q * k), w, precision=_HIGHEST).reshape(b, l, h, r)
-  if "block" in roles:
+  for j in np.flatnonzero(entropy_weighted_mask(roles)):
     # block: sum_t H(t) n/|S(t)|/V sum_s p[t, s] sieve[t, s]: the same linear form on H(t) p[t, s]
-    j = roles.index("block")
-    entropy = -jnp.sum(p * jnp.log(jnp.maximum(p, jnp.finfo(jnp.float32).tiny)), axis=-1)
+    entropy = row_entropy(p, attention_mask)                          # [b, l, h, q]
     weighted = (p * entropy[..., None]).reshape(b, l * h, q * k)
     block = jnp.matmul(weighted, w[:, :, j:j + 1], precision=_HIGHEST)  # [b, lh, 1]
     out = out.at[..., j].set(block.reshape(b, l, h))
