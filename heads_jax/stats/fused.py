@@ -41,15 +41,14 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
+from heads_jax.data import vocabulary as vocab
 from heads_jax.data.vocabulary import (
-    REL_ADVMOD, REL_AMOD, REL_NSUBJ, REL_OBJ, TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PAD,
-    TOKEN_PERIOD, TOKEN_SEP)
+    TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PAD, TOKEN_PERIOD, TOKEN_SEP)
 from heads_jax.parallel import DATA_AXIS
 from heads_jax.sieves import (
     NUM_DISTANCE_FEATURES, NUM_WINDOWS, build_sieves, check_direction, check_roles)
 from heads_jax.stats.layerwise import NUM_TOKEN_MEASURES, block_columns, role_weights
 
-_RELATIONS = {"nsubj": REL_NSUBJ, "obj": REL_OBJ, "amod": REL_AMOD, "advmod": REL_ADVMOD}
 # rows of the per-position integer table
 _CLASS, _TYPE, _WORD, _HEAD, _REL, _REAL, _N = range(7)
 _INFO_ROWS = 8
@@ -57,6 +56,26 @@ _PAD_INFO = (TOKEN_PAD, 0, -1, -1, 0, 0, 1, 0)
 # columns of E
 (_E_POS0, _E_SEP, _E_COMMA, _E_PERIOD, _E_BLOCK0, _E_BLOCK1, _E_CLS, _E_DELIM) = range(8)
 _E_COLS = 16
+# The role registry's key sets (SIEVE_KEYS roles) -> their column of E.
+_KEY_COLUMNS = {frozenset({vocab.KEY_POSITION0}): _E_POS0, frozenset({vocab.KEY_SEP}): _E_SEP,
+                frozenset({vocab.KEY_POSITION0, vocab.KEY_SEP}): _E_DELIM}
+# The registry's kernel codes this kernel implements.
+KERNEL_CODES = (vocab.KERNEL_OFFSETS, vocab.KERNEL_BLOCK, vocab.KERNEL_KEYS, vocab.KERNEL_RELATION)
+
+
+def kernel_roles(roles: Sequence[str]) -> tuple:
+  """The registry rows (`heads_jax.data.vocabulary.Role`) of ``roles``; a clear ValueError for
+  a role whose kernel code (or key set) this kernel does not implement."""
+  out = tuple(vocab.role(r) for r in check_roles(roles))
+  for role in out:
+    if role.kernel not in KERNEL_CODES:
+      raise ValueError(f"role {role.name!r} has kernel code {role.kernel}, which the fused Pallas "
+                       f"kernel does not implement (it knows {KERNEL_CODES}); use "
+                       f"stats_impl='xla' or add the code to heads_jax/stats/fused.py")
+    if role.kernel == vocab.KERNEL_KEYS and frozenset(role.keys) not in _KEY_COLUMNS:
+      raise ValueError(f"role {role.name!r}: the fused kernel has no column for the key set "
+                       f"{sorted(role.keys)}; use stats_impl='xla' or add it to _KEY_COLUMNS")
+  return out
 
 
 def num_channels(roles: Sequence[str], measures: bool) -> int:
@@ -77,7 +96,7 @@ def fused_tables(batch, roles: Sequence[str], direction: str = "dep2head",
   (``U``: per-query weight of each output channel, channels padded to a power of two) and
   ``count`` ``[b, r]``; kp is k, or the next power of two with ``pad_pow2`` (default: on GPUs).
   """
-  roles = check_roles(roles)
+  roles = tuple(r.name for r in kernel_roles(roles))   # fails early on a role the kernel lacks
   direction = check_direction(direction)
   if pad_pow2 is None:
     pad_pow2 = jax.default_backend() == "gpu"
@@ -152,57 +171,44 @@ def _stats_kernel(q_ref, k_ref, qi_ref, ki_ref, e_ref, u_ref, o_ref, *, roles, d
   kpos = jax.lax.broadcasted_iota(jnp.int32, (1, kp), 1)
   off = kpos - qpos                                                        # [tq, kp]
   masked_sum = lambda where: jnp.sum(jnp.where(where, p, 0.0), axis=1)   # noqa: E731
-  diag = {o: masked_sum(off == o) for o in (-2, -1, 0, 1, 2)}
+  diag = functools.lru_cache(maxsize=None)(lambda o: masked_sum(off == o))  # p[t, t+o]  [tq]
   qcls, qtype = qvec(_CLASS), qvec(_TYPE)
-  c_pos0, c_sep, c_comma, c_period = col(_E_POS0), col(_E_SEP), col(_E_COMMA), col(_E_PERIOD)
-  c_cls, c_delim = col(_E_CLS), col(_E_DELIM)
+  c_sep, c_comma, c_period = col(_E_SEP), col(_E_COMMA), col(_E_PERIOD)
+  c_cls = col(_E_CLS)
   own_block = jnp.where(qtype == 0, col(_E_BLOCK0), col(_E_BLOCK1))
 
-  # dependency roles
+  # dependency roles (registry kind SIEVE_RELATION: the union of the role's relations)
   qword, qhead, qrel = qcol(_WORD), qcol(_HEAD), qcol(_REL)
   kword, khead, krel = krow(_WORD), krow(_HEAD), krow(_REL)
-  relation_roles = [r for r in roles if r in _RELATIONS or r == "syntactic"]
+  is_rel = lambda x, rels: functools.reduce(jnp.logical_or, [x == r for r in rels])  # noqa: E731
+  relation_roles = [r for r in roles if r.kernel == vocab.KERNEL_RELATION]
   rel_values = {}
   if relation_roles:
     head_piece = (kword == qhead) & (qhead >= 0)                           # s in t's head word
     if direction == "dep2head":
       m_head = masked_sum(head_piece)
       qrel1 = qvec(_REL)
-      rel_values = {r: m_head * (qrel1 == _RELATIONS[r]).astype(f32)
-                    for r in relation_roles if r != "syntactic"}
-      if "syntactic" in relation_roles:
-        rel_values["syntactic"] = m_head * ((qrel1 >= REL_NSUBJ)
-                                            & (qrel1 <= REL_ADVMOD)).astype(f32)
+      rel_values = {r.name: m_head * is_rel(qrel1, r.relations).astype(f32)
+                    for r in relation_roles}
     else:
       dependent = (khead == qword) & (qword >= 0) & (khead >= 0)          # s's word depends on t's
       for r in relation_roles:
-        if r == "syntactic":
-          fwd = (qrel >= REL_NSUBJ) & (qrel <= REL_ADVMOD)
-          rev = (krel >= REL_NSUBJ) & (krel <= REL_ADVMOD)
-        else:
-          fwd, rev = qrel == _RELATIONS[r], krel == _RELATIONS[r]
-        rel_values[r] = masked_sum((head_piece & fwd) | (dependent & rev))
+        fwd, rev = is_rel(qrel, r.relations), is_rel(krel, r.relations)
+        rel_values[r.name] = masked_sum((head_piece & fwd) | (dependent & rev))
 
   values = []
-  for r in roles:
-    if r == "local":
-      v = diag[-2] + diag[-1] + diag[0] + diag[1] + diag[2]
-    elif r == "prev_local":
-      v = diag[-2] + diag[-1]
-    elif r == "next_local":
-      v = diag[1] + diag[2]
-    elif r == "block":
-      v = own_block * entropy
-    elif r == "block_plain":
+  for r in roles:   # registry rows; dispatch on the kernel code (`kernel_roles` checked them)
+    if r.kernel == vocab.KERNEL_OFFSETS:
+      lo, hi = r.offsets
+      v = functools.reduce(lambda a, o: a + diag(o), range(lo + 1, hi + 1), diag(lo))
+    elif r.kernel == vocab.KERNEL_BLOCK:
       v = own_block
-    elif r == "cls":
-      v = c_pos0
-    elif r == "sep":
-      v = c_sep
-    elif r == "delimiter":
-      v = c_delim
+    elif r.kernel == vocab.KERNEL_KEYS:
+      v = col(_KEY_COLUMNS[frozenset(r.keys)])
     else:
-      v = rel_values[r]
+      v = rel_values[r.name]
+    if r.entropy_weighted:
+      v = v * entropy
     values.append(v * inv_total)
   # distance features: windows 0..15 over keys that are neither special nor t, then self and
   # the special keys other than t (self wins over special)
@@ -211,12 +217,12 @@ def _stats_kernel(q_ref, k_ref, qi_ref, ki_ref, e_ref, u_ref, o_ref, *, roles, d
   n = qcol(_N).astype(f32)
   window = jnp.minimum(jnp.floor((NUM_WINDOWS * dist + 0.25) / n), NUM_WINDOWS - 1)
   values += [masked_sum(other & (window == w)) for w in range(NUM_WINDOWS)]
-  d0 = diag[0]
+  d0 = diag(0)
   is_q = lambda c: (qcls == c).astype(f32)                                 # noqa: E731
   values += [d0, c_cls - d0 * is_q(TOKEN_CLS), c_sep - d0 * is_q(TOKEN_SEP),
              c_comma - d0 * is_q(TOKEN_COMMA), c_period - d0 * is_q(TOKEN_PERIOD)]
   if measures:
-    values += [entropy, entropy, c_cls, c_sep, c_comma + c_period, diag[-1], diag[1]]
+    values += [entropy, entropy, c_cls, c_sep, c_comma + c_period, diag(-1), diag(1)]
 
   lane = jax.lax.broadcasted_iota(jnp.int32, (cp,), 0)
   out = jnp.zeros((cp,), f32)
@@ -257,8 +263,9 @@ def fused_layer_stats(query, key, tables: dict, roles: Sequence[str], direction:
   if kp % block_q:
     raise ValueError(f"block_q {block_q} must divide the (padded) sequence length {kp}")
   nq = kp // block_q
-  kernel = functools.partial(_stats_kernel, roles=roles, direction=direction, measures=measures,
-                             block_q=block_q, scale=float(1.0 / (e ** 0.5)))
+  kernel = functools.partial(_stats_kernel, roles=kernel_roles(roles), direction=direction,
+                             measures=measures, block_q=block_q,
+                             scale=float(1.0 / (e ** 0.5)))
   partial_sums = pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((b, h, nq, cp), jnp.float32),
