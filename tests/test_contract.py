@@ -152,3 +152,72 @@ def test_run_summary_and_bad_json(tmp_path):
   (tmp_path / "summary.json").write_text("{not json")
   with pytest.raises(ValueError, match="summary.json is not valid JSON"):
     contract.read_summary(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# typed readers
+
+
+def test_load_tests_is_typed(tmp_path):
+  x = np.array([[4.0, np.nan, 1.0], [4.0, np.nan, 2.0], [4.0, 7.0, 3.0]]).reshape(3, 1, 1, 3)
+  df, settings = hypothesis.hypothesis_tests(x, ("sep", "local", "zeta"),
+                                             settings={"rule": "paper", "alpha": 0.05})
+  contract.write_tests(df, settings, tmp_path)
+  t = contract.load_tests(tmp_path)
+  pd.testing.assert_frame_equal(t.table, contract.read_tests(tmp_path)[0])
+  assert t.settings["alpha"] == 0.05 and t.alpha == 0.05 and t.rule == "paper"
+  assert t.tau == 3.0
+  assert t.roles == ("local", "sep", "zeta")           # registry order, then unknown roles
+  assert (t.num_layers, t.num_heads) == (1, 1) and not t.has_rules
+  assert list(t.role("sep")["role"]) == ["sep"] and t.role("obj").empty
+  assert t.with_rule("paper") is t.table
+  with pytest.raises(ValueError, match="only the 'paper' rule's decisions"):
+    t.with_rule("calibrated")
+  with pytest.raises(ValueError, match="rule must be"):
+    t.with_rule("best")
+  # with the rule columns, each rule's decisions replace `assigned`
+  extra = {c: 0.0 for c in contract.RULE_COLUMNS}
+  extra.update(near_uniform=False, assigned_paper=[True, False, True],
+               assigned_calibrated=[False, False, True])
+  ruled = contract.Tests(df.assign(**extra), {"rule": "calibrated"})
+  assert ruled.has_rules
+  assert list(ruled.with_rule("paper")["assigned"]) == [True, False, True]
+  assert list(ruled.with_rule("calibrated")["assigned"]) == [False, False, True]
+  with pytest.raises(ValueError, match="exactly the columns"):
+    contract.Tests(df.drop(columns=["n"]))
+  with pytest.raises(FileNotFoundError, match="tests.csv"):
+    contract.load_tests(tmp_path / "nothing")
+
+
+def test_load_clusters_and_summary_are_typed(tmp_path):
+  cols = list(contract.CLUSTER_COLUMNS)
+  rows = [[l, h] + [float(h + 1)] * 21 + [h % 2, ["vertical", "dense"][h % 2], 0.0, 0.0]
+          for l in range(2) for h in range(2)]
+  contract.write_clusters(pd.DataFrame(rows, columns=cols), {"k": 2}, tmp_path)
+  c = contract.load_clusters(tmp_path)
+  assert c.info == {"k": 2} and c.names == ("vertical", "dense")
+  assert c.features.shape == (4, 21) and c.features[1, 0] == 2.0
+  assert c.name_of() == {(0, 0): "vertical", (0, 1): "dense", (1, 0): "vertical", (1, 1): "dense"}
+  assert contract.has_clusters(tmp_path) and not contract.has_clusters(tmp_path / "x")
+
+  assert contract.load_summary(tmp_path, missing_ok=True) is None
+  with pytest.raises(FileNotFoundError, match="summary.json"):
+    contract.load_summary(tmp_path)
+  contract.write_summary({"share_local": 0.25, "share_block": None, "num_layers": 2,
+                          "rule": "calibrated", "spearman_local_syntactic": np.nan,
+                          "num_heads_by_coarse_role": {"local": 1, "unskilled": 3},
+                          "by_rule": {"paper": {"share_local": 0.5,
+                                                "num_heads_by_coarse_role": {"local": 2}},
+                                      "calibrated": {"share_local": 0.25}}}, tmp_path)
+  s = contract.load_summary(tmp_path)
+  assert s.num_layers == 2 and s.rule == "calibrated" and s.spearman_local_syntactic is None
+  assert s["share_local"] == 0.25 and "share_block" in s and s.get("nope", 7) == 7
+  assert s.rules == ("paper", "calibrated")
+  assert s.share("local") == 0.25 and s.share("local", "paper") == 0.5
+  assert s.share("block") is None
+  assert s.num_heads_by_coarse_role() == {"local": 1, "unskilled": 3}
+  assert s.num_heads_by_coarse_role("paper") == {"local": 2}
+  with pytest.raises(KeyError, match="no figures for rule 'best'"):
+    s.for_rule("best")
+  plain = contract.Summary({"share_local": 0.1, "rule": "paper"})   # a run without rule columns
+  assert plain.share("local", "paper") == 0.1 and plain.rules == ()

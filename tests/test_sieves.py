@@ -159,3 +159,91 @@ def test_distance_bins_by_hand():
   long = make_batch([dict(classes=[C] + [O] * 16)], 17)
   bins = np.asarray(distance_bins(long["token_class"], long["attention_mask"]))
   assert (bins[0, 0, 16], bins[0, 16, 1], bins[0, 1, 15]) == (15, 14, 13)
+
+
+# ------------------------------------------------------------------------------------------------
+# The role registry (heads_jax.data.vocabulary.REGISTRY)
+
+def test_registry_is_the_one_role_table():
+  from heads_jax.data import vocabulary as V
+  assert V.ROLES == tuple(r.name for r in V.REGISTRY) and len(set(V.ROLES)) == len(V.ROLES)
+  assert V.SYNTACTIC_ROLES == ("nsubj", "obj", "amod", "advmod", "syntactic")
+  assert V.COARSE_ROLES == {"local": ("local", "prev_local", "next_local"),
+                            "syntactic": ("nsubj", "obj", "amod", "advmod", "syntactic"),
+                            "delimiter": ("cls", "sep", "delimiter"), "block": ("block",)}
+  assert V.GRID_ROLES == ("cls", "sep", "nsubj", "obj", "amod", "advmod", "prev_local",
+                          "next_local", "block")
+  assert V.PLAIN_TWINS == {"block": "block_plain"}
+  assert V.role("syntactic").relations == (V.REL_NSUBJ, V.REL_OBJ, V.REL_AMOD, V.REL_ADVMOD)
+  assert {r.kernel for r in V.REGISTRY} == set(V.KERNEL_CODES.values())
+  for a, b in V.FINE_OVERLAPS + (V.SPEARMAN_ROLES,):
+    assert a in V.ROLE_TABLE and b in V.ROLE_TABLE
+  assert V.role_order(["obj", "zzz", "local", "obj"]) == ("local", "obj", "zzz")
+  with pytest.raises(ValueError, match="unknown role 'nope'"):
+    V.role("nope")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(sieve="ring"), "sieve kind must be one of"),
+    (dict(group="vertical"), "group must be one of"),
+    (dict(offsets=None), "offsets"),
+    (dict(offsets=(2, 1)), "lo <= hi"),
+    (dict(keys=("sep",)), "keys"),
+    (dict(relations=(99,)), "relations"),
+])
+def test_registry_rows_are_checked(kwargs, match):
+  from heads_jax.data import vocabulary as V
+  base = dict(name="x", group=None, sieve=V.SIEVE_OFFSETS, color="#000", label="x", paper="x",
+              offsets=(-1, 1))
+  with pytest.raises(ValueError, match=match):
+    V.Role(**{**base, **kwargs})
+
+
+def test_a_new_registry_role_is_a_sieve(monkeypatch):
+  """A role added to the registry alone is built by its kind and parameters."""
+  from heads_jax.data import vocabulary as V
+  monkeypatch.setitem(V.ROLE_TABLE, "wide", V.Role("wide", V.COARSE_LOCAL, V.SIEVE_OFFSETS,
+                                                   "#000", "wide", "wide", offsets=(-4, 3)))
+  monkeypatch.setitem(V.ROLE_TABLE, "nsubj_amod", V.Role(
+      "nsubj_amod", V.COARSE_SYNTACTIC, V.SIEVE_RELATION, "#000", "n", "n",
+      relations=(V.REL_NSUBJ, V.REL_AMOD)))
+  rng = np.random.default_rng(11)
+  batch = ref.random_batch(rng, 5, 9)
+  for direction in ("dep2head", "both"):
+    got = np.asarray(build_sieves(batch, ("wide", "nsubj_amod"), direction))
+    for i in range(5):
+      row = ref.row_of(batch, i)
+      n = int(row["attention_mask"].sum())
+      wide = [{x for x in range(t - 4, t + 4) if 0 <= x < n} for t in range(n)]
+      rel = [a | b for a, b in zip(ref.sieve_sets(row, "nsubj", direction),
+                                    ref.sieve_sets(row, "amod", direction))]
+      for j, sets in enumerate((wide, rel)):
+        want = np.zeros((9, 9), bool)
+        for t, s in enumerate(sets):
+          want[t, list(s)] = True
+        np.testing.assert_array_equal(got[i, j], want)
+
+
+def test_every_host_consumer_reads_the_role_registry():
+  """Coarse roles, calibration's entropy-weighted roles and twins, the summary's overlaps and
+  correlated roles, and the report's role table all come from the registry (a new role is one
+  registry row)."""
+  from heads_jax.data import vocabulary as V
+  from heads_jax.hoststats import calibration, summary
+  from heads_jax.hoststats import roles as hoststats_roles
+  from heads_jax.report import style
+  assert tuple(hoststats_roles.COARSE_ROLES) == V.COARSE_GROUPS and hoststats_roles.role_order is V.role_order
+  # the registry's groups of fine roles (hoststats' fine-role union view)
+  assert getattr(hoststats_roles, "FINE_UNION", hoststats_roles.COARSE_ROLES) is V.COARSE_ROLES
+  assert calibration.ENTROPY_WEIGHTED is V.ENTROPY_WEIGHTED
+  assert calibration.BLOCK_PLAIN is V.PLAIN_TWINS
+  assert summary.FINE_OVERLAPS is V.FINE_OVERLAPS
+  assert style.GRID_ROLES is V.GRID_ROLES
+  assert style.ROLE_COLORS == {r.name: r.color for r in V.REGISTRY}
+  assert style.ROLE_LABELS == {r.name: r.label for r in V.REGISTRY}
+  assert set(style.GRID_MARKERS) == set(V.GRID_ROLES)
+  assert style.COARSE_COLORS == V.COARSE_COLORS and list(style.COARSE_COLORS) == list(V.COARSE_GROUPS)
+  # one marker shape per coarse role in the grid
+  shape = {}
+  for name in V.GRID_ROLES:
+    assert shape.setdefault(V.role(name).group, style.GRID_MARKERS[name]) == style.GRID_MARKERS[name]

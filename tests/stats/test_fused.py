@@ -191,3 +191,89 @@ def test_bfloat16_compute_is_close_to_float32(tiny_bert, step_batch, stacked):
   np.testing.assert_array_equal(np.isnan(got["sieve_bias"]), ~finite)
   err = np.abs(got["sieve_bias"][finite] - stacked["sieve_bias"][finite])
   assert 0 < err.max() < 0.1 * np.abs(stacked["sieve_bias"][finite]).max()
+
+
+# ------------------------------------------------------------------------------------------------
+# The role registry: a role added to the registry alone reaches the sieves, the reference
+# statistics, the per-layer path and the kernel.
+
+FAKE_ROLES = (
+    B.Role("prev3", B.COARSE_LOCAL, B.SIEVE_OFFSETS, "#000000", "prev3", "three previous tokens",
+           offsets=(-3, -1)),
+    B.Role("subj_obj", B.COARSE_SYNTACTIC, B.SIEVE_RELATION, "#000001", "subj_obj",
+           "nsubj or obj", relations=(B.REL_NSUBJ, B.REL_OBJ)),
+    B.Role("sep_h", None, B.SIEVE_KEYS, "#000002", "sep_h", "[SEP] x entropy",
+           keys=(B.KEY_SEP,), entropy_weighted=True),
+)
+
+
+def _fake_reference(batch, p, direction, roles):
+  """Loop reference of the fake roles: S(t) spelled out here, beta(t) by ref.token_biases."""
+  attn = np.asarray(p, np.float64)                                     # [b, h, q, k]
+  b, h = attn.shape[:2]
+  out = np.full((b, h, len(roles)), np.nan)
+  for i in range(b):
+    row = ref.row_of(batch, i)
+    n = int(row["attention_mask"].sum())
+    for j, name in enumerate(roles):
+      if name == "prev3":
+        sets = [{x for x in range(t - 3, t) if x >= 0} for t in range(n)]
+      elif name == "subj_obj":
+        sets = [a | o for a, o in zip(ref.sieve_sets(row, "nsubj", direction),
+                                      ref.sieve_sets(row, "obj", direction))]
+      else:
+        sets = ref.sieve_sets(row, "sep", direction)
+      for hi in range(h):
+        vals = [v for v in ref.token_biases(attn[i, hi], sets, name == "sep_h") if v is not None]
+        if vals:
+          out[i, hi, j] = np.mean(vals)
+  return out
+
+
+@pytest.mark.parametrize("direction", ["dep2head", "both"])
+def test_a_new_registry_role_reaches_sieves_reference_and_kernel(monkeypatch, direction):
+  for role in FAKE_ROLES:
+    monkeypatch.setitem(B.ROLE_TABLE, role.name, role)
+  roles = ("prev3", "subj_obj", "sep_h", "local")
+  batch, q, kk, p = _case(3, b=5, k=10, h=2)
+  want = _fake_reference(batch, p, direction, roles[:3])
+  # the reference statistics (heads_jax.sieves + heads_jax.stats.sieve_bias)
+  from heads_jax import sieves
+  from heads_jax.stats import sieve_bias
+  sv = sieves.build_sieves(batch, roles, direction)
+  got = np.asarray(sieve_bias.sieve_bias(p[:, None].astype(np.float32), sv,
+                                         batch["attention_mask"], roles))[:, 0]
+  _check({"sieve_bias": got[..., :3]}, {"sieve_bias": want}, rtol=1e-4, atol=1e-5)
+  # the kernel, all of them
+  tables = fused.fused_tables(batch, roles, direction)
+  out = fused.fused_layer_stats(jnp.asarray(q), jnp.asarray(kk), tables, roles, direction,
+                                interpret=True)
+  _check({"sieve_bias": _finished(out, tables)["sieve_bias"][..., :3]}, {"sieve_bias": want},
+         rtol=1e-4, atol=1e-5)
+  # the per-layer path, for the roles it supports (entropy weighting only on block sieves)
+  sub = roles[:2]
+  tables = layerwise.batch_tables(batch, sub, direction)
+  out = layerwise.reduce_layer(p.astype(np.float32), tables, sub, batch["attention_mask"])
+  _check({"sieve_bias": _finished(out, tables)["sieve_bias"]}, {"sieve_bias": want[..., :2]},
+         rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="per-layer path weights only 'block' sieves"):
+    t = layerwise.batch_tables(batch, ("sep_h",), direction)
+    layerwise.reduce_layer(p.astype(np.float32), t, ("sep_h",), batch["attention_mask"])
+
+
+def test_kernel_refuses_a_role_it_does_not_implement(monkeypatch):
+  class Unknown(B.Role):
+    kernel = property(lambda self: 99)
+
+  monkeypatch.setitem(B.ROLE_TABLE, "odd", Unknown("odd", None, B.SIEVE_OFFSETS, "#000000", "odd",
+                                                   "odd", offsets=(0, 0)))
+  batch, q, kk, _ = _case(4, b=2, k=6)
+  with pytest.raises(ValueError, match="role 'odd' has kernel code 99, which the fused Pallas "
+                                       "kernel does not implement"):
+    fused.fused_tables(batch, ("local", "odd"))
+  # a key set without its column of E (as after adding a key kind to the registry only)
+  monkeypatch.delitem(fused._KEY_COLUMNS, frozenset({B.KEY_POSITION0, B.KEY_SEP}))
+  with pytest.raises(ValueError, match="fused kernel has no column for the key set"):
+    fused.kernel_roles(("delimiter",))
+  with pytest.raises(ValueError, match="unknown role"):
+    fused.kernel_roles(("nope",))

@@ -197,3 +197,37 @@ def test_shape_errors_are_clear():
     sieve_bias(attn, sieves, batch["attention_mask"], ("local", "cls"))
   with pytest.raises(ValueError, match=r"\[b, l, h, q, k\]"):
     distance_features(attn[:, 0], batch["token_class"], batch["attention_mask"])
+
+
+def test_one_row_entropy_definition_for_both_paths():
+  """row_entropy and the per-layer path use the one helper, row_mass_entropy, which equals
+  scipy.stats.entropy of each real row (normalised over the real keys) and the row's mass."""
+  import scipy.stats
+
+  from heads_jax.stats import layerwise
+  from heads_jax.stats import sieve_bias as sb
+  assert layerwise.row_mass_entropy is sb.row_mass_entropy
+  rng = np.random.default_rng(5)
+  mask = np.array([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], np.int32)
+  a = rng.uniform(0.01, 1.0, size=(2, 3, 5, 5)).astype(np.float32)       # [b, h, q, k], unnormalised
+  a[1, :, :, 1] = 0.0                                                    # a zero (0 ln 0 = 0)
+  total, ent = (np.asarray(x) for x in sb.row_mass_entropy(a, mask))
+  for i, n in enumerate(mask.sum(1)):
+    np.testing.assert_allclose(total[i], a[i, :, :, :n].sum(-1), rtol=1e-6)
+    np.testing.assert_allclose(ent[i], scipy.stats.entropy(a[i, :, :, :n], axis=-1), rtol=1e-5,
+                               atol=1e-6)
+  # any axes between b and q; row_entropy is the same numbers
+  np.testing.assert_array_equal(np.asarray(sb.row_entropy(a[:, None], mask))[:, 0], ent)
+  # an empty row has entropy 0
+  _, e0 = sb.row_mass_entropy(np.zeros((1, 1, 2, 3), np.float32), np.ones((1, 3), np.int32))
+  np.testing.assert_array_equal(np.asarray(e0), 0.0)
+
+
+def test_entropy_weighting_follows_the_registry():
+  from heads_jax.stats import sieve_bias as sb
+  mask = sb.entropy_weighted_mask(B.ROLES)
+  assert [r for r, m in zip(B.ROLES, mask) if m] == [r.name for r in B.REGISTRY
+                                                      if r.entropy_weighted] == ["block"]
+  assert sb.entropy_weighted_mask(()).shape == (0,)
+  with pytest.raises(ValueError, match="unknown role 'nope'"):
+    sb.entropy_weighted_mask(("nope",))
