@@ -33,7 +33,6 @@ Host-only module (numpy, pandas); no jax.
 from __future__ import annotations
 
 import warnings as warnings_lib
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -164,8 +163,9 @@ def compare_runs(before_dir, after_dir) -> contract.Comparison:
   """Compares two analysis output directories (see the module docstring)."""
   before = contract.read_scores(before_dir)
   after = contract.read_scores(after_dir)
-  tests_before, settings_before = contract.read_tests(before_dir)
-  tests_after, settings_after = contract.read_tests(after_dir)
+  tests_b, tests_a = contract.load_tests(before_dir), contract.load_tests(after_dir)
+  tests_before, settings_before = tests_b.table, tests_b.settings
+  tests_after, settings_after = tests_a.table, tests_a.settings
   _check_same_data(before, after, settings_before, settings_after)
 
   notes = _settings_warnings(settings_before, settings_after)
@@ -182,10 +182,10 @@ def compare_runs(before_dir, after_dir) -> contract.Comparison:
   roles = role_changes(tests_before, tests_after, common)
 
   clusters = None
-  have = [(Path(d) / contract.CLUSTERS_CSV).exists() for d in (before_dir, after_dir)]
+  have = [contract.has_clusters(d) for d in (before_dir, after_dir)]
   if all(have):
-    clusters = cluster_changes(contract.read_clusters(before_dir)[0],
-                               contract.read_clusters(after_dir)[0])
+    clusters = cluster_changes(contract.load_clusters(before_dir).table,
+                               contract.load_clusters(after_dir).table)
   elif any(have):
     notes.append(f"{contract.CLUSTERS_CSV} exists in only one run; cluster changes are left out")
 
