@@ -32,12 +32,13 @@ file                   content (writer / reader)
 ``settings.json``      the run's settings (tau, tau_requested, alpha, test, correction, ... ).
 ``tests.json``         ``{"settings": ..., "tests": [row, ...]}``: the same rows as tests.csv as
                        records; non-finite numbers (NaN, +-inf) are ``null`` (strict JSON).
-                       These three: `write_tests` / `read_tests`.
+                       These three: `write_tests` / `load_tests` (a `Tests`; `read_tests`
+                       gives the raw (table, settings)).
 ``clusters.csv``       one row per head, the columns `CLUSTER_COLUMNS`.
 ``clusters.json``      the clustering info dict (method, k, names, centroids, stability, ...).
-                       Both: `write_clusters` / `read_clusters`.
+                       Both: `write_clusters` / `load_clusters` (a `Clusters`).
 ``summary.json``       the summary figures of `heads_jax.hoststats.summary.summary_figures`.
-                       `write_summary` / `read_summary`.
+                       `write_summary` / `load_summary` (a `Summary`).
 ``compare_*.csv``,     the before/after comparison of `heads_jax.hoststats.compare` (a
 ``compare.json``       `Comparison`, written into the comparison's own output directory).
                        `write_comparison` / `read_comparison`.
