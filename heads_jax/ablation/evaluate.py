@@ -32,7 +32,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from heads_jax.data import glue, glue_batches
+from heads_jax.data import glue, glue_batches, glue_splits
 from heads_jax.data.specs import load_spec, parse_spec
 from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
@@ -105,11 +105,11 @@ def load_eval_data(spec: str, tokenizer, *, task: str | None = None, max_length:
   examples = dataset.examples
   kept = None
   if rows is not None:
-    wanted = set(int(i) for i in rows)
-    examples = [e for e in examples if e.idx in wanted]
-    if len(examples) != len(wanted):
-      raise UserError(f"{len(wanted) - len(examples)} of the {len(wanted)} requested rows are not "
-                      f"in {spec!r}; was the fine-tuning run's data.json made from this data?")
+    try:
+      examples = glue_splits.select_rows(examples, rows)
+    except ValueError as e:
+      raise UserError(f"{str(e).replace('the split', repr(spec))}; was the fine-tuning run's "
+                      "data.json made from this data?") from None
     if max_examples is not None:
       examples = examples[:max_examples]
     kept = np.asarray([e.idx for e in examples], np.int64)
@@ -118,7 +118,7 @@ def load_eval_data(spec: str, tokenizer, *, task: str | None = None, max_length:
   if any(e.label is None for e in examples):
     raise UserError("the evaluation data has unlabelled rows (a GLUE test split?): use the dev "
                     "split (glue-tsv:DIR/TASK:dev or glue:TASK:validation)")
-  enc = glue_batches.encode_examples(examples, tokenizer, max_length, pad_to_max_length=False)
+  enc = glue_batches.encode_labelled(examples, tokenizer, max_length, pad_to_max_length=False)
   name = dataset.name + (f" ({len(examples)} held-out rows)" if rows is not None else "")
   return EvalData(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"], enc["labels"],
                   info, name, kept)

@@ -1,16 +1,9 @@
-"""GLUE examples as arrays: a run's train/eval split, encoding, batches, and the task metrics.
+"""GLUE examples as arrays: encoding, batches, and the task metrics.
 
 Shared by fine-tuning (``heads_jax.training.finetune``) and the ablation's evaluation
-(``heads_jax.ablation.evaluate``).
+(``heads_jax.ablation.evaluate``); which rows they use is ``heads_jax.data.glue_splits``.
 
-* ``load_task_splits``: the labelled train and eval examples of a task. With
-  ``holdout_fraction > 0`` the train split is shuffled with ``holdout_seed`` and cut: the first
-  ``round(holdout_fraction * n)`` rows become the eval set, the rest the train set. A task
-  without its train split (the shared copy of QNLI has only dev and test; QQP only a 23K-row
-  ``train_subset``) is an error unless ``fallback_split`` names the split to cut instead (a
-  holdout of it, 10% unless ``holdout_fraction`` says otherwise): training on a part of a split
-  that is otherwise evaluated is never silent. The returned note says which rows were used.
-* ``encode_examples``: ``[CLS] A [SEP] B [SEP]`` with longest-first truncation to
+* ``encode_labelled``: ``[CLS] A [SEP] B [SEP]`` with longest-first truncation to
   ``max_length``, padded to ``max_length`` (training: one shape) or to the longest example.
 * ``EpochBatches``: training batch ``N`` holds the examples at positions ``N * B .. N * B + B - 1``
   of the endless sequence of epochs, each epoch a permutation drawn from ``(seed, epoch)``: a
@@ -26,80 +19,14 @@ int32 ``[n]``; batches add ``weights`` float32 ``[b]``.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
-from heads_jax.data import glue
 from heads_jax.data.encoding import encode_texts
-from heads_jax.errors import UserError
-
-log = logging.getLogger(__name__)
 
 TEXT_ARRAYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def load_task_splits(task: str, *, source: str = "tsv", glue_dir=None, tfds_data_dir=None,
-                     train_split: str = "train", eval_split: str = "dev",
-                     holdout_fraction: float = 0.0, holdout_seed: int = 0,
-                     max_examples: int | None = None, fallback_split: str = ""):
-  """``(train, eval, note)``: lists of ``GlueExample`` and a dict saying where they came from
-  (``task``, ``source``, ``train_split``, ``eval_split``, ``num_train``, ``num_eval``, and for a
-  holdout ``holdout_fraction``, ``holdout_seed``, ``eval_idx``). ``source``: ``"tsv"`` (GLUE
-  TSV folders under ``glue_dir``) or ``"tfds"``. See the module docstring for the holdout."""
-  info = glue.task_info(task)
-  note = {"task": info.name, "source": source}
-
-  def load(split):
-    if source == "tfds":
-      return glue.load_glue_tfds(info.name, split, data_dir=tfds_data_dir or None,
-                                 max_examples=max_examples or None)
-    if source == "tsv":
-      return glue.load_glue_tsv(glue_dir, info.name, split, max_examples=max_examples or None)
-    raise ValueError(f"data.source must be 'tsv' or 'tfds', got {source!r}")
-
-  used_split = train_split
-  try:
-    train = load(train_split)
-  except FileNotFoundError as e:
-    if source != "tsv" or not fallback_split or fallback_split == train_split:
-      raise UserError(
-          f"GLUE {info.name} has no {train_split} split under {glue_dir} "
-          f"({str(e).split(';')[0]}); use TFDS (data.source=tfds), or name the split to cut a "
-          f"training set from explicitly: data.fallback_train_split=dev trains on a seeded 90% of "
-          f"dev and evaluates on the other 10%") from None
-    train = load(fallback_split)
-    log.warning("GLUE %s has no %s split in %s; training on a holdout of %s "
-                "(data.fallback_train_split)", info.name, train_split, glue_dir, fallback_split)
-    used_split = fallback_split
-  holdout = holdout_fraction
-  if used_split != train_split and holdout <= 0:
-    holdout = 0.1
-  note["train_split"] = used_split
-  if holdout > 0:
-    n = len(train)
-    order = np.random.default_rng(holdout_seed).permutation(n)
-    k = int(round(holdout * n))
-    if k == 0 or k == n:
-      raise ValueError(f"holdout_fraction {holdout} leaves no train or eval rows of {n}")
-    ev = [train[i] for i in sorted(order[:k].tolist())]
-    train = [train[i] for i in sorted(order[k:].tolist())]
-    note.update(eval_split=f"holdout of {used_split}", holdout_fraction=holdout,
-                holdout_seed=holdout_seed, eval_idx=[e.idx for e in ev])
-  else:
-    ev = load(eval_split)
-    note["eval_split"] = eval_split
-  for name, rows in (("train", train), ("eval", ev)):
-    if not rows:
-      raise ValueError(f"GLUE {info.name}: the {name} set is empty")
-    if any(e.label is None for e in rows):
-      raise ValueError(f"GLUE {info.name}: the {name} set has unlabelled rows (a test split?); "
-                       f"use the train/dev splits")
-  note.update(num_train=len(train), num_eval=len(ev))
-  return train, ev, note
-
-
-def encode_examples(examples, tokenizer, max_length: int, *, pad_to_max_length: bool = True) -> dict:
+def encode_labelled(examples, tokenizer, max_length: int, *, pad_to_max_length: bool = True) -> dict:
   """``input_ids``, ``attention_mask``, ``token_type_ids`` int32 ``[n, q]`` and ``labels`` ``[n]``
   of labelled examples; ``q`` is ``max_length``, or the longest encoded example when
   ``pad_to_max_length`` is False. Pairs are truncated longest-first."""

@@ -2,9 +2,11 @@
 
 Stages (``STAGES``), each writing under ``workdir``:
 
-1. ``data``: per task, the rows fine-tuning trains on, evaluates on and the analysis reads, as
-   GLUE TSV files ``data/<TASK>/{train,dev,analysis}.tsv``, and ``data/splits.json`` (where each
-   came from; the rows of roles sharing a split are disjoint, checked here);
+1. ``data``: per task, the rows fine-tuning trains on, evaluates on and the analysis reads
+   (`heads_jax.data.glue_splits`): ``data/splits.json`` says where each came from (split and row
+   ranges; the rows of roles sharing a split are disjoint, checked here), the analysis rows are
+   also written as ``data/<TASK>/analysis.tsv`` (a data spec the analysis reads); fine-tuning
+   gets its rows in memory;
 2. ``pretrained``: the pre-trained model (an existing model or pre-training run, pre-training
    phases 1 and 2, or a random model) -> ``pretrained/pretrained.json``;
 3. ``finetune``: every task over the config's grid (``finetune/<task>/bs<B>_lr<LR>``), the best
@@ -44,7 +46,7 @@ from threadpoolctl import threadpool_limits
 
 from heads_jax.pipelines.analyze import AnalysisConfig, headline, run_analysis
 from heads_jax.pipelines.compare import run_compare
-from heads_jax.data import glue
+from heads_jax.data import glue, glue_splits
 from heads_jax.data.syntax import DEFAULT_PARSER, MissingParserError, load_parser
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
@@ -66,8 +68,7 @@ STAGE_TEXT = {
     "compare": "before/after fine-tuning per task",
     "report": "report.html and the paper table",
 }
-ROLES = ("train", "eval", "analysis")
-ROLE_FILES = {"train": "train", "eval": "dev", "analysis": "analysis"}
+ROLES = glue_splits.ROLES
 # Fine-tuning config fields that do not change the result (left out of a unit's key).
 _COSMETIC = ("log_every", "tensorboard", "stop_at_step", "checkpoint", "export", "preset")
 
@@ -87,110 +88,40 @@ def task_list(config) -> tuple[str, ...]:
 
 def resolve_source(config, task: str) -> str:
   """``tsv`` or ``tfds`` for ``task`` (``auto``: tsv when the GLUE folder holds its train split)."""
-  td, d = config.data[task], config.data
-  if td.source in ("tsv", "tfds"):
-    return td.source
-  if td.source != "auto":
+  td = config.data[task]
+  if td.source not in ("auto", "tsv", "tfds"):
     raise UserError(f"config.data.{task}.source must be auto, tsv or tfds, got {td.source!r}")
-  try:
-    glue.tsv_path(d.glue_dir, task, td.train)
-    return "tsv"
-  except FileNotFoundError:
-    return "tfds"
+  return glue_splits.resolve_source(task, td.source, config.data.glue_dir, td.train)
 
 
 def _load_split(config, task: str, source: str, split: str) -> list:
   d = config.data
-  if source == "tsv":
-    try:
-      return glue.load_glue_tsv(d.glue_dir, task, split)
-    except FileNotFoundError as e:
-      info = glue.task_info(task)
-      raise UserError(
-          f"GLUE {info.dir_name} has no {split} split under {d.glue_dir} ({str(e).split(';')[0]}). "
-          f"Use TFDS (--config.data.{task}.source=tfds, glue/{task} prepared) or name an existing "
-          f"split for it (e.g. --config.data.{task}.train=dev with "
-          f"--config.data.partition_shared_splits=True: fine-tune on a part of dev, evaluate on "
-          f"the rest)") from None
-  return glue.load_glue_tfds(task, split, data_dir=d.tfds_data_dir or None)
+  try:
+    return glue_splits.load_split(task, split, source=source, glue_dir=d.glue_dir,
+                                  tfds_data_dir=d.tfds_data_dir)
+  except FileNotFoundError as e:
+    info = glue.task_info(task)
+    raise UserError(
+        f"GLUE {info.dir_name} has no {split} split under {d.glue_dir} ({str(e).split(';')[0]}). "
+        f"Use TFDS (--config.data.{task}.source=tfds, glue/{task} prepared) or name an existing "
+        f"split for it (e.g. --config.data.{task}.train=dev with "
+        f"--config.data.partition_shared_splits=True: fine-tune on a part of dev, evaluate on "
+        f"the rest)") from None
 
 
-def _ranges(idx) -> list[list[int]]:
-  """Sorted integers as ``[[start, end), ...]`` runs."""
-  out = []
-  for i in sorted(int(x) for x in idx):
-    if out and out[-1][1] == i:
-      out[-1][1] = i + 1
-    else:
-      out.append([i, i + 1])
-  return out
-
-
-def expand_ranges(ranges) -> set[int]:
-  return {i for a, b in ranges for i in range(a, b)}
+expand_ranges = glue_splits.expand_ranges
+check_disjoint = glue_splits.check_disjoint
 
 
 def plan_task(config, task: str, split_rows: dict) -> dict:
-  """Which rows of which split each role gets: ``{role: (split, [positions])}``.
-
-  ``split_rows``: ``{split: number of rows}``. Roles on one split get disjoint rows (analysis:
-  the first ``test_sequences``; eval: a seeded ``data.eval_fraction`` of the rest; train: the
-  remainder); that needs ``data.partition_shared_splits``. Caps: ``data.max_eval_examples``
-  (on a shared split the rows it leaves out go to training), ``data.max_train_examples`` (the
-  first rows after the cut).
-  """
+  """Which rows of which split each role gets (`heads_jax.data.glue_splits.plan_rows` with the
+  config's ``data`` settings): ``{role: (split, [positions])}``."""
   td, d = config.data[task], config.data
-  splits = {"train": td.train, "eval": td.eval, "analysis": td.analysis}
-  by_split: dict[str, list[str]] = {}
-  for role in ROLES:
-    by_split.setdefault(splits[role], []).append(role)
-  shared = {s: r for s, r in by_split.items() if len(r) > 1}
-  if shared and not d.partition_shared_splits:
-    s, r = next(iter(shared.items()))
-    raise UserError(f"config.data.{task}: {' and '.join(r)} both read the {s} split; fine-tuning "
-                    f"never trains on rows that are evaluated or analysed, so set "
-                    f"--config.data.partition_shared_splits=True to give them disjoint rows of "
-                    f"{s}, or name different splits")
-  n_test = int(config.test_sequences)
-  if n_test <= 0:
-    raise UserError(f"config.test_sequences must be positive, got {n_test}")
-  plan = {}
-  for split, roles in by_split.items():
-    rest = list(range(split_rows[split]))
-    if "analysis" in roles:
-      plan["analysis"] = (split, rest[:n_test])
-      rest = rest[n_test:]
-    if "eval" in roles and "train" in roles:
-      if not 0.0 < d.eval_fraction < 1.0:
-        raise UserError(f"config.data.eval_fraction must lie in (0, 1), got {d.eval_fraction}")
-      order = np.random.default_rng([int(d.seed), sum(map(ord, task))]).permutation(len(rest))
-      k = int(round(d.eval_fraction * len(rest)))
-      if d.max_eval_examples > 0:  # rows the cap leaves out of the evaluation go to training
-        k = min(k, int(d.max_eval_examples))
-      plan["eval"] = (split, sorted(rest[i] for i in order[:k]))
-      plan["train"] = (split, sorted(rest[i] for i in order[k:]))
-    elif "eval" in roles:
-      plan["eval"] = (split, rest)
-    elif "train" in roles:
-      plan["train"] = (split, rest)
-  if d.max_eval_examples > 0:
-    plan["eval"] = (plan["eval"][0], plan["eval"][1][: int(d.max_eval_examples)])
-  if d.max_train_examples > 0:
-    plan["train"] = (plan["train"][0], plan["train"][1][: int(d.max_train_examples)])
-  for role in ("train", "eval"):
-    if not plan[role][1]:
-      raise UserError(f"GLUE {task}: no rows left for {role} in split {plan[role][0]} "
-                      f"({split_rows[plan[role][0]]} rows; test_sequences {n_test})")
-  check_disjoint(task, plan)
-  return plan
-
-
-def check_disjoint(task: str, plan: dict) -> None:
-  """Raises when two roles of ``plan`` read a row of the same split."""
-  for i, a in enumerate(ROLES):
-    for b in ROLES[i + 1:]:
-      if plan[a][0] == plan[b][0] and set(plan[a][1]) & set(plan[b][1]):
-        raise AssertionError(f"{task}: {a} and {b} overlap in split {plan[a][0]}")
+  return glue_splits.plan_rows(
+      task, split_rows, {"train": td.train, "eval": td.eval, "analysis": td.analysis},
+      test_sequences=int(config.test_sequences), eval_fraction=d.eval_fraction, seed=d.seed,
+      max_eval=int(d.max_eval_examples), max_train=int(d.max_train_examples),
+      partition_shared=bool(d.partition_shared_splits))
 
 
 def _clean_text(s: str) -> str:
@@ -214,7 +145,9 @@ def write_glue_tsv(path: Path, task: str, examples) -> Path:
 
 
 def materialize_task(config, task: str, out_root: Path) -> dict:
-  """Loads the task's splits, cuts them (`plan_task`) and writes the three TSV files."""
+  """Loads the task's splits and cuts them (`plan_task`); writes the analysis rows as a GLUE TSV
+  (``<TASK>/analysis.tsv``, the analysis reads it as a data spec) and returns where every role's
+  rows come from (``roles``: split, row count, ``idx`` ranges; `task_rows` reads them back)."""
   info = glue.task_info(task)
   td = config.data[task]
   source = resolve_source(config, task)
@@ -232,19 +165,37 @@ def materialize_task(config, task: str, out_root: Path) -> dict:
     if role != "analysis" and any(e.label is None for e in examples):
       raise UserError(f"GLUE {task}: the {split} split has no labels; it cannot be used for "
                       f"{role} (set config.data.{task}.{role} to a labelled split)")
-    path = write_glue_tsv(folder / f"{ROLE_FILES[role]}.tsv", task, examples)
     total = len(rows[split])
     out["roles"][role] = {
-        "split": split, "rows": len(examples), "split_rows": total, "file": str(path),
+        "split": split, "rows": len(examples), "split_rows": total,
         "whole_split": len(examples) == total,
-        "idx": _ranges(e.idx for e in examples),
+        "idx": glue_splits.row_ranges(e.idx for e in examples),
         "labelled": all(e.label is not None for e in examples)}
+    if role == "analysis":
+      out["roles"][role]["file"] = str(write_glue_tsv(folder / "analysis.tsv", task, examples))
   shared = {}
   for role in ROLES:
     shared.setdefault(plan[role][0], []).append(role)
   out["shared_splits"] = {s: r for s, r in shared.items() if len(r) > 1}
   out["describe"] = describe_splits(out)
   return out
+
+
+def task_rows(config, task: str, data_outputs: dict) -> tuple[list, list, dict]:
+  """``(train, eval, note)``: the fine-tuning rows the data stage planned (``data_outputs``: its
+  unit's outputs), read again from their splits and passed in memory; ``note`` as
+  `heads_jax.data.glue_splits.load_task_splits` gives it."""
+  roles, source = data_outputs["roles"], data_outputs["source"]
+  got = {}
+  for role in ("train", "eval"):
+    split = roles[role]["split"]
+    got[role] = glue_splits.select_rows(_load_split(config, task, source, split),
+                                        expand_ranges(roles[role]["idx"]))
+  note = {"task": task, "source": source, "origin": data_outputs["origin"],
+          "train_split": roles["train"]["split"], "eval_split": roles["eval"]["split"],
+          "num_train": len(got["train"]), "num_eval": len(got["eval"]),
+          "eval_idx": [e.idx for e in got["eval"]]}
+  return got["train"], got["eval"], note
 
 
 def describe_splits(task_out: dict) -> str:
@@ -365,8 +316,9 @@ def run_name(batch_size: int, lr: float) -> str:
   return f"bs{batch_size}_lr{lr:g}"
 
 
-def finetune_config(config, task: str, batch_size: int, lr: float, init: str, data_root: Path):
-  """The `configs/finetune.py` config of one grid point, reading the stage-1 TSV files."""
+def finetune_config(config, task: str, batch_size: int, lr: float, init: str):
+  """The `configs/finetune.py` config of one grid point; its rows come in memory (`task_rows`),
+  so its ``data`` block names where they come from (``data.max_seq_length`` is the task's)."""
   f = config.finetune
   c = configlib.load_config("finetune.py:" + f.preset.format(task=task))
   c.task = task
@@ -381,13 +333,15 @@ def finetune_config(config, task: str, batch_size: int, lr: float, init: str, da
   c.eval_batch_size = int(f.eval_batch_size)
   c.log_every = int(f.log_every)
   c.model.dtype = f.dtype
-  c.data.source = "tsv"
-  c.data.glue_dir = str(data_root)
-  c.data.train_split = "train"
-  c.data.eval_split = "dev"
+  td = config.data[task]
+  c.data.source = resolve_source(config, task)
+  c.data.glue_dir = str(config.data.glue_dir)
+  c.data.tfds_data_dir = config.data.tfds_data_dir
+  c.data.train_split = td.train
+  c.data.eval_split = td.eval
   c.data.holdout_fraction = 0.0
   c.data.max_examples = 0
-  c.data.max_seq_length = int(config.data[task].max_seq_length)
+  c.data.max_seq_length = int(td.max_seq_length)
   c.tensorboard = False
   return c
 
@@ -418,7 +372,6 @@ def stage_finetune(ctx: Context) -> dict:
   config = ctx.config
   pre = ctx.markers.read_unit("pretrained", "model")
   init = pre["outputs"]["model"]
-  data_root = ctx.workdir / "data"
   out = {}
   for task in ctx.tasks:
     data_marker = ctx.markers.read_unit("data", task)
@@ -426,12 +379,13 @@ def stage_finetune(ctx: Context) -> dict:
     for bs, lr in grid(config):
       name = run_name(bs, lr)
       wd = ctx.workdir / "finetune" / task / name
-      c = finetune_config(config, task, bs, lr, init, data_root)
+      c = finetune_config(config, task, bs, lr, init)
 
       def fn(c=c, wd=wd, name=name):
         ctx.sub(f"{task} {name}: {c.num_train_steps} steps of {c.batch_size} x "
                 f"{c.data.max_seq_length}, lr {c.optimizer.learning_rate:g}")
-        s = finetune.train_and_evaluate(c, wd)
+        s = finetune.train_and_evaluate(c, wd, rows=task_rows(config, task,
+                                                              data_marker["outputs"]))
         best = dict(s["best"])
         if "heads_jax" not in (s.get("exports") or {}):
           raise RuntimeError(f"fine-tuning {wd} ended at step {s['final_step']} of "
@@ -464,7 +418,7 @@ def stage_finetune(ctx: Context) -> dict:
 # stage 4: analysis
 
 
-def resolve_parser(name: str) -> str:
+def available_parser(name: str) -> str:
   """``"auto"`` -> ``en_core_web_sm`` when installed, else ``"none"``; other names as given (a
   missing pipeline fails when the analysis loads it)."""
   if name != "auto":
@@ -530,7 +484,7 @@ def analysis_config(config, unit: dict, parser: str):
 
 
 def stage_analysis(ctx: Context) -> dict:
-  parser = resolve_parser(ctx.config.analysis.parser)
+  parser = available_parser(ctx.config.analysis.parser)
   if parser == "none":
     fb = ctx.config.analysis.syntax_fallback
     ctx.sub("no dependency parser: the GLUE sequences are analysed without syntactic roles"

@@ -3,7 +3,8 @@
 The config is ``configs/finetune.py`` (one preset per task, the paper's grids, and ``tiny``); the
 set-up shared with pre-training is ``heads_jax.training.job.TrainingJob``.
 
-Data (``heads_jax.data.glue_batches``): local GLUE TSV folders or TFDS ``glue/<task>``. Where a
+Data (``heads_jax.data.glue_splits``): rows passed in memory (``rows=``), or local GLUE TSV
+folders or TFDS ``glue/<task>``. Where a
 task has no train split (the shared copy of QNLI has only dev and test; QQP only a 23K-row
 ``train_subset``), or ``data.holdout_fraction > 0``, the available labelled split is shuffled
 with ``data.holdout_seed`` and cut into an evaluation and a training set; the summary and
@@ -28,8 +29,9 @@ from jax.experimental import multihost_utils
 
 from heads_jax.hub import looks_like_repo_id
 from heads_jax.data import glue
-from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, encode_examples,
-                                         eval_batches, load_task_splits)
+from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, encode_labelled,
+                                         eval_batches)
+from heads_jax.data.glue_splits import load_task_splits
 from heads_jax.storage import as_path, is_url, local_copy
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
@@ -40,7 +42,7 @@ from heads_jax.training.job import TrainingJob
 
 def task_splits(config):
   """``(train, eval, note)`` of ``config.task`` as ``config.data`` says
-  (``heads_jax.data.glue_batches.load_task_splits``)."""
+  (``heads_jax.data.glue_splits.load_task_splits``)."""
   d = config.data
   glue_dir = local_copy(d.glue_dir) if d.source == "tsv" and is_url(d.glue_dir) else d.glue_dir
   return load_task_splits(config.task, source=d.source, glue_dir=glue_dir,
@@ -61,8 +63,11 @@ def _tokenizer_for(config):
   return load_tokenizer(None)
 
 
-def train_and_evaluate(config, workdir) -> dict:
+def train_and_evaluate(config, workdir, rows=None) -> dict:
   """Fine-tunes as ``config`` says, in ``workdir`` (resuming a run found there).
+
+  ``rows``: ``(train, eval, note)`` examples in memory (as `task_splits` returns them; the
+  reproduce pipeline's planned rows) instead of those ``config.data`` names.
 
   Returns a summary: ``best`` (the best evaluation, with its ``step``), ``final_eval``,
   ``history``, ``data`` (where the examples came from), ``exports`` (paths), ``workdir``.
@@ -74,12 +79,12 @@ def train_and_evaluate(config, workdir) -> dict:
   pid, pcount = job.process_index, job.process_count
   info = glue.task_info(config.task)
   tokenizer = _tokenizer_for(config)
-  train_ex, eval_ex, note = task_splits(config)
+  train_ex, eval_ex, note = rows if rows is not None else task_splits(config)
   job.create_dir()
   if job.is_main:
     job.dir.data_file.write_text(json.dumps(note))
-  train_arrays = encode_examples(train_ex, tokenizer, config.data.max_seq_length)
-  eval_arrays = encode_examples(eval_ex, tokenizer, config.data.max_seq_length)
+  train_arrays = encode_labelled(train_ex, tokenizer, config.data.max_seq_length)
+  eval_arrays = encode_labelled(eval_ex, tokenizer, config.data.max_seq_length)
 
   model = job.init_model("classification", tokenizer, num_labels=info.num_labels)
   state = job.initial_state(model, init_subtree="bert")

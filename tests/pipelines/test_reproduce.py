@@ -145,16 +145,22 @@ def test_check_disjoint_catches_an_overlap():
     rp.check_disjoint("qqp", {"train": ("s", [1, 2]), "eval": ("s", [2, 3]), "analysis": ("t", [1])})
 
 
-def test_written_splits_read_back_and_never_overlap(small_glue, tmp_path):
+def test_planned_rows_read_back_and_never_overlap(small_glue, tmp_path):
+  """The analysis rows come back from their TSV, the fine-tuning rows in memory (`task_rows`),
+  each role with the rows the plan gave it, disjoint where roles share a split."""
   c = toy_config(small_glue, test_sequences=12)
   for task in glue.TASKS:
     out = rp.materialize_task(c, task, tmp_path)
     roles = out["roles"]
+    train, ev, note = rp.task_rows(c, task, out)
+    got = {"train": train, "eval": ev, "analysis": glue.load_glue_tsv(tmp_path, task, "analysis")}
     for role, r in roles.items():
-      ex = glue.load_glue_tsv(tmp_path, task, rp.ROLE_FILES[role])
-      assert len(ex) == r["rows"]
+      assert len(got[role]) == r["rows"]
       if role != "analysis":
-        assert all(e.label is not None for e in ex)
+        assert all(e.label is not None for e in got[role])
+        assert sorted(e.idx for e in got[role]) == sorted(rp.expand_ranges(r["idx"]))
+    assert (note["num_train"], note["num_eval"]) == (len(train), len(ev))
+    assert not (tmp_path / glue.task_info(task).dir_name / "train.tsv").exists()
     assert roles["analysis"]["rows"] == 12
     for a in rp.ROLES:
       for b in rp.ROLES:
@@ -291,9 +297,10 @@ def test_pretraining_stage_gives_the_model_finetuning_starts_from(small_glue, tm
   pre = json.loads((wd / "pretrained" / "pretrained.json").read_text())
   assert pre["model"] == str(wd / "pretrained" / "phase1" / "model")
   assert (wd / "pretrained" / "phase1" / "model" / "heads_jax.json").is_file()
-  ft = rp.finetune_config(c, "sst2", 8, 1e-2, pre["model"], wd / "data")
-  assert ft.init_checkpoint == pre["model"] and ft.data.glue_dir == str(wd / "data")
-  assert (ft.data.train_split, ft.data.eval_split, ft.data.holdout_fraction) == ("train", "dev", 0.0)
+  ft = rp.finetune_config(c, "sst2", 8, 1e-2, pre["model"])
+  assert ft.init_checkpoint == pre["model"] and ft.data.glue_dir == str(small_glue)
+  assert (ft.data.train_split, ft.data.eval_split, ft.data.holdout_fraction) == (
+      c.data.sst2.train, c.data.sst2.eval, 0.0)
 
 
 def test_cli_bad_input_is_one_line(small_glue, tmp_path, capsys):

@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 from heads_jax import load_model
 from heads_jax.pipelines.ablate import AblationConfig, run_ablation
 from heads_jax.data.glue import GlueExample
-from heads_jax.data.glue_batches import encode_examples
+from heads_jax.data.glue_batches import encode_labelled
 from heads_jax.training import configlib, finetune
 from tests.family_models import save_family_dir
 
@@ -75,7 +75,7 @@ def test_roberta_finetune_export_and_ablation(tmp_path):
   model, tok = load_model(run / "best_model", head="auto")
   assert model.config.family == "roberta" and type(tok).__name__ == "RobertaTokenizer"
   rows = [GlueExample(f"{w} film", None, int(w in POS), i) for i, w in enumerate(POS + NEG)]
-  enc = encode_examples(rows, tok, 32)
+  enc = encode_labelled(rows, tok, 32)
   ours = np.asarray(model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])["logits"])
   written = json.loads((run / "best_hf" / "config.json").read_text())
   assert written["architectures"] == ["RobertaForSequenceClassification"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from heads_jax.data.glue import GlueExample
-from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, encode_examples,
+from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, encode_labelled,
                                          eval_batches)
 from heads_jax.errors import UserError
 from heads_jax.training import configlib, finetune
@@ -79,11 +79,11 @@ def test_missing_train_split_is_an_error_unless_a_fallback_is_named(tmp_path):
   assert train[0].text_b is not None and {e.label for e in train} == {0, 1}
 
 
-def test_encode_examples_pairs(tmp_path):
+def test_encode_labelled_pairs(tmp_path):
   from heads_jax.data.tokenizer import load_tokenizer
   tok = load_tokenizer()
   ex = [GlueExample("a question here", "the answer " * 40, 1, 0), GlueExample("short", "pair", 0, 1)]
-  enc = encode_examples(ex, tok, 16)
+  enc = encode_labelled(ex, tok, 16)
   assert enc["input_ids"].shape == (2, 16) and enc["labels"].tolist() == [1, 0]
   assert enc["attention_mask"][0].all() and enc["attention_mask"][1].sum() == 5
   assert enc["token_type_ids"][1, :5].tolist() == [0, 0, 0, 1, 1]
@@ -136,7 +136,7 @@ def test_finetune_separable_task_through_mocked_tfds(tmp_path):
   from heads_jax import load_model
   model, tok = load_model(work / "best_model", head="auto")
   assert model.num_labels == 2
-  enc = encode_examples(
+  enc = encode_labelled(
       [GlueExample(r["sentence"], None, int(r["label"]), i) for i, r in enumerate(splits["validation"])],
       tok, 16)
   logits = np.asarray(model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])["logits"])
