@@ -74,6 +74,7 @@ CLUSTERS_CSV = "clusters.csv"
 CLUSTERS_JSON = "clusters.json"
 SUMMARY_JSON = "summary.json"
 EXAMPLES_JSON = "examples.json"
+REPORT_HTML = "report.html"   # the report of a directory (written by heads_jax.report)
 COMPARE_SIEVE_BIAS_CSV = "compare_sieve_bias.csv"
 COMPARE_ROLES_CSV = "compare_roles.csv"
 COMPARE_CLUSTERS_CSV = "compare_clusters.csv"

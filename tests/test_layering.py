@@ -316,6 +316,10 @@ PENDING = {
     ("heads_jax.report.reproduce", "analyses.json"), ("heads_jax.report.reproduce", "splits.json"),
     ("heads_jax.report.reproduce", "best.json"), ("heads_jax.report.reproduce", "pretrained.json"),
     ("heads_jax.report.reproduce", "reproduce_config.json"),
+    *((m, "report.html") for m in ("heads_jax.pipelines.analyze", "heads_jax.pipelines.reproduce",
+                                   "heads_jax.report.analysis", "heads_jax.report.compare",
+                                   "heads_jax.report.index", "heads_jax.report.page",
+                                   "heads_jax.report.reproduce")),
 }
 
 
