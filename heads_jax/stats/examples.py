@@ -251,7 +251,8 @@ def _collect_rows(tokenizer, specs, remaining: set, *, max_length, max_examples,
 
 def _choose_from_files(out_dir, per_head: int, max_tokens: int):
   scores = contract.read_scores(out_dir)
-  tests, settings = contract.read_tests(out_dir)
+  loaded = contract.load_tests(out_dir)
+  tests, settings = loaded.table, loaded.settings
   L, H = scores.num_layers, scores.num_heads
   index = {r: i for i, r in enumerate(scores.roles)}
   assigned = np.zeros((L, H, len(index)), bool)
