@@ -17,8 +17,8 @@ Reproduce (`heads_jax.pipelines.reproduce`): ``reproduce_config.json``, ``data/s
 
 Demo (`heads_jax.pipelines.demo`): ``demo.json`` (what ran, where, how long).
 
-Ablation (`heads_jax.pipelines.ablate`): ``ablation.json`` (`ABLATION_JSON`); its tables are
-`ABLATION_TABLES` (CSV, written with pandas by the job).
+Ablation (`heads_jax.pipelines.ablate`): ``ablation.json`` (`ABLATION_JSON`), its tables
+``<stem>.csv`` (`ABLATION_TABLES`; `write_table`) and ``importance.npy`` (`write_array`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import json
 import re
 import shutil
 from pathlib import Path
+
+import numpy as np
 
 STAGES_DIR = "stages"
 STARTED_SUFFIX = ".started.json"
@@ -166,6 +168,24 @@ def read_demo(out) -> dict | None:
 
 # ------------------------------------------------------------------------------------------------
 # ablation
+
+
+def write_table(out, stem: str, table) -> Path:
+  """A pandas table as ``out/<stem>.csv`` (no index), written atomically."""
+  path = Path(out) / f"{stem}.csv"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  table.to_csv(tmp, index=False)
+  tmp.replace(path)
+  return path
+
+
+def write_array(out, stem: str, array) -> Path:
+  """A numpy array as ``out/<stem>.npy``."""
+  path = Path(out) / f"{stem}.npy"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  np.save(path, np.asarray(array))
+  return path
 
 
 def write_ablation_json(out, info: dict) -> Path:

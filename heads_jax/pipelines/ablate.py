@@ -12,13 +12,13 @@ figures/*.png and report.html.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
+from typing import Callable
 
-import numpy as np
 import pandas as pd
 
+from heads_jax import runfiles
 from heads_jax.ablation import ablate, evaluate, groups as groups_lib, importance as imp_lib, pruning
 from heads_jax.errors import UserError
 from heads_jax.report import ablation as rep
@@ -59,9 +59,161 @@ class AblationConfig:
   title: str | None = None
 
 
-def _print_table(df, columns, log):
+@dataclasses.dataclass
+class AblationRun:
+  """What the sub-jobs share: the config, the evaluator of the unablated model and its scores,
+  the report's settings, and the importance estimator (set by the importance sub-job, read by
+  pruning)."""
+  config: AblationConfig
+  model: object
+  tokenizer: object
+  data: evaluate.EvalData
+  ev: evaluate.Evaluator
+  base: dict
+  settings: dict
+  fig_dir: Path
+  log: Callable[[str], None]
+  estimator: object = None
+
+  @property
+  def metrics(self) -> tuple[str, ...]:
+    return self.data.metric_names
+
+  @property
+  def shown(self) -> list[str]:
+    """The columns of a group table printed to the log."""
+    return ["group", "num_heads", "ablation"] + [c for m in self.metrics for c in (
+        m, f"{m}_change", f"random_{m}_change")]
+
+
+@dataclasses.dataclass
+class SubResult:
+  """One sub-job's result: its tables (``{file stem: table}``, written as CSV; the first is the
+  one ``files`` lists), arrays (``{file stem: array}``, .npy), the report section, what goes into
+  ablation.json under the sub-job's name, and the lines it logs."""
+  tables: dict
+  section: dict
+  record: object
+  log_lines: list
+  arrays: dict = dataclasses.field(default_factory=dict)
+
+
+def _by_groups(run: AblationRun) -> SubResult:
+  config, L, H = run.config, run.ev.num_layers, run.ev.num_heads
+  groups = groups_lib.load_groups(config.by, num_layers=L, num_heads=H, analysis=config.analysis,
+                                  heads=config.heads, role_level=config.role_level)
+  table = ablate.ablate_groups(run.ev, groups, mode=config.mode, random_seeds=config.random_seeds,
+                               seed=config.seed, base=run.base, log=run.log)
+  fig = guan.plot_group_ablation(table, run.fig_dir / "ablation.png")
+  note = (f"Heads {'removed (gate 0)' if config.mode == 'remove' else 'given uniform attention over the real tokens'}; "
+          f"groups by {config.by}" + (f" from {config.analysis}" if config.analysis else "") + ".")
+  run.settings.update({"grouping": config.by, "ablation mode": config.mode})
+  return SubResult({"ablation": table},
+                   rep.ablation_section(table, fig, title=f"Ablation by {config.by}", note=note),
+                   table.to_dict(orient="records"),
+                   [f"\nablation by {config.by} ({config.mode}):", _table_text(table, run.shown)])
+
+
+def _cross_groups(run: AblationRun) -> list:
+  config, L, H = run.config, run.ev.num_layers, run.ev.num_heads
+  if config.cluster or (config.analysis and not config.heads):
+    cgroups = groups_lib.load_groups("cluster", num_layers=L, num_heads=H, analysis=config.analysis)
+    if config.cluster:
+      known = [g.name for g in cgroups]
+      bad = [c for c in config.cluster if c not in known]
+      if bad:
+        raise UserError(f"--cluster {bad} not in {config.analysis}/clusters.csv (types: {known})")
+      cgroups = [g for g in cgroups if g.name in config.cluster]
+    return cgroups
+  if config.heads:
+    return groups_lib.load_groups("heads", num_layers=L, num_heads=H, heads=config.heads)
+  raise UserError("--cross needs the heads: --analysis DIR [--cluster TYPE] or --heads L:H,...")
+
+
+def _segments(run: AblationRun) -> SubResult:
+  config, data = run.config, run.data
+  cgroups = _cross_groups(run)
+  parts = ("intra", "inter") if config.cross == "both" else (config.cross,)
+  if not data.task.is_pair:
+    run.log(f"note: {data.task.name} has single sentences: all attention is intra-sentence, so "
+            "removing it removes the heads' whole attention" + (", and inter removal changes nothing"
+                                                                if "inter" in parts else ""))
+  table = ablate.ablate_segments(run.ev, cgroups, parts=parts, renormalise=config.renormalise,
+                                 random_seeds=config.random_seeds, seed=config.seed, base=run.base,
+                                 log=run.log)
+  fig = guan.plot_segment_ablation(table, run.fig_dir / "segment_ablation.png")
+  run.settings["intra/inter rows renormalised"] = bool(config.renormalise)
+  return SubResult({"segment_ablation": table}, rep.segment_section(table, fig),
+                   table.to_dict(orient="records"),
+                   ["\nintra/inter-sentence attention removed ("
+                    f"{'rows renormalised' if config.renormalise else 'rows not renormalised, as Guan et al.'}):",
+                    _table_text(table, run.shown)])
+
+
+def _importance(run: AblationRun) -> SubResult:
+  config, ev = run.config, run.ev
+  src = ev
+  if config.importance_data:
+    idata = evaluate.load_eval_data(config.importance_data, run.tokenizer, task=run.data.task.name,
+                                    max_length=config.max_length, max_examples=config.max_examples)
+    src = evaluate.Evaluator(run.model, idata, batch_size=config.batch_size, mesh=ev.mesh)
+  run.estimator = est = imp_lib.ImportanceEstimator(src, per_example=not config.importance_per_batch,
+                                                    normalize_layers=config.layer_norm)
+  raw = est.raw()
+  imp = imp_lib.normalize_by_layer(raw) if config.layer_norm else raw
+  table = rep.importance_table(imp, raw)
+  imp_settings = {"gradient": "per example" if not config.importance_per_batch else "per batch (authors' code)",
+                  "layer L2 normalisation": bool(config.layer_norm),
+                  "estimated on": (src.data.name if src is not ev else run.data.name)}
+  fig = michel.plot_importance(imp, run.fig_dir / "importance.png",
+                               label="importance (layer-normalised)" if config.layer_norm else "E|dL/dgate|")
+  top = table.sort_values("rank").head(5)
+  return SubResult({"importance": table},
+                   rep.importance_section(imp, fig, raw=raw, settings=imp_settings),
+                   {"settings": imp_settings, "values": imp.tolist()},
+                   ["\nmost important heads: " + ", ".join(
+                       f"{l}:{h} ({v:.3g})" for l, h, v in zip(top["layer"], top["head"], top["importance"]))],
+                   arrays={"importance": imp})
+
+
+def _pruning(run: AblationRun) -> SubResult:
+  config = run.config
+  curve = pruning.pruning_curve(run.ev, run.estimator, step=config.prune_step,
+                                max_share=config.prune_max, reestimate=not config.prune_once,
+                                random_seeds=config.random_seeds, seed=config.seed, log=run.log)
+  summary = pruning.curve_summary(curve, run.metrics)
+  fig = michel.plot_pruning_curve(curve, run.fig_dir / "pruning.png")
+  prune_settings = {"step": config.prune_step, "largest share": config.prune_max,
+                    "importance re-estimated after each step": not config.prune_once,
+                    "random orders": config.random_seeds}
+  return SubResult({"pruning": curve, "pruning_summary": summary},
+                   rep.pruning_section(curve, summary, fig, settings=prune_settings),
+                   summary.to_dict(orient="records"),
+                   ["\npruning curve:",
+                    summary.to_string(index=False, float_format=lambda v: f"{v:.4f}")])
+
+
+@dataclasses.dataclass(frozen=True)
+class SubJob:
+  """One part of the ablate job: its name (the key in ablation.json and its ``files``), when
+  the config asks for it, and what computes it."""
+  name: str
+  wanted: Callable[[AblationConfig], bool]
+  run: Callable[[AblationRun], SubResult]
+
+
+# In order; pruning reads the importance sub-job's estimator.
+SUB_JOBS = (
+    SubJob("ablation", lambda c: bool(c.by), _by_groups),
+    SubJob("segment_ablation", lambda c: bool(c.cross), _segments),
+    SubJob("importance", lambda c: bool(c.importance or c.prune), _importance),
+    SubJob("pruning", lambda c: bool(c.prune), _pruning),
+)
+
+
+def _table_text(df, columns) -> str:
   cols = [c for c in columns if c in df.columns]
-  log(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+  return df[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}")
 
 
 def run_ablation(config: AblationConfig, log=print) -> dict:
@@ -73,7 +225,6 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
   if out.exists() and not out.is_dir():
     raise UserError(f"--out {out} is a file; give a directory")
   out.mkdir(parents=True, exist_ok=True)
-  fig_dir = out / "figures"
   t0 = time.time()
   model, tokenizer = evaluate.load_classifier(config.model, dtype=config.dtype)
   model.config.check_max_length(config.max_length)
@@ -94,101 +245,25 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
   sections = [{"title": "Unablated model", "html": table_html(
       pd.DataFrame([{k: base[k] for k in ("accuracy", "f1", "loss", "n")}]),
       table_id="table-baseline", float_format="{:.4f}")}]
-  show = ["group", "num_heads", "ablation"] + [c for m in metrics for c in (m, f"{m}_change",
-                                                                          f"random_{m}_change")]
-
-  if config.by:
-    groups = groups_lib.load_groups(config.by, num_layers=L, num_heads=H, analysis=config.analysis,
-                                    heads=config.heads, role_level=config.role_level)
-    table = ablate.ablate_groups(ev, groups, mode=config.mode, random_seeds=config.random_seeds,
-                                 seed=config.seed, base=base, log=log)
-    table.to_csv(out / "ablation.csv", index=False)
-    fig = guan.plot_group_ablation(table, fig_dir / "ablation.png")
-    note = (f"Heads {'removed (gate 0)' if config.mode == 'remove' else 'given uniform attention over the real tokens'}; "
-            f"groups by {config.by}" + (f" from {config.analysis}" if config.analysis else "") + ".")
-    sections.append(rep.ablation_section(table, fig, title=f"Ablation by {config.by}", note=note))
-    settings.update({"grouping": config.by, "ablation mode": config.mode})
-    results["files"]["ablation"] = str(out / "ablation.csv")
-    results["ablation"] = table.to_dict(orient="records")
-    log(f"\nablation by {config.by} ({config.mode}):")
-    _print_table(table, show, log)
-
-  if config.cross:
-    if config.cluster or (config.analysis and not config.heads):
-      cgroups = groups_lib.load_groups("cluster", num_layers=L, num_heads=H, analysis=config.analysis)
-      if config.cluster:
-        known = [g.name for g in cgroups]
-        bad = [c for c in config.cluster if c not in known]
-        if bad:
-          raise UserError(f"--cluster {bad} not in {config.analysis}/clusters.csv (types: {known})")
-        cgroups = [g for g in cgroups if g.name in config.cluster]
-    elif config.heads:
-      cgroups = groups_lib.load_groups("heads", num_layers=L, num_heads=H, heads=config.heads)
-    else:
-      raise UserError("--cross needs the heads: --analysis DIR [--cluster TYPE] or --heads L:H,...")
-    parts = ("intra", "inter") if config.cross == "both" else (config.cross,)
-    if not data.task.is_pair:
-      log(f"note: {data.task.name} has single sentences: all attention is intra-sentence, so "
-          "removing it removes the heads' whole attention" + (", and inter removal changes nothing"
-                                                              if "inter" in parts else ""))
-    table = ablate.ablate_segments(ev, cgroups, parts=parts, renormalise=config.renormalise,
-                                   random_seeds=config.random_seeds, seed=config.seed, base=base, log=log)
-    table.to_csv(out / "segment_ablation.csv", index=False)
-    fig = guan.plot_segment_ablation(table, fig_dir / "segment_ablation.png")
-    sections.append(rep.segment_section(table, fig))
-    settings["intra/inter rows renormalised"] = bool(config.renormalise)
-    results["files"]["segment_ablation"] = str(out / "segment_ablation.csv")
-    results["segment_ablation"] = table.to_dict(orient="records")
-    log(f"\nintra/inter-sentence attention removed ("
-        f"{'rows renormalised' if config.renormalise else 'rows not renormalised, as Guan et al.'}):")
-    _print_table(table, show, log)
-
-  if config.importance or config.prune:
-    src = ev
-    if config.importance_data:
-      idata = evaluate.load_eval_data(config.importance_data, tokenizer, task=data.task.name,
-                                      max_length=config.max_length, max_examples=config.max_examples)
-      src = evaluate.Evaluator(model, idata, batch_size=config.batch_size, mesh=ev.mesh)
-    est = imp_lib.ImportanceEstimator(src, per_example=not config.importance_per_batch,
-                                      normalize_layers=config.layer_norm)
-    raw = est.raw()
-    imp = imp_lib.normalize_by_layer(raw) if config.layer_norm else raw
-    table = rep.importance_table(imp, raw)
-    table.to_csv(out / "importance.csv", index=False)
-    np.save(out / "importance.npy", imp)
-    imp_settings = {"gradient": "per example" if not config.importance_per_batch else "per batch (authors' code)",
-                    "layer L2 normalisation": bool(config.layer_norm),
-                    "estimated on": (src.data.name if src is not ev else data.name)}
-    fig = michel.plot_importance(imp, fig_dir / "importance.png",
-                              label="importance (layer-normalised)" if config.layer_norm else "E|dL/dgate|")
-    sections.append(rep.importance_section(imp, fig, raw=raw, settings=imp_settings))
-    results["files"]["importance"] = str(out / "importance.csv")
-    results["importance"] = {"settings": imp_settings, "values": imp.tolist()}
-    top = table.sort_values("rank").head(5)
-    log("\nmost important heads: " + ", ".join(f"{l}:{h} ({v:.3g})" for l, h, v in
-                                                zip(top["layer"], top["head"], top["importance"])))
-    if config.prune:
-      curve = pruning.pruning_curve(ev, est, step=config.prune_step, max_share=config.prune_max,
-                                    reestimate=not config.prune_once, random_seeds=config.random_seeds,
-                                    seed=config.seed, log=log)
-      summary = pruning.curve_summary(curve, metrics)
-      curve.to_csv(out / "pruning.csv", index=False)
-      summary.to_csv(out / "pruning_summary.csv", index=False)
-      fig = michel.plot_pruning_curve(curve, fig_dir / "pruning.png")
-      prune_settings = {"step": config.prune_step, "largest share": config.prune_max,
-                        "importance re-estimated after each step": not config.prune_once,
-                        "random orders": config.random_seeds}
-      sections.append(rep.pruning_section(curve, summary, fig, settings=prune_settings))
-      results["files"]["pruning"] = str(out / "pruning.csv")
-      results["pruning"] = summary.to_dict(orient="records")
-      log("\npruning curve:")
-      log(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+  run = AblationRun(config, model, tokenizer, data, ev, base, settings, out / "figures", log)
+  for job in SUB_JOBS:
+    if not job.wanted(config):
+      continue
+    r = job.run(run)
+    paths = [runfiles.write_table(out, stem, table) for stem, table in r.tables.items()]
+    for stem, array in r.arrays.items():
+      runfiles.write_array(out, stem, array)
+    sections.append(r.section)
+    results["files"][job.name] = str(paths[0])
+    results[job.name] = r.record
+    for line in r.log_lines:
+      log(line)
 
   settings["seconds"] = round(time.time() - t0, 1)
   title = config.title or f"Head ablation: {Path(str(config.model)).name} on {data.task.name}"
   report = write_page(out, title=title, sections=sections, settings=settings,
-                          subtitle=f"model: {config.model} | data: {data.name}")
+                      subtitle=f"model: {config.model} | data: {data.name}")
   results["report"] = str(report)
-  (out / "ablation.json").write_text(json.dumps(results, indent=2, default=str))
+  runfiles.write_ablation_json(out, results)
   log(f"\nreport: {report}")
   return results
