@@ -200,3 +200,37 @@ def make_norm_step(model, roles: Sequence[str] = ROLES, direction: str = "dep2he
     mesh: the one-axis ``data`` mesh (default: all devices).
   """
   return NormStep(model, roles=roles, direction=direction, parsing=parsing, mesh=mesh)
+
+
+PASS_KEYS = ("norm_sieve_bias", "first_attention", "sep_attention", "norm_ratio")
+
+
+def run_norm_pass(step: NormStep, batches, num_sequences: int, max_length: int,
+                  progress=None) -> dict:
+  """Drives ``step`` over ``batches`` (``(indices, batch)`` of ``heads_jax.data.encoding.
+  iter_batches``; index -1 for filler rows) and gathers the results in dataset order:
+  ``PASS_KEYS`` float32 ``[N, ...]`` and with parsing ``parse_pred`` int16 ``[N, l, h,
+  max_length]`` (-1 beyond a sequence's words). ``progress``: optional callable(done, total)."""
+  out: dict = {}
+  seen = np.zeros(num_sequences, bool)
+  for indices, batch in batches:
+    indices = np.asarray(indices)
+    keep = indices >= 0
+    res = step(batch)
+    rows = indices[keep]
+    for name in PASS_KEYS:
+      x = res[name][keep]
+      if name not in out:
+        out[name] = np.full((num_sequences,) + x.shape[1:], np.nan, np.float32)
+      out[name][rows] = x
+    if "parse_pred" in res:
+      x = res["parse_pred"][keep]
+      if "parse_pred" not in out:
+        out["parse_pred"] = np.full((num_sequences,) + x.shape[1:3] + (max_length,), -1, np.int16)
+      out["parse_pred"][rows, ..., :x.shape[-1]] = x
+    seen[rows] = True
+    if progress is not None:
+      progress(int(seen.sum()), num_sequences)
+  if not seen.all():
+    raise ValueError(f"the batches covered {int(seen.sum())} of {num_sequences} sequences")
+  return out

@@ -1,0 +1,112 @@
+"""Are the roles real? The analysis's second pass: roles under norm weights, attention sinks and
+no-op heads, heads as dependency parsers (issue 26; DESIGN.md section 4).
+
+    second pass over the analysis's data (``heads_jax.stats.norms``, on device)
+      -> norm_sieve_bias [N, l, h, r], first/sep attention, norm ratio, predicted words
+      -> tests of the norm scores (the run's test and rule), roles that change, sink rate,
+         parsing accuracy per relation and direction against fixed offsets (host)
+
+``robustness_pass`` runs the device pass on the data of an ``AnalysisConfig`` (the same specs,
+examples, length, roles and direction as the analysis, so the N axis is the analysis's);
+``robustness_statistics`` turns its outputs and the analysis's tests into tables and
+``summary.json`` keys. The parsing accuracies use the gold arcs only (``conllu`` data: UD EWT),
+as Clark et al. evaluate heads against a treebank; text data parsed by spaCy still has its arcs
+in the syntactic sieves of both weightings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from heads_jax.data.encoding import iter_batches
+from heads_jax.data.specs import analysis_examples, load_spec, parse_spec
+from heads_jax.data import syntax as syn
+from heads_jax.data.vocabulary import SYNTACTIC_ROLES
+from heads_jax.hoststats.parsing import arcs_table, best_heads, parsing_table, role_agreement
+from heads_jax.hoststats.sinks import SINK_THRESHOLD, head_sinks, sink_summary
+from heads_jax.hoststats.weighting import norm_tests, role_changes, weighting_summary
+from heads_jax.stats.norms import make_norm_step, run_norm_pass
+
+
+@dataclasses.dataclass(frozen=True)
+class RobustnessSettings:
+  """Settings of the second pass and its statistics."""
+  parsing: bool = True
+  bootstrap: int = 1000             # resamples of the sentences for the parsing intervals
+  min_arcs: int = 100               # relations scored beyond nsubj/obj/amod/advmod
+  sink_threshold: float = SINK_THRESHOLD
+  seed: int = 0
+
+
+def _roles(cfg) -> tuple[str, ...]:
+  roles = tuple(cfg.roles)
+  return roles if cfg.syntax else tuple(r for r in roles if r not in SYNTACTIC_ROLES)
+
+
+def robustness_pass(cfg, model, tokenizer, settings: RobustnessSettings = RobustnessSettings(),
+                    log=None) -> dict:
+  """The device pass over ``cfg.data`` (an ``AnalysisConfig``): ``norm_sieve_bias``,
+  ``first_attention``, ``sep_attention``, ``norm_ratio`` and ``parse_pred`` stacked over the
+  specs (the analysis's N order), ``roles``, and ``arcs`` (the gold arcs, sequences numbered
+  over N)."""
+  log = log or (lambda *_: None)
+  roles = _roles(cfg)
+  step = make_norm_step(model, roles=roles, direction=cfg.direction, parsing=settings.parsing)
+  parts, arcs, offset = [], [], 0
+  for spec in cfg.data:
+    syntax = cfg.syntax and (cfg.parser != "none" or parse_spec(spec).kind == "conllu")
+    dataset = load_spec(spec, cfg.max_examples)
+    nlp = syn.resolve_parser(cfg.parser) if syntax and not dataset.gold_arcs else None
+    examples = list(analysis_examples(dataset, nlp, syntax))
+    if not examples:
+      raise ValueError(f"data spec {spec!r} holds no examples; check the file or the split")
+    if dataset.gold_arcs and syntax:
+      a = arcs_table(examples)
+      a["sequence"] += offset
+      arcs.append(a)
+    batches = iter_batches(examples, tokenizer, max_length=cfg.max_length,
+                           batch_size=cfg.batch_size, sort_window=cfg.sort_window,
+                           bucket_step=cfg.bucket_step, pad_to_batch_size=True)
+    log(f"norm pass over {spec} ({len(examples)} sequences)")
+    parts.append(run_norm_pass(step, batches, len(examples), cfg.max_length))
+    offset += len(examples)
+  out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+  out["roles"] = roles
+  out["arcs"] = (pd.concat(arcs, ignore_index=True) if arcs
+                 else pd.DataFrame(columns=["sequence", "dependent", "head", "relation"]))
+  return out
+
+
+def robustness_statistics(result: dict, tests: pd.DataFrame, test_settings: dict, lengths,
+                          settings: RobustnessSettings = RobustnessSettings()) -> dict:
+  """Host statistics of a ``robustness_pass`` beside the analysis's ``tests`` (attention weights)
+  and its settings (tau used, alpha, test, correction, rule).
+
+  Returns ``norm_tests`` (the tests table of the norm scores, ``weighting`` = "norm"),
+  ``role_changes``, ``sinks`` (per head), ``parser`` (``parser.csv``; None without parsing or
+  gold arcs), ``best_parsers``, ``parser_agreement`` and ``summary`` (keys for ``summary.json``:
+  ``by_weighting``, the sink keys of ``hoststats.sinks.sink_summary``, ``norm_lost_roles``).
+  """
+  nt = norm_tests(result["norm_sieve_bias"], result["roles"], test_settings, lengths)
+  changes = role_changes(tests, nt)
+  sinks = head_sinks(result["first_attention"], result["sep_attention"], result["norm_ratio"],
+                     settings.sink_threshold)
+  summary = {"by_weighting": weighting_summary(tests, nt),
+             **sink_summary(result["first_attention"], result["sep_attention"],
+                            result["norm_ratio"], settings.sink_threshold)}
+  coarse = changes[changes["kind"] == "coarse"].set_index("role")
+  summary["norm_lost_roles"] = {r: int(coarse.loc[r, "lost"]) for r in coarse.index}
+  out = {"norm_tests": nt, "role_changes": changes, "sinks": sinks, "parser": None,
+         "best_parsers": None, "parser_agreement": None, "summary": summary}
+  arcs = result.get("arcs")
+  if settings.parsing and "parse_pred" in result and arcs is not None and len(arcs):
+    table = parsing_table(result["parse_pred"], arcs, min_arcs=settings.min_arcs,
+                          bootstrap=settings.bootstrap, seed=settings.seed)
+    best = best_heads(table)
+    out.update(parser=table, best_parsers=best, parser_agreement=role_agreement(table, tests))
+    summary["parsing_relations_beating_baseline"] = int(best["beats_baseline"].sum())
+    summary["parsing_relations"] = int(len(best))
+  return out
