@@ -17,6 +17,9 @@ Reproduce (`heads_jax.pipelines.reproduce`): ``reproduce_config.json``, ``data/s
 
 Demo (`heads_jax.pipelines.demo`): ``demo.json`` (what ran, where, how long).
 
+Compare (`heads_jax.pipelines.compare`): ``attention_similarity.csv`` (`write_table`; the
+comparison's own tables are `heads_jax.contract.write_comparison`'s).
+
 Ablation (`heads_jax.pipelines.ablate`): ``ablation.json`` (`ABLATION_JSON`), its tables
 ``<stem>.csv`` (`ABLATION_TABLES`; `write_table`) and ``importance.npy`` (`write_array`).
 """

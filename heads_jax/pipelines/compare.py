@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from heads_jax import contract
+from heads_jax import contract, runfiles
 from heads_jax.ablation.similarity import similarity_on_spec, similarity_table
 from heads_jax.errors import UserError
 from heads_jax.hoststats.compare import compare_runs
@@ -39,7 +39,7 @@ def attention_similarity_section(before_model, after_model, out, *, data=None, a
                               max_length=max_length)
   out = Path(out)
   out.mkdir(parents=True, exist_ok=True)
-  similarity_table(sim).to_csv(out / "attention_similarity.csv", index=False)
+  runfiles.write_table(out, "attention_similarity", similarity_table(sim))
   fig = plot_similarity(sim, out / "figures" / "attention_similarity.png")
   log(f"attention similarity before/after over {n} sequences of {data}: mean cosine "
       f"{sim.mean():.3f}; per layer " + ", ".join(f"{v:.3f}" for v in sim.mean(1)))
@@ -52,7 +52,7 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
   and ``after_model``, adds the per-head attention similarity of the two models on ``data``
   (default: the first data set of the ``after`` analysis)."""
   for d in (before, after):
-    if not (Path(d) / "scores.npz").is_file():
+    if not (Path(d) / contract.SCORES_FILE).is_file():
       raise FileNotFoundError(f"{d} is not an analysis output directory (no scores.npz); "
                               f"run `heads-jax analyze --out {d}` first")
   if bool(before_model) != bool(after_model):  # before any work is done or written
@@ -70,7 +70,7 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
     extra.append(attention_similarity_section(before_model, after_model, out, data=data,
                                               after=after, max_examples=max_examples,
                                               max_length=max_length, log=log))
-  summaries = [contract.read_summary(d) if (Path(d) / contract.SUMMARY_JSON).is_file() else None
+  summaries = [getattr(contract.load_summary(d, missing_ok=True), "figures", None)
                for d in (before, after)]
   report = write_compare_report(
       out, compare_df=comparison.sieve_bias, heads_df=comparison.roles,
