@@ -23,6 +23,9 @@ instead: then the run trains on 90% of it and evaluates on the other 10%
 ``init_checkpoint``: a Hugging Face BERT folder (e.g. ``bert-base-uncased``), a heads_jax model
 folder (e.g. a pre-training run's ``workdir/model``) or a pre-training run's ``checkpoints``
 folder (its encoder parameters; the classifier starts fresh).
+
+SQuAD: ``squad``, ``cpu_squad``, ``tiny_squad`` (``squad_config``; a ``squad`` block of data and
+window settings).
 """
 
 import os
@@ -40,6 +43,8 @@ TASKS = ("mrpc", "qqp", "sst2", "qnli")
 CPU_SCHEDULE = {"sst2": (2000, 64, 32, 2e-4), "mrpc": (700, 128, 16, 4e-4),
                 "qnli": (900, 128, 16, 4e-4), "qqp": (2000, 128, 32, 2e-4)}
 GRID = {"batch_size": (32, 128), "learning_rate": (1e-4, 2e-4)}
+SQUAD_FILE = os.environ.get("HEADS_JAX_SQUAD_FILE", "/work/shared/data/squad/dev-v2.0-first5.json")
+SQUAD_PRESETS = ("squad", "cpu_squad", "tiny_squad")
 
 
 
@@ -105,6 +110,78 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def squad_config(c, name: str) -> None:
+  """SQuAD presets (``heads_jax.training.squad``): the ``c.squad`` block and the run's settings.
+
+  * ``squad``: SQuAD v1.1 from TFDS (``squad/v1.1`` train / validation) with the windows of BERT's
+    run_squad.py (384 positions, document stride 128, questions cut to 64 pieces; n-best 20,
+    answers of at most 30 pieces), batch 32 and 5,500 steps (about two epochs of the 88K
+    training windows, as Devlin et al.'s 2 epochs), LAMB at this project's GLUE rate 1e-4 with
+    10% warm-up (not tuned for SQuAD). Needs ``init_checkpoint`` (e.g. bert-base-uncased).
+  * ``cpu_squad``: a small pretrained encoder (all-MiniLM-L6-v2) on a shared 2-core CPU, on the
+    shared SQuAD 2.0 dev subset read as v1.1 (its 705 answerable questions): trained on the
+    questions of four articles, evaluated on the fifth (``Victoria_(Australia)``). Short windows
+    (192 positions, stride 64) and 48 steps of 16 windows (about one epoch of the 708 training
+    windows) so that it runs in about 15 minutes on the shared CPU; lr 4e-4 (as ``cpu_mrpc``:
+    small data, higher rate). Measured in README. A tiny run, not the paper's setting.
+  * ``tiny_squad``: a tiny random model on a few articles of the shared file (tests).
+  """
+  c.task = "squad"
+  c.select_metric = "f1"
+  c.squad = ml_collections.ConfigDict()
+  c.squad.source = "json"       # json | tfds
+  c.squad.version = "v1"        # v1: answerable questions (SQuAD 1.1); v2: all (null answers)
+  c.squad.train_file = ""
+  c.squad.eval_file = ""
+  c.squad.eval_titles = ""      # "A|B": hold these articles of train_file out as the eval set
+  c.squad.doc_stride = 128
+  c.squad.max_query_length = 64
+  c.squad.n_best_size = 20
+  c.squad.max_answer_length = 30
+  c.squad.null_score_diff_threshold = 0.0
+  c.data.max_seq_length = 384
+  c.data.train_split = "train"
+  c.data.eval_split = "validation"
+  c.eval_batch_size = 64
+  if name == "squad":
+    c.squad.source = "tfds"
+    c.num_train_steps = 5_500
+    c.optimizer.warmup_steps = 550
+    c.eval_every = 500
+    c.checkpoint.every_steps = 500
+  elif name == "cpu_squad":
+    c.squad.train_file = SQUAD_FILE
+    c.squad.eval_titles = "Victoria_(Australia)"
+    c.model.dtype = "float32"
+    c.data.max_seq_length = 192
+    c.squad.doc_stride = 64
+    c.batch_size = 16
+    c.eval_batch_size = 32
+    c.num_train_steps = 48
+    c.optimizer.learning_rate = 4e-4
+    c.optimizer.warmup_steps = 5
+    c.eval_every = 24
+    c.checkpoint.every_steps = 24
+    c.log_every = 4
+  else:  # tiny_squad
+    c.squad.train_file = SQUAD_FILE
+    c.squad.eval_titles = "Normans"
+    c.data.max_examples = 64
+    c.model.size = "tiny"
+    c.model.dtype = "float32"
+    c.data.max_seq_length = 64
+    c.squad.doc_stride = 32
+    c.squad.max_query_length = 24
+    c.batch_size = 8
+    c.eval_batch_size = 16
+    c.num_train_steps = 6
+    c.optimizer.learning_rate = 1e-2
+    c.optimizer.warmup_steps = 2
+    c.checkpoint.every_steps = 3
+    c.log_every = 2
+    c.eval_every = 3
+
+
 def _parse(arg: str):
   name, *opts = [a.strip() for a in (arg or "mrpc").split(",") if a.strip()]
   kv = {}
@@ -118,7 +195,9 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
   name, kv = _parse(arg)
   c = base_config()
   c.preset = arg
-  if name in TASKS:
+  if name in SQUAD_PRESETS:
+    squad_config(c, name)
+  elif name in TASKS:
     c.task = name
   elif name == "tiny" or name.startswith("tiny_"):
     task = name[len("tiny_"):] if name.startswith("tiny_") else "sst2"
@@ -162,7 +241,8 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     c.log_every = 25
   else:
     raise ValueError(
-        f"unknown fine-tuning preset {name!r}: one of {TASKS}, cpu_TASK, tiny, tiny_TASK")
+        f"unknown fine-tuning preset {name!r}: one of {TASKS}, cpu_TASK, tiny, tiny_TASK, "
+        f"{', '.join(SQUAD_PRESETS)}")
   for k, v in kv.items():
     if k in ("bs", "batch_size"):
       c.batch_size = int(v)

@@ -7,6 +7,12 @@ Accepted forms (`SPEC_FORMS`):
   glue-tsv:DIR/TASK[:SPLIT] GLUE TSV files in DIR/<task folder> (split default dev)
   tsv:FILE[:header]         TSV of sentences (1 column) or pairs (2 columns); ":header" skips line 1
   text:FILE                 plain text, one sentence per line
+  squad:FILE[:v1|v2][:n=N][:seed=S]
+                            SQuAD official JSON: question + context pairs (v1: answerable questions
+                            only; default: the file's version); n=N: N questions drawn at random
+                            with seed S (default 0), as Guan et al.'s 1,000 SQuAD samples
+  squad-tfds:[v1.1|v2.0][:SPLIT][:n=N][:seed=S]
+                            TFDS squad (default v1.1, split validation), sampled likewise
   ud-ewt | sst2 | mrpc      embedded data: UD EWT test, GLUE SST-2 dev, GLUE MRPC dev
 
 Text inputs (everything except CoNLL-U) get dependency arcs from a spaCy parser when
@@ -18,13 +24,14 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from heads_jax.data import assets, conllu, glue, text
+from heads_jax.data import assets, conllu, glue, squad, text
 from heads_jax.data import syntax as syn
 from heads_jax.data.encoding import (DEFAULT_BUCKET_STEP, DEFAULT_MAX_LENGTH, AnalysisExample,
                                      Segment, iter_batches)
 
 SPEC_FORMS = ("conllu:FILE", "glue:TASK[:SPLIT]", "glue-tsv:DIR/TASK[:SPLIT]", "tsv:FILE[:header]",
-              "text:FILE", "ud-ewt", "sst2", "mrpc")
+              "text:FILE", "squad:FILE[:v1|v2][:n=N][:seed=S]",
+              "squad-tfds:[v1.1|v2.0][:SPLIT][:n=N][:seed=S]", "ud-ewt", "sst2", "mrpc")
 
 
 def _bad(spec: str, why: str) -> ValueError:
@@ -41,6 +48,9 @@ class DataSpec:
   task: str | None = None
   split: str | None = None
   header: bool = False
+  version: str | None = None   # squad: "v1" / "v2" (None: the file's)
+  sample: int | None = None    # squad: draw this many questions at random
+  seed: int = 0
 
 
 def _existing_file(spec, path) -> Path:
@@ -66,6 +76,8 @@ def parse_spec(spec: str) -> DataSpec:
     return DataSpec(spec, "conllu", assets.ud_ewt_test_path())
   if spec in ("sst2", "mrpc"):
     return DataSpec(spec, "glue-tsv", assets.glue_dir(), spec, "dev")
+  if spec == "squad-tfds":
+    return _squad_spec(spec, spec, "")
   kind, sep, body = spec.partition(":")
   if not sep or not body:
     raise _bad(spec, "unknown form")
@@ -82,6 +94,8 @@ def parse_spec(spec: str) -> DataSpec:
     if kind == "glue":
       task, _, split = body.partition(":")
       return DataSpec(spec, "glue", None, glue.task_info(task).name, split or "validation")
+    if kind in ("squad", "squad-tfds"):
+      return _squad_spec(spec, kind, body)
     if kind == "glue-tsv":
       body, split = _split_suffix(body)
       path = Path(body).expanduser()
@@ -98,10 +112,31 @@ def parse_spec(spec: str) -> DataSpec:
   raise _bad(spec, f"unknown kind {kind!r}")
 
 
+def _squad_spec(spec: str, kind: str, body: str) -> DataSpec:
+  parts = body.split(":") if body else []
+  opts, keep = {"seed": 0}, []
+  for i, part in enumerate(parts):
+    m = re.fullmatch(r"(n|seed)=(\d+)", part)
+    if m:
+      opts[m.group(1)] = int(m.group(2))
+    elif part in ("v1", "v2", "v1.1", "v2.0") and (kind == "squad-tfds" or i > 0):
+      opts["version"] = squad._version_of(part, "v1")
+    else:
+      keep.append(part)
+  if kind == "squad-tfds":
+    if len(keep) > 1:
+      raise _bad(spec, "squad-tfds takes [v1.1|v2.0][:SPLIT][:n=N][:seed=S]")
+    return DataSpec(spec, kind, None, None, keep[0] if keep else "validation",
+                    version=opts.get("version", "v1"), sample=opts.get("n"), seed=opts["seed"])
+  return DataSpec(spec, kind, _existing_file(spec, ":".join(keep)), version=opts.get("version"),
+                  sample=opts.get("n"), seed=opts["seed"])
+
+
 @dataclasses.dataclass
 class Dataset:
   """Loaded examples of a spec. ``examples``: `conllu.Sentence` (conllu), `glue.GlueExample`
-  (glue, glue-tsv) or `text.TextExample` (tsv, text). ``gold_arcs``: the data carries its own
+  (glue, glue-tsv), `text.TextExample` (tsv, text) or `squad.SquadExample` (squad, squad-tfds:
+  question and context as a pair). ``gold_arcs``: the data carries its own
   dependency parses; ``pairs``: examples are sentence pairs."""
   spec: DataSpec
   examples: list
@@ -131,6 +166,13 @@ def load_spec(spec: str | DataSpec, max_examples: int | None = None) -> Dataset:
   if ds.kind == "glue-tsv":
     examples = glue.load_glue_tsv(ds.path, ds.task, ds.split, max_examples)
     return Dataset(ds, examples, False, glue.TASKS[ds.task].is_pair, f"{ds.task}:{ds.split}")
+  if ds.kind in ("squad", "squad-tfds"):
+    if ds.kind == "squad":
+      examples = squad.read_squad_json(ds.path, ds.version)
+    else:
+      examples = squad.read_squad_tfds(ds.version, ds.split)
+    examples = squad.sample_examples(examples, ds.sample, ds.seed)[:max_examples]
+    return Dataset(ds, examples, False, True, ds.spec)
   if ds.kind == "tsv":
     examples = text.load_tsv(ds.path, ds.header, max_examples)
     return Dataset(ds, examples, False, any(e.text_b is not None for e in examples), ds.spec)

@@ -1,4 +1,5 @@
 """GLUE fine-tuning (MRPC, QQP, SST-2, QNLI) with LAMB: ``train_and_evaluate(config, workdir)``.
+``task = "squad"`` is SQuAD question answering (``heads_jax.training.squad``).
 
 The config is ``configs/finetune.py`` (one preset per task, the paper's grids, and ``tiny``); the
 set-up shared with pre-training is ``heads_jax.training.job.TrainingJob``.
@@ -75,6 +76,9 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
   if str(config.preset).startswith("cpu_") and not config.init_checkpoint:
     raise UserError(f"the {config.preset.split(',')[0]} preset fine-tunes a pretrained model: pass "
                     "--config.init_checkpoint=DIR (e.g. a Hugging Face all-MiniLM-L6-v2 folder)")
+  if config.task == "squad":  # span QA: its own data, loss and evaluation
+    from heads_jax.training import squad
+    return squad.train_and_evaluate(config, workdir, _tokenizer_for(config))
   job = TrainingJob(config, workdir)
   pid, pcount = job.process_index, job.process_count
   info = glue.task_info(config.task)
