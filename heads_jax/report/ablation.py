@@ -2,8 +2,9 @@
 (Guan et al. 2020, Table 3), head importance and the pruning curve (Michel et al. 2019).
 
 Every ``*_section`` returns a dict ``{"title", "html"}`` for `heads_jax.report.page.write_page`
-(or a report's ``extra_sections``); the figures are drawn by `heads_jax.report.figures.guan`
-and ``michel``. Tables (written by ``heads_jax.ablation``):
+(or a report's ``extra_sections``); the figures are the registered ``group_ablation``,
+``segment_ablation`` (`heads_jax.report.figures.guan`), ``importance`` and ``pruning``
+(``michel``), drawn from the tables with `heads_jax.report.spec.draw` ("ablation" report). Tables (written by ``heads_jax.ablation``):
 
 * group ablation (``ablation.csv``): group, kind, num_heads, ablation, accuracy,
   accuracy_change, f1, f1_change, loss, loss_change, random_* (mean over random groups of the same
@@ -21,7 +22,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from heads_jax.report import spec
 from heads_jax.report.page import esc, figure_html, kv_table_html, slug, table_html
+
+
+def _figure(name: str, figure_path, title: str, metric: str = "accuracy") -> str:
+  """The registered figure ``name`` (`heads_jax.report.spec`) at ``figure_path``, headed
+  ``title``; its caption names the ``metric``."""
+  fig = spec.figure(name)
+  return figure_html(figure_path, title, fig.caption.format(metric=metric), fig.how)
+
 
 def _metric_columns(df: pd.DataFrame, metrics) -> list[str]:
   return [m for m in metrics if m in df.columns and df[m].notna().any()]
@@ -44,11 +54,7 @@ def ablation_section(table: pd.DataFrame, figure_path, *, metric: str = "accurac
   if note:
     text += f'<p class="note">{esc(note)}</p>'
   html = (text + table_html(shown, table_id=f"table-{slug(title)}", float_format="{:.4f}")
-          + figure_html(figure_path, title,
-                        f"Change of {metric} per ablated group (bars) and for random groups of the "
-                        "same size (black markers).",
-                        "Bars left of 0: the model got worse without the group; a bar far beyond "
-                        "its black marker means the group matters more than as many random heads."))
+          + _figure("group_ablation", figure_path, title, metric))
   return {"title": title, "html": html}
 
 
@@ -68,9 +74,7 @@ def segment_section(table: pd.DataFrame, figure_path, *, metric: str = "accuracy
           f"{esc(how)}. On single-sentence tasks all attention is intra-sentence.</p>"
           + table_html(table[[c for c in cols if c in table.columns]],
                        table_id=f"table-{slug(title)}", float_format="{:.4f}")
-          + figure_html(figure_path, title, f"Change of {metric} when the intra- or inter-sentence "
-                        "attention of each group is removed.",
-                        "Bars below 0: the model needs that kind of attention in those heads."))
+          + _figure("segment_ablation", figure_path, title, metric))
   return {"title": title, "html": html}
 
 
@@ -94,9 +98,7 @@ def importance_section(importance, figure_path, *, raw=None, settings: dict | No
           "loss with respect to each head's gate, at all gates 1.</p>"
           + (kv_table_html(list(settings.items()), table_id="table-importance-settings")
              if settings else "")
-          + figure_html(figure_path, title, "Importance of every head (rows: layers, columns: "
-                        "heads).", "Bright heads change the loss most when scaled down; dark "
-                        "heads can be pruned first.")
+          + _figure("importance", figure_path, title)
           + "<h3>Most important heads</h3>" + table_html(top, table_id="table-importance-top",
                                                           float_format="{:.4g}")
           + "<h3>Least important heads</h3>" + table_html(low, table_id="table-importance-low",
@@ -112,8 +114,6 @@ def pruning_section(curve: pd.DataFrame, summary: pd.DataFrame, figure_path, *,
           "model.</p>"
           + (kv_table_html(list(settings.items()), table_id="table-pruning-settings")
              if settings else "")
-          + figure_html(figure_path, title, f"{metric} of the classifier vs the share of heads "
-                        "pruned.", "The longer the green line stays flat above the red one, the "
-                        "more heads can go without loss, and the better importance picks them.")
+          + _figure("pruning", figure_path, title, metric)
           + table_html(summary, table_id="table-pruning", float_format="{:.4f}"))
   return {"title": title, "html": html}

@@ -38,19 +38,14 @@ import pandas as pd
 
 from heads_jax import contract
 from heads_jax.data import vocabulary as batch_lib
-from heads_jax.hoststats import roles as roles_lib
-from heads_jax.report import style, tables, views
-from heads_jax.report.figures import guan, pande
+from heads_jax.report import spec, style, tables, views
+from heads_jax.report.figures import guan
 from heads_jax.report.figures.common import DEFAULT_DPI
 from heads_jax.report import headline
 from heads_jax.report.measures import analysis_measures_sections
-from heads_jax.report.page import (esc, figure_spec_html, flatten, format_value, is_number,
+from heads_jax.report.page import (esc, flatten, format_value, is_number,
                                    kv_table_html, sections_from_specs, slug, table_html,
                                    write_page)
-
-# ---------------------------------------------------------------------------------------------
-# figures of Pande et al. and Guan et al. by name: (title, caption, how to read)
-FIGURE_TEXT = {**pande.FIGURE_TEXT, **guan.FIGURE_TEXT}
 
 PAPER_SETTINGS = {"tau": "3", "alpha": "0.05", "test": "z-statistic (one-sided)",
                   "correction": "none", "direction": "dependent -> head"}
@@ -61,7 +56,8 @@ def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau:
                      alpha: float | None = None, clusters_df: pd.DataFrame | None = None,
                      mean_score: float | None = None, p_band=(0.05, 0.95),
                      rule: str | None = None, dpi: int = DEFAULT_DPI) -> dict[str, Path]:
-  """Draw every figure of an analysis run into ``fig_dir``; returns ``{name: png path}``.
+  """Draw every figure the registry lists for the analysis report (`heads_jax.report.spec`:
+  Pande et al. and Guan et al.) into ``fig_dir``; returns ``{name: png path}``.
 
   Args:
     sieve_bias: float ``[b, l, h, r]`` (scores.npz); only used for the score CDF.
@@ -72,43 +68,10 @@ def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau:
     rule: the role rule of ``assigned`` (settings "rule"), named in the title of every figure
       drawn from the role decisions.
   """
-  fig_dir = Path(fig_dir)
-  tests_df = tables.check_tests_df(tests_df)
-  out = {}
-
-  def titled(name):
-    return FIGURE_TEXT[name][0] + (f" ({rule} rule)" if rule else "")
-  out["score_cdf"] = pande.plot_score_cdf(sieve_bias, fig_dir / "score_cdf.png", tau=tau,
-                                    mean=mean_score, dpi=dpi)
-  if "p_value" in tests_df.columns:
-    out["pvalue_hist"] = pande.plot_pvalue_hist(tests_df["p_value"], fig_dir / "pvalue_hist.png",
-                                          band=p_band, alpha=alpha, dpi=dpi)
-  out["role_upset"] = pande.plot_role_upset(tests_df, fig_dir / "role_upset.png",
-                                            title=titled("role_upset"), dpi=dpi)
-  out["role_venn"] = pande.plot_role_venn(tests_df, fig_dir / "role_venn.png",
-                                          title=titled("role_venn"), dpi=dpi)
-  out["role_grid"] = pande.plot_role_grid(tests_df, fig_dir / "role_grid.png",
-                                          title=titled("role_grid"), dpi=dpi)
-  heat_roles = [r for r in roles_lib.role_order(roles) if r in tables.tested_roles(tests_df)]
-  if "mean" in tests_df.columns and heat_roles:
-    dropped = [r for r in roles_lib.role_order(roles) if r not in heat_roles]
-    means, heat_roles = tables.mean_matrix(tests_df, heat_roles)
-    out["role_heatmaps"] = pande.plot_role_heatmaps(
-        means, heat_roles, fig_dir / "role_heatmaps.png", tau=tau,
-        assigned=tables.assigned_matrix(tests_df, heat_roles), dpi=dpi,
-        title=titled("role_heatmaps")
-        + (f"; not computed: {', '.join(dropped)}" if dropped else ""))
-  if clusters_df is not None and len(clusters_df):
-    if {"tsne_x", "tsne_y"} <= set(clusters_df.columns) and np.isfinite(
-        clusters_df[["tsne_x", "tsne_y"]].astype(float).to_numpy()).all():
-      out["cluster_tsne"] = guan.plot_cluster_tsne(clusters_df, fig_dir / "cluster_tsne.png",
-                                                   dpi=dpi)
-    out["cluster_layers"] = guan.plot_cluster_layers(clusters_df, fig_dir / "cluster_layers.png",
-                                                     dpi=dpi)
-    if set(batch_lib.DISTANCE_FEATURES) <= set(clusters_df.columns):
-      out["cluster_features"] = guan.plot_cluster_features(
-          clusters_df, fig_dir / "cluster_features.png", dpi=dpi)
-  return out
+  inputs = spec.Inputs(sieve_bias=sieve_bias, roles=roles, tests_df=tables.check_tests_df(tests_df),
+                       tau=tau, alpha=alpha, clusters_df=clusters_df, mean_score=mean_score,
+                       p_band=p_band, rule=rule)
+  return spec.draw("analysis", inputs, fig_dir, dpi=dpi)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +249,7 @@ def write_report(out_dir, *, title: str, settings: dict, summary: dict, tests_df
     tests_df: tests.csv (layer, head, role, mean, n, statistic, p_value, p_adjusted, assigned).
     clusters_df, cluster_info: clusters.csv and the clustering's info dict, or None.
     figures: ``{name: png path}`` or ``{name: {"path", "title", "caption", "how"}}``; standard
-      names (``figures.FIGURE_TEXT``) get their caption and "how to read this" line.
+      names (registered figures, `heads_jax.report.spec`) get their caption and "how to read this" line.
     extra_sections: more sections at the end: dicts with ``title`` and any of ``text``
       (escaped), ``html`` (trusted, inserted as is), ``table`` (DataFrame), ``figure`` (PNG path,
       with ``caption`` / ``how``); or ``(title, text)`` pairs.
@@ -305,8 +268,7 @@ def write_report(out_dir, *, title: str, settings: dict, summary: dict, tests_df
       '<p class="note">Number of heads in each layer with a role assigned (fine roles, then the '
       "coarse groups; a head counts once per group).</p>"
       + table_html(per_layer, table_id="table-roles-per-layer", index=True))))
-  figs = "".join(figure_spec_html(name, spec, FIGURE_TEXT)
-                 for name, spec in (figures or {}).items())
+  figs = spec.figures_html(figures or {})
   sections.append(("Figures", figs or '<p class="empty">(no figures)</p>'))
   sections.append(("Assigned roles per head", (
       '<p class="note">Roles whose test rejected "mean sieve bias <= tau"; the full tests with '

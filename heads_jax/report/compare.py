@@ -1,7 +1,8 @@
 """The before/after report of a comparison (e.g. a model before and after fine-tuning).
 
-`write_compare_report` draws the change of mean sieve bias per role and layer group (Pande et
-al. Fig. 6) and the cluster changes (Guan et al.), and writes ``report.html`` with the
+`write_compare_report` draws the figures the registry lists for the compare report
+(`heads_jax.report.spec`: the change of mean sieve bias per role and layer group, Pande et al.
+Fig. 6, and the cluster changes, Guan et al.), and writes ``report.html`` with the
 headline figures side by side, the tables of `heads_jax.hoststats.compare` and the roles and
 attention types each head gained or lost. `similarity_section` adds the per-head attention
 similarity of the two models (Kovaleva et al. 2019). No jax.
@@ -15,19 +16,11 @@ import numpy as np
 import pandas as pd
 
 from heads_jax.hoststats import roles as roles_lib
-from heads_jax.report import tables
-from heads_jax.report.figures import guan, pande
+from heads_jax.report import headline, spec, tables
 from heads_jax.report.figures.common import DEFAULT_DPI
-from heads_jax.report import headline
-from heads_jax.report.page import (esc, sections_from_specs, figure_html, figure_spec_html, flatten,
+from heads_jax.report.page import (esc, sections_from_specs, figure_html, flatten,
                                    format_value, is_missing, kv_table_html, table_html, write_page)
 from heads_jax.report.tables import require_columns
-
-# ---------------------------------------------------------------------------------------------
-# the figures of this report by name: (title, caption, how to read)
-FIGURE_TEXT = {"finetune_delta": pande.FIGURE_TEXT["finetune_delta"],
-               "cluster_changes": guan.FIGURE_TEXT["cluster_changes"]}
-
 
 
 def _summary_compare_section(before: dict, after: dict) -> str:
@@ -71,12 +64,9 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
   """
   require_columns(compare_df, ("role", "layer_group", "before", "after", "delta"),
                                "fine-tuning comparison table")
-  fig_dir = Path(out_dir) / "figures"
-  figs = {"finetune_delta": pande.plot_finetune_delta(compare_df, fig_dir / "finetune_delta.png",
-                                                            dpi=dpi)}
-  if cluster_changes_df is not None and len(cluster_changes_df):
-    figs["cluster_changes"] = guan.plot_cluster_changes(
-        cluster_changes_df, fig_dir / "cluster_changes.png", dpi=dpi)
+  figs = spec.draw("compare", spec.Inputs(compare_df=compare_df,
+                                          cluster_changes_df=cluster_changes_df),
+                   Path(out_dir) / "figures", dpi=dpi, section="Figures")
   figs.update(figures or {})
 
   sections = []
@@ -108,8 +98,7 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
       + table_html(pivot, table_id="table-delta", index=True)
       + "<h3>Before, after and change</h3>"
       + table_html(long, table_id="table-compare"))))
-  sections.append(("Figures", "".join(figure_spec_html(n, s, FIGURE_TEXT)
-                                      for n, s in figs.items())))
+  sections.append(("Figures", spec.figures_html(figs)))
   if heads_df is not None:
     require_columns(heads_df, ("layer", "head", "gained", "lost"),
                                  "per-head role change table")
@@ -153,10 +142,20 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
 # attention similarity (Kovaleva et al. 2019)
 
 
-def similarity_section(similarity, figure_path, *, num_sequences: int | None = None,
-                       data: str | None = None,
-                       title: str = "Attention similarity before and after fine-tuning") -> dict:
+def similarity_section(similarity, figure_path=None, *, num_sequences: int | None = None,
+                       data: str | None = None, fig_dir=None, dpi: int = DEFAULT_DPI,
+                       title: str | None = None) -> dict:
+  """The attention-similarity section (Kovaleva et al. 2019): the registered figure
+  ``attention_similarity`` (drawn into ``fig_dir`` unless ``figure_path`` is given), the per-layer
+  means and the most changed heads. ``similarity``: float ``[l, h]``."""
+  fig = spec.figure("attention_similarity")
+  title = title or fig.section
   sim = np.asarray(similarity, float)
+  if figure_path is None:
+    if fig_dir is None:
+      raise ValueError("similarity_section needs figure_path or fig_dir")
+    figure_path = spec.draw("compare", spec.Inputs(similarity=sim), fig_dir, dpi=dpi,
+                            names=(fig.name,))[fig.name]
   per_layer = pd.DataFrame({"layer": np.arange(sim.shape[0]), "mean cosine": sim.mean(1),
                             "min cosine": sim.min(1), "max cosine": sim.max(1)})
   l, h = np.unravel_index(np.argsort(sim, axis=None)[:10], sim.shape)
@@ -166,9 +165,7 @@ def similarity_section(similarity, figure_path, *, num_sequences: int | None = N
   html = (f"<p>Cosine similarity of each head's attention map (the real query x key block, "
           f"flattened) under the model before and after fine-tuning, on the same inputs{src}{n}, "
           f"averaged over the sequences (Kovaleva et al. 2019).</p>"
-          + figure_html(figure_path, title, "Per-head cosine similarity (rows: layers, columns: "
-                        "heads).", "1 = fine-tuning left the head's attention as it was; lower "
-                        "values mark the heads fine-tuning changed most (usually the last layers).")
+          + figure_html(figure_path, title, fig.caption, fig.how)
           + "<h3>Per layer</h3>" + table_html(per_layer, table_id="table-similarity-layers",
                                               float_format="{:.3f}")
           + "<h3>Most changed heads</h3>" + table_html(changed, table_id="table-similarity-heads",

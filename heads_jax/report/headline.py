@@ -1,9 +1,10 @@
-"""The paper's headline figures of a run (keys of ``summary.json``): ONE table of rows, ONE formatter.
+"""The paper's headline figures of a run (keys of ``summary.json``): ONE table of rows.
 
 `ROWS` lists each headline figure once: its key in ``summary.json`` exactly as
 `heads_jax.hoststats.summary.summary_figures` writes it (dotted for a nested value, e.g.
 ``by_rule.paper.share_block``), its label (reports), its short label (console), its kind (how
-`format_number` shows it: share | float | corr | p), the paper's value (BERT-base, from
+`heads_jax.report.page.format_value`, the one number formatter of the reports, shows it: share |
+float | corr | p), the paper's value (BERT-base, from
 `heads_jax.hoststats.paper`; None where the paper gives none) and the reference value of DESIGN.md
 (MiniLM-L6 on the first 200 UD EWT test sentences). No aliases: the file is ours.
 
@@ -19,13 +20,12 @@ No jax.
 from __future__ import annotations
 
 import dataclasses
-import math
 
-import numpy as np
 import pandas as pd
 
 from heads_jax.hoststats import paper as paper_lib
 from heads_jax.hoststats import roles as roles_lib
+from heads_jax.report.page import esc, flatten, format_value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,39 +95,6 @@ ROWS: tuple[Row, ...] = (
 ROW_BY_KEY = {r.key: r for r in ROWS}
 
 
-def _missing(v) -> bool:
-  return v is None or (isinstance(v, (float, np.floating)) and math.isnan(float(v)))
-
-
-def format_number(v, kind: str | None = None) -> str:
-  """THE number formatter of the reports: shares as percentages (1 decimal), correlations with 3
-  decimals, p-values with 2 significant digits, other floats of a kind ``float`` with 2 decimals,
-  any other float with 4 significant digits, integers with thousands separators; None/NaN ->
-  "n/a", bools yes/no, lists and dicts item by item."""
-  if _missing(v):
-    return "n/a"
-  if isinstance(v, (bool, np.bool_)):
-    return "yes" if v else "no"
-  if isinstance(v, (list, tuple, np.ndarray)):
-    return ", ".join(format_number(x) for x in v)
-  if isinstance(v, dict):
-    return "; ".join(f"{k}: {format_number(x)}" for k, x in v.items())
-  if isinstance(v, (int, np.integer)):
-    return f"{int(v):,}" if kind != "p" else f"{int(v)}"
-  if isinstance(v, (float, np.floating)):
-    v = float(v)
-    if kind == "share" and 0.0 <= v <= 1.0:
-      return f"{v:.1%}"
-    if kind == "corr":
-      return f"{v:.3f}"
-    if kind == "p":
-      return "< 1e-300" if v == 0 else f"{v:.2g}"
-    if kind == "float":
-      return f"{v:.2f}"
-    return f"{v:.4g}"
-  return str(v)
-
-
 def lookup(summary: dict | None, key: str):
   """The value of ``key`` (dotted for nested dicts) in a summary; None when absent."""
   value = summary or {}
@@ -158,13 +125,13 @@ def _cell(summary: dict | None, row: Row, tested: list[str] | None) -> str:
     return "not computed"
   if not present(summary, row.key):
     return "not reported"
-  return format_number(lookup(summary, row.key), row.kind)
+  return format_value(lookup(summary, row.key), row.kind)
 
 
 def headline_text(summary: dict, rows: tuple[Row, ...] = ROWS) -> str:
   """The headline figures of one summary in one console line ("rule: label value; ...");
   figures the summary does not have are left out."""
-  parts = [f"{r.short} {format_number(lookup(summary, r.key), r.kind)}" for r in rows
+  parts = [f"{r.short} {format_value(lookup(summary, r.key), r.kind)}" for r in rows
            if present(summary, r.key)]
   rule = f"{summary['rule']} rule: " if (summary or {}).get("rule") else ""
   return rule + "; ".join(parts)
@@ -181,7 +148,7 @@ def headline_table(summaries: dict[str, dict], *, rows: tuple[Row, ...] = ROWS,
     tested: per run, the roles it computed (a coarse share of a group with no computed role
       reads "not computed"); None: no check.
     skip_absent: leave out rows whose key no run's summary has (optional rows: always).
-  Cells: `format_number` text; "not reported" for a top-level key the summary lacks.
+  Cells: `page.format_value` text; "not reported" for a top-level key the summary lacks.
   """
   records = []
   for row in rows:
@@ -205,7 +172,6 @@ def headline_html(summaries: dict[str, dict], *, table_id: str = "table-summary"
                   label_header: str = "figure", **kwargs) -> str:
   """`headline_table` (``kwargs``) as an HTML table (escaped; value columns right-aligned);
   ``label_header`` heads the column of labels."""
-  from heads_jax.report.page import esc  # imported here: page imports this module
   table = headline_table(summaries, **kwargs)
   head = "".join(f"<th>{esc(c)}</th>" for c in [label_header, *table.columns[1:]])
   body = []
@@ -221,6 +187,5 @@ def headline_html(summaries: dict[str, dict], *, table_id: str = "table-summary"
 
 def other_entries(summary: dict) -> list[tuple[str, object]]:
   """The summary's entries that are not headline rows (nested dicts flattened to ``a.b``)."""
-  from heads_jax.report.page import flatten
   keys = {r.key for r in ROWS}
   return [(k, v) for k, v in flatten(summary or {}) if k not in keys]

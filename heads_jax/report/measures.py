@@ -14,7 +14,8 @@ import pandas as pd
 from heads_jax import contract
 from heads_jax.report.figures import clark
 from heads_jax.report.figures.common import DEFAULT_DPI
-from heads_jax.report.page import figure_html, table_html
+from heads_jax.report import spec
+from heads_jax.report.page import table_html
 
 def measures_sections(measures: dict | str | Path, fig_dir, *, num_layers: int | None = None,
                       num_heads: int | None = None, dpi: int = DEFAULT_DPI) -> list[dict]:
@@ -28,42 +29,27 @@ def measures_sections(measures: dict | str | Path, fig_dir, *, num_layers: int |
   L, H = entropy.shape
   names = tuple(m.get("token_measures", clark.TOKEN_MEASURE_LABELS))
   mean_len = float(np.mean(m["lengths"])) if "lengths" in m and len(m["lengths"]) else None
-  sections = []
-  p_ent = clark.plot_entropy(entropy, cls_ent, fig_dir / "measures_entropy.png",
-                             mean_length=mean_len, dpi=dpi)
+  js = np.asarray(m["js"], float) if "js" in m else None
+  drawn = spec.draw("measures", spec.Inputs(
+      entropy=entropy, cls_entropy=cls_ent, mean_length=mean_len, token_attention=token,
+      token_names=names, js=js, num_layers=num_layers or L, num_heads=num_heads or H),
+      fig_dir, dpi=dpi)
+  figure = {name: spec.figures_html({name: path}) for name, path in drawn.items()}
   per_layer = pd.DataFrame({"layer": np.arange(L), "entropy (mean over heads)": entropy.mean(1),
                             "[CLS] entropy": cls_ent.mean(1)})
   for i, n in enumerate(names):
     per_layer[f"to {clark.TOKEN_MEASURE_LABELS.get(n, n)}"] = token[..., i].mean(1)
-  sections.append({"title": "Attention entropy (Clark et al. 2019)", "html": (
-      "<p>The entropy (natural log) of each head's attention rows over the real tokens, averaged "
-      "over the queries and the sequences; and the entropy of the [CLS] query's row alone. Low "
-      "entropy: focused attention; the dotted line is uniform attention over a sequence of mean "
-      "length.</p>"
-      + figure_html(p_ent, "Attention entropy per head", "Each dot is one head; the line is "
-                    "the layer mean.", "Heads near the dotted line attend broadly (a bag of "
-                    "words); heads near 0 attend to one token.")
-      + table_html(per_layer, table_id="table-measures-layers", float_format="{:.3f}"))})
-  p_tok = clark.plot_token_attention(token, fig_dir / "measures_tokens.png", names=names, dpi=dpi)
-  sections.append({"title": "Attention to special tokens and neighbours", "html": (
-      "<p>Mean attention mass each head puts on [CLS], on [SEP], on commas and periods, and on "
-      "the previous and the next token (Clark et al. 2019, Figs. 1-2), averaged over the real "
-      "queries (for previous / next: those that have one) and the sequences.</p>"
-      + figure_html(p_tok, "Where heads attend", "One panel per target; each dot is one head.",
-                    "Middle layers attending heavily to [SEP] is the 'no-op' pattern Clark et al. "
-                    "describe; heads near 1 on previous / next are positional heads."))})
-  if "js" in m and np.asarray(m["js"]).size:
-    js = np.asarray(m["js"], float)
-    p_mds = clark.plot_js_mds(js, num_layers or L, num_heads or H, fig_dir / "measures_js_mds.png",
-                        dpi=dpi)
-    sections.append({"title": "Heads by Jensen-Shannon distance", "html": (
-        "<p>The mean Jensen-Shannon distance between the attention rows of every pair of heads "
-        "(averaged over the real queries and the sequences), embedded in two dimensions by "
-        "multidimensional scaling (Clark et al. 2019, Fig. 6).</p>"
-        + figure_html(p_mds, "Heads embedded by Jensen-Shannon distance", "Each dot is one "
-                      "head, coloured by layer and labelled layer-head.",
-                      "Heads close together attend alike; Clark et al. find heads of the same "
-                      "layer tend to cluster."))})
+  tables = {"measures_entropy": table_html(per_layer, table_id="table-measures-layers",
+                                           float_format="{:.3f}")}
+  # the registered sections of the measures report (`heads_jax.report.spec`), in figure order:
+  # the section's paragraph, its drawn figures, then this report's tables for them
+  sections: dict[str, dict] = {}
+  for fig in spec.figures_for("measures"):
+    if fig.name in drawn:
+      sec = sections.setdefault(fig.section, {
+          "title": fig.section, "html": spec.section("measures", fig.section).intro})
+      sec["html"] += figure[fig.name] + tables.get(fig.name, "")
+  sections = list(sections.values())
   return sections
 
 

@@ -9,8 +9,8 @@ inserted as they are. Every report (`heads_jax.report.analysis`, ``compare``, ``
 A section is a ``(title, html)`` pair or a dict ``{"title", "html"}``; `extra_sections` turns
 user-facing section specs (text, table, figure) into such pairs.
 
-Host side: numpy / pandas only, no jax; of the report package only `headline.format_number`
-(`format_value`, the one number formatter).
+Host side: numpy / pandas only, no jax, and nothing else of the report package. `format_value` is
+the one number formatter of the reports (headline figures included).
 """
 
 from __future__ import annotations
@@ -69,9 +69,32 @@ def is_number(v) -> bool:
 
 
 def format_value(v, kind: str | None = None) -> str:
-  """Text of one value: `heads_jax.report.headline.format_number` (the one number formatter)."""
-  from heads_jax.report.headline import format_number
-  return format_number(v, kind)
+  """THE number formatter of the reports: shares as percentages (1 decimal), correlations with 3
+  decimals, p-values with 2 significant digits, other floats of a kind ``float`` with 2 decimals,
+  any other float with 4 significant digits, integers with thousands separators; None/NaN ->
+  "n/a", bools yes/no, lists and dicts item by item."""
+  if is_missing(v):
+    return "n/a"
+  if isinstance(v, (bool, np.bool_)):
+    return "yes" if v else "no"
+  if isinstance(v, (list, tuple, np.ndarray)):
+    return ", ".join(format_value(x) for x in v)
+  if isinstance(v, dict):
+    return "; ".join(f"{k}: {format_value(x)}" for k, x in v.items())
+  if isinstance(v, (int, np.integer)):
+    return f"{int(v):,}" if kind != "p" else f"{int(v)}"
+  if isinstance(v, (float, np.floating)):
+    v = float(v)
+    if kind == "share" and 0.0 <= v <= 1.0:
+      return f"{v:.1%}"
+    if kind == "corr":
+      return f"{v:.3f}"
+    if kind == "p":
+      return "< 1e-300" if v == 0 else f"{v:.2g}"
+    if kind == "float":
+      return f"{v:.2f}"
+    return f"{v:.4g}"
+  return str(v)
 
 
 def flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:

@@ -4,12 +4,12 @@ formatter, the console line and the HTML table on hand values."""
 import numpy as np
 
 from heads_jax.hoststats import summary as summary_lib
-from heads_jax.report import headline
+from heads_jax.report import headline, page
 from tests.report.test_report import make_scores
 
 
-def test_format_number_on_hand_values():
-  f = headline.format_number
+def test_the_one_formatter_on_hand_values():
+  f = page.format_value
   assert f(0.025, "share") == "2.5%" and f(1.0, "share") == "100.0%"
   assert f(1.5, "share") == "1.5"  # not a share: 4 significant digits
   assert f(0.41234, "corr") == "0.412" and f(-0.5, "corr") == "-0.500"
@@ -42,7 +42,8 @@ def test_console_line_and_table_on_hand_values():
   assert table.loc["Heads with a delimiter role ([CLS], [SEP] or both)", "a"] == "25.0%"
   assert table.loc["Heads with a local role (local, previous or next)", "a"] == "not reported"
   assert table.loc["... block heads under the paper's rule (tau only)", "b"] == "not reported"
-  assert table.loc["Mean of all sieve bias scores", "paper (BERT-base)"] == "2.80"
+  paper = table.loc["Mean of all sieve bias scores", "paper (BERT-base)"]
+  assert paper == headline.paper_value("mean_sieve_score") and "2.8" in paper  # hoststats.paper
   assert "Heads with near-uniform attention (no role)" not in table.index  # optional, absent
   html = headline.headline_html({"x<y": s}, label_header="headline figure")
   assert "<th>x&lt;y</th>" in html and '<td class="num">25.0%</td>' in html

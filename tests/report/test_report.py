@@ -16,7 +16,7 @@ from scipy import stats
 
 from heads_jax.data import vocabulary as batch_lib
 from heads_jax.hoststats import roles as roles_lib
-from heads_jax.report import analysis, compare, headline, page, style, tables
+from heads_jax.report import analysis, compare, headline, page, spec, style, tables
 from heads_jax.report.figures import guan, pande
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,8 +98,8 @@ SETTINGS = {"tau": 3.0, "tau_requested": "3", "alpha": 0.05, "test": "t", "corre
 
 SUMMARY = {"share_local": 0.25, "share_syntactic": 0.5, "share_delimiter": 0.75,
            "share_block": 0.0, "share_unskilled": 0.125, "share_syntactic_also_local": 1 / 3,
-           "spearman": {"rho": 0.4123, "p": 1.2e-5}, "mean_sieve_score": 2.7512,
-           "share_p_mid": 0.025, "custom <key>": [1, 2]}
+           "spearman_local_syntactic": 0.4123, "spearman_p_value": 1.2e-5,
+           "mean_sieve_score": 2.7512, "share_p_between": 0.025, "custom <key>": [1, 2]}
 
 
 def check_png(path, min_bytes=2000):
@@ -290,7 +290,7 @@ def test_write_report_embeds_figures_and_tables(tmp_path, data, drawn):
   assert sorted(base64.b64decode(u) for u in uris) == sorted(p.read_bytes() for p in figs.values())
   for name in figs:
     assert f'id="fig-{page.slug(name)}"' in text
-    assert page.esc(analysis.FIGURE_TEXT[name][2]) in text  # "how to read this" line
+    assert page.esc(spec.figure(name).how) in text  # "how to read this" line
   for table in ("table-settings", "table-summary", "table-summary-other", "table-roles-per-layer",
                 "table-roles-per-head", "table-cluster-info", "table-cluster-means",
                 "table-clusters", "table-cluster-name-scores"):

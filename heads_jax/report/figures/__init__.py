@@ -13,9 +13,19 @@
 
 Every ``plot_xxx(..., path) -> Path`` draws one figure from plain arrays / DataFrames (the
 contract files of DESIGN.md section 4, or the ablation's CSV tables) and writes it as a PNG at
-``path`` (parent folders are created). ``FIGURE_TEXT`` of a paper module holds the title,
-caption and a "how to read this" line per standard figure name. Nothing statistical is
+``path`` (parent folders are created). ``FIGURES`` of a paper module is its registry
+(`heads_jax.report.spec.Registry`): one `Figure` spec per figure (name, title, caption, "how to
+read this" line, draw function, the reports and section that show it, the paper's figure it
+reproduces); the reports draw and place their figures from these registries. Nothing statistical is
 computed here beyond simple means and counts for drawing.
 
 Axis letters in shapes: b sequence (batch), l layer, h head, r role, d feature.
 """
+
+PAPERS = ("pande", "guan", "clark", "michel", "kovaleva")
+
+
+def paper_modules():
+  """The paper modules, in the order of `PAPERS` (each has a ``FIGURES`` registry)."""
+  import importlib
+  return tuple(importlib.import_module(f"heads_jax.report.figures.{p}") for p in PAPERS)

@@ -13,9 +13,14 @@ import numpy as np
 from sklearn.manifold import MDS
 
 from heads_jax.report.figures.common import DEFAULT_DPI, new_figure, save_figure
+from heads_jax.report.spec import Registry
 
 TOKEN_MEASURE_LABELS = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation (, .)",
                         "prev": "previous token", "next": "next token"}
+
+
+# The registry of this paper's figures (`heads_jax.report.spec`); registered at the end.
+FIGURES = Registry('Clark et al. 2019')
 
 
 def _per_layer_scatter(ax, values, *, ylabel: str, reference=None, color="#2c7fb8"):
@@ -111,3 +116,82 @@ def plot_js_mds(js, num_layers: int, num_heads: int, path, *, seed: int = 0,
   ax.set_yticks([])
   ax.set_title(title or "Heads embedded by Jensen-Shannon distance (MDS)")
   return save_figure(fig, path, dpi)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry: how each report draws these figures from its inputs (`heads_jax.report.spec`);
+# the drawn title is the plot's own, the report's heading the spec's title
+
+
+def _draw_entropy(i, path, *, title, dpi):
+  """Inputs: ``entropy`` and ``cls_entropy`` ``[l, h]`` (means over the sequences), ``mean_length``."""
+  if i.entropy is None:
+    return None
+  return plot_entropy(i.entropy, i.cls_entropy, path, mean_length=i.mean_length, dpi=dpi)
+
+
+def _draw_tokens(i, path, *, title, dpi):
+  """Inputs: ``token_attention`` ``[l, h, m]`` (mean over the sequences), ``token_names``."""
+  if i.token_attention is None:
+    return None
+  return plot_token_attention(i.token_attention, path, names=i.token_names, dpi=dpi)
+
+
+def _draw_js_mds(i, path, *, title, dpi):
+  """Inputs: ``js`` ``[l*h, l*h]``, ``num_layers``, ``num_heads``."""
+  if i.js is None or not np.asarray(i.js).size:
+    return None
+  return plot_js_mds(i.js, i.num_layers, i.num_heads, path, dpi=dpi)
+
+
+# the measures report's sections (`Figure.section`), each with the paragraph above its figure
+FIGURES.section("measures", "Attention entropy (Clark et al. 2019)", (
+    "<p>The entropy (natural log) of each head's attention rows over the real tokens, averaged "
+    "over the queries and the sequences; and the entropy of the [CLS] query's row alone. Low "
+    "entropy: focused attention; the dotted line is uniform attention over a sequence of mean "
+    "length.</p>"))
+FIGURES.section("measures", "Attention to special tokens and neighbours", (
+    "<p>Mean attention mass each head puts on [CLS], on [SEP], on commas and periods, and on the "
+    "previous and the next token (Clark et al. 2019, Figs. 1-2), averaged over the real queries "
+    "(for previous / next: those that have one) and the sequences.</p>"))
+FIGURES.section("measures", "Heads by Jensen-Shannon distance", (
+    "<p>The mean Jensen-Shannon distance between the attention rows of every pair of heads "
+    "(averaged over the real queries and the sequences), embedded in two dimensions by "
+    "multidimensional scaling (Clark et al. 2019, Fig. 6).</p>"))
+
+# name, title, caption (what is drawn), how (how to read it), how each report draws it
+FIGURES.register(
+    'measures_entropy',
+    title='Attention entropy per head',
+    caption=('Each dot is one head; the line is the layer mean.'),
+    how=('Heads near the dotted line attend broadly (a bag of words); heads near 0 '
+         'attend to one token.'),
+    draw=_draw_entropy,
+    reports=("measures",),
+    section="Attention entropy (Clark et al. 2019)",
+    reproduces="Fig. 4",
+)
+
+FIGURES.register(
+    'measures_tokens',
+    title='Where heads attend',
+    caption=('One panel per target; each dot is one head.'),
+    how=("Middle layers attending heavily to [SEP] is the 'no-op' pattern Clark et "
+         'al. describe; heads near 1 on previous / next are positional heads.'),
+    draw=_draw_tokens,
+    reports=("measures",),
+    section="Attention to special tokens and neighbours",
+    reproduces="Figs. 1-2",
+)
+
+FIGURES.register(
+    'measures_js_mds',
+    title='Heads embedded by Jensen-Shannon distance',
+    caption=('Each dot is one head, coloured by layer and labelled layer-head.'),
+    how=('Heads close together attend alike; Clark et al. find heads of the same '
+         'layer tend to cluster.'),
+    draw=_draw_js_mds,
+    reports=("measures",),
+    section="Heads by Jensen-Shannon distance",
+    reproduces="Fig. 6",
+)

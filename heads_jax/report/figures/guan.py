@@ -21,34 +21,11 @@ import pandas as pd
 from heads_jax.data import vocabulary as batch_lib
 from heads_jax.report import style
 from heads_jax.report.figures.common import DEFAULT_DPI, new_figure, save_figure
+from heads_jax.report.spec import Registry
 from heads_jax.report.tables import require_columns
 
-# ---------------------------------------------------------------------------------------------
-# name -> (title, caption, how to read). Captions say what is drawn; "how" says how to read it.
-FIGURE_TEXT = {
-    "cluster_tsne": (
-        "t-SNE of heads by distance features",
-        "Every head placed by t-SNE of its 21 distance features, coloured by K-means cluster "
-        "(Guan et al. Fig. 2); the number at each point is its layer.",
-        "Nearby points attend similarly; t-SNE distances between far-apart groups are not "
-        "meaningful, only the grouping is."),
-    "cluster_layers": (
-        "Attention type per layer",
-        "Number of heads of each attention type (cluster) in every layer (Guan et al. Fig. 3).",
-        "Read a bar bottom-up to see how many heads of the layer are of each type; compare bars "
-        "to see types moving through the depth."),
-    "cluster_features": (
-        "Distance features per attention type",
-        "Box plots of the 21 distance features of the heads in each cluster (Guan et al. Fig. 1): "
-        "attention mass in 16 relative-distance windows, to itself, [CLS], [SEP], ',' and '.'.",
-        "Boxes span the middle half of the heads, the line is the median; a cluster with high "
-        "'self' and 'w0' is diagonal, high [CLS]/[SEP] vertical, spread over windows dense."),
-    "cluster_changes": (
-        "Attention type before and after fine-tuning",
-        "Number of heads with each pair (type before, type after fine-tuning).",
-        "The diagonal holds heads that kept their type; every off-diagonal count is heads that "
-        "changed type (row: before, column: after)."),
-}
+# The registry of this paper's figures (`heads_jax.report.spec`); registered at the end.
+FIGURES = Registry("Guan et al. 2020")
 
 
 
@@ -90,7 +67,7 @@ def plot_cluster_tsne(clusters_df: pd.DataFrame, path, *, label_layers: bool = T
   ax.set_xticks([])
   ax.set_yticks([])
   ax.legend(title="attention type (cluster)", fontsize=9, title_fontsize=9, loc="best")
-  ax.set_title(title or FIGURE_TEXT["cluster_tsne"][0])
+  ax.set_title(title or FIGURES["cluster_tsne"].title)
   return save_figure(fig, path, dpi)
 
 
@@ -116,7 +93,7 @@ def plot_cluster_layers(clusters_df: pd.DataFrame, path, *, title: str | None = 
   ax.set_ylabel("number of heads")
   ax.legend(title="attention type", fontsize=9, title_fontsize=9, loc="upper left",
             bbox_to_anchor=(1.01, 1.0))
-  ax.set_title(title or FIGURE_TEXT["cluster_layers"][0])
+  ax.set_title(title or FIGURES["cluster_layers"].title)
   return save_figure(fig, path, dpi)
 
 
@@ -153,7 +130,7 @@ def plot_cluster_features(clusters_df: pd.DataFrame, path, *,
     ax.set_ylabel("attention mass")
   for ax in axes[-1, :]:
     ax.set_xlabel("distance window (w0 = nearest) or token kind")
-  fig.suptitle(title or FIGURE_TEXT["cluster_features"][0])
+  fig.suptitle(title or FIGURES["cluster_features"].title)
   return save_figure(fig, path, dpi)
 
 
@@ -184,7 +161,7 @@ def plot_cluster_changes(changes_df: pd.DataFrame, path, *, title: str | None = 
   ax.set_ylabel("type before fine-tuning")
   changed = int((before.to_numpy() != after.to_numpy()).sum())
   fig.colorbar(image, ax=ax, shrink=0.8, label="heads")
-  ax.set_title(f"{title or FIGURE_TEXT['cluster_changes'][0]}\n"
+  ax.set_title(f"{title or FIGURES['cluster_changes'].title}\n"
                f"{changed} of {len(before)} heads changed type", fontsize=11)
   return save_figure(fig, path, dpi)
 
@@ -256,3 +233,128 @@ def plot_segment_ablation(table: pd.DataFrame, path, *, metric: str = "accuracy"
   ax.legend(fontsize=8)
   ax.set_title(title or "Removing intra- / inter-sentence attention")
   return save_figure(fig, path, dpi)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry: how each report draws these figures from its inputs (`heads_jax.report.spec`)
+
+
+def _clusters(i):
+  return i.clusters_df if i.clusters_df is not None and len(i.clusters_df) else None
+
+
+def _draw_cluster_tsne(i, path, *, title, dpi):
+  df = _clusters(i)
+  if df is None or not {"tsne_x", "tsne_y"} <= set(df.columns) or not np.isfinite(
+      df[["tsne_x", "tsne_y"]].astype(float).to_numpy()).all():
+    return None
+  return plot_cluster_tsne(df, path, title=title, dpi=dpi)
+
+
+def _draw_cluster_layers(i, path, *, title, dpi):
+  df = _clusters(i)
+  return None if df is None else plot_cluster_layers(df, path, title=title, dpi=dpi)
+
+
+def _draw_cluster_features(i, path, *, title, dpi):
+  df = _clusters(i)
+  if df is None or not set(batch_lib.DISTANCE_FEATURES) <= set(df.columns):
+    return None
+  return plot_cluster_features(df, path, title=title, dpi=dpi)
+
+
+def _draw_cluster_changes(i, path, *, title, dpi):
+  df = i.cluster_changes_df
+  if df is None or not len(df):
+    return None
+  return plot_cluster_changes(df, path, title=title, dpi=dpi)
+
+
+def _draw_group_ablation(i, path, *, title, dpi):
+  if i.group_table is None:
+    return None
+  # the drawn title names the metric (the plot's own); the report's heading is the spec's
+  return plot_group_ablation(i.group_table, path, metric=i.metric or "accuracy", dpi=dpi)
+
+
+def _draw_segment_ablation(i, path, *, title, dpi):
+  if i.segment_table is None:
+    return None
+  return plot_segment_ablation(i.segment_table, path, metric=i.metric or "accuracy", dpi=dpi)
+
+
+# name, title, caption (what is drawn; {metric}: the ablation's metric), how (how to read it),
+# how each report draws it
+FIGURES.register(
+    'cluster_tsne',
+    title='t-SNE of heads by distance features',
+    caption=('Every head placed by t-SNE of its 21 distance features, coloured by '
+             'K-means cluster (Guan et al. Fig. 2); the number at each point is its '
+             'layer.'),
+    how=('Nearby points attend similarly; t-SNE distances between far-apart groups '
+         'are not meaningful, only the grouping is.'),
+    draw=_draw_cluster_tsne,
+    reports=("analysis",),
+    reproduces="Fig. 2",
+)
+
+FIGURES.register(
+    'cluster_layers',
+    title='Attention type per layer',
+    caption=('Number of heads of each attention type (cluster) in every layer (Guan '
+             'et al. Fig. 3).'),
+    how=('Read a bar bottom-up to see how many heads of the layer are of each type; '
+         'compare bars to see types moving through the depth.'),
+    draw=_draw_cluster_layers,
+    reports=("analysis",),
+    reproduces="Fig. 3",
+)
+
+FIGURES.register(
+    'cluster_features',
+    title='Distance features per attention type',
+    caption=('Box plots of the 21 distance features of the heads in each cluster '
+             '(Guan et al. Fig. 1): attention mass in 16 relative-distance windows, '
+             "to itself, [CLS], [SEP], ',' and '.'."),
+    how=('Boxes span the middle half of the heads, the line is the median; a cluster '
+         "with high 'self' and 'w0' is diagonal, high [CLS]/[SEP] vertical, spread "
+         'over windows dense.'),
+    draw=_draw_cluster_features,
+    reports=("analysis",),
+    reproduces="Fig. 1",
+)
+
+FIGURES.register(
+    'cluster_changes',
+    title='Attention type before and after fine-tuning',
+    caption=('Number of heads with each pair (type before, type after fine-tuning).'),
+    how=('The diagonal holds heads that kept their type; every off-diagonal count is '
+         'heads that changed type (row: before, column: after).'),
+    draw=_draw_cluster_changes,
+    reports=("compare",),
+)
+
+FIGURES.register(
+    'group_ablation',
+    title='Ablation by head group',
+    caption=('Change of {metric} per ablated group (bars) and for random groups of '
+             'the same size (black markers).'),
+    how=('Bars left of 0: the model got worse without the group; a bar far beyond its'
+         ' black marker means the group matters more than as many random heads.'),
+    draw=_draw_group_ablation,
+    reports=("ablation",),
+    section="Ablation by head group",
+    reproduces="Table 3",
+)
+
+FIGURES.register(
+    'segment_ablation',
+    title='Intra- and inter-sentence attention removed',
+    caption=('Change of {metric} when the intra- or inter-sentence attention of each '
+             'group is removed.'),
+    how=('Bars below 0: the model needs that kind of attention in those heads.'),
+    draw=_draw_segment_ablation,
+    reports=("ablation",),
+    section="Intra- and inter-sentence attention removed",
+    reproduces="Table 3",
+)

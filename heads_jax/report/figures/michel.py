@@ -11,7 +11,12 @@ import numpy as np
 import pandas as pd
 
 from heads_jax.report.figures.common import DEFAULT_DPI, heatmap, new_figure, save_figure
+from heads_jax.report.spec import Registry
 from heads_jax.report.tables import require_columns
+
+# The registry of this paper's figures (`heads_jax.report.spec`); registered at the end.
+FIGURES = Registry('Michel et al. 2019')
+
 
 def plot_importance(importance, path, *, title: str | None = None, label: str = "importance",
                     dpi: int = DEFAULT_DPI) -> Path:
@@ -54,3 +59,45 @@ def plot_pruning_curve(curve: pd.DataFrame, path, *, metric: str = "accuracy",
   ax.legend(fontsize=8, loc="lower left")
   ax.set_title(title or f"Pruning heads: {metric} vs share pruned")
   return save_figure(fig, path, dpi)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry: how each report draws these figures from its inputs (`heads_jax.report.spec`);
+# the drawn title is the plot's own, the report's heading the spec's title
+
+
+def _draw_importance(i, path, *, title, dpi):
+  """Inputs: ``importance`` ``[l, h]``."""
+  return None if i.importance is None else plot_importance(i.importance, path, dpi=dpi)
+
+
+def _draw_pruning(i, path, *, title, dpi):
+  """Inputs: ``pruning_curve`` (pruning.csv), ``metric``."""
+  if i.pruning_curve is None:
+    return None
+  return plot_pruning_curve(i.pruning_curve, path, metric=i.metric or "accuracy", dpi=dpi)
+
+
+# name, title, caption (what is drawn), how (how to read it), how each report draws it
+FIGURES.register(
+    'importance',
+    title='Head importance',
+    caption=('Importance of every head (rows: layers, columns: heads).'),
+    how=('Bright heads change the loss most when scaled down; dark heads can be '
+         'pruned first.'),
+    draw=_draw_importance,
+    reports=("ablation",),
+    section="Head importance",
+)
+
+FIGURES.register(
+    'pruning',
+    title='Pruning curve',
+    caption=('{metric} of the classifier vs the share of heads pruned.'),
+    how=('The longer the green line stays flat above the red one, the more heads can '
+         'go without loss, and the better importance picks them.'),
+    draw=_draw_pruning,
+    reports=("ablation",),
+    section="Pruning curve",
+    reproduces="Fig. 3",
+)

@@ -28,56 +28,11 @@ from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report import style, tables
 from heads_jax.report.figures.common import (DEFAULT_DPI, PLAIN, empty_note, finite, new_figure,
                                              save_figure)
+from heads_jax.report.spec import Registry
 from heads_jax.report.tables import require_columns
 
-# ---------------------------------------------------------------------------------------------
-# name -> (title, caption, how to read). Captions say what is drawn; "how" says how to read it.
-FIGURE_TEXT = {
-    "score_cdf": (
-        "Distribution of all sieve bias scores",
-        "Cumulative distribution of every per-sequence sieve bias score (all heads, roles and "
-        "sequences), with their mean and the threshold tau (Pande et al. Fig. 3a).",
-        "A point (x, y) means a share y of all scores is at most x; 1 = the head attends to the "
-        "sieve as much as to an average position; scores right of tau are what a role needs on "
-        "average."),
-    "pvalue_hist": (
-        "Histogram of p-values",
-        "p-values of the one-sided tests (mean sieve bias > tau) over all heads and roles, with "
-        "the band (0.05, 0.95) shaded (Pande et al. Fig. 3b).",
-        "Few p-values inside the band means almost every test is clear-cut (far above or far "
-        "below tau), so the role assignment is not sensitive to the choice of alpha."),
-    "role_upset": (
-        "Overlap of coarse roles (UpSet)",
-        "Number of heads for every combination of the coarse roles local, syntactic, block and "
-        "delimiter (Pande et al. Fig. 4).",
-        "Each column is one combination: the dots below mark which roles it has and the bar "
-        "above counts heads with exactly that combination; the bars on the left count all heads "
-        "with each role."),
-    "role_venn": (
-        "Overlap of coarse roles (Venn)",
-        "Heads with the coarse roles shown, as a Venn diagram (areas roughly proportional).",
-        "Numbers are head counts in each region; a head counted in an overlap has all roles "
-        "whose circles contain it; heads with none of these roles are counted in the corner."),
-    "role_grid": (
-        "Roles of every head",
-        "Layer x head grid with one marker per assigned fine role (Pande et al. Fig. 5); within a "
-        "layer, heads are sorted by their number of roles.",
-        "Each cell is one head (its index in the corner); a coloured marker at a fixed place means "
-        "that role is assigned, a grey dot that it is not; read rows to see how roles move "
-        "through the layers."),
-    "role_heatmaps": (
-        "Mean sieve bias per head, one panel per role",
-        "Mean sieve bias of every head (rows = layers, columns = heads) for each role, on one "
-        "shared logarithmic colour scale centred at tau.",
-        "Red cells are above tau, blue below, white near tau; a dot marks heads where the role is "
-        "assigned (significant); grey cells have no defined score."),
-    "finetune_delta": (
-        "Change of sieve bias after fine-tuning",
-        "Change in mean sieve bias (after - before fine-tuning) per role, for the initial, middle "
-        "and final layers (Pande et al. Fig. 6).",
-        "Bars above zero mean the heads of that layer group attend more to the role's sieve "
-        "after fine-tuning; below zero, less."),
-}
+# The registry of this paper's figures (`heads_jax.report.spec`); registered at the end.
+FIGURES = Registry("Pande et al. 2021")
 
 
 
@@ -133,7 +88,7 @@ def plot_score_cdf(scores, path, *, tau: float, mean: float | None = None, title
     ax.set_ylabel("cumulative share of scores")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="upper left", fontsize=9, frameon=True)
-  ax.set_title(title or FIGURE_TEXT["score_cdf"][0])
+  ax.set_title(title or FIGURES["score_cdf"].title)
   return save_figure(fig, path, dpi)
 
 
@@ -170,7 +125,7 @@ def plot_pvalue_hist(p_values, path, *, band=(0.05, 0.95), alpha: float | None =
     ax.set_xlabel("p-value of the test 'mean sieve bias > tau'")
     ax.set_ylabel("number of tests (log scale)")
     ax.legend(loc="upper center", fontsize=9)
-  ax.set_title(title or FIGURE_TEXT["pvalue_hist"][0])
+  ax.set_title(title or FIGURES["pvalue_hist"].title)
   return save_figure(fig, path, dpi)
 
 
@@ -255,7 +210,7 @@ def plot_role_upset(tests_or_flags: pd.DataFrame, path, *,
   """
   flags, sets = tables.coarse_flags(tests_or_flags, sets)
   heads = len(flags)
-  label = title or FIGURE_TEXT["role_upset"][0]
+  label = title or FIGURES["role_upset"].title
   if not sets or heads == 0:
     fig = new_figure(7, 3.5)
     empty_note(fig.add_subplot(), "no coarse role was tested")
@@ -283,7 +238,7 @@ def plot_role_venn(tests_or_flags: pd.DataFrame, path, *, sets=("local", "syntac
   flags, sets = tables.coarse_flags(tests_or_flags, sets)
   fig = new_figure(6.2, 5.4)
   ax = fig.add_subplot()
-  label = title or FIGURE_TEXT["role_venn"][0]
+  label = title or FIGURES["role_venn"].title
   if len(sets) < 2:
     empty_note(ax, "fewer than two of these roles were tested")
     ax.set_title(label)
@@ -374,7 +329,7 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
   fig.legend(handles=handles, loc="outside lower center", ncol=min(len(roles), 5), fontsize=8,
              frameon=False, title="role assigned (markers sit at the same place in every cell)",
              title_fontsize=8)
-  fig.suptitle(title or FIGURE_TEXT["role_grid"][0])
+  fig.suptitle(title or FIGURES["role_grid"].title)
   return save_figure(fig, path, dpi)
 
 
@@ -442,7 +397,7 @@ def plot_role_heatmaps(means, roles, path, *, tau: float, assigned=None, ncols: 
   cbar.set_label(f"mean sieve bias (log scale; black line: tau = {tau:g})", fontsize=8)
   cbar.ax.tick_params(labelsize=7)
   note = "dots: role assigned" if assigned is not None else ""
-  fig.suptitle((title or FIGURE_TEXT["role_heatmaps"][0]) + (f"  ({note}; grey: undefined)"
+  fig.suptitle((title or FIGURES["role_heatmaps"].title) + (f"  ({note}; grey: undefined)"
                                                              if note else "  (grey: undefined)"),
                fontsize=11)
   return save_figure(fig, path, dpi)
@@ -489,5 +444,150 @@ def plot_finetune_delta(compare_df: pd.DataFrame, path, *, title: str | None = N
   axes[0].legend(fontsize=9, ncols=len(groups), loc="lower left", bbox_to_anchor=(0.0, 1.0),
                  frameon=False)
   axes[-1].set_xlabel("role")
-  fig.suptitle(title or FIGURE_TEXT["finetune_delta"][0])
+  fig.suptitle(title or FIGURES["finetune_delta"].title)
   return save_figure(fig, path, dpi)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry: how each report draws these figures from its inputs (`heads_jax.report.spec`)
+
+
+def _draw_score_cdf(i, path, *, title, dpi):
+  if i.sieve_bias is None:
+    return None
+  return plot_score_cdf(i.sieve_bias, path, tau=i.tau, mean=i.mean_score, title=title, dpi=dpi)
+
+
+def _draw_pvalue_hist(i, path, *, title, dpi):
+  if i.tests_df is None or "p_value" not in i.tests_df.columns:
+    return None
+  return plot_pvalue_hist(i.tests_df["p_value"], path, band=i.p_band or (0.05, 0.95),
+                          alpha=i.alpha, title=title, dpi=dpi)
+
+
+def _draw_role_upset(i, path, *, title, dpi):
+  return None if i.tests_df is None else plot_role_upset(i.tests_df, path, title=title, dpi=dpi)
+
+
+def _draw_role_venn(i, path, *, title, dpi):
+  return None if i.tests_df is None else plot_role_venn(i.tests_df, path, title=title, dpi=dpi)
+
+
+def _draw_role_grid(i, path, *, title, dpi):
+  return None if i.tests_df is None else plot_role_grid(i.tests_df, path, title=title, dpi=dpi)
+
+
+def _draw_role_heatmaps(i, path, *, title, dpi):
+  """The roles with a defined mean; the others are named in the title."""
+  if i.tests_df is None or "mean" not in i.tests_df.columns:
+    return None
+  order = roles_lib.role_order(i.roles if i.roles is not None else i.tests_df["role"].unique())
+  heat_roles = [r for r in order if r in tables.tested_roles(i.tests_df)]
+  if not heat_roles:
+    return None
+  dropped = [r for r in order if r not in heat_roles]
+  means, heat_roles = tables.mean_matrix(i.tests_df, heat_roles)
+  return plot_role_heatmaps(means, heat_roles, path, tau=i.tau,
+                            assigned=tables.assigned_matrix(i.tests_df, heat_roles), dpi=dpi,
+                            title=title + (f"; not computed: {', '.join(dropped)}" if dropped else ""))
+
+
+def _draw_finetune_delta(i, path, *, title, dpi):
+  return (None if i.compare_df is None
+          else plot_finetune_delta(i.compare_df, path, title=title, dpi=dpi))
+
+
+# name, title, caption (what is drawn), how (how to read it), how each report draws it
+FIGURES.register(
+    'score_cdf',
+    title='Distribution of all sieve bias scores',
+    caption=('Cumulative distribution of every per-sequence sieve bias score (all '
+             'heads, roles and sequences), with their mean and the threshold tau '
+             '(Pande et al. Fig. 3a).'),
+    how=('A point (x, y) means a share y of all scores is at most x; 1 = the head '
+         'attends to the sieve as much as to an average position; scores right of tau'
+         ' are what a role needs on average.'),
+    draw=_draw_score_cdf,
+    reports=("analysis",),
+    reproduces="Fig. 3a",
+)
+
+FIGURES.register(
+    'pvalue_hist',
+    title='Histogram of p-values',
+    caption=('p-values of the one-sided tests (mean sieve bias > tau) over all heads '
+             'and roles, with the band (0.05, 0.95) shaded (Pande et al. Fig. 3b).'),
+    how=('Few p-values inside the band means almost every test is clear-cut (far '
+         'above or far below tau), so the role assignment is not sensitive to the '
+         'choice of alpha.'),
+    draw=_draw_pvalue_hist,
+    reports=("analysis",),
+    reproduces="Fig. 3b",
+)
+
+FIGURES.register(
+    'role_upset',
+    title='Overlap of coarse roles (UpSet)',
+    caption=('Number of heads for every combination of the coarse roles local, '
+             'syntactic, block and delimiter (Pande et al. Fig. 4).'),
+    how=('Each column is one combination: the dots below mark which roles it has and '
+         'the bar above counts heads with exactly that combination; the bars on the '
+         'left count all heads with each role.'),
+    draw=_draw_role_upset,
+    reports=("analysis",),
+    reproduces="Fig. 4",
+    rule_in_title=True,
+)
+
+FIGURES.register(
+    'role_venn',
+    title='Overlap of coarse roles (Venn)',
+    caption=('Heads with the coarse roles shown, as a Venn diagram (areas roughly '
+             'proportional).'),
+    how=('Numbers are head counts in each region; a head counted in an overlap has '
+         'all roles whose circles contain it; heads with none of these roles are '
+         'counted in the corner.'),
+    draw=_draw_role_venn,
+    reports=("analysis",),
+    reproduces="Fig. 4",
+    rule_in_title=True,
+)
+
+FIGURES.register(
+    'role_grid',
+    title='Roles of every head',
+    caption=('Layer x head grid with one marker per assigned fine role (Pande et al. '
+             'Fig. 5); within a layer, heads are sorted by their number of roles.'),
+    how=('Each cell is one head (its index in the corner); a coloured marker at a '
+         'fixed place means that role is assigned, a grey dot that it is not; read '
+         'rows to see how roles move through the layers.'),
+    draw=_draw_role_grid,
+    reports=("analysis",),
+    reproduces="Fig. 5",
+    rule_in_title=True,
+)
+
+FIGURES.register(
+    'role_heatmaps',
+    title='Mean sieve bias per head, one panel per role',
+    caption=('Mean sieve bias of every head (rows = layers, columns = heads) for each'
+             ' role, on one shared logarithmic colour scale centred at tau.'),
+    how=('Red cells are above tau, blue below, white near tau; a dot marks heads '
+         'where the role is assigned (significant); grey cells have no defined score.'),
+    draw=_draw_role_heatmaps,
+    reports=("analysis",),
+    reproduces="Fig. 5",
+    rule_in_title=True,
+)
+
+FIGURES.register(
+    'finetune_delta',
+    title='Change of sieve bias after fine-tuning',
+    caption=('Change in mean sieve bias (after - before fine-tuning) per role, for '
+             'the initial, middle and final layers (Pande et al. Fig. 6).'),
+    how=('Bars above zero mean the heads of that layer group attend more to the '
+         "role's sieve after fine-tuning; below zero, less."),
+    draw=_draw_finetune_delta,
+    reports=("compare",),
+    reproduces="Fig. 6",
+)

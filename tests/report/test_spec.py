@@ -1,0 +1,129 @@
+"""The figure registry (heads_jax.report.spec): every registered figure draws on a small fixture
+and appears in its report; a new spec registered once reaches its report; names are unique."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from heads_jax.report import ablation, analysis, compare, measures, page, spec
+from heads_jax.report.figures import pande
+from tests.report.test_report import (DPI, SETTINGS, SUMMARY, check_png, make_clusters_df,
+                                      make_compare, make_scores, make_tests_df)
+
+
+def _anchor(name):
+  return f'id="fig-{page.slug(name)}"'
+
+
+@pytest.fixture(scope="module")
+def fixture():
+  scores = make_scores(n=4, layers=2, heads=3)
+  compare_df, heads_df, changes = make_compare(layers=2, heads=3)
+  rng = np.random.default_rng(0)
+  L, H = 2, 3
+  measures_npz = {"entropy": rng.uniform(0.5, 2.5, (4, L, H)),
+                  "cls_entropy": rng.uniform(0.5, 2.5, (4, L, H)),
+                  "token_attention": rng.dirichlet(np.ones(5), (4, L, H)),
+                  "lengths": np.array([8, 9, 10, 11]),
+                  "js": (lambda a: (a + a.T) / 2 * (1 - np.eye(L * H)))(rng.uniform(0.1, 0.6, (L * H,) * 2))}
+  groups = pd.DataFrame({"group": ["none", "dense", "vertical"],
+                         "kind": ["baseline", "cluster", "cluster"], "num_heads": [0, 2, 1],
+                         "ablation": ["none", "remove", "remove"], "accuracy": [0.9, 0.8, 0.85],
+                         "accuracy_change": [0.0, -0.1, -0.05],
+                         "random_accuracy_change": [np.nan, -0.02, -0.01],
+                         "random_accuracy_std": [np.nan, 0.01, 0.01]})
+  segments = pd.DataFrame({"group": ["none", "dense", "dense"], "kind": ["baseline", "cluster", "cluster"],
+                           "num_heads": [0, 2, 2], "ablation": ["none", "intra", "inter"],
+                           "accuracy_change": [0.0, -0.1, -0.02]})
+  pruning = pd.DataFrame({"method": ["importance"] * 3 + ["random"] * 6,
+                          "seed": [0] * 3 + [0, 0, 0, 1, 1, 1],
+                          "share_pruned": [0.0, 0.5, 1.0] * 3,
+                          "accuracy": [0.9, 0.85, 0.5, 0.9, 0.7, 0.5, 0.9, 0.75, 0.5]})
+  return dict(scores=scores, tests=make_tests_df(scores["sieve_bias"], scores["roles"]),
+              clusters=make_clusters_df(layers=L, heads=H), compare=compare_df, heads=heads_df,
+              changes=changes, measures=measures_npz, groups=groups, segments=segments,
+              pruning=pruning, importance=rng.uniform(0, 1, (L, H)),
+              similarity=rng.uniform(0.5, 1, (L, H)))
+
+
+def test_names_are_unique_and_every_spec_is_complete():
+  figs = spec.all_figures()
+  assert len(figs) >= 19
+  for f in figs.values():
+    assert f.title and f.caption and f.how and f.paper and callable(f.draw), f.name
+    assert set(f.reports) <= set(spec.REPORTS)
+  with pytest.raises(ValueError, match="already registered"):
+    pande.FIGURES.register("score_cdf", title="t", caption="c", how="h", draw=None,
+                           reports=("analysis",))
+  with pytest.raises(ValueError, match="reports must be"):
+    spec.Figure("x", "t", "c", "h", draw=None, reports=("nowhere",))
+
+
+def test_every_registered_figure_draws_and_appears_in_its_report(fixture, tmp_path):
+  f = fixture
+  shown = set()
+  # analysis
+  drawn = analysis.analysis_figures(
+      tmp_path / "a" / "figures", sieve_bias=f["scores"]["sieve_bias"], roles=f["scores"]["roles"],
+      tests_df=f["tests"], tau=3.0, alpha=0.05, clusters_df=f["clusters"], dpi=DPI, rule="paper")
+  assert set(drawn) == {g.name for g in spec.figures_for("analysis")}
+  text = analysis.write_report(tmp_path / "a", title="t", settings=SETTINGS, summary=SUMMARY,
+                               tests_df=f["tests"], figures=drawn).read_text()
+  shown |= {n for n in drawn if _anchor(n) in text and page.esc(spec.figure(n).caption) in text}
+  # compare (+ the similarity section)
+  text = compare.write_compare_report(tmp_path / "c", compare_df=f["compare"],
+                                      cluster_changes_df=f["changes"], dpi=DPI,
+                                      extra_sections=[compare.similarity_section(
+                                          f["similarity"], fig_dir=tmp_path / "c" / "figures",
+                                          dpi=DPI)]).read_text()
+  shown |= {g.name for g in spec.figures_for("compare") if page.esc(g.caption) in text}
+  assert (tmp_path / "c" / "figures" / "attention_similarity.png").is_file()
+  # measures: one section per figure, headed by the spec's section
+  secs = measures.measures_sections(f["measures"], tmp_path / "m", dpi=DPI)
+  assert [s["title"] for s in secs] == [g.section for g in spec.figures_for("measures")]
+  for s in secs:  # each section opens with its registered paragraph
+    intro = spec.section("measures", s["title"]).intro
+    assert intro.startswith("<p>") and s["html"].startswith(intro)
+  html = "".join(s["html"] for s in secs)
+  shown |= {g.name for g in spec.figures_for("measures") if _anchor(g.name) in html}
+  # ablation: drawn from the tables through the registry, text from the specs
+  inputs = spec.Inputs(group_table=f["groups"], segment_table=f["segments"],
+                       importance=f["importance"], pruning_curve=f["pruning"], metric="accuracy")
+  paths = spec.draw("ablation", inputs, tmp_path / "ab", dpi=DPI)
+  assert set(paths) == {g.name for g in spec.figures_for("ablation")}
+  html = (ablation.ablation_section(f["groups"], paths["group_ablation"])["html"]
+          + ablation.segment_section(f["segments"], paths["segment_ablation"])["html"]
+          + ablation.importance_section(f["importance"], paths["importance"])["html"]
+          + ablation.pruning_section(f["pruning"], f["pruning"], paths["pruning"])["html"])
+  shown |= {g.name for g in spec.figures_for("ablation")
+            if page.esc(g.caption.format(metric="accuracy")) in html and page.esc(g.how) in html}
+  for p in list(drawn.values()) + list(paths.values()):
+    check_png(p, min_bytes=500)
+  assert shown == set(spec.all_figures()), set(spec.all_figures()) - shown
+
+
+def test_a_new_spec_registered_once_reaches_the_report(fixture, tmp_path):
+  f = fixture
+  calls = []
+
+  def draw(inputs, path, *, title, dpi):
+    calls.append((inputs.tau, title))
+    return pande.plot_score_cdf(inputs.sieve_bias, path, tau=inputs.tau, title=title, dpi=dpi)
+
+  pande.FIGURES.register("fake_cdf", title="A fake figure", caption="Fake <caption>.",
+                         how="Read it fakely.", draw=draw, reports=("analysis",),
+                         reproduces="Fig. 99", rule_in_title=True)
+  try:
+    drawn = analysis.analysis_figures(
+        tmp_path / "figures", sieve_bias=f["scores"]["sieve_bias"], roles=f["scores"]["roles"],
+        tests_df=f["tests"], tau=3.0, dpi=DPI, rule="calibrated")
+    assert drawn["fake_cdf"] == tmp_path / "figures" / "fake_cdf.png"
+    assert calls == [(3.0, "A fake figure (calibrated rule)")]
+    text = analysis.write_report(tmp_path, title="t", settings=SETTINGS, summary=SUMMARY,
+                                 tests_df=f["tests"], figures=drawn).read_text()
+    assert _anchor("fake_cdf") in text and "Fake &lt;caption&gt;." in text
+    assert "Read it fakely." in text
+    assert "fake_cdf" not in {g.name for g in spec.figures_for("compare")}
+  finally:
+    pande.FIGURES.unregister("fake_cdf")
+  assert "fake_cdf" not in spec.all_figures()
