@@ -129,7 +129,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 5_000
-  c.checkpoint.keep = 3
+  c.checkpoint.keep = 3   # the newest kept; 0 keeps every checkpoint (`heads-jax trajectory`)
   c.checkpoint.async_save = True
 
   c.log_every = 100
@@ -186,6 +186,7 @@ def get_config(arg: str = "bert_base") -> ml_collections.ConfigDict:
     c.optimizer.learning_rate = 1e-2
     c.optimizer.warmup_steps = 50
     c.checkpoint.every_steps = 50
+    c.checkpoint.keep = 0   # all of them: `heads-jax trajectory` draws the roles over training
     c.checkpoint.async_save = True
     c.log_every = 25
     c.eval_every = 250

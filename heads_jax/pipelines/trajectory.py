@@ -14,8 +14,8 @@ first token exceeds 0.3, from the step's token measures: ``[CLS]`` is position 0
 Writes ``trajectory.csv`` (one row per checkpoint: step, ``share_<coarse role>``,
 ``bias_<role>``, ``sink_rate``) and ``trajectory.png`` / ``.svg``
 (``heads_jax.report.figures.robustness.plot_trajectory``) into ``--out``.
-Keep enough checkpoints for a curve: the pre-training config's ``checkpoint.keep`` (the ``tiny``
-and demo presets keep every checkpoint when ``checkpoint.keep_all`` is set).
+Keep enough checkpoints for a curve: ``checkpoint.keep = 0`` keeps every checkpoint (the ``tiny``
+pre-training preset does; others keep the newest ``checkpoint.keep``).
 """
 
 from __future__ import annotations

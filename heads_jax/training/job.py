@@ -110,7 +110,8 @@ class TrainingJob:
     manager and sets ``parts``, ``model_config``, ``start_step`` and ``origin``."""
     c = self.config.checkpoint
     self.ckpts = checkpointing.Checkpoints(self.dir.checkpoints, save_interval_steps=c.every_steps,
-                                           max_to_keep=max(MIN_CHECKPOINTS_KEPT, c.keep),
+                                           max_to_keep=(None if c.keep == 0 else  # 0: all
+                                                        max(MIN_CHECKPOINTS_KEPT, c.keep)),
                                            async_save=c.async_save)
     self.model_config = model.config
     self.parts, state, self.start_step, self.origin = loop.initial_state(
