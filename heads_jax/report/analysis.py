@@ -268,14 +268,18 @@ def write_report(out_dir, *, title: str, settings: dict, summary: dict, tests_df
       '<p class="note">Number of heads in each layer with a role assigned (fine roles, then the '
       "coarse groups; a head counts once per group).</p>"
       + table_html(per_layer, table_id="table-roles-per-layer", index=True))))
-  figs = spec.figures_html(figures or {})
-  sections.append(("Figures", figs or '<p class="empty">(no figures)</p>'))
+  # the figures by their registered section (`heads_jax.report.spec`): "Figures" here, any other
+  # registered section of the analysis report after the per-head roles
+  figure_sections = dict(spec.sections_html("analysis", figures or {}))
+  sections.append(("Figures", figure_sections.pop("Figures", "")
+                   or '<p class="empty">(no figures)</p>'))
   sections.append(("Assigned roles per head", (
       '<p class="note">Roles whose test rejected "mean sieve bias <= tau"; the full tests with '
       "means, statistics and p-values are in tests.csv.</p>"
       + table_html(tables.roles_per_head(tests_df), table_id="table-roles-per-head", tall=True))))
   if clusters_df is not None:
     sections.append(("Clusters", _clusters_section(clusters_df, cluster_info)))
+  sections += list(figure_sections.items())
   sections += sections_from_specs(extra_sections)
   subtitle = " | ".join(f"{k}: {format_value(settings[k])}" for k in ("model", "data", "num_sequences")
                         if settings and k in settings)

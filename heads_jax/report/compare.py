@@ -66,7 +66,9 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
                                "fine-tuning comparison table")
   figs = spec.draw("compare", spec.Inputs(compare_df=compare_df,
                                           cluster_changes_df=cluster_changes_df),
-                   Path(out_dir) / "figures", dpi=dpi, section="Figures")
+                   Path(out_dir) / "figures", dpi=dpi,
+                   names=[f.name for f in spec.figures_for("compare")
+                          if f.name != "attention_similarity"])  # that one: similarity_section
   figs.update(figures or {})
 
   sections = []
@@ -98,7 +100,7 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
       + table_html(pivot, table_id="table-delta", index=True)
       + "<h3>Before, after and change</h3>"
       + table_html(long, table_id="table-compare"))))
-  sections.append(("Figures", spec.figures_html(figs)))
+  sections += spec.sections_html("compare", figs)
   if heads_df is not None:
     require_columns(heads_df, ("layer", "head", "gained", "lost"),
                                  "per-head role change table")

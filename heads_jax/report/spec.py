@@ -100,6 +100,9 @@ class Registry:
   def sections(self) -> list[Section]:
     return list(self._sections.values())
 
+  def unregister_section(self, report: str, title: str) -> None:
+    self._sections.pop((report, title))
+
   def register(self, name: str, **fields) -> Figure:
     """Registers ``Figure(name=name, paper=self.paper, **fields)``; names are unique across all
     registries (checked by `all_figures`)."""
@@ -193,3 +196,21 @@ def figures_html(drawn: dict) -> str:
   from heads_jax.report.page import figure_spec_html
   texts = figure_texts()
   return "".join(figure_spec_html(name, sp, texts) for name, sp in drawn.items())
+
+
+def by_section(report: str, drawn: dict, default: str = "Figures") -> dict[str, dict]:
+  """Drawn figures ``{name: path or spec}`` grouped by their registered section of ``report``
+  (``{section title: {name: ...}}``, sections in first-figure order; names not registered for
+  ``report`` go to ``default``)."""
+  figs = {f.name: f for f in figures_for(report)}
+  out: dict[str, dict] = {}
+  for name, sp in drawn.items():
+    out.setdefault(figs[name].section if name in figs else default, {})[name] = sp
+  return out
+
+
+def sections_html(report: str, drawn: dict, default: str = "Figures") -> list[tuple[str, str]]:
+  """``[(title, html)]``: one report section per registered section of the drawn figures, each
+  its registered paragraph (`Registry.section`) and then its figures."""
+  return [(title, section(report, title).intro + figures_html(group))
+          for title, group in by_section(report, drawn, default).items()]

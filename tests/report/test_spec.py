@@ -113,17 +113,27 @@ def test_a_new_spec_registered_once_reaches_the_report(fixture, tmp_path):
   pande.FIGURES.register("fake_cdf", title="A fake figure", caption="Fake <caption>.",
                          how="Read it fakely.", draw=draw, reports=("analysis",),
                          reproduces="Fig. 99", rule_in_title=True)
+  # a figure in a section of its own: the section (with its paragraph) follows the role tables
+  pande.FIGURES.section("analysis", "Fake section", "<p>Fake intro.</p>")
+  pande.FIGURES.register("fake_other", title="Other fake", caption="Other caption.", how="h",
+                         draw=draw, reports=("analysis",), section="Fake section")
   try:
     drawn = analysis.analysis_figures(
         tmp_path / "figures", sieve_bias=f["scores"]["sieve_bias"], roles=f["scores"]["roles"],
         tests_df=f["tests"], tau=3.0, dpi=DPI, rule="calibrated")
     assert drawn["fake_cdf"] == tmp_path / "figures" / "fake_cdf.png"
-    assert calls == [(3.0, "A fake figure (calibrated rule)")]
+    assert calls == [(3.0, "A fake figure (calibrated rule)"), (3.0, "Other fake")]
     text = analysis.write_report(tmp_path, title="t", settings=SETTINGS, summary=SUMMARY,
                                  tests_df=f["tests"], figures=drawn).read_text()
     assert _anchor("fake_cdf") in text and "Fake &lt;caption&gt;." in text
     assert "Read it fakely." in text
+    fake = text[text.index('<section id="fake-section">'):]
+    assert fake.startswith('<section id="fake-section"><h2>Fake section</h2><p>Fake intro.</p>')
+    assert _anchor("fake_other") in fake[:fake.index("</section>")]
+    assert text.index("Assigned roles per head") < text.index('<section id="fake-section">')
     assert "fake_cdf" not in {g.name for g in spec.figures_for("compare")}
   finally:
     pande.FIGURES.unregister("fake_cdf")
+    pande.FIGURES.unregister("fake_other")
+    pande.FIGURES.unregister_section("analysis", "Fake section")
   assert "fake_cdf" not in spec.all_figures()
