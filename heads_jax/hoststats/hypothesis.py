@@ -41,8 +41,9 @@ A role is assigned to a head when p_adjusted < alpha (NaN is never assigned).
 
 ``tau="auto"`` is the paper's rule: the smallest integer strictly larger than the mean of all
 sieve scores of the run, i.e. ``floor(mean) + 1`` where the mean is over every non-NaN value of
-``sieve_bias`` (all sequences, layers, heads and roles of the file, block and block_plain
-included, each value weighted equally).
+``sieve_bias`` of the paper's four functional roles (local, syntactic, block, delimiter:
+`heads_jax.hoststats.roles.PAPER_ROLES`; all sequences, layers and heads, each value weighted
+equally).
 
 Host-only module (numpy, scipy, pandas); no jax.
 """
@@ -57,15 +58,20 @@ import pandas as pd
 from scipy import stats
 
 from heads_jax import contract
+from heads_jax.hoststats import roles as roles_lib
 
 TESTS = ("t", "z")
 CORRECTIONS = ("none", "bonferroni", "holm", "bh")
 TEST_COLUMNS = contract.TEST_COLUMNS
 
 
-def auto_tau(sieve_bias) -> float:
-  """The paper's tau: the smallest integer larger than the mean of all non-NaN sieve scores."""
+def auto_tau(sieve_bias, roles=None) -> float:
+  """The paper's tau: the smallest integer larger than the mean of all non-NaN sieve scores;
+  with ``roles`` (the r names of the last axis) over the paper's four functional roles only
+  (`heads_jax.hoststats.roles.PAPER_ROLES`, as `summary.summary_figures`' mean_sieve_score)."""
   values = np.asarray(sieve_bias, np.float64)
+  if roles is not None:
+    values = values[..., [i for i, r in enumerate(roles) if r in roles_lib.PAPER_ROLES]]
   values = values[~np.isnan(values)]
   if values.size == 0:
     raise ValueError("tau='auto' needs at least one non-NaN sieve bias; every value is NaN "
@@ -178,7 +184,7 @@ def hypothesis_tests(sieve_bias, roles, *, tau: float | str = 3.0, alpha: float 
   if isinstance(tau, str):
     if tau != "auto":
       raise ValueError(f"tau must be a number or 'auto'; got {tau!r}")
-    tau_used = auto_tau(sieve_bias)
+    tau_used = auto_tau(sieve_bias, roles)
   else:
     tau_used = float(tau)
   result = one_sample_tests(sieve_bias, tau_used, test)

@@ -1,23 +1,26 @@
 """Role assignment per head, coarse roles and per-layer role counts (host, numpy/pandas).
 
 A head has a (fine) role when that role's hypothesis test assigned it (``assigned`` column of
-the tests table). Coarse roles (DESIGN.md "Coarse roles and the paper's summary figures"):
+the tests table).
 
-===============  ==================================================
-coarse role      the head has any of these fine roles
-===============  ==================================================
-``local``        local, prev_local, next_local
-``syntactic``    syntactic, nsubj, obj, amod, advmod
-``delimiter``    delimiter, cls, sep
-``block``        block (the entropy-weighted score; block_plain is not part of it)
-===============  ==================================================
+**Coarse roles are the paper's four tests** (DESIGN.md section 3, "Coarse roles"): a head has
+the coarse role local, syntactic, block or delimiter when the hypothesis test *of that role*
+rejects, as Pande et al. do: "Note that we perform this hypothesis test independently for all
+heads and the four functional roles" (pande2021_heads_hypothesis.txt, section "Assigning
+functional roles to heads"). `COARSE_ROLES` maps each coarse role to the one role whose test
+decides it. Every summary, table and figure that is compared with the paper (shares, unskilled
+heads, Venn / UpSet, roles per layer, the console summary) uses these.
 
-(each role's ``group`` in the role registry, ``heads_jax.data.vocabulary.REGISTRY``, which this
-module reads: `COARSE_ROLES`).
+**The fine-role union** (`FINE_UNION`, ``view="union"``) is a separate, heads_jax view, not
+the paper's: a coarse role when any of its finer roles is assigned (delimiter = delimiter or cls
+or sep; local = local or prev_local or next_local; syntactic = syntactic or any relation). It
+counts more heads: a head with 0.2 of its attention on [CLS] (n = 20) has cls 4.0 but delimiter
+1.89 (only the first passes tau = 3); one with 0.3 on the previous token has prev_local 3.37
+but local 1.79.
 
-A coarse role is *available* in a run when at least one of its fine roles was computed (is in
-the run's role list); functions here return only the available coarse roles. A head is
-"unskilled" when it has none of the available coarse roles.
+A coarse role is *available* in a run when its deciding role (the union view: any of its roles)
+was computed (is in the run's role list); functions here return only the available coarse
+roles. A head is "unskilled" when it has none of the available coarse roles.
 
 Also the layer groups (initial, middle and final thirds of the layers) of the before/after
 comparison. The report draws with these definitions (it does not copy them).
@@ -34,8 +37,17 @@ import pandas as pd
 
 from heads_jax.data import vocabulary as batch_lib
 
-# The coarse roles and their fine roles: the role registry's groups (data/vocabulary.py).
-COARSE_ROLES = batch_lib.COARSE_ROLES
+# The coarse roles (the role registry's groups, data/vocabulary.py) and the role whose test
+# decides each: the paper's four tests.
+COARSE_ROLES = {g: (g,) for g in batch_lib.COARSE_GROUPS}
+# heads_jax's fine-role union view (not the paper's): the registry's fine roles of each group.
+FINE_UNION = batch_lib.COARSE_ROLES
+TESTS, UNION = "tests", "union"
+# The roles the paper's pooled figures read (mean sieve score, tau = "auto", p-values in
+# (0.05, 0.95)): its four functional roles, not block_plain, prev/next_local, cls, sep or the
+# single relations (Fig. 3 caption: "144 x |tasks| x |roles| x |num sents| scores").
+PAPER_ROLES = batch_lib.COARSE_GROUPS
+VIEWS = {TESTS: COARSE_ROLES, UNION: FINE_UNION}
 UNSKILLED = "unskilled"
 # Thirds of the layers (Pande et al. Fig. 6), see `layer_groups`.
 LAYER_GROUPS = ("initial", "middle", "final")
@@ -94,36 +106,47 @@ def assignment_array(tests: pd.DataFrame, roles: Sequence[str] | None = None,
   return assigned, roles
 
 
-def available_coarse_roles(roles: Sequence[str]) -> tuple[str, ...]:
-  """The coarse roles with at least one fine role among ``roles``."""
-  return tuple(c for c, members in COARSE_ROLES.items() if any(m in roles for m in members))
+def _members(view: str) -> dict[str, tuple[str, ...]]:
+  if view not in VIEWS:
+    raise ValueError(f"view must be one of {tuple(VIEWS)} (the paper's four tests, or heads_jax's "
+                     f"fine-role union); got {view!r}")
+  return VIEWS[view]
 
 
-def coarse_roles(assigned: np.ndarray, roles: Sequence[str]) -> tuple[np.ndarray, tuple[str, ...]]:
-  """Coarse role assignment: (bool ``[l, h, c]``, the c available coarse role names)."""
+def available_coarse_roles(roles: Sequence[str], view: str = TESTS) -> tuple[str, ...]:
+  """The coarse roles whose deciding role (``view="union"``: any of its roles) is in ``roles``."""
+  return tuple(c for c, members in _members(view).items() if any(m in roles for m in members))
+
+
+def coarse_roles(assigned: np.ndarray, roles: Sequence[str],
+                 view: str = TESTS) -> tuple[np.ndarray, tuple[str, ...]]:
+  """Coarse role assignment: (bool ``[l, h, c]``, the c available coarse role names).
+
+  ``view="tests"`` (default): the paper's four tests (module docstring); ``"union"``: heads_jax's
+  fine-role union."""
   assigned = np.asarray(assigned, bool)
   roles = tuple(roles)
   if assigned.ndim != 3 or assigned.shape[2] != len(roles):
     raise ValueError(f"assigned must be bool [l, h, r] with r = {len(roles)}; got {assigned.shape}")
-  names = available_coarse_roles(roles)
+  names = available_coarse_roles(roles, view)
   out = np.zeros(assigned.shape[:2] + (len(names),), bool)
   for c, name in enumerate(names):
-    members = [roles.index(m) for m in COARSE_ROLES[name] if m in roles]
+    members = [roles.index(m) for m in _members(view)[name] if m in roles]
     out[..., c] = assigned[..., members].any(-1)
   return out, names
 
 
-def unskilled(assigned: np.ndarray, roles: Sequence[str]) -> np.ndarray:
-  """bool ``[l, h]``: heads with none of the available coarse roles."""
-  coarse, _ = coarse_roles(assigned, roles)
+def unskilled(assigned: np.ndarray, roles: Sequence[str], view: str = TESTS) -> np.ndarray:
+  """bool ``[l, h]``: heads with none of the available coarse roles (of ``view``)."""
+  coarse, _ = coarse_roles(assigned, roles, view)
   return ~coarse.any(-1)
 
 
-def head_roles(assigned: np.ndarray, roles: Sequence[str]) -> pd.DataFrame:
+def head_roles(assigned: np.ndarray, roles: Sequence[str], view: str = TESTS) -> pd.DataFrame:
   """One row per head: layer, head, roles and coarse_roles (';'-joined names, '' for none)."""
   assigned = np.asarray(assigned, bool)
   roles = tuple(roles)
-  coarse, names = coarse_roles(assigned, roles)
+  coarse, names = coarse_roles(assigned, roles, view)
   l, h = assigned.shape[:2]
   rows = []
   for i in range(l):
@@ -145,13 +168,15 @@ def roles_by_layer(assigned: np.ndarray, roles: Sequence[str]) -> pd.DataFrame:
   return table
 
 
-def coarse_roles_by_layer(assigned: np.ndarray, roles: Sequence[str]) -> pd.DataFrame:
-  """Number of heads per layer with each coarse role, and unskilled heads.
+def coarse_roles_by_layer(assigned: np.ndarray, roles: Sequence[str],
+                          view: str = TESTS) -> pd.DataFrame:
+  """Number of heads per layer with each coarse role (of ``view``: the paper's four tests by
+  default), and unskilled heads.
 
   Columns: layer, the available coarse roles, unskilled. A head can have several coarse
   roles, so a row's counts can add up to more than the number of heads.
   """
-  coarse, names = coarse_roles(assigned, roles)
+  coarse, names = coarse_roles(assigned, roles, view)
   table = pd.DataFrame(coarse.sum(1), columns=list(names))
   table[UNSKILLED] = (~coarse.any(-1)).sum(1)
   table.insert(0, "layer", np.arange(coarse.shape[0]))

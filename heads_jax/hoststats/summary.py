@@ -3,9 +3,10 @@ figures").
 
 `summary_figures` returns a JSON-serialisable dict with:
 
+* ``coarse_roles``: ``"tests"``: the coarse roles are the paper's four tests (a head is a
+  delimiter head when the delimiter test rejects; `heads_jax.hoststats.roles`).
 * ``share_local``, ``share_syntactic``, ``share_delimiter``, ``share_block``: the fraction of
-  all l x h heads with that coarse role (`heads_jax.hoststats.roles`); None when no fine role of
-  that coarse role was computed in the run.
+  all l x h heads with that coarse role; None when that role was not computed in the run.
 * ``share_unskilled``: the fraction of heads with none of the available coarse roles.
 * ``share_syntactic_also_local``: among heads with the coarse role syntactic, the fraction that
   also have the coarse role local; None when there is no syntactic head.
@@ -14,12 +15,19 @@ figures").
   ``syntactic`` (the union of the four relations) over all (sequence, layer, head) triples where
   both are non-NaN; None when either role is missing, fewer than 3 pairs exist or a side is
   constant.
-* ``mean_sieve_score``: the mean of every non-NaN value of ``sieve_bias`` over all sequences,
-  layers, heads and all roles of the run (block -- entropy-weighted -- and block_plain
-  included), each value weighted equally; the same number `hypothesis.auto_tau` rounds up.
-  ``mean_sieve_score_by_role`` gives the same mean per role.
-* ``share_p_between``: the fraction of the run's (unadjusted) non-NaN p-values strictly inside
-  ``p_interval`` = (0.05, 0.95) (``num_p_values`` of them).
+* ``pool_roles``: the roles the pooled figures below read: the paper's four functional roles
+  that the run has (`heads_jax.hoststats.roles.PAPER_ROLES`: local, syntactic, block (entropy
+  weighted), delimiter; not block_plain, prev_local, next_local, cls, sep or the single
+  relations).
+* ``mean_sieve_score``: the mean of every non-NaN value of ``sieve_bias`` of the ``pool_roles``
+  over all sequences, layers and heads, each value weighted equally; the same number
+  `hypothesis.auto_tau` rounds up. ``mean_sieve_score_by_role`` gives the mean per role (every
+  role of the run).
+* ``share_p_between``: the fraction of the (unadjusted) non-NaN p-values of the ``pool_roles``'
+  tests strictly inside ``p_interval`` = (0.05, 0.95) (``num_p_values`` of them).
+* ``fine_union``: heads_jax's fine-role union view (not the paper's; `heads_jax.hoststats.roles`
+  ``view="union"``: delimiter = delimiter or cls or sep, ...): its ``share_local`` ...
+  ``share_unskilled`` and ``share_syntactic_also_local``.
 * counts: ``num_sequences``, ``num_layers``, ``num_heads``, ``num_assigned_by_role`` (heads per
   fine role), ``num_heads_by_coarse_role``.
 * ``fine_role_overlaps``: for each pair of fine roles in `FINE_OVERLAPS` (the overlaps Pande et al.
@@ -102,11 +110,12 @@ def fine_role_overlaps(assigned: np.ndarray, roles: Sequence[str],
   return out
 
 
-def _role_figures(assigned: np.ndarray, roles: tuple[str, ...]) -> dict:
-  """The shares and counts of one role assignment ``[l, h, r]``."""
+def _role_figures(assigned: np.ndarray, roles: tuple[str, ...],
+                  view: str = roles_lib.TESTS) -> dict:
+  """The shares and counts of one role assignment ``[l, h, r]`` (coarse roles of ``view``)."""
   l, h = assigned.shape[:2]
   num_heads = l * h
-  coarse, names = roles_lib.coarse_roles(assigned, roles)
+  coarse, names = roles_lib.coarse_roles(assigned, roles, view)
   out: dict = {}
   for c in roles_lib.COARSE_ROLES:
     out[f"share_{c}"] = (float(coarse[..., names.index(c)].sum() / num_heads)
@@ -149,19 +158,24 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
   counts = {k: figures.pop(k) for k in ("num_assigned_by_role", "num_heads_by_coarse_role",
                                         "fine_role_overlaps")}
 
-  out: dict = {"num_sequences": b, "num_layers": l, "num_heads": h, **figures}
+  out: dict = {"num_sequences": b, "num_layers": l, "num_heads": h,
+               "coarse_roles": roles_lib.TESTS, **figures}
+  union = _role_figures(assigned, roles, roles_lib.UNION)
+  out["fine_union"] = {k: v for k, v in union.items() if k.startswith("share_")}
 
   rank = spearman_local_syntactic(sieve_bias, roles)
   out["spearman_local_syntactic"] = rank["rho"]
   out["spearman_p_value"] = rank["p_value"]
   out["spearman_num_pairs"] = rank["num_pairs"]
 
-  out["mean_sieve_score"] = mean_sieve_score(sieve_bias)
+  pool = [roles.index(r) for r in roles_lib.PAPER_ROLES if r in roles]
+  out["pool_roles"] = [roles[i] for i in pool]
+  out["mean_sieve_score"] = mean_sieve_score(sieve_bias[..., pool])
   out["mean_sieve_score_by_role"] = {r: mean_sieve_score(sieve_bias[..., i])
                                      for i, r in enumerate(roles)}
 
   low, high = p_interval
-  p = tests["p_value"].to_numpy(np.float64)
+  p = tests.loc[tests["role"].astype(str).isin(out["pool_roles"]), "p_value"].to_numpy(np.float64)
   p = p[~np.isnan(p)]
   out["share_p_between"] = float(((p > low) & (p < high)).mean()) if p.size else None
   out["p_interval"] = [float(low), float(high)]

@@ -1,23 +1,30 @@
-"""The report of a ``reproduce`` run: every number of the papers beside this run's (no jax).
+"""The report of a ``reproduce`` run: every claim of the papers judged on this run (no jax).
 
 `reproduction_results(workdir)` reads what the stages wrote (``data/splits.json``,
 ``pretrained/pretrained.json``, ``finetune/<task>/best.json``, ``analysis/analyses.json`` and the
 analysis and comparison directories through `heads_jax.contract`) and computes:
 
-* the pooled figures of Pande et al. Fig. 3: all sieve bias scores and all p-values of the
-  pre-trained model over the tasks, their mean, the paper's tau rule applied to it, and the share
-  of p-values in (0.05, 0.95) (also for the fine-tuned models, pooled the same way);
-* per task and model (pre-trained on the task's sequences; fine-tuned on its own task): the
-  summary figures (`heads_jax.hoststats.summary`), block heads per layer, the fine-role overlaps
-  the paper discusses (nsubj heads that are also next_local, obj heads that are also
-  prev_local), and Guan et al.'s cluster shares and clustering stability;
-* the paper table: every claim of `heads_jax.hoststats.paper.CLAIMS` with the paper's value,
-  this run's value for the pre-trained and the fine-tuned models, and the difference (taken for
-  the model the claim is about);
+* per task and model state (the pre-trained model on the task's sequences; the task's fine-tuned
+  model on its own task's): the summary figures under the paper's rule
+  (`heads_jax.hoststats.summary`), and the analysis as the claims read it
+  (`heads_jax.hoststats.paper.Analysis`: roles by the paper's rule, each head's mean sieve bias
+  per role, the clusters);
+* Pande et al. Fig. 3 pooled over the tasks, per model state, over the paper's four functional
+  roles only (`heads_jax.hoststats.paper.PAPER_ROLES`: local, syntactic, block, delimiter; not
+  block_plain, prev/next_local, cls, sep or the single relations);
+* the paper table (`paper_table`): one row per claim of `heads_jax.hoststats.paper.CLAIMS`,
+  the paper's value as printed, this run's value *on the model state the paper used* (each
+  task's fine-tuned model for Pande et al. Figs. 3-5: "For each task, we feed all the input
+  sequences to the fine-tuned BERTBASE model", pande2021_heads_hypothesis.txt, "Assigning
+  functional roles to heads"; fine-tuned minus pre-trained for Fig. 6), the pre-trained value as
+  an extra column, and a verdict (`heads_jax.hoststats.paper.evaluate`);
 * fine-tuning: the best dev score per task beside Devlin et al.'s BERT-base.
 
-When the task sequences were analysed without a parser and the run has syntax-fallback analyses
-(gold arcs, e.g. UD EWT), the syntactic figures come from those, and the table says so.
+Roles in the paper table are the paper's rule (mean sieve bias significantly above tau = 3); the
+calibrated rule (`heads_jax.hoststats.calibration`) is a heads_jax addition, not the paper's, and
+is shown only in its own, so-named column. Syntactic claims read the task text's own parse; a run
+without a parser leaves them "not computable here" (its UD EWT fallback analyses, if any, are
+not per-task figures and are not used for them).
 
 `write_reproduce_report(workdir, ...)` writes ``report.html`` (self-contained; figures in
 ``report_figures/``), ``paper_table.csv`` and ``results.json``.
@@ -35,9 +42,11 @@ import pandas as pd
 from heads_jax import contract
 from heads_jax.hoststats import paper
 from heads_jax.hoststats import pooled as pooled_lib
+from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report import page
 from heads_jax.report.figures import guan as guan_figures
 from heads_jax.report.figures import pande as pande_figures
+from heads_jax.report.figures import venn as venn_figures
 
 PAIR_TASKS = ("mrpc", "qqp", "qnli")
 # The papers' numbers are compared under the paper's role rule (a role when the mean sieve bias
@@ -106,6 +115,40 @@ def block_heads_by_layer(tests: pd.DataFrame) -> list[int] | None:
   return [int(counts.get(i, 0)) for i in range(layers)]
 
 
+def _head_array(tests: pd.DataFrame, roles, column: str, num_layers: int, num_heads: int,
+                fill) -> np.ndarray:
+  """``[l, h, r]`` of one column of a tests table (``fill`` where a row is missing)."""
+  out = np.full((num_layers, num_heads, len(roles)), fill,
+                dtype=bool if isinstance(fill, bool) else np.float64)
+  index = {r: i for i, r in enumerate(roles)}
+  r = np.asarray([index[x] for x in tests["role"].astype(str)], np.int64)
+  out[tests["layer"].to_numpy(np.int64), tests["head"].to_numpy(np.int64), r] = tests[column].to_numpy()
+  return out
+
+
+def analysis_of(out_dir, rule: str = RULE) -> paper.Analysis:
+  """One analysis directory as the claims read it (`heads_jax.hoststats.paper.Analysis`): roles by
+  ``rule`` (the paper's by default), each head's mean sieve bias per role, the summary under that
+  rule, the clusters and their stability."""
+  tests, settings = contract.read_tests(out_dir)
+  tests = rule_tests(tests, rule)
+  roles = roles_lib.role_order(tests["role"].astype(str))
+  num_layers, num_heads = int(tests["layer"].max()) + 1, int(tests["head"].max()) + 1
+  assigned, _ = roles_lib.assignment_array(tests, roles, num_layers, num_heads)
+  means = _head_array(tests, roles, "mean", num_layers, num_heads, np.nan)
+  summary = rule_summary(contract.read_summary(out_dir), rule) or {}
+  clusters, stability = None, None
+  if contract.has_clusters(out_dir):
+    table, info = contract.read_clusters(out_dir)
+    clusters = np.full((num_layers, num_heads), "", dtype=object)
+    clusters[table["layer"].to_numpy(np.int64), table["head"].to_numpy(np.int64)] = (
+        table["cluster_name"].astype(str).to_numpy())
+    stability = info.get("stability")
+  return paper.Analysis(roles=roles, assigned=assigned, means=means,
+                        tau=float(settings.get("tau", 3.0)), summary=summary, clusters=clusters,
+                        stability=stability)
+
+
 def analysis_figures_of(out_dir) -> dict:
   """Everything the report needs from one analysis directory."""
   out_dir = Path(out_dir)
@@ -113,32 +156,43 @@ def analysis_figures_of(out_dir) -> dict:
   tests = rule_tests(tests)
   raw = contract.read_summary(out_dir)
   summary = rule_summary(raw)
+  a = analysis_of(out_dir)
   result = {"out": str(out_dir), "summary": summary, "calibrated": rule_summary(raw, "calibrated"),
             "tau": settings.get("tau"),
             "overlaps": overlap_figures(tests), "block_by_layer": block_heads_by_layer(tests),
             "num_block_heads": (None if "block" not in set(tests["role"].astype(str)) else
-                                int(tests[(tests["role"] == "block")]["assigned"].astype(bool).sum()))}
-  try:
-    clusters, info = contract.read_clusters(out_dir)
-    counts = clusters["cluster_name"].astype(str).value_counts()
-    result["cluster_shares"] = {n: float(counts.get(n, 0) / len(clusters)) for n in CLUSTER_NAMES}
-    result["cluster_stability"] = info.get("stability")
-  except FileNotFoundError:
+                                int(tests[(tests["role"] == "block")]["assigned"].astype(bool).sum())),
+            "analysis": a}
+  if a.clusters is not None:
+    result["cluster_shares"] = {n: float((a.clusters == n).mean()) for n in CLUSTER_NAMES}
+    result["cluster_stability"] = a.stability
+  else:
     result["cluster_shares"], result["cluster_stability"] = None, None
   return result
 
 
-def _pooled(dirs) -> dict:
-  """Fig. 3 pooled over analysis directories (`heads_jax.hoststats.pooled.pooled_figures`)."""
-  scores, pvals = [], []
+def paper_pool(dirs) -> dict:
+  """Pande et al. Fig. 3 pooled over analysis directories, over the paper's four functional roles
+  (`heads_jax.hoststats.paper.PAPER_ROLES`; the Fig. 3 caption: "144 x |tasks| x |roles| x |num
+  sents| scores"): `heads_jax.hoststats.pooled.pooled_figures` of their sieve bias scores and of
+  their tests' unadjusted p-values, plus ``roles`` (those pooled)."""
+  scores, pvals, pooled_roles = [], [], set()
   for d in dirs:
-    scores.append(contract.read_scores(d).sieve_bias)
-    pvals.append(contract.read_tests(d)[0]["p_value"].to_numpy(np.float64))
-  return pooled_lib.pooled_figures(scores, pvals)
+    s = contract.read_scores(d)
+    names = list(s.roles)
+    idx = [names.index(r) for r in paper.PAPER_ROLES if r in names]
+    pooled_roles |= {names[i] for i in idx}
+    scores.append(np.asarray(s.sieve_bias)[..., idx])
+    t = contract.read_tests(d)[0]
+    pvals.append(t.loc[t["role"].astype(str).isin(paper.PAPER_ROLES), "p_value"].to_numpy(np.float64))
+  out = pooled_lib.pooled_figures(scores, pvals)
+  out["roles"] = [r for r in paper.PAPER_ROLES if r in pooled_roles]
+  return out
 
 
 def reproduction_results(workdir, tasks=None) -> dict:
-  """The run's numbers (see the module docstring); JSON-able except the pooled arrays."""
+  """The run's numbers (see the module docstring); JSON-able except the pooled arrays and the
+  ``analysis`` objects."""
   workdir = Path(workdir)
   analyses = _read_json(workdir / "analysis" / "analyses.json") or {"units": {}, "parser": None}
   units = analyses["units"]
@@ -148,23 +202,18 @@ def reproduction_results(workdir, tasks=None) -> dict:
              not u.get("syntax_fallback")]
   tasks = list(tasks)
   per = {"pretrained": {}, "finetuned": {}}
-  fallback = {"pretrained": {}, "finetuned": {}}
   for name, u in units.items():
+    if u.get("syntax_fallback") or u["task"] not in tasks:
+      continue
     if not (Path(u["out"]) / contract.SUMMARY_JSON).is_file():
       continue
     fig = analysis_figures_of(u["out"])
     fig["data"] = u["data"]
-    kind = u["model_kind"]
-    if u.get("syntax_fallback"):
-      # the pre-trained model's fallback analysis serves every task
-      for t in (tasks if kind == "pretrained" else [u["task"]]):
-        fallback[kind][t] = fig
-    elif u["task"] in tasks:
-      per[kind][u["task"]] = fig
-  pooled = {k: _pooled([per[k][t]["out"] for t in tasks if t in per[k]]) for k in per}
+    per[u["model_kind"]][u["task"]] = fig
+  pooled = {k: paper_pool([per[k][t]["out"] for t in tasks if t in per[k]]) for k in per}
   finetune = {t: _read_json(workdir / "finetune" / t / "best.json") for t in tasks}
   return {"workdir": str(workdir), "tasks": tasks, "parser": analyses.get("parser"),
-          "per_task": per, "syntax_fallback": fallback, "pooled": pooled, "splits": splits,
+          "per_task": per, "pooled": pooled, "splits": splits,
           "pretrained": _read_json(workdir / "pretrained" / "pretrained.json"),
           "finetune": finetune, "config": _read_json(workdir / "reproduce_config.json")}
 
@@ -173,107 +222,79 @@ def reproduction_results(workdir, tasks=None) -> dict:
 # the paper table
 
 
-def _syntactic(results: dict, kind: str, task: str) -> tuple[dict | None, str]:
-  """The figures the syntactic claims read for (model kind, task), and where they come from."""
-  fig = results["per_task"][kind].get(task)
-  if fig is not None and fig["summary"].get("share_syntactic") is not None:
-    return fig, "task sequences"
-  fb = results["syntax_fallback"][kind].get(task)
-  if fb is not None:
-    return fb, f"{fb['data']} (gold arcs; no parser for the task text)"
-  return fig, "task sequences"
+def run_figures(results: dict, rule: str = RULE) -> paper.RunFigures:
+  """The run as `heads_jax.hoststats.paper.evaluate` reads it, roles by ``rule``."""
+  if rule == RULE:
+    analyses = {k: {t: f["analysis"] for t, f in v.items()} for k, v in results["per_task"].items()}
+  else:
+    analyses = {k: {t: analysis_of(f["out"], rule) for t, f in v.items()}
+                for k, v in results["per_task"].items()}
+  pooled = {k: {key: v.get(key) for key in ("mean_sieve_score", "auto_tau", "share_p_between")}
+            for k, v in results["pooled"].items()}
+  finetune = {}
+  for t, best in (results.get("finetune") or {}).items():
+    if best and best.get("best"):
+      finetune[t] = {k: v for k, v in best["best"].items() if isinstance(v, (int, float))}
+  return paper.RunFigures(tasks=tuple(results["tasks"]), analyses=analyses, pooled=pooled,
+                          finetune=finetune)
 
 
-def claim_values(results: dict, c: paper.Claim, kind: str, rule: str = RULE) -> tuple[object, str]:
-  """This run's value of claim ``c`` for ``kind`` (pretrained / finetuned) and what it was
-  computed over; shares of heads by role ``rule`` (None when the run did not record it)."""
-  tasks = results["tasks"]
-  per = results["per_task"][kind]
-  if rule != RULE:
-    if c.summary_key not in ("share_delimiter", "share_unskilled", "share_syntactic_also_local"):
-      return None, ""
-    key = "summary"
-    results = {**results, "per_task": {k: {t: {**f, key: f.get("calibrated")} for t, f in v.items()
-                                           if f.get("calibrated")}
-                                       for k, v in results["per_task"].items()},
-               "syntax_fallback": {k: {t: {**f, key: f.get("calibrated")} for t, f in v.items()
-                                       if f.get("calibrated")}
-                                   for k, v in results["syntax_fallback"].items()}}
-    per = results["per_task"][kind]
-  if c.summary_key in ("mean_sieve_score", "auto_tau", "share_p_between"):
-    pooled = results["pooled"][kind]
-    return pooled[c.summary_key], f"pooled over {len([t for t in tasks if t in per])} task(s)"
-  if c.summary_key in ("share_delimiter", "share_unskilled"):
-    vals = {t: per[t]["summary"].get(c.summary_key) for t in tasks if t in per}
-    note = "mean over " + ", ".join(f"{paper.TASK_NAMES[t]} {paper.format_value('share', v)}"
-                                    for t, v in vals.items())
-    if c.summary_key == "share_unskilled" and results.get("parser") == "none":
-      note += " (no parser: the syntactic roles are not among the task roles)"
-    return _mean(vals.values()), note
-  if c.summary_key == "share_syntactic_also_local":
-    vals, sources = {}, set()
-    for t in tasks:
-      fig, src = _syntactic(results, kind, t)
-      if fig is not None:
-        vals[t] = fig["summary"].get("share_syntactic_also_local")
-        sources.add(src)
-    finite = [v for v in vals.values() if v is not None]
-    rng = (f"range {paper.format_value('share', min(finite))} to "
-           f"{paper.format_value('share', max(finite))}; " if finite else "")
-    return _mean(vals.values()), rng + "from " + "; ".join(sorted(sources))
-  if c.summary_key == "spearman_local_syntactic":
-    fig, src = _syntactic(results, kind, c.task)
-    if fig is None:
-      return None, "task not run"
-    return fig["summary"].get("spearman_local_syntactic"), f"{paper.TASK_NAMES[c.task]}: {src}"
-  if c.summary_key == "block_heads":
-    fig = per.get(c.task)
-    if fig is None:
-      return None, "task not run"
-    n = fig["num_block_heads"]
-    return (0 if n is None else n), ("block not defined for single sentences" if n is None or
-                                     c.task == "sst2" else "")
-  if c.summary_key == "block_layer":
-    total = None
-    for t in tasks:
-      if t in PAIR_TASKS and t in per and per[t]["block_by_layer"] is not None:
-        b = np.asarray(per[t]["block_by_layer"])
-        total = b if total is None else total + b
-    if total is None or total.sum() == 0:
-      return None, "no block heads"
-    return int(np.argmax(total)), "block heads per layer: " + ", ".join(map(str, total.tolist()))
-  if c.summary_key and c.summary_key.startswith("cluster_share:"):
-    name = c.summary_key.split(":", 1)[1]
-    vals = [per[t]["cluster_shares"][name] for t in tasks if t in per and per[t]["cluster_shares"]]
-    return _mean(vals), f"mean over {len(vals)} task(s)"
-  if c.summary_key == "cluster_stability":
-    vals = [per[t]["cluster_stability"] for t in tasks if t in per]
-    return _mean(vals), f"mean over {len(vals)} task(s)"
-  return None, ""
+def _shown(c: paper.Claim, value) -> str:
+  if value is None:
+    return ""
+  if isinstance(value, str):
+    return value
+  if c.kind == "text":
+    return str(value)
+  return paper.format_value(c.kind, value)
+
+
+# The columns of the report's paper table (paper_table.csv has these and more).
+PAPER_COLUMNS = ("paper", "claim", "paper_value", "this_run", "verdict", "this_run_pretrained",
+                 "difference", "model", "detail", "source")
+MODEL_TEXT = {"finetuned": "fine-tuned (per task)", "pretrained": "pre-trained",
+              "change": "fine-tuned minus pre-trained"}
 
 
 def paper_table(results: dict) -> pd.DataFrame:
-  """One row per claim: paper, claim, paper value, this run (pre-trained / fine-tuned),
-  difference (for the claim's model), computed over, source, note."""
+  """One row per claim (`heads_jax.hoststats.paper.CLAIMS`): the paper's value as printed, this
+  run's value on the claim's model state, the verdict and what it was computed over (or why it
+  could not be), this run's pre-trained value, the difference (numbers), the quoted sentence and
+  the rule; and, for the share claims of Pande et al., the share under heads_jax's calibrated
+  rule (a heads_jax addition, not the paper's rule)."""
+  run = run_figures(results)
+  calibrated = None
+  if any(f.get("calibrated") for v in results["per_task"].values() for f in v.values()):
+    try:
+      calibrated = run_figures(results, "calibrated")
+    except (KeyError, ValueError):
+      calibrated = None
   rows = []
-  for c in paper.CLAIMS:
-    if c.task is not None and c.task not in results["tasks"]:
-      continue
-    pre, over_pre = claim_values(results, c, "pretrained")
-    fin, over_fin = claim_values(results, c, "finetuned")
-    cal, _ = claim_values(results, c, c.model, rule="calibrated")
-    mine = pre if c.model == "pretrained" else fin
+  for c, e in paper.evaluate_all(run):
+    cal = ""
+    if calibrated is not None and c.kind == "share" and c.paper == paper.PANDE and c.summary_key \
+        and c.summary_key.startswith("share_") and c.summary_key != "share_p_between":
+      ce = paper.evaluate(c, calibrated)
+      cal = _shown(c, ce.value) if ce.verdict != paper.NOT_COMPUTABLE else ""
     rows.append({
-        "key": c.key, "paper": c.paper.split(" (")[0], "claim": c.text,
+        "key": c.key, "paper": c.paper.split(" (")[0].split(",")[0], "claim": c.text,
         "paper_value": paper.format_paper_value(c),
-        "this_run_pretrained": paper.format_value(c.kind, pre),
-        "this_run_finetuned": paper.format_value(c.kind, fin),
-        "difference": paper.format_difference(c, paper.difference(c, mine)),
-        "this_run_calibrated_rule": paper.format_value(c.kind, cal) if cal is not None else "",
-        "compared_model": c.model, "computed_over": over_pre if c.model == "pretrained" else over_fin,
-        "source": c.source, "note": c.note,
-        "value_paper": c.value, "value_pretrained": pre, "value_finetuned": fin})
+        "this_run": _shown(c, e.value) if e.verdict != paper.NOT_COMPUTABLE else "",
+        "verdict": e.verdict, "this_run_pretrained": _shown(c, e.pretrained),
+        "difference": paper.format_difference(c, paper.difference(c, e.value)),
+        "model": MODEL_TEXT[c.model], "detail": e.detail, "source": c.source,
+        "quote": c.quote, "rule": c.rule, "measure": c.measure, "note": c.note,
+        "calibrated_rule_heads_jax": cal,
+        "value_paper": c.value,
+        "value_this_run": e.value if isinstance(e.value, (int, float)) else None,
+        "value_pretrained": e.pretrained if isinstance(e.pretrained, (int, float)) else None})
   return pd.DataFrame(rows)
+
+
+def verdict_counts(table: pd.DataFrame) -> dict:
+  """How many claims hold, do not hold and are not computable here."""
+  counts = table["verdict"].value_counts()
+  return {v: int(counts.get(v, 0)) for v in paper.VERDICTS}
 
 
 def finetune_table(results: dict) -> pd.DataFrame:
@@ -309,36 +330,42 @@ def finetune_table(results: dict) -> pd.DataFrame:
 
 
 def task_table(results: dict) -> pd.DataFrame:
-  """Per task and model: the headline figures."""
-  keys = (("share_delimiter", "share"), ("share_local", "share"), ("share_syntactic", "share"),
-          ("share_block", "share"), ("share_unskilled", "share"),
-          ("share_syntactic_also_local", "share"), ("spearman_local_syntactic", "corr"),
-          ("mean_sieve_score", "float"), ("share_p_between", "share"))
+  """Per task and model state: the headline figures under the paper's rule, coarse roles from the
+  paper's four tests, the mean sieve score and the p-values in (0.05, 0.95) over the paper's four
+  roles."""
   rows = []
-  for kind in ("pretrained", "finetuned"):
+  for kind in ("finetuned", "pretrained"):
     for t in results["tasks"]:
       fig = results["per_task"][kind].get(t)
       if fig is None:
         continue
-      row = {"task": paper.TASK_NAMES[t], "model": kind, "sequences": fig["summary"].get("num_sequences")}
-      for k, fmt in keys:
-        row[k] = paper.format_value(fmt, fig["summary"].get(k))
+      shares = fig["analysis"].shares()
+      pool = paper_pool([fig["out"]])
+      row = {"task": paper.TASK_NAMES[t], "model": MODEL_TEXT[kind],
+             "sequences": fig["summary"].get("num_sequences")}
+      for k in ("share_delimiter", "share_local", "share_syntactic", "share_block",
+                "share_unskilled", "share_syntactic_also_local"):
+        row[k] = paper.format_value("share", shares[k])
+      row["spearman_local_syntactic"] = paper.format_value(
+          "corr", fig["summary"].get("spearman_local_syntactic"))
+      row["mean_sieve_score"] = paper.format_value("float", pool["mean_sieve_score"])
+      row["share_p_between"] = paper.format_value("share", pool["share_p_between"])
       rows.append(row)
   return pd.DataFrame(rows)
 
 
 def overlap_table(results: dict) -> pd.DataFrame:
   rows = []
-  for kind in ("pretrained", "finetuned"):
+  for kind in ("finetuned", "pretrained"):
     for t in results["tasks"]:
-      fig, src = _syntactic(results, kind, t)
+      fig = results["per_task"][kind].get(t)
       if fig is None:
         continue
-      row = {"task": paper.TASK_NAMES[t], "model": kind, "data": src}
+      row = {"task": paper.TASK_NAMES[t], "model": MODEL_TEXT[kind]}
       for key, label in (("nsubj_next_local", "nsubj heads also next_local"),
                          ("obj_prev_local", "obj heads also prev_local")):
         o = fig["overlaps"].get(key)
-        row[label] = ("not computed" if o is None else
+        row[label] = ("not tested (no parse of the task text)" if o is None else
                       f"{o['also']} of {o['heads']}" + (f" ({100 * o['share']:.0f}%)" if o["share"] is not None else ""))
       rows.append(row)
   return pd.DataFrame(rows)
@@ -378,41 +405,66 @@ def splits_table(results: dict) -> pd.DataFrame:
 # the page
 
 
+def coarse_flags(a: paper.Analysis) -> pd.DataFrame:
+  """One row per head (layer, head) with a bool column per coarse role the run tested: the
+  paper's four tests (`heads_jax.hoststats.paper.PAPER_ROLES`)."""
+  coarse, names = a.coarse()
+  l, h = coarse.shape[:2]
+  layer, head = np.indices((l, h)).reshape(2, -1)
+  flags = pd.DataFrame({"layer": layer, "head": head})
+  for i, n in enumerate(names):
+    flags[n] = coarse[..., i].reshape(-1)
+  return flags
+
+
 def _figures(results: dict, fig_dir: Path) -> dict:
   """Draws the report's figures; returns ``{name: (path, title, caption)}``."""
   figs = {}
   tau = float((results.get("config") or {}).get("analysis", {}).get("tau", 3.0))
   alpha = float((results.get("config") or {}).get("analysis", {}).get("alpha", 0.05))
-  pooled = results["pooled"]["pretrained"]
-  n_tasks = len(results["per_task"]["pretrained"])
+  pooled = results["pooled"]["finetuned"]
+  n_tasks = len(results["per_task"]["finetuned"])
+  roles = ", ".join(pooled.get("roles") or ())
   if pooled["num_scores"]:
     figs["pooled_cdf"] = (pande_figures.plot_score_cdf(
         pooled["scores"], fig_dir / "pooled_score_cdf.png", tau=tau, mean=pooled["mean_sieve_score"],
-        title=f"Fig. 3 (left): all sieve bias scores of the pre-trained model, {n_tasks} task(s) pooled"),
-        "All sieve bias scores, pooled over the tasks (Pande et al. Fig. 3)",
-        "Cumulative share of every sieve bias score (sequence x head x role) of the pre-trained "
-        "model over the tasks' analysed sequences; the paper: mean 2.8, tau = 3.")
+        title=f"Fig. 3 (left): sieve bias scores of the fine-tuned models, {n_tasks} task(s) pooled"),
+        "All sieve bias scores of the four functional roles, pooled over the tasks (Pande et al. Fig. 3a)",
+        f"Cumulative share of every sieve bias score (sequence x head x role; roles {roles}) of "
+        "each task's fine-tuned model on its own task's sequences; the paper: mean around 2.8, "
+        "tau = 3.")
   if pooled["num_p_values"]:
     figs["pooled_p"] = (pande_figures.plot_pvalue_hist(
         pooled["p_values"], fig_dir / "pooled_pvalue_hist.png", alpha=alpha,
-        title=f"Fig. 3 (right): p-values of all tests, {n_tasks} task(s) pooled"),
-        "All p-values, pooled over the tasks (Pande et al. Fig. 3)",
-        "p-values of every (task, layer, head, role) test of the pre-trained model; the paper: "
-        "1.8% lie in (0.05, 0.95).")
+        title=f"Fig. 3 (right): p-values of the fine-tuned models' tests, {n_tasks} task(s) pooled"),
+        "All p-values of the four functional roles, pooled over the tasks (Pande et al. Fig. 3b)",
+        f"p-values of every (task, layer, head, role) test (roles {roles}) of the fine-tuned "
+        "models; the paper: 1.8% lie in (0.05, 0.95).")
   for t in results["tasks"]:
     name = paper.TASK_NAMES[t]
-    for kind in ("pretrained", "finetuned"):
+    for kind in ("finetuned", "pretrained"):
       fig = results["per_task"][kind].get(t)
       if fig is None:
         continue
       tests = rule_tests(contract.read_tests(fig["out"])[0])
-      what = "pre-trained" if kind == "pretrained" else "fine-tuned"
-      figs[f"venn_{t}_{kind}"] = (pande_figures.plot_role_venn(
-          tests, fig_dir / f"venn_{t}_{kind}.png", title=f"{name}, {what}: role overlap"),
-          f"{name}, {what}: overlap of the coarse roles (Fig. 4)", "")
+      flags = coarse_flags(fig["analysis"])
+      sets = [c for c in paper.PAPER_ROLES if c in flags.columns]
+      what = MODEL_TEXT[kind].split(" (")[0]
+      figs[f"venn_{t}_{kind}"] = (venn_figures.plot_venn4(
+          flags, fig_dir / f"venn_{t}_{kind}.png", sets=sets,
+          title=f"{name}, {what}: heads per coarse role"),
+          f"{name}, {what}: overlap of the four coarse roles (Fig. 4)",
+          "Each ellipse is the heads whose coarse test rejects (local, syntactic, block, "
+          "delimiter: the paper's four tests, not unions of finer roles); numbers count heads.")
+      figs[f"upset_{t}_{kind}"] = (pande_figures.plot_role_upset(
+          flags, fig_dir / f"upset_{t}_{kind}.png", sets=tuple(sets),
+          title=f"{name}, {what}: coarse role combinations"),
+          f"{name}, {what}: every combination of the coarse roles (Fig. 4 as an UpSet plot)", "")
       figs[f"grid_{t}_{kind}"] = (pande_figures.plot_role_grid(
           tests, fig_dir / f"grid_{t}_{kind}.png", title=f"{name}, {what}: roles per layer and head"),
-          f"{name}, {what}: roles per layer and head (Fig. 5)", "")
+          f"{name}, {what}: the Fig. 5 roles per layer and head (Fig. 5)",
+          "The paper's Fig. 5 roles: [CLS], [SEP], nsubj, dobj, amod, advmod, previous and next "
+          "tokens, block; heads sorted within a layer by their number of roles.")
     cmp_dir = Path(results["workdir"]) / "compare" / t
     if (cmp_dir / contract.COMPARE_JSON).is_file():
       comparison = contract.read_comparison(cmp_dir)
@@ -422,14 +474,14 @@ def _figures(results: dict, fig_dir: Path) -> dict:
           f"{name}: change of the mean sieve bias after fine-tuning (Fig. 6)",
           "Per role and layer group (initial, middle, final thirds of the layers): mean sieve "
           "bias of the fine-tuned model minus the pre-trained model's, on the same sequences.")
-  first = next((results["per_task"]["pretrained"][t] for t in results["tasks"]
-                if t in results["per_task"]["pretrained"]), None)
+  first = next((results["per_task"]["finetuned"][t] for t in results["tasks"]
+                if t in results["per_task"]["finetuned"]), None)
   if first is not None and first["cluster_shares"]:
     clusters, _ = contract.read_clusters(first["out"])
     figs["clusters"] = (guan_figures.plot_cluster_layers(
         clusters, fig_dir / "cluster_layers.png",
-        title="Cluster type per layer, pre-trained model (first task's sequences)"),
-        "Guan et al.: attention types per layer, pre-trained model", "")
+        title="Cluster type per layer, first task's fine-tuned model"),
+        "Guan et al.: attention types per layer (Fig. 3), a fine-tuned model", "")
   return figs
 
 
@@ -471,13 +523,13 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
                                 f"{(cfg.get('finetune') or {}).get('warmup_steps')} warm-up, LAMB"),
            ("analysed sequences per task", cfg.get("test_sequences")),
            ("parser", parser if parser != "none" else
-            "none: the task text has no dependency arcs" + (f"; syntactic roles from {fb} (gold arcs)" if fb else "")),
+            "none: the task text has no dependency arcs, so the syntactic claims are not "
+            "computable here" + (f" (the {fb} analyses with gold arcs are in analysis/, not "
+                                 "per-task figures)" if fb else "")),
            ("test", f"one-sided {(cfg.get('analysis') or {}).get('test', 't')}-test, tau = "
                     f"{(cfg.get('analysis') or {}).get('tau')}, alpha = {(cfg.get('analysis') or {}).get('alpha')}, "
                     f"correction {(cfg.get('analysis') or {}).get('correction')}")]
-  paper_cols = ["paper", "claim", "paper_value", "this_run_pretrained", "this_run_finetuned",
-                "difference", "compared_model", "computed_over", "this_run_calibrated_rule",
-                "source", "note"]
+  counts = verdict_counts(table)
   sections = [
       ("Setup", page.kv_table_html(setup, table_id="table-setup")
        + page.kv_table_html(list(paper.PANDE_SETUP.items()), table_id="table-paper-setup",
@@ -489,20 +541,34 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
        + "".join(f"<p class=\"note\">{page.esc(paper.TASK_NAMES[t])}: "
                  f"{page.esc((results['splits'].get(t) or {}).get('describe', ''))}</p>"
                  for t in results["tasks"])),
-      ("The papers' numbers beside this run",
-       "<p>Every quantitative claim of Pande et al. (2021) and Guan et al. (2020) the "
-       "reproduction checks. <i>difference</i> is this run minus the paper (shares in percentage "
-       "points) for the model the claim is about (<i>compared_model</i>). Roles are assigned by "
-       "the paper's rule (mean sieve bias significantly above tau); where the run also recorded "
-       "the rule calibrated against uniform attention, its shares are in "
-       "<i>this_run_calibrated_rule</i>.</p>"
-       + page.table_html(table[paper_cols], table_id="table-paper")),
+      ("The papers' claims judged on this run",
+       "<p>Every claim of Pande et al. (2021, and the first author's blog post) and Guan et al. "
+       "(2020), numbers and statements, each with the sentence it rests on (paper_table.csv: "
+       "<i>quote</i>, <i>rule</i>, <i>measure</i>). <i>this_run</i> is computed on the model "
+       "state the paper used: each task's fine-tuned model on its own task's sequences (\"For "
+       "each task, we feed all the input sequences to the fine-tuned BERTBASE model\"), or the "
+       "change after fine-tuning for Fig. 6; <i>this_run_pretrained</i> is the pre-trained model "
+       "on the same sequences. Roles are the paper's rule (mean sieve bias significantly above "
+       "tau) and the paper's four coarse tests. Verdicts follow the rules of DESIGN.md section 3 "
+       f"(\"Verdicts\"): {counts[paper.HOLDS]} hold, {counts[paper.FAILS]} do not hold, "
+       f"{counts[paper.NOT_COMPUTABLE]} are not computable here (the reason is in "
+       "<i>detail</i>). Guan et al. analysed BERT-large fine-tuned on SQuAD: their rows compare "
+       "across models.</p>"
+       + page.table_html(table[list(PAPER_COLUMNS)], table_id="table-paper")),
       ("Fine-tuning: best dev score per task",
        "<p>The best evaluation of each grid point is kept; the table gives the best grid point per "
        "task beside Devlin et al.'s BERT-base dev score (their Table 5; QQP dev is not reported "
        "there). The evaluation rows are the ones in the Splits table, which for some presets are "
        "not GLUE's dev set.</p>" + page.table_html(finetune_table(results), table_id="table-finetune")),
       ("Fig. 3: all scores and p-values, pooled over the tasks", _fig(figs, "pooled_cdf") + _fig(figs, "pooled_p")),
+      ("The calibrated rule (a heads_jax addition, not the paper's)",
+       "<p>heads_jax also records a rule calibrated against uniform attention "
+       "(DESIGN.md section 3, \"Role rules\"): it is not the paper's rule, so the claims above "
+       "are judged by the paper's rule; for the share claims, <i>calibrated_rule_heads_jax</i> in "
+       "paper_table.csv gives the share under it.</p>"
+       + page.table_html(table.loc[table["calibrated_rule_heads_jax"] != "",
+                                   ["claim", "paper_value", "this_run", "calibrated_rule_heads_jax"]],
+                         table_id="table-calibrated")),
       ("Headline figures per task", page.table_html(task_table(results), table_id="table-tasks")),
       ("Fine-role overlaps: nsubj with next_local, obj with prev_local",
        "<p>A dependent usually precedes its head in a subject relation and follows it in an "
@@ -517,7 +583,8 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
     links.append(_link(workdir, workdir / "compare" / t / "report.html", "comparison report"))
     links = [x for x in links if x]
     body = (f"<p>{' | '.join(links)}</p>" if links else "")
-    body += "".join(_fig(figs, f"{p}_{t}_{k}") for p in ("venn", "grid") for k in ("pretrained", "finetuned"))
+    body += "".join(_fig(figs, f"{p}_{t}_{k}") for p in ("venn", "upset", "grid")
+                    for k in ("finetuned", "pretrained"))
     body += _fig(figs, f"delta_{t}")
     sections.append((f"{name}: Figs. 4-6", body))
   sections.append(("Guan et al.: attention types (clusters) and their stability",
@@ -530,12 +597,13 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
                            subtitle=f"heads-jax reproduce, preset {cfg.get('preset')}: "
                                     f"{', '.join(paper.TASK_NAMES[t] for t in results['tasks'])}",
                            sections=sections)
-  out = {k: v for k, v in results.items() if k not in ("pooled", "per_task", "syntax_fallback")}
+  out = {k: v for k, v in results.items() if k not in ("pooled", "per_task")}
   out["pooled"] = {k: {kk: vv for kk, vv in v.items() if kk not in ("scores", "p_values")}
                    for k, v in results["pooled"].items()}
-  out["per_task"] = {k: {t: {kk: vv for kk, vv in f.items()} for t, f in v.items()}
-                     for k, v in results["per_task"].items()}
-  out["paper_table"] = table.drop(columns=["value_paper"]).to_dict(orient="records")
+  out["per_task"] = {k: {t: {kk: vv for kk, vv in f.items() if kk != "analysis"}
+                         for t, f in v.items()} for k, v in results["per_task"].items()}
+  out["paper_table"] = table.to_dict(orient="records")
+  out["verdicts"] = counts
   out["finetune_table"] = finetune_table(results).to_dict(orient="records")
   contract.write_json(out, workdir / "results.json")
   return {"report": str(report), "paper_table": str(workdir / "paper_table.csv"),

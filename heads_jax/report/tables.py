@@ -109,8 +109,8 @@ def assigned_matrix(tests_df: pd.DataFrame, roles) -> np.ndarray:
 def coarse_role_flags(tests_df: pd.DataFrame) -> pd.DataFrame:
   """One row per head (layer, head) with a bool column per coarse role and ``unskilled``.
 
-  A head has a coarse role when any of its fine roles (``hoststats.roles.COARSE_ROLES``) is
-  assigned; heads present in ``tests_df`` with no assigned role are unskilled.
+  A head has a coarse role when the role deciding it (``hoststats.roles.COARSE_ROLES``: the
+  paper's four tests) is assigned; heads present in ``tests_df`` with none are unskilled.
   """
   df = check_tests_df(tests_df)
   heads = df[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"])

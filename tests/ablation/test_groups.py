@@ -56,17 +56,18 @@ def test_cluster_groups_from_clusters_csv(tmp_path):
 
 
 def test_role_groups_from_tests_csv(tmp_path):
-  roles = ["local", "prev_local", "cls", "sep", "nsubj", "syntactic"]
+  roles = ["local", "prev_local", "cls", "sep", "delimiter", "nsubj", "syntactic"]
   assigned = {(0, 0): {"prev_local"}, (0, 1): {"cls", "nsubj"}, (1, 0): set(),
-              (1, 1): {"sep", "local", "syntactic"}}
+              (1, 1): {"sep", "delimiter", "local", "syntactic"}}
   rows = [{"layer": l, "head": h, "role": r, "mean": 1.0, "n": 5, "statistic": 0.0,
            "p_value": 0.5, "p_adjusted": 0.5, "assigned": r in a}
           for (l, h), a in assigned.items() for r in roles]
   pd.DataFrame(rows).to_csv(tmp_path / "tests.csv", index=False)
   gs = {g.name: g.heads for g in groups.load_groups("role", num_layers=2, num_heads=2,
                                                     analysis=tmp_path)}
-  assert gs == {"local": ((0, 0), (1, 1)), "syntactic": ((0, 1), (1, 1)),
-                "delimiter": ((0, 1), (1, 1)), "unskilled": ((1, 0),)}
+  # coarse roles are the paper's four tests: prev_local, cls and nsubj alone make no coarse role
+  assert gs == {"local": ((1, 1),), "syntactic": ((1, 1),), "delimiter": ((1, 1),),
+                "unskilled": ((0, 0), (0, 1), (1, 0))}
   fine = {g.name: g.heads for g in groups.load_groups("role", num_layers=2, num_heads=2,
                                                       analysis=tmp_path, role_level="fine")}
   assert fine["cls"] == ((0, 1),) and fine["local"] == ((1, 1),) and set(fine) == set(roles)

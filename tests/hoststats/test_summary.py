@@ -39,23 +39,31 @@ def test_summary_figures():
   out = summary.summary_figures(sb, ROLES, tests)
   assert json.loads(json.dumps(out, allow_nan=False)) == out  # JSON-serialisable
   assert (out["num_sequences"], out["num_layers"], out["num_heads"]) == (6, 2, 2)
+  # coarse roles are the paper's four tests: (0, 0) has nsubj but not the syntactic test, (1, 0)
+  # has cls but this run has no delimiter test
+  assert out["coarse_roles"] == "tests"
   assert out["share_local"] == 0.25
-  assert out["share_syntactic"] == 0.5
-  assert out["share_delimiter"] == 0.25
-  assert out["share_block"] is None  # block not computed in this run
-  assert out["share_unskilled"] == 0.25
-  assert out["share_syntactic_also_local"] == 0.5
+  assert out["share_syntactic"] == 0.25
+  assert out["share_delimiter"] is None and out["share_block"] is None  # not tested in this run
+  assert out["share_unskilled"] == 0.5
+  assert out["share_syntactic_also_local"] == 0.0
+  # heads_jax's fine-role union, a separately named view
+  assert out["fine_union"] == {"share_local": 0.25, "share_syntactic": 0.5, "share_delimiter": 0.25,
+                               "share_block": None, "share_unskilled": 0.25,
+                               "share_syntactic_also_local": 0.5}
   assert out["spearman_local_syntactic"] == pytest.approx(0.8, abs=1e-12)
   assert out["spearman_num_pairs"] == 5
-  # p-values strictly inside (0.05, 0.95): 0.5, 0.2, 0.3, 0.5, 0.06, 0.94 of 13 non-NaN values
-  assert out["share_p_between"] == pytest.approx(6 / 13)
-  assert out["num_p_values"] == 13
-  values = sb.astype(np.float64)[~np.isnan(sb)]
-  assert out["mean_sieve_score"] == pytest.approx(values.mean(), rel=1e-12)
+  # pooled over the paper's roles present (local, syntactic), not cls or nsubj: p-values strictly
+  # inside (0.05, 0.95): local 0.01, 0.95, 0.001 -> none; syntactic 0.05, 0.3, 0.5, 0.94 -> 3
+  assert out["pool_roles"] == ["local", "syntactic"]
+  assert out["share_p_between"] == pytest.approx(3 / 7)
+  assert out["num_p_values"] == 7
+  pooled = sb[..., [0, 3]].astype(np.float64)
+  assert out["mean_sieve_score"] == pytest.approx(pooled[~np.isnan(pooled)].mean(), rel=1e-12)
+  assert out["mean_sieve_score"] != pytest.approx(sb[~np.isnan(sb)].mean(), rel=1e-3)
   assert out["mean_sieve_score_by_role"]["syntactic"] == pytest.approx(3.0)
   assert out["num_assigned_by_role"] == {"local": 1, "cls": 1, "nsubj": 1, "syntactic": 1}
-  assert out["num_heads_by_coarse_role"] == {"local": 1, "syntactic": 2, "delimiter": 1,
-                                             "unskilled": 1}
+  assert out["num_heads_by_coarse_role"] == {"local": 1, "syntactic": 1, "unskilled": 2}
 
 
 def test_mean_sieve_score_by_hand():
@@ -77,3 +85,16 @@ def test_no_syntactic_heads():
   tests.loc[tests["role"].isin(["nsubj", "syntactic"]), "assigned"] = False
   out = summary.summary_figures(sb, ROLES, tests)
   assert out["share_syntactic"] == 0.0 and out["share_syntactic_also_local"] is None
+
+
+def test_auto_tau_pools_the_paper_roles():
+  from heads_jax.hoststats import hypothesis
+  sb = np.empty((4, 1, 1, 3))
+  sb[..., 0] = 2.5      # local (pooled)
+  sb[..., 1] = 10.0     # cls (not one of the paper's four roles)
+  sb[..., 2] = 2.7      # block_plain (not pooled either)
+  roles = ("local", "cls", "block_plain")
+  assert hypothesis.auto_tau(sb) == 6.0                       # every value: mean 5.07
+  assert hypothesis.auto_tau(sb, roles) == 3.0                # local only: mean 2.5
+  _, settings = hypothesis.hypothesis_tests(sb, roles, tau="auto")
+  assert settings["tau"] == 3.0

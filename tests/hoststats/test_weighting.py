@@ -10,7 +10,8 @@ from heads_jax.hoststats.weighting import norm_tests, role_changes, weighting_su
 
 
 def _scores(rng, sep_high):
-  """[N, l, h, r] for roles (local, sep, cls): head (0, 0) is a sep head when ``sep_high``."""
+  """[N, l, h, r] for roles (local, delimiter, cls): head (0, 0) is a delimiter head when
+  ``sep_high``."""
   x = rng.normal(1.0, 0.1, size=(40, 1, 2, 3))
   if sep_high:
     x[:, 0, 0, 1] = rng.normal(6.0, 0.3, size=40)
@@ -20,7 +21,7 @@ def _scores(rng, sep_high):
 
 def test_norm_rows_use_the_same_tests_and_show_the_lost_role():
   rng = np.random.default_rng(0)
-  roles = ("local", "sep", "cls")
+  roles = ("local", "delimiter", "cls")   # coarse roles are the paper's four tests
   lengths = np.full(40, 20)
   attention = _scores(rng, True)
   norm = _scores(rng, False)
@@ -35,8 +36,8 @@ def test_norm_rows_use_the_same_tests_and_show_the_lost_role():
   both = with_weighting(tests, nt)
   assert both["weighting"].tolist() == ["attention"] * 6 + ["norm"] * 6
   changes = role_changes(tests, nt).set_index(["kind", "role"])
-  assert changes.loc[("fine", "sep"), ["attention", "norm", "lost", "gained"]].tolist() == [1, 0, 1, 0]
-  assert changes.loc[("fine", "sep"), "lost_heads"] == "0:0"
+  assert changes.loc[("fine", "delimiter"), ["attention", "norm", "lost", "gained"]].tolist() == [1, 0, 1, 0]
+  assert changes.loc[("fine", "delimiter"), "lost_heads"] == "0:0"
   assert changes.loc[("coarse", "delimiter"), "lost"] == 1
   assert changes.loc[("coarse", "local"), ["kept", "lost"]].tolist() == [1, 0]
   summary = weighting_summary(tests, nt)

@@ -224,29 +224,47 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
   assert len(after) == 4 * 2 + 5
   assert "done in" in out and Path(results["report"]["report"]).is_file()
 
-  # 4. the paper table: all four tasks filled
+  # 4. the paper table: one row per claim, judged on the fine-tuned analyses (the paper's model
+  # state), a verdict on every row it can compute and the reason on the others
   table = pd.read_csv(wd / "paper_table.csv", keep_default_na=False)
   rows = table.set_index("key")
-  for t in ("mrpc", "qqp", "sst2", "qnli"):
-    v = rows.loc[f"spearman_{t}", "value_pretrained"]
-    assert v != "" and -1.0 <= float(v) <= 1.0
+  assert list(rows.index) == [c.key for c in paper.CLAIMS]
+  assert set(table["verdict"]) <= set(paper.VERDICTS)
+  computed = table[table["verdict"] != paper.NOT_COMPUTABLE]
+  assert (computed["this_run"] != "").all() and (table["detail"] != "").all()
+  assert len(computed) >= 15
+  for t in ("mrpc", "qqp", "sst2", "qnli"):   # no parser in the toy preset: no syntactic claims
+    assert rows.loc[f"spearman_{t}", "verdict"] == paper.NOT_COMPUTABLE
+    assert "parse" in rows.loc[f"spearman_{t}", "detail"]
     assert rows.loc[f"spearman_{t}", "paper_value"] == paper.format_paper_value(paper.claim(f"spearman_{t}"))
-  assert float(rows.loc["block_heads_sst2", "value_pretrained"]) == 0
-  assert rows.loc["block_heads_sst2", "difference"] == "+0.00"
+  assert rows.loc["block_heads_sst2", "this_run"] == "0"
+  assert rows.loc["block_heads_sst2", "verdict"] == paper.HOLDS
   for k in ("mean_sieve_score", "share_p_between", "share_delimiter", "share_unskilled", "tau"):
-    assert rows.loc[k, "value_pretrained"] != "" and rows.loc[k, "difference"] != "n/a", k
-  assert "not recoverable offline" in rows.loc["guan_stability", "paper_value"]
+    assert rows.loc[k, "verdict"] in (paper.HOLDS, paper.FAILS), k
+  assert rows.loc["guan_table2_row3", "verdict"] == paper.NOT_COMPUTABLE
+  # the share of delimiter heads: the delimiter test of each fine-tuned analysis, by hand
+  shares = []
+  for t in ("mrpc", "qqp", "sst2", "qnli"):
+    tests = pd.read_csv(wd / "analysis" / "finetuned" / t / "tests.csv")
+    d = tests[tests["role"] == "delimiter"]
+    shares.append(d["assigned_paper"].astype(bool).mean())
+  assert rows.loc["share_delimiter", "value_this_run"] == pytest.approx(np.mean(shares))
   res = json.loads((wd / "results.json").read_text())
-  # the pooled mean is the mean of every finite score of the four pre-trained analyses
+  # Fig. 3 pools every finite score of the paper's four roles of the four fine-tuned analyses
   pooled = []
   for t in ("mrpc", "qqp", "sst2", "qnli"):
-    s = np.load(wd / "analysis" / "pretrained" / t / "scores.npz")["sieve_bias"].ravel()
+    z = np.load(wd / "analysis" / "finetuned" / t / "scores.npz")
+    roles = [str(r) for r in z["roles"]]
+    s = z["sieve_bias"][..., [roles.index(r) for r in ("local", "delimiter", "block")]].ravel()
     pooled.append(s[np.isfinite(s)])
   mean = float(np.concatenate(pooled).mean())
-  assert res["pooled"]["pretrained"]["mean_sieve_score"] == pytest.approx(mean, rel=1e-6)
-  assert res["pooled"]["pretrained"]["auto_tau"] == np.floor(mean) + 1
+  assert res["pooled"]["finetuned"]["mean_sieve_score"] == pytest.approx(mean, rel=1e-6)
+  assert res["pooled"]["finetuned"]["auto_tau"] == np.floor(mean) + 1
+  assert res["pooled"]["finetuned"]["roles"] == ["local", "delimiter", "block"]
+  assert sum(res["verdicts"].values()) == len(paper.CLAIMS)
   html = (wd / "report.html").read_text()
-  for needle in ("The papers", "Splits: which rows", "QNLI: Figs. 4-6", "nsubj", "Devlin"):
+  for needle in ("claims judged on this run", "Splits: which rows", "QNLI: Figs. 4-6", "nsubj",
+                 "Devlin", "a heads_jax addition"):
     assert needle in html, needle
   splits = json.loads((wd / "data" / "splits.json").read_text())
   assert splits["qnli"]["roles"]["train"]["split"] == "dev" and splits["qnli"]["shared_splits"]
@@ -365,9 +383,72 @@ def test_paper_differences():
   c = paper.claim("share_delimiter")
   assert paper.difference(c, 0.70) == pytest.approx(100 * (0.70 - 0.7343))
   assert paper.format_difference(c, paper.difference(c, 0.70)) == "-3.4 pp"
-  assert paper.difference(paper.claim("block_layer"), 0) == "holds"
-  assert paper.difference(paper.claim("block_layer"), 2) == "does not hold"
-  assert paper.difference(paper.claim("guan_stability"), 0.5) is None      # no paper value
+  assert paper.difference(paper.claim("block_layer0"), 0) is None          # a statement
   assert paper.difference(paper.claim("spearman_qnli"), None) is None
   assert paper.devlin_dev("qnli").value == 0.884 and paper.devlin_dev("qqp").value is None
   assert {c.task for c in paper.CLAIMS if c.key.startswith("spearman_")} == set(glue.TASKS)
+
+
+# ------------------------------------------------------------------------------------------------
+# reruns: exactly the stages whose settings changed (the work itself replaced by recorders)
+
+
+@pytest.fixture
+def recorded_reproduce(small_glue, tmp_path, monkeypatch):
+  """run_reproduce on the toy preset (MRPC only, no UD EWT fallback) with the model, training,
+  analysis, comparison and report work replaced by recorders: ``(run, calls)``."""
+  import types
+  calls = []
+
+  def random_model(out, size, seed):
+    calls.append(("pretrained",))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+  def train(c, wd, rows=None):
+    train_rows, eval_rows, note = rows
+    calls.append(("finetune", c.num_train_steps, len(train_rows), len(eval_rows)))
+    (Path(wd) / "best_model").mkdir(parents=True, exist_ok=True)
+    return {"best": {"score": 0.5, "step": c.num_train_steps}, "exports": {"heads_jax": str(Path(wd) / "best_model")},
+            "select_metric": "f1", "final_eval": {}, "final_step": c.num_train_steps, "data": note}
+
+  def analysis(cfg, **kw):
+    calls.append(("analysis", Path(cfg.out).parent.name, cfg.max_examples))
+    return {"summary": {}}
+  monkeypatch.setattr(rp, "_random_model", random_model)
+  monkeypatch.setattr(rp, "finetune", types.SimpleNamespace(train_and_evaluate=train))
+  monkeypatch.setattr(rp, "run_analysis", analysis)
+  monkeypatch.setattr(rp, "headline", lambda s: "")
+  monkeypatch.setattr(rp, "run_compare", lambda *a, **kw: calls.append(("compare",)) or "r.html")
+  monkeypatch.setattr(rp, "write_reproduce_report",
+                      lambda wd, **kw: calls.append(("report",)) or {"report": str(wd / "report.html")})
+
+  def run(**overrides):
+    calls.clear()
+    c = toy_config(small_glue, tasks="mrpc", **overrides)
+    c.pretrained.kind, c.pretrained.path = "random", ""
+    c.analysis.syntax_fallback = ""
+    rp.run_reproduce(c, tmp_path / "run", log=lambda m: None)
+    return list(calls)
+  return run
+
+
+def test_reproduce_rerun_with_the_same_settings_reuses_everything(recorded_reproduce):
+  first = recorded_reproduce()
+  assert first[0] == ("pretrained",) and ("report",) in first
+  assert recorded_reproduce() == []
+
+
+def test_reproduce_new_finetune_steps_rerun_finetuning_and_what_reads_it(recorded_reproduce):
+  recorded_reproduce(**{"finetune.num_train_steps": 4})
+  calls = recorded_reproduce(**{"finetune.num_train_steps": 6})
+  assert [c[:2] for c in calls] == [("finetune", 6), ("analysis", "finetuned"), ("compare",),
+                                    ("report",)]
+
+
+def test_reproduce_more_sequences_rerun_the_analyses_not_the_finetuning(recorded_reproduce):
+  """MRPC analyses its own test split: more analysed sequences leave its training rows alone."""
+  recorded_reproduce(test_sequences=8)
+  calls = recorded_reproduce(test_sequences=12)
+  assert calls == [("analysis", "pretrained", 12), ("analysis", "finetuned", 12), ("compare",),
+                   ("report",)]

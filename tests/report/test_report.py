@@ -153,20 +153,21 @@ def small_tests():
 
 
 def test_coarse_role_flags_by_hand():
+  # coarse roles are the paper's four tests (issue 23): cls, prev_local or nsubj alone make none
   flags = tables.coarse_role_flags(small_tests()).set_index(["layer", "head"])
-  assert flags.loc[(0, 0)].to_dict() == {"local": True, "syntactic": False, "delimiter": True,
-                                         "block": False, "unskilled": False}
+  assert flags.loc[(0, 0)].to_dict() == {"local": False, "syntactic": False, "delimiter": False,
+                                         "block": False, "unskilled": True}
   assert flags.loc[(0, 1), "unskilled"]
-  assert flags.loc[(1, 0)][["local", "syntactic", "delimiter", "block"]].all()
-  assert flags.loc[(1, 1)].to_dict() == {"local": False, "syntactic": True, "delimiter": False,
-                                         "block": False, "unskilled": False}
+  assert flags.loc[(1, 0)].to_dict() == {"local": True, "syntactic": False, "delimiter": False,
+                                         "block": True, "unskilled": False}
+  assert flags.loc[(1, 1), "unskilled"]
 
 
 def test_roles_per_layer_and_head_by_hand():
   per_layer = tables.roles_per_layer(small_tests())
   assert per_layer.loc[0, "cls"] == 1 and per_layer.loc[1, "nsubj"] == 2
-  assert per_layer.loc[1, "any syntactic"] == 2 and per_layer.loc[0, "unskilled"] == 1
-  assert per_layer.loc["all", "heads"] == 4 and per_layer.loc["all", "any local"] == 2
+  assert per_layer.loc[1, "any syntactic"] == 0 and per_layer.loc[0, "unskilled"] == 2
+  assert per_layer.loc["all", "heads"] == 4 and per_layer.loc["all", "any local"] == 1
   assert list(per_layer.columns[:6]) == ["local", "prev_local", "block", "cls", "sep", "nsubj"]
   per_head = tables.roles_per_head(small_tests()).set_index(["layer", "head"])
   assert per_head.loc[(1, 0), "roles"] == "local, block, sep, nsubj"
@@ -181,7 +182,7 @@ def test_roles_without_defined_tests_count_as_not_computed(tmp_path):
   assert tables.tested_roles(small_tests().assign(n=10)) == ["local", "prev_local", "block", "cls",
                                                             "sep", "nsubj"]
   _, sets = tables.coarse_flags(tests, ("local", "syntactic", "block", "delimiter"))
-  assert sets == ["local", "syntactic", "delimiter"]
+  assert sets == ["local"]          # the syntactic and delimiter tests are not in this table
   text = analysis.write_report(tmp_path, title="t", settings=SETTINGS, summary={"share_block": 0.0},
                            tests_df=tests).read_text()
   row = re.search(r"Heads with the block role</td><td[^>]*>([^<]*)<", text).group(1)

@@ -1,0 +1,202 @@
+"""hoststats/paper.py: every claim quotes its paper, the values as printed, and the verdict rules
+on hand-built analyses."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from heads_jax.data import vocabulary as vocab
+from heads_jax.hoststats import paper
+
+PAPERS = Path(__file__).resolve().parents[3] / "shared" / "papers"
+
+
+def _norm(text: str) -> str:
+  """Lower case without whitespace or hyphens (the PDF extraction breaks lines inside words)."""
+  return re.sub(r"[\s\-]+", "", text).lower()
+
+
+@pytest.mark.skipif(not PAPERS.is_dir(), reason="the papers' text is not beside the checkout")
+def test_every_claim_quotes_a_sentence_of_its_paper():
+  texts = {p: _norm((PAPERS / f).read_text(encoding="utf-8")) for p, f in paper.PAPER_FILES.items()}
+  missing = [c.key for c in paper.CLAIMS if _norm(c.quote) not in texts[c.paper]]
+  assert not missing
+  # the printed numbers are in the text as printed
+  for c in paper.CLAIMS:
+    if c.printed and c.paper != paper.GUAN and re.search(r"\d", c.printed):
+      for number in re.findall(r"\d+\.\d+%?", c.printed):
+        assert _norm(number) in texts[c.paper], (c.key, number)
+
+
+def test_values_as_printed_and_model_states():
+  assert paper.format_paper_value(paper.claim("share_delimiter")) == "73.43%"
+  assert paper.format_paper_value(paper.claim("share_unskilled")) == "9.37%"
+  assert paper.claim("share_syntactic_also_local").value_range == (0.421, 0.888)
+  # Pande et al. analyse each task's fine-tuned model (Figs. 3-5), Fig. 6 the change
+  for c in paper.claims(paper.PANDE):
+    assert c.model in ("finetuned", "change"), c.key
+  assert {c.model for c in paper.claims(paper.PANDE) if c.source.startswith("section \"What is")} \
+      == {"change"}
+  # Guan et al.: the diagonal share as printed, with the typo explained; 384 heads
+  d = paper.claim("guan_share_diagonal")
+  assert d.printed == "25.56%" and "26.56%" in d.note and "102 of 384" in d.note
+  shares = [paper.claim(f"guan_share_{n}").value for n in ("dense", "diagonal", "dense_vertical",
+                                                             "vertical")]
+  assert sum(shares) == pytest.approx(0.9899)
+  assert round(0.2604 * 384) == 100 and round(0.3411 * 384) == 131 and round(0.1328 * 384) == 51
+  for c in paper.claims(paper.GUAN):
+    assert "BERT-large" in c.note, c.key                       # the cross-model nature, stated
+  assert paper.claim("guan_stability_mrpc").printed == "95.98%"
+  assert "16.96" in paper.claim("guan_table3_row12").printed
+  assert "19.96%" in paper.claim("guan_table3_row12").note
+
+
+def test_bert_base_layers_scale_by_depth():
+  assert paper.bert_base_layers(6, 8, 12) == (6, 7, 8)
+  assert paper.bert_base_layers(6, 8, 6) == (3, 4)
+  assert paper.bert_base_layers(9, 11, 6) == (4, 5)
+  assert paper.bert_base_layers(10, 11, 6) == (5,)
+  assert paper.bert_base_layers(0, 0, 6) == (0,)
+  assert paper.bert_base_layers(5, 9, 6) == (2, 3, 4)
+  assert paper.bert_base_layers(0, 0, 2) == ()             # too coarse to resolve layer 0
+  assert paper.bert_base_layers(0, 11, 24) == tuple(range(24))
+
+
+ROLES = vocab.ROLES
+
+
+def _analysis(assigned: dict, num_layers=6, num_heads=4, means=None, clusters=None,
+              stability=None, summary=None):
+  """An Analysis whose heads have the roles ``{role: [(layer, head), ...]}``."""
+  a = np.zeros((num_layers, num_heads, len(ROLES)), bool)
+  for role, heads in assigned.items():
+    for l, h in heads:
+      a[l, h, ROLES.index(role)] = True
+  m = np.full(a.shape, 1.0) if means is None else means
+  return paper.Analysis(roles=ROLES, assigned=a, means=m, tau=3.0, summary=summary or {},
+                        clusters=clusters, stability=stability)
+
+
+def _run(finetuned: dict, pretrained: dict | None = None, **kw):
+  tasks = tuple(finetuned)
+  return paper.RunFigures(tasks=tasks, analyses={"finetuned": finetuned,
+                                                 "pretrained": pretrained or {}}, **kw)
+
+
+def test_numbers_hold_within_their_tolerance():
+  c = paper.claim("share_delimiter")
+  heads = [(l, h) for l in range(6) for h in range(4)]
+  # the share is recomputed from the delimiter test (summary.json's value is not read)
+  run = _run({"mrpc": _analysis({"delimiter": heads[:17]}, summary={"share_delimiter": 0.1}),
+              "sst2": _analysis({"delimiter": heads[:19], "cls": heads})})
+  e = paper.evaluate(c, run)
+  assert e.value == pytest.approx(0.75) and e.verdict == paper.HOLDS and "MRPC 70.8%" in e.detail
+  run = _run({"mrpc": _analysis({"delimiter": heads[:12]})})
+  assert paper.evaluate(c, run).verdict == paper.FAILS               # 23.4 pp off
+  assert paper.difference(c, 0.5) == pytest.approx(-23.43)
+  assert paper.format_difference(c, paper.difference(c, 0.5)) == "-23.4 pp"
+  # a task that was not run, and a claim that needs SQuAD
+  e = paper.evaluate(paper.claim("spearman_qnli"), run)
+  assert e.verdict == paper.NOT_COMPUTABLE and "QNLI" in e.detail
+  assert paper.evaluate(paper.claim("guan_table2_row3"), run).verdict == paper.NOT_COMPUTABLE
+  # pooled figures
+  run = _run({"mrpc": _analysis({})}, pooled={"finetuned": {"mean_sieve_score": 2.6, "auto_tau": 3.0,
+                                                             "share_p_between": 0.05}})
+  assert paper.evaluate(paper.claim("mean_sieve_score"), run).verdict == paper.HOLDS
+  assert paper.evaluate(paper.claim("tau"), run).verdict == paper.HOLDS
+  assert paper.evaluate(paper.claim("share_p_between"), run).verdict == paper.FAILS  # 5% vs 1.8%
+
+
+def test_layer_statements_by_hand():
+  # 6 layers x 4 heads. MRPC: block heads in layers 0 (two), 1, 3; QQP: layers 0 and 5 only.
+  mrpc = _analysis({"block": [(0, 0), (0, 1), (1, 0), (3, 2)]})
+  qqp = _analysis({"block": [(0, 0), (5, 1)]})
+  run = _run({"mrpc": mrpc, "qqp": qqp})
+  assert paper.evaluate(paper.claim("block_layer0"), run).verdict == paper.HOLDS
+  # layers 1-4 of BERT-base are layers 0, 1, 2 of 6: layer 2 has none
+  assert paper.evaluate(paper.claim("block_layers_1_4"), run).verdict == paper.FAILS
+  assert paper.evaluate(paper.claim("block_qqp_first_last"), run).verdict == paper.HOLDS
+  assert paper.evaluate(paper.claim("block_mrpc_all_layers"), run).verdict == paper.FAILS
+  # syntactic heads (Fig. 5 relations): at least 3 per layer in every layer but one of 12 pairs
+  syn = {"nsubj": [(l, h) for l in range(6) for h in range(3) if l != 2],
+         "amod": [(2, 0), (2, 1)]}
+  run = _run({"mrpc": _analysis(syn), "qnli": _analysis(syn)})
+  e = paper.evaluate(paper.claim("syntactic_every_layer"), run)
+  assert e.verdict == paper.FAILS and "2 of 12" in e.detail        # 2 of 12 pairs > 10%
+  # most syntactic heads in layer 3 (BERT-base layers 6-8 are layers 3-4 of 6)
+  syn["obj"] = [(3, 3)]
+  run = _run({"mrpc": _analysis(syn)})
+  e = paper.evaluate(paper.claim("syntactic_layers_6_8"), run)
+  assert e.value == "layer 3" and e.verdict == paper.HOLDS and "scaled to 6 layers" in e.detail
+  # no parse of the task text: the syntactic relations were not tested
+  no_syntax = paper.Analysis(roles=("local", "block", "delimiter", "cls", "sep"),
+                             assigned=np.zeros((6, 4, 5), bool), means=np.ones((6, 4, 5)), tau=3.0)
+  e = paper.evaluate(paper.claim("syntactic_every_layer"), _run({"mrpc": no_syntax}))
+  assert e.verdict == paper.NOT_COMPUTABLE and "parse" in e.detail
+
+
+def test_fig6_change_by_hand():
+  # final third of 6 layers = layers 4, 5; delimiter and sep fall there after fine-tuning, cls not
+  before = np.full((6, 4, len(ROLES)), 2.0)
+  after = before.copy()
+  for r, d in (("delimiter", -1.0), ("sep", -1.5), ("cls", 0.1), ("block", 0.5)):
+    after[4:, :, ROLES.index(r)] += d
+  pre = {"mrpc": _analysis({"delimiter": [(4, 0), (5, 0)]}, means=before)}
+  fin = {"mrpc": _analysis({"delimiter": [(4, 0)]}, means=after)}
+  run = _run(fin, pre)
+  for key in ("finetune_delimiter_final_drop", "finetune_sep_not_cls", "finetune_block_final_rise",
+              "finetune_initial_middle_stable", "finetune_delimiter_heads_drop"):
+    assert paper.evaluate(paper.claim(key), run).verdict == paper.HOLDS, key
+  e = paper.evaluate(paper.claim("finetune_delimiter_final_drop"), run)
+  assert e.value == "MRPC -1.00" and e.pretrained is None
+  # without the pre-trained analysis: not computable
+  e = paper.evaluate(paper.claim("finetune_sep_not_cls"), _run(fin))
+  assert e.verdict == paper.NOT_COMPUTABLE
+
+
+def test_average_rule_against_the_test():
+  means = np.full((6, 4, len(ROLES)), 1.0)
+  means[0, 0, ROLES.index("local")] = 3.5       # mean above tau, test not rejected
+  means[1, 1, ROLES.index("local")] = 4.0       # and a head the test assigns
+  means[2, 2, ROLES.index("cls")] = 5.0         # cls is not one of the four roles: not counted
+  run = _run({"mrpc": _analysis({"local": [(1, 1)]}, means=means)})
+  e = paper.evaluate(paper.claim("average_vs_test"), run)
+  assert e.value == 1 and e.verdict == paper.HOLDS
+
+
+def test_coarse_claims_read_the_four_tests():
+  # a head with cls but not delimiter is no delimiter head for the paper's coarse claims
+  run = _run({"mrpc": _analysis({"cls": [(0, 0)], "local": [(0, 0), (1, 1)],
+                                 "delimiter": [(1, 1)]})})
+  e = paper.evaluate(paper.claim("delimiter_intersect"), run)
+  assert e.value == "50.0%" and e.verdict == paper.FAILS      # 1 of the 2 local heads
+  e = paper.evaluate(paper.claim("multi_functional"), run)
+  assert e.value == "4.2%"                                     # 1 of 24 heads has two coarse roles
+
+
+def test_every_claim_is_evaluated_without_error():
+  rng = np.random.default_rng(0)
+  names = np.array(paper.CLUSTER_TYPES, dtype=object)
+
+  def random_analysis():
+    a = _analysis({}, clusters=names[rng.integers(0, 4, (6, 4))], stability=0.96,
+                  summary={"share_delimiter": 0.7, "share_unskilled": 0.1,
+                           "share_syntactic_also_local": 0.6, "spearman_local_syntactic": 0.8})
+    a.assigned[:] = rng.random(a.assigned.shape) < 0.3
+    a.means[:] = rng.random(a.means.shape) * 5
+    return a
+  tasks = paper.TASKS
+  run = _run({t: random_analysis() for t in tasks}, {t: random_analysis() for t in tasks},
+             pooled={s: {"mean_sieve_score": 2.7, "auto_tau": 3.0, "share_p_between": 0.02}
+                     for s in ("finetuned", "pretrained")},
+             finetune={"mrpc": {"accuracy": 0.85}, "sst2": {"accuracy": 0.91}})
+  results = paper.evaluate_all(run)
+  assert len(results) == len(paper.CLAIMS)
+  for c, e in results:
+    assert e.verdict in paper.VERDICTS
+    if c.tasks == ("squad",) or c.tasks == ("mnli",):
+      assert e.verdict == paper.NOT_COMPUTABLE
+    elif c.key != "block_heads_sst2":
+      assert e.verdict != paper.NOT_COMPUTABLE, (c.key, e.detail)
