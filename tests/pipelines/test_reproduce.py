@@ -409,8 +409,9 @@ def recorded_reproduce(small_glue, tmp_path, monkeypatch):
     train_rows, eval_rows, note = rows
     calls.append(("finetune", c.num_train_steps, len(train_rows), len(eval_rows)))
     (Path(wd) / "best_model").mkdir(parents=True, exist_ok=True)
-    return {"best": {"score": 0.5, "step": c.num_train_steps}, "exports": {"heads_jax": str(Path(wd) / "best_model")},
-            "select_metric": "f1", "final_eval": {}, "final_step": c.num_train_steps, "data": note}
+    return {"best": {"score": 0.5, "step": c.num_train_steps},
+            "exports": {"heads_jax": str(Path(wd) / "best_model")}, "select_metric": "f1",
+            "final_eval": {}, "final_step": c.num_train_steps, "data": note}
 
   def analysis(cfg, **kw):
     calls.append(("analysis", Path(cfg.out).parent.name, cfg.max_examples))
