@@ -13,12 +13,15 @@ runs see the same batches.
 Loss: the mean of the start and end cross-entropies over the window's positions (as
 ``run_squad.py``; an answer outside the window or an unanswerable question points at position 0).
 
-Evaluation every ``eval_every`` steps and at the end (``evaluate_squad``): the n-best answer of
+Evaluation every ``eval_every`` steps and at the end: the n-best answer of
 each question over its windows and the official exact match / F1 (``heads_jax.data.squad_eval``),
 written as ``workdir/eval/step_NNNNNNN/{predictions.json, eval.json}``. The best evaluation (by
 ``select_metric``, default ``f1``) keeps its parameters in ``workdir/best``, exported at the end
 to ``workdir/best_model`` (heads_jax) and ``workdir/best_hf`` (Hugging Face
 ``*ForQuestionAnswering``), as for GLUE.
+
+``evaluate_model`` scores any span model (optionally with encoder keywords such as a head gate)
+the same way, writing ``predictions.json`` beside ``eval.json``.
 """
 
 from __future__ import annotations
@@ -123,6 +126,29 @@ def score_logits(features: sq.SquadFeatures, start, end, *, n_best_size: int,
                                      max_answer_length=max_answer_length, version_2=version_2,
                                      null_score_diff_threshold=null_score_diff_threshold)
   return preds, squad_eval.squad_scores(squad_eval.references_of(features.examples), preds)
+
+
+def evaluate_model(model, features: sq.SquadFeatures, out_dir=None, *, batch_size: int = 32,
+                   n_best_size: int = squad_eval.N_BEST_SIZE,
+                   max_answer_length: int = squad_eval.MAX_ANSWER_LENGTH, version_2: bool = False,
+                   null_score_diff_threshold: float = 0.0, **encoder_kw) -> tuple[dict, dict]:
+  """``(predictions, scores)`` of a span model (``BertForQuestionAnswering``) on the windows
+  ``features``, on one host; ``encoder_kw`` (e.g. ``head_gate``) go to the encoder, so that an
+  ablation is scored in EM/F1 without re-training. With ``out_dir``, ``predictions.json`` and
+  ``eval.json`` are written there."""
+  n, q = features.input_ids.shape
+  start, end = np.zeros((n, q), np.float32), np.zeros((n, q), np.float32)
+  for i in range(0, n, batch_size):
+    sl = slice(i, min(n, i + batch_size))
+    out = model(features.input_ids[sl], features.attention_mask[sl], features.token_type_ids[sl],
+                **encoder_kw)
+    start[sl], end[sl] = np.asarray(out["start_logits"]), np.asarray(out["end_logits"])
+  preds, scores = score_logits(features, start, end, n_best_size=n_best_size,
+                               max_answer_length=max_answer_length, version_2=version_2,
+                               null_score_diff_threshold=null_score_diff_threshold)
+  if out_dir is not None:
+    squad_eval.write_evaluation(out_dir, preds, scores)
+  return preds, scores
 
 
 def load_squad_splits(config) -> tuple[list, list, dict]:

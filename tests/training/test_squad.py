@@ -131,3 +131,29 @@ def test_tiny_finetune_writes_predictions_and_scores_and_resumes(tmp_path):
   np.testing.assert_allclose(np.asarray(ours["start_logits"]), out.start_logits.numpy(), atol=2e-4)
   preds = squad_eval.predict_answers(ev, out.start_logits.numpy(), out.end_logits.numpy())
   assert preds == json.loads(open(best["predictions"]).read())
+
+
+def test_evaluate_model_writes_predictions_and_scores(tmp_path):
+  from flax import nnx
+
+  from heads_jax.data.tokenizer import load_tokenizer
+  from heads_jax.model.config import config_for
+  from heads_jax.model.heads import BertForQuestionAnswering
+  tok = load_tokenizer()
+  f = _squad_file(tmp_path / "squad.json")
+  examples = sq.read_squad_json(f)[:6]
+  feats = sq.build_features(examples, tok, max_seq_length=32, doc_stride=16, max_query_length=12)
+  model = BertForQuestionAnswering(config_for("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(0))
+  preds, scores = sqt.evaluate_model(model, feats, tmp_path / "ev", batch_size=4)
+  assert json.loads((tmp_path / "ev" / "predictions.json").read_text()) == preds
+  assert set(preds) == {e.qid for e in examples} and scores["total"] == 6
+  out = model(feats.input_ids, feats.attention_mask, feats.token_type_ids)
+  assert preds == squad_eval.predict_answers(feats, np.asarray(out["start_logits"]),
+                                             np.asarray(out["end_logits"]))
+  # a gate closing every head changes the logits, and the evaluation sees it
+  gate = np.zeros((model.config.num_layers, model.config.num_heads), np.float32)
+  closed = model(feats.input_ids, feats.attention_mask, feats.token_type_ids, head_gate=gate)
+  assert not np.allclose(np.asarray(closed["start_logits"]), np.asarray(out["start_logits"]))
+  p2, _ = sqt.evaluate_model(model, feats, batch_size=4, head_gate=gate)
+  assert p2 == squad_eval.predict_answers(feats, np.asarray(closed["start_logits"]),
+                                          np.asarray(closed["end_logits"]))
