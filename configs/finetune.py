@@ -28,13 +28,12 @@ SQuAD: ``squad``, ``cpu_squad``, ``tiny_squad`` (``squad_config``; a ``squad`` b
 window settings).
 """
 
-import os
-
 import ml_collections
 
+from heads_jax import env
 from heads_jax.training.configlib import distributed_config
 
-GLUE_DIR = os.environ.get("HEADS_JAX_GLUE_DIR", "/work/shared/data/glue")
+GLUE_DIR = env.get("HEADS_JAX_GLUE_DIR")
 TASKS = ("mrpc", "qqp", "sst2", "qnli")
 # cpu_TASK: (train steps, max sequence length, batch size, peak learning rate). SST-2 and MRPC are
 # measured (README); QNLI and QQP follow them by data-set size, not measured. LAMB moves each
@@ -43,7 +42,7 @@ TASKS = ("mrpc", "qqp", "sst2", "qnli")
 CPU_SCHEDULE = {"sst2": (2000, 64, 32, 2e-4), "mrpc": (700, 128, 16, 4e-4),
                 "qnli": (900, 128, 16, 4e-4), "qqp": (2000, 128, 32, 2e-4)}
 GRID = {"batch_size": (32, 128), "learning_rate": (1e-4, 2e-4)}
-SQUAD_FILE = os.environ.get("HEADS_JAX_SQUAD_FILE", "/work/shared/data/squad/dev-v2.0-first5.json")
+SQUAD_FILE = env.get("HEADS_JAX_SQUAD_FILE")
 SQUAD_PRESETS = ("squad", "cpu_squad", "tiny_squad")
 
 

@@ -53,14 +53,13 @@ of activations, 7.0 GiB in all). Per-layer rematerialisation is not needed at th
 not implemented.
 """
 
-import os
-
 import ml_collections
 
+from heads_jax import env
 from heads_jax.training.configlib import distributed_config
 
-GUTENBERG = os.environ.get("HEADS_JAX_GUTENBERG", "/work/shared/data/corpus/gutenberg")
-CORPUS = os.environ.get("HEADS_JAX_CORPUS", "corpus/paper")  # heads-jax prepare-corpus --out ...
+GUTENBERG = env.get("HEADS_JAX_GUTENBERG")
+CORPUS = env.get("HEADS_JAX_CORPUS")  # heads-jax prepare-corpus --out ...
 
 
 def _embedded_books() -> str:

@@ -57,7 +57,9 @@ import os
 
 import ml_collections
 
-GLUE_DIR = os.environ.get("HEADS_JAX_GLUE_DIR", "/work/shared/data/glue")
+from heads_jax import env
+
+GLUE_DIR = env.get("HEADS_JAX_GLUE_DIR")
 TASKS = ("mrpc", "qqp", "sst2", "qnli")
 STAGES = ("data", "pretrained", "finetune", "analysis", "compare", "report")
 PRESETS = ("paper", "colab", "cpu", "toy")

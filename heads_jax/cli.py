@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 import heads_jax
-from heads_jax import xla_flags
+from heads_jax import env, xla_flags
 from heads_jax.errors import UserError
 from heads_jax.training.configlib import split_config_overrides
 
@@ -58,7 +57,7 @@ def enable_compilation_cache() -> None:
   of 128 sentences 16.9 s -> 3.6 s on a 2-core CPU; training restarts skip 12-36 s). Directory:
   ``$HEADS_JAX_CACHE_DIR`` (default ``~/.cache/heads_jax/xla``); ``HEADS_JAX_CACHE_DIR=off``
   disables it."""
-  d = os.environ.get("HEADS_JAX_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "heads_jax", "xla"))
+  d = env.get("HEADS_JAX_CACHE_DIR")
   if d.lower() in ("off", "0", "none", ""):
     return
   import jax  # here, not at the top: `heads-jax --help` and argument errors stay fast
@@ -87,7 +86,7 @@ def main(argv=None) -> int:
     return 1
   # The training jobs build batches in a background thread while XLA keeps every core busy; the
   # Rust tokenizer's own thread pool then only adds contention (measured: 1.3-1.6x slower batches).
-  os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+  env.set_default("TOKENIZERS_PARALLELISM", "false")
   xla_flags.apply()  # before any JAX backend exists (heads_jax/xla_flags.py)
   enable_compilation_cache()
   debug = getattr(args, "debug", False)

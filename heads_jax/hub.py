@@ -16,7 +16,6 @@ not an existing path and looks like a repository id (``looks_like_repo_id``).
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTT
                                     LocalEntryNotFoundError, RepositoryNotFoundError,
                                     RevisionNotFoundError)
 
+from heads_jax import env
 from heads_jax.errors import UserError
 
 # What a model directory needs: config, weights, tokenizer files.
@@ -36,7 +36,6 @@ SAFETENSORS_PATTERNS = ["model.safetensors", "model-*.safetensors", "model.safet
 BIN_PATTERNS = ["pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json"]
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
-_TRUE = {"1", "ON", "YES", "TRUE"}
 
 
 def looks_like_repo_id(name: str) -> bool:
@@ -46,15 +45,15 @@ def looks_like_repo_id(name: str) -> bool:
 
 def offline() -> bool:
   """``HF_HUB_OFFLINE`` as set now (huggingface_hub reads it once, at import)."""
-  return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in _TRUE
+  return env.is_true("HF_HUB_OFFLINE")
 
 
 def cache_dir() -> Path:
   """The hub cache now: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else the default."""
-  if os.environ.get("HF_HUB_CACHE"):
-    return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-  if os.environ.get("HF_HOME"):
-    return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+  if env.is_set("HF_HUB_CACHE"):
+    return Path(env.get("HF_HUB_CACHE")).expanduser()
+  if env.is_set("HF_HOME"):
+    return Path(env.get("HF_HOME")).expanduser() / "hub"
   return Path(constants.HF_HUB_CACHE)
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from etils import epath
 
+from heads_jax import env
 from heads_jax.errors import UserError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -78,9 +79,8 @@ def display(path) -> str:
 def cache_root() -> Path:
   """Where remote inputs are mirrored: ``$HEADS_JAX_REMOTE_CACHE`` (default
   ``~/.cache/heads_jax/remote``)."""
-  root = os.environ.get("HEADS_JAX_REMOTE_CACHE") or os.path.join(
-      os.path.expanduser("~"), ".cache", "heads_jax", "remote")
-  return Path(root)
+  root = env.get("HEADS_JAX_REMOTE_CACHE") or env.VARIABLES["HEADS_JAX_REMOTE_CACHE"][0]
+  return Path(os.path.expanduser(root))
 
 
 def _cache_dir_for(url: str) -> Path:

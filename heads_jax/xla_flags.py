@@ -33,9 +33,10 @@ Every flag name here is checked by ``tests/test_xla_flags.py`` against the insta
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import sys
+
+from heads_jax import env
 
 GPU_FLAGS = {
     "xla_gpu_enable_latency_hiding_scheduler": "true",
@@ -66,8 +67,7 @@ def merge(existing: str, defaults: dict) -> str:
 
 def detect_platform(environ=None) -> str:
   """``"gpu"``, ``"tpu"`` or ``"cpu"`` without initialising JAX."""
-  environ = os.environ if environ is None else environ
-  first = environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
+  first = env.get("JAX_PLATFORMS", environ).split(",")[0].strip().lower()
   if first in ("cuda", "gpu", "rocm"):
     return "gpu"
   if first in ("tpu", "cpu"):
@@ -99,9 +99,8 @@ def apply(platform: str | None = None, environ=None) -> str:
   A no-op with ``HEADS_JAX_XLA_FLAGS=off``. Warns on stderr (and changes nothing) when a JAX
   backend already exists, since XLA would ignore the new flags.
   """
-  environ = os.environ if environ is None else environ
-  current = environ.get("XLA_FLAGS", "")
-  if environ.get("HEADS_JAX_XLA_FLAGS", "").lower() in ("off", "0", "false", "no"):
+  current = env.get("XLA_FLAGS", environ)
+  if env.is_off("HEADS_JAX_XLA_FLAGS", environ):
     return current
   defaults = DEFAULTS.get(platform or detect_platform(environ), {})
   merged = merge(current, defaults)
@@ -111,5 +110,5 @@ def apply(platform: str | None = None, environ=None) -> str:
     print("heads_jax: JAX is already initialised; XLA flags not applied: "
           + " ".join(f"--{k}={v}" for k, v in defaults.items()), file=sys.stderr)
     return current
-  environ["XLA_FLAGS"] = merged
+  env.put("XLA_FLAGS", merged, environ)
   return merged

@@ -35,7 +35,7 @@ PACKAGE_DIRS = {"heads_jax": "heads_jax", "train": "heads_jax.train",
 # package facade, heads_jax/__init__.py) matches only itself, so a new top-level module must be
 # placed here explicitly.
 STAGES = [
-    ("errors", ("heads_jax.errors", "heads_jax.xla_flags")),  # foundations: import no heads_jax module
+    ("errors", ("heads_jax.errors", "heads_jax.xla_flags", "heads_jax.env")),  # foundations: import no heads_jax module
     ("data", ("heads_jax.data", "heads_jax.hub", "heads_jax.storage")),
     ("contract", ("heads_jax.contract", "heads_jax.runfiles")),
     ("sieves", ("heads_jax.sieves",)),

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Sequence
 
@@ -163,6 +164,17 @@ def examples_document(examples: list[HeadExamples], sequences: dict[int, dict], 
   return doc
 
 
+@functools.lru_cache(maxsize=16)
+def attention_maps_program(graphdef):
+  """The head-example pass, jitted once per encoder graph: ``forward(state, ids, mask, types)``
+  -> attentions float ``[b, l, h, q, k]`` (explicit attention path)."""
+  @jax.jit
+  def forward(state, ids, mask, types):
+    out = nnx.merge(graphdef, state)(ids, mask, types, return_attentions=True, attention="explicit")
+    return out["attentions"]
+  return forward
+
+
 def example_maps(model, tokenizer, specs, need: dict, *, max_length: int,
                  max_examples: int | None = None, lengths=None, batch_size: int = DEFAULT_BATCH,
                  bucket_step: int = 16) -> dict[int, dict]:
@@ -187,11 +199,7 @@ def example_maps(model, tokenizer, specs, need: dict, *, max_length: int,
                        max_examples=max_examples, batch_size=batch_size, bucket_step=bucket_step)
   encoder = getattr(model, "bert", model)
   graphdef, state = nnx.split(encoder)
-
-  @jax.jit
-  def forward(state, ids, mask, types):
-    out = nnx.merge(graphdef, state)(ids, mask, types, return_attentions=True, attention="explicit")
-    return out["attentions"]
+  forward = attention_maps_program(graphdef)
 
   seqs = sorted(rows)
   k = max(len(rows[s]["input_ids"]) for s in seqs)

@@ -24,11 +24,16 @@ sums ``[b, h, q / tq, C]``, added up outside. Roles are divided by ``T`` and ``b
 multiplied by ``H`` as the reference definitions (``heads_jax.stats.sieve_bias``).
 
 The kernel is written for the Triton lowering (GPU) and for ``interpret=True`` (any backend;
-the tests run it on the CPU). On a GPU, Triton needs power-of-two block sizes, so the sequence
-axis is padded to a power of two (``pad_pow2``, on by default on GPUs; padding positions are
-never real). It is not tuned for TPUs (Mosaic wants ``[.., 8, 128]``-aligned blocks and another
-layout of q and k): the analysis step uses the XLA per-layer path there (see
-``heads_jax.stats.step``, ``stats_impl``).
+the tests run it on the CPU). On a GPU it is lowered with Triton (``compiler_params=
+pallas.triton.CompilerParams``: without them Pallas picks Mosaic GPU, which has no
+``dot_general`` for this kernel). Triton needs power-of-two block sizes, so the sequence axis is
+padded to a power of two (``pad_pow2``, on by default on GPUs; padding positions are never real).
+On a TPU it does not lower: Mosaic TPU wants the last two block dimensions divisible by 8 and 128
+(or whole), and the ``[b, k, h, e]`` queries give ``(1, e)`` blocks; the analysis step never
+picks it there (``heads_jax.stats.step``, ``stats_impl``; ``tests/e2e/test_lowering.py`` lowers
+it for ``cuda`` and checks the TPU refusal). ``platform`` (``"cpu"``, ``"gpu"``/``"cuda"``,
+``"tpu"``; default: ``jax.default_backend()``) is the platform the caller compiles for, so the
+kernel can be lowered for a GPU from a CPU host (``jax.export``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
 from jax.sharding import PartitionSpec as P
 
 from heads_jax.data import vocabulary as vocab
@@ -87,19 +93,28 @@ def _next_pow2(x: int) -> int:
   return 1 << max(0, (int(x) - 1).bit_length())
 
 
+def target_platform(platform: str | None = None) -> str:
+  """``"gpu"``, ``"tpu"`` or ``"cpu"``: ``platform`` (``"cuda"`` and ``"rocm"`` are ``"gpu"``)
+  or, by default, JAX's default backend."""
+  platform = (platform or jax.default_backend()).lower()
+  return "gpu" if platform in ("cuda", "rocm", "gpu") else platform
+
+
 def fused_tables(batch, roles: Sequence[str], direction: str = "dep2head",
-                 measures: bool = False, pad_pow2: bool | None = None) -> dict:
+                 measures: bool = False, pad_pow2: bool | None = None,
+                 platform: str | None = None) -> dict:
   """The kernel's per-batch inputs (built once per batch, on device).
 
   Returns ``info`` int32 ``[b, 8, kp]`` (class, type, word, head, relation, real, n per
   position), ``cols`` float32 ``[b, kp, 16]`` (``E``), ``weights`` float32 ``[b, cp, kp]``
   (``U``: per-query weight of each output channel, channels padded to a power of two) and
-  ``count`` ``[b, r]``; kp is k, or the next power of two with ``pad_pow2`` (default: on GPUs).
+  ``count`` ``[b, r]``; kp is k, or the next power of two with ``pad_pow2`` (default: when
+  ``platform``, see ``target_platform``, is a GPU).
   """
   roles = tuple(r.name for r in kernel_roles(roles))   # fails early on a role the kernel lacks
   direction = check_direction(direction)
   if pad_pow2 is None:
-    pad_pow2 = jax.default_backend() == "gpu"
+    pad_pow2 = target_platform(platform) == "gpu"
   mask = jnp.asarray(batch["attention_mask"])
   b, k = mask.shape
   real = mask > 0
@@ -233,7 +248,7 @@ def _stats_kernel(q_ref, k_ref, qi_ref, ki_ref, e_ref, u_ref, o_ref, *, roles, d
 
 def fused_layer_stats(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
                       measures: bool = False, block_q: int | None = None,
-                      interpret: bool | None = None) -> dict:
+                      interpret: bool | None = None, platform: str | None = None) -> dict:
   """One layer's statistics from its queries and keys (the kernel; see the module docstring).
 
   Args:
@@ -241,7 +256,9 @@ def fused_layer_stats(query, key, tables: dict, roles: Sequence[str], direction:
       ``1/sqrt(e)`` scaling.
     tables: ``fused_tables(batch, roles, direction, measures)`` of the batch.
     block_q: queries per program (default: min(kp, 64); all of them in interpret mode).
-    interpret: run the kernel in the Pallas interpreter (default: unless on a GPU).
+    interpret: run the kernel in the Pallas interpreter (default: unless ``platform`` is a GPU).
+    platform: the platform compiled for (``target_platform``; default: JAX's default backend).
+      On a GPU the kernel is lowered with Triton; on a TPU it does not lower (module docstring).
 
   Returns:
     the outputs of ``heads_jax.stats.layerwise.reduce_layer``: ``sieve_bias`` ``[b, h, r]`` (0
@@ -250,8 +267,9 @@ def fused_layer_stats(query, key, tables: dict, roles: Sequence[str], direction:
   """
   roles = check_roles(roles)
   direction = check_direction(direction)
+  on_gpu = target_platform(platform) == "gpu"
   if interpret is None:
-    interpret = jax.default_backend() != "gpu"
+    interpret = not on_gpu
   b, k, h, e = query.shape
   info, cols, weights = tables["info"], tables["cols"], tables["weights"]
   kp, cp = info.shape[-1], weights.shape[1]
@@ -280,6 +298,7 @@ def fused_layer_stats(query, key, tables: dict, roles: Sequence[str], direction:
       ],
       out_specs=pl.BlockSpec((None, None, None, cp), lambda bi, hi, qi: (bi, hi, qi, 0)),
       interpret=interpret,
+      compiler_params=None if interpret or not on_gpu else pl_triton.CompilerParams(),
       name="heads_jax_attention_stats",
   )(query, key, info, info, cols, weights)
   sums = jnp.sum(partial_sums, axis=2)                                     # [b, h, cp]
@@ -295,7 +314,7 @@ def fused_layer_stats(query, key, tables: dict, roles: Sequence[str], direction:
 
 def fused_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head",
                   measures: bool = False, block_q: int | None = None,
-                  interpret: bool | None = None, mesh=None):
+                  interpret: bool | None = None, mesh=None, platform: str | None = None):
   """The model's ``attention_reduce`` hook for the fused path (needs no probabilities: the model
   keeps its fused attention and the kernel recomputes the softmax from the queries and keys).
 
@@ -304,7 +323,8 @@ def fused_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head
   """
   roles = check_roles(roles)
   stats = functools.partial(fused_layer_stats, roles=roles, direction=direction,
-                            measures=measures, block_q=block_q, interpret=interpret)
+                            measures=measures, block_q=block_q, interpret=interpret,
+                            platform=platform)
   if mesh is not None and mesh.size > 1:
     spec = P(DATA_AXIS)
     stats = jax.shard_map(stats, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,

@@ -26,9 +26,20 @@ chooses how (all give the same numbers to float32 rounding, ``tests/stats/test_f
 * ``"stacked"``: the model returns ``attentions`` ``[b, l, h, q, k]`` and the stand-alone
   functions reduce the stack (the original path; any callable with the model API).
 
-``"auto"`` picks ``"fused"`` on a GPU and ``"layerwise"`` elsewhere; a model whose ``__call__``
-has no ``attention_reduce`` parameter, and ``js=True`` (which compares all heads with each
-other), always take ``"stacked"``. ``compute_dtype="bfloat16"`` runs the encoder's matmuls in
+``"auto"`` picks only a path that lowers for the platform (``tests/e2e/test_lowering.py``
+lowers every path for ``cuda`` and ``tpu`` on the CPU): ``AUTO_STATS_IMPL``, ``"fused"`` on a
+GPU (the kernel lowers with Triton) and ``"layerwise"`` elsewhere (the kernel does not lower for
+TPUs); ``HEADS_JAX_STATS_IMPL`` overrides it (``heads_jax.env``). Where the kernel that ``auto``
+picked fails to compile at run time (a GPU whose Triton lacks something the kernel needs), the
+step falls back to ``"layerwise"`` with one warning line saying how to force either path; an
+explicit ``stats_impl="fused"`` raises instead. A model whose ``__call__`` has no
+``attention_reduce`` parameter, and ``js=True`` (which compares all heads with each other),
+always take ``"stacked"``.
+
+The jitted program is built once per model graph (configuration), statistics options, mesh and
+platform and shared by every ``AnalysisStep`` made with them (``analysis_program``), so a run
+that makes several steps (reproduce: one per model and data set) compiles each batch shape once
+per process, not once per step. ``compute_dtype="bfloat16"`` runs the encoder's matmuls in
 bfloat16 (float32 softmax and statistics; the error against float32 is in BENCHMARKS.md). The batch is padded with all-padding rows to a multiple of the
 number of (local) devices of the ``data`` mesh and sharded over it; the model state is
 replicated on the mesh once, when the step is made. Only the real rows come back. With several
@@ -39,7 +50,9 @@ This is where the model and the sieves meet (DESIGN.md section 2): neither impor
 
 from __future__ import annotations
 
+import functools
 import inspect
+import sys
 from typing import Sequence
 
 import jax
@@ -47,12 +60,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from heads_jax import env
 from heads_jax.data.vocabulary import BATCH_FIELDS, ROLES
 from heads_jax.parallel import (batch_sharding, data_mesh, pad_to_multiple, replicate, replicated,
                                 shard_batch, shard_global_batch)
 from heads_jax.sieves import build_sieves, check_direction, check_roles
 from heads_jax.stats.distance import distance_features
-from heads_jax.stats.fused import fused_reducer, fused_tables
+from heads_jax.stats.fused import fused_reducer, fused_tables, target_platform
 from heads_jax.stats.layerwise import batch_tables, finish, layer_reducer
 from heads_jax.stats.measures import all_measures
 from heads_jax.stats.sieve_bias import sieve_bias
@@ -62,9 +76,19 @@ STATS_IMPLS = ("auto", "layerwise", "fused", "stacked")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
-def default_stats_impl() -> str:
-  """``"fused"`` on a GPU (the Pallas kernel), ``"layerwise"`` elsewhere."""
-  return "fused" if jax.default_backend() == "gpu" else "layerwise"
+# What "auto" takes per platform: only paths that lower there (tests/e2e/test_lowering.py).
+AUTO_STATS_IMPL = {"gpu": "fused", "tpu": "layerwise", "cpu": "layerwise"}
+
+
+def default_stats_impl(platform: str | None = None) -> str:
+  """The ``"auto"`` choice: ``HEADS_JAX_STATS_IMPL`` when set, else ``AUTO_STATS_IMPL`` of
+  ``platform`` (default: JAX's default backend; ``"cuda"``/``"rocm"`` count as ``"gpu"``)."""
+  forced = env.get("HEADS_JAX_STATS_IMPL").strip().lower()
+  if forced:
+    if forced not in STATS_IMPLS or forced == "auto":
+      raise ValueError(f"HEADS_JAX_STATS_IMPL must be one of {STATS_IMPLS[1:]}, got {forced!r}")
+    return forced
+  return AUTO_STATS_IMPL.get(target_platform(platform), "layerwise")
 
 
 def accepts_attention_reduce(model) -> bool:
@@ -127,6 +151,68 @@ def _host_rows(x: jax.Array, rows: int) -> np.ndarray:
   return np.concatenate(parts)[:rows]
 
 
+@functools.lru_cache(maxsize=128)
+def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, measures: bool,
+                     js: bool, stats_impl: str, mesh, fused_block_q: int | None = None,
+                     platform: str = "cpu", multi_process: bool = False):
+  """The jitted analysis program ``run(state, batch, head_gate) -> dict`` (one per distinct
+  argument set, cached: ``jax.jit`` then compiles each batch shape once per process).
+
+  Args:
+    graph: the encoder's ``nnx.GraphDef`` (``state`` is its ``nnx.State``), or a callable with
+      the model API (``state`` is None).
+    roles, direction, gate_mode, measures, js: as ``make_analysis_step`` (already checked).
+    stats_impl: ``"layerwise"``, ``"fused"`` or ``"stacked"`` (resolved: not ``"auto"``).
+    mesh: the ``data`` mesh (a ``Mesh``, or an ``AbstractMesh`` to lower with ``jax.export``).
+    platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``: what the program is compiled for (the fused
+      kernel lowers with Triton for ``"gpu"``, in interpret mode otherwise).
+    multi_process: outputs replicated (every process gets all rows) instead of batch-sharded.
+  """
+  with_measures, with_js = bool(measures or js), bool(js)
+
+  def analyse(module, batch, head_gate):
+    kwargs = {}
+    if head_gate is not None:
+      kwargs = {"head_gate": head_gate, "gate_mode": gate_mode}
+    inputs = (batch["input_ids"],)
+    common = dict(attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"],
+                  deterministic=True, **kwargs)
+    impl = stats_impl
+    if impl == "fused" and head_gate is not None and gate_mode == "uniform":
+      impl = "layerwise"  # the uniform gate edits the probabilities: the kernel cannot see it
+    if impl == "layerwise":
+      tables = batch_tables(batch, roles, direction, with_measures)
+      reduce = layer_reducer(tables, roles, batch["attention_mask"], with_measures)
+      out = module(*inputs, attention_reduce=reduce, **common)
+      return finish(out["attention_reduced"], tables)
+    if impl == "fused":
+      tables = fused_tables(batch, roles, direction, with_measures, platform=platform)
+      reduce = fused_reducer(tables, roles, direction, with_measures, block_q=fused_block_q,
+                             mesh=mesh, platform=platform)
+      out = module(*inputs, attention_reduce=reduce, **common)
+      return finish(out["attention_reduced"], tables)
+    out = module(*inputs, return_attentions=True, **common)
+    attn = out["attentions"]                                        # [b, l, h, q, k]
+    sieves = build_sieves(batch, roles, direction)                  # [b, r, q, k]
+    out = {
+        "sieve_bias": sieve_bias(attn, sieves, batch["attention_mask"], roles),
+        "distance": distance_features(attn, batch["token_class"], batch["attention_mask"]),
+    }
+    if with_measures:
+      out.update(all_measures(attn, batch["token_class"], batch["attention_mask"], js=with_js))
+    return out
+
+  out_shardings = replicated(mesh) if multi_process else batch_sharding(mesh)
+  if isinstance(graph, nnx.GraphDef):
+    def run(state, batch, head_gate):
+      return analyse(nnx.merge(graph, state), batch, head_gate)
+  else:
+    def run(state, batch, head_gate):
+      del state
+      return analyse(graph, batch, head_gate)
+  return jax.jit(run, out_shardings=out_shardings)
+
+
 class PendingResult:
   """Results of a dispatched step, still on the device; ``result()`` fetches them."""
 
@@ -143,14 +229,14 @@ class AnalysisStep:
   def __init__(self, model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
                mesh=None, gate_mode: str = "remove", measures: bool = False, js: bool = False,
                stats_impl: str = "auto", compute_dtype: str | None = None,
-               fused_block_q: int | None = None):
+               fused_block_q: int | None = None, platform: str | None = None):
     self.roles = check_roles(roles)
     self.direction = check_direction(direction)
     if gate_mode not in GATE_MODES:
       raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
     self.gate_mode = gate_mode
     self.measures, self.js = bool(measures or js), bool(js)
-    self.mesh = mesh = data_mesh() if mesh is None else mesh
+    self.mesh = data_mesh() if mesh is None else mesh
     # One process: batches are padded to a multiple of its devices. Several processes (a pod,
     # or `heads-jax analyze --num-processes`): every process passes the same global batch, each
     # supplies its devices' rows, and the results come back replicated to all of them.
@@ -165,63 +251,46 @@ class AnalysisStep:
     self.model = encoder
     if stats_impl not in STATS_IMPLS:
       raise ValueError(f"stats_impl must be one of {STATS_IMPLS}, got {stats_impl!r}")
-    if stats_impl == "auto":
-      stats_impl = default_stats_impl()
+    self.platform = target_platform(platform)
+    self.auto = stats_impl == "auto"
+    if self.auto:
+      stats_impl = default_stats_impl(self.platform)
     if self.js or not accepts_attention_reduce(encoder):
       stats_impl = "stacked"
-    self.stats_impl = stats_impl
-    roles, direction, gate_mode = self.roles, self.direction, self.gate_mode
-    with_measures, with_js = self.measures, self.js
-
-    def analyse(module, batch, head_gate):
-      kwargs = {}
-      if head_gate is not None:
-        kwargs = {"head_gate": head_gate, "gate_mode": gate_mode}
-      inputs = (batch["input_ids"],)
-      common = dict(attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"],
-                    deterministic=True, **kwargs)
-      impl = stats_impl
-      if impl == "fused" and head_gate is not None and gate_mode == "uniform":
-        impl = "layerwise"  # the uniform gate edits the probabilities: the kernel cannot see it
-      if impl == "layerwise":
-        tables = batch_tables(batch, roles, direction, with_measures)
-        reduce = layer_reducer(tables, roles, batch["attention_mask"], with_measures)
-        out = module(*inputs, attention_reduce=reduce, **common)
-        return finish(out["attention_reduced"], tables)
-      if impl == "fused":
-        tables = fused_tables(batch, roles, direction, with_measures)
-        reduce = fused_reducer(tables, roles, direction, with_measures, block_q=fused_block_q,
-                               mesh=mesh)
-        out = module(*inputs, attention_reduce=reduce, **common)
-        return finish(out["attention_reduced"], tables)
-      out = module(*inputs, return_attentions=True, **common)
-      attn = out["attentions"]                                        # [b, l, h, q, k]
-      sieves = build_sieves(batch, roles, direction)                  # [b, r, q, k]
-      out = {
-          "sieve_bias": sieve_bias(attn, sieves, batch["attention_mask"], roles),
-          "distance": distance_features(attn, batch["token_class"], batch["attention_mask"]),
-      }
-      if with_measures:
-        out.update(all_measures(attn, batch["token_class"], batch["attention_mask"], js=with_js))
-      return out
-
-    out_shardings = replicated(self.mesh) if self.multi_process else batch_sharding(self.mesh)
+    self.fused_block_q = fused_block_q
     if isinstance(encoder, nnx.Module):
-      graphdef, state = nnx.split(encoder)
+      self._graph, state = nnx.split(encoder)
       self._state = replicate(state, self.mesh)
-
-      def run(state, batch, head_gate):
-        return analyse(nnx.merge(graphdef, state), batch, head_gate)
     else:
       if not callable(encoder):
         raise TypeError(f"model must be an nnx.Module or a callable, got {type(encoder).__name__}")
-      self._state = None
+      self._graph, self._state = encoder, None
+    self._use(stats_impl)
 
-      def run(state, batch, head_gate):
-        del state
-        return analyse(encoder, batch, head_gate)
+  def _use(self, stats_impl: str) -> None:
+    self.stats_impl = stats_impl
+    self._run = analysis_program(
+        self._graph, roles=self.roles, direction=self.direction, gate_mode=self.gate_mode,
+        measures=self.measures, js=self.js, stats_impl=stats_impl, mesh=self.mesh,
+        fused_block_q=self.fused_block_q, platform=self.platform,
+        multi_process=self.multi_process)
 
-    self._run = jax.jit(run, out_shardings=out_shardings)
+  def _dispatch(self, device_batch, head_gate):
+    """Runs the program; where ``auto`` chose the kernel and it fails to compile, warns once and
+    runs the per-layer XLA path instead (module docstring)."""
+    try:
+      return self._run(self._state, device_batch, head_gate)
+    except Exception as e:  # noqa: BLE001  (compile errors come in many types)
+      message = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+      if (not self.auto or self.stats_impl != "fused" or isinstance(e, MemoryError)
+          or "RESOURCE_EXHAUSTED" in message or "Out of memory" in message):
+        raise
+      print(f"heads_jax: the fused Pallas statistics kernel failed to compile on {self.platform} "
+            f"({message}); using the per-layer XLA path instead. Force a path with "
+            f"HEADS_JAX_STATS_IMPL=layerwise (quiet) or =fused (show the error), or "
+            f"make_analysis_step(stats_impl=...)", file=sys.stderr, flush=True)
+      self._use("layerwise")
+      return self._run(self._state, device_batch, head_gate)
 
   def submit(self, batch: dict, head_gate=None) -> PendingResult:
     """Pads, shards and dispatches ``batch`` without waiting for the result.
@@ -235,7 +304,7 @@ class AnalysisStep:
     device_batch = (shard_global_batch if self.multi_process else shard_batch)(padded, self.mesh)
     if head_gate is not None:
       head_gate = replicate(jnp.asarray(head_gate, jnp.float32), self.mesh)
-    return PendingResult(self._run(self._state, device_batch, head_gate), rows)
+    return PendingResult(self._dispatch(device_batch, head_gate), rows)
 
   def __call__(self, batch: dict, head_gate=None) -> dict:
     """``{"sieve_bias": float32 [b, l, h, r], "distance": float32 [b, l, h, 21]}`` (numpy),
@@ -247,7 +316,8 @@ def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "de
                        mesh=None, gate_mode: str = "remove", measures: bool = False,
                        js: bool = False, stats_impl: str = "auto",
                        compute_dtype: str | None = None,
-                       fused_block_q: int | None = None) -> AnalysisStep:
+                       fused_block_q: int | None = None,
+                       platform: str | None = None) -> AnalysisStep:
   """The jitted analysis step of ``model``.
 
   Args:
@@ -268,6 +338,8 @@ def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "de
     compute_dtype: ``None`` (the model's own), ``"float32"`` or ``"bfloat16"``: the encoder's
       matmul dtype for this step (``with_compute_dtype``).
     fused_block_q: queries per Pallas program for ``"fused"`` (default: the kernel's choice).
+    platform: the platform the step compiles for (default: JAX's default backend); only the
+      tests of ``auto`` and of the fallback set it.
 
   Returns:
     an ``AnalysisStep``: ``step(batch, head_gate=None) -> dict`` of numpy arrays for the real
@@ -275,4 +347,5 @@ def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "de
   """
   return AnalysisStep(model, roles=roles, direction=direction, mesh=mesh, gate_mode=gate_mode,
                       measures=measures, js=js, stats_impl=stats_impl,
-                      compute_dtype=compute_dtype, fused_block_q=fused_block_q)
+                      compute_dtype=compute_dtype, fused_block_q=fused_block_q,
+                      platform=platform)

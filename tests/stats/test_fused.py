@@ -14,7 +14,7 @@ from heads_jax.model.bert import BertModel
 from heads_jax.model.config import config_for
 from heads_jax.parallel import data_mesh
 from heads_jax.stats import fused, layerwise, measures
-from heads_jax.stats.step import make_analysis_step
+from heads_jax.stats.step import default_stats_impl, make_analysis_step
 
 ALL = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention")
 
@@ -277,3 +277,54 @@ def test_kernel_refuses_a_role_it_does_not_implement(monkeypatch):
     fused.kernel_roles(("delimiter",))
   with pytest.raises(ValueError, match="unknown role"):
     fused.kernel_roles(("nope",))
+
+
+# -- which path: auto per platform, the run-time fallback, one program per configuration --------
+
+def test_auto_falls_back_to_layerwise_when_the_kernel_fails_to_compile(tiny_bert, step_batch,
+                                                                       stacked, capsys,
+                                                                       monkeypatch):
+  """Built for a GPU, ``auto`` takes the kernel; on this CPU its Triton lowering cannot compile
+  (the stand-in for a GPU whose Triton rejects it), so the step warns once and takes the
+  per-layer XLA path, with the same numbers."""
+  monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
+  step = make_analysis_step(tiny_bert, measures=True, platform="cuda")
+  assert (step.platform, step.stats_impl) == ("gpu", "fused")
+  got = step(step_batch)
+  assert step.stats_impl == "layerwise"
+  warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("heads_jax:")]
+  assert len(warned) == 1
+  assert ("fused Pallas statistics kernel failed to compile on gpu" in warned[0]
+          and "per-layer XLA path" in warned[0] and "HEADS_JAX_STATS_IMPL=layerwise" in warned[0]
+          and "=fused" in warned[0])
+  _check(got, stacked)
+  step(step_batch)
+  assert "heads_jax:" not in capsys.readouterr().err  # once per step, not per batch
+  # an explicit "fused" is not overridden: the compile error reaches the caller
+  with pytest.raises(Exception, match="interpret mode"):
+    make_analysis_step(tiny_bert, stats_impl="fused", platform="cuda")(step_batch)
+
+
+def test_auto_per_platform_and_the_environment_override(tiny_bert, monkeypatch):
+  monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
+  assert [default_stats_impl(p) for p in ("cuda", "rocm", "gpu", "tpu", "cpu")] == [
+      "fused", "fused", "fused", "layerwise", "layerwise"]
+  monkeypatch.setenv("HEADS_JAX_STATS_IMPL", "stacked")
+  assert make_analysis_step(tiny_bert).stats_impl == "stacked"
+  assert make_analysis_step(tiny_bert, stats_impl="layerwise").stats_impl == "layerwise"
+  monkeypatch.setenv("HEADS_JAX_STATS_IMPL", "flash")
+  with pytest.raises(ValueError, match="HEADS_JAX_STATS_IMPL must be one of"):
+    make_analysis_step(tiny_bert)
+
+
+def test_steps_of_one_configuration_share_one_compiled_program(step_batch):
+  cfg = config_for("tiny", vocab_size=2048, max_position_embeddings=32)
+  a, b = BertModel(cfg, rngs=nnx.Rngs(2)), BertModel(cfg, rngs=nnx.Rngs(3))
+  step_a, step_b = make_analysis_step(a), make_analysis_step(b)
+  assert step_a._run is step_b._run
+  got_a, got_b = step_a(step_batch), step_b(step_batch)
+  assert step_a._run._cache_size() == 1          # one compilation for both steps
+  assert not np.allclose(got_a["distance"], got_b["distance"])   # each with its own weights
+  np.testing.assert_allclose(got_a["distance"], make_analysis_step(a, stats_impl="stacked")(
+      step_batch)["distance"], rtol=1e-5, atol=1e-6)
+  assert make_analysis_step(a, measures=True)._run is not step_a._run  # other options
