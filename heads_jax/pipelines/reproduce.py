@@ -40,7 +40,6 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 from flax import nnx
 from threadpoolctl import threadpool_limits
 
