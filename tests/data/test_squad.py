@@ -243,3 +243,17 @@ def test_data_specs():
   assert len(load_spec(f"squad:{f}:v2")) == 1407
   with pytest.raises(ValueError, match="does not exist"):
     parse_spec("squad:/no/such/file.json")
+
+
+@requires_shared("squad")
+def test_analysis_encodes_question_then_context(tok):
+  from heads_jax.data.specs import encode_spec
+  info, batches, n = encode_spec(f"squad:{SHARED_SQUAD}:v1:n=4:seed=1", tok, max_length=384,
+                                 syntax=False)
+  assert n == 4 and info.dataset.pairs
+  (idx, b), = list(batches)
+  ex = info.dataset.examples
+  for row, i in enumerate(idx):
+    q = tok(ex[i].question, add_special_tokens=False)["input_ids"]
+    assert b["input_ids"][row, 1:1 + len(q)].tolist() == q     # the question first
+    assert b["token_type_ids"][row, :len(q) + 2].sum() == 0 and b["token_type_ids"][row, len(q) + 2] == 1
