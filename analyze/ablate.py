@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from heads_jax.ablation.groups import GROUPINGS
 from heads_jax.pipelines.ablate import AblationConfig, run_ablation
 
 
@@ -28,8 +29,9 @@ def add_args(p):
   p.add_argument("--out", required=True, help="output directory")
   p.add_argument("--analysis", default=None, metavar="DIR",
                  help="output directory of `heads-jax analyze` on this model (clusters.csv, tests.csv)")
-  p.add_argument("--by", choices=("cluster", "role", "layer", "heads"), default=None,
-                 help="ablate groups of heads: by cluster type, assigned role, layer, or --heads")
+  p.add_argument("--by", choices=GROUPINGS, default=None,
+                 help="ablate groups of heads: by cluster type (or every union of two types, or every "
+                      "type but one: Guan et al. Tables 2-3), assigned role, layer, or --heads")
   p.add_argument("--role-level", choices=("coarse", "fine"), default="coarse",
                  help="--by role: coarse roles + unskilled (default) or every fine role")
   p.add_argument("--mode", choices=("remove", "uniform"), default="remove",

@@ -3,7 +3,11 @@
 A head is ``(layer, head)``, both numbered from 0 as in the analysis CSV files. Groups come from
 
 * the head clusters of an analysis (``clusters.csv``: one group per cluster type, Guan et al.
-  2020 Table 2): ``cluster_groups``;
+  2020 Table 2 rows 2-5 and 8-11): ``cluster_groups``; unions of two types (Table 2 rows 6-7:
+  "we further prune two types together with diagonal type always remained",
+  guan2020_how_far_does_bert_look_at.txt section 5.1): ``type_union_groups``, ``--by
+  cluster-pairs``; every type but one (Table 3 rows 16-19: "ablating all type but remaining one
+  type", Table 3 caption): ``all_but_one_type_groups``, ``--by cluster-all-but-one``;
 * the assigned roles (``tests.csv``): one group per coarse role (local, syntactic, delimiter,
   block) plus the heads without any (``unskilled``), or one per fine role: ``role_groups``;
 * the layers: ``layer_groups``;
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from itertools import combinations
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -28,7 +33,7 @@ from heads_jax import contract
 from heads_jax.errors import UserError
 from heads_jax.hoststats.roles import COARSE_ROLES, UNSKILLED, assignment_array, coarse_roles, role_order
 
-GROUPINGS = ("cluster", "role", "layer", "heads")
+GROUPINGS = ("cluster", "cluster-pairs", "cluster-all-but-one", "role", "layer", "heads")
 CLUSTER_ORDER = ("dense", "diagonal", "dense+vertical", "vertical")
 SEGMENT_PARTS = ("intra", "inter")
 
@@ -108,6 +113,27 @@ def cluster_groups(clusters: pd.DataFrame, *, name_column: str = "cluster_name")
   return groups
 
 
+def type_union_groups(groups: Sequence[HeadGroup], size: int = 2) -> list[HeadGroup]:
+  """Every union of ``size`` of ``groups`` (in their order), named "A and B" (kind "cluster"):
+  Guan et al. Table 2 rows 6 (dense and vertical) and 7 (dense+vertical and vertical) among
+  them."""
+  if not 1 <= size <= len(groups):
+    raise UserError(f"a union of {size} types needs at least {size} types; got {len(groups)}")
+  return [HeadGroup(" and ".join(g.name for g in combo), "cluster",
+                    _sorted_unique(h for g in combo for h in g.heads))
+          for combo in combinations(groups, size)]
+
+
+def all_but_one_type_groups(groups: Sequence[HeadGroup]) -> list[HeadGroup]:
+  """For each group, the union of all the others, named "all but NAME" (kind "cluster"): the
+  heads whose attention Guan et al. Table 3 rows 16-19 remove while one type keeps it."""
+  if len(groups) < 2:
+    raise UserError(f"'all but one type' needs at least two types; got {len(groups)}")
+  return [HeadGroup(f"all but {g.name}", "cluster",
+                    _sorted_unique(h for other in groups if other is not g for h in other.heads))
+          for g in groups]
+
+
 def role_groups(tests: pd.DataFrame, *, level: str = "coarse", num_layers: int | None = None,
                 num_heads: int | None = None) -> list[HeadGroup]:
   """Groups by assigned role from a ``tests.csv`` table.
@@ -143,7 +169,8 @@ def load_groups(by: str, *, num_layers: int, num_heads: int, analysis: str | Pat
                 heads: str | None = None, role_level: str = "coarse") -> list[HeadGroup]:
   """The groups of one grouping (``GROUPINGS``), checked against the model's shape.
 
-  ``cluster`` reads ``analysis/clusters.csv``, ``role`` ``analysis/tests.csv``; ``heads`` parses
+  ``cluster`` reads ``analysis/clusters.csv`` (``cluster-pairs``: every union of two types;
+  ``cluster-all-but-one``: every type but one), ``role`` ``analysis/tests.csv``; ``heads`` parses
   ``heads`` (several groups separated by ``;``, each optionally ``NAME=L:H,...``).
   """
   if by not in GROUPINGS:
@@ -164,14 +191,19 @@ def load_groups(by: str, *, num_layers: int, num_heads: int, analysis: str | Pat
     raise UserError(f"--by {by} needs --analysis DIR (the output directory of `heads-jax analyze` "
                     "on this model)")
   folder = Path(analysis)
-  file = folder / (contract.CLUSTERS_CSV if by == "cluster" else contract.TESTS_CSV)
+  by_cluster = by.startswith("cluster")
+  file = folder / (contract.CLUSTERS_CSV if by_cluster else contract.TESTS_CSV)
   if not file.is_file():
     raise UserError(f"{file} does not exist: --analysis must be the output directory of "
                     f"`heads-jax analyze` (it writes {contract.CLUSTERS_CSV} and "
                     f"{contract.TESTS_CSV})")
   try:
-    if by == "cluster":
+    if by_cluster:
       groups = cluster_groups(contract.load_clusters(folder).table)
+      if by == "cluster-pairs":
+        groups = type_union_groups(groups, 2)
+      elif by == "cluster-all-but-one":
+        groups = all_but_one_type_groups(groups)
     else:
       groups = role_groups(contract.load_tests(folder).table, level=role_level)
   except ValueError as e:   # a file that does not follow the contract
@@ -223,5 +255,6 @@ def segment_removal_for(heads, num_layers: int, num_heads: int,
 
 
 __all__ = ["HeadGroup", "GROUPINGS", "COARSE_ROLES", "SEGMENT_PARTS", "parse_heads", "format_heads",
-           "check_heads", "cluster_groups", "role_groups", "layer_groups", "load_groups",
+           "check_heads", "cluster_groups", "type_union_groups", "all_but_one_type_groups",
+           "role_groups", "layer_groups", "load_groups",
            "all_heads", "random_group", "gate_for", "segment_removal_for"]

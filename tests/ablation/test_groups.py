@@ -99,3 +99,31 @@ def test_gates_and_random_groups():
   assert all(0 <= l < 2 and 0 <= h < 3 for l, h in g1.heads)
   with pytest.raises(ValueError):
     groups.random_group(7, 2, 3, np.random.default_rng(0))
+
+
+def test_type_unions_and_all_but_one_type(tmp_path):
+  """Guan et al. Table 2 rows 6-7 (two types pruned together) and Table 3 rows 16-19 (all types
+  but one), from a clusters.csv."""
+  names = {(0, 0): "dense", (0, 1): "diagonal", (1, 0): "dense+vertical", (1, 1): "vertical",
+           (2, 0): "vertical", (2, 1): "dense"}
+  rows = []
+  for (l, h), name in names.items():
+    row = {"layer": l, "head": h, **{f: 0.0 for f in DISTANCE_FEATURES}}
+    row.update({"cluster": 0, "cluster_name": name, "tsne_x": 0.0, "tsne_y": 0.0})
+    rows.append(row)
+  pd.DataFrame(rows).to_csv(tmp_path / "clusters.csv", index=False)
+  types = groups.load_groups("cluster", num_layers=3, num_heads=2, analysis=tmp_path)
+  pairs = {g.name: g.heads for g in groups.load_groups("cluster-pairs", num_layers=3, num_heads=2,
+                                                       analysis=tmp_path)}
+  assert len(pairs) == 6
+  assert pairs["dense and vertical"] == ((0, 0), (1, 1), (2, 0), (2, 1))           # row 6
+  assert pairs["dense+vertical and vertical"] == ((1, 0), (1, 1), (2, 0))         # row 7
+  rest = {g.name: g.heads for g in groups.load_groups("cluster-all-but-one", num_layers=3,
+                                                      num_heads=2, analysis=tmp_path)}
+  assert list(rest) == [f"all but {g.name}" for g in types]
+  assert rest["all but diagonal"] == ((0, 0), (1, 0), (1, 1), (2, 0), (2, 1))    # rows 16, 18
+  for g in types:   # each type and "all but it" partition the heads
+    assert set(g.heads) | set(rest[f"all but {g.name}"]) == set(names)
+    assert not set(g.heads) & set(rest[f"all but {g.name}"])
+  with pytest.raises(UserError, match="at least two"):
+    groups.all_but_one_type_groups(types[:1])
