@@ -315,33 +315,45 @@ def run_name(batch_size: int, lr: float) -> str:
   return f"bs{batch_size}_lr{lr:g}"
 
 
+# Where each ``config.finetune`` setting goes in a grid point's `configs/finetune.py` config (one
+# table instead of a copy per field; settings not named here, the grid and keep_checkpoints, are
+# the pipeline's own).
+FINETUNE_FIELDS = {
+    "num_train_steps": ("num_train_steps",),
+    "warmup_steps": ("optimizer.warmup_steps",),
+    "eval_every": ("eval_every", "checkpoint.every_steps"),
+    "eval_batch_size": ("eval_batch_size",),
+    "log_every": ("log_every",),
+    "dtype": ("model.dtype",),
+}
+
+
+def _set(config, dotted: str, value) -> None:
+  *path, last = dotted.split(".")
+  node = config
+  for k in path:
+    node = node[k]
+  node[last] = value
+
+
 def finetune_config(config, task: str, batch_size: int, lr: float, init: str):
-  """The `configs/finetune.py` config of one grid point; its rows come in memory (`task_rows`),
-  so its ``data`` block names where they come from (``data.max_seq_length`` is the task's)."""
-  f = config.finetune
-  c = configlib.load_config("finetune.py:" + f.preset.format(task=task))
-  c.task = task
-  c.init_checkpoint = init
-  c.seed = int(config.seed)
-  c.batch_size = batch_size
-  c.optimizer.learning_rate = lr
-  c.optimizer.warmup_steps = int(f.warmup_steps)
-  c.num_train_steps = int(f.num_train_steps)
-  c.eval_every = int(f.eval_every)
-  c.checkpoint.every_steps = int(f.eval_every)
-  c.eval_batch_size = int(f.eval_batch_size)
-  c.log_every = int(f.log_every)
-  c.model.dtype = f.dtype
+  """The `configs/finetune.py` config of one grid point (``config.finetune`` applied through
+  `FINETUNE_FIELDS`); its rows come in memory (`task_rows`), so its ``data`` block names where
+  they come from (``data.max_seq_length`` is the task's)."""
+  c = configlib.load_config("finetune.py:" + config.finetune.preset.format(task=task))
+  for name, targets in FINETUNE_FIELDS.items():
+    for dotted in targets:
+      _set(c, dotted, config.finetune[name])
   td = config.data[task]
-  c.data.source = resolve_source(config, task)
-  c.data.glue_dir = str(config.data.glue_dir)
-  c.data.tfds_data_dir = config.data.tfds_data_dir
-  c.data.train_split = td.train
-  c.data.eval_split = td.eval
-  c.data.holdout_fraction = 0.0
-  c.data.max_examples = 0
-  c.data.max_seq_length = int(td.max_seq_length)
-  c.tensorboard = False
+  point = {"task": task, "init_checkpoint": init, "seed": int(config.seed),
+           "batch_size": int(batch_size), "optimizer.learning_rate": float(lr),
+           "tensorboard": False, "data.source": resolve_source(config, task),
+           "data.glue_dir": str(config.data.glue_dir),
+           "data.tfds_data_dir": config.data.tfds_data_dir, "data.train_split": td.train,
+           "data.eval_split": td.eval, "data.holdout_fraction": 0.0, "data.max_examples": 0,
+           "data.max_seq_length": int(td.max_seq_length)}
+  for dotted, value in point.items():
+    _set(c, dotted, value)
   return c
 
 
