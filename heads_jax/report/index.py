@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from heads_jax import contract
-from heads_jax.report import headline
+from heads_jax.report import headline, spec
 from heads_jax.report.page import esc, figure_html, table_html, write_page
 
 def _link(target: Path, base: Path, text: str) -> str:
@@ -130,25 +130,19 @@ def write_index(out: Path, parts: dict) -> Path:
             "Data: UD EWT test sentences (gold parses, for the syntactic roles) and MRPC sentence "
             "pairs (for the block role).</p>")
     sections.append(("Headline findings", note + table_html(rows)))
-    grids = []
-    for name, d in analyses.items():
-      g = d / "figures" / "role_grid.png"
-      if g.is_file():
-        grids.append(figure_html(
-            g, f"Roles of every head: {name}",
-            "One cell per head, one marker per assigned role (Pande et al. Fig. 5).",
-            "Heads are sorted within each layer by their number of roles.", name=f"grid-{name}"))
+    # the analyses' and the comparison's registered figures (`heads_jax.report.spec`), as drawn
+    grid = spec.figure("role_grid")
+    grids = [figure_html(d / "figures" / f"{grid.name}.png", f"{grid.title}: {name}", grid.caption,
+                         grid.how, name=f"grid-{name}")
+             for name, d in analyses.items() if (d / "figures" / f"{grid.name}.png").is_file()]
     if grids:
       sections.append(("Roles per head", "".join(grids)))
   if parts.get("compare"):
-    f = Path(parts["compare"]) / "figures" / "finetune_delta.png"
+    delta = spec.figure("finetune_delta")
+    f = Path(parts["compare"]) / "figures" / f"{delta.name}.png"
     if f.is_file():
-      sections.append(("Effect of fine-tuning", figure_html(
-          f, "Change of mean sieve bias after fine-tuning",
-          "Per role, over the initial, middle and final thirds of the layers (Pande et al. Fig. 6).",
-          "Bars above zero: the fine-tuned model attends more to that role's tokens than the "
-          "pre-trained one.",
-          name="delta")))
+      sections.append(("Effect of fine-tuning", figure_html(f, delta.title, delta.caption,
+                                                            delta.how, name="delta")))
   title = "heads_jax demo" + (" (quick)" if parts.get("quick") else "")
   return write_page(out, title=title, subtitle="BERT attention heads: what each head does",
                     sections=sections)
