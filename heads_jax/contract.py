@@ -486,15 +486,16 @@ class Tests:
     return self.table[self.table["role"].astype(str) == role]
 
   def with_rule(self, rule: str) -> pd.DataFrame:
-    """The table with ``assigned`` = the decisions of ``rule`` ("paper" or "calibrated")."""
-    if rule not in ("paper", "calibrated"):
-      raise ValueError(f"rule must be 'paper' or 'calibrated', got {rule!r}")
-    if not self.has_rules:
-      if self.rule in (None, rule):
-        return self.table
-      raise ValueError(f"this tests table has only the {self.rule!r} rule's decisions (no "
-                       f"rule columns); re-run the analysis to get the {rule!r} rule")
-    return self.table.assign(assigned=self.table[f"assigned_{rule}"].astype(bool))
+    """The table with ``assigned`` = the decisions of ``rule`` (its ``assigned_<rule>`` column,
+    e.g. "paper" or "calibrated"); a table without that column has only its own rule's."""
+    column = f"assigned_{rule}"
+    if column in self.table.columns:
+      return self.table.assign(assigned=self.table[column].astype(bool))
+    if not self.has_rules and self.rule in (None, rule):
+      return self.table
+    have = [c[len("assigned_"):] for c in self.table.columns if c.startswith("assigned_")]
+    raise ValueError(f"this tests table has no decisions of the {rule!r} rule (it has "
+                     f"{have or [self.rule]}); re-run the analysis with that rule")
 
 
 @dataclasses.dataclass(frozen=True)
