@@ -7,7 +7,8 @@ analysis), each run through `run_unit(ctx, stage, unit, key, fn, clean)`:
   inputs (for a file or folder its content fingerprint, `fingerprint`; for another unit's result
   that unit's finish marker, `Context.upstream`);
 * a unit whose finish marker holds the current key is skipped (reused);
-* a unit started or finished with another key has its outputs (``clean``) removed, then runs;
+* a unit started or finished with another key, or never started, has its outputs (``clean``)
+  removed, then runs (outputs without a marker have unknown settings: never reused);
 * a unit started with the same key and not finished runs again over what it left (fine-tuning
   resumes from its checkpoints);
 * ``RUN/stages/<stage>/<unit>.started.json`` is written before ``fn`` runs and the finish marker
@@ -110,15 +111,15 @@ def run_unit(ctx: Context, stage: str, unit: str, key, fn: Callable[[], Any],
              clean=()) -> UnitResult:
   """Runs ``fn() -> outputs`` (JSON-able) unless ``unit`` of ``stage`` finished with ``key``;
   returns its `UnitResult`. ``clean``: paths removed before a run when the unit was last
-  started or finished with another key."""
+  started or finished with another key, or has no marker at all."""
   done = ctx.markers.read_unit(stage, unit)
   if done is not None and canonical(done.get("key")) == canonical(key):
     ctx.counts["reused"] += 1
     return UnitResult.from_marker(done, reused=True)
   started = ctx.markers.read_unit(stage, unit, started=True)
   last = started or done
-  if last is not None and canonical(last.get("key")) != canonical(key):
-    for p in clean:
+  if last is None or canonical(last.get("key")) != canonical(key):
+    for p in clean:  # left by a run with other settings, or by one that wrote no marker
       _remove(p)
   t0 = time.time()
   t_start = now()

@@ -42,9 +42,9 @@ def test_same_key_skips_and_changed_key_reruns_and_cleans(tmp_path):
 def test_started_unfinished_unit_continues_without_cleaning(tmp_path):
   ctx = _ctx(tmp_path)
   out = tmp_path / "out"
-  out.mkdir()
 
   def killed():
+    out.mkdir(exist_ok=True)
     (out / "checkpoint").write_text("step 3")
     raise KeyboardInterrupt
   with pytest.raises(KeyboardInterrupt):
@@ -60,9 +60,9 @@ def test_started_unfinished_unit_continues_without_cleaning(tmp_path):
 def test_started_with_another_key_is_cleaned(tmp_path):
   ctx = _ctx(tmp_path)
   out = tmp_path / "out"
-  out.mkdir()
 
   def killed():
+    out.mkdir(exist_ok=True)
     (out / "checkpoint").write_text("old")
     raise KeyboardInterrupt
   with pytest.raises(KeyboardInterrupt):
@@ -149,3 +149,15 @@ def test_fingerprint_changes_with_a_rewritten_file(tmp_path):
   (d / "w.bin").write_bytes(b"123")
   assert engine.fingerprint(d) != f1
   assert engine.fingerprint(tmp_path / "missing") == [[str(tmp_path / "missing"), None, None]]
+
+
+def test_outputs_without_a_marker_are_not_reused(tmp_path):
+  """A folder left by a run that wrote no marker (an older version, another tool) has unknown
+  settings: it is removed before the unit runs, never resumed from."""
+  ctx = _ctx(tmp_path)
+  out = tmp_path / "finetune"
+  out.mkdir()
+  (out / "checkpoint").write_text("150 steps, other settings")
+  r = run_unit(ctx, "train", "u", {"steps": 300}, lambda: sorted(p.name for p in out.iterdir())
+               if out.exists() else [], clean=[out])
+  assert r.outputs == []
