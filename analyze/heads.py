@@ -43,10 +43,12 @@ def add_args(p):
                  help="t: Student's t (default); z: the released notebooks' variant (ddof=0, t tail)")
   p.add_argument("--correction", choices=("none", "bonferroni", "holm", "bh"), default="none",
                  help="multiple-comparison correction over all tests of the run (default none, as the paper)")
-  p.add_argument("--rule", choices=("calibrated", "paper"), default="calibrated",
-                 help="role rule: 'calibrated' (default: a role also needs a score significantly above "
-                      "what uniform attention scores, and near-uniform heads get none) or 'paper' "
-                      "(mean significantly above tau only); tests.csv holds both decisions (DESIGN.md 3)")
+  p.add_argument("--rule", choices=("calibrated", "paper", "average"), default="calibrated",
+                 help="role rule: 'calibrated' (default, a heads_jax addition: a role also needs a score "
+                      "significantly above what uniform attention scores, and near-uniform heads get "
+                      "none), 'paper' (mean significantly above tau: the paper's test) or 'average' "
+                      "(mean above tau, no test: the rule the paper's Fig. 2 argues against); "
+                      "tests.csv holds the paper's and the calibrated decisions (DESIGN.md 3)")
   p.add_argument("--near-uniform-nats", type=float, default=0.1,
                  help="heads whose rows are on average within this KL divergence (nats) of uniform "
                       "attention are near-uniform (default 0.1)")

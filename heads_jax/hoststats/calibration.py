@@ -62,8 +62,9 @@ import pandas as pd
 from heads_jax import contract
 from heads_jax.data import vocabulary as batch_lib
 from heads_jax.hoststats import hypothesis
+from heads_jax.hoststats import roles as roles_lib
 
-RULES = ("calibrated", "paper")
+RULES = roles_lib.RULES   # calibrated, paper, average (hoststats/roles.py)
 DEFAULT_RULE = "calibrated"
 TOLERANCE = 1e-3
 NEAR_UNIFORM_NATS = 0.1
@@ -205,7 +206,8 @@ def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[
     tests, settings: from `hypothesis.hypothesis_tests` on the same ``sieve_bias`` and ``roles``
       (its tau, alpha, test and correction are used).
     sieve_bias: float ``[b, l, h, r]``; lengths: int ``[b]`` (``scores.npz``).
-    rule: "calibrated" (default) or "paper" (module docstring).
+    rule: "calibrated" (default), "paper" (module docstring) or "average" (the mean above tau,
+      no test: `heads_jax.hoststats.roles.average_rule`).
     entropy: float ``[b, l, h]`` mean row entropy (``measures.npz``), or None: no head is then
       marked near-uniform.
     near_uniform_nats: the near-uniform threshold (nats).
@@ -233,7 +235,7 @@ def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[
                              correction=settings["correction"],
                              p_adjusted=tests["p_adjusted"].to_numpy(), near_uniform=flat)
   out = pd.concat([tests.reset_index(drop=True), extra], axis=1)
-  out["assigned"] = out[f"assigned_{rule}"].to_numpy(bool)
+  out["assigned"] = roles_lib.rule_assigned(out, rule, settings.get("tau"))
   settings = dict(settings)
   heads = [] if flat is None else [f"{i}:{j}" for i, j in np.argwhere(flat)]
   settings.update(rule=rule, uniform_tolerance=TOLERANCE,

@@ -47,6 +47,35 @@ TESTS, UNION = "tests", "union"
 # (0.05, 0.95)): its four functional roles, not block_plain, prev/next_local, cls, sep or the
 # single relations (Fig. 3 caption: "144 x |tasks| x |roles| x |num sents| scores").
 PAPER_ROLES = batch_lib.COARSE_GROUPS
+# The role rules (DESIGN.md section 3, "Role rules"): "calibrated" (heads_jax's addition, the
+# default), "paper" (the mean sieve bias significantly above tau: the paper's test) and "average"
+# (the mean above tau, no test: the official code's method='avg', the rule the paper argues
+# against with its Fig. 2). `rule_assigned` is where a rule's decision is read.
+RULES = ("calibrated", "paper", "average")
+
+
+def average_rule(mean, tau: float) -> np.ndarray:
+  """bool: the average rule's decision, ``mean > tau`` (NaN, an empty sieve, is never assigned)."""
+  mean = np.asarray(mean, np.float64)
+  return np.where(np.isnan(mean), False, mean > float(tau))
+
+
+def rule_assigned(tests: pd.DataFrame, rule: str, tau: float | None = None) -> np.ndarray:
+  """bool per row of a tests table: the decision of ``rule``. ``paper`` / ``calibrated``: the
+  table's ``assigned_<rule>`` column (a table without the rule columns holds the paper's rule in
+  ``assigned``); ``average``: `average_rule` of the ``mean`` column at ``tau`` (required)."""
+  if rule not in RULES:
+    raise ValueError(f"rule must be one of {RULES}; got {rule!r}")
+  if rule == "average":
+    if tau is None:
+      raise ValueError("the average rule needs tau (the run's settings 'tau')")
+    return average_rule(tests["mean"].to_numpy(np.float64), tau)
+  column = f"assigned_{rule}"
+  if column in tests.columns:
+    return tests[column].to_numpy(bool)
+  if rule == "paper":
+    return tests["assigned"].to_numpy(bool)
+  raise ValueError(f"the tests table has no {column} column (run without the role rules)")
 VIEWS = {TESTS: COARSE_ROLES, UNION: FINE_UNION}
 UNSKILLED = "unskilled"
 # Thirds of the layers (Pande et al. Fig. 6), see `layer_groups`.

@@ -37,7 +37,8 @@ figures").
   the run are left out.
 * the role rules (`heads_jax.hoststats.calibration`), when the tests table has their columns:
   ``rule`` (the rule of ``assigned``, i.e. of every share above), ``by_rule`` = ``{"paper": ...,
-  "calibrated": ...}`` with, per rule, the shares (``share_local`` ... ``share_unskilled``,
+  "calibrated": ..., "average": ...}`` (average: the mean above tau, no test; only when ``tau``
+  is given) with, per rule, the shares (``share_local`` ... ``share_unskilled``,
   ``share_syntactic_also_local``), ``num_assigned_by_role`` and ``num_heads_by_coarse_role``;
   ``num_near_uniform_heads`` and ``share_near_uniform`` (heads whose attention is within the
   near-uniform threshold of uniform; None when the entropy was not computed).
@@ -137,7 +138,8 @@ def _role_figures(assigned: np.ndarray, roles: tuple[str, ...],
 
 def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
                     p_interval: tuple[float, float] = (0.05, 0.95),
-                    rule: str | None = None, near_uniform_computed: bool = True) -> dict:
+                    rule: str | None = None, near_uniform_computed: bool = True,
+                    tau: float | None = None) -> dict:
   """The summary figures of a run (see the module docstring for every key).
 
   Args:
@@ -148,6 +150,7 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
     rule: the rule of the table's ``assigned`` column ("calibrated" or "paper"), recorded with
       both rules' figures when the table has the rule columns.
     near_uniform_computed: False when the run has no entropy (no near-uniform figures).
+    tau: the run's tau; with it ``by_rule`` also has the average rule (mean above tau, no test).
   """
   contract.validate_scores(sieve_bias, roles)
   sieve_bias = np.asarray(sieve_bias)
@@ -186,8 +189,10 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
   if set(contract.RULE_COLUMNS) <= set(tests.columns):
     out["rule"] = rule
     out["by_rule"] = {}
-    for name in ("paper", "calibrated"):
-      table = tests.drop(columns=["assigned"]).rename(columns={f"assigned_{name}": "assigned"})
+    for name in ("paper", "calibrated", "average"):
+      if name == "average" and tau is None:
+        continue
+      table = tests.assign(assigned=roles_lib.rule_assigned(tests, name, tau))
       out["by_rule"][name] = _role_figures(roles_lib.assignment_array(table, roles, l, h)[0], roles)
     flat = tests.drop_duplicates(["layer", "head"])["near_uniform"].to_numpy(bool)
     out["num_near_uniform_heads"] = int(flat.sum()) if near_uniform_computed else None

@@ -66,7 +66,7 @@ class AnalysisConfig:
   alpha: float = 0.05
   test: str = "t"
   correction: str = "none"
-  rule: str = DEFAULT_RULE           # "calibrated" or "paper" (hoststats.calibration, DESIGN.md 3)
+  rule: str = DEFAULT_RULE           # "calibrated", "paper" or "average" (hoststats.roles, DESIGN.md 3)
   near_uniform_nats: float = NEAR_UNIFORM_NATS
   direction: str = "dep2head"
   syntax: bool = True
@@ -185,7 +185,7 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
                                near_uniform_nats=cfg.near_uniform_nats)
   contract.write_tests(tests, settings, out)
   summary = summary_figures(scores.sieve_bias, scores.roles, tests, rule=cfg.rule,
-                            near_uniform_computed=entropy is not None)
+                            near_uniform_computed=entropy is not None, tau=settings["tau"])
   contract.write_summary(summary, out)
   clusters, info = cluster_heads(scores.distance, k=cfg.clusters, method=cfg.cluster_method, seed=cfg.seed)
   contract.write_clusters(clusters, info, out)

@@ -256,3 +256,28 @@ def test_random_model_gets_no_role_on_sentences_and_pairs(tmp_path, size="mini")
   assert set(paper["role"]) == {"block"}                   # the artefact the rule removes
   assert host["summary"]["by_rule"]["paper"]["share_block"] > 0.5
   assert tests["near_uniform"].all()
+
+
+def test_average_rule_is_the_mean_above_tau_without_a_test():
+  """--rule average: the mean above tau decides, whatever the test says (Pande et al. Fig. 2)."""
+  from heads_jax.hoststats import roles as roles_lib
+  from heads_jax.hoststats import summary
+  rng = np.random.default_rng(1)
+  roles = ("local", "cls")
+  x = rng.normal(1.0, 0.1, size=(30, 1, 3, 2))
+  x[:, 0, 0, 0] = np.r_[np.full(27, 1.0), [30.0, 30.0, 30.0]]   # mean 3.9, skewed: test fails
+  x[:, 0, 1, 0] = rng.normal(5.0, 0.2, 30)                      # clearly above tau
+  x[:2, 0, 2, 1] = np.nan                                       # NaN values are left out
+  tests, settings = hypothesis_tests(x, roles, tau=3.0)
+  out, s = cal.apply_rule(tests, settings, x, roles, np.full(30, 20), rule="average")
+  assert s["rule"] == "average"
+  assigned = out.set_index(["layer", "head", "role"])["assigned"]
+  assert assigned[(0, 0, "local")] and not out.set_index(["layer", "head", "role"]).loc[
+      (0, 0, "local"), "assigned_paper"]
+  assert assigned[(0, 1, "local")] and not assigned[(0, 2, "cls")]
+  np.testing.assert_array_equal(roles_lib.average_rule([np.nan, 3.0, 3.1], 3.0), [False, False, True])
+  with pytest.raises(ValueError, match="tau"):
+    roles_lib.rule_assigned(out, "average")
+  fig = summary.summary_figures(x, roles, out, rule="average", tau=3.0)
+  assert fig["by_rule"]["average"]["num_assigned_by_role"] == {"local": 2, "cls": 0}
+  assert fig["by_rule"]["paper"]["num_assigned_by_role"]["local"] == 1
