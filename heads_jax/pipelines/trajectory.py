@@ -4,8 +4,10 @@
 For each Orbax checkpoint in ``WORKDIR/checkpoints`` (``heads_jax.training.rundir``), the encoder's
 parameters (the ``bert`` subtree of the saved train state) are restored into the run's exported
 model (``WORKDIR/model``, ``best_model`` or ``hf``: it gives the architecture and the tokenizer)
-and analysed on the same data with **one compiled analysis step**: the step's jitted function
-takes the model state as an argument, so each checkpoint only swaps the state (no recompilation).
+and analysed on the same data with **one compiled analysis program**: the checkpoints share the
+encoder's graph, and ``heads_jax.stats.step.analysis_program`` caches the jitted program per graph
+and settings (its state is an argument), so every checkpoint after the first runs without
+recompiling.
 Per checkpoint: the hypothesis tests and the run's role rule (``hoststats.hypothesis`` /
 ``hoststats.calibration``), the share of heads with each coarse role, the mean sieve bias of each
 role over heads and sequences, and the sink rate (the share of heads whose mean attention on the
@@ -34,7 +36,6 @@ from heads_jax.hoststats.hypothesis import hypothesis_tests
 from heads_jax.hoststats.roles import assignment_array, coarse_roles
 from heads_jax.hoststats.sinks import SINK_THRESHOLD
 from heads_jax.model.loading import load_model
-from heads_jax.parallel import replicate
 from heads_jax.report.figures.robustness import plot_trajectory
 from heads_jax.stats.collector import collect
 from heads_jax.stats.step import make_analysis_step
@@ -71,11 +72,13 @@ def checkpoint_steps(run) -> list[int]:
   return steps
 
 
-def _encoder_state(template, restored: dict):
-  """The template encoder's full state with the restored parameters (pure dict) in place."""
-  graphdef, params, rest = nnx.split(template, nnx.Param, ...)
+def with_params(template, restored: dict):
+  """A copy of the template encoder with the restored parameters (a pure dict) in place."""
+  model = nnx.merge(*nnx.split(template), copy=True)          # the template stays untouched
+  params = nnx.state(model, nnx.Param)
   nnx.replace_by_pure_dict(params, restored)
-  return nnx.split(nnx.merge(graphdef, params, rest))[1]
+  nnx.update(model, params)
+  return model
 
 
 def checkpoint_row(sieve_bias, token_attention, lengths, roles, *, tau=3.0, alpha=0.05,
@@ -110,7 +113,6 @@ def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | Non
   encoder = getattr(model, "bert", model)
   max_length = min(max_length, encoder.config.max_positions)
   roles = tuple(r for r in roles if syntax or r not in SYNTACTIC_ROLES)
-  step = make_analysis_step(encoder, roles=roles, measures=True)
   # the data is encoded once; every checkpoint sees the same batches
   encoded = []
   for spec in data:
@@ -124,8 +126,8 @@ def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | Non
   rows = []
   for s in steps:
     restored, _ = restore_params_from_run(ckpt_dir, target, step=s)
-    # the jitted step takes the state as an argument: swapping it reuses the compiled function
-    step._state = replicate(_encoder_state(encoder, restored["bert"]), step.mesh)
+    # the same graph: the cached analysis program, no recompilation
+    step = make_analysis_step(with_params(encoder, restored["bert"]), roles=roles, measures=True)
     parts = [collect(step, iter(b), n, roles=roles, progress=progress, desc=f"step {s}")
              for b, n in encoded]
     sb = np.concatenate([p["sieve_bias"] for p in parts])

@@ -80,7 +80,7 @@ def plot_parsing(best: pd.DataFrame, path, *, title: str | None = None,
   bootstrap 95% intervals (``hoststats.parsing.best_heads``)."""
   best = best.reset_index(drop=True)
   m = len(best)
-  fig = new_figure(7.0, 0.8 + 0.32 * m)
+  fig = new_figure(7.0, max(2.4, 0.8 + 0.32 * m))
   ax = fig.subplots()
   y = np.arange(m)[::-1]
   for off, acc, low, high, color, label in (
@@ -107,7 +107,7 @@ def plot_causal(table: pd.DataFrame, random_changes: dict | None, path, *,
   """Each role group's metric change when ablated (dot) against the random groups of the same
   layers (box of ``random_changes[group]`` when given, else mean +- sd), with the p-value."""
   t = table[table["num_heads"] > 0].reset_index(drop=True)
-  fig = new_figure(6.5, 0.9 + 0.38 * len(t))
+  fig = new_figure(6.5, max(2.4, 0.9 + 0.38 * len(t)))
   ax = fig.subplots()
   y = np.arange(len(t))[::-1]
   for yi, r in zip(y, t.itertuples()):

@@ -1,0 +1,50 @@
+"""The analysis's second pass (heads_jax.pipelines.robustness) on a tiny model: the N axis is the
+analysis's, and the host statistics come out of it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heads_jax.hoststats.calibration import apply_rule
+from heads_jax.hoststats.hypothesis import hypothesis_tests
+from heads_jax.model.loading import load_model
+from heads_jax.pipelines.analyze import AnalysisConfig, compute_scores
+from heads_jax.pipelines.robustness import RobustnessSettings, robustness_pass, robustness_statistics
+from tests.family_models import save_family_dir
+
+
+@pytest.mark.slow   # two passes over two data sets (about 30 s on 2 idle cores)
+def test_second_pass_follows_the_analysis_order_and_feeds_the_statistics(tmp_path):
+  save_family_dir("bert", tmp_path / "m", seed=2)
+  model, tokenizer = load_model(tmp_path / "m")
+  cfg = AnalysisConfig(model=str(tmp_path / "m"), data=("ud-ewt", "mrpc"), out=str(tmp_path / "o"),
+                       max_examples=6, max_length=48, batch_size=4, parser="none", sort_window=8,
+                       bucket_step=48)
+  scores = compute_scores(cfg, model, tokenizer, progress=False)
+  res = robustness_pass(cfg, model, tokenizer)
+  n, l, h, r = scores["sieve_bias"].shape
+  assert n == 12 and res["norm_sieve_bias"].shape == (n, l, h, r)
+  assert res["roles"] == scores["roles"]
+  # same sequences in the same order: the first-token attention is the analysis's [CLS] measure
+  np.testing.assert_allclose(res["first_attention"], scores["measures"]["token_attention"][..., 0],
+                             rtol=1e-4, atol=1e-6)
+  # NaN exactly where the attention's sieve is empty (the sieves do not depend on the weighting)
+  np.testing.assert_array_equal(np.isnan(res["norm_sieve_bias"]), np.isnan(scores["sieve_bias"]))
+  # gold arcs of the 6 UD sentences only (MRPC is analysed without a parser here)
+  arcs = res["arcs"]
+  assert len(arcs) > 20 and arcs["sequence"].max() < 6
+  assert res["parse_pred"].shape == (n, l, h, 48)
+  assert np.all(res["sep_attention"][6:, ..., 1] >= 0)          # MRPC pairs: two [SEP]s
+  assert np.all(np.isnan(res["sep_attention"][:6, ..., 1]))      # single sentences: one
+  tests, settings = hypothesis_tests(scores["sieve_bias"], scores["roles"])
+  tests, settings = apply_rule(tests, settings, scores["sieve_bias"], scores["roles"],
+                               scores["lengths"])
+  st = robustness_statistics(res, tests, settings, scores["lengths"],
+                             RobustnessSettings(bootstrap=50, min_arcs=10))
+  assert len(st["norm_tests"]) == len(tests) and (st["norm_tests"]["weighting"] == "norm").all()
+  assert set(st["summary"]) >= {"by_weighting", "sink_rate", "mean_norm_ratio", "norm_lost_roles"}
+  assert len(st["sinks"]) == l * h
+  parser = st["parser"]
+  assert {"nsubj", "obj", "amod", "advmod"} <= set(parser["relation"])
+  assert len(st["best_parsers"]) >= 2
