@@ -49,7 +49,7 @@ from heads_jax.data import glue, glue_splits
 from heads_jax.data.syntax import DEFAULT_PARSER, MissingParserError, load_parser
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
-from heads_jax import runfiles
+from heads_jax import contract, runfiles
 from heads_jax.pipelines.engine import Context, Stage, minutes, run_pipeline, run_unit
 from heads_jax.runfiles import unit_file_name
 from heads_jax.model.bert import BertModel
@@ -576,7 +576,7 @@ PIPELINE = (
           outputs=("compare",)),
     Stage("report", STAGE_TEXT["report"], stage_report,
           reads=("data", "pretrained", "finetune", "analysis", "compare"),
-          outputs=("report.html", "paper_table.csv", "results.json", "report_figures")),
+          outputs=(contract.REPORT_HTML, "paper_table.csv", "results.json", "report_figures")),
 )
 assert tuple(s.name for s in PIPELINE) == STAGES
 
