@@ -2,7 +2,8 @@
 
 ``ablate_groups``: for each group of heads (a cluster type, a role, a layer, a list), the
 classifier's metrics with the group removed (``mode="remove"``: gate 0, the heads' outputs are
-dropped) or replaced by uniform attention over the real tokens (``mode="uniform"``), the change
+dropped), replaced by uniform attention over the real tokens (``mode="uniform"``) or by their
+mean output over the data (``mode="mean"``: ``heads_jax.ablation.causal.GroupEvaluator``), the change
 against the unablated model, and for fairness the mean change when the same number of heads,
 drawn at random from all heads, is ablated the same way (``random_seeds`` draws).
 
@@ -18,11 +19,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from heads_jax.ablation.causal import GroupEvaluator
 from heads_jax.ablation.groups import (SEGMENT_PARTS, HeadGroup, format_heads, gate_for,
                                        random_group, segment_removal_for)
 from heads_jax.errors import UserError
 
-ABLATION_MODES = ("remove", "uniform")
+ABLATION_MODES = ("remove", "uniform", "mean")
 METRIC_COLUMNS = ("accuracy", "f1", "loss")
 
 
@@ -73,8 +75,11 @@ def ablate_groups(evaluator, groups: list[HeadGroup], *, mode: str = "remove",
   log = log or (lambda *_: None)
   base = base or evaluator.evaluate()
 
-  def evaluate(heads):
-    return evaluator.evaluate(gate_for(heads, L, H), gate_mode=mode)
+  if mode == "mean":
+    evaluate = GroupEvaluator(evaluator, "mean").evaluate
+  else:
+    def evaluate(heads):
+      return evaluator.evaluate(gate_for(heads, L, H), gate_mode=mode)
 
   rows = [dict(group="none (unablated)", kind="baseline", num_heads=0, ablation="none",
                **_metrics_row(base, base), random_seeds=0, heads="")]

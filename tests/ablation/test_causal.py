@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from heads_jax.ablation import evaluate
+from heads_jax.ablation import ablate, evaluate
 from heads_jax.ablation.causal import (GroupEvaluator, causal_tests, head_output_means,
                                        layer_counts, matched_random_group)
 from heads_jax.ablation.groups import HeadGroup
@@ -123,5 +123,10 @@ def test_mean_ablation_keeps_a_constant_head_and_differs_from_removal():
   removed = model(data.input_ids, data.attention_mask, data.token_type_ids, head_gate=gate)
   np.testing.assert_allclose(np.asarray(mean_logits["logits"]), logits, atol=1e-5)
   assert np.abs(np.asarray(removed["logits"]) - logits).max() > 1e-3
+  # ablate_groups takes the mean mode too
+  table = ablate.ablate_groups(ev, [HeadGroup("constant", "heads", ((0, 1),))], mode="mean",
+                               random_seeds=0, base=base)
+  assert table["ablation"].iloc[1] == "mean"
+  assert table["loss_change"].iloc[1] == pytest.approx(0.0, abs=1e-5)
   # the evaluator's own state is back after a mean ablation
   assert ev.evaluate()["loss"] == pytest.approx(base["loss"], abs=1e-7)
