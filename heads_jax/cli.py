@@ -32,6 +32,7 @@ SUBCOMMANDS = {
     "ablate": ("heads_jax.analyze.ablate", "ablate heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning"),
     "reproduce": ("heads_jax.analyze.reproduce", "Pande et al. end to end: fine-tuning grid, analyses before/after, comparison, report beside the papers' numbers"),
     "convert": ("heads_jax.analyze.convert", "convert a Hugging Face BERT directory <-> a heads_jax model directory"),
+    "doctor": ("heads_jax.analyze.doctor", "check this machine: devices, versions, every attention/analysis path against the float32 reference, BERT-base tokens/s and MFU"),
 }
 
 # Subcommands whose flags accept the ml_collections override syntax --config.key=value.

@@ -43,7 +43,7 @@ STAGES = [
     ("stats", ("heads_jax.stats",)),
     ("hoststats", ("heads_jax.hoststats",)),
     ("report", ("heads_jax.report",)),
-    ("jobs", ("heads_jax.training", "heads_jax.ablation", "heads_jax.pipelines",
+    ("jobs", ("heads_jax.training", "heads_jax.doctor", "heads_jax.ablation", "heads_jax.pipelines",
               "heads_jax.configs", "heads_jax")),
     ("entry", ("heads_jax.cli", "heads_jax.__main__", "heads_jax.train", "heads_jax.analyze")),
 ]

@@ -1,0 +1,67 @@
+"""``heads-jax doctor`` on the CPU through ``cli.main``: the environment lines, every path
+within tolerance of the float32 reference, the timings; and exit 1 on a planted mismatch."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from heads_jax import cli, doctor
+
+
+@pytest.mark.slow
+def test_doctor_quick_on_the_cpu(capsys):
+  code = cli.main(["doctor", "--quick", "--steps", "1"])
+  out = capsys.readouterr().out
+  assert code == 0, out
+  lines = out.splitlines()
+  assert lines[0] == "heads-jax doctor"
+  assert lines[1].startswith("platform: cpu, 8 x cpu (8 local), 1 process(es)")
+  assert f"jax {jax.__version__}" in lines[2] and "flax " in lines[2] and "optax " in lines[2]
+  assert "--xla_force_host_platform_device_count=8" in lines[3]  # tests/conftest.py
+  checks = {tuple(line.split()[:3]): line for line in lines if line.startswith("  attention ")
+            or line.startswith("  analysis ")}
+  for impl in ("layerwise", "fused", "stacked"):
+    for dtype in ("float32", "bfloat16"):
+      assert checks[("analysis", impl, dtype)].rstrip().split()[5] == "ok", checks
+  for path in ("explicit", "xla"):
+    for dtype in ("float32", "bfloat16"):
+      line = checks[("attention", path, dtype)]
+      assert line.split()[5] == "ok" and float(line.split()[3]) < 5e-3 * (
+          12 if dtype == "bfloat16" else 1)
+  assert "skipped: cuDNN: GPUs only" in checks[("attention", "cudnn", "bfloat16")]
+  # the float32 paths agree with the reference to float32 rounding on the CPU
+  assert float(checks[("analysis", "layerwise", "float32")].split()[3]) < 1e-5
+  timed = [line for line in lines if "tokens/s" in line]
+  assert len(timed) == 2 and "analysis step (layerwise)" in timed[0]
+  assert "pre-training step (LAMB)" in timed[1] and all("MFU n/a" in t for t in timed)
+  assert lines[-1] == "all checks passed"
+
+
+def test_doctor_exits_1_on_a_mismatch(capsys, monkeypatch):
+  real = jax.nn.dot_product_attention
+  monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **k: real(*a, **k) * 1.1)
+  monkeypatch.setattr(doctor, "analysis_checks", lambda *a: [])  # the attention checks only
+  code = cli.main(["doctor", "--no-timing"])
+  out = capsys.readouterr().out
+  assert code == 1
+  lines = {tuple(line.split()[:3]): line for line in out.splitlines()
+           if line.startswith("  attention ")}
+  assert lines[("attention", "explicit", "float32")].split()[5] == "ok"
+  assert lines[("attention", "xla", "float32")].split()[5] == "MISMATCH"
+  last = out.splitlines()[-1]
+  assert last.startswith("MISMATCH in ") and "attention xla (float32)" in last
+  assert "explicit" not in last
+
+
+def test_relative_error_by_hand():
+  nan = np.nan
+  assert doctor.relative_error([1.0, 10.0, nan], [1.5, 12.0, nan]) == pytest.approx(0.5 / 1.5)
+  assert doctor.relative_error([0.2], [0.1]) == pytest.approx(0.1)  # |ref| < 1: absolute
+  assert doctor.relative_error([1.0, 2.0], [1.0, nan]) == np.inf     # NaN where ref is not
+  assert doctor.relative_error([1.0], [[1.0]]) == np.inf
+  check = doctor.Check("x", "float32", 6e-3, 5e-3)
+  assert not check.ok and "MISMATCH" in check.line()
+  assert doctor.Check("x", "float32", None, 5e-3, "did not compile").ok is False
+  assert doctor.Check("x", "bfloat16", None, 6e-2, "GPUs only", skipped=True).ok
