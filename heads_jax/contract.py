@@ -14,7 +14,9 @@ file                   content (writer / reader)
 ``scores.npz``         ``sieve_bias`` float32 ``[b, l, h, r]`` (NaN where a role's sieve is
                        empty), ``roles`` (r names), ``distance`` float32 ``[b, l, h, d=21]``,
                        ``lengths`` int32 ``[b]``; optionally ``data_index`` int32 ``[b]`` (which
-                       data spec a sequence came from, when there are several).
+                       data spec a sequence came from, when there are several) and
+                       ``norm_sieve_bias`` float32 ``[b, l, h, r]`` (the sieve bias of the norm
+                       weights ``||a[q, k] f(x_k)||``, `heads_jax.stats.norms`).
                        `write_scores` / `read_scores` (a `Scores`).
 ``measures.npz``       ``entropy``, ``cls_entropy`` float32 ``[b, l, h]``, ``token_attention``
                        float32 ``[b, l, h, 5]`` (columns ``token_measures`` =
@@ -28,7 +30,10 @@ file                   content (writer / reader)
                        tests and both rules' decisions (`heads_jax.hoststats.calibration`;
                        ``assigned`` is the decision of the run's ``rule``); a plain CSV
                        (no comment lines) readable by pandas and spreadsheets. Empty cells are
-                       NaN; zero-variance statistics are written as ``inf`` / ``-inf``.
+                       NaN; zero-variance statistics are written as ``inf`` / ``-inf``. With the
+                       norm weighting (issue 26) a last column ``weighting`` ("attention" or
+                       "norm") and a second block of rows, the tests of ``norm_sieve_bias``;
+                       `read_tests` returns one weighting's rows (default attention).
 ``settings.json``      the run's settings (tau, tau_requested, alpha, test, correction, ... ).
 ``tests.json``         ``{"settings": ..., "tests": [row, ...]}``: the same rows as tests.csv as
                        records; non-finite numbers (NaN, +-inf) are ``null`` (strict JSON).
@@ -37,6 +42,15 @@ file                   content (writer / reader)
 ``clusters.csv``       one row per head, the columns `CLUSTER_COLUMNS`.
 ``clusters.json``      the clustering info dict (method, k, names, centroids, stability, ...).
                        Both: `write_clusters` / `load_clusters` (a `Clusters`).
+``parser.csv``         heads as dependency parsers (issue 26): one row per (relation, direction,
+                       head or fixed offset), the columns `PARSER_COLUMNS`. `write_parser` /
+                       `read_parser`.
+``robustness.npz``     the analysis's second pass (`heads_jax.stats.norms`): ``first_attention``,
+                       ``norm_ratio`` float32 ``[b, l, h]``, ``sep_attention`` ``[b, l, h, 2]``,
+                       ``parse_pred`` int16 ``[b, l, h, w]`` and the gold arcs (``arc_sequence``,
+                       ``arc_dependent``, ``arc_head``, ``arc_relation``). `write_robustness` /
+                       `read_robustness`. Its ``norm_sieve_bias`` ``[b, l, h, r]`` is in
+                       scores.npz; its tests are the tests.csv rows with ``weighting`` = norm.
 ``summary.json``       the summary figures of `heads_jax.hoststats.summary.summary_figures`.
                        `write_summary` / `load_summary` (a `Summary`).
 ``compare_*.csv``,     the before/after comparison of `heads_jax.hoststats.compare` (a
@@ -73,6 +87,13 @@ SETTINGS_JSON = "settings.json"
 CLUSTERS_CSV = "clusters.csv"
 CLUSTERS_JSON = "clusters.json"
 SUMMARY_JSON = "summary.json"
+PARSER_CSV = "parser.csv"
+ROBUSTNESS_FILE = "robustness.npz"
+WEIGHTING_COLUMN = "weighting"
+WEIGHTINGS = ("attention", "norm")
+PARSER_COLUMNS = ("relation", "direction", "kind", "layer", "head", "offset", "accuracy", "n",
+                  "low", "high")
+ROBUSTNESS_KEYS = ("first_attention", "sep_attention", "norm_ratio")
 EXAMPLES_JSON = "examples.json"
 REPORT_HTML = "report.html"   # the report of a directory (written by heads_jax.report)
 COMPARE_SIEVE_BIAS_CSV = "compare_sieve_bias.csv"
@@ -176,9 +197,13 @@ class Scores:
   distance: np.ndarray | None = None
   lengths: np.ndarray | None = None
   data_index: np.ndarray | None = None
+  norm_sieve_bias: np.ndarray | None = None   # [b, l, h, r], the norm weights' (issue 26)
 
   def __post_init__(self):
     validate_scores(self.sieve_bias, self.roles, self.distance, self.lengths, self.data_index)
+    if self.norm_sieve_bias is not None and np.shape(self.norm_sieve_bias) != self.sieve_bias.shape:
+      raise ValueError(f"norm_sieve_bias must have the shape of sieve_bias "
+                       f"{self.sieve_bias.shape}; got {np.shape(self.norm_sieve_bias)}")
 
   @property
   def num_sequences(self) -> int:
@@ -228,7 +253,8 @@ def validate_scores(sieve_bias, roles, distance=None, lengths=None, data_index=N
       raise ValueError(f"{name} must be integer; got {x.dtype}")
 
 
-def write_scores(path, sieve_bias, roles, distance=None, lengths=None, data_index=None) -> Path:
+def write_scores(path, sieve_bias, roles, distance=None, lengths=None, data_index=None,
+                 norm_sieve_bias=None) -> Path:
   """Writes ``scores.npz``; path: a ``*.npz`` file, or an output directory (created if needed).
 
   Args:
@@ -237,9 +263,13 @@ def write_scores(path, sieve_bias, roles, distance=None, lengths=None, data_inde
     distance: float ``[b, l, h, 21]`` or None (stored as float32).
     lengths: int ``[b]`` or None (stored as int32).
     data_index: int ``[b]`` or None (stored as int32).
+    norm_sieve_bias: float ``[b, l, h, r]`` or None (stored as float32).
   """
   roles = tuple(str(r) for r in roles)
   validate_scores(sieve_bias, roles, distance, lengths, data_index)
+  if norm_sieve_bias is not None and np.shape(norm_sieve_bias) != np.shape(sieve_bias):
+    raise ValueError(f"norm_sieve_bias must have the shape of sieve_bias {np.shape(sieve_bias)}; "
+                     f"got {np.shape(norm_sieve_bias)}")
   arrays = {"sieve_bias": np.asarray(sieve_bias, np.float32), "roles": np.asarray(roles, str)}
   if distance is not None:
     arrays["distance"] = np.asarray(distance, np.float32)
@@ -247,6 +277,8 @@ def write_scores(path, sieve_bias, roles, distance=None, lengths=None, data_inde
     arrays["lengths"] = np.asarray(lengths, np.int32)
   if data_index is not None:
     arrays["data_index"] = np.asarray(data_index, np.int32)
+  if norm_sieve_bias is not None:
+    arrays["norm_sieve_bias"] = np.asarray(norm_sieve_bias, np.float32)
   return _write_npz(_in_dir(path, SCORES_FILE), arrays)
 
 
@@ -262,7 +294,7 @@ def read_scores(path) -> Scores:
       raise ValueError(f"{file} lacks {missing}; it holds {data.files}. A scores file needs at "
                        f"least sieve_bias [b, l, h, r] and roles [r]")
     optional = {k: data[k] if k in data.files else None
-                for k in ("distance", "lengths", "data_index")}
+                for k in ("distance", "lengths", "data_index", "norm_sieve_bias")}
     return Scores(sieve_bias=data["sieve_bias"], roles=tuple(str(r) for r in data["roles"]),
                   **optional)
 
@@ -350,8 +382,12 @@ def _check_columns(df: pd.DataFrame, columns, what: str) -> None:
 
 
 def _check_test_columns(df: pd.DataFrame, what: str) -> None:
-  """`TEST_COLUMNS`, or `TEST_COLUMNS` followed by `RULE_COLUMNS`."""
-  if tuple(df.columns) != TEST_COLUMNS:
+  """`TEST_COLUMNS`, or `TEST_COLUMNS` followed by `RULE_COLUMNS`; either may end with
+  ``weighting`` (the norm weighting's rows, issue 26)."""
+  columns = tuple(df.columns)
+  if columns and columns[-1] == WEIGHTING_COLUMN:
+    columns = columns[:-1]
+  if columns != TEST_COLUMNS and columns != TEST_COLUMNS + RULE_COLUMNS:
     _check_columns(df, TEST_COLUMNS + RULE_COLUMNS, what)
 
 
@@ -371,8 +407,14 @@ def write_tests(df: pd.DataFrame, settings: Mapping, out_dir) -> dict[str, Path]
   return paths
 
 
-def read_tests(out_dir) -> tuple[pd.DataFrame, dict]:
-  """Reads tests.csv and the settings (settings.json, else tests.json) of an output directory."""
+def read_tests(out_dir, weighting: str = "attention") -> tuple[pd.DataFrame, dict]:
+  """Reads tests.csv and the settings (settings.json, else tests.json) of an output directory.
+
+  ``weighting``: the rows of the attention weights (default; the table every reader knows) or of
+  the norm weights (``"norm"``; empty when the run has none); the ``weighting`` column is dropped.
+  """
+  if weighting not in WEIGHTINGS:
+    raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
   out_dir = Path(out_dir)
   csv = out_dir / TESTS_CSV
   if not csv.is_file():
@@ -380,6 +422,10 @@ def read_tests(out_dir) -> tuple[pd.DataFrame, dict]:
                             f"(`analyze`, or hypothesis.hypothesis_tests + contract.write_tests)")
   df = pd.read_csv(csv, dtype={"role": str})
   _check_test_columns(df, str(csv))
+  if WEIGHTING_COLUMN in df.columns:
+    df = df[df[WEIGHTING_COLUMN] == weighting].drop(columns=WEIGHTING_COLUMN).reset_index(drop=True)
+  elif weighting != "attention":
+    df = df.iloc[:0]
   for column in ("assigned",) + RULE_BOOL_COLUMNS:
     if column in df.columns:
       df[column] = df[column].astype(bool)
@@ -415,6 +461,57 @@ def read_clusters(out_dir) -> tuple[pd.DataFrame, dict]:
   _check_columns(df, CLUSTER_COLUMNS, str(csv))
   info = read_json(out_dir / CLUSTERS_JSON) if (out_dir / CLUSTERS_JSON).is_file() else {}
   return df, info
+
+
+def write_parser(df: pd.DataFrame, out_dir) -> Path:
+  """Writes parser.csv (`PARSER_COLUMNS`, `heads_jax.hoststats.parsing.parsing_table`)."""
+  _check_columns(df, PARSER_COLUMNS, "the parser table")
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  df.to_csv(out_dir / PARSER_CSV, index=False)
+  return out_dir / PARSER_CSV
+
+
+def read_parser(out_dir) -> pd.DataFrame | None:
+  """parser.csv of an analysis directory, or None when the run has none."""
+  csv = Path(out_dir) / PARSER_CSV
+  if not csv.is_file():
+    return None
+  df = pd.read_csv(csv, dtype={"relation": str, "direction": str, "kind": str})
+  _check_columns(df, PARSER_COLUMNS, str(csv))
+  return df
+
+
+def write_robustness(out_dir, arrays: Mapping, arcs: pd.DataFrame | None = None) -> Path:
+  """Writes robustness.npz: `ROBUSTNESS_KEYS` float32 ``[b, l, h(, 2)]``, ``parse_pred`` int16
+  ``[b, l, h, w]`` when given, and the arcs table (sequence, dependent, head, relation) as
+  ``arc_*`` arrays."""
+  missing = [k for k in ROBUSTNESS_KEYS if k not in arrays]
+  if missing:
+    raise ValueError(f"the second pass's arrays lack {missing}")
+  out = {k: np.asarray(arrays[k], np.float32) for k in ROBUSTNESS_KEYS}
+  if arrays.get("parse_pred") is not None:
+    out["parse_pred"] = np.asarray(arrays["parse_pred"], np.int16)
+  if arcs is not None:
+    for c in ("sequence", "dependent", "head"):
+      out[f"arc_{c}"] = arcs[c].to_numpy(np.int32)
+    out["arc_relation"] = arcs["relation"].to_numpy(str).astype(str)
+  return _write_npz(Path(out_dir) / ROBUSTNESS_FILE, out)
+
+
+def read_robustness(out_dir) -> dict | None:
+  """robustness.npz as a dict (``arcs``: the arcs table, or None), or None when absent."""
+  file = Path(out_dir) / ROBUSTNESS_FILE
+  if not file.is_file():
+    return None
+  with np.load(file, allow_pickle=False) as data:
+    out = {k: data[k] for k in data.files if not k.startswith("arc_")}
+    out["arcs"] = None
+    if "arc_sequence" in data.files:
+      out["arcs"] = pd.DataFrame({"sequence": data["arc_sequence"], "dependent": data["arc_dependent"],
+                                  "head": data["arc_head"],
+                                  "relation": data["arc_relation"].astype(str)})
+  return out
 
 
 def write_summary(summary: Mapping, out_dir) -> Path:

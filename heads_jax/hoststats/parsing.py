@@ -27,14 +27,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from heads_jax import contract
 from heads_jax.errors import UserError
 
 DIRECTIONS = ("dep2head", "head2dep")
 DEFAULT_RELATIONS = ("nsubj", "obj", "amod", "advmod")
 MIN_ARCS = 100
 OFFSETS = (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)
-PARSER_COLUMNS = ("relation", "direction", "kind", "layer", "head", "offset", "accuracy", "n",
-                  "low", "high")
+PARSER_COLUMNS = contract.PARSER_COLUMNS
 ARC_COLUMNS = ("sequence", "dependent", "head", "relation")
 
 
