@@ -26,6 +26,12 @@ folder (its encoder parameters; the classifier starts fresh).
 
 SQuAD: ``squad``, ``cpu_squad``, ``tiny_squad`` (``squad_config``; a ``squad`` block of data and
 window settings).
+
+More GLUE (``MORE_TASKS``: Kovaleva et al. and Michel et al. also fine-tune on these): ``mnli``,
+``rte``, ``cola`` (Matthews' correlation), ``stsb`` (a regression: one output, mean squared
+error, Pearson's and Spearman's correlations; the best model by Spearman's, which the BERT paper
+reports for STS-B) and ``wnli``, with the same ``TASK``, ``cpu_TASK`` and ``tiny_TASK`` forms.
+MNLI evaluates on ``dev_matched``; ``--config.data.eval_split=dev_mismatched`` for the other.
 """
 
 import ml_collections
@@ -35,12 +41,19 @@ from heads_jax.training.configlib import distributed_config
 
 GLUE_DIR = env.get("HEADS_JAX_GLUE_DIR")
 TASKS = ("mrpc", "qqp", "sst2", "qnli")
+MORE_TASKS = ("mnli", "rte", "cola", "stsb", "wnli")
+ALL_TASKS = TASKS + MORE_TASKS
 # cpu_TASK: (train steps, max sequence length, batch size, peak learning rate). SST-2 and MRPC are
 # measured (README); QNLI and QQP follow them by data-set size, not measured. LAMB moves each
 # layer by about lr x its norm per step, so a small data set (MRPC: 3,668 pairs) gets smaller
 # batches and a higher rate: more, larger steps per epoch (about 3 epochs of MRPC, 1 of SST-2).
 CPU_SCHEDULE = {"sst2": (2000, 64, 32, 2e-4), "mrpc": (700, 128, 16, 4e-4),
-                "qnli": (900, 128, 16, 4e-4), "qqp": (2000, 128, 32, 2e-4)}
+                "qnli": (900, 128, 16, 4e-4), "qqp": (2000, 128, 32, 2e-4),
+                # not measured: by data-set size as above (RTE 2,490 pairs, WNLI 635, CoLA 8,551
+                # short sentences, STS-B 5,749 pairs, MNLI 393K pairs)
+                "rte": (700, 128, 16, 4e-4), "wnli": (200, 128, 16, 4e-4),
+                "cola": (800, 64, 32, 2e-4), "stsb": (900, 128, 16, 4e-4),
+                "mnli": (2000, 128, 32, 2e-4)}
 GRID = {"batch_size": (32, 128), "learning_rate": (1e-4, 2e-4)}
 SQUAD_FILE = env.get("HEADS_JAX_SQUAD_FILE")
 SQUAD_PRESETS = ("squad", "cpu_squad", "tiny_squad")
@@ -99,7 +112,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep = 2
   c.checkpoint.async_save = True
 
-  c.select_metric = ""     # "" = f1 for MRPC/QQP, accuracy for SST-2/QNLI
+  c.select_metric = ""     # "" = the task's last metric (heads_jax.data.glue.TASKS): f1 for
+  #                          MRPC/QQP, matthews for CoLA, spearman for STS-B, else accuracy
   c.log_every = 100
   c.eval_every = 1_000
   c.stop_at_step = 0
@@ -196,12 +210,12 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
   c.preset = arg
   if name in SQUAD_PRESETS:
     squad_config(c, name)
-  elif name in TASKS:
+  elif name in ALL_TASKS:
     c.task = name
   elif name == "tiny" or name.startswith("tiny_"):
     task = name[len("tiny_"):] if name.startswith("tiny_") else "sst2"
-    if task not in TASKS:
-      raise ValueError(f"unknown task in preset {name!r}; one of {TASKS}")
+    if task not in ALL_TASKS:
+      raise ValueError(f"unknown task in preset {name!r}; one of {ALL_TASKS}")
     from heads_jax.data.assets import glue_dir
     c.task = task
     c.model.size = "tiny"
@@ -220,8 +234,8 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     c.eval_every = 50
   elif name.startswith("cpu_"):
     task = name[len("cpu_"):]
-    if task not in TASKS:
-      raise ValueError(f"unknown task in preset {name!r}; one of {TASKS}")
+    if task not in ALL_TASKS:
+      raise ValueError(f"unknown task in preset {name!r}; one of {ALL_TASKS}")
     # A pretrained small encoder (e.g. all-MiniLM-L6-v2, 22M parameters) fine-tuned on a CPU:
     # float32 (bfloat16 is emulated, hence slow, on most CPUs), CPU_SCHEDULE's steps, batch and
     # rate, 10% warm-up, frequent dev evaluation. Needs ``init_checkpoint`` (or ``init=DIR``).
@@ -240,7 +254,7 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     c.log_every = 25
   else:
     raise ValueError(
-        f"unknown fine-tuning preset {name!r}: one of {TASKS}, cpu_TASK, tiny, tiny_TASK, "
+        f"unknown fine-tuning preset {name!r}: one of {ALL_TASKS}, cpu_TASK, tiny, tiny_TASK, "
         f"{', '.join(SQUAD_PRESETS)}")
   for k, v in kv.items():
     if k in ("bs", "batch_size"):

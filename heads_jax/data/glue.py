@@ -1,13 +1,24 @@
-"""GLUE tasks MRPC, QQP, SST-2 and QNLI from local GLUE TSV folders or through TFDS.
+"""GLUE tasks MRPC, QQP, SST-2, QNLI, MNLI, RTE, CoLA, STS-B and WNLI from local GLUE TSV
+folders or through TFDS.
 
 Labels follow TFDS ``glue/<task>``: MRPC not_equivalent=0 / equivalent=1, QQP
 not_duplicate=0 / duplicate=1, SST-2 negative=0 / positive=1, QNLI entailment=0 /
-not_entailment=1; test splits have no labels (``label=None``). ``idx`` is the 0-based data
-row of the file (as TFDS numbers it).
+not_entailment=1, MNLI entailment=0 / neutral=1 / contradiction=2, RTE entailment=0 /
+not_entailment=1, CoLA unacceptable=0 / acceptable=1, WNLI not_entailment=0 / entailment=1;
+STS-B is a regression (``label`` the float similarity score, 0-5). Test splits have no labels
+(``label=None``). ``idx`` is the 0-based data row of the file (as TFDS numbers it).
+
+Splits: ``dev`` (alias ``validation``) is the dev set; MNLI has two, ``dev_matched`` (what
+``dev`` means for MNLI) and ``dev_mismatched`` (TFDS ``validation_matched`` /
+``validation_mismatched``), and ``test_matched`` / ``test_mismatched``.
+
+CoLA's train and dev TSVs have no header line: four columns (source, label, the original
+judgement mark, sentence), read by position (``GlueTask.tsv_positions``); its test TSV has one.
 """
 
 import csv
 import dataclasses
+import itertools
 import sys
 import warnings
 from pathlib import Path
@@ -17,29 +28,42 @@ from heads_jax.data.utf8 import not_utf8
 
 @dataclasses.dataclass(frozen=True)
 class GlueExample:
-  """One GLUE example: a single text (``text_b`` None) or a pair; ``label`` None if unlabelled."""
+  """One GLUE example: a single text (``text_b`` None) or a pair; ``label`` None if unlabelled
+  (a class id, or the float score of a regression task: STS-B)."""
   text_a: str
   text_b: str | None
-  label: int | None
+  label: int | float | None
   idx: int
 
 
 @dataclasses.dataclass(frozen=True)
 class GlueTask:
   """Per-task metadata. Also readable as a mapping: ``TASKS["mrpc"]["num_labels"]``."""
-  name: str                       # TFDS config name: "mrpc", "qqp", "sst2", "qnli"
-  dir_name: str                   # folder in a GLUE TSV root: "MRPC", "QQP", "SST-2", "QNLI"
-  num_labels: int
-  label_names: tuple[str, ...]    # label id -> name (TFDS ClassLabel names)
-  metrics: tuple[str, ...]        # "accuracy" for all; "f1" (positive class 1) for mrpc and qqp
+  name: str                       # TFDS config name: "mrpc", "qqp", "sst2", "qnli", ...
+  dir_name: str                   # folder in a GLUE TSV root: "MRPC", "QQP", "SST-2", "QNLI", ...
+  num_labels: int                 # 1 for a regression (STS-B)
+  label_names: tuple[str, ...]    # label id -> name (TFDS ClassLabel names); () for a regression
+  # "accuracy" (classification), "f1" (positive class 1: mrpc, qqp), "matthews" (cola),
+  # "pearson" and "spearman" (stsb); the last is the one fine-tuning selects the best model by
+  metrics: tuple[str, ...]
   text_keys: tuple[str, ...]      # TFDS feature names of text_a (and text_b)
   tsv_text_columns: tuple[str, ...]  # TSV header columns of text_a (and text_b)
   tsv_label_column: str
-  tsv_label_values: tuple[str, ...]  # TSV label strings, position = label id
+  tsv_label_values: tuple[str, ...]  # TSV label strings, position = label id; () for a regression
+  # a TSV without a header line (CoLA train/dev): (text column positions, label position,
+  # number of fields); None: every TSV of the task has a header
+  tsv_positions: tuple | None = None
+  # split name -> TSV file stem / TFDS split where they differ from the common ones (MNLI)
+  tsv_splits: tuple[tuple[str, str], ...] = ()
+  tfds_splits: tuple[tuple[str, str], ...] = ()
 
   @property
   def is_pair(self) -> bool:
     return len(self.text_keys) == 2
+
+  @property
+  def is_regression(self) -> bool:
+    return self.num_labels == 1
 
   def __getitem__(self, key):
     return getattr(self, key)
@@ -56,9 +80,31 @@ TASKS = {
     "qnli": GlueTask("qnli", "QNLI", 2, ("entailment", "not_entailment"), ("accuracy",),
                      ("question", "sentence"), ("question", "sentence"), "label",
                      ("entailment", "not_entailment")),
+    "mnli": GlueTask("mnli", "MNLI", 3, ("entailment", "neutral", "contradiction"), ("accuracy",),
+                     ("premise", "hypothesis"), ("sentence1", "sentence2"), "gold_label",
+                     ("entailment", "neutral", "contradiction"),
+                     tsv_splits=(("dev", "dev_matched"), ("validation", "dev_matched"),
+                                 ("validation_matched", "dev_matched"),
+                                 ("validation_mismatched", "dev_mismatched"),
+                                 ("test", "test_matched")),
+                     tfds_splits=(("dev", "validation_matched"),
+                                  ("validation", "validation_matched"),
+                                  ("dev_matched", "validation_matched"),
+                                  ("dev_mismatched", "validation_mismatched"),
+                                  ("test", "test_matched"))),
+    "rte": GlueTask("rte", "RTE", 2, ("entailment", "not_entailment"), ("accuracy",),
+                    ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label",
+                    ("entailment", "not_entailment")),
+    "cola": GlueTask("cola", "CoLA", 2, ("unacceptable", "acceptable"), ("accuracy", "matthews"),
+                     ("sentence",), ("sentence",), "label", ("0", "1"),
+                     tsv_positions=((3,), 1, 4)),
+    "stsb": GlueTask("stsb", "STS-B", 1, (), ("pearson", "spearman"),
+                     ("sentence1", "sentence2"), ("sentence1", "sentence2"), "score", ()),
+    "wnli": GlueTask("wnli", "WNLI", 2, ("not_entailment", "entailment"), ("accuracy",),
+                     ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label", ("0", "1")),
 }
 
-_ALIASES = {"sst-2": "sst2", "sst_2": "sst2"}
+_ALIASES = {"sst-2": "sst2", "sst_2": "sst2", "sts-b": "stsb", "sts_b": "stsb"}
 _SPLITS = {"validation": "dev", "dev": "dev", "train": "train", "test": "test"}
 
 
@@ -77,7 +123,7 @@ def tsv_path(path_dir, task: str, split: str = "dev") -> Path:
   info = task_info(task)
   root = Path(path_dir)
   candidates = [root / info.dir_name, root / info.dir_name.lower(), root / info.name, root]
-  stem = _SPLITS.get(split, split)
+  stem = dict(info.tsv_splits).get(split) or _SPLITS.get(split, split)
   for folder in candidates:
     if (folder / f"{stem}.tsv").is_file():
       return folder / f"{stem}.tsv"
@@ -87,8 +133,10 @@ def tsv_path(path_dir, task: str, split: str = "dev") -> Path:
       f"(holding {info.dir_name}/) or the task folder, and a split that exists there")
 
 
-def _label_id(info: GlueTask, value: str) -> int:
+def _label_id(info: GlueTask, value: str) -> int | float:
   value = value.strip()
+  if info.is_regression:
+    return float(value)
   if value in info.tsv_label_values:
     return info.tsv_label_values.index(value)
   if value in info.label_names:
@@ -130,18 +178,25 @@ def _read_glue_tsv(path, info: GlueTask, max_examples, bad_rows):
       raise ValueError(f"{path} is empty: expected a GLUE TSV header line")
     header = [h.strip() for h in header]
     missing = [c for c in info.tsv_text_columns if c not in header]
-    if missing:
+    rows, first = reader, 2
+    if missing and info.tsv_positions is not None:  # no header line (CoLA train/dev): by position
+      text_cols, label_col, n_fields = info.tsv_positions
+      text_cols = list(text_cols)
+      rows, first = itertools.chain([header], reader), 1
+    elif missing:
       raise ValueError(f"{path}: header {header} lacks the column(s) {missing} of GLUE "
                        f"{info.name} ({info.tsv_text_columns})")
-    text_cols = [header.index(c) for c in info.tsv_text_columns]
-    label_col = header.index(info.tsv_label_column) if info.tsv_label_column in header else None
-    for n, row in enumerate(reader):
+    else:
+      n_fields = len(header)
+      text_cols = [header.index(c) for c in info.tsv_text_columns]
+      label_col = header.index(info.tsv_label_column) if info.tsv_label_column in header else None
+    for n, row in enumerate(rows):
       if max_examples is not None and len(examples) >= max_examples:
         break
-      lineno = n + 2
+      lineno = n + first
       try:
-        if len(row) != len(header):
-          raise ValueError(f"expected {len(header)} tab-separated fields, found {len(row)}")
+        if len(row) != n_fields:
+          raise ValueError(f"expected {n_fields} tab-separated fields, found {len(row)}")
         label = _label_id(info, row[label_col]) if label_col is not None else None
       except ValueError as e:
         if bad_rows == "error":
@@ -165,7 +220,7 @@ def glue_example_from_record(task: str, record: dict) -> GlueExample:
   """Converts one TFDS ``glue/<task>`` record (dict of numpy scalars / str / bytes)."""
   info = task_info(task)
   texts = [_as_str(record[k]) for k in info.text_keys]
-  label = int(record["label"])
+  label = float(record["label"]) if info.is_regression else int(record["label"])
   return GlueExample(texts[0], texts[1] if len(texts) > 1 else None,
                      None if label < 0 else label, int(record["idx"]))
 
@@ -181,7 +236,7 @@ def load_glue_tfds(task: str, split: str = "validation", data_dir=None,
   # Optional heavy dependency (TensorFlow Datasets), imported only when TFDS data is asked for.
   import tensorflow_datasets as tfds
   import tensorflow_datasets.text.glue  # noqa: F401  (registers the glue builder)
-  split = {"dev": "validation"}.get(split, split)
+  split = dict(info.tfds_splits).get(split) or {"dev": "validation"}.get(split, split)
   try:
     source = tfds.data_source(f"glue/{info.name}", split=split, data_dir=data_dir,
                               download=False)

@@ -12,9 +12,12 @@ Shared by fine-tuning (``heads_jax.training.finetune``) and the ablation's evalu
   example; padding rows have weight 0.
 * ``classification_metrics`` / ``metrics_from_counts``: accuracy for every task, precision,
   recall and F1 of the positive class (label 1), which MRPC and QQP report.
+* ``task_metrics``: the metrics of a task's predictions (the task table's ``metrics``):
+  the above, Matthews' correlation (CoLA), Pearson's and Spearman's correlations and the mean
+  squared error of a regression (STS-B).
 
 Arrays: ``input_ids``, ``attention_mask``, ``token_type_ids`` int32 ``[n, q]``, ``labels``
-int32 ``[n]``; batches add ``weights`` float32 ``[b]``.
+int32 ``[n]`` (float32 for a regression task); batches add ``weights`` float32 ``[b]``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ def encode_labelled(examples, tokenizer, max_length: int, *, pad_to_max_length: 
   b = [e.text_b for e in examples] if examples[0].text_b is not None else None
   # token_type_ids: the segments of DESIGN.md section 3 for any family's template
   out = encode_texts(tokenizer, a, b, max_length=max_length, pad_to_max_length=pad_to_max_length)
-  out["labels"] = np.asarray([e.label for e in examples], np.int32)
+  regression = isinstance(examples[0].label, float)
+  out["labels"] = np.asarray([e.label for e in examples], np.float32 if regression else np.int32)
   return out
 
 
@@ -127,3 +131,64 @@ def classification_metrics(pred: np.ndarray, labels: np.ndarray) -> dict:
                              float(np.sum((pred == 1) & (labels == 1))),
                              float(np.sum((pred == 1) & (labels != 1))),
                              float(np.sum((pred != 1) & (labels == 1))), len(labels))
+
+
+def matthews_corrcoef(pred: np.ndarray, labels: np.ndarray) -> float:
+  """Matthews' correlation coefficient of class predictions (any number of classes: Gorodkin's
+  R_K, which for two classes is ``(tp*tn - fp*fn) / sqrt((tp+fp)(tp+fn)(tn+fp)(tn+fn))``);
+  0 when a marginal is constant (as scikit-learn)."""
+  pred, labels = np.asarray(pred).ravel(), np.asarray(labels).ravel()
+  classes = np.union1d(pred, labels)
+  c = np.array([[np.sum((labels == a) & (pred == b)) for b in classes] for a in classes],
+               np.float64)                                     # confusion: true x predicted
+  t, p, n = c.sum(1), c.sum(0), c.sum()
+  cov = np.trace(c) * n - t @ p
+  denom = np.sqrt(n * n - p @ p) * np.sqrt(n * n - t @ t)
+  return float(cov / denom) if denom else 0.0
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+  """1-based ranks, ties given their average rank."""
+  order = np.argsort(x, kind="stable")
+  xs = x[order]
+  ranks = np.empty(len(x), np.float64)
+  i = 0
+  while i < len(x):
+    j = i
+    while j + 1 < len(x) and xs[j + 1] == xs[i]:
+      j += 1
+    ranks[order[i:j + 1]] = (i + j) / 2 + 1
+    i = j + 1
+  return ranks
+
+
+def pearson(a, b) -> float:
+  """Pearson's correlation (nan when either side is constant)."""
+  a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+  a, b = a - a.mean(), b - b.mean()
+  denom = np.sqrt(np.sum(a * a) * np.sum(b * b))
+  return float(np.sum(a * b) / denom) if denom else float("nan")
+
+
+def spearman(a, b) -> float:
+  """Spearman's rank correlation: Pearson's on ranks (ties averaged)."""
+  return pearson(_ranks(np.asarray(a, np.float64).ravel()),
+                 _ranks(np.asarray(b, np.float64).ravel()))
+
+
+def regression_metrics(pred: np.ndarray, labels: np.ndarray) -> dict:
+  """Pearson's and Spearman's correlations and the mean squared error of scores."""
+  pred, labels = np.asarray(pred, np.float64).ravel(), np.asarray(labels, np.float64).ravel()
+  return {"pearson": pearson(pred, labels), "spearman": spearman(pred, labels),
+          "mse": float(np.mean((pred - labels) ** 2)) if len(labels) else float("nan")}
+
+
+def task_metrics(info, pred: np.ndarray, labels: np.ndarray) -> dict:
+  """The metrics of ``info`` (a `heads_jax.data.glue.GlueTask`): regression metrics for a
+  regression task, else classification metrics (plus ``matthews`` where the task reports it)."""
+  if info.is_regression:
+    return regression_metrics(pred, labels)
+  out = classification_metrics(pred, labels)
+  if "matthews" in info.metrics:
+    out["matthews"] = matthews_corrcoef(pred, labels)
+  return out

@@ -1,4 +1,5 @@
-"""GLUE fine-tuning (MRPC, QQP, SST-2, QNLI) with LAMB: ``train_and_evaluate(config, workdir)``.
+"""GLUE fine-tuning (MRPC, QQP, SST-2, QNLI, MNLI, RTE, CoLA, STS-B, WNLI) with LAMB:
+``train_and_evaluate(config, workdir)``.
 ``task = "squad"`` is SQuAD question answering (``heads_jax.training.squad``).
 
 The config is ``configs/finetune.py`` (one preset per task, the paper's grids, and ``tiny``); the
@@ -14,8 +15,11 @@ longest-first truncation to ``data.max_seq_length``. Training batch ``N`` is a f
 ``data_seed`` and ``N`` (``EpochBatches``), so resumed runs see the same batches.
 
 Evaluation on the dev/eval set every ``eval_every`` steps and at the end: accuracy for every
-task, F1 of the positive class (label 1) for MRPC and QQP. The best evaluation (by
-``select_metric``) keeps its parameters in ``workdir/best`` (Orbax); at the end they are exported
+classification task, F1 of the positive class (label 1) for MRPC and QQP, Matthews' correlation
+for CoLA; STS-B is a regression (one output, mean squared error loss, as transformers'
+``num_labels=1``) scored by Pearson's and Spearman's correlations (``glue_batches.task_metrics``).
+MNLI evaluates on ``dev_matched`` (``data.eval_split=dev_mismatched`` for the other). The best
+evaluation (by ``select_metric``) keeps its parameters in ``workdir/best`` (Orbax); at the end they are exported
 to ``workdir/best_model`` (heads_jax model directory, what ``heads-jax analyze --model`` reads)
 and ``workdir/best_hf`` (Hugging Face ``BertForSequenceClassification``).
 """
@@ -25,13 +29,13 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
 from heads_jax.hub import looks_like_repo_id
 from heads_jax.data import glue
-from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, encode_labelled,
-                                         eval_batches)
+from heads_jax.data.glue_batches import EpochBatches, encode_labelled, eval_batches, task_metrics
 from heads_jax.data.glue_splits import load_task_splits
 from heads_jax.storage import as_path, is_url, local_copy
 from heads_jax.data.tokenizer import load_tokenizer
@@ -51,6 +55,24 @@ def task_splits(config):
                           eval_split=d.eval_split, holdout_fraction=d.holdout_fraction,
                           holdout_seed=d.holdout_seed, max_examples=d.max_examples,
                           fallback_split=d.fallback_train_split)
+
+
+def regression_loss(model, batch: dict, *, deterministic: bool):
+  """Mean squared error of the one-output head over rows with ``weights`` (default all 1), as
+  transformers' sequence classifier with ``num_labels=1``; predictions are the scores ``[b]``."""
+  out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+              deterministic=deterministic)
+  pred = out["logits"].astype(jnp.float32)[:, 0]                        # [b]
+  labels = batch["labels"].astype(jnp.float32)
+  w = batch.get("weights")
+  w = jnp.ones(labels.shape, jnp.float32) if w is None else w.astype(jnp.float32)
+  loss = jnp.sum((pred - labels) ** 2 * w) / jnp.maximum(jnp.sum(w), 1.0)
+  return loss, {"loss": loss}, pred
+
+
+def loss_of(info):
+  """The training loss of a GLUE task: `regression_loss` (STS-B) or cross-entropy."""
+  return regression_loss if info.is_regression else steps.classification_loss
 
 
 def _tokenizer_for(config):
@@ -93,8 +115,8 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
   model = job.init_model("classification", tokenizer, num_labels=info.num_labels)
   state = job.initial_state(model, init_subtree="bert")
   del model
-  train_step = job.train_step(steps.classification_loss)
-  eval_step = job.eval_step(steps.classification_loss, with_predictions=True)
+  train_step = job.train_step(loss_of(info))
+  eval_step = job.eval_step(loss_of(info), with_predictions=True)
 
   best_ckpts = checkpointing.Checkpoints(job.dir.best, save_interval_steps=1, max_to_keep=1,
                                          async_save=False)
@@ -119,7 +141,7 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
       losses.append((float(m["loss"]), float(np.sum(idx >= 0))))
     pred, row = np.concatenate(preds), np.concatenate(rows)
     keep = row >= 0
-    out = classification_metrics(pred[keep], eval_arrays["labels"][row[keep]])
+    out = task_metrics(info, pred[keep], eval_arrays["labels"][row[keep]])
     out["loss"] = sum(l * n for l, n in losses) / max(1.0, sum(n for _, n in losses))
     return out
 
@@ -128,8 +150,7 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
   def eval_fn(state, step):
     nonlocal best, last_eval
     ev = evaluate(state["params"])
-    ev = {k: v for k, v in ev.items() if k in ("accuracy", "f1", "loss") and
-          (k != "f1" or "f1" in info.metrics)}
+    ev = {k: v for k, v in ev.items() if k in info.metrics or k == "loss"}
     score = ev[select]
     last_eval = dict(ev, step=step)
     if score > best["score"]:
@@ -154,7 +175,7 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
       params, best = restored["params"], meta.get("best", best)
     if job.is_main:
       exports = job.export(params, tokenizer, "best_model", "best_hf",
-                           id2label=dict(enumerate(info.label_names)))
+                           id2label=dict(enumerate(info.label_names)) or None)
   best_ckpts.close()
   summary = {"best": best, "final_eval": last_eval, "history": history, "data": note,
              "exports": exports, "workdir": str(job.dir), "start_step": job.start_step,

@@ -14,15 +14,26 @@ SHARED_GLUE = SHARED / "glue"
 
 
 def test_task_metadata():
-  assert set(TASKS) == {"mrpc", "qqp", "sst2", "qnli"}
+  assert set(TASKS) == {"mrpc", "qqp", "sst2", "qnli", "mnli", "rte", "cola", "stsb", "wnli"}
   assert TASKS["mrpc"].metrics == ("accuracy", "f1") and TASKS["qqp"]["metrics"] == ("accuracy", "f1")
   assert TASKS["sst2"].metrics == ("accuracy",) and TASKS["qnli"].num_labels == 2
   assert TASKS["qnli"].label_names == ("entailment", "not_entailment")
   assert TASKS["sst2"].text_keys == ("sentence",) and not TASKS["sst2"].is_pair
   assert TASKS["qqp"].text_keys == ("question1", "question2") and TASKS["qqp"].is_pair
   assert task_info("SST-2") is TASKS["sst2"]
-  with pytest.raises(ValueError, match="unknown GLUE task 'cola'"):
-    task_info("cola")
+  with pytest.raises(ValueError, match="unknown GLUE task 'ax'"):
+    task_info("ax")
+  # the added tasks: TFDS glue/<task> label names and metrics
+  assert TASKS["mnli"].label_names == ("entailment", "neutral", "contradiction")
+  assert TASKS["mnli"].num_labels == 3 and TASKS["mnli"].text_keys == ("premise", "hypothesis")
+  assert TASKS["rte"].label_names == ("entailment", "not_entailment")
+  assert TASKS["wnli"].label_names == ("not_entailment", "entailment")
+  assert TASKS["cola"].label_names == ("unacceptable", "acceptable") and not TASKS["cola"].is_pair
+  assert TASKS["cola"].metrics == ("accuracy", "matthews")
+  assert TASKS["stsb"].is_regression and TASKS["stsb"].num_labels == 1
+  assert TASKS["stsb"].metrics == ("pearson", "spearman")
+  assert task_info("STS-B") is TASKS["stsb"] and task_info("CoLA") is TASKS["cola"]
+  assert not any(TASKS[t].is_regression for t in TASKS if t != "stsb")
 
 
 def test_mrpc_bom_and_quotes():
@@ -117,3 +128,119 @@ def test_tfds_records_converted_exactly(tmp_path):
 def test_tfds_missing_dataset_error(tmp_path):
   with pytest.raises(ValueError, match="cannot read TFDS glue/sst2.*glue-tsv"):
     load_glue_tfds("sst2", data_dir=tmp_path)
+
+
+# ---- MNLI, RTE, CoLA, STS-B, WNLI ---------------------------------------------------------------
+
+@requires_shared("glue")
+def test_shared_cola_has_no_header_except_its_test_split():
+  dev = load_glue_tsv(SHARED_GLUE, "cola", "dev")
+  # SOURCES.md: 1,043 rows, no header line; 721 acceptable (label 1) is GLUE's CoLA dev
+  assert (len(dev), sum(e.label for e in dev)) == (1043, 721)
+  assert dev[0] == GlueExample("The sailors rode the breeze clear of the rocks.", None, 1, 0)
+  assert dev[-1] == GlueExample("John talked to Bill about himself.", None, 1, 1042)
+  assert len(load_glue_tsv(SHARED_GLUE, "cola", "train")) == 8551
+  test = load_glue_tsv(SHARED_GLUE, "cola", "test", max_examples=2)
+  assert test[0] == GlueExample("Bill whistled past the house.", None, None, 0)
+
+
+def test_cola_headerless_bad_row_named_by_its_line(tmp_path):
+  d = tmp_path / "CoLA"
+  d.mkdir()
+  (d / "dev.tsv").write_text("gj04\t1\t\tA good one.\ngj04\t0\t*\n gj04\t0\t*\tBad one a.\n")
+  with pytest.raises(ValueError, match=r"dev.tsv, line 2: expected 4 tab-separated fields, found 3"):
+    load_glue_tsv(tmp_path, "cola", "dev", bad_rows="error")
+  ex = load_glue_tsv(tmp_path, "cola", "dev", bad_rows="skip")
+  assert ex == [GlueExample("A good one.", None, 1, 0), GlueExample("Bad one a.", None, 0, 2)]
+
+
+@requires_shared("glue")
+def test_shared_rte_wnli_stsb():
+  rte = load_glue_tsv(SHARED_GLUE, "rte", "dev")
+  assert (len(rte), sum(e.label for e in rte)) == (277, 131)  # not_entailment = 1
+  assert rte[0].label == 1 and rte[0].text_b == "Christopher Reeve had an accident."
+  wnli = load_glue_tsv(SHARED_GLUE, "wnli", "dev")
+  assert (len(wnli), sum(e.label for e in wnli)) == (71, 31)  # entailment = 1
+  assert wnli[0] == GlueExample("The drain is clogged with hair. It has to be cleaned.",
+                                "The hair has to be cleaned.", 0, 0)
+  sts = load_glue_tsv(SHARED_GLUE, "sts-b", "dev")
+  assert len(sts) == 1500 and all(isinstance(e.label, float) and 0 <= e.label <= 5 for e in sts)
+  assert sts[0] == GlueExample("A man with a hard hat is dancing.",
+                               "A man wearing a hard hat is dancing.", 5.0, 0)
+  assert sts[1].label == 4.75
+  assert load_glue_tsv(SHARED_GLUE, "stsb", "test", max_examples=1)[0].label is None
+  from heads_jax.data.specs import load_spec
+  ds = load_spec(f"glue-tsv:{SHARED_GLUE}/STS-B", max_examples=3)
+  assert ds.spec.task == "stsb" and ds.pairs and ds.labels == [5.0, 4.75, 5.0]
+  ds = load_spec(f"glue-tsv:{SHARED_GLUE}/CoLA:train", max_examples=2)
+  assert ds.spec.task == "cola" and not ds.pairs and len(ds) == 2
+
+
+MNLI_HEAD = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+             "sentence1_parse\tsentence2_parse\tsentence1\tsentence2")
+
+
+def _mnli_dir(root):
+  """A GLUE MNLI folder in GLUE's TSV layout: dev sets with label1..label5 and gold_label, train
+  with label1 and gold_label, test without labels."""
+  d = root / "MNLI"
+  d.mkdir(parents=True)
+  parse = "( x )\t( y )\t(ROOT x)\t(ROOT y)"
+  dev = MNLI_HEAD + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
+  (d / "dev_matched.tsv").write_text(
+      dev + f"0\t1\t1e\tfiction\t{parse}\tA man sleeps.\tA person rests.\tentailment\tentailment"
+      "\tneutral\tentailment\tentailment\tentailment\n"
+      f"1\t2\t2c\tgovernment\t{parse}\tIt rains.\tIt is dry.\tcontradiction\tcontradiction"
+      "\tcontradiction\tcontradiction\tcontradiction\tcontradiction\n")
+  (d / "dev_mismatched.tsv").write_text(
+      dev + f"0\t9\t9n\tletters\t{parse}\tShe wrote.\tShe wrote twice.\tneutral\tneutral"
+      "\tneutral\tentailment\tneutral\tneutral\n")
+  (d / "train.tsv").write_text(
+      MNLI_HEAD + "\tlabel1\tgold_label\n"
+      f"0\t3\t3n\ttelephone\t{parse}\tWe met.\tWe met on Monday.\tneutral\tneutral\n")
+  (d / "test_matched.tsv").write_text(MNLI_HEAD + f"\n0\t4\t4\tslate\t{parse}\tP.\tH.\n")
+  return d
+
+
+def test_mnli_tsv_matched_and_mismatched(tmp_path):
+  _mnli_dir(tmp_path)
+  matched = [GlueExample("A man sleeps.", "A person rests.", 0, 0),
+             GlueExample("It rains.", "It is dry.", 2, 1)]
+  assert load_glue_tsv(tmp_path, "mnli", "dev") == matched  # dev means dev_matched
+  assert load_glue_tsv(tmp_path, "mnli", "validation_matched") == matched
+  assert load_glue_tsv(tmp_path, "mnli", "dev_mismatched") == [
+      GlueExample("She wrote.", "She wrote twice.", 1, 0)]
+  assert load_glue_tsv(tmp_path, "mnli", "train")[0].label == 1
+  assert load_glue_tsv(tmp_path, "mnli", "test") == [GlueExample("P.", "H.", None, 0)]
+  from heads_jax.data.specs import load_spec, parse_spec
+  assert load_spec(f"glue-tsv:{tmp_path}/MNLI").examples == matched
+  assert parse_spec(f"glue-tsv:{tmp_path}/MNLI:dev_mismatched").split == "dev_mismatched"
+  with pytest.raises(ValueError, match="no test_mismatched.tsv"):
+    parse_spec(f"glue-tsv:{tmp_path}/MNLI:test_mismatched")
+  from heads_jax.data.glue_splits import load_task_splits
+  train, ev, note = load_task_splits("mnli", glue_dir=tmp_path, eval_split="dev_mismatched")
+  assert len(train) == 1 and ev[0].label == 1 and note["eval_split"] == "dev_mismatched"
+
+
+def test_tfds_mnli_splits_and_stsb_scores(tmp_path):
+  import numpy as np
+  import tensorflow_datasets as tfds
+  asked = []
+
+  def source(*args, split=None, **kwargs):
+    asked.append(str(split))
+    if str(split).startswith("validation"):
+      return [{"premise": "P", "hypothesis": b"H", "label": np.int64(2), "idx": np.int32(0)}]
+    return [{"sentence1": "A", "sentence2": "B", "label": np.float32(3.8), "idx": 0},
+            {"sentence1": "C", "sentence2": "D", "label": np.float32(-1.0), "idx": 1}]
+
+  with tfds.testing.mock_data(as_data_source_fn=source, data_dir=str(tmp_path)):
+    assert load_glue_tfds("mnli", "dev") == [GlueExample("P", "H", 2, 0)]
+    load_glue_tfds("mnli", "dev_mismatched")
+    load_glue_tfds("mnli", "validation_mismatched")
+    sts = load_glue_tfds("stsb", "test")
+  assert asked == ["validation_matched", "validation_mismatched", "validation_mismatched", "test"]
+  assert sts[0].label == pytest.approx(3.8) and isinstance(sts[0].label, float)
+  assert sts[1].label is None
+  rec = {"sentence": "Him saw I.", "label": 0, "idx": 5}
+  assert glue_example_from_record("cola", rec) == GlueExample("Him saw I.", None, 0, 5)

@@ -11,6 +11,7 @@ from heads_jax.data.glue_batches import (EpochBatches, classification_metrics, e
                                          eval_batches)
 from heads_jax.errors import UserError
 from heads_jax.training import configlib, finetune
+from tests.helpers import SHARED, requires_shared
 
 
 def test_classification_metrics_match_sklearn():
@@ -152,3 +153,101 @@ def test_finetune_separable_task_through_mocked_tfds(tmp_path):
              token_type_ids=torch.tensor(enc["token_type_ids"], dtype=torch.long)).logits.numpy()
   np.testing.assert_allclose(out, logits, atol=2e-4)
   assert hf.config.id2label[1] == "positive"
+
+
+# ---- CoLA (Matthews), STS-B (regression) --------------------------------------------------------
+
+def test_matthews_pearson_spearman_hand_values():
+  from heads_jax.data.glue_batches import matthews_corrcoef, pearson, spearman
+  # tp 2, fp 1, tn 2, fn 0: (2*2 - 1*0) / sqrt(3 * 2 * 3 * 2) = 4 / 6
+  assert matthews_corrcoef([1, 1, 0, 0, 1], [1, 0, 0, 0, 1]) == pytest.approx(2 / 3)
+  assert matthews_corrcoef([1, 1, 1], [1, 0, 1]) == 0.0  # constant predictions
+  assert matthews_corrcoef([0, 1, 0], [1, 0, 1]) == pytest.approx(-1.0)
+  # deviations (-1, 0, 1) and (-4/3, -1/3, 5/3): 3 / sqrt(2 * 14/3)
+  assert pearson([1, 2, 3], [1, 2, 4]) == pytest.approx(3 / np.sqrt(28 / 3))
+  # ranks (1, 2.5, 2.5, 4) and (1, 3, 2, 4): 4.5 / sqrt(4.5 * 5) = 3 / sqrt(10)
+  assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(3 / np.sqrt(10))
+  assert np.isnan(pearson([1, 1, 1], [1, 2, 3]))
+
+
+def test_task_metrics_match_sklearn_and_scipy():
+  sk = pytest.importorskip("sklearn.metrics")
+  stats = pytest.importorskip("scipy.stats")
+  from heads_jax.data.glue import TASKS
+  from heads_jax.data.glue_batches import task_metrics
+  rng = np.random.default_rng(1)
+  y = rng.integers(0, 3, 300)
+  p = np.where(rng.random(300) < 0.6, y, rng.integers(0, 3, 300))
+  m = task_metrics(TASKS["cola"], p, y)
+  assert m["matthews"] == pytest.approx(sk.matthews_corrcoef(y, p))
+  assert m["accuracy"] == pytest.approx(sk.accuracy_score(y, p))
+  assert "matthews" not in task_metrics(TASKS["mnli"], p, y)
+  s = np.round(rng.uniform(0, 5, 300) * 4) / 4  # many ties, as STS-B's scores
+  q = s + rng.normal(0, 1.5, 300)
+  r = task_metrics(TASKS["stsb"], q, s)
+  assert r["pearson"] == pytest.approx(stats.pearsonr(q, s)[0])
+  assert r["spearman"] == pytest.approx(stats.spearmanr(q, s)[0])
+  assert r["mse"] == pytest.approx(np.mean((q - s) ** 2))
+
+
+def test_regression_loss_is_weighted_mse():
+  import jax.numpy as jnp
+
+  class Fake:
+    def __call__(self, input_ids, attention_mask, token_type_ids, deterministic):
+      return {"logits": jnp.asarray([[1.0], [2.5], [4.0]])}
+
+  batch = {"input_ids": None, "attention_mask": None, "token_type_ids": None,
+           "labels": jnp.asarray([2.0, 2.5, 0.0]), "weights": jnp.asarray([1.0, 1.0, 0.0])}
+  loss, metrics, pred = finetune.regression_loss(Fake(), batch, deterministic=True)
+  assert float(loss) == pytest.approx((1.0 + 0.0) / 2)  # the padding row (weight 0) ignored
+  np.testing.assert_allclose(np.asarray(pred), [1.0, 2.5, 4.0])
+  from heads_jax.data.glue import TASKS
+  assert finetune.loss_of(TASKS["stsb"]) is finetune.regression_loss
+  assert finetune.loss_of(TASKS["cola"]) is not finetune.regression_loss
+
+
+def test_presets_of_the_added_tasks():
+  for task in ("mnli", "rte", "cola", "stsb", "wnli"):
+    for preset in (task, f"cpu_{task}", f"tiny_{task}"):
+      assert configlib.load_config(f"configs/finetune.py:{preset}").task == task
+  with pytest.raises(ValueError, match="unknown task in preset"):
+    configlib.load_config("configs/finetune.py:cpu_ax")
+
+
+@pytest.mark.slow
+@requires_shared("glue")
+def test_finetune_stsb_regression_exports_a_one_output_model(tmp_path):
+  """STS-B end to end on a tiny random model: one output, Pearson/Spearman, and the exported
+  model gives the same scores in heads_jax and in transformers (regression, ``num_labels=1``)."""
+  overrides = ["data.max_examples=120", "data.max_seq_length=32", "num_train_steps=6",
+               "eval_every=3", "log_every=3", "checkpoint.every_steps=3", "tensorboard=False",
+               "batch_size=16"]
+  c = configlib.load_config("configs/finetune.py:tiny_stsb", overrides)
+  s = finetune.train_and_evaluate(c, tmp_path / "run")
+  assert s["select_metric"] == "spearman" and s["final_step"] == 6
+  assert set(s["final_eval"]) == {"pearson", "spearman", "loss", "step"}
+  assert s["data"]["num_eval"] == 24  # holdout 0.2 of 120 dev rows
+  from heads_jax import load_model
+  from heads_jax.data.glue_batches import regression_metrics
+  from heads_jax.data.glue_splits import select_rows
+  from heads_jax.data.glue import load_glue_tsv
+  model, tok = load_model(tmp_path / "run" / "best_model", head="auto")
+  assert model.num_labels == 1
+  ev = select_rows(load_glue_tsv(SHARED / "glue", "stsb", "dev", max_examples=120),
+                   s["data"]["eval_idx"])
+  enc = encode_labelled(ev, tok, 32)
+  assert enc["labels"].dtype == np.float32
+  pred = np.asarray(model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])["logits"])
+  assert pred.shape == (24, 1)
+  m = regression_metrics(pred[:, 0], enc["labels"])
+  # Pearson's (continuous in the scores; a near-constant random model's ranks are not)
+  assert m["pearson"] == pytest.approx(s["best"]["pearson"], abs=1e-4)
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  hf = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "run" / "best_hf"))
+  assert hf.config.num_labels == 1
+  with torch.no_grad():
+    out = hf(**{k: torch.tensor(enc[k], dtype=torch.long)
+                for k in ("input_ids", "attention_mask", "token_type_ids")}).logits.numpy()
+  np.testing.assert_allclose(out, pred, atol=2e-4)
