@@ -10,6 +10,11 @@ variable                   meaning (default)
 HEADS_JAX_CACHE_DIR        the ``heads-jax`` command's persistent XLA compilation cache directory
                            (``~/.cache/heads_jax/xla``); ``off`` disables it
 HEADS_JAX_REMOTE_CACHE     local copies of ``gs://`` inputs (``~/.cache/heads_jax/remote``)
+HEADS_JAX_STORAGE_TIMEOUT  seconds a call to remote storage (``gs://``: heads_jax's own calls, Orbax,
+                           TensorStore) may wait before the job stops with one line and exit 2
+                           (``300``); a progress line names the path after
+                           HEADS_JAX_STORAGE_PROGRESS seconds (``30``) (``heads_jax.storage``)
+HEADS_JAX_STORAGE_PROGRESS seconds of waiting on storage before a progress line (``30``)
 HEADS_JAX_XLA_FLAGS        ``off`` keeps heads_jax's default XLA flags out of ``XLA_FLAGS``
                            (``heads_jax.xla_flags``)
 HEADS_JAX_STATS_IMPL       forces the analysis step's statistics path where ``stats_impl`` is
@@ -49,6 +54,8 @@ VARIABLES = {
                             "persistent XLA compilation cache of the heads-jax command; off disables"),
     "HEADS_JAX_REMOTE_CACHE": (os.path.join("~", ".cache", "heads_jax", "remote"),
                                "local copies of gs:// inputs"),
+    "HEADS_JAX_STORAGE_TIMEOUT": ("300", "seconds a storage call may wait before exit 2"),
+    "HEADS_JAX_STORAGE_PROGRESS": ("30", "seconds of waiting on storage before a progress line"),
     "HEADS_JAX_XLA_FLAGS": ("", "off: do not add heads_jax's default XLA flags"),
     "HEADS_JAX_STATS_IMPL": ("", "force the analysis statistics path (layerwise, fused, stacked)"),
     "HEADS_JAX_GLUE_DIR": ("/work/shared/data/glue", "GLUE TSV folders of the configs"),

@@ -21,6 +21,18 @@ login``). For an emulator (tests): ``STORAGE_EMULATOR_HOST`` (gcsfs) and
 ``TENSORSTORE_GCS_HTTP_URL`` + ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` (TensorStore); see
 ``tests/gcs_emulator.py``.
 
+Nothing waits on remote storage forever:
+
+* ``call(fn, ..., what=, path=)``: every call heads_jax makes itself on a URL (a listing, a
+  ``mkdir``, a read, a write, a file copy) runs in a worker thread that is given up after its share
+  of ``HEADS_JAX_STORAGE_TIMEOUT`` (``storage_timeout()``) and retried with backoff (a dropped
+  connection too); after the last try a ``UserError`` (one line, exit 2) names the path.
+* ``watch(what, path)``: around the calls heads_jax cannot time out itself (Orbax's save,
+  finalisation and restore, TensorStore's array I/O): after ``HEADS_JAX_STORAGE_PROGRESS`` seconds
+  of waiting a progress line names the path and what is waited for; after
+  ``HEADS_JAX_STORAGE_TIMEOUT`` one line (with ``note``, e.g. the last complete checkpoint) and the
+  process ends with exit 2 (the waiting thread cannot be interrupted, so the process is ended).
+
 Host-only (no jax).
 """
 
@@ -33,7 +45,10 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -83,6 +98,122 @@ def cache_root() -> Path:
   return Path(os.path.expanduser(root))
 
 
+def storage_timeout() -> float:
+  """Seconds a storage call may wait (``HEADS_JAX_STORAGE_TIMEOUT``, default 300)."""
+  return _seconds("HEADS_JAX_STORAGE_TIMEOUT")
+
+
+def storage_progress() -> float:
+  """Seconds of waiting on storage before a progress line (``HEADS_JAX_STORAGE_PROGRESS``)."""
+  return _seconds("HEADS_JAX_STORAGE_PROGRESS")
+
+
+def _seconds(name: str) -> float:
+  text = env.get(name)
+  try:
+    value = float(text)
+  except ValueError:
+    value = -1.0
+  if not value > 0:
+    raise UserError(f"{name}={text!r} must be a positive number of seconds")
+  return value
+
+
+def _err(line: str) -> None:
+  sys.stdout.flush()
+  sys.stderr.write(line + "\n")
+  sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def watch(what: str, path, *, note=None, limit: float | None = None,
+          progress: float | None = None, local: bool = False):
+  """A watchdog around a block that waits on storage at ``path`` and cannot be timed out itself
+  (Orbax, TensorStore). ``what``: what is waited for ("saving the checkpoint of step 40").
+
+  After ``progress`` seconds (``storage_progress()``) a line on stderr names the path and
+  ``what`` (again every ``progress`` seconds); after ``limit`` (``storage_timeout()``) one line
+  ``heads-jax: error: ...`` (with ``note()``, a callable or a string, e.g. the last complete
+  checkpoint) and the process exits with 2 (``os._exit``: the blocked thread cannot be
+  interrupted). A local ``path`` is not watched unless ``local``."""
+  if not (local or is_url(path)):
+    yield
+    return
+  limit = storage_timeout() if limit is None else limit
+  progress = storage_progress() if progress is None else progress
+  done = threading.Event()
+  shown = display(path)
+
+  def guard():
+    t0 = time.monotonic()
+    next_line = progress
+    while True:
+      if done.wait(max(0.05, min(next_line, limit) - (time.monotonic() - t0))):
+        return
+      waited = time.monotonic() - t0
+      if waited >= limit:
+        extra = note() if callable(note) else note
+        _err(f"heads-jax: error: storage gave no answer for {waited:.0f} s while {what} "
+             f"({shown}){'; ' + extra if extra else ''}; check the network and the bucket "
+             f"(HEADS_JAX_STORAGE_TIMEOUT={limit:g} s), then run the same command again")
+        os._exit(2)
+      if waited >= next_line:
+        _err(f"still waiting for storage: {what} ({shown}), {waited:.0f} s so far; "
+             f"giving up after {limit:g} s")
+        next_line += progress
+
+  thread = threading.Thread(target=guard, name="heads_jax-storage-watchdog", daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+
+
+# Errors that retrying cannot fix (the answer was clear).
+_FINAL = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError,
+          NotADirectoryError, UserError)
+
+
+def call(fn, *args, what: str, path, attempts: int = 4, timeout: float | None = None, **kwargs):
+  """``fn(*args, **kwargs)``, a call on storage at ``path`` (``what`` says what it does, for the
+  messages). A local path: called directly. A URL: each try runs in a daemon thread and is given
+  up after ``timeout`` seconds (default: ``storage_timeout() / attempts``); a try that times out
+  or fails with a transient error (``OSError`` other than a missing file or a refused permission,
+  ``TimeoutError``, ``ConnectionError``) is retried after 0.5, 1, 2, ... s. After ``attempts``
+  tries a ``UserError`` names the path and the last error."""
+  if not is_url(path):
+    return fn(*args, **kwargs)
+  timeout = storage_timeout() / attempts if timeout is None else timeout
+  last = None
+  for i in range(attempts):
+    if i:
+      time.sleep(min(0.5 * 2 ** (i - 1), 8.0))
+    box = {}
+
+    def run():
+      try:
+        box["value"] = fn(*args, **kwargs)
+      except BaseException as e:  # noqa: BLE001 (handed to the caller's thread)
+        box["error"] = e
+
+    t = threading.Thread(target=run, name="heads_jax-storage-call", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+      last = f"no answer in {timeout:.3g} s"
+      continue
+    if "error" not in box:
+      return box["value"]
+    e = box["error"]
+    if isinstance(e, _FINAL) or not isinstance(e, (OSError, TimeoutError, ConnectionError)):
+      raise e
+    last = f"{type(e).__name__}: {e}"
+  raise UserError(f"{display(path)}: storage failed while {what} after {attempts} tries "
+                  f"({last}); check the network and the bucket (HEADS_JAX_STORAGE_TIMEOUT), "
+                  f"then run the same command again")
+
+
 def _cache_dir_for(url: str) -> Path:
   url = url.rstrip("/")
   digest = hashlib.sha1(url.encode()).hexdigest()[:16]
@@ -94,18 +225,22 @@ def _fetch_file(src: epath.Path, dest: Path, size: int | None = None) -> None:
   """Copies ``src`` to ``dest`` unless a file of the same size is there; atomic (temporary name,
   then rename), so concurrent copies (several processes of one host) never see half a file."""
   if size is None:
-    size = src.stat().length
+    size = call(lambda: src.stat().length, what="reading the size", path=src)
   if dest.is_file() and dest.stat().st_size == size:
     return
   dest.parent.mkdir(parents=True, exist_ok=True)
-  tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
-  try:
-    with src.open("rb") as fin, open(tmp, "wb") as fout:
-      shutil.copyfileobj(fin, fout, length=16 << 20)
-    os.replace(tmp, dest)
-  finally:
-    if tmp.exists():
-      tmp.unlink()
+
+  def fetch():
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
+    try:
+      with src.open("rb") as fin, open(tmp, "wb") as fout:
+        shutil.copyfileobj(fin, fout, length=16 << 20)
+      os.replace(tmp, dest)
+    finally:
+      if tmp.exists():
+        tmp.unlink()
+
+  call(fetch, what="downloading", path=src, timeout=max(storage_timeout(), 60.0), attempts=3)
 
 
 def walk_files(root: epath.Path):
@@ -113,9 +248,10 @@ def walk_files(root: epath.Path):
   stack = [(root, "")]
   while stack:
     d, rel = stack.pop()
-    for child in sorted(d.iterdir(), key=lambda p: p.name):
+    listing = call(lambda: [(c, c.is_dir()) for c in d.iterdir()], what="listing", path=d)
+    for child, is_dir in sorted(listing, key=lambda x: x[0].name):
       sub = f"{rel}{child.name}"
-      if child.is_dir():
+      if is_dir:
         stack.append((child, sub + "/"))
       else:
         yield sub, child
@@ -134,16 +270,16 @@ def local_copy(path, dest=None, *, progress=None):
     return path
   src = as_path(path)
   dest = Path(dest) if dest is not None else _cache_dir_for(os.fspath(src))
-  if src.is_dir():
+  if call(src.is_dir, what="reading", path=src):
     for rel, f in walk_files(src):
       target = dest / rel
-      size = f.stat().length
+      size = call(lambda: f.stat().length, what="reading the size", path=f)
       if progress is not None and not (target.is_file() and target.stat().st_size == size):
         progress(rel, size)
       _fetch_file(f, target, size)
     dest.mkdir(parents=True, exist_ok=True)
     return dest
-  if not src.exists():
+  if not call(src.exists, what="reading", path=src):
     raise FileNotFoundError(f"{src} does not exist")
   target = dest / src.name
   _fetch_file(src, target)
@@ -158,9 +294,13 @@ def upload_tree(local, url) -> epath.Path:
   for f in sorted(local.rglob("*")):
     if f.is_file():
       target = root / f.relative_to(local).as_posix()
-      target.parent.mkdir(parents=True, exist_ok=True)
-      with open(f, "rb") as fin, target.open("wb") as fout:
-        shutil.copyfileobj(fin, fout, length=16 << 20)
+
+      def put(f=f, target=target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(f, "rb") as fin, target.open("wb") as fout:
+          shutil.copyfileobj(fin, fout, length=16 << 20)
+
+      call(put, what="uploading", path=target, timeout=max(storage_timeout(), 60.0), attempts=3)
   return root
 
 
@@ -193,7 +333,7 @@ def staged_output(path, *, fetch_existing: bool = True, upload: bool = True):
     return
   with tempfile.TemporaryDirectory(prefix="heads_jax_stage_") as tmp:
     remote = as_path(path)
-    if fetch_existing and remote.is_dir():
+    if fetch_existing and call(remote.is_dir, what="reading", path=remote):
       local_copy(remote, tmp)
     yield Path(tmp)
     if upload:
@@ -203,6 +343,27 @@ def staged_output(path, *, fetch_existing: bool = True, upload: bool = True):
 def write_text(path, text: str) -> epath.Path:
   """Writes ``text`` (UTF-8) to a local path or URL, creating the parent directory."""
   p = as_path(path)
-  p.parent.mkdir(parents=True, exist_ok=True)
-  p.write_text(text)
+
+  def put():
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+
+  call(put, what="writing", path=p)
+  return p
+
+
+def read_text(path) -> str:
+  """The text of a local path or URL (a missing file: FileNotFoundError)."""
+  p = as_path(path)
+  return call(p.read_text, what="reading", path=p)
+
+
+def exists(path) -> bool:
+  p = as_path(path)
+  return call(p.exists, what="reading", path=p)
+
+
+def makedirs(path) -> epath.Path:
+  p = as_path(path)
+  call(lambda: p.mkdir(parents=True, exist_ok=True), what="creating the folder", path=p)
   return p

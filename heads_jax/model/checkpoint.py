@@ -60,6 +60,31 @@ def save_model(model: nnx.Module, out_dir, tokenizer=None, *, id2label: dict | N
   return out
 
 
+def training_run_message(path) -> str | None:
+  """When ``path`` is a training run's work directory (not a model): the line saying which of its
+  subfolders to give instead; else None. A run directory holds ``checkpoints/`` and a
+  ``config.json`` that is a training config (``num_train_steps``), not a model's."""
+  p = Path(path)
+  cfg = p / "config.json"
+  is_run = (p / "checkpoints").is_dir()
+  if not is_run and cfg.is_file():
+    try:
+      is_run = "num_train_steps" in json.loads(cfg.read_text())
+    except (ValueError, OSError):
+      is_run = False
+  if not is_run:
+    return None
+  models = sorted(c.name for c in p.iterdir()
+                  if c.is_dir() and ((c / MANIFEST).is_file() or (c / "config.json").is_file()))
+  if models:
+    give = " or ".join(str(p / m) for m in models)
+    return (f"{p} is a training run's work directory, not a model: give its exported model, "
+            f"{give}")
+  return (f"{p} is a training run's work directory, not a model, and it has no exported model "
+          f"yet (the run has not finished): finish the run, or to start a training run from its "
+          f"parameters give --config.init_checkpoint={p / 'checkpoints'}")
+
+
 def read_manifest(path) -> dict:
   m = json.loads((Path(path) / MANIFEST).read_text())
   if m.get("format") != "heads_jax":

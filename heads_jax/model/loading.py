@@ -8,7 +8,9 @@ from pathlib import Path
 
 from heads_jax import hub
 from heads_jax.data.tokenizer import load_tokenizer
-from heads_jax.model.checkpoint import build_model, is_heads_jax_dir, load_model_dir, read_manifest, save_model
+from heads_jax.errors import UserError
+from heads_jax.model.checkpoint import (build_model, is_heads_jax_dir, load_model_dir, read_manifest,
+                                        save_model, training_run_message)
 from heads_jax.model.config import BertConfig
 from heads_jax.model.convert import detect_architecture, export_hf, load_hf_params, normalise_hf_keys, read_hf_state_dict
 
@@ -44,6 +46,9 @@ def load_model(path, *, head: str | None = None, num_labels: int | None = None,
   if not p.is_dir():
     raise ValueError(f"model path {p} is a file; pass the directory that holds config.json "
                      f"(Hugging Face) or heads_jax.json (heads_jax)")
+  run = training_run_message(p)
+  if run is not None:
+    raise UserError(run)
   if head not in HEADS:
     raise ValueError(f"head must be one of {list(HEADS)}, got {head!r}")
   arch = HEADS[head]

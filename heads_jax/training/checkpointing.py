@@ -19,6 +19,13 @@ parameters and losses as a run that was never interrupted.
 phase 1 for phase 2 of pre-training; its restore arguments come from Orbax's
 ``checkpoint_utils.construct_restore_args``.
 
+Every call that waits on Orbax or TensorStore runs under ``heads_jax.storage.watch`` (a progress
+line after 30 s, one line and exit 2 after ``HEADS_JAX_STORAGE_TIMEOUT``, naming the last complete
+checkpoint). ``restore`` first compares the saved parameter shapes with the target's (another
+model size: one ``UserError`` line naming the first difference), then restores the newest step;
+a damaged newest step (a data file deleted or truncated, ``_METADATA`` deleted) is moved aside to
+``damaged_checkpoints/`` beside the checkpoints with one line, and the previous step is restored.
+
 Directories are ``etils.epath`` paths (``heads_jax.storage.as_path``): a local folder or a
 ``gs://`` URL, where Orbax writes the arrays through TensorStore's ``gcs`` driver. On several
 host processes every process calls the same methods and Orbax writes one checkpoint (each
@@ -28,13 +35,15 @@ process its shards, process 0 the metadata).
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from heads_jax.storage import as_path
+from heads_jax.errors import UserError
+from heads_jax.storage import as_path, display, watch
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +55,32 @@ class Checkpoints:
                async_save: bool = True):
     self.directory = as_path(directory)
     self.save_interval_steps = max(1, int(save_interval_steps))
+    self.async_save = async_save
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=self.save_interval_steps, max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save, create=True)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("state", "meta"))
+    with watch("opening the checkpoints", self.directory):
+      self.manager = ocp.CheckpointManager(
+          self.directory, options=options,
+          item_handlers={"state": ocp.StandardCheckpointHandler(),
+                         "meta": ocp.JsonCheckpointHandler()})
+      self.complete = self.manager.latest_step()  # the newest checkpoint known to be complete
+    self.pending: int | None = None  # a save started and not known to be finished
+    self.closed = False
+
+  def note(self) -> str:
+    """Where a stopped run resumes: the last complete checkpoint (for messages)."""
+    if self.complete is None:
+      return f"no checkpoint in {display(self.directory)} is complete yet"
+    return f"the last complete checkpoint is step {self.complete} in {display(self.directory)}"
 
   def latest_step(self) -> int | None:
-    return self.manager.latest_step()
+    with watch("listing the checkpoints", self.directory, note=self.note):
+      return self.manager.latest_step()
 
   def all_steps(self) -> list[int]:
-    return list(self.manager.all_steps())
+    with watch("listing the checkpoints", self.directory, note=self.note):
+      return list(self.manager.all_steps())
 
   def is_due(self, step: int) -> bool:
     """Whether ``save(step, ...)`` saves without ``force``."""
@@ -69,17 +93,64 @@ class Checkpoints:
       return False
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               meta=ocp.args.JsonSave(_jsonable(meta or {})))
-    return self.manager.save(int(step), args=args, force=force)
+    with watch(f"saving the checkpoint of step {step}", self.directory, note=self.note):
+      saved = self.manager.save(int(step), args=args, force=force)
+    if saved:
+      # Orbax finishes the previous save before it starts the next.
+      if self.pending is not None:
+        self.complete = self.pending
+      self.pending = int(step)
+      if not self.async_save:
+        self.complete, self.pending = int(step), None
+    return saved
 
-  def restore(self, abstract_state, step: int | None = None):
-    """Returns ``(state, meta)`` of ``step`` (default: the latest) laid out as ``abstract_state``
-    (a pytree of ``jax.ShapeDtypeStruct`` with shardings, e.g. ``abstract_like(state)``)."""
-    step = self.latest_step() if step is None else step
-    if step is None:
+  def restore(self, abstract_state, step: int | None = None, *, log=None):
+    """Returns ``(state, meta)`` of ``step`` (default: the newest complete one) laid out as
+    ``abstract_state`` (a pytree of ``jax.ShapeDtypeStruct`` with shardings, e.g.
+    ``abstract_like(state)``).
+
+    Saved parameters of other shapes (another model size): a ``UserError`` naming the first
+    difference. Without ``step``, a newest step that cannot be read (damaged) is moved aside to
+    ``damaged_checkpoints/`` with one line (``log``, default stderr) and the previous step is
+    restored; none readable: a ``UserError``."""
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    steps_ = [step] if step is not None else sorted(self.all_steps(), reverse=True)
+    if not steps_:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    return out.state, dict(out.meta or {})
+    aside_dir = self.directory.parent / "damaged_checkpoints"
+    for i, s in enumerate(steps_):
+      try:
+        with watch(f"reading the checkpoint of step {s}", self.directory, note=self.note):
+          saved = self.manager.item_metadata(s)["state"]
+        if getattr(saved, "tree", saved) is None:
+          raise ValueError("its state metadata (_METADATA) is missing")
+      except Exception as e:  # noqa: BLE001 (any unreadable metadata is damage)
+        error = e
+      else:
+        check_shapes(saved, abstract_state, display(self.directory / str(s)),
+                     "the run's own checkpoints (another model size; resume with the run's "
+                     "config.json or choose another --workdir)")
+        try:
+          with watch(f"restoring the checkpoint of step {s}", self.directory, note=self.note):
+            out = self.manager.restore(s, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+          self.complete = s
+          return out.state, dict(out.meta or {})
+        except UserError:
+          raise
+        except Exception as e:  # noqa: BLE001 (a torn step: any read error)
+          error = e
+      if step is not None:
+        raise UserError(f"the checkpoint of step {s} in {display(self.directory)} cannot be read "
+                        f"({_first_line(error)})") from None
+      where = self.set_aside(s, aside_dir)
+      rest = steps_[i + 1:]
+      where = "deleted it" if where == "deleted" else f"moved it to {where}"
+      log(f"checkpoint step {s} in {display(self.directory)} is damaged ({_first_line(error)}); "
+          f"{where}; " + (f"restoring step {rest[0]}" if rest else
+                                      "no earlier checkpoint: starting afresh"))
+    self.complete = None
+    raise FileNotFoundError(f"no readable checkpoint in {self.directory}")
 
   def delete(self, step: int) -> None:
     self.manager.delete(int(step))
@@ -88,9 +159,13 @@ class Checkpoints:
     """Moves the checkpoint of ``step`` out of the run into ``to/STEP`` (nothing written is lost,
     and a resumed run no longer sees it); returns where it went. Where the store cannot rename a
     folder, the checkpoint is deleted instead and ``"deleted"`` returned."""
-    self.wait()
+    if self.pending is not None:
+      self.wait()
     src = self.directory / str(int(step))
     dest = as_path(to) / str(int(step))
+    n = 1
+    while dest.exists():  # an earlier one set aside under that step
+      dest, n = as_path(to) / f"{int(step)}.{n}", n + 1
     try:
       dest.parent.mkdir(parents=True, exist_ok=True)
       src.rename(dest)
@@ -102,11 +177,85 @@ class Checkpoints:
     return str(dest)
 
   def wait(self):
-    self.manager.wait_until_finished()
+    if self.closed:
+      return
+    what = (f"finishing the checkpoint of step {self.pending}" if self.pending is not None else
+            "finishing the checkpoints")
+    with watch(what, self.directory, note=self.note):
+      self.manager.wait_until_finished()
+    if self.pending is not None:
+      self.complete, self.pending = self.pending, None
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    if self.closed:
+      return
+    try:
+      self.wait()
+    finally:
+      self.closed = True
+      with watch("closing the checkpoints", self.directory, note=self.note):
+        try:
+          self.complete = self.manager.latest_step()  # a save interrupted in Orbax's call
+        finally:
+          self.manager.close()
+
+  def remove_partial(self) -> list[str]:
+    """Removes what an interrupted or failed save left (Orbax's temporary step folders);
+    returns their names. Complete checkpoints are never touched."""
+    removed = []
+    try:
+      children = list(self.directory.iterdir()) if self.directory.exists() else []
+    except OSError:
+      return removed
+    for child in children:
+      if ".orbax-checkpoint-tmp" in child.name or child.name.endswith(".tmp"):
+        try:
+          child.rmtree() if child.is_dir() else child.unlink()
+          removed.append(child.name)
+        except OSError:
+          pass
+    return removed
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+
+
+def _key_text(k) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
+def _shapes(tree) -> dict:
+  """``{"a/b/c": shape}`` of every leaf of a (pure dict) tree with shapes."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    shape = getattr(leaf, "shape", None)
+    if shape is not None:
+      out["/".join(_key_text(k) for k in path)] = tuple(shape)
+  return out
+
+
+def check_shapes(saved, target, where: str, what: str) -> None:
+  """Raises a ``UserError`` when the parameters of ``target`` (a tree with a ``params`` subtree,
+  or params) and those of the saved metadata ``saved`` differ in shape, or ``target`` has
+  parameters ``saved`` lacks. ``where``: the checkpoint; ``what``: what it is and what to do."""
+  saved = getattr(saved, "tree", saved)  # Orbax's TreeMetadata
+  saved_p = saved.get("params", saved) if isinstance(saved, dict) else saved
+  target_p = target.get("params", target) if isinstance(target, dict) else target
+  have, want = _shapes(saved_p), _shapes(target_p)
+  diffs = [f"{k} is {list(have[k])} there, {list(want[k])} here" for k in want
+           if k in have and have[k] != want[k]]
+  missing = [k for k in want if k not in have]
+  if not diffs and not missing:
+    return
+  first = diffs[0] if diffs else f"it has no {missing[0]}"
+  more = len(diffs) + len(missing) - 1
+  raise UserError(f"{where} holds a model of another shape than this run's ({first}"
+                  f"{f', and {more} more differences' if more > 0 else ''}): {what}")
 
 
 def abstract_like(tree):
@@ -120,17 +269,31 @@ def restore_params_from_run(directory, abstract_params, step: int | None = None)
   ``abstract_params`` may be a subtree of the saved params (e.g. ``{"bert": ...}`` to take only
   the encoder of a pre-training run), every other saved leaf is skipped."""
   directory = as_path(directory)
-  mngr = ocp.CheckpointManager(directory, item_names=("state", "meta"),
-                               options=ocp.CheckpointManagerOptions(read_only=True, create=False))
-  step = mngr.latest_step() if step is None else step
+  with watch("opening the init checkpoint", directory):
+    mngr = ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+                                 options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+    step = mngr.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {directory}")
+  where = display(directory / str(step))
+  try:
+    with watch(f"reading the init checkpoint of step {step}", directory):
+      saved = mngr.item_metadata(step)["state"]
+    if getattr(saved, "tree", saved) is None:
+      raise ValueError("its state metadata (_METADATA) is missing")
+  except Exception as e:  # noqa: BLE001
+    raise UserError(f"init_checkpoint {where} cannot be read ({_first_line(e)}); pass another "
+                    f"step's folder or that run's exported model") from None
+  check_shapes(saved, {"params": abstract_params}, f"init_checkpoint {where}",
+               "set --config.model.size (and the other model fields) to that run's, or start "
+               "from another run")
   # Restore only the params subtree (partial restore): the optimizer state is skipped.
   target = {"params": abstract_params}
   restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-  restored = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)))
-  mngr.close()
+  with watch(f"restoring the init checkpoint of step {step}", directory):
+    restored = mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)))
+    mngr.close()
   return restored.state["params"], step
 
 

@@ -11,13 +11,16 @@ must fit the type of the field it replaces.
 from __future__ import annotations
 
 import ast
+import datetime as _dt
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import ml_collections
 
 import heads_jax.configs
+from heads_jax import storage
 from heads_jax.storage import write_text
 from heads_jax.errors import UserError
 
@@ -71,6 +74,8 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
     key = key.lstrip("-")
     if key.startswith("config."):
       key = key[len("config."):]
+    if key == ALLOW_CHANGES and ALLOW_CHANGES not in config:
+      config[ALLOW_CHANGES] = False  # a field of every training run (see check_resume)
     node = config
     parts = key.split(".")
     for part in parts[:-1]:
@@ -156,3 +161,116 @@ def distributed_config() -> ml_collections.ConfigDict:
   d.process_id = -1            # -1 = auto-detect
   d.cpu_collectives = "gloo"   # CPU cross-process collectives (jax_cpu_collectives_implementation)
   return d
+
+
+# --- A training run's settings: checked before any device work, and kept across resumes. -------
+
+ALLOW_CHANGES = "allow_changes"  # --config.allow_changes=true: resume under changed settings
+# Fields that do not change what a run computes (how it runs, where it stops, what it logs).
+OPERATIONAL = ("allow_changes", "stop_at_step", "distributed", "data.num_workers", "data.prefetch",
+               "log_every", "tensorboard", "export", "checkpoint.async_save", "checkpoint.keep")
+# Fields a run can never change: its checkpoints hold this model, trained on this task.
+FIXED = ("task", "model.size", "model.max_position_embeddings", "tokenizer")
+
+
+def check_training_config(config) -> None:
+  """Refuses values no training run can use, before any data is read or device work done:
+  ``batch_size`` and ``num_train_steps`` must be positive integers, the learning rate a finite
+  number >= 0, ``optimizer.accumulate_steps`` and ``checkpoint.every_steps`` >= 1."""
+  def positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+      raise UserError(f"{name} must be a positive integer, got {value!r}: e.g. "
+                      f"--config.{name}=16")
+  positive_int("batch_size", config.batch_size)
+  positive_int("num_train_steps", config.num_train_steps)
+  if "eval_batch_size" in config:
+    positive_int("eval_batch_size", config.eval_batch_size)
+  o = config.optimizer
+  if "accumulate_steps" in o:
+    positive_int("optimizer.accumulate_steps", o.accumulate_steps)
+  if "checkpoint" in config and "every_steps" in config.checkpoint:
+    positive_int("checkpoint.every_steps", config.checkpoint.every_steps)
+  lr = o.learning_rate
+  if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
+    raise UserError(f"optimizer.learning_rate must be a finite number >= 0, got {lr!r}: e.g. "
+                    f"--config.optimizer.learning_rate=1e-4")
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+  """``{"a.b": value}`` of a nested dict (JSON values)."""
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _jsonable(config) -> dict:
+  return json.loads(json.dumps(config.to_dict(), default=str))
+
+
+def _skip(key: str) -> bool:
+  return any(key == f or key.startswith(f + ".") for f in OPERATIONAL)
+
+
+def _kind(d: dict) -> str:
+  return f"a fine-tuning run of task {d['task']}" if "task" in d else "a pre-training run"
+
+
+def check_resume(config, config_file, changes_file, *, resumable: bool) -> dict | None:
+  """Compares ``config`` with the settings a run in this directory was started with
+  (``config_file``, plus the changes recorded in ``changes_file``); returns the changes to record
+  (``{field: [before, now]}``, None when there is nothing to write but ``config_file``).
+
+  Refused (a ``UserError``): a ``config_file`` that is not a training run's config; a run of
+  another kind or task, or of another model (``FIXED``); other changed settings when the run has
+  something to resume from (``resumable``) unless ``config.allow_changes``."""
+  if not storage.exists(config_file):
+    return None
+  shown = storage.display(config_file)
+  try:
+    first = json.loads(storage.read_text(config_file))
+  except ValueError as e:
+    raise UserError(f"{shown} is not JSON ({e}); it is not this run's config: choose another "
+                    f"--workdir") from None
+  if not isinstance(first, dict) or "num_train_steps" not in first:
+    raise UserError(f"{storage.display(storage.as_path(config_file).parent)} holds a config.json "
+                    f"that is not a training run's (a model or another job's directory?): choose "
+                    f"another --workdir")
+  now = _jsonable(config)
+  if ("task" in first) != ("task" in now) or first.get("task") != now.get("task"):
+    raise UserError(f"{storage.display(storage.as_path(config_file).parent)} is {_kind(first)}; "
+                    f"this is {_kind(now)}: choose another --workdir (resuming would continue "
+                    f"the other run)")
+  before = flat(first)
+  if storage.exists(changes_file):
+    for line in storage.read_text(changes_file).splitlines():
+      if line.strip():
+        before.update({k: v[1] for k, v in json.loads(line).get("changes", {}).items()})
+  after = flat(now)
+  changed = {k: [before.get(k), after.get(k)] for k in sorted(set(before) | set(after))
+             if not _skip(k) and before.get(k) != after.get(k)}
+  if not changed or not resumable:
+    return changed if resumable else None
+  listed = ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in list(changed.items())[:6])
+  listed += f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+  fixed = [k for k in changed if any(k == f or k.startswith(f + ".") for f in FIXED)]
+  where = storage.display(storage.as_path(config_file).parent)
+  if fixed:
+    raise UserError(f"{where}: this run was started with other model settings ({listed}); its "
+                    f"checkpoints hold that model: choose another --workdir")
+  if not config.get(ALLOW_CHANGES, False):
+    raise UserError(f"{where}: this run was started with other settings ({listed}); resuming "
+                    f"would mix them: rerun with the same settings, choose another --workdir, or "
+                    f"pass --config.allow_changes=true to resume with the changes (recorded)")
+  return changed
+
+
+def record_changes(changes_file, changes: dict, step: int | None = None) -> None:
+  """Appends one record of ``changes`` to ``changes_file`` (JSON lines; a URL is rewritten)."""
+  old = storage.read_text(changes_file) if storage.exists(changes_file) else ""
+  line = json.dumps({"time": _dt.datetime.now().isoformat(timespec="seconds"),
+                     "resumed_at_step": step, "changes": changes}, default=str)
+  write_text(changes_file, old + line + "\n")

@@ -37,11 +37,11 @@ from heads_jax.hub import looks_like_repo_id
 from heads_jax.data import glue
 from heads_jax.data.glue_batches import EpochBatches, encode_labelled, eval_batches, task_metrics
 from heads_jax.data.glue_splits import load_task_splits
-from heads_jax.storage import as_path, is_url, local_copy
+from heads_jax.storage import as_path, is_url, local_copy, write_text
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch
-from heads_jax.training import checkpointing, steps
+from heads_jax.training import checkpointing, configlib, steps
 from heads_jax.training.job import TrainingJob
 
 
@@ -95,6 +95,7 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
   Returns a summary: ``best`` (the best evaluation, with its ``step``), ``final_eval``,
   ``history``, ``data`` (where the examples came from), ``exports`` (paths), ``workdir``.
   """
+  configlib.check_training_config(config)  # before any data is read or device work done
   if str(config.preset).startswith("cpu_") and not config.init_checkpoint:
     raise UserError(f"the {config.preset.split(',')[0]} preset fine-tunes a pretrained model: pass "
                     "--config.init_checkpoint=DIR (e.g. a Hugging Face all-MiniLM-L6-v2 folder)")
@@ -108,7 +109,7 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
   train_ex, eval_ex, note = rows if rows is not None else task_splits(config)
   job.create_dir()
   if job.is_main:
-    job.dir.data_file.write_text(json.dumps(note))
+    write_text(job.dir.data_file, json.dumps(note))
   train_arrays = encode_labelled(train_ex, tokenizer, config.data.max_seq_length)
   eval_arrays = encode_labelled(eval_ex, tokenizer, config.data.max_seq_length)
 
@@ -181,6 +182,7 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
              "exports": exports, "workdir": str(job.dir), "start_step": job.start_step,
              "final_step": done, "origin": job.origin, "select_metric": select, "state": state}
   if job.is_main:
-    job.dir.summary_file.write_text(json.dumps(
+    write_text(job.dir.summary_file, json.dumps(
         {k: v for k, v in summary.items() if k not in ("history", "state")}, indent=2, default=str))
+  job.close()
   return summary

@@ -15,15 +15,30 @@
    checkpoint manager of ``workdir/checkpoints``;
 5. ``train_step`` / ``eval_step``: the jitted steps over the mesh;
 6. ``train``: the loop with its throughput meter (tokens/s, MFU) and metrics writer, closing
-   the checkpoint manager, the writer and the batch stream however it ends;
+   the checkpoint manager, the writer and the batch stream however it ends: SIGTERM (after its
+   checkpoint) exits with 143, Ctrl-C with 130 after the save in flight is finished, a full
+   disk during a save is one line (the partial save removed, the previous checkpoint intact);
+   in cloud storage the writer's uploads wait for Orbax's finalisation (never concurrent on one
+   filesystem object: the hang of issue 28);
 7. ``export``: the final model as a heads_jax and a Hugging Face directory (written locally and
    copied to the work directory when that is a URL).
+
+The settings are checked before any device work (``configlib.check_training_config``).
+``create_dir`` locks the work directory (``heads_jax.pipelines.engine.WorkdirLock``: a second
+process gets one line naming the first; released by ``close``) and compares the config with the
+one the run was started with (``configlib.check_resume``: another task or model is refused,
+other changed settings unless ``--config.allow_changes``; ``config.json`` keeps the first
+config, changes are appended to ``config_changes.jsonl``).
 
 What differs between the jobs (data, losses, what an evaluation computes) stays in
 ``pretrain.py`` and ``finetune.py``.
 """
 
 from __future__ import annotations
+
+import errno
+import sys
+import weakref
 
 import jax
 
@@ -33,6 +48,7 @@ from heads_jax.model.checkpoint import build_model, save_model
 from heads_jax.model.config import config_for
 from heads_jax.model.convert import export_hf
 from heads_jax.parallel import data_mesh, initialize_from_config
+from heads_jax.pipelines.engine import WorkdirLock
 from heads_jax.training import checkpointing, configlib, loop, metrics as metrics_lib, optimizer, steps
 from heads_jax.training.rundir import RunDir
 
@@ -60,6 +76,7 @@ class TrainingJob:
   """One training run's shared set-up and bookkeeping (see the module docstring)."""
 
   def __init__(self, config, workdir):
+    configlib.check_training_config(config)
     initialize_from_config(config.distributed)
     self.config = config
     self.dir = RunDir(workdir)
@@ -75,6 +92,7 @@ class TrainingJob:
     self.parts = None
     self.model_config = None
     self.start_step, self.origin = 0, "fresh"
+    self._lock: WorkdirLock | None = None
 
   def print(self, *args) -> None:
     """``print`` on the main process only."""
@@ -82,10 +100,35 @@ class TrainingJob:
       print(*args, flush=True)
 
   def create_dir(self) -> None:
-    """Creates the work directory and writes ``config.json`` (main process)."""
+    """Locks and creates the work directory and writes ``config.json`` (main process): a run
+    started earlier there is checked first (``configlib.check_resume``; nothing is written
+    when refused)."""
+    if not self.is_main:
+      self.dir.create()
+      return
+    self._lock = WorkdirLock(self.dir.root, "a training run").acquire()
+    weakref.finalize(self, self._lock.release)
+    try:
+      resumable = any(checkpointing.is_orbax_run_dir(d) for d in (self.dir.checkpoints,
+                                                                  self.dir.best))
+      changes = configlib.check_resume(self.config, self.dir.config_file,
+                                       self.dir.config_changes_file, resumable=resumable)
+    except BaseException:
+      self.close()
+      raise
     self.dir.create()
-    if self.is_main:
+    if changes is None:
       configlib.save_config(self.config, self.dir.config_file)
+    elif changes:
+      configlib.record_changes(self.dir.config_changes_file, changes)
+      self.print(f"resuming with changed settings (recorded in "
+                 f"{display(self.dir.config_changes_file)}): " +
+                 ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
+
+  def close(self) -> None:
+    """Releases the work directory (the lock of ``create_dir``)."""
+    if self._lock is not None:
+      self._lock.release()
 
   def init_model(self, head: str, tokenizer, *, num_labels: int | None = None):
     """The model the run starts from: ``config.init_checkpoint`` when it is a heads_jax or
@@ -143,24 +186,70 @@ class TrainingJob:
     throughput = metrics_lib.Throughput(c.batch_size * seq_len, fpt, self.num_devices,
                                         jax.devices()[0].device_kind, c.num_train_steps,
                                         self.start_step)
-    writer = metrics_lib.MetricsWriter(self.dir, enabled=self.is_main, tensorboard=c.tensorboard)
+    # Remote: the writer's uploads wait for Orbax's finalisation (both use fsspec's event loop
+    # and one filesystem object; concurrent, they hung in issue 28).
+    writer = metrics_lib.MetricsWriter(self.dir, enabled=self.is_main, tensorboard=c.tensorboard,
+                                       before_upload=self.ckpts.wait if self.dir.is_remote else None)
+    flag = loop.StopFlag()
     try:
-      return loop.train_loop(
+      result = loop.train_loop(
           state=state, train_step=train_step, batches=iter(batches), mesh=self.mesh,
           start_step=self.start_step, total_steps=c.num_train_steps, ckpts=self.ckpts,
           writer=writer, throughput=throughput, log_every=c.log_every, eval_every=c.eval_every,
           eval_fn=eval_fn, meta_fn=lambda s: {"step": s, **meta}, stop_at_step=c.stop_at_step,
-          print_fn=print if self.is_main else None)
+          print_fn=print if self.is_main else None, stop_flag=flag)
     except loop.NonFiniteLoss as e:
+      self._close_all(batches, writer)
       lr = c.optimizer.learning_rate
       raise UserError(f"{e}; lower the learning rate (now {lr:g}, e.g. "
                       f"--config.optimizer.learning_rate={lr / 4:g}) or lengthen the warm-up "
                       f"(--config.optimizer.warmup_steps), or check the data") from None
-    finally:
-      if hasattr(batches, "close"):
-        batches.close()
-      self.ckpts.close()
-      writer.close()
+    except KeyboardInterrupt:
+      # Finish the save in flight (an abandoned one ends in asyncio tracebacks at exit).
+      self._close_all(batches, writer)
+      self._stop(130, f"interrupted (Ctrl-C); {self.ckpts.note()}; run the same command again "
+                      f"to resume")
+    except Exception as e:
+      self._close_all(batches, writer)
+      if _no_space(e):
+        self._no_space(e)
+      raise
+    error = self._close_all(batches, writer)
+    if error is not None:
+      if _no_space(error):
+        self._no_space(error)
+      raise error
+    if flag.stop:
+      self._stop(143, f"stopped by SIGTERM after saving; {self.ckpts.note()}; run the same "
+                      f"command again to resume")
+    return result
+
+  def _close_all(self, batches, writer) -> BaseException | None:
+    """Closes the batch stream, the checkpoints (waiting for the save in flight) and the
+    writer, each however the others end; returns the first error."""
+    first = None
+    for close in (getattr(batches, "close", None), self.ckpts.close, writer.close):
+      if close is None:
+        continue
+      try:
+        close()
+      except BaseException as e:  # noqa: BLE001 (reported once, below)
+        first = first or e
+    return first
+
+  def _no_space(self, error) -> None:
+    removed = self.ckpts.remove_partial()
+    raise UserError(f"no space left on the device of {self.dir} while writing ({error}); "
+                    f"{self.ckpts.note()} (intact"
+                    f"{'; removed the partial save ' + ', '.join(removed) if removed else ''}); "
+                    f"free some space and run the same command again") from None
+
+  def _stop(self, code: int, line: str) -> None:
+    self.close()
+    if self.is_main:
+      sys.stdout.flush()
+      print(f"heads-jax: {line}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
 
   def export(self, params, tokenizer, model_dir: str, hf_dir: str, *,
              id2label: dict | None = None) -> dict:
@@ -172,3 +261,16 @@ class TrainingJob:
     with staged_output(self.dir.sub(hf_dir), fetch_existing=False) as local:
       export_hf(model, tokenizer, local, id2label=id2label)
     return {"heads_jax": display(self.dir.sub(model_dir)), "hf": display(self.dir.sub(hf_dir))}
+
+
+def _no_space(error: BaseException) -> bool:
+  """Whether ``error`` (or what caused it) is a full disk (ENOSPC)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+      return True
+    if "No space left on device" in str(error):
+      return True
+    error = error.__cause__ or error.__context__
+  return False

@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from heads_jax.storage import as_path, local_copy
+from heads_jax.storage import as_path, exists as storage_exists, is_url, local_copy
 from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
 from heads_jax.parallel import shard_batch
@@ -58,6 +58,11 @@ def load_init_model(init_checkpoint: str, head: str, *, num_labels: int | None =
   ``init_checkpoint`` is empty or an Orbax run directory (handled by ``initial_state``)."""
   if not init_checkpoint or checkpointing.is_orbax_run_dir(init_checkpoint):
     return None
+  if is_url(init_checkpoint) and storage_exists(as_path(init_checkpoint) / "checkpoints"):
+    raise UserError(f"init_checkpoint {init_checkpoint} is a training run's work directory, not a "
+                    f"model: give its exported model ({init_checkpoint}/model or "
+                    f"{init_checkpoint}/best_model) or its parameters "
+                    f"({init_checkpoint}/checkpoints)")
   if not as_path(init_checkpoint).exists():
     raise FileNotFoundError(f"init_checkpoint {init_checkpoint} does not exist: pass a heads_jax "
                             f"model directory, a Hugging Face BERT directory or a run's "
@@ -79,10 +84,14 @@ def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_che
   """
   parts, params = steps.split_model(model)
   if ckpts.latest_step() is not None:
-    state, _ = ckpts.restore(abstract_state(params, tx, mesh))
-    step = int(steps.to_host(state["step"]))
-    log.info("resumed from %s at step %d", ckpts.directory, step)
-    return parts, state, step, f"resumed:{ckpts.directory}@{step}"
+    try:  # a damaged newest step is set aside and the previous one restored
+      state, _ = ckpts.restore(abstract_state(params, tx, mesh))
+    except FileNotFoundError:  # none readable (each set aside with a line): start afresh
+      state = None
+    if state is not None:
+      step = int(steps.to_host(state["step"]))
+      log.info("resumed from %s at step %d", ckpts.directory, step)
+      return parts, state, step, f"resumed:{ckpts.directory}@{step}"
   origin = "fresh"
   if init_checkpoint and checkpointing.is_orbax_run_dir(init_checkpoint):
     rep = NamedSharding(mesh, P())
@@ -102,8 +111,9 @@ def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_che
   return parts, state, 0, origin
 
 
-class _StopFlag:
-  """Set by SIGTERM (pre-emption): the loop saves a checkpoint and returns."""
+class StopFlag:
+  """Set by SIGTERM (pre-emption): the loop saves a checkpoint and returns (the caller reads
+  ``stop`` afterwards: ``heads_jax.training.job`` then exits with 143)."""
 
   def __init__(self):
     self.stop = False
@@ -172,13 +182,15 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
                writer: metrics_lib.MetricsWriter | None, throughput: metrics_lib.Throughput | None,
                log_every: int = 100, eval_every: int = 0, eval_fn: Callable | None = None,
                meta_fn: Callable[[int], dict] | None = None, stop_at_step: int = 0,
-               print_fn: Callable[[str], None] | None = print) -> tuple[dict, list[dict]]:
+               print_fn: Callable[[str], None] | None = print,
+               stop_flag: StopFlag | None = None) -> tuple[dict, list[dict]]:
   """Runs the steps ``start_step .. total_steps - 1``; returns ``(state, history)``.
 
   ``batches`` yields the host batches of steps ``start_step, start_step + 1, ...``.
   ``eval_fn(state, step) -> dict`` is called every ``eval_every`` steps and at the end.
   ``history`` holds one dict per logged step (``step`` = number of steps done). Raises
-  ``NonFiniteLoss`` (see the module docstring).
+  ``NonFiniteLoss`` (see the module docstring). ``stop_flag`` (a ``StopFlag``): the SIGTERM
+  handler's flag, for the caller to see whether the run was stopped.
   """
   history: list[dict] = []
   pending: list[dict] = []
@@ -187,7 +199,7 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
   if throughput is not None:
     throughput.reset(step)
   is_main = jax.process_index() == 0
-  with _StopFlag() as flag:
+  with (stop_flag or StopFlag()) as flag:
     while step < last:
       batch = next(batches)
       state, m = train_step(state, shard_batch(batch, mesh))

@@ -25,7 +25,7 @@ import time
 import jax
 from tensorboardX import SummaryWriter
 
-from heads_jax.storage import upload_tree
+from heads_jax.storage import exists, read_text, upload_tree, write_text
 from heads_jax.training.rundir import RunDir
 
 # Peak dense bfloat16 FLOP/s of one JAX device (a TPU v2/v3 device is one core; v4 and later
@@ -80,12 +80,16 @@ class MetricsWriter:
   object cannot be appended to, the file is rewritten whole (the earlier records read back when
   the run resumes) at most every ``sync_seconds`` and when the writer closes; TensorBoard events
   are written to a local folder whose files are copied to ``tb/`` as often (each run segment
-  adds its own events file, as locally).
+  adds its own events file, as locally). ``before_upload()`` is called before each of those
+  uploads (a training job passes its checkpoints' ``wait``: no upload runs while Orbax
+  finalises a checkpoint on the same filesystem object). Every remote call is timed out and
+  retried (``heads_jax.storage.call``).
   """
 
   def __init__(self, workdir, *, enabled: bool = True, tensorboard: bool = True,
-               sync_seconds: float = 30.0):
+               sync_seconds: float = 30.0, before_upload=None):
     self.enabled = enabled
+    self.before_upload = before_upload
     run = RunDir(workdir)
     self.path = run.metrics_file
     self.remote = run.is_remote
@@ -94,7 +98,8 @@ class MetricsWriter:
     if not enabled:
       return
     if self.remote:
-      self._lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+      self._lines = (read_text(self.path).splitlines(keepends=True) if exists(self.path)
+                     else [])
       self._synced = time.monotonic()
       self._dirty = False
     else:
@@ -132,9 +137,10 @@ class MetricsWriter:
     """Writes what is buffered (a remote run; a local one writes every record at once)."""
     if not self.enabled or not self.remote:
       return
+    if self.before_upload is not None:
+      self.before_upload()
     if self._dirty:
-      self.path.parent.mkdir(parents=True, exist_ok=True)
-      self.path.write_text("".join(self._lines))
+      write_text(self.path, "".join(self._lines))
       self._dirty = False
     if self._tb is not None:
       self._tb.flush()
@@ -151,6 +157,8 @@ class MetricsWriter:
     if self._tb is not None:
       self._tb.close()
       if self._tb_local:
+        if self.before_upload is not None:
+          self.before_upload()
         upload_tree(self._tb_local, self._tb_remote)
         shutil.rmtree(self._tb_local, ignore_errors=True)
 
@@ -165,9 +173,9 @@ def _float(v):
 def read_metrics(workdir, split: str | None = None) -> list[dict]:
   """The records of ``workdir/metrics.jsonl`` (optionally of one split); a URL works too."""
   path = RunDir(workdir).metrics_file
-  if not path.exists():
+  if not exists(path):
     return []
-  rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  rows = [json.loads(line) for line in read_text(path).splitlines() if line.strip()]
   return [r for r in rows if split is None or r.get("split") == split]
 
 

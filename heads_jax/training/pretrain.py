@@ -59,7 +59,7 @@ def train_and_evaluate(config, workdir) -> dict:
   evaluation), ``start_step``, ``origin``, ``tokens_per_s`` (mean over the logged intervals
   after the first), ``workdir``.
   """
-  job = TrainingJob(config, workdir)
+  job = TrainingJob(config, workdir)  # checks the settings first
   job.create_dir()
   tokenizer = load_tokenizer(local_copy(config.tokenizer) if config.tokenizer else None)
   examples = build_examples(config, tokenizer)
@@ -105,6 +105,7 @@ def train_and_evaluate(config, workdir) -> dict:
   done = int(steps.to_host(state["step"]))
   if config.export and done >= config.num_train_steps and job.is_main:
     job.export(state["params"], tokenizer, "model", "hf")
+  job.close()
   speeds = [h["tokens_per_s"] for h in history[1:] if "tokens_per_s" in h]
   return {"history": history, "eval": last_eval, "unigram_baseline": unigram,
           "start_step": job.start_step, "origin": job.origin,

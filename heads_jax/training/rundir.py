@@ -1,6 +1,9 @@
 """The work directory of a training run: every path in it, named in one place.
 
-    workdir/config.json       the config used                        (RunDir.config_file)
+    workdir/config.json       the config the run was started with    (RunDir.config_file)
+    workdir/config_changes.jsonl  settings changed on a resume (--config.allow_changes)
+                                                                     (RunDir.config_changes_file)
+    workdir/.heads_jax.lock   while a process runs in it (heads_jax.pipelines.engine.WorkdirLock)
     workdir/data.json         fine-tuning: which rows were used      (RunDir.data_file)
     workdir/summary.json      fine-tuning: the run's summary         (RunDir.summary_file)
     workdir/metrics.jsonl     train and eval scalars                 (RunDir.metrics_file)
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from etils import epath
 
-from heads_jax.storage import as_path, display, is_url
+from heads_jax.storage import as_path, display, is_url, makedirs
 
 
 class RunDir:
@@ -41,7 +44,7 @@ class RunDir:
     return is_url(self.root)
 
   def create(self) -> "RunDir":
-    self.root.mkdir(parents=True, exist_ok=True)
+    makedirs(self.root)
     return self
 
   def sub(self, name: str) -> epath.Path:
@@ -51,6 +54,10 @@ class RunDir:
   @property
   def config_file(self) -> epath.Path:
     return self.root / "config.json"
+
+  @property
+  def config_changes_file(self) -> epath.Path:
+    return self.root / "config_changes.jsonl"
 
   @property
   def data_file(self) -> epath.Path:

@@ -1,0 +1,69 @@
+"""A training job with a fake step (no model, no data), run in a subprocess by the tests of
+``heads_jax.training.job``: ``python -m tests.training.fake_run MODE WORKDIR`` runs ``TrainingJob.train``
+for 8 steps with checkpoints every 2, through ``heads_jax.cli``-like exit handling (UserError ->
+one line, exit 2). MODE:
+
+* ``plain``: runs to the end;
+* ``sigterm``: the step function sends this process SIGTERM at step 3;
+* ``interrupt``: Ctrl-C (``KeyboardInterrupt``) arrives inside the save of step 4, after Orbax
+  started writing it asynchronously;
+* ``nospace``: the save of step 6 fails with ``OSError(ENOSPC)`` after leaving a partial
+  (temporary) step folder, as a full disk does.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+
+import numpy as np
+
+
+def main(mode: str, workdir: str) -> int:
+  from heads_jax.errors import UserError
+  from heads_jax.model.config import config_for
+  from heads_jax.training import checkpointing, configlib, job as job_lib
+
+  c = configlib.load_config("configs/pretrain.py:tiny")
+  c.batch_size, c.num_train_steps, c.log_every, c.tensorboard = 8, 8, 1, False
+  c.checkpoint.every_steps, c.checkpoint.keep = 2, 0
+  job = job_lib.TrainingJob(c, workdir)
+  job.create_dir()
+  job.ckpts = checkpointing.Checkpoints(job.dir.checkpoints, save_interval_steps=2, max_to_keep=None)
+  job.model_config = config_for("tiny", vocab_size=64)
+  real_save = job.ckpts.manager.save
+
+  def save(step, *args, **kwargs):
+    if mode == "nospace" and step == 6:
+      (job.dir.checkpoints / "6.orbax-checkpoint-tmp-1").mkdir(parents=True)
+      raise OSError(errno.ENOSPC, "No space left on device")
+    out = real_save(step, *args, **kwargs)
+    if mode == "interrupt" and step == 4:
+      raise KeyboardInterrupt
+    return out
+
+  job.ckpts.manager.save = save
+
+  def train_step(state, batch):
+    k = int(state["step"]) + 1
+    if mode == "sigterm" and k == 3:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return ({"step": np.int32(k), "params": {"w": state["params"]["w"] + 1}},
+            {"loss": 1.0 / k, "grad_norm": 1.0})
+
+  state = {"step": np.int32(0), "params": {"w": np.zeros((256, 256), np.float32)}}
+  batches = iter(lambda: {"x": np.zeros(8, np.float32)}, None)
+  try:
+    job.train(state, train_step, batches, seq_len=8, meta={})
+  except UserError as e:
+    print(f"heads-jax fake: error: {e}", file=sys.stderr)
+    return 2
+  job.close()
+  print("done")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1], sys.argv[2]))
