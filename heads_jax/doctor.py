@@ -192,7 +192,7 @@ def analysis_checks(model, batch: dict, platform: str) -> list[Check]:
   for impl in ("layerwise", "fused", "stacked"):
     for dtype in ("float32", "bfloat16"):
       name = f"analysis {impl}"
-      note = "Pallas interpret mode (the kernel compiles on GPUs only)" if (
+      note = "Pallas interpret mode: the kernel compiles on GPUs only" if (
           impl == "fused" and platform != "gpu") else ""
       try:
         step = make_analysis_step(model, measures=True, stats_impl=impl, compute_dtype=dtype)
