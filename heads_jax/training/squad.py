@@ -203,6 +203,8 @@ def train_and_evaluate(config, workdir, tokenizer) -> dict:
     raise UserError(f"squad.version must be one of {sq.VERSIONS}, got {s.version!r}")
   train_ex, eval_ex, note = load_squad_splits(config)
   job.create_dir()
+  model = job.init_model("question-answering", tokenizer)
+  model.config.check_max_length(config.data.max_seq_length)  # before encoding any data
   t0 = time.perf_counter()
   train_f = sq.build_features(train_ex, tokenizer, **window_settings(config))
   eval_f = sq.build_features(eval_ex, tokenizer, **window_settings(config))
@@ -213,8 +215,6 @@ def train_and_evaluate(config, workdir, tokenizer) -> dict:
             f"{note['num_eval']} eval questions ({len(eval_f)} windows) in "
             f"{time.perf_counter() - t0:.1f}s")
 
-  model = job.init_model("question-answering", tokenizer)
-  model.config.check_max_length(config.data.max_seq_length)
   state = job.initial_state(model, init_subtree="bert")
   del model
   train_step = job.train_step(span_loss)
