@@ -45,6 +45,9 @@ def add_args(p):
                  help="cluster type(s) for --cross (repeat; default: every type in --analysis)")
   p.add_argument("--renormalise", action="store_true",
                  help="--cross: renormalise attention rows after the removal (default: not, as the paper)")
+  p.add_argument("--paper-tables", action="store_true",
+                 help="Guan et al. Tables 2-3 row by row (types from --analysis), the paper's values "
+                      "beside; on a SQuAD model (--data squad:FILE, --max-length 384) in EM/F1")
   p.add_argument("--importance", action="store_true", help="compute head importance (Michel et al.)")
   p.add_argument("--prune", action="store_true", help="pruning curve by importance vs random (implies --importance)")
   p.add_argument("--prune-step", type=float, default=0.1, help="share of heads pruned per step (default 0.1; e.g. 0.05)")

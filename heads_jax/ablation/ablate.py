@@ -28,33 +28,40 @@ ABLATION_MODES = ("remove", "uniform", "mean")
 METRIC_COLUMNS = ("accuracy", "f1", "loss")
 
 
-def _metrics_row(metrics: dict, base: dict, prefix: str = "") -> dict:
+def metric_columns(evaluator) -> tuple[str, ...]:
+  """The metrics an evaluator reports: ``METRIC_COLUMNS`` for a GLUE classifier, exact match
+  and F1 for SQuAD (``evaluate.SquadEvaluator.metric_columns``)."""
+  return tuple(getattr(evaluator, "metric_columns", METRIC_COLUMNS))
+
+
+def _metrics_row(metrics: dict, base: dict, prefix: str = "", columns=METRIC_COLUMNS) -> dict:
   row = {}
-  for m in METRIC_COLUMNS:
+  for m in columns:
     row[f"{prefix}{m}"] = metrics[m]
     row[f"{prefix}{m}_change"] = metrics[m] - base[m]
   return row
 
 
-def _random_rows(evaluate, size: int, L: int, H: int, seeds: int, seed: int) -> dict:
+def _random_rows(evaluate, size: int, L: int, H: int, seeds: int, seed: int,
+                 columns=METRIC_COLUMNS) -> dict:
   """Mean and standard deviation of each metric's change over random groups of ``size``."""
   if seeds <= 0 or size == 0:
     return {}
-  values = {m: [] for m in METRIC_COLUMNS}
+  values = {m: [] for m in columns}
   for s in range(seeds):
     group = random_group(size, L, H, np.random.default_rng([seed, size, s]))
     metrics = evaluate(group.heads)
-    for m in METRIC_COLUMNS:
+    for m in columns:
       values[m].append(metrics[m])
   out = {}
-  for m in METRIC_COLUMNS:
+  for m in columns:
     out[f"random_{m}"] = float(np.mean(values[m]))
     out[f"random_{m}_std"] = float(np.std(values[m]))
   return out
 
 
-def _with_random_change(row: dict, base: dict) -> dict:
-  for m in METRIC_COLUMNS:
+def _with_random_change(row: dict, base: dict, columns=METRIC_COLUMNS) -> dict:
+  for m in columns:
     if f"random_{m}" in row:
       row[f"random_{m}_change"] = row[f"random_{m}"] - base[m]
   return row
@@ -72,9 +79,13 @@ def ablate_groups(evaluator, groups: list[HeadGroup], *, mode: str = "remove",
   if mode not in ABLATION_MODES:
     raise UserError(f"--mode must be one of {ABLATION_MODES}, got {mode!r}")
   L, H = evaluator.num_layers, evaluator.num_heads
+  cols, first = metric_columns(evaluator), metric_columns(evaluator)[0]
   log = log or (lambda *_: None)
   base = base or evaluator.evaluate()
 
+  if mode == "mean" and cols != METRIC_COLUMNS:
+    raise UserError("--mode mean needs a GLUE classifier; a SQuAD model is ablated with "
+                    "--mode remove or uniform")
   if mode == "mean":
     evaluate = GroupEvaluator(evaluator, "mean").evaluate
   else:
@@ -82,20 +93,20 @@ def ablate_groups(evaluator, groups: list[HeadGroup], *, mode: str = "remove",
       return evaluator.evaluate(gate_for(heads, L, H), gate_mode=mode)
 
   rows = [dict(group="none (unablated)", kind="baseline", num_heads=0, ablation="none",
-               **_metrics_row(base, base), random_seeds=0, heads="")]
+               **_metrics_row(base, base, columns=cols), random_seeds=0, heads="")]
   cache = {}
   for g in groups:
     metrics = evaluate(g.heads) if len(g) else base
     row = dict(group=g.name, kind=g.kind, num_heads=len(g), ablation=mode,
-               **_metrics_row(metrics, base))
+               **_metrics_row(metrics, base, columns=cols))
     if len(g) not in cache:
-      cache[len(g)] = _random_rows(evaluate, len(g), L, H, random_seeds, seed)
+      cache[len(g)] = _random_rows(evaluate, len(g), L, H, random_seeds, seed, cols)
     row.update(cache[len(g)])
     row["random_seeds"] = random_seeds if len(g) else 0
     row["heads"] = format_heads(g.heads)
-    rows.append(_with_random_change(row, base))
-    log(f"{mode} {g.kind} {g.name!r} ({len(g)} heads): accuracy {metrics['accuracy']:.4f} "
-        f"({metrics['accuracy'] - base['accuracy']:+.4f})")
+    rows.append(_with_random_change(row, base, cols))
+    log(f"{mode} {g.kind} {g.name!r} ({len(g)} heads): {first} {metrics[first]:.4f} "
+        f"({metrics[first] - base[first]:+.4f})")
   return pd.DataFrame(rows)
 
 
@@ -112,11 +123,12 @@ def ablate_segments(evaluator, groups: list[HeadGroup], *, parts=SEGMENT_PARTS,
   if bad:
     raise UserError(f"--cross must be intra, inter or both; got {bad}")
   L, H = evaluator.num_layers, evaluator.num_heads
+  cols, first = metric_columns(evaluator), metric_columns(evaluator)[0]
   log = log or (lambda *_: None)
   base = base or evaluator.evaluate()
   rows = [dict(group="none (unablated)", kind="baseline", num_heads=0, ablation="none",
-               renormalised=bool(renormalise), **_metrics_row(base, base), random_seeds=0,
-               heads="")]
+               renormalised=bool(renormalise), **_metrics_row(base, base, columns=cols),
+               random_seeds=0, heads="")]
   for part in parts:
 
     def evaluate(heads, part=part):
@@ -127,13 +139,13 @@ def ablate_segments(evaluator, groups: list[HeadGroup], *, parts=SEGMENT_PARTS,
     for g in groups:
       metrics = evaluate(g.heads) if len(g) else base
       row = dict(group=g.name, kind=g.kind, num_heads=len(g), ablation=part,
-                 renormalised=bool(renormalise), **_metrics_row(metrics, base))
+                 renormalised=bool(renormalise), **_metrics_row(metrics, base, columns=cols))
       if len(g) not in cache:
-        cache[len(g)] = _random_rows(evaluate, len(g), L, H, random_seeds, seed)
+        cache[len(g)] = _random_rows(evaluate, len(g), L, H, random_seeds, seed, cols)
       row.update(cache[len(g)])
       row["random_seeds"] = random_seeds if len(g) else 0
       row["heads"] = format_heads(g.heads)
-      rows.append(_with_random_change(row, base))
-      log(f"remove {part}-sentence attention of {g.kind} {g.name!r} ({len(g)} heads): accuracy "
-          f"{metrics['accuracy']:.4f} ({metrics['accuracy'] - base['accuracy']:+.4f})")
+      rows.append(_with_random_change(row, base, cols))
+      log(f"remove {part}-sentence attention of {g.kind} {g.name!r} ({len(g)} heads): {first} "
+          f"{metrics[first]:.4f} ({metrics[first] - base[first]:+.4f})")
   return pd.DataFrame(rows)

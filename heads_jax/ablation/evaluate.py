@@ -248,3 +248,170 @@ def load_classifier(path, dtype: str | None = None):
   model, tokenizer = load_model(path, head="auto", dtype=dtype)
   check_classifier(model)
   return model, tokenizer
+
+
+# -------------------------------------------------------------------------------------------------
+# SQuAD: the ablations scored in exact match and F1 (Guan et al. 2020, Tables 2 and 3)
+
+SQUAD_METRICS = ("exact_match", "f1")
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadTask:
+  """What the ablation tables read of a task, for SQuAD (a pair task: question and context are
+  the two "sentences" of Guan et al. Table 3)."""
+  name: str = "squad"
+  is_pair: bool = True
+  is_regression: bool = False
+  metrics: tuple = SQUAD_METRICS
+
+
+@dataclasses.dataclass
+class SquadEvalData:
+  """The windows of a SQuAD evaluation set (``heads_jax.data.squad.SquadFeatures``), a
+  ``name``, and ``metric_names``: exact match and F1, as fractions like the classifiers'
+  accuracy (the paper prints them in percent)."""
+  features: object
+  name: str
+  version_2: bool = False
+  task: SquadTask = SquadTask()
+
+  def __len__(self) -> int:
+    return len(self.features.examples)
+
+  @property
+  def metric_names(self) -> tuple[str, ...]:
+    return SQUAD_METRICS
+
+
+def is_squad_spec(spec: str) -> bool:
+  """Does the data spec name SQuAD data (``squad:FILE...``, ``squad-tfds:...``)?"""
+  return str(spec).split(":", 1)[0] in ("squad", "squad-tfds")
+
+
+def load_squad_eval_data(spec: str, tokenizer, *, max_length: int = 384, doc_stride: int = 128,
+                         max_query_length: int = 64, max_examples: int | None = None) -> SquadEvalData:
+  """Reads a SQuAD spec (``squad:FILE[:v1|v2][:n=N][:seed=S]``, ``squad-tfds:...``) and builds
+  its windows as BERT's ``run_squad.py`` (``heads_jax.data.squad.build_features``)."""
+  from heads_jax.data import squad as sq
+  parsed = parse_spec(spec)
+  if parsed.kind not in ("squad", "squad-tfds"):
+    raise UserError(f"data spec {spec!r} is not SQuAD data: a span model is evaluated on "
+                    "squad:FILE[:v1|v2][:n=N] or squad-tfds:[v1.1|v2.0][:SPLIT]")
+  dataset = load_spec(parsed, max_examples)
+  examples = dataset.examples
+  if not examples:
+    raise UserError(f"{spec!r} holds no questions")
+  version_2 = any(not e.answers for e in examples)
+  features = sq.build_features(examples, tokenizer, max_seq_length=max_length,
+                               doc_stride=doc_stride, max_query_length=max_query_length)
+  return SquadEvalData(features, f"{dataset.name} ({len(examples)} questions, {len(features)} "
+                                 f"windows)", version_2)
+
+
+def check_span_model(model):
+  """The model must be a span (question-answering) model."""
+  if not hasattr(model, "qa_outputs") or not hasattr(model, "bert"):
+    raise UserError(f"the model is a {type(model).__name__}, not a SQuAD (question-answering) "
+                    "model: pass a *ForQuestionAnswering checkpoint or a SQuAD fine-tuning run's "
+                    "best_model")
+
+
+class SquadEvaluator:
+  """Scores a span model on fixed SQuAD windows under head gates and segment removal, in exact
+  match and F1 (``heads_jax.data.squad_eval``; the n-best answer of each question over its
+  windows): the interface of `Evaluator` that `heads_jax.ablation.ablate` uses (``evaluate``,
+  ``num_layers``, ``num_heads``, ``task``, ``data``, ``mesh``, ``metric_columns``).
+
+  Windows are batched once (``batch_size`` rounded up to the number of devices; padding rows
+  have no attention and are dropped), put on the ``data`` mesh and reused; one jitted call per
+  batch returns its start and end logits ``[b, q]``.
+  """
+
+  metric_columns = SQUAD_METRICS
+
+  def __init__(self, model, data: SquadEvalData, *, batch_size: int = 32, mesh=None,
+               n_best_size: int | None = None, max_answer_length: int | None = None):
+    from heads_jax.data import squad_eval
+    from heads_jax.training.squad import window_batches
+    check_span_model(model)
+    cfg = model.config
+    if data.features.input_ids.shape[1] > cfg.max_position_embeddings:
+      raise UserError(f"windows of {data.features.input_ids.shape[1]} positions exceed the "
+                      f"model's {cfg.max_position_embeddings}; lower --max-length")
+    if int(data.features.input_ids.max()) >= cfg.vocab_size:
+      raise UserError("the data has token ids beyond the model's vocabulary: encode it with the "
+                      "model's own tokenizer")
+    self.data, self.task = data, data.task
+    self.num_layers, self.num_heads = cfg.num_layers, cfg.num_heads
+    self.n_best_size = n_best_size or squad_eval.N_BEST_SIZE
+    self.max_answer_length = max_answer_length or squad_eval.MAX_ANSWER_LENGTH
+    self.mesh = data_mesh() if mesh is None else mesh
+    local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+    multiple = max(1, len(local))
+    self.graphdef, state = nnx.split(model)
+    self.state = replicate(state, self.mesh)
+    inputs = {k: getattr(data.features, k) for k in glue_batches.TEXT_ARRAYS}
+    host = list(window_batches(inputs, batch_size, multiple))
+    self.rows = [rows for _, rows in host]
+    self.batches = [shard_batch({k: b[k] for k in glue_batches.TEXT_ARRAYS}, self.mesh)
+                    for b, _ in host]
+    graphdef = self.graphdef
+
+    def run(state, batch, gate, removal, gate_mode, renormalise):
+      m = nnx.merge(graphdef, state)
+      out = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+              head_gate=gate, gate_mode=gate_mode, segment_removal=removal,
+              renormalise_segments=renormalise, deterministic=True)
+      return jnp.stack([out["start_logits"], out["end_logits"]], -1).astype(jnp.float32)
+
+    self._run = jax.jit(run, static_argnames=("gate_mode", "renormalise"))
+    self.last_predictions: dict | None = None
+
+  def logits(self, head_gate=None, *, gate_mode: str = "remove", segment_removal=None,
+             renormalise: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(start, end)`` float32 ``[n, q]`` logits of every window."""
+    if gate_mode not in GATE_MODES:
+      raise UserError(f"gate mode must be one of {GATE_MODES}, got {gate_mode!r}")
+    L, H = self.num_layers, self.num_heads
+    gate = np.ones((L, H), np.float32) if head_gate is None else np.asarray(head_gate, np.float32)
+    if gate.shape != (L, H):
+      raise ValueError(f"head_gate must be [layers, heads] = {(L, H)}, got {gate.shape}")
+    gate = replicate(jnp.asarray(gate), self.mesh)
+    removal = None
+    if segment_removal is not None:
+      removal = np.asarray(segment_removal, np.float32)
+      if removal.shape != (L, H, 2):
+        raise ValueError(f"segment_removal must be [layers, heads, 2] = {(L, H, 2)}, got "
+                         f"{removal.shape}")
+      removal = replicate(jnp.asarray(removal), self.mesh)
+    n, q = self.data.features.input_ids.shape
+    out = np.zeros((n, q, 2), np.float32)
+    for batch, rows in zip(self.batches, self.rows):
+      p = np.asarray(jax.device_get(self._run(self.state, batch, gate, removal,
+                                              gate_mode=gate_mode, renormalise=bool(renormalise))))
+      keep = rows >= 0
+      out[rows[keep]] = p[keep]
+    return out[..., 0], out[..., 1]
+
+  def evaluate(self, head_gate=None, *, gate_mode: str = "remove", segment_removal=None,
+               renormalise: bool = False) -> dict:
+    """``exact_match`` and ``f1`` (fractions; the official SQuAD scores / 100) and ``n``
+    (questions) with ``head_gate`` ``[l, h]`` in ``gate_mode`` and the optional
+    ``segment_removal`` ``[l, h, 2]``; the answers are kept in ``last_predictions``."""
+    from heads_jax.training.squad import score_logits
+    start, end = self.logits(head_gate, gate_mode=gate_mode, segment_removal=segment_removal,
+                             renormalise=renormalise)
+    preds, scores = score_logits(self.data.features, start, end, n_best_size=self.n_best_size,
+                                 max_answer_length=self.max_answer_length,
+                                 version_2=self.data.version_2)
+    self.last_predictions = preds
+    return {"exact_match": scores["exact_match"] / 100, "f1": scores["f1"] / 100,
+            "n": int(scores["total"])}
+
+
+def load_span_model(path, dtype: str | None = None):
+  """``(model, tokenizer)`` of a SQuAD (question-answering) model directory or hub id."""
+  model, tokenizer = load_model(path, head="auto", dtype=dtype)
+  check_span_model(model)
+  return model, tokenizer

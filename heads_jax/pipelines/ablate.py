@@ -19,6 +19,7 @@ from typing import Callable
 import pandas as pd
 
 from heads_jax import runfiles
+from heads_jax.ablation.guan import paper_tables
 from heads_jax.ablation import ablate, evaluate, groups as groups_lib, importance as imp_lib, pruning
 from heads_jax.errors import UserError
 from heads_jax.report import ablation as rep
@@ -41,6 +42,7 @@ class AblationConfig:
   heads: str | None = None           # 'L:H,L:H;NAME=L:H,...'
   cross: str | None = None           # intra | inter | both
   cluster: list | None = None
+  paper_tables: bool = False         # Guan et al. Tables 2-3 row by row (needs --analysis)
   renormalise: bool = False
   importance: bool = False
   prune: bool = False
@@ -104,7 +106,7 @@ def _by_groups(run: AblationRun) -> SubResult:
                                   heads=config.heads, role_level=config.role_level)
   table = ablate.ablate_groups(run.ev, groups, mode=config.mode, random_seeds=config.random_seeds,
                                seed=config.seed, base=run.base, log=run.log)
-  fig = guan.plot_group_ablation(table, run.fig_dir / "ablation.png")
+  fig = guan.plot_group_ablation(table, run.fig_dir / "ablation.png", metric=run.metrics[0])
   note = (f"Heads {'removed (gate 0)' if config.mode == 'remove' else 'given uniform attention over the real tokens'}; "
           f"groups by {config.by}" + (f" from {config.analysis}" if config.analysis else "") + ".")
   run.settings.update({"grouping": config.by, "ablation mode": config.mode})
@@ -141,9 +143,11 @@ def _segments(run: AblationRun) -> SubResult:
   table = ablate.ablate_segments(run.ev, cgroups, parts=parts, renormalise=config.renormalise,
                                  random_seeds=config.random_seeds, seed=config.seed, base=run.base,
                                  log=run.log)
-  fig = guan.plot_segment_ablation(table, run.fig_dir / "segment_ablation.png")
+  fig = guan.plot_segment_ablation(table, run.fig_dir / "segment_ablation.png",
+                                   metric=run.metrics[0])
   run.settings["intra/inter rows renormalised"] = bool(config.renormalise)
-  return SubResult({"segment_ablation": table}, rep.segment_section(table, fig),
+  return SubResult({"segment_ablation": table},
+                   rep.segment_section(table, fig, metric=run.metrics[0]),
                    table.to_dict(orient="records"),
                    ["\nintra/inter-sentence attention removed ("
                     f"{'rows renormalised' if config.renormalise else 'rows not renormalised, as Guan et al.'}):",
@@ -193,6 +197,22 @@ def _pruning(run: AblationRun) -> SubResult:
                     summary.to_string(index=False, float_format=lambda v: f"{v:.4f}")])
 
 
+def _paper_tables(run: AblationRun) -> SubResult:
+  """Guan et al. Tables 2 and 3 row by row (``heads_jax.ablation.guan``), the paper's beside."""
+  config, L, H = run.config, run.ev.num_layers, run.ev.num_heads
+  if not config.analysis:
+    raise UserError("--paper-tables needs the cluster types: --analysis DIR (an analysis of this "
+                    "model with clusters.csv)")
+  cgroups = groups_lib.load_groups("cluster", num_layers=L, num_heads=H, analysis=config.analysis)
+  table = paper_tables(run.ev, cgroups, base=run.base, log=run.log)
+  return SubResult({"paper_tables": table},
+                   rep.paper_tables_section(table, model=str(config.model)),
+                   table.to_dict(orient="records"),
+                   ["\nGuan et al. Tables 2-3 (this run vs the paper):",
+                    _table_text(table, ["table", "id", "setting", *run.metrics,
+                                        "paper_exact_match", "paper_f1"])])
+
+
 @dataclasses.dataclass(frozen=True)
 class SubJob:
   """One part of the ablate job: its name (the key in ablation.json and its ``files``), when
@@ -208,6 +228,7 @@ SUB_JOBS = (
     SubJob("segment_ablation", lambda c: bool(c.cross), _segments),
     SubJob("importance", lambda c: bool(c.importance or c.prune), _importance),
     SubJob("pruning", lambda c: bool(c.prune), _pruning),
+    SubJob("paper_tables", lambda c: bool(c.paper_tables), _paper_tables),
 )
 
 
@@ -216,9 +237,30 @@ def _table_text(df, columns) -> str:
   return df[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}")
 
 
+def _load(config: AblationConfig):
+  """``(model, tokenizer, data, evaluator)``: a GLUE classifier on GLUE data, or a SQuAD span
+  model on ``squad:`` data (windows of ``--max-length``; exact match and F1)."""
+  if evaluate.is_squad_spec(config.data):
+    if config.importance or config.prune or config.finetune_data:
+      raise UserError("--importance, --prune and --finetune-data are for GLUE classifiers; a "
+                      "SQuAD model takes --by, --cross and --paper-tables")
+    model, tokenizer = evaluate.load_span_model(config.model, dtype=config.dtype)
+    model.config.check_max_length(config.max_length)
+    data = evaluate.load_squad_eval_data(config.data, tokenizer, max_length=config.max_length,
+                                         max_examples=config.max_examples)
+    return model, tokenizer, data, evaluate.SquadEvaluator(model, data,
+                                                           batch_size=config.batch_size)
+  model, tokenizer = evaluate.load_classifier(config.model, dtype=config.dtype)
+  model.config.check_max_length(config.max_length)
+  rows = evaluate.eval_rows_from_finetune(config.finetune_data) if config.finetune_data else None
+  data = evaluate.load_eval_data(config.data, tokenizer, task=config.task, max_length=config.max_length,
+                                 max_examples=config.max_examples, rows=rows)
+  return model, tokenizer, data, evaluate.Evaluator(model, data, batch_size=config.batch_size)
+
+
 def run_ablation(config: AblationConfig, log=print) -> dict:
   """Runs what ``config`` asks for; writes into ``config.out``; returns the paths and results."""
-  if not (config.by or config.cross or config.importance or config.prune):
+  if not (config.by or config.cross or config.importance or config.prune or config.paper_tables):
     raise UserError("nothing to do: ask for --by cluster|role|layer|heads, --cross intra|inter|both, "
                     "--importance and/or --prune")
   out = Path(config.out)
@@ -226,12 +268,7 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
     raise UserError(f"--out {out} is a file; give a directory")
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.time()
-  model, tokenizer = evaluate.load_classifier(config.model, dtype=config.dtype)
-  model.config.check_max_length(config.max_length)
-  rows = evaluate.eval_rows_from_finetune(config.finetune_data) if config.finetune_data else None
-  data = evaluate.load_eval_data(config.data, tokenizer, task=config.task, max_length=config.max_length,
-                                 max_examples=config.max_examples, rows=rows)
-  ev = evaluate.Evaluator(model, data, batch_size=config.batch_size)
+  model, tokenizer, data, ev = _load(config)
   L, H = ev.num_layers, ev.num_heads
   base = ev.evaluate()
   metrics = data.metric_names
@@ -243,7 +280,7 @@ def run_ablation(config: AblationConfig, log=print) -> dict:
               "max length": config.max_length}
   results = {"settings": settings, "baseline": base, "files": {}}
   sections = [{"title": "Unablated model", "html": table_html(
-      pd.DataFrame([{k: base[k] for k in ("accuracy", "f1", "loss", "n")}]),
+      pd.DataFrame([{k: base[k] for k in (*metrics, "loss", "n") if k in base}]),
       table_id="table-baseline", float_format="{:.4f}")}]
   run = AblationRun(config, model, tokenizer, data, ev, base, settings, out / "figures", log)
   for job in SUB_JOBS:

@@ -12,7 +12,13 @@ Every ``*_section`` returns a dict ``{"title", "html"}`` for `heads_jax.report.p
 * segment ablation (``segment_ablation.csv``): the same with ablation intra / inter and
   renormalised;
 * importance (``importance.csv``): layer, head, importance (and importance_raw);
-* pruning (``pruning.csv``): method, seed, step, share_pruned, num_pruned, accuracy, f1, loss.
+* pruning (``pruning.csv``): method, seed, step, share_pruned, num_pruned, accuracy, f1, loss;
+* Guan et al.'s Tables 2 and 3 row by row (``paper_tables.csv``, `heads_jax.ablation.guan`):
+  table, id, setting, num_heads, missing_types, exact_match / f1 (SQuAD; accuracy / f1 for a
+  classifier) and their change, paper_exact_match, paper_f1.
+
+A SQuAD model's tables have ``exact_match`` and ``f1`` (fractions) where a classifier's have
+``accuracy``, ``f1`` and ``loss``.
 
 No jax.
 """
@@ -33,6 +39,9 @@ def _figure(name: str, figure_path, title: str, metric: str = "accuracy") -> str
   return figure_html(figure_path, title, fig.caption.format(metric=metric), fig.how)
 
 
+METRICS = ("accuracy", "exact_match", "f1")
+
+
 def _metric_columns(df: pd.DataFrame, metrics) -> list[str]:
   return [m for m in metrics if m in df.columns and df[m].notna().any()]
 
@@ -41,7 +50,7 @@ def ablation_section(table: pd.DataFrame, figure_path, *, metric: str = "accurac
                      title: str = "Ablation by head group", note: str = "") -> dict:
   """The group-ablation table in the paper's form (group, heads, metric, change) plus the
   random-group baseline and the figure."""
-  metrics = _metric_columns(table, ("accuracy", "f1"))
+  metrics = _metric_columns(table, METRICS)
   cols = ["group", "kind", "num_heads", "ablation"]
   for m in metrics:
     cols += [m, f"{m}_change"]
@@ -61,7 +70,7 @@ def ablation_section(table: pd.DataFrame, figure_path, *, metric: str = "accurac
 def segment_section(table: pd.DataFrame, figure_path, *, metric: str = "accuracy",
                     title: str = "Intra- and inter-sentence attention removed") -> dict:
   renorm = bool(table.get("renormalised", pd.Series([False])).astype(bool).any())
-  metrics = _metric_columns(table, ("accuracy", "f1"))
+  metrics = _metric_columns(table, METRICS)
   cols = ["group", "kind", "num_heads", "ablation"]
   for m in metrics:
     cols += [m, f"{m}_change"] + [c for c in (f"random_{m}_change",) if c in table.columns]
@@ -117,3 +126,27 @@ def pruning_section(curve: pd.DataFrame, summary: pd.DataFrame, figure_path, *,
           + _figure("pruning", figure_path, title, metric)
           + table_html(summary, table_id="table-pruning", float_format="{:.4f}"))
   return {"title": title, "html": html}
+
+
+def paper_tables_section(table: pd.DataFrame, *, model: str = "") -> dict:
+  """Guan et al. Tables 2 and 3 row by row: this run's exact match and F1 (percent, as the
+  paper prints them) beside the paper's (BERT-large whole-word-masking fine-tuned on SQuAD,
+  SQuAD v1.1 dev)."""
+  em = "exact_match" if "exact_match" in table.columns else "accuracy"
+  df = pd.DataFrame({"table": table["table"], "id": table["id"], "setting": table["setting"],
+                     "heads": table["num_heads"],
+                     f"{em} (this run)": 100 * table[em], "EM (paper)": 100 * table["paper_exact_match"],
+                     "F1 (this run)": 100 * table["f1"], "F1 (paper)": 100 * table["paper_f1"]})
+  if table["missing_types"].astype(bool).any():
+    df["types without heads here"] = table["missing_types"]
+  text = ("<p>Guan et al. (2020) Table 2 (ids 1-11: each cluster type kept, pruned = attention "
+          "0, or substituted by 1/L = uniform attention over the L real tokens) and Table 3 (ids "
+          "12-19: the intra- or inter-sentence attention of one type removed, or of every type "
+          "but one; for SQuAD the two sentences are the question and the context; rows not "
+          "renormalised, as the paper), scored on this run's data without re-training, beside "
+          "the paper's values (\"Acc.\" in the paper is the exact match), in percent. The "
+          "paper's model is " + esc("bert-large-uncased-whole-word-masking-finetuned-squad") +
+          " on the SQuAD v1.1 development set" +
+          (f"; this run's is {esc(model)}" if model else "") + ".</p>")
+  return {"title": "Guan et al. Tables 2 and 3",
+          "html": text + table_html(df, table_id="table-paper-tables", float_format="{:.2f}")}
