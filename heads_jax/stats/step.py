@@ -30,8 +30,9 @@ chooses how (all give the same numbers to float32 rounding, ``tests/stats/test_f
 lowers every path for ``cuda`` and ``tpu`` on the CPU): ``AUTO_STATS_IMPL``, ``"fused"`` on a
 GPU (the kernel lowers with Triton) and ``"layerwise"`` elsewhere (the kernel does not lower for
 TPUs); ``HEADS_JAX_STATS_IMPL`` overrides it (``heads_jax.env``). Where the kernel that ``auto``
-picked fails to compile at run time (a GPU whose Triton lacks something the kernel needs), the
-step falls back to ``"layerwise"`` with one warning line saying how to force either path; an
+picked fails to compile at run time (a GPU whose Triton lacks something the kernel needs, or
+whose cuDNN the model's fused attention cannot use: cuDNN is the one path the lowering tests
+cannot reach without a GPU), the step falls back to ``"layerwise"`` with one warning line saying how to force either path; an
 explicit ``stats_impl="fused"`` raises instead. A model whose ``__call__`` has no
 ``attention_reduce`` parameter, and ``js=True`` (which compares all heads with each other),
 always take ``"stacked"``.
@@ -285,8 +286,9 @@ class AnalysisStep:
       if (not self.auto or self.stats_impl != "fused" or isinstance(e, MemoryError)
           or "RESOURCE_EXHAUSTED" in message or "Out of memory" in message):
         raise
-      print(f"heads_jax: the fused Pallas statistics kernel failed to compile on {self.platform} "
-            f"({message}); using the per-layer XLA path instead. Force a path with "
+      print(f"heads_jax: the fused statistics path (Pallas kernel on the model's fused "
+            f"attention) failed to compile on {self.platform} ({message}); using the per-layer "
+            f"XLA path instead. Force a path with "
             f"HEADS_JAX_STATS_IMPL=layerwise (quiet) or =fused (show the error), or "
             f"make_analysis_step(stats_impl=...)", file=sys.stderr, flush=True)
       self._use("layerwise")

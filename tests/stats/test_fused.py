@@ -294,7 +294,8 @@ def test_auto_falls_back_to_layerwise_when_the_kernel_fails_to_compile(tiny_bert
   assert step.stats_impl == "layerwise"
   warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("heads_jax:")]
   assert len(warned) == 1
-  assert ("fused Pallas statistics kernel failed to compile on gpu" in warned[0]
+  assert ("fused statistics path (Pallas kernel on the model's fused attention) failed to "
+          "compile on gpu" in warned[0]
           and "per-layer XLA path" in warned[0] and "HEADS_JAX_STATS_IMPL=layerwise" in warned[0]
           and "=fused" in warned[0])
   _check(got, stacked)
