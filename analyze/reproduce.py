@@ -32,6 +32,10 @@ def main(args):
   if args.print_config:
     print(config)
     return 0
+  if config.get("pipeline") == "guan":  # configs/reproduce.py:guan
+    from heads_jax.pipelines.guan import run_guan
+    run_guan(config, args.workdir, redo=args.redo)
+    return 0
   run_reproduce(config, args.workdir, redo=args.redo)
   return 0
 

@@ -39,6 +39,7 @@ Presets:
   Syntax: spaCy ``en_core_web_sm`` when it is installed; otherwise the text is analysed without
   dependency arcs and the syntactic roles (and the claims about them) come from the same models on
   the first 200 sentences of UD English EWT test (gold arcs, embedded): ``analysis.syntax_fallback``.
+* ``guan`` / ``guan_toy``: Guan et al. 2020 (``guan_config``; ``heads_jax.pipelines.guan``).
 * ``toy``: a tiny random BERT (2 layers x 4 heads), 4 fine-tuning steps, 16 sequences per task;
   the same split layout as ``cpu``. For tests (point ``data.glue_dir`` at a small GLUE folder).
 
@@ -141,8 +142,48 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+GUAN_PRESETS = ("guan", "guan_toy")
+SQUAD_FILE = env.get("HEADS_JAX_SQUAD_FILE")
+
+
+def guan_config(name: str) -> ml_collections.ConfigDict:
+  """Guan et al. 2020 (``heads_jax.pipelines.guan``): ``guan``, the paper's setting (a SQuAD
+  model, default ``bert-large-uncased-whole-word-masking-finetuned-squad`` from the Hugging Face
+  cache; 1,000 random SQuAD questions; K = 4; Tables 2-3 on SQuAD v1.1 dev through TFDS unless
+  ``eval_data`` says otherwise), and ``guan_toy`` (few samples and short windows, for tests:
+  set ``squad_model`` to a small span model and ``squad_data`` to a local file)."""
+  c = ml_collections.ConfigDict()
+  c.preset = name
+  c.pipeline = "guan"
+  c.squad_model = "bert-large-uncased-whole-word-masking-finetuned-squad"
+  # the samples' source: squad:FILE[:v1|v2] or squad-tfds:[v1.1|v2.0][:SPLIT] (no n=/seed=)
+  c.squad_data = f"squad:{SQUAD_FILE}:v1" if SQUAD_FILE else "squad-tfds:v1.1:validation"
+  c.samples = 1000       # "1,000 SQuAD samples" (Guan et al. section 4)
+  c.seed = 0
+  c.clusters = 4         # "we choose to use four clusters" (section 4)
+  c.models = ml_collections.ConfigDict({"pretrained": "", "mrpc": "", "mnli": ""})  # Table 1
+  # each Table 1 model's data ("" = the SQuAD samples)
+  c.model_data = ml_collections.ConfigDict({"pretrained": "", "mrpc": "glue:mrpc:validation",
+                                            "mnli": "glue:mnli:validation_matched"})
+  c.eval_data = ""       # Tables 2-3 ("" = squad_data, every question; the paper: SQuAD v1.1 dev)
+  c.analysis = ml_collections.ConfigDict({"max_length": 384, "batch_size": 16,
+                                          "max_examples": 0, "measures": True, "reports": True})
+  c.ablation = ml_collections.ConfigDict({"max_length": 384, "batch_size": 32, "max_examples": 0})
+  if name == "guan_toy":
+    c.samples = 8
+    c.analysis.max_length = 64
+    c.analysis.batch_size = 8
+    c.analysis.measures = False
+    c.ablation.max_length = 64
+    c.ablation.batch_size = 8
+    c.ablation.max_examples = 8
+  return c
+
+
 def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   name = (arg or "cpu").strip()
+  if name in GUAN_PRESETS:
+    return guan_config(name)
   c = base_config()
   c.preset = name
   if name == "paper":

@@ -1,0 +1,94 @@
+"""The ``guan`` reproduce preset end to end on tiny random models: the SQuAD model analysed on
+a few random questions of the shared SQuAD file (K = 4 clusters), a second model for Table 1,
+Tables 2-3 in EM/F1 beside the paper's values, one report; a rerun reuses every stage."""
+
+import pandas as pd
+import pytest
+from flax import nnx
+
+from heads_jax.data import assets
+from heads_jax.data.tokenizer import load_tokenizer
+from heads_jax.errors import UserError
+from heads_jax.model.checkpoint import save_model
+from heads_jax.model.config import config_for
+from heads_jax.model.heads import BertForQuestionAnswering, BertForSequenceClassification
+from heads_jax.pipelines import guan
+from heads_jax.training import configlib
+from tests.helpers import SHARED, requires_shared
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  tok = load_tokenizer(None)
+  cfg = config_for("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
+                   initializer_range=0.2)
+  root = tmp_path_factory.mktemp("models")
+  save_model(BertForQuestionAnswering(cfg, rngs=nnx.Rngs(0)), root / "squad", tok)
+  save_model(BertForSequenceClassification(cfg, 2, rngs=nnx.Rngs(1)), root / "mrpc", tok,
+             id2label={0: "not_equivalent", 1: "equivalent"})
+  return root
+
+
+def _config(models, **extra):
+  c = configlib.load_config("configs/reproduce.py:guan_toy")
+  c.squad_model = str(models / "squad")
+  c.squad_data = f"squad:{SHARED / 'squad' / 'dev-v2.0-first5.json'}:v1"
+  c.models.mrpc = str(models / "mrpc")
+  c.model_data.mrpc = f"glue-tsv:{assets.glue_dir()}/MRPC:dev"
+  c.analysis.max_examples = 8
+  c.analysis.reports = False   # the analysis reports (Figs. 1-3, 5) are tested with `analyze`
+  c.ablation.max_examples = 4
+  for k, v in extra.items():
+    setattr(c, k, v)
+  return c
+
+
+def test_presets_and_plan():
+  c = configlib.load_config("configs/reproduce.py:guan")
+  assert c.pipeline == "guan" and c.squad_model == guan.DEFAULT_SQUAD_MODEL
+  assert c.samples == 1000 and c.clusters == 4 and c.analysis.max_length == 384
+  plan = guan.plan_models(c)
+  assert [p["label"] for p in plan] == ["squad"] and plan[0]["data"].endswith(":n=1000:seed=0")
+  c.models.mnli = "some/dir"
+  assert guan.plan_models(c)[-1] == {"label": "mnli", "model": "some/dir",
+                                     "data": "glue:mnli:validation_matched"}
+  c.squad_data = "glue:mrpc"
+  with pytest.raises(UserError, match="must be SQuAD data"):
+    guan.plan_models(c)
+
+
+def test_table1_paper_values():
+  t = guan.table1({"squad": {"stability": 0.9}, "mrpc": {"stability": None}})
+  assert t["model"].tolist() == ["SQuAD", "Pre-train", "MRPC", "MNLI"]
+  assert t["paper"].tolist() == pytest.approx([96.26, 95.98, 95.98, 94.37])
+  assert t["this run"][0] == pytest.approx(90.0) and t["analysed"].tolist() == [True, False, True, False]
+
+
+def test_default_hub_model_is_not_downloaded(tmp_path):
+  c = configlib.load_config("configs/reproduce.py:guan_toy")
+  with pytest.raises(UserError, match="bert-large-uncased-whole-word-masking-finetuned-squad"):
+    guan.run_guan(c, tmp_path / "run", log=lambda *_: None)
+
+
+@pytest.mark.slow
+@requires_shared("squad")
+def test_guan_end_to_end_and_rerun(models, tmp_path):
+  lines = []
+  res = guan.run_guan(_config(models), tmp_path / "run", log=lines.append)
+  analyses = res["analysis"]
+  assert set(analyses) == {"squad", "mrpc"}
+  for a in analyses.values():
+    assert 0.0 <= a["stability"] <= 1.0
+  tables = pd.read_csv(tmp_path / "run" / "ablation" / "paper_tables.csv")
+  assert tables["id"].tolist() == list(range(1, 20))
+  assert tables.loc[tables.id == 9, "paper_f1"].item() == pytest.approx(0.0607)
+  html = (tmp_path / "run" / "report.html").read_text()
+  for text in ("Table 1", "96.26", "94.37", "Fig. 4", "Guan et al. Tables 2 and 3", "82.85",
+               "analysis/squad/report.html", "Fig. 4 (MRPC)"):
+    assert text in html, text
+  t1 = {r["model"]: r for r in res["report"]["table1"]}
+  assert t1["SQuAD"]["this run"] == pytest.approx(100 * analyses["squad"]["stability"])
+  # the same command again reuses every stage
+  again = []
+  guan.run_guan(_config(models), tmp_path / "run", log=again.append)
+  assert sum("done earlier, reused" in line for line in again) == 3, again
