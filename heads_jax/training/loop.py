@@ -239,7 +239,7 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
         meta = meta_fn(step) if meta_fn else {}
         ckpts.save(step, state, meta, force=final)
       if flag.stop:
-        log.warning("SIGTERM: saved step %d and stopping", step)
+        log.info("SIGTERM: saved step %d and stopping", step)
         break
   if ckpts is not None:
     ckpts.wait()

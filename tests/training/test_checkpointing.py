@@ -1,0 +1,117 @@
+"""heads_jax.training.checkpointing: a damaged newest step is set aside with one line and the
+previous complete step restored; saved parameters of another shape (another model size, on a
+resume or as an init checkpoint) are one UserError line, not Orbax's tree mismatch."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from heads_jax.errors import UserError
+from heads_jax.training import checkpointing
+
+
+def _state(rows=64, value=0.0):
+  return {"step": jnp.int32(0),
+          "params": {"bert": {"w": jnp.full((rows, 16), value)}, "head": jnp.full(3, value)},
+          "opt_state": (jnp.full(2, value),)}
+
+
+def _saved_run(directory, steps=(1, 2)):
+  ckpts = checkpointing.Checkpoints(directory, save_interval_steps=1, max_to_keep=None)
+  for s in steps:
+    ckpts.save(s, dict(_state(value=float(s)), step=jnp.int32(s)), {"step": s})
+  ckpts.close()
+  return directory
+
+
+def _damage(step_dir, how):
+  if how == "metadata":
+    os.remove(os.path.join(step_dir, "state", "_METADATA"))
+    return
+  data = sorted(f for f in glob.glob(os.path.join(step_dir, "state", "**", "*"), recursive=True)
+                if os.path.isfile(f) and f"{os.sep}d{os.sep}" in f)
+  assert data, "no data files found in the step folder"
+  if how == "deleted":
+    os.remove(data[0])
+  else:
+    with open(data[0], "r+b") as f:
+      f.truncate(10)
+
+
+@pytest.mark.parametrize("how", ["deleted", "truncated", "metadata"])
+def test_damaged_newest_step_is_set_aside_and_the_previous_restored(tmp_path, how):
+  run = _saved_run(tmp_path / "run" / "checkpoints")
+  _damage(str(run / "2"), how)
+  lines = []
+  ckpts = checkpointing.Checkpoints(run, save_interval_steps=1, max_to_keep=None)
+  state, meta = ckpts.restore(checkpointing.abstract_like(_state()), log=lines.append)
+  assert meta == {"step": 1} and int(state["step"]) == 1
+  np.testing.assert_array_equal(np.asarray(state["params"]["head"]), [1.0, 1.0, 1.0])
+  assert len(lines) == 1
+  assert lines[0].startswith(f"checkpoint step 2 in {run} is damaged (")
+  assert lines[0].endswith(f"moved it to {tmp_path / 'run' / 'damaged_checkpoints' / '2'}; "
+                           f"restoring step 1")
+  # nothing is lost: the damaged step is beside the run, out of its way
+  assert (tmp_path / "run" / "damaged_checkpoints" / "2").is_dir()
+  assert ckpts.all_steps() == [1]
+  # the run goes on: step 2 can be saved again
+  ckpts.save(2, dict(_state(value=5.0), step=jnp.int32(2)), {"step": 2}, force=True)
+  ckpts.close()
+  again = checkpointing.Checkpoints(run, save_interval_steps=1)
+  state, meta = again.restore(checkpointing.abstract_like(_state()), log=lines.append)
+  assert meta == {"step": 2} and len(lines) == 1
+  again.close()
+
+
+def test_every_step_damaged_is_file_not_found(tmp_path):
+  run = _saved_run(tmp_path / "ck", steps=(1,))
+  _damage(str(run / "1"), "deleted")
+  lines = []
+  ckpts = checkpointing.Checkpoints(run, save_interval_steps=1)
+  with pytest.raises(FileNotFoundError, match="no readable checkpoint"):
+    ckpts.restore(checkpointing.abstract_like(_state()), log=lines.append)
+  assert len(lines) == 1 and lines[0].endswith("no earlier checkpoint: starting afresh")
+  ckpts.close()
+
+
+def test_resume_with_another_model_size_is_one_line(tmp_path):
+  run = _saved_run(tmp_path / "ck")
+  ckpts = checkpointing.Checkpoints(run, save_interval_steps=1)
+  with pytest.raises(UserError) as e:
+    ckpts.restore(checkpointing.abstract_like(_state(rows=32)))
+  text = str(e.value)
+  assert "\n" not in text and len(text) < 400
+  assert text.startswith(f"{run / '2'} holds a model of another shape than this run's "
+                         f"(bert/w is [64, 16] there, [32, 16] here)")
+  assert ckpts.all_steps() == [1, 2]  # nothing set aside: the checkpoints are fine
+  ckpts.close()
+
+
+def test_init_from_a_run_of_another_model_size_is_one_line(tmp_path):
+  run = _saved_run(tmp_path / "ck")
+  target = checkpointing.abstract_like({"bert": _state(rows=48)["params"]["bert"]})
+  with pytest.raises(UserError) as e:
+    checkpointing.restore_params_from_run(run, target)
+  text = str(e.value)
+  assert "\n" not in text and "strict" not in text
+  assert text.startswith(f"init_checkpoint {run / '2'} holds a model of another shape than this "
+                         f"run's (bert/w is [64, 16] there, [48, 16] here)")
+  assert "--config.model.size" in text
+  # the same size restores (a subtree: the encoder only)
+  ok = checkpointing.abstract_like({"bert": _state()["params"]["bert"]})
+  params, step = checkpointing.restore_params_from_run(run, ok)
+  assert step == 2 and float(params["bert"]["w"][0, 0]) == 2.0
+
+
+def test_remove_partial_leaves_complete_checkpoints(tmp_path):
+  run = _saved_run(tmp_path / "ck", steps=(1,))
+  (run / "2.orbax-checkpoint-tmp-17").mkdir()
+  ckpts = checkpointing.Checkpoints(run, save_interval_steps=1)
+  assert ckpts.remove_partial() == ["2.orbax-checkpoint-tmp-17"]
+  assert sorted(p.name for p in run.iterdir()) == ["1"]
+  ckpts.close()
