@@ -60,6 +60,22 @@ def _rebuild_text(forms, misc) -> str:
   return "".join(parts).rstrip(" ")
 
 
+def _check_tree(heads, linenos, name) -> None:
+  """Gold arcs must form a tree: following HEAD from any word reaches the root (0); a cycle
+  (word 1 -> 2 -> 1) is a ValueError naming the words and the line of the first."""
+  n = len(heads)
+  for start in range(1, n + 1):
+    seen, w = [], start
+    while w != 0 and w not in seen:
+      seen.append(w)
+      w = heads[w - 1]
+    if w != 0:
+      cycle = seen[seen.index(w):]
+      raise _error(name, linenos[min(cycle) - 1],
+                   f"the HEAD column makes a cycle ({' -> '.join(map(str, cycle + [w]))}): "
+                   "gold arcs must form a tree whose words all lead to the root (HEAD 0)")
+
+
 def _parse_lines(lines, name) -> Iterator[Sentence]:
   comments = {}
   words = []  # (lineno, id, form, head_str, deprel, upos, misc)
@@ -78,6 +94,7 @@ def _parse_lines(lines, name) -> Iterator[Sentence]:
       if head == i + 1:
         raise _error(name, lineno, f"word {head} is its own head")
       heads.append(head)
+    _check_tree(heads, [w[0] for w in words], name)
     text = comments.get("text")
     if text is None:
       text = _rebuild_text(forms, [w[6] for w in words])

@@ -55,6 +55,8 @@ class DataSpec:
 
 def _existing_file(spec, path) -> Path:
   path = Path(path).expanduser()
+  if path.is_dir():
+    raise _bad(spec, f"{path} is a directory; give a file")
   if not path.is_file():
     raise _bad(spec, f"file {path} does not exist")
   return path
@@ -143,6 +145,7 @@ class Dataset:
   gold_arcs: bool
   pairs: bool
   name: str
+  warnings: tuple[str, ...] = ()   # about the input itself (e.g. a TSV column of labels)
 
   @property
   def labels(self) -> list | None:
@@ -154,9 +157,18 @@ class Dataset:
     return len(self.examples)
 
 
+def check_max_examples(max_examples) -> None:
+  """``max_examples``: None (all) or a positive integer; a ValueError naming the flag otherwise."""
+  if max_examples is not None and (isinstance(max_examples, bool) or not
+                                   isinstance(max_examples, int) or max_examples < 1):
+    raise ValueError(f"--max-examples must be a positive number of examples per data set, got "
+                     f"{max_examples!r}; leave it out to read every example")
+
+
 def load_spec(spec: str | DataSpec, max_examples: int | None = None) -> Dataset:
   """Reads the examples a spec names (at most ``max_examples``)."""
   ds = spec if isinstance(spec, DataSpec) else parse_spec(spec)
+  check_max_examples(max_examples)
   if ds.kind == "conllu":
     examples = conllu.load_conllu(ds.path, max_examples)
     return Dataset(ds, examples, True, False, ds.spec)
@@ -175,7 +187,13 @@ def load_spec(spec: str | DataSpec, max_examples: int | None = None) -> Dataset:
     return Dataset(ds, examples, False, True, ds.spec)
   if ds.kind == "tsv":
     examples = text.load_tsv(ds.path, ds.header, max_examples)
-    return Dataset(ds, examples, False, any(e.text_b is not None for e in examples), ds.spec)
+    labels = text.label_column(examples)
+    warn = () if labels is None else (
+        f"{ds.spec}: the second column holds only {labels} (class labels?), not sentences; it "
+        "is read as sentence B of a pair. For a GLUE file use glue-tsv:DIR/TASK; for single "
+        "sentences keep only the first column",)
+    return Dataset(ds, examples, False, any(e.text_b is not None for e in examples), ds.spec,
+                   warn)
   if ds.kind == "text":
     examples = text.load_text(ds.path, max_examples)
     return Dataset(ds, examples, False, False, ds.spec)
@@ -222,24 +240,93 @@ def analysis_examples(dataset: Dataset, nlp=None, syntax_on: bool = True,
 
 
 @dataclasses.dataclass(frozen=True)
+class InputCounts:
+  """What `input_counts` found in a dataset, before any batch: ``read`` examples; ``empty``
+  ones (a segment with no wordpiece: dropped, they would be bare ``[CLS] [SEP]`` sequences);
+  ``truncated`` ones (longer than ``max_length`` with the special tokens: cut); ``duplicates``
+  (the same text as an earlier example: kept, counted)."""
+  read: int
+  empty: int = 0
+  truncated: int = 0
+  duplicates: int = 0
+
+  def text(self, max_length: int) -> str:
+    """One line for the log (only the counts that are not 0)."""
+    parts = [f"{self.read} read"]
+    if self.empty:
+      parts.append(f"{self.empty} with no wordpiece dropped")
+    if self.truncated:
+      parts.append(f"{self.truncated} truncated to {max_length} wordpieces")
+    if self.duplicates:
+      parts.append(f"{self.duplicates} duplicate(s) of an earlier example (kept)")
+    return ", ".join(parts)
+
+
+def _segment_texts(dataset: Dataset):
+  """Each example's segments as ``(text_a, text_b or None)`` (CoNLL-U: its words joined)."""
+  if dataset.gold_arcs:
+    return [(" ".join(s.forms), None) for s in dataset.examples]
+  return [(e.text_a, e.text_b) for e in dataset.examples]
+
+
+def input_counts(dataset: Dataset, tokenizer, max_length: int) -> tuple[Dataset, InputCounts]:
+  """Counts the empty, truncated and duplicated examples of ``dataset`` (one tokenizer pass,
+  no special tokens, no truncation) and drops the empty ones; returns ``(kept dataset,
+  counts)``."""
+  texts = _segment_texts(dataset)
+  if not texts:
+    return dataset, InputCounts(0)
+  a = tokenizer([t[0] for t in texts], add_special_tokens=False, verbose=False)["input_ids"]
+  b_idx = [i for i, t in enumerate(texts) if t[1] is not None]
+  b = dict(zip(b_idx, tokenizer([texts[i][1] for i in b_idx], add_special_tokens=False,
+                                verbose=False)["input_ids"] if b_idx else []))
+  single, pair = (tokenizer.num_special_tokens_to_add(pair=False),
+                  tokenizer.num_special_tokens_to_add(pair=True))
+  keep, empty, truncated, duplicates, seen = [], 0, 0, 0, set()
+  for i, ex in enumerate(dataset.examples):
+    if not a[i] or (i in b and not b[i]):
+      empty += 1
+      continue
+    total = len(a[i]) + (len(b[i]) + pair if i in b else single)
+    truncated += total > max_length
+    if texts[i] in seen:
+      duplicates += 1
+    seen.add(texts[i])
+    keep.append(ex)
+  kept = dataset if not empty else dataclasses.replace(dataset, examples=keep)
+  return kept, InputCounts(len(texts), empty, int(truncated), duplicates)
+
+
+@dataclasses.dataclass(frozen=True)
 class DatasetInfo:
   """What `encode_spec` read: the dataset, where its arcs come from (``"gold"``,
-  ``"parser:<name>"`` or None), and the encoding settings."""
+  ``"parser:<name>"`` or None), the encoding settings, and the `InputCounts`."""
   dataset: Dataset
   arcs: str | None
   max_length: int
   batch_size: int
+  counts: InputCounts | None = None
 
   @property
   def num_examples(self) -> int:
     return len(self.dataset)
 
+  @property
+  def warnings(self) -> tuple[str, ...]:
+    return self.dataset.warnings
+
   def settings(self) -> dict:
     """JSON-friendly description, for output files."""
-    return {"data": self.dataset.spec.spec, "data_name": self.dataset.name,
-            "num_examples": self.num_examples, "pairs": self.dataset.pairs,
-            "gold_arcs": self.dataset.gold_arcs, "arcs": self.arcs,
-            "max_length": self.max_length}
+    out = {"data": self.dataset.spec.spec, "data_name": self.dataset.name,
+           "num_examples": self.num_examples, "pairs": self.dataset.pairs,
+           "gold_arcs": self.dataset.gold_arcs, "arcs": self.arcs,
+           "max_length": self.max_length}
+    if self.counts is not None:
+      out.update(num_read=self.counts.read, num_empty_dropped=self.counts.empty,
+                 num_truncated=self.counts.truncated, num_duplicates=self.counts.duplicates)
+    if self.warnings:
+      out["warnings"] = list(self.warnings)
+    return out
 
 
 def encode_spec(spec: str, tokenizer, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
@@ -249,12 +336,13 @@ def encode_spec(spec: str, tokenizer, max_length: int = DEFAULT_MAX_LENGTH, batc
   """Reads a spec and returns ``(info, batches, n)``.
 
   ``batches`` yields ``(indices, batch)`` as `encoding.iter_batches` (lazy: text is parsed and
-  encoded while iterating); ``n`` the number of examples. ``parser``: None (``en_core_web_sm``),
+  encoded while iterating); ``n`` the number of examples kept (`input_counts`: examples with no
+  wordpiece are dropped; ``info.counts`` holds what was read, dropped, truncated, duplicated). ``parser``: None (``en_core_web_sm``),
   a spaCy pipeline name, or a callable ``nlp(text) -> Doc``; it is loaded here, before any
   batch, so a missing pipeline fails at once (`syntax.MissingParserError`). ``syntax=False``
   skips parsing and drops all arcs.
   """
-  dataset = load_spec(spec, max_examples)
+  dataset, counts = input_counts(load_spec(spec, max_examples), tokenizer, max_length)
   nlp, arcs = None, None
   if syntax:
     if dataset.gold_arcs:
@@ -266,5 +354,5 @@ def encode_spec(spec: str, tokenizer, max_length: int = DEFAULT_MAX_LENGTH, batc
   batches = iter_batches(examples, tokenizer, max_length=max_length, batch_size=batch_size,
                          sort_window=sort_window, bucket_step=bucket_step,
                          pad_to_batch_size=pad_to_batch_size)
-  return DatasetInfo(dataset, arcs, max_length, batch_size), batches, len(dataset)
+  return DatasetInfo(dataset, arcs, max_length, batch_size, counts), batches, len(dataset)
 

@@ -2,6 +2,7 @@
 
 import csv
 import dataclasses
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,3 +103,22 @@ def _read_tsv(path, header: bool, max_examples: int | None) -> list[TextExample]
       examples.append(TextExample(row[0].strip(), row[1].strip() if ncols == 2 else None,
                                   len(examples)))
   return examples
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
+def label_column(examples: list[TextExample]) -> str | None:
+  """The values of a pair TSV's second column when they look like class labels, not sentences
+  (every value a number, or at most 3 distinct single words over 4+ rows: an SST-2 or CoLA
+  file read as ``tsv:``), as text such as ``'0', '1'``; None otherwise."""
+  second = [e.text_b for e in examples if e.text_b is not None]
+  if not second or len(second) != len(examples):
+    return None
+  values = sorted(set(second))
+  numeric = all(_NUMBER.fullmatch(v) for v in values)
+  words = len(second) >= 4 and len(values) <= 3 and all(v and " " not in v for v in values)
+  if not (numeric or words):
+    return None
+  shown = ", ".join(repr(v) for v in values[:5]) + (", ..." if len(values) > 5 else "")
+  return shown

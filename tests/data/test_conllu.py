@@ -93,3 +93,18 @@ def test_every_real_sentence_has_one_root_and_heads_in_range():
   for s in read_conllu(assets.ud_ewt_test_path(), max_examples=300):
     assert all(0 <= h <= len(s) for h in s.heads)
     assert s.heads.count(0) >= 1 and s.text
+
+
+def test_a_cycle_is_refused_as_gold_arcs(tmp_path):
+  # issue 28: words 1 -> 2 -> 1 never reach the root; before, the cycle was accepted as gold arcs.
+  rows = ["1\tA\ta\tX\t_\t_\t2\tdep\t_\t_", "2\tB\tb\tX\t_\t_\t1\tdep\t_\t_",
+          "3\tC\tc\tX\t_\t_\t0\troot\t_\t_"]
+  path = tmp_path / "cycle.conllu"
+  path.write_text("\n".join(rows) + "\n\n")
+  with pytest.raises(ValueError) as e:
+    load_conllu(path)
+  msg = str(e.value)
+  assert f"{path}, line 1" in msg and "cycle (1 -> 2 -> 1)" in msg and "\n" not in msg
+  # a tree (both lead to the root) is accepted
+  path.write_text("\n".join([rows[0].replace("\t2\tdep", "\t3\tdep"), rows[1], rows[2]]) + "\n\n")
+  assert load_conllu(path)[0].head_indices() == (2, 0, -1)

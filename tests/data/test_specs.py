@@ -133,3 +133,58 @@ def test_encode_embedded_ud_ewt_all(tok):
   # exact-label counts of the file (see test_data_conllu) minus arcs lost to truncation at 128
   assert rels[1:].tolist() == pytest.approx([1950, 1153, 1247, 1324], abs=25)
   assert (rels[1:] <= [1950, 1153, 1247, 1324]).all()
+
+
+def test_counts_of_empty_truncated_and_duplicated_examples(tmp_path, tok):
+  # issue 28: a line with no wordpiece (a zero-width space) was a bare [CLS] [SEP] sequence
+  # counted in the tests; cut and repeated sentences were counted nowhere.
+  long = " ".join(["word"] * 2000)  # 2,000 pieces ("word" is one wordpiece)
+  path = tmp_path / "s.txt"
+  path.write_text(f"the cat sat\n\u200b\n{long}\nthe cat sat\na dog\n")
+  info, batches, n = encode_spec(f"text:{path}", tok, max_length=16, batch_size=8, syntax=False)
+  assert n == 4 and [e.text_a for e in info.dataset.examples] == ["the cat sat", long,
+                                                                  "the cat sat", "a dog"]
+  c = info.counts
+  assert (c.read, c.empty, c.truncated, c.duplicates) == (5, 1, 1, 1)
+  s = info.settings()
+  assert (s["num_read"], s["num_empty_dropped"], s["num_truncated"], s["num_duplicates"]) == (5, 1, 1, 1)
+  assert c.text(16) == ("5 read, 1 with no wordpiece dropped, 1 truncated to 16 wordpieces, "
+                        "1 duplicate(s) of an earlier example (kept)")
+  rows = [r for _, b in batches for r in b["attention_mask"].sum(1)]
+  assert sorted(int(r) for r in rows if r) == [4, 5, 5, 16]  # [CLS] a dog [SEP]; the long one cut
+  # 14 pieces + [CLS] [SEP] = 16 fits exactly: not truncated; 15 is
+  path.write_text(" ".join(["word"] * 14) + "\n" + " ".join(["word"] * 15) + "\n")
+  info, _, _ = encode_spec(f"text:{path}", tok, max_length=16, syntax=False)
+  assert info.counts.truncated == 1
+  # pairs: 3 special tokens; an empty B drops the pair
+  tsv = tmp_path / "p.tsv"
+  tsv.write_text("a b c\td e f\ng h\t\u200b\n")
+  info, _, n = encode_spec(f"tsv:{tsv}", tok, max_length=9, syntax=False)  # 3 + 3 + 3 = 9 fits
+  assert n == 1 and (info.counts.empty, info.counts.truncated) == (1, 0)
+  tsv.write_text("a b c\td e f g\n")
+  info, _, _ = encode_spec(f"tsv:{tsv}", tok, max_length=9, syntax=False)  # 3 + 4 + 3 = 10 > 9
+  assert info.counts.truncated == 1
+
+
+def test_input_errors_name_the_cause(tmp_path):
+  # issue 28: a directory said "does not exist"; --max-examples 0/-1 blamed the data.
+  with pytest.raises(ValueError, match=f"{tmp_path} is a directory; give a file"):
+    parse_spec(f"text:{tmp_path}")
+  (tmp_path / "s.txt").write_text("one\ntwo\n")
+  for bad in (0, -1):
+    with pytest.raises(ValueError, match=f"--max-examples must be a positive number .* got {bad}"):
+      load_spec(f"text:{tmp_path / 's.txt'}", max_examples=bad)
+
+
+def test_tsv_with_a_label_column_warns(tmp_path, tok):
+  # issue 28: an SST-2 TSV read as tsv: made its label column sentence B without a word.
+  path = tmp_path / "sst2.tsv"
+  path.write_text("".join(f"sentence number {i}\t{i % 2}\n" for i in range(6)))
+  ds = load_spec(f"tsv:{path}")
+  assert ds.pairs and len(ds.warnings) == 1
+  assert "the second column holds only '0', '1' (class labels?)" in ds.warnings[0]
+  assert "glue-tsv:DIR/TASK" in ds.warnings[0]
+  info, _, _ = encode_spec(f"tsv:{path}", tok, syntax=False)
+  assert info.settings()["warnings"] == list(ds.warnings)
+  path.write_text("a cat\tthe cat sat down\nb\tdogs bark\n")
+  assert load_spec(f"tsv:{path}").warnings == ()

@@ -54,3 +54,16 @@ def test_tsv_single_column_and_errors(tmp_path):
     load_tsv(three)
   with pytest.raises(FileNotFoundError):
     load_tsv(tmp_path / "none.tsv")
+
+
+def test_label_column_of_a_pair_tsv(tmp_path):
+  # issue 28: an SST-2 TSV (sentence, label) read as tsv: has labels as sentence B.
+  from heads_jax.data.text import label_column
+  sst2 = [TextExample(f"sentence {i} here", str(i % 2), i) for i in range(6)]
+  assert label_column(sst2) == "'0', '1'"
+  words = [TextExample(f"s {i}", ("positive", "negative")[i % 2], i) for i in range(4)]
+  assert label_column(words) == "'negative', 'positive'"
+  pairs = [TextExample("A cat sat.", "The cat sat down.", 0), TextExample("B", "Dogs bark a lot.", 1)]
+  assert label_column(pairs) is None
+  assert label_column([TextExample("only a", None, 0)]) is None
+  assert label_column(words[:2]) is None  # two rows of one word each: too few to tell
