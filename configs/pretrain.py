@@ -4,10 +4,14 @@ Presets (``--config configs/pretrain.py:PRESET``):
 
 * ``bert_base`` / ``bert_base_phase1``: the paper's setting (Pande et al. 2021 pre-train BERT-base on
   Wikipedia + Project Gutenberg on a Cloud TPU v3-8): sequence length 128, 20 predictions per
-  sequence, 300K steps. The paper gives neither the pre-training batch size nor the learning
-  rate; we use BERT's batch of 256 sequences (32 per TPU v3 core, which fits comfortably) and
-  LAMB with peak learning rate 6.25e-4 (You et al. 2019's value for batch 512, kept for 256 as
-  a safe choice), 10K linear warm-up steps (BERT's) then linear decay to 0, weight decay 0.01,
+  sequence, 300K steps. The paper's only word on the pre-training batch is "a batch size of 2K
+  tokens" ("another 1K steps with a sequence length of 512 and a batch size of 2K tokens",
+  pande2021_heads_hypothesis.txt, "Experimental Setup"): 4 sequences of 512, or 16 of 128, which
+  would leave a v3-8's eight cores with 2 sequences each; it gives no learning rate. We use BERT's
+  batch of 256 sequences (32 per TPU v3 core, which fits comfortably; ``--config.batch_size=16``
+  is the 2K-token reading at length 128) and LAMB with peak learning rate 6.25e-4 (You et al.
+  2019's value for batch 512, kept for 256 as a safe choice), 10K linear warm-up steps (BERT's)
+  then linear decay to 0, weight decay 0.01,
   bfloat16 compute (float32 master weights).
 * ``bert_base_phase2``: sequence length 512, 80 predictions, 1K steps, batch 256, peak 4e-4
   with 100 warm-up steps. It starts from the *parameters* of phase 1 (``init_checkpoint`` =

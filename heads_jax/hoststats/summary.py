@@ -56,6 +56,7 @@ import pandas as pd
 from scipy import stats
 
 from heads_jax import contract
+from heads_jax.hoststats import hypothesis
 from heads_jax.data import vocabulary
 from heads_jax.hoststats import roles as roles_lib
 
@@ -198,3 +199,76 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
     out["num_near_uniform_heads"] = int(flat.sum()) if near_uniform_computed else None
     out["share_near_uniform"] = float(flat.sum() / (l * h)) if near_uniform_computed else None
   return contract.to_jsonable(out)
+
+
+# Pande et al. explore tau from 1 to 3.5 in their released notebook; Fig. 2 argues for a test
+# over an average. Both views below read the paper's four functional roles (`roles.PAPER_ROLES`).
+TAU_SWEEP = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5)
+
+
+def tau_sweep(sieve_bias, roles: Sequence[str], taus=TAU_SWEEP, *, alpha: float = 0.05,
+              test: str = "t") -> pd.DataFrame:
+  """Heads per coarse role (the paper's four tests) as tau varies, under the paper's rule (the
+  one-sided test at ``alpha``, no correction) and the average rule (mean above tau, no test).
+
+  Args:
+    sieve_bias: float ``[b, l, h, r]``; roles: the r names.
+  Returns:
+    one row per (tau, role, rule): columns tau, role, rule ("paper" / "average"), heads, share
+    (of all l x h heads); roles: `roles.PAPER_ROLES` present, then "unskilled" (none of them).
+  """
+  x = np.asarray(sieve_bias, np.float64)
+  roles = tuple(roles)
+  idx = [roles.index(r) for r in roles_lib.PAPER_ROLES if r in roles]
+  names = [roles[i] for i in idx]
+  x = x[..., idx]
+  num_heads = x.shape[1] * x.shape[2]
+  with np.errstate(invalid="ignore"):
+    mean = np.nanmean(x, 0) if x.size else np.zeros(x.shape[1:])
+  rows = []
+  for tau in taus:
+    p = hypothesis.one_sample_tests(x, float(tau), test)["p_value"]
+    for rule, assigned in (("paper", np.where(np.isnan(p), False, p < alpha)),
+                           ("average", roles_lib.average_rule(mean, tau))):
+      for j, name in enumerate(names):
+        n = int(assigned[..., j].sum())
+        rows.append({"tau": float(tau), "role": name, "rule": rule, "heads": n,
+                     "share": n / num_heads})
+      n = int((~assigned.any(-1)).sum())
+      rows.append({"tau": float(tau), "role": roles_lib.UNSKILLED, "rule": rule, "heads": n,
+                   "share": n / num_heads})
+  return pd.DataFrame(rows, columns=["tau", "role", "rule", "heads", "share"])
+
+
+def skewed_example(sieve_bias, roles: Sequence[str], tau: float, *, alpha: float = 0.05,
+                   test: str = "t") -> dict | None:
+  """The (layer, head, role) of Pande et al.'s Fig. 2: among the paper's four roles, a head
+  whose mean sieve bias is above tau while the test of "mean > tau" does not reject (the average
+  would assign the role, the test does not), the most skewed one; failing that, the most skewed
+  (layer, head, role) whose mean lies within 1 of tau. Returns ``{"layer", "head", "role",
+  "values" (its non-NaN scores), "mean", "p_value", "skewness", "average_only" (bool)}``, or None
+  when no role has two scores."""
+  x = np.asarray(sieve_bias, np.float64)
+  roles = tuple(roles)
+  idx = [roles.index(r) for r in roles_lib.PAPER_ROLES if r in roles]
+  if not idx:
+    return None
+  x = x[..., idx]
+  result = hypothesis.one_sample_tests(x, float(tau), test)
+  mean, p, n = result["mean"], result["p_value"], result["n"]
+  with warnings.catch_warnings(), np.errstate(invalid="ignore"):
+    warnings.simplefilter("ignore")
+    skew = stats.skew(x, axis=0, nan_policy="omit")
+  skew = np.where(n >= 3, np.asarray(skew, np.float64), np.nan)
+  average_only = (np.nan_to_num(mean, nan=-np.inf) > tau) & ~(np.nan_to_num(p, nan=1.0) < alpha)
+  near = np.abs(np.nan_to_num(mean, nan=np.inf) - tau) <= 1.0
+  for pick, flag in ((average_only, True), (near, False), (n >= 3, False)):
+    cand = np.where(pick & np.isfinite(skew), skew, -np.inf)
+    if np.isfinite(cand).any():
+      l, h, r = np.unravel_index(int(np.argmax(cand)), cand.shape)
+      values = x[:, l, h, r]
+      return {"layer": int(l), "head": int(h), "role": roles[idx[r]],
+              "values": values[~np.isnan(values)], "mean": float(mean[l, h, r]),
+              "p_value": float(p[l, h, r]), "skewness": float(skew[l, h, r]),
+              "average_only": flag}
+  return None

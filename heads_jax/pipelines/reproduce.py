@@ -78,10 +78,11 @@ _COSMETIC = ("log_every", "tensorboard", "stop_at_step", "checkpoint", "export",
 
 def task_list(config) -> tuple[str, ...]:
   tasks = tuple(t.strip().lower() for t in str(config.tasks).split(",") if t.strip())
-  bad = [t for t in tasks if t not in glue.TASKS]
+  known = [t for t in glue.TASKS if t in config.data]   # the tasks the config has splits for
+  bad = [t for t in tasks if t not in glue.TASKS or glue.task_info(t).name not in known]
   if not tasks or bad:
     raise UserError(f"config.tasks={config.tasks!r}: give a comma-separated subset of "
-                    f"{', '.join(glue.TASKS)}")
+                    f"{', '.join(known)}")
   return tuple(dict.fromkeys(glue.task_info(t).name for t in tasks))
 
 
@@ -90,6 +91,10 @@ def resolve_source(config, task: str) -> str:
   td = config.data[task]
   if td.source not in ("auto", "tsv", "tfds"):
     raise UserError(f"config.data.{task}.source must be auto, tsv or tfds, got {td.source!r}")
+  if td.source != "tfds" and not str(config.data.glue_dir or ""):
+    raise UserError(f"config.data.glue_dir is not set (no $HEADS_JAX_GLUE_DIR, no shared/data/glue "
+                    f"beside the checkout): give --config.data.glue_dir=DIR (GLUE TSV folders), "
+                    f"or --config.data.{task}.source=tfds")
   return glue_splits.resolve_source(task, td.source, config.data.glue_dir, td.train)
 
 
@@ -592,6 +597,8 @@ def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dic
   tasks = task_list(config)
   if config.pretrained.kind == "init":
     resolve_model_path(config.pretrained.path)  # a missing model fails now, not after stage 1
+  if config.analysis.parser not in ("auto", "none", ""):
+    load_parser(config.analysis.parser)  # a missing spaCy pipeline: one line now, not after fine-tuning
   workdir.mkdir(parents=True, exist_ok=True)
   runfiles.write_reproduce_config(workdir, config.to_dict())
   t_all = time.time()

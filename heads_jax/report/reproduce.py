@@ -46,7 +46,6 @@ from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report import page
 from heads_jax.report.figures import guan as guan_figures
 from heads_jax.report.figures import pande as pande_figures
-from heads_jax.report.figures import venn as venn_figures
 
 PAIR_TASKS = ("mrpc", "qqp", "qnli")
 # The papers' numbers are compared under the paper's role rule (a role when the mean sieve bias
@@ -450,8 +449,8 @@ def _figures(results: dict, fig_dir: Path) -> dict:
       flags = coarse_flags(fig["analysis"])
       sets = [c for c in paper.PAPER_ROLES if c in flags.columns]
       what = MODEL_TEXT[kind].split(" (")[0]
-      figs[f"venn_{t}_{kind}"] = (venn_figures.plot_venn4(
-          flags, fig_dir / f"venn_{t}_{kind}.png", sets=sets,
+      figs[f"venn_{t}_{kind}"] = (pande_figures.plot_role_venn(
+          flags, fig_dir / f"venn_{t}_{kind}.png", sets=tuple(sets),
           title=f"{name}, {what}: heads per coarse role"),
           f"{name}, {what}: overlap of the four coarse roles (Fig. 4)",
           "Each ellipse is the heads whose coarse test rejects (local, syntactic, block, "

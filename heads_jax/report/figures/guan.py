@@ -1,12 +1,14 @@
-"""Figures of Guan et al. 2020 ("How far does BERT look at"): Figs. 1-3 and the ablations of
-Table 3.
+"""Figures of Guan et al. 2020 ("How far does BERT look at"): Figs. 1-3 and 5, and the ablations of
+Tables 2-3.
 
 * Fig. 1: `plot_cluster_features` (box plots of the distance features of each attention type).
 * Fig. 2: `plot_cluster_tsne` (heads by t-SNE of their 21 distance features, by cluster).
 * Fig. 3: `plot_cluster_layers` (attention types per layer).
 * `plot_cluster_changes`: attention type before and after fine-tuning.
-* Table 3: `plot_group_ablation` (a head group removed) and `plot_segment_ablation`
-  (intra- / inter-sentence attention removed), each against random groups of the same size.
+* Fig. 5: `plot_all_maps` (every head's map of one input, framed by type; from examples.json).
+* Table 2: `plot_group_ablation` (a head group removed or given uniform attention); Table 3:
+  `plot_segment_ablation` (intra- / inter-sentence attention removed); each against random
+  groups of the same size.
 
 Inputs: ``clusters.csv`` (hoststats.clustering) and the ablation's CSV tables.
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib import patches as mpatches
 
 from heads_jax.data import vocabulary as batch_lib
 from heads_jax.report import style
@@ -167,7 +170,7 @@ def plot_cluster_changes(changes_df: pd.DataFrame, path, *, title: str | None = 
 
 
 # ---------------------------------------------------------------------------------------------
-# Table 3: ablation by head group and by segment
+# Table 2: ablation by head group; Table 3: by segment (intra- / inter-sentence attention)
 
 
 def plot_group_ablation(table: pd.DataFrame, path, *, metric: str = "accuracy",
@@ -285,6 +288,99 @@ def _draw_segment_ablation(i, path, *, title, dpi):
 
 # name, title, caption (what is drawn; {metric}: the ablation's metric), how (how to read it),
 # how each report draws it
+# ---------------------------------------------------------------------------------------------
+# Fig. 5: every head's map of one input, coloured by type
+
+
+def shared_sequence_maps(examples: dict) -> tuple[int | None, dict[tuple[int, int], np.ndarray]]:
+  """From an ``examples.json`` document: the sequence (its position in ``sequences``) whose map
+  the most heads hold, and ``{(layer, head): float [n, n] map}`` of that sequence."""
+  import base64
+  q = float(examples.get("quantization", 255))
+  count: dict[int, int] = {}
+  for h in examples.get("heads", []):
+    for x in h.get("examples", []):
+      count[x["sequence"]] = count.get(x["sequence"], 0) + 1
+  if not count:
+    return None, {}
+  seq = max(count, key=lambda k: (count[k], -k))
+  n = len(examples["sequences"][seq]["tokens"])
+  maps = {}
+  for h in examples["heads"]:
+    for x in h["examples"]:
+      if x["sequence"] == seq:
+        raw = np.frombuffer(base64.b64decode(x["map"]), np.uint8)
+        maps[(int(h["layer"]), int(h["head"]))] = (raw.astype(np.float32) / q).reshape(n, n)
+        break
+  return seq, maps
+
+
+def plot_all_maps(examples: dict, clusters_df: pd.DataFrame | None, path, *,
+                  title: str | None = None, dpi: int = DEFAULT_DPI) -> Path | None:
+  """Guan et al. Fig. 5: the attention map of every head for one input, the frame coloured by the
+  head's attention type. The maps come from ``examples.json`` (the report's head view), which
+  holds a few chosen sequences per head: the input drawn is the one most heads hold, and heads
+  without its map are left grey (the title counts them). None when there are no maps."""
+  seq, maps = shared_sequence_maps(examples or {})
+  if seq is None:
+    return None
+  layers = 1 + max(int(h["layer"]) for h in examples["heads"])
+  heads = 1 + max(int(h["head"]) for h in examples["heads"])
+  types = {}
+  if clusters_df is not None and len(clusters_df):
+    types = {(int(l), int(h)): str(c) for l, h, c in
+             zip(clusters_df["layer"], clusters_df["head"], clusters_df["cluster_name"])}
+  palette = style.cluster_colors(list(types.values())) if types else {}
+  fig = new_figure(0.9 * heads + 1.5, 0.9 * layers + 1.2, constrained=False)
+  grid = fig.add_gridspec(layers, heads, wspace=0.08, hspace=0.08, left=0.06, right=0.98,
+                          top=0.86, bottom=0.1)
+  for l in range(layers):
+    for h in range(heads):
+      ax = fig.add_subplot(grid[l, h])
+      m = maps.get((l, h))
+      if m is not None:
+        ax.imshow(m, cmap="Greys", vmin=0, vmax=max(float(m.max()), 1e-6), interpolation="nearest")
+      else:
+        ax.set_facecolor("#eeeeee")
+      ax.set_xticks([])
+      ax.set_yticks([])
+      color = palette.get(types.get((l, h)), "#bbbbbb")
+      for spine in ax.spines.values():
+        spine.set_edgecolor(color)
+        spine.set_linewidth(2.2)
+      if h == 0:
+        ax.set_ylabel(str(l), fontsize=7, rotation=0, labelpad=8)
+  handles = [mpatches.Patch(color=palette[n], label=n) for n in dict.fromkeys(types.values())]
+  if handles:
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+  n = len(examples["sequences"][seq]["tokens"])
+  fig.suptitle((title or FIGURES["all_maps"].title)
+               + f"\nsequence {examples['sequences'][seq].get('index', seq)}, {n} tokens; "
+                 f"{len(maps)} of {layers * heads} heads have its map (grey: none)", fontsize=9)
+  return save_figure(fig, path, dpi)
+
+
+def _draw_all_maps(i, path, *, title, dpi):
+  if not i.examples:
+    return None
+  return plot_all_maps(i.examples, i.clusters_df, path, title=title, dpi=dpi)
+
+
+FIGURES.register(
+    'all_maps',
+    title='Every head\'s attention map of one input, by type',
+    caption=('The attention maps of all heads (rows: layers, columns: heads) for one input, the '
+             'frame coloured by the head\'s attention type (Guan et al. Fig. 5: "We visualize all '
+             'attention matrices with a same randomly selected input sample"). The maps are the '
+             'head view\'s (examples.json): the input is the one most heads hold; grey heads lack '
+             'its map.'),
+    how=('A dark diagonal is a diagonal head, dark columns a vertical head ([CLS], [SEP], '
+         'punctuation), an even grey a dense head.'),
+    draw=_draw_all_maps,
+    reports=("analysis", "reproduce"),
+    reproduces="Fig. 5",
+)
+
 FIGURES.register(
     'cluster_tsne',
     title='t-SNE of heads by distance features',
@@ -344,7 +440,7 @@ FIGURES.register(
     draw=_draw_group_ablation,
     reports=("ablation",),
     section="Ablation by head group",
-    reproduces="Table 3",
+    reproduces="Table 2",
 )
 
 FIGURES.register(

@@ -1,8 +1,14 @@
-"""Figures of Pande et al. 2021 ("The heads hypothesis"), Figs. 3-6, from the contract files.
+"""Figures of Pande et al. 2021 ("The heads hypothesis"), Figs. 2-6, from the contract files.
 
-* Fig. 3: `plot_score_cdf` (all sieve bias scores, their mean and tau), `plot_pvalue_hist`.
+* Fig. 2: `plot_score_distribution` (one head's scores: skewed and broad, its mean above tau
+  while the test fails: the paper's argument for a test over an average); `plot_tau_sweep`
+  (heads per coarse role as tau goes from 1 to 3.5, the range the authors' notebook explores,
+  under the paper's test and the average rule).
+* Fig. 3: `plot_score_cdf` (all sieve bias scores of the paper's four roles, their mean and tau),
+  `plot_pvalue_hist`.
 * Fig. 4: `plot_role_upset` (drawn here: upsetplot 0.9 breaks on pandas 3) and `plot_role_venn`
-  (matplotlib-venn) of the coarse roles.
+  (all four coarse roles as four ellipses; two or three sets with matplotlib-venn). Coarse roles
+  are the paper's four tests (`heads_jax.hoststats.roles`).
 * Fig. 5: `plot_role_grid` (one marker per assigned fine role in a layer x head grid), and
   `plot_role_heatmaps` (mean sieve bias per head, one panel per role).
 * Fig. 6: `plot_finetune_delta` (change of mean sieve bias after fine-tuning per layer group).
@@ -25,6 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from heads_jax.hoststats import roles as roles_lib
+from heads_jax.hoststats import summary as summary_lib
 from heads_jax.report import style, tables
 from heads_jax.report.figures.common import (DEFAULT_DPI, PLAIN, empty_note, finite, new_figure,
                                              save_figure)
@@ -34,6 +41,70 @@ from heads_jax.report.tables import require_columns
 # The registry of this paper's figures (`heads_jax.report.spec`); registered at the end.
 FIGURES = Registry("Pande et al. 2021")
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Fig. 2: one head's scores; the tau sweep
+
+
+def plot_score_distribution(example: dict, path, *, tau: float, alpha: float = 0.05,
+                            title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
+  """Histogram of one (head, role)'s per-sequence sieve bias (Pande et al. Fig. 2), with its mean,
+  tau and the one-sided lower confidence bound of the mean at level 1 - alpha.
+
+  Args:
+    example: `heads_jax.hoststats.summary.skewed_example` (layer, head, role, values, mean,
+      p_value, skewness, average_only).
+  """
+  from scipy import stats as sstats
+  v = np.asarray(example["values"], np.float64)
+  fig = new_figure(7.5, 4.6)
+  ax = fig.add_subplot()
+  ax.hist(v, bins=min(40, max(10, v.size // 5)), color="#9ecae1", edgecolor="#3182bd")
+  mean = float(v.mean())
+  lower = (mean - sstats.t.ppf(1 - alpha, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size)
+           if v.size >= 2 else float("nan"))
+  ax.axvline(mean, color="#1f77b4", ls="--", lw=1.6, label=f"mean = {mean:.2f}")
+  ax.axvline(tau, color="#d62728", lw=1.6, label=f"tau = {tau:g}")
+  if np.isfinite(lower):
+    ax.axvline(lower, color="#555555", ls=":", lw=1.4,
+               label=f"{100 * (1 - alpha):g}% lower bound of the mean = {lower:.2f}")
+  verdict = ("the average rule assigns the role, the test does not" if example["average_only"]
+             else ("the test assigns the role" if example["p_value"] < alpha
+                   else "neither assigns the role"))
+  ax.text(0.98, 0.96, f"{v.size} sequences, skewness {example['skewness']:.2f}\n"
+                      f"p = {example['p_value']:.3g}: {verdict}", transform=ax.transAxes,
+          ha="right", va="top", fontsize=9)
+  ax.set_xlabel(f"sieve bias of head {example['layer']}:{example['head']}, role "
+                f"{example['role']}")
+  ax.set_ylabel("sequences")
+  ax.legend(loc="center right", fontsize=8, frameon=False)
+  ax.set_title(title or FIGURES["score_distribution"].title)
+  return save_figure(fig, path, dpi)
+
+
+def plot_tau_sweep(sweep: pd.DataFrame, path, *, tau: float | None = None,
+                   title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
+  """Share of heads per coarse role (and unskilled) against tau: solid lines the paper's rule
+  (the test), dashed the average rule (`heads_jax.hoststats.summary.tau_sweep`)."""
+  require_columns(sweep, ("tau", "role", "rule", "share"), "tau sweep")
+  fig = new_figure(7.5, 4.6)
+  ax = fig.add_subplot()
+  for role in dict.fromkeys(sweep["role"]):
+    color = style.COARSE_COLORS.get(role, "#777777")
+    for rule, ls in (("paper", "-"), ("average", "--")):
+      d = sweep[(sweep["role"] == role) & (sweep["rule"] == rule)].sort_values("tau")
+      if not d.empty:
+        ax.plot(d["tau"], 100 * d["share"], ls=ls, marker="o", ms=3, color=color,
+                label=f"{role} ({'test' if rule == 'paper' else 'average'})")
+  if tau is not None:
+    ax.axvline(float(tau), color="#d62728", lw=1, alpha=0.6)
+  ax.set_xlabel("tau")
+  ax.set_ylabel("heads with the role (%)")
+  ax.set_ylim(0, 101)
+  ax.legend(fontsize=7, ncol=2, frameon=False, loc="upper right")
+  ax.set_title(title or FIGURES["tau_sweep"].title)
+  return save_figure(fig, path, dpi)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,21 +295,84 @@ def plot_role_upset(tests_or_flags: pd.DataFrame, path, *,
   return save_figure(fig, path, dpi)
 
 
-def plot_role_venn(tests_or_flags: pd.DataFrame, path, *, sets=("local", "syntactic", "delimiter"),
+# Four congruent ellipses in the standard arrangement, in which each of the 15 intersections is
+# one connected region: (centre x, centre y, angle in degrees), width x height, in axes units.
+VENN4_ELLIPSES = ((0.350, 0.400, 140.0), (0.450, 0.500, 140.0), (0.544, 0.500, 40.0),
+                  (0.644, 0.400, 40.0))
+VENN4_SIZE = (0.72, 0.45)
+VENN4_LABELS = ((0.10, 0.80), (0.30, 0.91), (0.70, 0.91), (0.90, 0.80))
+
+
+def venn4_inside(x, y, k: int) -> np.ndarray:
+  """bool: the points (x, y) inside ellipse ``k`` of `VENN4_ELLIPSES` (boundary included)."""
+  cx, cy, angle = VENN4_ELLIPSES[k]
+  t = np.deg2rad(angle)
+  dx, dy = np.asarray(x) - cx, np.asarray(y) - cy
+  u = dx * np.cos(t) + dy * np.sin(t)
+  v = -dx * np.sin(t) + dy * np.cos(t)
+  return (u / (VENN4_SIZE[0] / 2)) ** 2 + (v / (VENN4_SIZE[1] / 2)) ** 2 <= 1.0
+
+
+def venn4_centres(resolution: int = 400) -> dict[tuple[bool, ...], tuple[float, float]]:
+  """The most interior point of every region ``(in set 0, .., in set 3)`` but the outside
+  (a grid and a distance transform)."""
+  from itertools import product
+  from scipy import ndimage
+  g = (np.arange(resolution) + 0.5) / resolution
+  x, y = np.meshgrid(g, g)
+  member = np.stack([venn4_inside(x, y, k) for k in range(4)], -1)
+  out = {}
+  for combo in product((False, True), repeat=4):
+    mask = (member == np.asarray(combo)).all(-1)
+    if any(combo) and mask.any():
+      depth = ndimage.distance_transform_edt(mask)
+      iy, ix = np.unravel_index(np.argmax(depth), depth.shape)
+      out[combo] = (float(g[ix]), float(g[iy]))
+  return out
+
+
+def _venn4(ax, flags: pd.DataFrame, sets) -> None:
+  m = flags[list(sets)].to_numpy(bool)
+  for k, (cx, cy, angle) in enumerate(VENN4_ELLIPSES):
+    color = style.COARSE_COLORS.get(sets[k], "#888888")
+    ax.add_patch(mpatches.Ellipse((cx, cy), *VENN4_SIZE, angle=angle, facecolor=color, alpha=0.25,
+                                  edgecolor=color, lw=1.5))
+  for combo, (x, y) in venn4_centres().items():
+    ax.text(x, y, str(int((m == np.asarray(combo)).all(-1).sum())), ha="center", va="center",
+            fontsize=9)
+  for k, (x, y) in enumerate(VENN4_LABELS):
+    ax.text(x, y, f"{sets[k]} ({int(m[:, k].sum())})", ha="center", va="center", fontsize=10,
+            color=style.COARSE_COLORS.get(sets[k], "#333333"), fontweight="bold")
+  ax.set_xlim(0, 1)
+  ax.set_ylim(0.05, 1.02)
+  ax.set_aspect("equal")
+  ax.axis("off")
+
+
+def plot_role_venn(tests_or_flags: pd.DataFrame, path, *,
+                   sets=("local", "syntactic", "block", "delimiter"),
                    title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
-  """Venn diagram of 2 or 3 coarse roles (matplotlib-venn; areas roughly proportional).
+  """Venn diagram of the coarse roles: four as ellipses (counts per region; areas not
+  proportional), two or three with matplotlib-venn (areas roughly proportional).
 
   Args:
     tests_or_flags: a tests table or per-head bool flags (as for :func:`plot_role_upset`).
-    sets: 2 or 3 coarse roles; those not tested at all are dropped (fewer than 2 left: a note).
+    sets: 2 to 4 coarse roles; those not tested are dropped (fewer than 2 left: a note).
   """
-  if not 2 <= len(sets) <= 3:
-    raise ValueError(f"a Venn diagram needs 2 or 3 sets, got {list(sets)}; use plot_role_upset "
+  if not 2 <= len(sets) <= 4:
+    raise ValueError(f"a Venn diagram needs 2 to 4 sets, got {list(sets)}; use plot_role_upset "
                      "for more")
   flags, sets = tables.coarse_flags(tests_or_flags, sets)
-  fig = new_figure(6.2, 5.4)
+  fig = new_figure(7.2, 5.6) if len(sets) == 4 else new_figure(6.2, 5.4)
   ax = fig.add_subplot()
   label = title or FIGURES["role_venn"].title
+  if len(sets) == 4:
+    _venn4(ax, flags, sets)
+    none = int((~flags[list(sets)].any(axis=1)).sum())
+    ax.text(0.0, 0.0, f"none of these roles: {none} heads", transform=ax.transAxes, fontsize=9,
+            color="#555555", ha="left", va="bottom")
+    ax.set_title(f"{label} ({len(flags)} heads)")
+    return save_figure(fig, path, dpi)
   if len(sets) < 2:
     empty_note(ax, "fewer than two of these roles were tested")
     ax.set_title(label)
@@ -452,17 +586,48 @@ def plot_finetune_delta(compare_df: pd.DataFrame, path, *, title: str | None = N
 # the registry: how each report draws these figures from its inputs (`heads_jax.report.spec`)
 
 
+def _paper_scores(i):
+  """The sieve bias of the paper's four roles (`roles.PAPER_ROLES`; all when ``roles`` is
+  unknown): what the paper pools in Fig. 3."""
+  if i.roles is None:
+    return i.sieve_bias
+  names = list(i.roles)
+  return np.asarray(i.sieve_bias)[..., [names.index(r) for r in roles_lib.PAPER_ROLES
+                                        if r in names]]
+
+
 def _draw_score_cdf(i, path, *, title, dpi):
   if i.sieve_bias is None:
     return None
-  return plot_score_cdf(i.sieve_bias, path, tau=i.tau, mean=i.mean_score, title=title, dpi=dpi)
+  return plot_score_cdf(_paper_scores(i), path, tau=i.tau, mean=i.mean_score, title=title, dpi=dpi)
 
 
 def _draw_pvalue_hist(i, path, *, title, dpi):
   if i.tests_df is None or "p_value" not in i.tests_df.columns:
     return None
-  return plot_pvalue_hist(i.tests_df["p_value"], path, band=i.p_band or (0.05, 0.95),
+  tests = i.tests_df[i.tests_df["role"].astype(str).isin(roles_lib.PAPER_ROLES)]
+  return plot_pvalue_hist(tests["p_value"], path, band=i.p_band or (0.05, 0.95),
                           alpha=i.alpha, title=title, dpi=dpi)
+
+
+def _draw_score_distribution(i, path, *, title, dpi):
+  if i.sieve_bias is None or i.roles is None or i.tau is None:
+    return None
+  example = summary_lib.skewed_example(i.sieve_bias, i.roles, float(i.tau),
+                                       alpha=float(i.alpha or 0.05))
+  if example is None:
+    return None
+  return plot_score_distribution(example, path, tau=float(i.tau), alpha=float(i.alpha or 0.05),
+                                 title=title, dpi=dpi)
+
+
+def _draw_tau_sweep(i, path, *, title, dpi):
+  if i.sieve_bias is None or i.roles is None:
+    return None
+  sweep = summary_lib.tau_sweep(i.sieve_bias, i.roles, alpha=float(i.alpha or 0.05))
+  if sweep.empty:
+    return None
+  return plot_tau_sweep(sweep, path, tau=i.tau, title=title, dpi=dpi)
 
 
 def _draw_role_upset(i, path, *, title, dpi):
@@ -542,10 +707,11 @@ FIGURES.register(
 FIGURES.register(
     'role_venn',
     title='Overlap of coarse roles (Venn)',
-    caption=('Heads with the coarse roles shown, as a Venn diagram (areas roughly '
-             'proportional).'),
+    caption=('Heads with each of the four coarse roles (local, syntactic, block, delimiter: '
+             'the paper\'s four tests), as a Venn diagram of four ellipses (Pande et al. '
+             'Fig. 4); areas are not proportional.'),
     how=('Numbers are head counts in each region; a head counted in an overlap has '
-         'all roles whose circles contain it; heads with none of these roles are '
+         'all roles whose ellipses contain it; heads with none of these roles are '
          'counted in the corner.'),
     draw=_draw_role_venn,
     reports=("analysis",),
@@ -590,4 +756,31 @@ FIGURES.register(
     draw=_draw_finetune_delta,
     reports=("compare",),
     reproduces="Fig. 6",
+)
+
+FIGURES.register(
+    'score_distribution',
+    title='One head\'s sieve bias across sequences',
+    caption=('The per-sequence sieve bias of one head and role (of local, syntactic, block, '
+             'delimiter): preferably one whose mean is above tau while the one-sided test of "mean '
+             '> tau" does not reject, else the most skewed one with a mean near tau (Pande et al. '
+             'Fig. 2: "the distributions can be skewed and broad").'),
+    how=('When the mean (dashed) is right of tau but the lower confidence bound (dotted) is left '
+         'of it, an average would assign the role and the test does not: the paper\'s argument '
+         'for the test.'),
+    draw=_draw_score_distribution,
+    reports=("analysis",),
+    reproduces="Fig. 2",
+)
+
+FIGURES.register(
+    'tau_sweep',
+    title='Heads per coarse role as tau varies',
+    caption=('Share of heads with each coarse role (the four tests) and with none, for tau = 1, '
+             '1.5, ..., 3.5 (the range the authors\' notebook explores), under the paper\'s rule '
+             '(one-sided test at alpha, solid) and the average rule (mean above tau, dashed).'),
+    how=('The gap between a solid and a dashed line of one colour is the heads an average would '
+         'give the role without a significant test; the red line is this run\'s tau.'),
+    draw=_draw_tau_sweep,
+    reports=("analysis",),
 )
