@@ -63,6 +63,9 @@ def add_args(p):
                  help="skip the attention measures (entropy, attention to [CLS]/[SEP]/punctuation/neighbours)")
   p.add_argument("--js", action="store_true",
                  help="also the Jensen-Shannon distance between every pair of heads (about twice the time)")
+  p.add_argument("--no-robustness", dest="robustness", action="store_false",
+                 help="skip the second pass: roles under norm weights ||a f(x)||, attention sinks, "
+                      "heads as dependency parsers (parser.csv; gold arcs only)")
   p.add_argument("--clusters", type=int, default=4, help="number of head clusters (default 4)")
   p.add_argument("--cluster-method", choices=("kmeans", "gmm"), default="kmeans")
   p.add_argument("--no-report", dest="report", action="store_false", help="skip figures and report.html")
@@ -94,7 +97,8 @@ def main(args):
                        near_uniform_nats=args.near_uniform_nats, direction=args.direction, syntax=args.syntax,
                        parser=args.parser, roles=roles, measures=args.measures, js=args.js,
                        clusters=args.clusters,
-                       cluster_method=args.cluster_method, report=args.report, examples=args.examples)
+                       cluster_method=args.cluster_method, report=args.report, examples=args.examples,
+                       robustness=args.robustness)
   distributed = {"enabled": args.distributed, "coordinator_address": args.coordinator_address,
                  "num_processes": args.num_processes, "process_id": args.process_id}
   run_analysis(cfg, overwrite=args.overwrite, distributed=distributed)

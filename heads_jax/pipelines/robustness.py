@@ -21,13 +21,15 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from heads_jax import contract
 from heads_jax.data.encoding import iter_batches
 from heads_jax.data.specs import analysis_examples, load_spec, parse_spec
 from heads_jax.data import syntax as syn
 from heads_jax.data.vocabulary import SYNTACTIC_ROLES
 from heads_jax.hoststats.parsing import arcs_table, best_heads, parsing_table, role_agreement
 from heads_jax.hoststats.sinks import SINK_THRESHOLD, head_sinks, sink_summary
-from heads_jax.hoststats.weighting import norm_tests, role_changes, weighting_summary
+from heads_jax.hoststats.weighting import (norm_tests, role_changes, weighting_summary,
+                                           with_weighting)
 from heads_jax.stats.norms import make_norm_step, run_norm_pass
 
 
@@ -110,3 +112,59 @@ def robustness_statistics(result: dict, tests: pd.DataFrame, test_settings: dict
     summary["parsing_relations_beating_baseline"] = int(best["beats_baseline"].sum())
     summary["parsing_relations"] = int(len(best))
   return out
+
+
+def ensure_robustness_pass(cfg, out, model=None, tokenizer=None, *,
+                           settings: RobustnessSettings = RobustnessSettings(), load=None,
+                           log=print) -> bool:
+  """Runs the second pass unless ``out`` already holds it for the same sequences (scores.npz's
+  ``norm_sieve_bias`` and robustness.npz, matching ``lengths``): writes ``norm_sieve_bias`` into
+  scores.npz and the rest into robustness.npz (``heads_jax.contract``). ``load``: a callable
+  ``() -> (model, tokenizer)`` used when ``model`` is None. Returns whether it ran."""
+  scores = contract.read_scores(out)
+  kept = contract.read_robustness(out)
+  if (scores.norm_sieve_bias is not None and kept is not None
+      and kept["first_attention"].shape[0] == scores.num_sequences
+      and (not settings.parsing or "parse_pred" in kept)):
+    return False
+  if model is None:
+    model, tokenizer = load()
+  log("second pass: norm-weighted roles, attention sinks, heads as parsers")
+  result = robustness_pass(cfg, model, tokenizer, settings, log=lambda m: log("  " + m))
+  if result["norm_sieve_bias"].shape != scores.sieve_bias.shape or tuple(result["roles"]) != scores.roles:
+    raise ValueError(f"the second pass gave {result['norm_sieve_bias'].shape} for roles "
+                     f"{result['roles']}, the analysis {scores.sieve_bias.shape} for {scores.roles}")
+  contract.write_scores(out, scores.sieve_bias, scores.roles, scores.distance, scores.lengths,
+                        scores.data_index, norm_sieve_bias=result["norm_sieve_bias"])
+  contract.write_robustness(out, result, result["arcs"] if settings.parsing else None)
+  return True
+
+
+def robustness_host(out, host: dict, *, settings: RobustnessSettings = RobustnessSettings(),
+                    log=print) -> dict | None:
+  """The host statistics of the second pass beside the analysis's (``host`` of
+  ``pipelines.analyze.host_statistics``): tests.csv gets the norm rows (``weighting``),
+  summary.json the keys of ``robustness_statistics``, parser.csv the parsing table. Returns the
+  statistics (None when ``out`` holds no second pass)."""
+  scores = contract.read_scores(out)
+  kept = contract.read_robustness(out)
+  if scores.norm_sieve_bias is None or kept is None:
+    return None
+  result = dict(kept, norm_sieve_bias=scores.norm_sieve_bias, roles=scores.roles)
+  st = robustness_statistics(result, host["tests"], host["settings"], scores.lengths, settings)
+  contract.write_tests(with_weighting(host["tests"], st["norm_tests"]), host["settings"], out)
+  summary = dict(host["summary"], **st["summary"])
+  contract.write_summary(summary, out)
+  host["summary"] = summary
+  if st["parser"] is not None:
+    contract.write_parser(st["parser"], out)
+  by = st["summary"]["by_weighting"]
+  log("norm weights: " + ", ".join(f"{r} {100 * by['attention'][r]:.0f}% -> {100 * by['norm'][r]:.0f}%"
+                                   for r in by["attention"])
+      + f"; sink rate {100 * st['summary']['sink_rate']:.0f}%, mean norm ratio "
+        f"{st['summary']['mean_norm_ratio']:.2f}")
+  if st["best_parsers"] is not None:
+    beat = st["summary"]["parsing_relations_beating_baseline"]
+    log(f"heads as parsers: the best head beats the best fixed offset on {beat} of "
+        f"{st['summary']['parsing_relations']} relation-directions (parser.csv)")
+  return st

@@ -43,6 +43,7 @@ from heads_jax.report.figures import guan
 from heads_jax.report.figures.common import DEFAULT_DPI
 from heads_jax.report import headline
 from heads_jax.report.measures import analysis_measures_sections
+from heads_jax.report.robustness import robustness_sections
 from heads_jax.report.page import (esc, flatten, format_value, is_number,
                                    kv_table_html, sections_from_specs, slug, table_html,
                                    write_page)
@@ -332,6 +333,7 @@ def build_analysis_report(out_dir, *, title: str | None = None,
     parts = [short_name(settings[k]) for k in ("model", "data") if settings.get(k)]
     title = "Attention heads: " + " on ".join(parts) if parts else "Attention-head analysis"
   extra = list(analysis_measures_sections(out_dir, dpi=dpi) or [])
+  extra += robustness_sections(out_dir, dpi=dpi)   # issue 26: the second pass, when present
   examples = contract.read_examples(out_dir)  # the interactive head view (report/views.py)
   if examples and examples.get("heads"):
     extra.insert(0, views.head_view_section(examples, tests_df, clusters_df))

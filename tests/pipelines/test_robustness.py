@@ -48,3 +48,32 @@ def test_second_pass_follows_the_analysis_order_and_feeds_the_statistics(tmp_pat
   parser = st["parser"]
   assert {"nsubj", "obj", "amod", "advmod"} <= set(parser["relation"])
   assert len(st["best_parsers"]) >= 2
+
+
+@pytest.mark.slow   # an analysis with its second pass and report (about 40 s on 2 idle cores)
+def test_analysis_with_the_second_pass_writes_its_files_and_section(tmp_path):
+  from heads_jax import contract
+  from heads_jax.pipelines.analyze import run_analysis
+  save_family_dir("bert", tmp_path / "m", seed=5)
+  cfg = AnalysisConfig(model=str(tmp_path / "m"), data=("ud-ewt",), out=str(tmp_path / "o"),
+                       max_examples=8, max_length=48, batch_size=8, parser="none", bucket_step=48,
+                       examples=0, robustness=True)
+  logs = []
+  host = run_analysis(cfg, progress=False, log=logs.append)
+  out = tmp_path / "o"
+  scores = contract.read_scores(out)
+  assert scores.norm_sieve_bias.shape == scores.sieve_bias.shape
+  attention, _ = contract.read_tests(out)
+  norm, _ = contract.read_tests(out, weighting="norm")
+  assert len(norm) == len(attention) == len(host["tests"])
+  np.testing.assert_allclose(norm["mean"].to_numpy(), np.nanmean(scores.norm_sieve_bias, axis=0)
+                             .reshape(-1), rtol=1e-5)
+  assert contract.read_parser(out) is not None
+  summary = contract.read_summary(out)
+  assert {"by_weighting", "sink_rate", "norm_ratio_by_layer"} <= set(summary)
+  assert "Are the roles real?" in (out / "report.html").read_text()
+  assert any(m.startswith("norm weights:") for m in logs)
+  # a rerun reuses the second pass (nothing recomputed on the device)
+  logs.clear()
+  run_analysis(cfg, progress=False, log=logs.append)
+  assert not any("second pass" in m for m in logs)

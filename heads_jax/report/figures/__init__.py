@@ -9,6 +9,8 @@
 * `heads_jax.report.figures.michel`: Michel et al. 2019 (head importance, pruning curve).
 * `heads_jax.report.figures.kovaleva`: Kovaleva et al. 2019 (attention similarity before and
   after fine-tuning).
+* `heads_jax.report.figures.robustness`: issue 26 (roles under norm weights, attention sinks,
+  heads as parsers, the causal test of a role, roles over training).
 * `heads_jax.report.figures.common`: what they share (figure creation, saving, heatmaps).
 
 Every ``plot_xxx(..., path) -> Path`` draws one figure from plain arrays / DataFrames (the
@@ -22,7 +24,7 @@ computed here beyond simple means and counts for drawing.
 Axis letters in shapes: b sequence (batch), l layer, h head, r role, d feature.
 """
 
-PAPERS = ("pande", "guan", "clark", "michel", "kovaleva")
+PAPERS = ("pande", "guan", "clark", "michel", "kovaleva", "robustness")
 
 
 def paper_modules():

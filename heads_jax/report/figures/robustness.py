@@ -16,6 +16,12 @@ from heads_jax.report.figures.common import DEFAULT_DPI, new_figure, save_figure
 from heads_jax.report.spec import Registry
 
 FIGURES = Registry("Robustness of the roles")
+SECTION = "Are the roles real?"
+FIGURES.section("analysis", SECTION, intro=(
+    "<p>Does a role survive when attention is weighted by what it moves (norm weights "
+    "||a[q, k] f(x_k)||, Kobayashi et al. 2020)? Which heads are attention sinks (Gu et al. 2025)? "
+    "Do heads parse (Clark et al. 2019, section 4)? Computed by a second pass over the same "
+    "sequences (heads-jax analyze; --no-robustness skips it).</p>"))
 COARSE_ORDER = ("local", "syntactic", "delimiter", "block")
 
 
@@ -193,7 +199,7 @@ FIGURES.register(
              "attention a[q, k] and on the norm weights ||a[q, k] f(x_k)|| (Kobayashi et al. 2020)."),
     how=("A role that drops under norm weights is carried by attention to tokens whose "
          "transformed values are small: the head attends there but moves little from there."),
-    draw=_draw_weighting, reports=("analysis",), section="Are the roles real?",
+    draw=_draw_weighting, reports=("analysis",), section=SECTION,
     rule_in_title=True)
 
 FIGURES.register(
@@ -203,7 +209,7 @@ FIGURES.register(
              "its norm ratio; the line is the layer mean."),
     how=("Heads above the dotted line are sink heads (Gu et al. 2025). A small norm ratio means "
          "the head's output is small next to what it could move: a no-op."),
-    draw=_draw_sinks, reports=("analysis",), section="Are the roles real?")
+    draw=_draw_sinks, reports=("analysis",), section=SECTION)
 
 FIGURES.register(
     "robustness_parsing",
@@ -212,7 +218,7 @@ FIGURES.register(
              "offset, with bootstrap 95% intervals over sentences (Clark et al. 2019, section 4)."),
     how=("A head parses a relation when its interval lies above the offset's bar; the offset "
          "alone already gets many amod and advmod arcs."),
-    draw=_draw_parsing, reports=("analysis",), section="Are the roles real?",
+    draw=_draw_parsing, reports=("analysis",), section=SECTION,
     reproduces="Table 1 (per relation)")
 
 FIGURES.register(

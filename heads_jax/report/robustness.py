@@ -1,0 +1,79 @@
+"""The "Are the roles real?" section of the analysis report (issue 26), from the second pass's
+files: roles under attention vs norm weights (tests.csv by ``weighting``), attention sinks and
+no-op heads (robustness.npz, summary.json), heads as dependency parsers (parser.csv) and how
+they agree with the sieve's syntactic roles. Each section is ``{"title", "html"}``; the analysis
+report appends them. Tables come from ``heads_jax.hoststats`` (weighting, sinks, parsing); no jax.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from heads_jax import contract
+from heads_jax.hoststats.parsing import best_heads, role_agreement
+from heads_jax.hoststats.sinks import SINK_THRESHOLD, head_sinks
+from heads_jax.hoststats.weighting import role_changes
+from heads_jax.report import spec
+from heads_jax.report.figures.common import DEFAULT_DPI
+from heads_jax.report.figures.robustness import SECTION
+from heads_jax.report.page import esc, table_html
+
+
+def robustness_sections(out_dir, *, dpi: int = DEFAULT_DPI) -> list[dict]:
+  """``[]`` when ``out_dir`` holds no second pass; else the section with its figures (into
+  ``out_dir/figures``) and tables."""
+  out_dir = Path(out_dir)
+  kept = contract.read_robustness(out_dir)
+  tests, settings = contract.read_tests(out_dir)
+  norm, _ = contract.read_tests(out_dir, weighting="norm")
+  if kept is None or norm.empty:
+    return []
+  summary = contract.read_summary(out_dir) if (out_dir / contract.SUMMARY_JSON).is_file() else {}
+  threshold = float(summary.get("sink_threshold", SINK_THRESHOLD))
+  sinks = head_sinks(kept["first_attention"], kept["sep_attention"], kept["norm_ratio"], threshold)
+  parser = contract.read_parser(out_dir)
+  best = best_heads(parser) if parser is not None else None
+  drawn = spec.draw("analysis", spec.Inputs(summary=summary, sinks=sinks, best_parsers=best,
+                                            rule=settings.get("rule")),
+                    out_dir / "figures", dpi=dpi, section=SECTION)
+  figures = {name: spec.figures_html({name: path}) for name, path in drawn.items()}
+  changes = role_changes(tests, norm)
+  html = spec.section("analysis", SECTION).intro
+  html += figures.get("robustness_weighting", "")
+  html += "<h3>Heads per role under attention and norm weights</h3>" + table_html(
+      changes, table_id="table-norm-roles")
+  html += figures.get("robustness_sinks", "")
+  rate = summary.get("sink_rate")
+  if rate is not None:
+    html += (f"<p>Sink rate: {100 * rate:.0f}% of the heads put more than {threshold:g} of their "
+             f"attention on the first token on average (Gu et al.); mean norm ratio "
+             f"{summary.get('mean_norm_ratio', float('nan')):.2f}.</p>")
+  if best is not None and len(best):
+    html += figures.get("robustness_parsing", "")
+    html += "<h3>Best head per relation and direction</h3>" + table_html(
+        best, table_id="table-best-parsers", float_format="{:.3f}")
+    agree = role_agreement(parser, tests)
+    if len(agree):
+      html += ("<h3>Syntactic roles and parsing heads</h3><p>" + esc(
+          "Heads with the sieve's role against heads whose parsing interval lies above the best "
+          "fixed offset (dependent -> head, the sieves' direction); Spearman: the role's mean "
+          "sieve bias against the head's accuracy over all heads.") + "</p>"
+               + table_html(agree, table_id="table-parser-agreement", float_format="{:.3f}"))
+  return [{"title": SECTION, "html": html}]
+
+
+def causal_html(table, fig_dir, *, dpi: int = DEFAULT_DPI) -> str:
+  """The causal test of the roles (``heads_jax.ablation.causal.causal_tests``) for the ablation
+  report: a paragraph, the figure (``fig_dir/robustness_causal.png``) and the table."""
+  from heads_jax.report.figures.robustness import plot_causal
+  text = ("<h3>Causal test of the roles</h3><p>" + esc(
+      "Each role's heads ablated together against random groups with the same number of heads in "
+      "each layer; rank 1 means no random group hurt more, and the permutation p-value is "
+      "rank / (random groups + 1).") + "</p>")
+  if table is None or not len(table):
+    return text + "<p>No role has heads.</p>"
+  path = plot_causal(table, None, Path(fig_dir) / "robustness_causal.png", dpi=dpi)
+  shown = table[["group", "num_heads", "layers", "ablation", "metric", "base", "value", "change",
+                 "random_mean_change", "random_std_change", "random_groups", "rank", "p_value"]]
+  return (text + spec.figures_html({"robustness_causal": path})
+          + table_html(shown, table_id="table-causal", float_format="{:.4f}"))
