@@ -129,8 +129,19 @@ def test_tiny_finetune_writes_predictions_and_scores_and_resumes(tmp_path):
              token_type_ids=torch.tensor(ev.token_type_ids, dtype=torch.long))
   ours = model(ev.input_ids, ev.attention_mask, ev.token_type_ids)
   np.testing.assert_allclose(np.asarray(ours["start_logits"]), out.start_logits.numpy(), atol=2e-4)
-  preds = squad_eval.predict_answers(ev, out.start_logits.numpy(), out.end_logits.numpy())
-  assert preds == json.loads(open(best["predictions"]).read())
+  start, end = out.start_logits.numpy(), out.end_logits.numpy()
+  preds = squad_eval.predict_answers(ev, start, end)
+  saved = json.loads(open(best["predictions"]).read())
+  # the same answers wherever the best span wins by a margin float rounding cannot flip
+  clear = 0
+  for ei, e in enumerate(ev.examples):
+    cands = sorted((c for i in np.flatnonzero(ev.example_index == ei)
+                    for c in squad_eval.window_candidates(start[i], end[i], ev.offsets[i],
+                                                          ev.max_context[i])), reverse=True)
+    if len(cands) < 2 or cands[0][0] - cands[1][0] > 1e-3:
+      clear += 1
+      assert preds[e.qid] == saved[e.qid], e.qid
+  assert clear >= 3
 
 
 def test_evaluate_model_writes_predictions_and_scores(tmp_path):
