@@ -61,7 +61,9 @@ PAPER_MODELS = {
 
 TASKS = ("mrpc", "qqp", "sst2", "qnli")
 PAIR_TASKS = ("mrpc", "qqp", "qnli")
-TASK_NAMES = {"mrpc": "MRPC", "qqp": "QQP", "sst2": "SST-2", "qnli": "QNLI"}
+TASK_NAMES = {"mrpc": "MRPC", "qqp": "QQP", "sst2": "SST-2", "qnli": "QNLI",
+              # more GLUE (reproduce runs them; no claim of the papers is about them)
+              "mnli": "MNLI", "rte": "RTE", "cola": "CoLA", "stsb": "STS-B", "wnli": "WNLI"}
 BERT_BASE_LAYERS = 12
 
 # kind: how a value reads.
