@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "compare": ("heads_jax.analyze.compare", "compare two analyses (before/after fine-tuning, or two models)"),
     "ablate": ("heads_jax.analyze.ablate", "ablate heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning"),
     "reproduce": ("heads_jax.analyze.reproduce", "Pande et al. end to end: fine-tuning grid, analyses before/after, comparison, report beside the papers' numbers"),
+    "trajectory": ("heads_jax.analyze.trajectory", "roles over training: analyse every kept checkpoint of a pre-training or fine-tuning run"),
     "convert": ("heads_jax.analyze.convert", "convert a Hugging Face BERT directory <-> a heads_jax model directory"),
     "doctor": ("heads_jax.analyze.doctor", "check this machine: devices, versions, every attention/analysis path against the float32 reference, BERT-base tokens/s and MFU"),
 }
