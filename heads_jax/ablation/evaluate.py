@@ -172,6 +172,10 @@ class Evaluator:
   def __init__(self, model, data: EvalData, *, batch_size: int = 64, mesh=None,
                bucket_step: int = 16):
     check_classifier(model)
+    if data.task.is_regression:
+      raise UserError(f"GLUE {data.task.name} is a regression (Pearson/Spearman over every "
+                      "prediction); the ablation scores classifiers (accuracy, F1) and SQuAD "
+                      "models (EM/F1): ablate a classification task")
     if model.num_labels != data.task.num_labels:
       raise UserError(f"the model has {model.num_labels} labels but GLUE {data.task.name} has "
                       f"{data.task.num_labels}: was it fine-tuned on this task?")

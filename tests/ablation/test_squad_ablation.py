@@ -177,3 +177,13 @@ def test_ablate_pipeline_on_a_squad_model(tiny, tmp_path):
   with pytest.raises(UserError, match="for GLUE classifiers"):
     run_ablation(AblationConfig(model=str(tmp_path / "qa"), data=SPEC, out=str(out),
                                 importance=True, max_length=64))
+
+
+def test_regression_task_is_refused_by_the_classifier_evaluator(tiny):
+  from heads_jax.data.glue import TASKS
+  from heads_jax.model.heads import BertForSequenceClassification
+  clf = BertForSequenceClassification(tiny[0].config.replace(pooler=True), 1, rngs=nnx.Rngs(0))
+  z = np.zeros((2, 4), np.int32)
+  data = evaluate.EvalData(z, z, z, np.zeros(2, np.float32), TASKS["stsb"], "stsb")
+  with pytest.raises(UserError, match="STS-B|stsb is a regression"):
+    evaluate.Evaluator(clf, data)
