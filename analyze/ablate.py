@@ -34,8 +34,12 @@ def add_args(p):
                       "type but one: Guan et al. Tables 2-3), assigned role, layer, or --heads")
   p.add_argument("--role-level", choices=("coarse", "fine"), default="coarse",
                  help="--by role: coarse roles + unskilled (default) or every fine role")
-  p.add_argument("--mode", choices=("remove", "uniform"), default="remove",
-                 help="remove: gate 0 (default); uniform: attention replaced by uniform over real tokens")
+  p.add_argument("--mode", choices=("remove", "uniform", "mean"), default="remove",
+                 help="remove: gate 0 (default); uniform: attention replaced by uniform over real "
+                      "tokens; mean: each head's output replaced by its mean over the data")
+  p.add_argument("--random-groups", type=int, default=30,
+                 help="--by role: the causal test of each role against this many random groups with "
+                      "the same heads per layer (permutation p-value; default 30, 0: off)")
   p.add_argument("--heads", default=None, metavar="L:H,...",
                  help="heads for --by heads or --cross: 'L:H,L:H' (L:* = a whole layer); several "
                       "groups separated by ';', each optionally NAME=L:H,...")

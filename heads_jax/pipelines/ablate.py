@@ -20,9 +20,10 @@ import pandas as pd
 
 from heads_jax import runfiles
 from heads_jax.ablation.guan import paper_tables
-from heads_jax.ablation import ablate, evaluate, groups as groups_lib, importance as imp_lib, pruning
+from heads_jax.ablation import ablate, causal, evaluate, groups as groups_lib, importance as imp_lib, pruning
 from heads_jax.errors import UserError
 from heads_jax.report import ablation as rep
+from heads_jax.report.robustness import causal_html
 from heads_jax.report.figures import guan, michel
 from heads_jax.report.page import table_html, write_page
 
@@ -38,7 +39,8 @@ class AblationConfig:
   analysis: str | None = None
   by: str | None = None              # cluster | role | layer | heads
   role_level: str = "coarse"         # coarse | fine
-  mode: str = "remove"               # remove | uniform
+  mode: str = "remove"               # remove | uniform | mean
+  random_groups: int = 30            # --by role: random groups of the same layers per role (causal test)
   heads: str | None = None           # 'L:H,L:H;NAME=L:H,...'
   cross: str | None = None           # intra | inter | both
   cluster: list | None = None
@@ -107,13 +109,24 @@ def _by_groups(run: AblationRun) -> SubResult:
   table = ablate.ablate_groups(run.ev, groups, mode=config.mode, random_seeds=config.random_seeds,
                                seed=config.seed, base=run.base, log=run.log)
   fig = guan.plot_group_ablation(table, run.fig_dir / "ablation.png", metric=run.metrics[0])
-  note = (f"Heads {'removed (gate 0)' if config.mode == 'remove' else 'given uniform attention over the real tokens'}; "
+  how = {"remove": "removed (gate 0)", "uniform": "given uniform attention over the real tokens",
+         "mean": "replaced by their mean output over the data"}[config.mode]
+  note = (f"Heads {how}; "
           f"groups by {config.by}" + (f" from {config.analysis}" if config.analysis else "") + ".")
   run.settings.update({"grouping": config.by, "ablation mode": config.mode})
-  return SubResult({"ablation": table},
-                   rep.ablation_section(table, fig, title=f"Ablation by {config.by}", note=note),
-                   table.to_dict(orient="records"),
-                   [f"\nablation by {config.by} ({config.mode}):", _table_text(table, run.shown)])
+  section = rep.ablation_section(table, fig, title=f"Ablation by {config.by}", note=note)
+  tables, lines = {"ablation": table}, [f"\nablation by {config.by} ({config.mode}):",
+                                        _table_text(table, run.shown)]
+  if config.by == "role" and config.random_groups > 0:  # issue 26: the causal test of each role
+    test = causal.causal_tests(causal.GroupEvaluator(run.ev, config.mode),
+                               [g for g in groups if len(g)], random_groups=config.random_groups,
+                               metric=run.metrics[0], seed=config.seed, base=run.base, log=run.log)
+    tables["causal"] = test
+    section["html"] += causal_html(test, run.fig_dir)
+    lines += ["\ncausal test (role vs random groups of the same layers):",
+              _table_text(test, ["group", "num_heads", "layers", "change", "random_mean_change",
+                                 "rank", "p_value"])]
+  return SubResult(tables, section, table.to_dict(orient="records"), lines)
 
 
 def _cross_groups(run: AblationRun) -> list:
