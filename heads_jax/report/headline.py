@@ -51,6 +51,7 @@ def paper_value(key: str) -> str | None:
   """The paper's value of a summary figure as the report prints it (`heads_jax.hoststats.paper`):
   one claim's value (with its range), several tasks' values as their range, or None where the
   paper gives none."""
+  key = key.removeprefix(PAPER_RULE)
   found = [c for c in paper_lib.claims(paper_lib.PANDE) if c.summary_key == key and c.value is not None]
   if not found:
     return None
@@ -64,26 +65,42 @@ def paper_value(key: str) -> str | None:
           f"(per task)")
 
 
-def _row(key, label, short, kind, paper=None, reference=None, optional=False) -> Row:
-  return Row(key, label, short, kind, paper_value(key) or paper, reference, optional)
+def _row(key, label, short, kind, paper=None, reference=None, optional=False,
+         compare=True) -> Row:
+  return Row(key, label, short, kind, (paper_value(key) if compare else None) or paper, reference,
+             optional)
 
+
+# The summary's prefix of the paper's rule's shares: the paper's values stand beside those only
+# (the run's own rule, calibrated by default, is a heads_jax addition, not the paper's).
+PAPER_RULE = "by_rule.paper."
 
 # The paper's values come from heads_jax.hoststats.paper (one place for the published numbers);
-# the literal paper values below are used only where it has no claim for the key.
+# the literal paper values below are used only where it has no claim for the key. Coarse roles
+# are the paper's four tests (hoststats.roles).
 ROWS: tuple[Row, ...] = (
-    _row("share_delimiter", "Heads with a delimiter role ([CLS], [SEP] or both)", "delimiter heads",
-         "share"),
-    _row("share_local", "Heads with a local role (local, previous or next)", "local", "share"),
-    _row("share_syntactic", "Heads with a syntactic role (any of the four relations)", "syntactic",
-         "share"),
-    _row("share_block", "Heads with the block role", "block", "share"),
+    _row("share_delimiter", "Heads with the delimiter role (its test rejects; the run's rule)",
+         "delimiter heads", "share", compare=False),
+    _row("by_rule.paper.share_delimiter", "... delimiter heads under the paper's rule",
+         "delimiter (paper's rule)", "share", optional=True),
+    _row("share_local", "Heads with the local role (|s - t| <= 2; the run's rule)", "local",
+         "share", compare=False),
+    _row("share_syntactic", "Heads with the syntactic role (the four relations' sieve; the run's "
+         "rule)", "syntactic", "share", compare=False),
+    _row("share_block", "Heads with the block role (the run's rule)", "block", "share",
+         compare=False),
     _row("by_rule.paper.share_block", "... block heads under the paper's rule (tau only)",
          "block (paper's rule)", "share", optional=True),
     _row("share_near_uniform", "Heads with near-uniform attention (no role)", "near-uniform",
          "share", optional=True),
-    _row("share_unskilled", "Heads without any role (unskilled)", "no role", "share"),
-    _row("share_syntactic_also_local", "Syntactic heads that are also local",
-         "syntactic heads also local", "share"),
+    _row("share_unskilled", "Heads without any role (unskilled; the run's rule)", "no role",
+         "share", compare=False),
+    _row("by_rule.paper.share_unskilled", "... unskilled heads under the paper's rule",
+         "no role (paper's rule)", "share", optional=True),
+    _row("share_syntactic_also_local", "Syntactic heads that are also local (the run's rule)",
+         "syntactic heads also local", "share", compare=False),
+    _row("by_rule.paper.share_syntactic_also_local", "... syntactic heads also local under the "
+         "paper's rule", "syntactic also local (paper's rule)", "share", optional=True),
     _row("spearman_local_syntactic", "Spearman rho, local vs syntactic sieve bias",
          "Spearman(local, syntactic)", "corr"),
     _row("spearman_p_value", "Spearman p-value", "its p", "p"),

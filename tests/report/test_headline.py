@@ -39,8 +39,14 @@ def test_console_line_and_table_on_hand_values():
   assert "Spearman(local, syntactic) 0.412" in text and "mean sieve score 2.75" in text
   assert "p-values in (0.05, 0.95) 2.5%" in text and "local 0" not in text  # absent: left out
   table = headline.headline_table({"a": s, "b": {}}).set_index("figure")
-  assert table.loc["Heads with a delimiter role ([CLS], [SEP] or both)", "a"] == "25.0%"
-  assert table.loc["Heads with a local role (local, previous or next)", "a"] == "not reported"
+  label = "Heads with the delimiter role (its test rejects; the run's rule)"
+  assert table.loc[label, "a"] == "25.0%"
+  # the paper's value stands beside the paper's rule's share, not the run's (calibrated) rule's
+  assert table.loc[label, "paper (BERT-base)"] == "-"
+  assert table.loc["Heads with the local role (|s - t| <= 2; the run's rule)", "a"] == "not reported"
+  both = headline.headline_table({"a": {**s, "by_rule": {"paper": {"share_delimiter": 0.7}}}})
+  row = both.set_index("figure").loc["... delimiter heads under the paper's rule"]
+  assert row["a"] == "70.0%" and row["paper (BERT-base)"].startswith("73.43%")
   assert table.loc["... block heads under the paper's rule (tau only)", "b"] == "not reported"
   paper = table.loc["Mean of all sieve bias scores", "paper (BERT-base)"]
   assert paper == headline.paper_value("mean_sieve_score") and "2.8" in paper  # hoststats.paper
@@ -48,4 +54,4 @@ def test_console_line_and_table_on_hand_values():
   html = headline.headline_html({"x<y": s}, label_header="headline figure")
   assert "<th>x&lt;y</th>" in html and '<td class="num">25.0%</td>' in html
   cut = headline.headline_table({"a": s}, tested={"a": ["local"]}).set_index("figure")
-  assert cut.loc["Heads with the block role", "a"] == "not computed"
+  assert cut.loc["Heads with the block role (the run's rule)", "a"] == "not computed"

@@ -185,7 +185,7 @@ def test_roles_without_defined_tests_count_as_not_computed(tmp_path):
   assert sets == ["local"]          # the syntactic and delimiter tests are not in this table
   text = analysis.write_report(tmp_path, title="t", settings=SETTINGS, summary={"share_block": 0.0},
                            tests_df=tests).read_text()
-  row = re.search(r"Heads with the block role</td><td[^>]*>([^<]*)<", text).group(1)
+  row = re.search(r"Heads with the block role \(the run\S*s rule\)</td><td[^>]*>([^<]*)<", text).group(1)
   assert row == "not computed"
 
 
