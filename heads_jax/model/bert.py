@@ -26,9 +26,11 @@ Two switches serve the analysis and ablations, and cost nothing when off:
   inter-segment attention (index 1: different token types) that is removed, i.e.
   ``alpha[t, s] * (1 - removal)``, applied after the gate. ``[CLS]`` and the first ``[SEP]``
   belong to segment A (token type 0), the final ``[SEP]`` to B, as the encoding defines; a single
-  text has only intra-segment attention. Rows are not renormalised (as the paper) unless
+  text has only intra-segment attention. Rows are not renormalised unless
   ``renormalise_segments=True``, which divides each row by its remaining mass (a row left with
-  no mass stays 0).
+  no mass stays 0). Guan et al. do not say either way: they "remove the intra-sentence attention
+  or inter-sentence attention" (guan2020_how_far_does_bert_look_at.txt, section 5.2), and for
+  whole heads "mask the attention value to 0" (section 5.1); not renormalising is our reading.
 
 **Two attention paths** (``attention=`` of ``BertModel.__call__``; ``attention_path`` decides):
 
@@ -313,8 +315,8 @@ class BertModel(nnx.Module):
       deterministic: False enables dropout.
       segment_removal: optional float ``[l, h, 2]``: share of each head's intra-segment (0) and
         inter-segment (1) attention removed (see the module docstring).
-      renormalise_segments: renormalise rows after ``segment_removal`` (default: not, as Guan
-        et al.).
+      renormalise_segments: renormalise rows after ``segment_removal`` (default: not; Guan et
+        al. do not say, see the module docstring).
       attention: ``"auto"`` (fused whenever nothing needs the probabilities), ``"explicit"``,
         ``"xla"`` or ``"cudnn"`` (module docstring).
       attention_reduce: optional per-layer reduction ``fn(layer, probs, query, key, mask)``
