@@ -198,7 +198,9 @@ def _rules_section(tests_df: pd.DataFrame, settings: dict, summary: dict) -> str
   else:
     near = "Near-uniform heads were not determined (no measures.npz: the row entropy is needed)."
   body = ('<p class="note">The paper\'s rule assigns a role when the mean sieve bias is '
-          "significantly above tau. The calibrated rule (the default; DESIGN.md section 3) also "
+          "significantly above tau. The calibrated rule (the default; a heads_jax addition, not "
+          "the paper's: the paper's values are compared with the paper's rule; DESIGN.md section "
+          "3) also "
           "needs it significantly above what uniform attention scores on the same sequences (1 "
           "for the bare roles, ln n for block, and for block also block_plain above 1), and "
           f"gives near-uniform heads no role. The headline figures and the role figures of this "
