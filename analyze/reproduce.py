@@ -22,7 +22,7 @@ from heads_jax.training import configlib
 
 def add_args(p):
   configlib.add_config_args(p, "configs/reproduce.py:cpu")
-  p.add_argument("--redo", choices=STAGES, default=None, metavar="STAGE",
+  p.add_argument("--redo", default=None, metavar="STAGE",
                  help=f"do this stage again ({', '.join(STAGES)}); later stages that read it follow")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 

@@ -13,8 +13,10 @@ line on stderr and exit 2; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
+import zipfile
 
 import heads_jax
 from heads_jax import env, xla_flags
@@ -73,6 +75,40 @@ def _error(command, message) -> int:
   return 2
 
 
+# OSErrors a user can fix (besides the FileNotFound/NotADirectory/FileExists family).
+_USER_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                errno.EPERM: "operation not permitted", errno.EISDIR: "is a directory",
+                errno.ENOTDIR: "not a directory", errno.EEXIST: "already exists",
+                errno.ENOENT: "does not exist", errno.ENAMETOOLONG: "file name too long"}
+_FIX = {errno.ENOSPC: "free some space or choose another output directory; the files written "
+                      "before stay, and the same command continues or redoes the run",
+        errno.EDQUOT: "free some space or choose another output directory",
+        errno.EROFS: "choose a writable output directory",
+        errno.EACCES: "check its permissions, or choose another path",
+        errno.EPERM: "check its permissions, or choose another path",
+        errno.EEXIST: "give a directory, or another path"}
+
+
+def user_message(e: BaseException) -> str | None:
+  """The one line for an error a user can fix, or None for a bug (the traceback stays): a
+  UserError or ValueError as it is; an OSError with its path and what to do (raw ``[Errno N]``
+  text is rewritten); a damaged archive (zip/npz)."""
+  if isinstance(e, (UserError, ValueError)):
+    return str(e)
+  if isinstance(e, zipfile.BadZipFile):
+    return f"a damaged archive ({e}): the file is truncated or not what it should be; write it again"
+  if isinstance(e, OSError) and (e.errno in _USER_ERRNOS or isinstance(
+      e, (FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError))):
+    if e.filename is None or not str(e).startswith("[Errno"):
+      return str(e)  # already a sentence of ours
+    what = _USER_ERRNOS.get(e.errno, e.strerror or "error")
+    path = e.filename if e.filename2 is None else f"{e.filename} -> {e.filename2}"
+    fix = _FIX.get(e.errno)
+    return f"{path}: {what}" + (f"; {fix}" if fix else "")
+  return None
+
+
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   try:
@@ -94,10 +130,11 @@ def main(argv=None) -> int:
   debug = getattr(args, "debug", False)
   try:
     return int(args._main(args) or 0)
-  except (UserError, FileNotFoundError, NotADirectoryError, FileExistsError, ValueError) as e:
-    if debug:
+  except (UserError, ValueError, OSError, zipfile.BadZipFile) as e:
+    message = None if debug else user_message(e)
+    if message is None:
       raise
-    return _error(args.command, e)
+    return _error(args.command, message)
   except KeyboardInterrupt:
     print(f"heads-jax {args.command}: interrupted", file=sys.stderr)
     return 130

@@ -23,8 +23,9 @@ file                   content (writer / reader)
                        `TOKEN_MEASURES`), ``lengths`` int32 ``[b]``; optionally ``js`` float32
                        ``[l*h, l*h]`` (mean Jensen-Shannon distance between heads) with
                        ``js_sequences``, and ``data_index``. `write_measures` / `read_measures`.
-``run.json``           ``{"device": the settings that determine scores.npz, "data_info": [...]}``
-                       of the analysis job. `write_run` / `read_run`.
+``run.json``           ``{"device": the settings that determine scores.npz, "data_info": [...],
+                       "inputs": {"model", "data"}}`` of the analysis job (``inputs``: the
+                       content identity of the model and data files). `write_run` / `read_run`.
 ``tests.csv``          one row per (layer, head, role), the columns `TEST_COLUMNS`, then (an
                        analysis run always writes them) `RULE_COLUMNS`: the calibrated rule's
                        tests and both rules' decisions (`heads_jax.hoststats.calibration`;
@@ -70,6 +71,7 @@ import dataclasses
 import json
 import math
 import os
+import zipfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -152,13 +154,16 @@ def write_json(obj, path) -> Path:
   return path
 
 
-def read_json(path) -> Any:
-  """Reads a JSON file; a file that is not JSON is a ValueError naming it."""
+def read_json(path, fix: str | None = None) -> Any:
+  """Reads a JSON file; a file that is not JSON (or not UTF-8) is a ValueError naming it and
+  what to do (``fix``, default: re-run the command that wrote it with --overwrite)."""
   path = Path(path)
   try:
     return json.loads(path.read_text(encoding="utf-8"))
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{path} is not valid JSON ({e}); re-run the stage that wrote it") from e
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    fix = fix or (f"re-run the command that wrote {path.parent} with --overwrite, or remove "
+                  f"{path.parent}")
+    raise ValueError(f"{path} is not valid JSON ({e}); {fix}") from e
 
 
 def _write_npz(path: Path, arrays: dict) -> Path:
@@ -288,15 +293,19 @@ def read_scores(path) -> Scores:
   if not file.is_file():
     raise FileNotFoundError(f"no {SCORES_FILE} at {file}: pass the analysis output directory "
                             f"(or the npz file itself) written by the `analyze` entry point")
-  with np.load(file, allow_pickle=False) as data:
-    missing = [k for k in ("sieve_bias", "roles") if k not in data.files]
-    if missing:
-      raise ValueError(f"{file} lacks {missing}; it holds {data.files}. A scores file needs at "
-                       f"least sieve_bias [b, l, h, r] and roles [r]")
-    optional = {k: data[k] if k in data.files else None
-                for k in ("distance", "lengths", "data_index", "norm_sieve_bias")}
-    return Scores(sieve_bias=data["sieve_bias"], roles=tuple(str(r) for r in data["roles"]),
-                  **optional)
+  try:
+    with np.load(file, allow_pickle=False) as data:
+      missing = [k for k in ("sieve_bias", "roles") if k not in data.files]
+      if missing:
+        raise ValueError(f"{file} lacks {missing}; it holds {data.files}. A scores file needs "
+                         f"at least sieve_bias [b, l, h, r] and roles [r]")
+      optional = {k: data[k] if k in data.files else None
+                  for k in ("distance", "lengths", "data_index", "norm_sieve_bias")}
+      return Scores(sieve_bias=data["sieve_bias"], roles=tuple(str(r) for r in data["roles"]),
+                    **optional)
+  except (zipfile.BadZipFile, EOFError, OSError, KeyError) as e:  # truncated or not an npz
+    raise ValueError(f"{file} is damaged or not an npz file ({type(e).__name__}: {e}); run the "
+                     "analysis again with --overwrite") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,19 +365,29 @@ def read_measures(path) -> dict:
 # run.json
 
 
-def write_run(out_dir, device: Mapping, data_info: list) -> Path:
-  """Writes ``run.json``: the settings that determine scores.npz and the data specs' info."""
+def write_run(out_dir, device: Mapping, data_info: list, inputs: Mapping | None = None) -> Path:
+  """Writes ``run.json`` (atomically): the settings that determine scores.npz, the data specs'
+  info, and ``inputs``: the content identity of the model and data files (size and mtime per
+  file), on which a reuse of scores.npz keys."""
   path = Path(out_dir) / RUN_FILE
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps({"device": device, "data_info": data_info}, indent=2, default=str),
-                  encoding="utf-8")
+  doc = {"device": device, "data_info": data_info}
+  if inputs is not None:
+    doc["inputs"] = inputs
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
+  os.replace(tmp, path)
   return path
 
 
 def read_run(out_dir) -> dict | None:
-  """The ``run.json`` of an output directory, or None when there is none."""
+  """The ``run.json`` of an output directory, or None when there is none (not JSON: a
+  ValueError naming the file)."""
   path = Path(out_dir) / RUN_FILE
-  return read_json(path) if path.is_file() else None
+  if not path.is_file():
+    return None
+  return read_json(path, fix=f"pass --overwrite to analyse again into {path.parent}, or choose "
+                             "another --out")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,16 +22,27 @@ comparison's own tables are `heads_jax.contract.write_comparison`'s).
 
 Ablation (`heads_jax.pipelines.ablate`): ``ablation.json`` (`ABLATION_JSON`), its tables
 ``<stem>.csv`` (`ABLATION_TABLES`; `write_table`) and ``importance.npy`` (`write_array`).
+
+Every directory a job writes (analysis, comparison, ablation, reproduce, demo, pre-training,
+fine-tuning) says what it is: ``heads_jax_job.json`` (`JOB_FILE`; `claim_dir`) ``{"kind",
+"model", "data", "task", "settings", "created"}``. A job refuses (`check_dir`, one UserError
+line, before any work) a path that is a file, or a directory of another kind or, for kinds with
+a task, another task; a directory from before the markers is recognised by its files
+(`LEGACY_SIGNS`).
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import re
 import shutil
 from pathlib import Path
 
 import numpy as np
+
+from heads_jax import contract, storage
+from heads_jax.errors import UserError
 
 STAGES_DIR = "stages"
 STARTED_SUFFIX = ".started.json"
@@ -197,3 +208,91 @@ def write_ablation_json(out, info: dict) -> Path:
 
 def read_ablation_json(out) -> dict:
   return read_json(Path(out) / ABLATION_JSON)
+
+
+# ------------------------------------------------------------------------------------------------
+# job markers: what a directory is
+
+JOB_FILE = "heads_jax_job.json"
+# kind -> the command that writes such a directory
+JOB_KINDS = {"analysis": "heads-jax analyze", "comparison": "heads-jax compare",
+             "ablation": "heads-jax ablate", "reproduce": "heads-jax reproduce",
+             "demo": "heads-jax demo", "pretraining": "heads-jax pretrain",
+             "finetuning": "heads-jax finetune", "training": "heads-jax pretrain/finetune",
+             "model": "heads-jax convert or a training export"}
+# Directories written before the markers, recognised by their files (first match wins).
+LEGACY_SIGNS = (("reproduce", (REPRODUCE_CONFIG_JSON,)), ("demo", (DEMO_JSON,)),
+                ("ablation", (ABLATION_JSON,)), ("comparison", (contract.COMPARE_JSON,)),
+                ("analysis", (contract.SCORES_FILE, contract.RUN_FILE)),
+                ("model", ("heads_jax.json", "params.safetensors", "model.safetensors",
+                           "pytorch_model.bin")),
+                ("training", ("checkpoints", "metrics.jsonl", "config.json")))
+# Kinds that the legacy guess "training" may be.
+_TRAINING = ("pretraining", "finetuning")
+
+
+def _job_path(path):
+  return storage.as_path(path) / JOB_FILE
+
+
+def read_job(path) -> dict | None:
+  """The marker of directory ``path`` (local or URL), or None when it has none. A marker that is
+  not JSON is a UserError naming it."""
+  file = _job_path(path)
+  if not storage.exists(file):
+    return None
+  try:
+    doc = json.loads(storage.read_text(file))
+  except ValueError as e:
+    raise UserError(f"{storage.display(file)} is damaged ({e}); it should say which job wrote "
+                    "the directory: remove it only if you know, or choose another directory") from None
+  return doc if isinstance(doc, dict) else None
+
+
+def guess_kind(path) -> str | None:
+  """The kind of an unmarked directory from its files (`LEGACY_SIGNS`), or None."""
+  p = storage.as_path(path)
+  for kind, names in LEGACY_SIGNS:
+    if any(storage.exists(p / n) for n in names):
+      return kind
+  return None
+
+
+def _a(kind: str) -> str:
+  return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
+def check_dir(path, kind: str, *, flag: str = "--out", task: str | None = None) -> dict | None:
+  """Refuses ``path`` for a ``kind`` job (UserError, one line) when it is a file, or a directory
+  of another kind, or of another ``task``; returns its marker (None when new or unmarked).
+  Nothing is created or written."""
+  shown = storage.display(path)
+  p = storage.as_path(path)
+  if not storage.exists(p):
+    return None
+  if not storage.is_url(p) and not Path(str(p)).is_dir():
+    raise UserError(f"{flag} {shown} is a file; give a directory (a new or an earlier "
+                    f"{JOB_KINDS[kind].split()[-1]} directory)")
+  job = read_job(p)
+  other = job.get("kind") if job else guess_kind(p)
+  if other is not None and other != kind and not (other == "training" and kind in _TRAINING):
+    raise UserError(f"{flag} {shown} is {_a(other)} directory (written by `{JOB_KINDS.get(other, other)}`)"
+                    f"; {_a(kind)} job would mix its files with it and replace some: choose "
+                    f"another {flag}")
+  if job and task is not None and job.get("task") not in (None, task):
+    raise UserError(f"{flag} {shown} holds the {kind} of task {job['task']}, not {task}: its "
+                    f"checkpoints and results are not this task's; choose another {flag}")
+  return job
+
+
+def claim_dir(path, kind: str, *, flag: str = "--out", model=None, data=None,
+              task: str | None = None, settings: dict | None = None) -> dict:
+  """`check_dir`, then creates the directory and writes its marker (kind, model, data, task,
+  settings; the first writer's ``created`` is kept). Returns the marker."""
+  job = check_dir(path, kind, flag=flag, task=task)
+  doc = {"kind": kind, "model": model if model is None or isinstance(model, list) else str(model),
+         "data": data if data is None or isinstance(data, (str, list)) else [str(d) for d in data],
+         "task": task, "settings": settings or {},
+         "created": (job or {}).get("created") or _dt.datetime.now().isoformat(timespec="seconds")}
+  storage.write_text(_job_path(path), json.dumps(doc, indent=2, default=str))
+  return doc

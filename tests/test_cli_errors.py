@@ -171,3 +171,120 @@ def test_config_override_errors_through_the_cli(capsys, tmp_path):
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("heads-jax pretrain: error:") and all(w in err for w in words), err
   assert not (tmp_path / "w").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 28 part 2: errors of state and of the system, one line each (before: tracebacks or raw
+# "[Errno N]" text)
+
+
+@pytest.mark.parametrize("error,words", [
+    (PermissionError(13, "Permission denied", "/runs/out/scores.npz"),
+     "/runs/out/scores.npz: permission denied; check its permissions"),
+    (OSError(28, "No space left on device", "/runs/out/scores.npz"),
+     "/runs/out/scores.npz: no space left on the device; free some space"),
+    (FileExistsError(17, "File exists", "/runs/out"), "/runs/out: already exists; give a directory"),
+    (__import__("zipfile").BadZipFile("File is not a zip file"), "a damaged archive (File is not a zip file)"),
+])
+def test_system_errors_are_one_line(capsys, monkeypatch, tmp_path, error, words):
+  # Before: PermissionError, disk full (ENOSPC) and BadZipFile were tracebacks; FileExistsError
+  # printed the raw "[Errno 17] File exists: ..." text.
+  import heads_jax.analyze.heads as analysis
+
+  def fail(*a, **k):
+    raise error
+  monkeypatch.setattr(analysis, "run_analysis", fail)
+  code, err = _run(capsys, "analyze", "--model", "m", "--data", "ud-ewt", "--out", str(tmp_path / "o"))
+  assert code == 2 and len(err.splitlines()) == 1 and "Errno" not in err, err
+  assert words in err, err
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
+  import heads_jax.analyze.heads as analysis
+
+  def fail(*a, **k):
+    raise OSError(5, "Input/output error", "/dev/x")  # not something a user can fix by a flag
+  monkeypatch.setattr(analysis, "run_analysis", fail)
+  with pytest.raises(OSError):
+    cli.main(["analyze", "--model", "m", "--data", "ud-ewt", "--out", str(tmp_path / "o")])
+
+
+def test_model_files_missing_keys_or_not_json_name_the_file(capsys, tmp_path):
+  # Before: KeyError: 'hidden_size' (a traceback); the JSON error without the file name.
+  hf = tmp_path / "hf"
+  hf.mkdir()
+  (hf / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 10}))
+  (hf / "model.safetensors").write_bytes(b"")
+  code, err = _run(capsys, "analyze", "--model", str(hf), "--data", "ud-ewt", "--out", str(tmp_path / "o"))
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert f"{hf / 'config.json'} lacks the key 'hidden_size'" in err
+  (hf / "config.json").write_text('{"model_type": "bert",')
+  code, err = _run(capsys, "analyze", "--model", str(hf), "--data", "ud-ewt", "--out", str(tmp_path / "o"))
+  assert code == 2 and len(err.splitlines()) == 1 and f"{hf / 'config.json'} is not valid JSON" in err, err
+  hj = _tiny_model_dir(tmp_path / "hj")
+  manifest = json.loads((hj / "heads_jax.json").read_text())
+  del manifest["config"]
+  (hj / "heads_jax.json").write_text(json.dumps(manifest))
+  code, err = _run(capsys, "analyze", "--model", str(hj), "--data", "ud-ewt", "--out", str(tmp_path / "o"))
+  assert code == 2 and len(err.splitlines()) == 1 and f"{hj / 'heads_jax.json'} lacks the key(s) config" in err, err
+  (hj / "heads_jax.json").write_text("{")
+  code, err = _run(capsys, "analyze", "--model", str(hj), "--data", "ud-ewt", "--out", str(tmp_path / "o"))
+  assert code == 2 and f"{hj / 'heads_jax.json'} is not valid JSON" in err, err
+  assert not (tmp_path / "o").exists()
+
+
+def _fake_analysis(path):
+  path.mkdir(parents=True)
+  np.savez(path / "scores.npz", x=np.zeros(1))
+  (path / "report.html").write_text("<html>the analysis</html>")
+  return path
+
+
+def test_jobs_refuse_each_others_directories(capsys, tmp_path):
+  # Before: compare --out an analysis directory replaced its report.html; finetune --workdir an
+  # analysis directory overwrote its summary.json; a file as --workdir gave raw [Errno 17] text.
+  a, b = _fake_analysis(tmp_path / "a"), _fake_analysis(tmp_path / "b")
+  code, err = _run(capsys, "compare", "--before", str(a), "--after", str(b), "--out", str(b))
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert f"--out {b} is an analysis directory (written by `heads-jax analyze`)" in err
+  assert (b / "report.html").read_text() == "<html>the analysis</html>"
+  code, err = _run(capsys, "compare", "--before", str(a), "--after", str(b), "--out", str(a / "report.html"))
+  assert code == 2 and "is a file; give a directory" in err, err
+  code, err = _run(capsys, "finetune", "--config", "configs/finetune.py:tiny", "--workdir", str(a))
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert f"--workdir {a} is an analysis directory" in err
+  assert sorted(p.name for p in a.iterdir()) == ["report.html", "scores.npz"]
+  code, err = _run(capsys, "finetune", "--config", "configs/finetune.py:tiny", "--workdir", str(a / "scores.npz"))
+  assert code == 2 and len(err.splitlines()) == 1 and "is a file; give a directory" in err, err
+  assert "Errno" not in err
+
+
+def test_finetuning_of_another_task_is_refused(capsys, tmp_path):
+  # Before: task B in task A's workdir "resumed" A's checkpoint. The marker says the task.
+  from heads_jax import runfiles
+  work = tmp_path / "w"
+  runfiles.claim_dir(work, "finetuning", flag="--workdir", task="sst2")
+  code, err = _run(capsys, "finetune", "--config", "configs/finetune.py:tiny", "--workdir", str(work),
+                   "--config.task=mrpc")
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert f"--workdir {work} holds the finetuning of task sst2, not mrpc" in err
+  code, err = _run(capsys, "pretrain", "--config", "configs/pretrain.py:tiny", "--workdir", str(work))
+  assert code == 2 and "is a finetuning directory" in err, err
+
+
+def test_redo_error_without_usage_lines(capsys, tmp_path):
+  # Before: argparse's choices printed the usage lines first.
+  code, err = _run(capsys, "reproduce", "--config", "configs/reproduce.py:toy", "--workdir", str(tmp_path / "w"),
+                   "--redo", "nope")
+  assert code == 2 and len(err.splitlines()) == 1 and "usage" not in err, err
+  assert "--redo 'nope': one of" in err
+  assert not (tmp_path / "w").exists()
+
+
+def test_convert_into_an_empty_file(capsys, tmp_path):
+  # Before: "... is not empty" for an empty file.
+  m = _tiny_model_dir(tmp_path / "m")
+  (tmp_path / "empty").write_text("")
+  code, err = _run(capsys, "convert", str(m), str(tmp_path / "empty"), "--overwrite")
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert "is a file; a model is written as a directory" in err and "not empty" not in err

@@ -86,9 +86,19 @@ def training_run_message(path) -> str | None:
 
 
 def read_manifest(path) -> dict:
-  m = json.loads((Path(path) / MANIFEST).read_text())
-  if m.get("format") != "heads_jax":
+  """The manifest of a heads_jax model directory; not JSON, another format or a missing key
+  is a ValueError naming the file."""
+  file = Path(path) / MANIFEST
+  try:
+    m = json.loads(file.read_text(encoding="utf-8"))
+  except (ValueError, UnicodeDecodeError) as e:
+    raise ValueError(f"{file} is not valid JSON ({e}); copy or export the model again") from None
+  if not isinstance(m, dict) or m.get("format") != "heads_jax":
     raise ValueError(f"{path}/{MANIFEST} is not a heads_jax manifest")
+  missing = [k for k in ("config", "architecture") if k not in m]
+  if missing:
+    raise ValueError(f"{file} lacks the key(s) {', '.join(missing)}; copy or export the model "
+                     "again")
   return m
 
 
@@ -97,7 +107,11 @@ def load_model_dir(path, architecture: str | None = None, dtype: str | None = No
   (``"BertModel"``) or another head, whose missing parameters stay freshly initialised."""
   path = Path(path)
   m = read_manifest(path)
-  cfg = BertConfig.from_dict(m["config"])
+  try:
+    cfg = BertConfig.from_dict(m["config"])
+  except (KeyError, TypeError) as e:
+    raise ValueError(f"{path / MANIFEST}: its config is incomplete or wrong ({e}); copy or "
+                     "export the model again") from None
   if dtype:
     cfg = cfg.replace(dtype=dtype)
   try:

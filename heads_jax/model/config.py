@@ -264,7 +264,17 @@ class BertConfig:
 
   @classmethod
   def from_hf_file(cls, path) -> "BertConfig":
-    return cls.from_hf_dict(json.loads(Path(path).read_text()))
+    """From a Hugging Face ``config.json``; a file that is not JSON or lacks a key is a
+    ValueError naming the file."""
+    try:
+      d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+      raise ValueError(f"{path} is not valid JSON ({e}); copy or export the model again") from None
+    try:
+      return cls.from_hf_dict(d)
+    except KeyError as e:
+      raise ValueError(f"{path} lacks the key {e} that a model config needs; copy or export the "
+                       "model again") from None
 
 
 # Alias: the configuration is not specific to BERT.

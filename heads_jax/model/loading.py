@@ -79,7 +79,10 @@ def convert_dir(src, dst, *, overwrite: bool = False):
   heads_jax format, heads included. Returns ``(kind written, model)``. Refuses a non-empty
   ``dst`` unless ``overwrite``."""
   src, dst = hub.model_path(src), Path(dst)
-  if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not overwrite:
+  if dst.exists() and not dst.is_dir():  # even an empty file: a model is a directory
+    raise UserError(f"{dst} is a file; a model is written as a directory: give a new directory "
+                    "path")
+  if dst.exists() and any(dst.iterdir()) and not overwrite:
     raise FileExistsError(f"{dst} is not empty; choose a new directory or pass --overwrite")
   model, tokenizer = load_model(src, head="auto")
   if is_heads_jax_dir(src):

@@ -271,17 +271,58 @@ def _load(config: AblationConfig):
   return model, tokenizer, data, evaluate.Evaluator(model, data, batch_size=config.batch_size)
 
 
+def classifier_task(model_dir) -> tuple[str | None, tuple[str, ...] | None]:
+  """What a classifier directory says of the task it was fine-tuned on: ``(task, label
+  names)``, from the fine-tuning run it was exported into (its job marker, `runfiles.JOB_FILE`,
+  one folder up) and its ``id2label`` (heads_jax.json or a Hugging Face config.json; generic
+  ``LABEL_i`` names say nothing). Either is None when unknown."""
+  p = Path(str(model_dir))
+  task = None
+  if not str(model_dir).startswith(("gs://", "s3://")) and p.is_dir():
+    job = runfiles.read_job(p.parent) if (p.parent / runfiles.JOB_FILE).is_file() else None
+    if job and job.get("kind") == "finetuning":
+      task = job.get("task")
+    for name in ("heads_jax.json", "config.json"):
+      doc = runfiles.read_json(p / name, missing_ok=True) if (p / name).is_file() else None
+      id2label = (doc or {}).get("id2label") if isinstance(doc, dict) else None
+      if id2label:
+        names = tuple(str(id2label[k]) for k in sorted(id2label, key=lambda k: int(k)))
+        if not all(n.upper() == f"LABEL_{i}" for i, n in enumerate(names)):
+          return task, names
+        break
+  return task, None
+
+
+def check_classifier_task(model_dir, task) -> None:
+  """Refuses (UserError) a classifier fine-tuned on another task than the data's ``task`` (a
+  `glue.GlueTask`), when the model directory says which (`classifier_task`); before any
+  evaluation."""
+  if getattr(task, "label_names", None) is None:
+    return
+  trained, names = classifier_task(model_dir)
+  if trained is not None and trained != task.name:
+    raise UserError(f"the classifier {model_dir} was fine-tuned on {trained}, but the data is "
+                    f"{task.name}: its scores would mean nothing; pass --data of {trained}, or a "
+                    f"classifier fine-tuned on {task.name}")
+  if names is not None and task.label_names and names != tuple(task.label_names):
+    raise UserError(f"the classifier {model_dir} predicts the labels {', '.join(names)}, but "
+                    f"{task.name}'s labels are {', '.join(task.label_names)}: it was fine-tuned on "
+                    "another task; pass --data of its task, or a classifier of this one")
+
+
 def run_ablation(config: AblationConfig, log=print) -> dict:
   """Runs what ``config`` asks for; writes into ``config.out``; returns the paths and results."""
   if not (config.by or config.cross or config.importance or config.prune or config.paper_tables):
     raise UserError("nothing to do: ask for --by cluster|role|layer|heads, --cross intra|inter|both, "
                     "--importance and/or --prune")
   out = Path(config.out)
-  if out.exists() and not out.is_dir():
-    raise UserError(f"--out {out} is a file; give a directory")
-  out.mkdir(parents=True, exist_ok=True)
+  runfiles.check_dir(out, "ablation", flag="--out")  # a file, another job's directory: refused
   t0 = time.time()
   model, tokenizer, data, ev = _load(config)
+  check_classifier_task(config.model, data.task)
+  runfiles.claim_dir(out, "ablation", model=config.model, data=config.data, task=data.task.name,
+                     settings={"by": config.by, "cross": config.cross, "mode": config.mode,
+                               "importance": config.importance, "prune": config.prune})
   L, H = ev.num_layers, ev.num_heads
   base = ev.evaluate()
   metrics = data.metric_names

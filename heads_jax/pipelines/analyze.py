@@ -25,15 +25,17 @@ process 0 alone writes the files.
 from __future__ import annotations
 
 import dataclasses
+import math
+import shutil
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from heads_jax import contract
+from heads_jax import contract, runfiles
 from heads_jax.data.vocabulary import ROLES, SYNTACTIC_ROLES
-from heads_jax.data.specs import encode_spec, parse_spec
+from heads_jax.data.specs import check_max_examples, encode_spec, parse_spec
 from heads_jax.storage import as_path, is_url, local_copy, staged_output
 from heads_jax.errors import UserError
 from heads_jax.hoststats.calibration import DEFAULT_RULE, NEAR_UNIFORM_NATS, RULES, apply_rule
@@ -43,7 +45,7 @@ from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, f
 from heads_jax.hoststats.summary import summary_figures
 from heads_jax.model.loading import load_model
 from heads_jax.parallel import initialize_distributed
-from heads_jax.pipelines.robustness import ensure_robustness_pass, robustness_host
+from heads_jax.pipelines.engine import fingerprint
 from heads_jax.report.analysis import build_analysis_report
 from heads_jax.stats.collector import collect, combine_measures
 from heads_jax.stats.examples import DEFAULT_PER_HEAD, write_head_examples
@@ -83,8 +85,6 @@ class AnalysisConfig:
   report: bool = True
   title: str | None = None
   examples: int = DEFAULT_PER_HEAD   # sequences per head in the report's head view (examples.json); 0: none
-  robustness: bool = False           # second pass: norm-weighted roles, sinks, heads as parsers
-                                     # (pipelines/robustness.py); `heads-jax analyze` turns it on
 
   def device_settings(self) -> dict:
     d = dataclasses.asdict(self)
@@ -105,12 +105,71 @@ def check_rule_settings(cfg: AnalysisConfig) -> None:
     raise UserError(f"--near-uniform-nats must be >= 0; got {cfg.near_uniform_nats}")
 
 
-def _check_out_dir(cfg: AnalysisConfig, overwrite: bool) -> bool:
-  """Returns True when ``scores.npz`` of an identical earlier run can be reused."""
+def check_settings(cfg: AnalysisConfig) -> None:
+  """Every value of ``cfg`` that can be checked without the model or the data (UserError, one
+  line, before any file is written or any device work): the rule, tau, alpha, the counts, and
+  the data specs (their forms and files; the same data twice is refused: it would double every
+  n and make every p-value too small)."""
+  check_rule_settings(cfg)
+  tau = cfg.tau
+  if not (tau == "auto" or (isinstance(tau, (int, float)) and not isinstance(tau, bool)
+                            and math.isfinite(tau) and tau >= 0)):
+    raise UserError(f"--tau must be a number >= 0 (the sieve-bias threshold of the tests) or "
+                    f"'auto'; got {tau!r}")
+  if not (isinstance(cfg.alpha, (int, float)) and 0 < cfg.alpha < 1):
+    raise UserError(f"--alpha must be a significance level between 0 and 1 (e.g. 0.05); got "
+                    f"{cfg.alpha!r}")
+  for flag, value, low in (("--examples", cfg.examples, 0), ("--clusters", cfg.clusters, 1),
+                           ("--batch-size", cfg.batch_size, 1),
+                           ("--bucket-step", cfg.bucket_step, 1)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      raise UserError(f"{flag} must be an integer >= {low}; got {value!r}")
+  if not isinstance(cfg.max_length, int) or cfg.max_length < 4:
+    raise UserError(f"--max-length must be an integer >= 4 ([CLS] A [SEP] B [SEP] needs room); "
+                    f"got {cfg.max_length!r}")
+  try:
+    check_max_examples(cfg.max_examples)
+    specs = [parse_spec(d) for d in cfg.data]
+  except ValueError as e:
+    raise UserError(str(e)) from None
+  seen = {}
+  for s in specs:
+    key = (s.kind, str(s.path), s.task, s.split, s.header, s.version, s.sample, s.seed)
+    if key in seen:
+      raise UserError(f"--data {s.spec!r} names the same data as --data {seen[key]!r}: every "
+                      "sequence would be counted twice (n doubled, p-values too small); give "
+                      "each data set once")
+    seen[key] = s.spec
+
+
+def input_identity(cfg: AnalysisConfig) -> dict:
+  """The content of the model and data behind ``cfg``'s paths (size and modification time of
+  each file: `engine.fingerprint`), so that a reuse of scores.npz keys on what the paths hold,
+  not on the path strings. A URL model is identified by its URL (its copy is fetched anyway)."""
+  model = str(cfg.model)
+  data = []
+  for d in cfg.data:
+    spec = parse_spec(d)
+    path = spec.path
+    if spec.kind == "glue-tsv":
+      from heads_jax.data import glue
+      path = glue.tsv_path(spec.path, spec.task, spec.split)
+    data.append(None if path is None else fingerprint(path))
+  return {"model": model if is_url(model) else fingerprint(model), "data": data}
+
+
+def _check_out_dir(cfg: AnalysisConfig, overwrite: bool, inputs: dict | None = None) -> bool:
+  """Returns True when ``scores.npz`` of an identical earlier run (same settings, same model
+  and data content, a readable file) can be reused; refuses (UserError) a directory of another
+  job, another run's results, or a damaged file without ``overwrite``."""
   out = Path(cfg.out)
-  if out.exists() and not out.is_dir():
-    raise NotADirectoryError(f"--out {out} is a file; give a directory")
-  previous = contract.read_run(out)
+  runfiles.check_dir(out, "analysis", flag="--out")
+  try:
+    previous = contract.read_run(out)
+  except ValueError as e:
+    if not overwrite:
+      raise UserError(str(e)) from None  # names the file and the --overwrite to pass
+    previous = None
   if previous is None:
     others = [p.name for p in out.glob("*")] if out.is_dir() else []
     if others and not overwrite and any(n in others for n in (contract.SCORES_FILE,
@@ -123,14 +182,46 @@ def _check_out_dir(cfg: AnalysisConfig, overwrite: bool) -> bool:
     diff = [k for k in DEVICE_KEYS if previous.get("device", {}).get(k) != cfg.device_settings()[k]]
     raise FileExistsError(f"{out} holds another run's results (different {', '.join(diff)}); "
                           f"choose another --out or pass --overwrite")
-  return same and (out / contract.SCORES_FILE).is_file()
+  if same and inputs is not None and previous.get("inputs") != inputs:
+    if not overwrite:
+      was = previous.get("inputs") or {}
+      what = [w for w in ("model", "data") if was.get(w) != inputs[w]]
+      raise FileExistsError(
+          f"the {' and the '.join(what)} behind the same path(s) changed since the analysis in "
+          f"{out} (or it predates content checks): pass --overwrite to analyse again, or choose "
+          "another --out")
+    same = False
+  if not same or not (out / contract.SCORES_FILE).is_file():
+    return False
+  try:
+    contract.read_scores(out)
+  except (UserError, ValueError, OSError) as e:
+    if not overwrite:
+      raise UserError(str(e)) from None  # names the file and the --overwrite to pass
+    return False
+  return True
 
 
-def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bool = True) -> dict:
-  """The device pass: ``{"sieve_bias", "distance", "lengths", "roles", "data_index", "data_info"}``."""
+def check_vocabulary(model, tokenizer, where) -> None:
+  """Refuses (UserError) a tokenizer whose ids reach past the model's embedding table (its
+  pieces would read no embedding: NaN everywhere), before any device work."""
+  size = getattr(model.config, "vocab_size", None)
+  n = len(tokenizer) if tokenizer is not None else None
+  if size is not None and n is not None and n > size:
+    raise UserError(f"the tokenizer of {where} has {n} pieces but the model embeds only {size} "
+                    f"(vocab_size): ids {size}..{n - 1} have no embedding; use the tokenizer the "
+                    "model was trained with")
+
+
+def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bool = True,
+                   log=None) -> dict:
+  """The device pass: ``{"sieve_bias", "distance", "lengths", "roles", "data_index", "data_info"}``.
+  ``log``: where each data set's counts (read, empty dropped, truncated, duplicated) and
+  warnings go (`heads_jax.data.specs.input_counts`)."""
   if model is None:
     model, tokenizer = load_model(local_copy(cfg.model))
   model.config.check_max_length(cfg.max_length)
+  check_vocabulary(model, tokenizer, cfg.model)
   roles = tuple(cfg.roles)
   if not cfg.syntax:
     roles = tuple(r for r in roles if r not in SYNTACTIC_ROLES)
@@ -144,8 +235,13 @@ def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bo
                                    batch_size=cfg.batch_size, max_examples=cfg.max_examples,
                                    parser=cfg.parser, syntax=syntax, pad_to_batch_size=True,
                                    sort_window=cfg.sort_window, bucket_step=cfg.bucket_step)
+    if log is not None and info.counts is not None:
+      log(f"{spec}: {info.counts.text(cfg.max_length)}")
+      for w in info.warnings:
+        log(f"warning: {w}")
     if n == 0:
-      raise ValueError(f"data spec {spec!r} holds no examples; check the file or the split")
+      dropped = f" ({info.counts.empty} with no wordpiece dropped)" if info.counts and info.counts.empty else ""
+      raise ValueError(f"data spec {spec!r} holds no examples{dropped}; check the file or the split")
     result = collect(step, batches, n, roles=roles, progress=progress, desc=f"analyse {spec}")
     result["data_index"] = np.full(n, i, np.int32)
     parts.append(result)
@@ -173,6 +269,16 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
                  "max_examples": cfg.max_examples,
                  "arcs": ", ".join(str(d.get("arcs")) for d in data_info),
                  "syntax": cfg.syntax}
+  for key, name in (("num_truncated", "sequences_truncated"),
+                    ("num_empty_dropped", "sequences_empty_dropped"),
+                    ("num_duplicates", "sequences_duplicated")):
+    if any(d.get(key) for d in data_info):  # the report's settings say so
+      passthrough[name] = sum(int(d.get(key) or 0) for d in data_info)
+  warnings = [w for d in data_info for w in d.get("warnings", [])]
+  if scores.num_sequences < 2:
+    warnings.append(few_sequences_warning(scores.num_sequences))
+  if warnings:
+    passthrough["warnings"] = " | ".join(warnings)
   tests, settings = hypothesis_tests(scores.sieve_bias, scores.roles, tau=cfg.tau, alpha=cfg.alpha,
                                      test=cfg.test, correction=cfg.correction, settings=passthrough)
   if scores.lengths is None:
@@ -196,6 +302,11 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
           "cluster_info": info}
 
 
+def few_sequences_warning(n: int) -> str:
+  return (f"only {n} sequence(s): no test can run (a test needs n >= 2 sequences), so every "
+          "head is reported with no role; analyse more data")
+
+
 def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: bool = False,
                  progress: bool = True, log=print, distributed: dict | None = None) -> dict:
   """Runs the whole analysis; returns the host results plus ``out`` and ``report`` paths.
@@ -207,7 +318,7 @@ def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: 
   """
   if distributed:
     initialize_distributed(**distributed)
-  check_rule_settings(cfg)
+  check_settings(cfg)
   if not is_url(cfg.out):
     return _run_in(cfg, model=model, tokenizer=tokenizer, overwrite=overwrite, progress=progress,
                    log=log)
@@ -231,12 +342,28 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, progress:
   main = jax.process_index() == 0
   if not main:
     log = lambda *a, **k: None  # noqa: E731 (process 0 reports)
+  inputs = input_identity(cfg)
   try:
-    reuse = _check_out_dir(cfg, overwrite)
-  except (FileExistsError, NotADirectoryError) as e:
+    reuse = _check_out_dir(cfg, overwrite, inputs)
+  except (FileExistsError, NotADirectoryError, UserError) as e:
     raise type(e)(str(e).replace(str(out), shown_out)) if shown_out else e
+  new = not out.exists()
+  try:
+    return _run_checked(cfg, out, reuse, inputs, model=model, tokenizer=tokenizer,
+                        progress=progress, log=log, main=main)
+  except BaseException:
+    if new and out.is_dir() and {p.name for p in out.iterdir()} <= {runfiles.JOB_FILE}:
+      shutil.rmtree(out, ignore_errors=True)  # an early error leaves no empty --out
+    raise
+
+
+def _run_checked(cfg: AnalysisConfig, out: Path, reuse: bool, inputs: dict, *, model, tokenizer,
+                 progress: bool, log, main: bool) -> dict:
+  """`_run_in` after the checks of the output directory."""
   if main:
     out.mkdir(parents=True, exist_ok=True)
+    runfiles.claim_dir(out, "analysis", model=cfg.model, data=list(cfg.data),
+                       settings=cfg.device_settings())
   t0 = time.time()
   if not main:
     scores = None if reuse else compute_scores(cfg, model, tokenizer, progress=False)
@@ -247,21 +374,17 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, progress:
     log(f"reusing {out / contract.SCORES_FILE} (same model and data); recomputing the host "
         "statistics")
   else:
-    scores = compute_scores(cfg, model, tokenizer, progress=progress)
+    scores = compute_scores(cfg, model, tokenizer, progress=progress, log=log)
     write_scores(out, scores)
     if "measures" in scores:
       contract.write_measures(out, scores["measures"])
     data_info = scores["data_info"]
-    contract.write_run(out, cfg.device_settings(), data_info)
-  robust = cfg.robustness and jax.process_count() == 1
-  if robust:  # issue 26: a second pass, once per scores.npz (pipelines/robustness.py)
-    ensure_robustness_pass(cfg, out, model, tokenizer, log=log,
-                           load=lambda: load_model(local_copy(cfg.model)))
+    contract.write_run(out, cfg.device_settings(), data_info, inputs=inputs)
   device_s = time.time() - t0
   scores = contract.read_scores(out)
+  if scores.num_sequences < 2:
+    log(f"warning: {few_sequences_warning(scores.num_sequences)}")
   host = host_statistics(cfg, scores, data_info)
-  if robust:
-    host["robustness"] = robustness_host(out, host, log=log)
   assigned, roles = assignment_array(host["tests"], scores.roles, scores.num_layers, scores.num_heads)
   table = coarse_roles_by_layer(assigned, roles)
   log(f"\n{scores.num_sequences} sequences, {scores.num_layers} layers x {scores.num_heads} heads, "
@@ -283,6 +406,10 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, progress:
   if cfg.report:
     report = build_analysis_report(out, title=cfg.title)
     log(f"report: {report}")
+  elif (out / contract.REPORT_HTML).is_file():  # it shows the earlier tests: stale
+    (out / contract.REPORT_HTML).unlink()
+    log(f"removed the earlier {contract.REPORT_HTML} (it showed other tests); run without "
+        "--no-report for a new one")
   host.update(out=out, report=report, device_seconds=device_s)
   return host
 

@@ -57,13 +57,21 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
                               f"run `heads-jax analyze --out {d}` first")
   if bool(before_model) != bool(after_model):  # before any work is done or written
     raise UserError("the attention similarity needs both --before-model and --after-model")
+  # a file, or another job's directory (an analysis: its report.html would be replaced)
+  runfiles.check_dir(out, "comparison", flag="--out")
+  for d in (before, after):
+    if Path(out).resolve() == Path(d).resolve():
+      raise UserError(f"--out {out} is one of the analyses compared; choose another --out")
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)  # they come back in comparison.warnings
     comparison = compare_runs(before, after)
   for w in comparison.warnings:
     log(f"warning: {w}")
   out = Path(out)
-  out.mkdir(parents=True, exist_ok=True)
+  runfiles.claim_dir(out, "comparison", model=[str(before_model), str(after_model)]
+                     if before_model else None, data=[str(before), str(after)],
+                     settings={"data": data, "max_examples": max_examples,
+                               "max_length": max_length})
   contract.write_comparison(comparison, out)
   extra = []
   if before_model and after_model:

@@ -286,7 +286,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
       raise UserError(f"--{label.replace('_', '-')} must be at least {low}; got {v}")
   real, name = _real_model(model)
   out = Path(out)
-  out.mkdir(parents=True, exist_ok=True)
+  runfiles.claim_dir(out, "demo", model=real, settings={"quick": quick})
   n = QUICK_EXAMPLES if quick else int(analysis_examples)
   settings = DemoSettings(out=out, real=real, name=name, quick=quick, n=n,
                           finetune_steps=int(finetune_steps), pretrain_steps=int(pretrain_steps),

@@ -599,7 +599,8 @@ def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dic
     resolve_model_path(config.pretrained.path)  # a missing model fails now, not after stage 1
   if config.analysis.parser not in ("auto", "none", ""):
     load_parser(config.analysis.parser)  # a missing spaCy pipeline: one line now, not after fine-tuning
-  workdir.mkdir(parents=True, exist_ok=True)
+  runfiles.claim_dir(workdir, "reproduce", flag="--workdir", model=config.pretrained.path or None,
+                     data=list(tasks), settings={"preset": config.preset})
   runfiles.write_reproduce_config(workdir, config.to_dict())
   t_all = time.time()
   log(f"heads-jax reproduce ({config.preset or 'custom'}): {', '.join(tasks)} in {workdir}")

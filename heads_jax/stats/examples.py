@@ -202,6 +202,8 @@ def example_maps(model, tokenizer, specs, need: dict, *, max_length: int,
   forward = attention_maps_program(graphdef)
 
   seqs = sorted(rows)
+  if not seqs:  # no head has an example (e.g. a single sequence longer than the view's limit)
+    return {}
   k = max(len(rows[s]["input_ids"]) for s in seqs)
   k = min(max(k, 1) + (-k) % bucket_step, max(max_length, k))
   out: dict[int, dict] = {}

@@ -48,6 +48,7 @@ from heads_jax.model.checkpoint import build_model, save_model
 from heads_jax.model.config import config_for
 from heads_jax.model.convert import export_hf
 from heads_jax.parallel import data_mesh, initialize_from_config
+from heads_jax import runfiles
 from heads_jax.pipelines.engine import WorkdirLock
 from heads_jax.training import checkpointing, configlib, loop, metrics as metrics_lib, optimizer, steps
 from heads_jax.training.rundir import RunDir
@@ -106,6 +107,9 @@ class TrainingJob:
     if not self.is_main:
       self.dir.create()
       return
+    task = self.config.get("task") or None  # what the directory is (heads_jax.runfiles.claim_dir)
+    kind = "finetuning" if task else "pretraining"
+    runfiles.check_dir(self.dir.root, kind, flag="--workdir", task=task)
     self._lock = WorkdirLock(self.dir.root, "a training run").acquire()
     weakref.finalize(self, self._lock.release)
     try:
@@ -117,6 +121,8 @@ class TrainingJob:
       self.close()
       raise
     self.dir.create()
+    runfiles.claim_dir(self.dir.root, kind, flag="--workdir", task=task,
+                       model=self.config.get("init_checkpoint") or None)
     if changes is None:
       configlib.save_config(self.config, self.dir.config_file)
     elif changes:
