@@ -46,17 +46,19 @@ def _metric_columns(df: pd.DataFrame, metrics) -> list[str]:
   return [m for m in metrics if m in df.columns and df[m].notna().any()]
 
 
-def ablation_section(table: pd.DataFrame, figure_path, *, metric: str = "accuracy",
+def ablation_section(table: pd.DataFrame, figure_path, *, metric: str | None = None,
                      title: str = "Ablation by head group", note: str = "") -> dict:
   """The group-ablation table in the paper's form (group, heads, metric, change) plus the
   random-group baseline and the figure."""
   metrics = _metric_columns(table, METRICS)
+  metric = metric or (metrics[0] if metrics else "accuracy")  # the figure's: the first reported
   cols = ["group", "kind", "num_heads", "ablation"]
   for m in metrics:
     cols += [m, f"{m}_change"]
     cols += [c for c in (f"random_{m}_change", f"random_{m}_std") if c in table.columns]
   shown = table[[c for c in cols if c in table.columns]]
-  text = ("<p>Metric of the fine-tuned classifier on its evaluation set with each group of heads "
+  text = ("<p>Metric of the fine-tuned model (a classifier; a SQuAD model in exact match and "
+          "F1) on its evaluation set with each group of heads "
           "ablated, and the change against the unablated model (first row). For fairness, "
           "<i>random_*</i> is the mean change (and standard deviation) when the same number of "
           "heads, drawn at random from all heads, is ablated the same way.</p>")
@@ -67,10 +69,11 @@ def ablation_section(table: pd.DataFrame, figure_path, *, metric: str = "accurac
   return {"title": title, "html": html}
 
 
-def segment_section(table: pd.DataFrame, figure_path, *, metric: str = "accuracy",
+def segment_section(table: pd.DataFrame, figure_path, *, metric: str | None = None,
                     title: str = "Intra- and inter-sentence attention removed") -> dict:
   renorm = bool(table.get("renormalised", pd.Series([False])).astype(bool).any())
   metrics = _metric_columns(table, METRICS)
+  metric = metric or (metrics[0] if metrics else "accuracy")  # the figure's: the first reported
   cols = ["group", "kind", "num_heads", "ablation"]
   for m in metrics:
     cols += [m, f"{m}_change"] + [c for c in (f"random_{m}_change",) if c in table.columns]
