@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from flax import nnx
 
-from heads_jax.data.specs import encode_spec
+from heads_jax.data.specs import encode_spec, parse_spec
 from heads_jax.data.vocabulary import ROLES, SYNTACTIC_ROLES
 from heads_jax.errors import UserError
 from heads_jax.hoststats.calibration import DEFAULT_RULE, apply_rule
@@ -116,9 +116,9 @@ def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | Non
   # the data is encoded once; every checkpoint sees the same batches
   encoded = []
   for spec in data:
+    gold = syntax and parse_spec(spec).kind == "conllu"   # text data: no parser, no arcs
     info, batches, n = encode_spec(spec, tokenizer, max_length=max_length, batch_size=batch_size,
-                                   max_examples=max_examples, parser="none", syntax=syntax,
-                                   pad_to_batch_size=True)
+                                   max_examples=max_examples, syntax=gold, pad_to_batch_size=True)
     encoded.append((list(batches), n))
   _, abstract = nnx.split(encoder, nnx.Param, ...)[:2]
   target = {"bert": nnx.to_pure_dict(abstract)}

@@ -28,10 +28,13 @@ def _params(encoder):
 
 def _fresh_row(encoder, tokenizer):
   step = make_analysis_step(encoder, roles=ROLES, measures=True)
-  _, batches, n = encode_spec("ud-ewt", tokenizer, max_length=48, batch_size=4, max_examples=6,
-                              parser="none", pad_to_batch_size=True)
-  r = collect(step, batches, n, roles=ROLES, progress=False)
-  return checkpoint_row(r["sieve_bias"], r["token_attention"], r["lengths"], ROLES)
+  parts = []
+  for spec, syntax in (("ud-ewt", True), ("mrpc", False)):   # text data: no parser
+    _, batches, n = encode_spec(spec, tokenizer, max_length=48, batch_size=4, max_examples=4,
+                                syntax=syntax, pad_to_batch_size=True)
+    parts.append(collect(step, batches, n, roles=ROLES, progress=False))
+  cat = {k: np.concatenate([p[k] for p in parts]) for k in ("sieve_bias", "token_attention", "lengths")}
+  return checkpoint_row(cat["sieve_bias"], cat["token_attention"], cat["lengths"], ROLES)
 
 
 def test_every_checkpoint_is_analysed_as_a_fresh_model(tmp_path):
@@ -51,7 +54,7 @@ def test_every_checkpoint_is_analysed_as_a_fresh_model(tmp_path):
   ck.close()
 
   logs = []
-  table = run_trajectory(run, tmp_path / "out", data=("ud-ewt",), max_examples=6, max_length=48,
+  table = run_trajectory(run, tmp_path / "out", data=("ud-ewt", "mrpc"), max_examples=4, max_length=48,
                          batch_size=4, roles=ROLES, log=logs.append)
   assert table["step"].tolist() == [10, 20]
   assert pd.read_csv(tmp_path / "out" / TRAJECTORY_CSV)["step"].tolist() == [10, 20]

@@ -125,8 +125,9 @@ def plot_causal(table: pd.DataFrame, random_changes: dict | None, path, *,
       ax.errorbar(r.random_mean_change, yi, xerr=r.random_std_change, fmt="s", color="#999999",
                   markersize=4, capsize=2)
     ax.plot(r.change, yi, "o", color="#d95f0e")
-    ax.text(r.change, yi + 0.25, f"p = {r.p_value:.3f}", fontsize=7, ha="center")
+    ax.text(r.change, yi + 0.2, f"p = {r.p_value:.3f}", fontsize=7, ha="center")
   ax.axvline(0, color="black", linewidth=0.6)
+  ax.set_ylim(-0.7, len(t) - 0.3)
   ax.set_yticks(y)
   ax.set_yticklabels([f"{r.group} ({r.num_heads})" for r in t.itertuples()], fontsize=8)
   metric = t["metric"].iloc[0] if len(t) else "metric"
