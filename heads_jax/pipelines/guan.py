@@ -51,7 +51,8 @@ def _resolve(name: str, what: str) -> Path:
   try:
     return hub.model_path(str(name))
   except FileNotFoundError:
-    raise UserError(f"{what} {name!r} is neither an existing path nor a Hugging Face hub id") from None
+    raise UserError(f"{what} {name!r} is neither an existing path nor a Hugging Face hub "
+                    "id") from None
 
 
 def _squad_sample_spec(data: str, samples: int, seed: int) -> str:
@@ -179,9 +180,11 @@ def _stage_report(ctx: engine.Context) -> dict:
 
   def fn():
     t1 = table1(analyses)
-    links = "".join(f'<li>{esc(PAPER_LABELS[k])}: <a href="{esc(Path(v["out"]).relative_to(ctx.workdir).as_posix())}/'
-                    f'{contract.REPORT_HTML}">analysis report</a> ({esc(v["model"])} on '
-                    f'{esc(v["data"])}; Figs. 1-3 and 5)</li>' for k, v in analyses.items())
+    def rel(v):
+      return esc(Path(v["out"]).relative_to(ctx.workdir).as_posix())
+    links = "".join(f'<li>{esc(PAPER_LABELS[k])}: <a href="{rel(v)}/{contract.REPORT_HTML}">'
+                    f'analysis report</a> ({esc(v["model"])} on {esc(v["data"])}; Figs. 1-3 '
+                    'and 5)</li>' for k, v in analyses.items())
     sections = [
         {"title": "Analyses", "html": f"<ul>{links}</ul>"},
         {"title": "Table 1: stability of the clustering",
