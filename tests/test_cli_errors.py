@@ -288,3 +288,14 @@ def test_convert_into_an_empty_file(capsys, tmp_path):
   code, err = _run(capsys, "convert", str(m), str(tmp_path / "empty"), "--overwrite")
   assert code == 2 and len(err.splitlines()) == 1, err
   assert "is a file; a model is written as a directory" in err and "not empty" not in err
+
+
+def test_reproduce_and_demo_refuse_another_jobs_directory(capsys, tmp_path):
+  a = _fake_analysis(tmp_path / "a")
+  code, err = _run(capsys, "reproduce", "--config", "configs/reproduce.py:toy", "--workdir", str(a))
+  assert code == 2 and len(err.splitlines()) == 1, err
+  assert f"--workdir {a} is an analysis directory" in err
+  if minilm_dir() is not None:
+    code, err = _run(capsys, "demo", "--out", str(a), "--quick")
+    assert code == 2 and len(err.splitlines()) == 1 and f"--out {a} is an analysis directory" in err, err
+  assert sorted(p.name for p in a.iterdir()) == ["report.html", "scores.npz"]
