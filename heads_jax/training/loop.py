@@ -63,7 +63,7 @@ def load_init_model(init_checkpoint: str, head: str, *, num_labels: int | None =
                     f"model: give its exported model ({init_checkpoint}/model or "
                     f"{init_checkpoint}/best_model) or its parameters "
                     f"({init_checkpoint}/checkpoints)")
-  if not as_path(init_checkpoint).exists():
+  if not storage_exists(init_checkpoint):
     raise FileNotFoundError(f"init_checkpoint {init_checkpoint} does not exist: pass a heads_jax "
                             f"model directory, a Hugging Face BERT directory or a run's "
                             f"checkpoints directory")

@@ -237,3 +237,15 @@ def test_a_training_workdir_given_as_a_model_names_the_subfolder(tmp_path):
   with pytest.raises(UserError) as e:  # as a fine-tuning run's init_checkpoint
     loop.load_init_model(str(wd), "classification", num_labels=2)
   assert str(e.value) == message
+
+
+def test_reproduce_refuses_a_bad_grid_before_any_stage(tmp_path, monkeypatch):
+  from heads_jax.pipelines import reproduce
+  monkeypatch.setattr(reproduce, "run_pipeline", lambda *a, **k: pytest.fail("a stage ran"))
+  c = configlib.load_config("configs/reproduce.py:toy")
+  c.finetune.batch_sizes = (8, 0)
+  with pytest.raises(UserError, match="batch_size must be a positive integer, got 0"):
+    reproduce.run_reproduce(c, tmp_path / "rep")
+  c.finetune.batch_sizes, c.finetune.learning_rates = (8,), (-1e-3,)
+  with pytest.raises(UserError, match="optimizer.learning_rate must be a finite number >= 0"):
+    reproduce.run_reproduce(c, tmp_path / "rep")
