@@ -599,6 +599,9 @@ def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dic
     resolve_model_path(config.pretrained.path)  # a missing model fails now, not after stage 1
   if config.analysis.parser not in ("auto", "none", ""):
     load_parser(config.analysis.parser)  # a missing spaCy pipeline: one line now, not after fine-tuning
+  for task in tasks:  # every grid point's training settings: refused now, before any device work
+    for bs, lr in grid(config):
+      configlib.check_training_config(finetune_config(config, task, bs, lr, ""))
   runfiles.claim_dir(workdir, "reproduce", flag="--workdir", model=config.pretrained.path or None,
                      data=list(tasks), settings={"preset": config.preset})
   runfiles.write_reproduce_config(workdir, config.to_dict())
