@@ -169,9 +169,13 @@ def read_json(path, fix: str | None = None) -> Any:
 def _write_npz(path: Path, arrays: dict) -> Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(path.name + ".tmp")
-  with open(tmp, "wb") as f:
-    np.savez(f, **arrays)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "wb") as f:
+      np.savez(f, **arrays)
+    os.replace(tmp, path)
+  except BaseException:  # disk full, interrupted: no half file left beside the previous one
+    tmp.unlink(missing_ok=True)
+    raise
   return path
 
 

@@ -221,3 +221,24 @@ def test_load_clusters_and_summary_are_typed(tmp_path):
     s.for_rule("best")
   plain = contract.Summary({"share_local": 0.1, "rule": "paper"})   # a run without rule columns
   assert plain.share("local", "paper") == 0.1 and plain.rules == ()
+
+
+def test_disk_full_during_a_write_leaves_the_previous_file_and_no_partial_one(tmp_path, monkeypatch):
+  # issue 28: disk full left a partial file beside the previous one.
+  import errno
+  sb = np.zeros((2, 1, 2, 1), np.float32)
+  contract.write_scores(tmp_path, sb, ("local",))
+  before = (tmp_path / contract.SCORES_FILE).read_bytes()
+
+  def full(*a, **k):
+    raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "scores.npz.tmp"))
+  monkeypatch.setattr(contract.np, "savez", full)
+  with pytest.raises(OSError):
+    contract.write_scores(tmp_path, sb + 1, ("local",))
+  assert sorted(p.name for p in tmp_path.iterdir()) == [contract.SCORES_FILE]
+  assert (tmp_path / contract.SCORES_FILE).read_bytes() == before
+  monkeypatch.undo()
+  # a truncated scores.npz is one ValueError naming the file and the fix
+  (tmp_path / contract.SCORES_FILE).write_bytes(before[: len(before) // 3])
+  with pytest.raises(ValueError, match="scores.npz is damaged or not an npz file .*--overwrite"):
+    contract.read_scores(tmp_path)

@@ -11,7 +11,14 @@ holds ``data_index`` int ``[N]`` (which spec each sequence came from) beside the
 
 Re-running into the same directory with the same model and data reuses ``scores.npz`` (the
 device pass) and recomputes the host statistics, so changing ``--tau``, ``--alpha``, ``--test``
-or ``--correction`` costs seconds. A directory that holds another run's results is refused.
+or ``--correction`` costs seconds. "The same" is the settings of the pass and the content of the
+model and data files (size and modification time of each: ``run.json`` "inputs"), not the path
+strings; a readable ``scores.npz`` only (a damaged one is refused, or computed again with
+``--overwrite``). A directory that holds another run's results, or another job's files
+(`heads_jax.runfiles.check_dir`), is refused; ``--no-report`` removes a report.html of earlier
+tests. Every value is checked before any file is written (`check_settings`); each data set's
+counts (read, empty dropped, truncated, duplicated) are logged and recorded (``run.json``
+data_info, the report's settings), and fewer than 2 sequences is warned about.
 
 ``--out`` and ``--model`` may be cloud URLs (``gs://bucket/...``): the model directory is
 mirrored into the local cache, and the files are written into a local staging folder (holding
