@@ -1,12 +1,20 @@
 """Runs whose paths are ``gs://`` URLs, against a GCS emulator on localhost (tests/gcs_emulator.py):
 pre-training checkpoints to a bucket, stops, resumes there and ends as an uninterrupted local run;
 fine-tuning from a ``gs://`` init checkpoint (an Orbax run and a model directory); ``analyze``
-writes its files to a bucket. Plus the path rules of heads_jax.storage, without a server."""
+writes its files to a bucket. Plus the path rules of heads_jax.storage, without a server.
+
+Under both emulators (gcp-storage-emulator and fake-gcs-server, under which issue 28's run hung
+after its step-40 save: the metrics upload and Orbax's finalisation both waiting on fsspec's
+loop), the ``heads-jax pretrain`` command with checkpoints every 20 steps, 60 steps, killed after
+step 45 and run again, finishes."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -19,7 +27,7 @@ from heads_jax import storage
 from heads_jax.model.checkpoint import MANIFEST
 from heads_jax.training import configlib, finetune, metrics, pretrain
 from heads_jax.training.rundir import RunDir
-from tests.gcs_emulator import GcsEmulator
+from tests.gcs_emulator import FakeGcsServer, GcsEmulator
 
 BUCKET = "heads-jax-test"
 
@@ -158,3 +166,53 @@ def test_analyze_writes_its_files_to_a_bucket(pretrained, tmp_path):
   lines = []
   run_analysis(cfg(f"{pretrained['url']}/model", url), progress=False, log=lines.append)
   assert any(str(line).startswith("reusing") for line in lines), lines
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARGS = ["pretrain", "--config", "configs/pretrain.py:tiny", "--config.num_train_steps=60",
+        "--config.checkpoint.every_steps=20", "--config.batch_size=16",
+        "--config.data.max_seq_length=32", "--config.data.max_predictions=5",
+        "--config.eval_batches=0", "--config.export=false", "--config.log_every=1",
+        "--config.optimizer.warmup_steps=2", "--config.tensorboard=true"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("emulator", [GcsEmulator, FakeGcsServer])
+def test_the_pretrain_command_killed_and_resumed_finishes_in_a_bucket(emulator, tmp_path):
+  try:
+    server = emulator("bkt28").start()
+  except RuntimeError as e:  # fake-gcs-server not installed (test extra)
+    pytest.skip(str(e))
+  url = "gs://bkt28/pt"
+  # a stall ends the job with exit 2 and one line instead of a hang (heads_jax.storage.watch)
+  env = dict(os.environ, HEADS_JAX_STORAGE_TIMEOUT="120", PYTHONPATH=ROOT,
+             HEADS_JAX_REMOTE_CACHE=str(tmp_path / "cache"))
+  cmd = [sys.executable, "-m", "heads_jax.cli", *ARGS, "--workdir", url]
+  try:
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, cwd=tmp_path)
+    seen = []
+    for line in first.stdout:
+      seen.append(line)
+      if line.startswith("step 45/"):
+        first.kill()  # after the step-40 save: killed, as a pre-empted VM is
+        break
+    first.wait(timeout=60)
+    assert first.returncode == -9, "".join(seen)[-3000:]
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path,
+                            timeout=600)
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-3000:]
+    # the step-40 save is finished asynchronously: a kill may land before it is complete
+    start = re.search(r"from resumed:\S+@(\d+) at step (\d+)/60", out)
+    assert start and start[1] == start[2] and int(start[1]) in (20, 40), out[-3000:]
+    assert f"done: step 60 in {url}" in out
+    assert "taking over the lock of a training run" in out  # the killed run's lock
+    root = storage.as_path(url)
+    assert sorted(int(p.name) for p in (root / "checkpoints").iterdir() if p.name.isdigit()) == \
+        [20, 40, 60]
+    n = 60 - int(start[1])
+    assert [r["step"] for r in metrics.read_metrics(url, "train")][-n:] == \
+        list(range(int(start[1]) + 1, 61))
+  finally:
+    server.stop()
