@@ -53,6 +53,7 @@ from heads_jax.hoststats.summary import summary_figures
 from heads_jax.model.loading import load_model
 from heads_jax.parallel import initialize_distributed
 from heads_jax.pipelines.engine import fingerprint
+from heads_jax.pipelines.robustness import ensure_robustness_pass, robustness_host
 from heads_jax.report.analysis import build_analysis_report
 from heads_jax.stats.collector import collect, combine_measures
 from heads_jax.stats.examples import DEFAULT_PER_HEAD, write_head_examples
@@ -92,6 +93,8 @@ class AnalysisConfig:
   report: bool = True
   title: str | None = None
   examples: int = DEFAULT_PER_HEAD   # sequences per head in the report's head view (examples.json); 0: none
+  robustness: bool = False           # second pass: norm-weighted roles, sinks, heads as parsers
+                                     # (pipelines/robustness.py); `heads-jax analyze` turns it on
 
   def device_settings(self) -> dict:
     d = dataclasses.asdict(self)
@@ -387,11 +390,17 @@ def _run_checked(cfg: AnalysisConfig, out: Path, reuse: bool, inputs: dict, *, m
       contract.write_measures(out, scores["measures"])
     data_info = scores["data_info"]
     contract.write_run(out, cfg.device_settings(), data_info, inputs=inputs)
+  robust = cfg.robustness and jax.process_count() == 1
+  if robust:  # issue 26: a second pass, once per scores.npz (pipelines/robustness.py)
+    ensure_robustness_pass(cfg, out, model, tokenizer, log=log,
+                           load=lambda: load_model(local_copy(cfg.model)))
   device_s = time.time() - t0
   scores = contract.read_scores(out)
   if scores.num_sequences < 2:
     log(f"warning: {few_sequences_warning(scores.num_sequences)}")
   host = host_statistics(cfg, scores, data_info)
+  if robust:
+    host["robustness"] = robustness_host(out, host, log=log)
   assigned, roles = assignment_array(host["tests"], scores.roles, scores.num_layers, scores.num_heads)
   table = coarse_roles_by_layer(assigned, roles)
   log(f"\n{scores.num_sequences} sequences, {scores.num_layers} layers x {scores.num_heads} heads, "

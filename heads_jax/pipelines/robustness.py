@@ -23,7 +23,7 @@ import pandas as pd
 
 from heads_jax import contract
 from heads_jax.data.encoding import iter_batches
-from heads_jax.data.specs import analysis_examples, load_spec, parse_spec
+from heads_jax.data.specs import analysis_examples, input_counts, load_spec, parse_spec
 from heads_jax.data import syntax as syn
 from heads_jax.data.vocabulary import SYNTACTIC_ROLES
 from heads_jax.hoststats.parsing import arcs_table, best_heads, parsing_table, role_agreement
@@ -60,7 +60,8 @@ def robustness_pass(cfg, model, tokenizer, settings: RobustnessSettings = Robust
   parts, arcs, offset = [], [], 0
   for spec in cfg.data:
     syntax = cfg.syntax and (cfg.parser != "none" or parse_spec(spec).kind == "conllu")
-    dataset = load_spec(spec, cfg.max_examples)
+    # the sequences of the first pass: examples with no wordpiece dropped (specs.input_counts)
+    dataset, _ = input_counts(load_spec(spec, cfg.max_examples), tokenizer, cfg.max_length)
     nlp = syn.resolve_parser(cfg.parser) if syntax and not dataset.gold_arcs else None
     examples = list(analysis_examples(dataset, nlp, syntax))
     if not examples:
