@@ -81,13 +81,14 @@ def with_params(template, restored: dict):
   return model
 
 
-def checkpoint_row(sieve_bias, token_attention, lengths, roles, *, tau=3.0, alpha=0.05,
-                   rule: str = DEFAULT_RULE, threshold: float = SINK_THRESHOLD) -> dict:
-  """One checkpoint's row: ``share_<coarse role>`` (the run's rule, default test settings),
-  ``bias_<role>`` (mean over heads and sequences, NaN-aware) and ``sink_rate``.
+def checkpoint_row(sieve_bias, token_attention, lengths, roles, *, entropy=None, tau=3.0,
+                   alpha=0.05, rule: str = DEFAULT_RULE, threshold: float = SINK_THRESHOLD) -> dict:
+  """One checkpoint's row: ``share_<coarse role>`` (the run's rule, default test settings; with
+  ``entropy`` ``[N, l, h]`` near-uniform heads get no role under the calibrated rule, as in an
+  analysis), ``bias_<role>`` (mean over heads and sequences, NaN-aware) and ``sink_rate``.
   ``sieve_bias`` ``[N, l, h, r]``, ``token_attention`` ``[N, l, h, 5]`` (index 0: [CLS])."""
   tests, settings = hypothesis_tests(sieve_bias, roles, tau=tau, alpha=alpha)
-  tests, _ = apply_rule(tests, settings, sieve_bias, roles, lengths, rule=rule)
+  tests, _ = apply_rule(tests, settings, sieve_bias, roles, lengths, rule=rule, entropy=entropy)
   assigned, names = assignment_array(tests, roles)
   coarse, coarse_names = coarse_roles(assigned, names)
   row = {f"share_{c}": float(coarse[..., j].mean()) for j, c in enumerate(coarse_names)}
@@ -133,7 +134,8 @@ def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | Non
     sb = np.concatenate([p["sieve_bias"] for p in parts])
     ta = np.concatenate([p["token_attention"] for p in parts])
     lengths = np.concatenate([p["lengths"] for p in parts])
-    row = {"step": int(s), **checkpoint_row(sb, ta, lengths, roles, rule=rule)}
+    entropy = np.concatenate([p["entropy"] for p in parts])
+    row = {"step": int(s), **checkpoint_row(sb, ta, lengths, roles, entropy=entropy, rule=rule)}
     rows.append(row)
     log(f"step {s}: " + ", ".join(f"{k[6:]} {100 * v:.0f}%" for k, v in row.items()
                                   if k.startswith("share_")) + f", sinks {100 * row['sink_rate']:.0f}%")

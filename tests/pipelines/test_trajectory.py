@@ -33,8 +33,10 @@ def _fresh_row(encoder, tokenizer):
     _, batches, n = encode_spec(spec, tokenizer, max_length=48, batch_size=4, max_examples=4,
                                 syntax=syntax, pad_to_batch_size=True)
     parts.append(collect(step, batches, n, roles=ROLES, progress=False))
-  cat = {k: np.concatenate([p[k] for p in parts]) for k in ("sieve_bias", "token_attention", "lengths")}
-  return checkpoint_row(cat["sieve_bias"], cat["token_attention"], cat["lengths"], ROLES)
+  cat = {k: np.concatenate([p[k] for p in parts])
+         for k in ("sieve_bias", "token_attention", "lengths", "entropy")}
+  return checkpoint_row(cat["sieve_bias"], cat["token_attention"], cat["lengths"], ROLES,
+                        entropy=cat["entropy"])
 
 
 def test_every_checkpoint_is_analysed_as_a_fresh_model(tmp_path):

@@ -157,6 +157,8 @@ def plot_trajectory(traj: pd.DataFrame, path, *, title: str | None = None,
   axes[2].plot(step, 100 * traj["sink_rate"], "o-", color="black", markersize=3)
   axes[2].set_ylabel("% of heads")
   axes[2].set_title("sink rate (first-token attention > 0.3)", fontsize=9.5)
+  for ax in (axes[0], axes[2]):
+    ax.set_ylim(-2, 102)
   for ax in axes:
     ax.set_xlabel("training step")
     ax.grid(True, alpha=0.3)
