@@ -14,19 +14,33 @@ from tests import reference_impl as ref
 from tests.family_models import build_hf_model
 
 
-def _hf_norm_weights(hf, batch):
+# family -> (the layers, the value projection and the output dense of a layer) in transformers
+HF_LAYERS = {
+    "bert": (lambda hf: hf.encoder.layer, lambda l: l.attention.self.value,
+             lambda l: l.attention.output.dense),
+    "roberta": (lambda hf: hf.encoder.layer, lambda l: l.attention.self.value,
+                lambda l: l.attention.output.dense),
+    "distilbert": (lambda hf: hf.transformer.layer, lambda l: l.attention.v_lin,
+                   lambda l: l.attention.out_lin),
+}
+PAD = {"roberta": 1}
+
+
+def _hf_norm_weights(hf, batch, family="bert"):
   """Per layer: attention [b, h, q, k], ||f_h(x_k)|| [b, h, k] by a loop over heads with the
-  value projection and output dense of transformers' BertModel."""
+  value projection and output dense of transformers' model."""
   ids = torch.tensor(batch["input_ids"], dtype=torch.long)
+  kw = {"attention_mask": torch.tensor(batch["attention_mask"], dtype=torch.long)}
+  if family == "bert":
+    kw["token_type_ids"] = torch.tensor(batch["token_type_ids"], dtype=torch.long)
+  layers_of, value_of, output_of = HF_LAYERS[family]
   with torch.no_grad():
-    out = hf(input_ids=ids, attention_mask=torch.tensor(batch["attention_mask"], dtype=torch.long),
-             token_type_ids=torch.tensor(batch["token_type_ids"], dtype=torch.long),
-             output_attentions=True, output_hidden_states=True)
+    out = hf(input_ids=ids, output_attentions=True, output_hidden_states=True, **kw)
     layers = []
-    for i, layer in enumerate(hf.encoder.layer):
-      v = layer.attention.self.value(out.hidden_states[i]).numpy()       # [b, k, d]
-      wo = layer.attention.output.dense.weight.numpy()                   # [d_out, d_in]
-      h = hf.config.num_attention_heads
+    for i, layer in enumerate(layers_of(hf)):
+      v = value_of(layer)(out.hidden_states[i]).numpy()                   # [b, k, d]
+      wo = output_of(layer).weight.numpy()                               # [d_out, d_in]
+      h = hf.config.num_attention_heads if family != "distilbert" else hf.config.n_heads
       e = v.shape[-1] // h
       fx = np.zeros((v.shape[0], h, v.shape[1]))
       ctx_norm = np.zeros((v.shape[0], h, v.shape[1]))
@@ -39,17 +53,20 @@ def _hf_norm_weights(hf, batch):
   return layers
 
 
-def test_norm_pass_matches_a_transformers_loop(tmp_path):
-  hf = build_hf_model("bert", 120, seed=3)
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_norm_pass_matches_a_transformers_loop(tmp_path, family):
+  hf = build_hf_model(family, 120, seed=3)
   hf.save_pretrained(tmp_path)
   model, _ = load_model(tmp_path, with_tokenizer=False)
   rng = np.random.default_rng(0)
   batch = ref.random_batch(rng, 3, 12, min_len=5)
   real = batch["attention_mask"] > 0
-  batch["input_ids"] = np.where(real, batch["input_ids"] % 110 + 5, 0).astype(np.int32)
+  batch["input_ids"] = np.where(real, batch["input_ids"] % 110 + 5, PAD.get(family, 0)).astype(np.int32)
+  if family != "bert":
+    batch["token_type_ids"] = np.zeros_like(batch["token_type_ids"])  # no token types there
   roles = B.ROLES
   out = make_norm_step(model, roles=roles)(batch)
-  layers = _hf_norm_weights(hf, batch)
+  layers = _hf_norm_weights(hf, batch, family)
   L, H = len(layers), layers[0][0].shape[1]
   b, k = batch["input_ids"].shape
   w = np.zeros((b, L, H, k, k))
