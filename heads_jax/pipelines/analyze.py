@@ -232,6 +232,10 @@ def compute_scores(cfg: AnalysisConfig, model=None, tokenizer=None, progress: bo
     model, tokenizer = load_model(local_copy(cfg.model))
   model.config.check_max_length(cfg.max_length)
   check_vocabulary(model, tokenizer, cfg.model)
+  heads = model.config.num_layers * model.config.num_heads
+  if cfg.clusters > heads:  # before the pass, not after it
+    raise UserError(f"--clusters {cfg.clusters} is more than the model's {heads} heads; choose "
+                    f"at most {heads}")
   roles = tuple(cfg.roles)
   if not cfg.syntax:
     roles = tuple(r for r in roles if r not in SYNTACTIC_ROLES)

@@ -188,3 +188,13 @@ def test_vocabulary_larger_than_the_embeddings_is_refused_before_the_pass(tmp_pa
   with pytest.raises(UserError, match="has 30522 pieces but the model embeds only 97"):
     _run(_cfg(small, data, tmp_path / "o"))
   assert not (tmp_path / "o").exists()
+
+
+def test_more_clusters_than_heads_is_refused_before_the_pass(tmp_path, monkeypatch, model_dir):
+  # Before: the clustering refused it after the device pass.
+  monkeypatch.setattr(analyze, "collect", lambda *a, **k: pytest.fail("device pass ran"))
+  data = tmp_path / "s.txt"
+  data.write_text("one line\n")
+  with pytest.raises(UserError, match="--clusters 9 is more than the model's 8 heads"):
+    _run(_cfg(model_dir, data, tmp_path / "o", clusters=9))
+  assert not (tmp_path / "o").exists()
