@@ -259,7 +259,7 @@ def test_configs_and_overrides():
   assert (cpu.model.dtype, cpu.data.max_seq_length, cpu.init_checkpoint) == ("float32", 64, "/m")
   assert cpu.optimizer.warmup_steps == cpu.num_train_steps // 10
   with pytest.raises(ValueError, match="unknown task"):
-    configlib.load_config("configs/finetune.py:cpu_cola")
+    configlib.load_config("configs/finetune.py:cpu_nope")  # (CoLA is a task since issue 24)
   with pytest.raises(UserError, match="no field 'model.nope'"):
     configlib.load_config("configs/pretrain.py:tiny", ["model.nope=1"])
   with pytest.raises(UserError, match="batch_size must be of type int"):
