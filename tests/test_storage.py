@@ -9,6 +9,7 @@ with exit 2, naming the last complete checkpoint. Limits are set to seconds here
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -161,3 +162,21 @@ def test_limits_must_be_positive(monkeypatch):
     storage.storage_timeout()
   monkeypatch.setenv("HEADS_JAX_STORAGE_TIMEOUT", "2.5")
   assert storage.storage_timeout() == 2.5
+
+
+def test_the_watchdog_line_names_the_last_complete_checkpoint():
+  code = ("import time\nfrom heads_jax import storage\n"
+          "with storage.watch('saving the checkpoint of step 40', 'gs://b/run/checkpoints',\n"
+          "                   note=lambda: 'the last complete checkpoint is step 20 in '\n"
+          "                                'gs://b/run/checkpoints', limit=1.5, progress=0.5):\n"
+          "  time.sleep(30)\nprint('returned')\n")
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                     cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert p.returncode == 2 and "returned" not in p.stdout
+  lines = _lines(p.stderr)
+  assert re.match(r"still waiting for storage: saving the checkpoint of step 40 "
+                  r"\(gs://b/run/checkpoints\), \d+ s so far; giving up after 1.5 s$", lines[0])
+  assert re.match(r"heads-jax: error: storage gave no answer for \d+ s while saving the "
+                  r"checkpoint of step 40 \(gs://b/run/checkpoints\); the last complete "
+                  r"checkpoint is step 20 in gs://b/run/checkpoints; check the network", lines[-1])
+  assert sum(x.startswith("heads-jax: error:") for x in lines) == 1

@@ -115,3 +115,14 @@ def test_remove_partial_leaves_complete_checkpoints(tmp_path):
   assert ckpts.remove_partial() == ["2.orbax-checkpoint-tmp-17"]
   assert sorted(p.name for p in run.iterdir()) == ["1"]
   ckpts.close()
+
+
+def test_note_names_the_last_complete_checkpoint(tmp_path):
+  ckpts = checkpointing.Checkpoints(tmp_path / "ck", save_interval_steps=1)
+  assert ckpts.note() == f"no checkpoint in {tmp_path / 'ck'} is complete yet"
+  ckpts.save(1, _state(), {})
+  ckpts.save(2, _state(), {})  # Orbax finished step 1 before it started step 2
+  assert ckpts.complete == 1 and ckpts.pending == 2
+  ckpts.wait()
+  assert ckpts.note() == f"the last complete checkpoint is step 2 in {tmp_path / 'ck'}"
+  ckpts.close()
