@@ -248,7 +248,7 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
     tests = pd.read_csv(wd / "analysis" / "finetuned" / t / "tests.csv")
     d = tests[tests["role"] == "delimiter"]
     shares.append(d["assigned_paper"].astype(bool).mean())
-  assert rows.loc["share_delimiter", "value_this_run"] == pytest.approx(np.mean(shares))
+  assert float(rows.loc["share_delimiter", "value_this_run"]) == pytest.approx(np.mean(shares))
   res = json.loads((wd / "results.json").read_text())
   # Fig. 3 pools every finite score of the paper's four roles of the four fine-tuned analyses
   pooled = []
