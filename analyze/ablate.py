@@ -68,6 +68,8 @@ def add_args(p):
   p.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
   p.add_argument("--max-examples", type=int, default=None, help="first N examples of the data")
   p.add_argument("--max-length", type=int, default=128, help="wordpieces per example (default 128)")
+  p.add_argument("--doc-stride", type=int, default=128,
+                 help="SQuAD data: stride of the windows over a context (default 128, as run_squad.py)")
   p.add_argument("--batch-size", type=int, default=64, help="examples per device step (default 64)")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="compute dtype override")
   p.add_argument("--title", default=None, help="report title")

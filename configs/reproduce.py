@@ -196,7 +196,9 @@ def guan_config(name: str) -> ml_collections.ConfigDict:
   c.eval_data = ""       # Tables 2-3 ("" = squad_data, every question; the paper: SQuAD v1.1 dev)
   c.analysis = ml_collections.ConfigDict({"max_length": 384, "batch_size": 16,
                                           "max_examples": 0, "measures": True, "reports": True})
-  c.ablation = ml_collections.ConfigDict({"max_length": 384, "batch_size": 32, "max_examples": 0})
+  # doc_stride: the windows' stride over a context (as the SQuAD model's fine-tuning: 128)
+  c.ablation = ml_collections.ConfigDict({"max_length": 384, "doc_stride": 128, "batch_size": 32,
+                                          "max_examples": 0})
   if name == "guan_toy":
     c.samples = 8
     c.analysis.max_length = 64

@@ -58,6 +58,7 @@ class AblationConfig:
   seed: int = 0
   max_examples: int | None = None
   max_length: int = 128
+  doc_stride: int = 128             # SQuAD windows: stride over the context (run_squad.py's 128)
   batch_size: int = 64
   dtype: str | None = None
   title: str | None = None
@@ -260,6 +261,7 @@ def _load(config: AblationConfig):
     model, tokenizer = evaluate.load_span_model(config.model, dtype=config.dtype)
     model.config.check_max_length(config.max_length)
     data = evaluate.load_squad_eval_data(config.data, tokenizer, max_length=config.max_length,
+                                         doc_stride=config.doc_stride,
                                          max_examples=config.max_examples)
     return model, tokenizer, data, evaluate.SquadEvaluator(model, data,
                                                            batch_size=config.batch_size)

@@ -123,6 +123,7 @@ def _stage_ablation(ctx: engine.Context) -> dict:
   acfg = AblationConfig(model=str(model_dir), data=eval_data, out=str(target),
                         analysis=squad.outputs["out"], paper_tables=True,
                         max_examples=int(ab.max_examples) or None, max_length=int(ab.max_length),
+                        doc_stride=int(ab.doc_stride),
                         batch_size=int(ab.batch_size), seed=int(config.seed),
                         title="Guan et al. Tables 2-3 on the SQuAD model")
   key = {"analysis": squad.finished, "model": engine.fingerprint(model_dir),
