@@ -55,6 +55,7 @@ from heads_jax.parallel import initialize_distributed
 from heads_jax.pipelines.engine import fingerprint
 from heads_jax.pipelines.robustness import ensure_robustness_pass, robustness_host
 from heads_jax.report.analysis import build_analysis_report
+from heads_jax.report.headline import headline_text
 from heads_jax.stats.collector import collect, combine_measures
 from heads_jax.stats.examples import DEFAULT_PER_HEAD, write_head_examples
 from heads_jax.stats.step import make_analysis_step
@@ -435,20 +436,6 @@ def _run_checked(cfg: AnalysisConfig, out: Path, reuse: bool, inputs: dict, *, m
 
 
 def headline(summary: dict) -> str:
-  """The paper's summary figures in one paragraph."""
-  def pct(key):
-    v = summary.get(key)
-    return "n/a" if v is None else f"{100 * v:.1f}%"
-  rho = summary.get("spearman_local_syntactic")
-  mean = summary.get("mean_sieve_score")
-  paper = (summary.get("by_rule") or {}).get("paper")
-  block = pct('share_block')
-  if summary.get("rule") == "calibrated" and paper and paper.get("share_block") is not None:
-    block += f" (paper's rule: {100 * paper['share_block']:.1f}%)"
-  rule = f"{summary['rule']} rule: " if summary.get("rule") else ""
-  return (f"{rule}delimiter heads {pct('share_delimiter')}, local {pct('share_local')}, "
-          f"syntactic {pct('share_syntactic')}, block {block}, no role "
-          f"{pct('share_unskilled')}; syntactic heads also local {pct('share_syntactic_also_local')}; "
-          f"mean sieve score {'n/a' if mean is None else f'{mean:.2f}'}; Spearman(local, syntactic) "
-          f"{'n/a' if rho is None else f'{rho:.2f}'}; p-values in (0.05, 0.95) "
-          f"{pct('share_p_between')}")
+  """The paper's summary figures in one console line (the one headline table,
+  `heads_jax.report.headline`)."""
+  return headline_text(summary)

@@ -56,7 +56,8 @@ PAPER_SETTINGS = {"tau": "3", "alpha": "0.05", "test": "z-statistic (one-sided)"
 def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau: float,
                      alpha: float | None = None, clusters_df: pd.DataFrame | None = None,
                      mean_score: float | None = None, p_band=(0.05, 0.95),
-                     rule: str | None = None, dpi: int = DEFAULT_DPI) -> dict[str, Path]:
+                     rule: str | None = None, examples: dict | None = None,
+                     dpi: int = DEFAULT_DPI) -> dict[str, Path]:
   """Draw every figure the registry lists for the analysis report (`heads_jax.report.spec`:
   Pande et al. and Guan et al.) into ``fig_dir``; returns ``{name: png path}``.
 
@@ -68,10 +69,13 @@ def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau:
     p_band: the p-value interval shaded in the histogram.
     rule: the role rule of ``assigned`` (settings "rule"), named in the title of every figure
       drawn from the role decisions.
+    examples: examples.json (the head view's maps) or None; Guan et al. Fig. 5 is drawn from it.
+  Figures whose inputs are absent (Fig. 5 without examples; the second pass's figures, drawn by
+  `heads_jax.report.robustness`) are left out.
   """
   inputs = spec.Inputs(sieve_bias=sieve_bias, roles=roles, tests_df=tables.check_tests_df(tests_df),
                        tau=tau, alpha=alpha, clusters_df=clusters_df, mean_score=mean_score,
-                       p_band=p_band, rule=rule)
+                       p_band=p_band, rule=rule, examples=examples)
   return spec.draw("analysis", inputs, fig_dir, dpi=dpi)
 
 
@@ -323,6 +327,7 @@ def build_analysis_report(out_dir, *, title: str | None = None,
   clusters_df, cluster_info = (contract.read_clusters(out_dir)
                                if (out_dir / contract.CLUSTERS_CSV).is_file() else (None, None))
   mean_score = headline.summary_value(summary, "mean_sieve_score")
+  examples = contract.read_examples(out_dir)  # the interactive head view (report/views.py)
   band = summary.get("p_interval") if isinstance(summary, dict) else None
   band = tuple(float(b) for b in band) if isinstance(band, (list, tuple)) and len(band) == 2 \
       else (0.05, 0.95)
@@ -330,13 +335,12 @@ def build_analysis_report(out_dir, *, title: str | None = None,
       out_dir / "figures", sieve_bias=scores.sieve_bias, roles=scores.roles, tests_df=tests_df,
       tau=float(settings["tau"]), alpha=float(settings["alpha"]) if "alpha" in settings else None,
       clusters_df=clusters_df, mean_score=float(mean_score) if is_number(mean_score) else None,
-      p_band=band, rule=settings.get("rule"), dpi=dpi)
+      p_band=band, rule=settings.get("rule"), examples=examples, dpi=dpi)
   if title is None:
     parts = [short_name(settings[k]) for k in ("model", "data") if settings.get(k)]
     title = "Attention heads: " + " on ".join(parts) if parts else "Attention-head analysis"
   extra = list(analysis_measures_sections(out_dir, dpi=dpi) or [])
   extra += robustness_sections(out_dir, dpi=dpi)   # issue 26: the second pass, when present
-  examples = contract.read_examples(out_dir)  # the interactive head view (report/views.py)
   if examples and examples.get("heads"):
     extra.insert(0, views.head_view_section(examples, tests_df, clusters_df))
   return write_report(out_dir, title=title, settings=settings, summary=summary, tests_df=tests_df,

@@ -48,7 +48,7 @@ def test_parse_all_forms():
 @pytest.mark.parametrize("spec, why", [
     ("", "empty spec"), ("nonsense", "unknown form"), ("csv:x.csv", "unknown kind 'csv'"),
     ("conllu:/no/such/file.conllu", "file /no/such/file.conllu does not exist"),
-    ("text:", "unknown form"), ("glue:cola", "unknown GLUE task 'cola'"),
+    ("text:", "unknown form"), ("glue:mnli2", "unknown GLUE task 'mnli2'"),
     (f"glue-tsv:{FIXTURES / 'glue'}/qnli:test", "no test.tsv"),
 ])
 def test_bad_specs_one_line_error_with_forms(spec, why):
