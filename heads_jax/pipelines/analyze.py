@@ -52,7 +52,7 @@ from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, f
 from heads_jax.hoststats.summary import summary_figures
 from heads_jax.model.loading import load_model
 from heads_jax.parallel import initialize_distributed
-from heads_jax.pipelines.engine import fingerprint
+from heads_jax.pipelines.engine import WorkdirLock, fingerprint
 from heads_jax.pipelines.robustness import ensure_robustness_pass, robustness_host
 from heads_jax.report.analysis import build_analysis_report
 from heads_jax.report.headline import headline_text
@@ -363,13 +363,22 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, progress:
   except (FileExistsError, NotADirectoryError, UserError) as e:
     raise type(e)(str(e).replace(str(out), shown_out)) if shown_out else e
   new = not out.exists()
+  lock = None
   try:
+    if main:  # one process at a time per analysis directory (a second one: one line naming the first)
+      out.mkdir(parents=True, exist_ok=True)
+      lock = WorkdirLock(out, "an analysis", log=log).acquire()
     return _run_checked(cfg, out, reuse, inputs, model=model, tokenizer=tokenizer,
                         progress=progress, log=log, main=main)
   except BaseException:
+    if lock is not None:
+      lock.release()
     if new and out.is_dir() and {p.name for p in out.iterdir()} <= {runfiles.JOB_FILE}:
       shutil.rmtree(out, ignore_errors=True)  # an early error leaves no empty --out
     raise
+  finally:
+    if lock is not None:
+      lock.release()
 
 
 def _run_checked(cfg: AnalysisConfig, out: Path, reuse: bool, inputs: dict, *, model, tokenizer,

@@ -297,6 +297,13 @@ def run_pipeline(stages, workdir, *, config=None, tasks=(), redo: str | None = N
   if stop_after and stop_after not in names:
     raise UserError(f"stop_after={stop_after!r}: one of {', '.join(names)} (or empty)")
   workdir = Path(workdir)
+  with WorkdirLock(workdir, "a pipeline", log=log):  # a second process on workdir: one line
+    return _run_stages(stages, names, workdir, config=config, tasks=tasks, redo=redo,
+                       stop_after=stop_after, log=log, skip=skip)
+
+
+def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after, log, skip) -> dict:
+  """`run_pipeline` under its work directory's lock."""
   markers = Markers(workdir)
   if redo:
     reset_stage(workdir, stages[names.index(redo)])

@@ -198,3 +198,17 @@ def test_more_clusters_than_heads_is_refused_before_the_pass(tmp_path, monkeypat
   with pytest.raises(UserError, match="--clusters 9 is more than the model's 8 heads"):
     _run(_cfg(model_dir, data, tmp_path / "o", clusters=9))
   assert not (tmp_path / "o").exists()
+
+
+def test_an_analysis_directory_in_use_is_refused_then_released(tmp_path, model_dir):
+  from tests.pipelines.test_engine import _held_by_another_process
+  data = tmp_path / "s.txt"
+  data.write_text("The cat sat on the mat.\nA dog ran in the park today.\nBirds sing.\n")
+  out = tmp_path / "out"
+  pid = _held_by_another_process(out, "an analysis")
+  with pytest.raises(UserError, match=rf"is in use by an analysis \(pid {pid} on this host"):
+    _run(_cfg(model_dir, data, out))
+  assert not (out / contract.SCORES_FILE).exists()
+  (out / ".heads_jax.lock").unlink()
+  _run(_cfg(model_dir, data, out))
+  assert (out / contract.SCORES_FILE).is_file() and not (out / ".heads_jax.lock").exists()

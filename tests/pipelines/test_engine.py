@@ -161,3 +161,26 @@ def test_outputs_without_a_marker_are_not_reused(tmp_path):
   r = run_unit(ctx, "train", "u", {"steps": 300}, lambda: sorted(p.name for p in out.iterdir())
                if out.exists() else [], clean=[out])
   assert r.outputs == []
+
+
+def _held_by_another_process(workdir, what: str) -> int:
+  """Writes the lock of a live process of this host (our parent) into ``workdir``; its pid."""
+  import os
+  import socket
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / engine.LOCK_FILE).write_text(json.dumps(
+      {"pid": os.getppid(), "host": socket.gethostname(), "started": "2026-01-01T00:00:00",
+       "what": what, "command": "heads-jax reproduce ..."}))
+  return os.getppid()
+
+
+def test_a_pipeline_workdir_in_use_is_refused_and_released_after_a_run(tmp_path):
+  calls = []
+  settings = {"a": 1, "b": 1, "c": 1, "d": 1}
+  pid = _held_by_another_process(tmp_path, "a pipeline")
+  with pytest.raises(UserError, match=rf"is in use by a pipeline \(pid {pid} on this host"):
+    run_pipeline(_pipeline(calls, settings), tmp_path, log=lambda *a: None)
+  assert calls == []
+  (tmp_path / engine.LOCK_FILE).unlink()
+  run_pipeline(_pipeline(calls, settings), tmp_path, log=lambda *a: None)
+  assert calls == ["a", "b", "c", "d"] and not (tmp_path / engine.LOCK_FILE).exists()
