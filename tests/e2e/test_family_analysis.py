@@ -81,8 +81,9 @@ def test_contract_files_and_scores_match_transformers_attention(run):
   assert not np.isnan(z["sieve_bias"][N_UD:, ..., ROLES.index("block")]).any()
   assert np.isnan(z["sieve_bias"][:N_UD, ..., ROLES.index("block")]).all()
   assert not np.isnan(z["sieve_bias"][:N_UD, ..., ROLES.index("syntactic")]).all()
-  tests = pd.read_csv(out / "tests.csv")
-  assert len(tests) == layers * 4 * len(ROLES)
+  tests = pd.read_csv(out / "tests.csv")  # attention rows, and the second pass's norm-weighted ones
+  assert (tests["weighting"] == "attention").sum() == layers * 4 * len(ROLES)
+  assert set(tests["weighting"]) == {"attention", "norm"}
   settings = json.loads((out / "tests.json").read_text())["settings"]
   assert settings["model"] == str(model_dir)
 

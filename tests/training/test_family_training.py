@@ -1,5 +1,5 @@
 """Fine-tuning and ablation beyond BERT: a tiny random RoBERTa fine-tuned on a separable
-synthetic SST-2 (local GLUE TSV), exported to Hugging Face (transformers'
+synthetic pair task in MRPC's layout (local GLUE TSV), exported to Hugging Face (transformers'
 RobertaForSequenceClassification gives the same logits), then ablated (intra/inter-sentence
 attention removal on MRPC pairs, head importance); the same ablation on a random ALBERT
 classifier, whose shared layers are gated per applied layer."""
@@ -27,17 +27,20 @@ NEG = "bad awful sad poor hate worst terrible ugly".split()
 FILLER = "the movie was a and it film story".split()
 
 
-def _sst2_dir(root, n_train=256, n_dev=64):
+def _mrpc_dir(root, n_train=256, n_dev=64):
+  """A separable pair task in MRPC's TSV layout (label: sentence B's sentiment), so that the
+  classifier is an MRPC classifier and its ablation on MRPC pairs is a same-task evaluation."""
   rng = np.random.default_rng(0)
-  d = root / "SST-2"
+  d = root / "MRPC"
   d.mkdir(parents=True)
   for split, n in (("train", n_train), ("dev", n_dev)):
-    lines = ["sentence\tlabel"]
-    for _ in range(n):
+    lines = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+    for i in range(n):
       y = int(rng.integers(0, 2))
-      words = list(rng.choice(FILLER, 5)) + list(rng.choice(POS if y else NEG, 2))
+      a = " ".join(rng.choice(FILLER, 4))
+      words = list(rng.choice(FILLER, 3)) + list(rng.choice(POS if y else NEG, 2))
       rng.shuffle(words)
-      lines.append(" ".join(words) + f"\t{y}")
+      lines.append(f"{y}\t{2 * i}\t{2 * i + 1}\t{a}\t{' '.join(words)}")
     (d / f"{split}.tsv").write_text("\n".join(lines) + "\n")
   return root
 
@@ -63,18 +66,19 @@ def test_roberta_finetune_export_and_ablation(tmp_path):
   model_dir = tmp_path / "roberta"
   # hidden 64 (not the parity tests' 32): LAMB fine-tunes the width-32 model far more slowly
   save_family_dir("roberta", model_dir, seed=7, hidden_size=64, intermediate_size=128)
-  glue = _sst2_dir(tmp_path / "glue")
+  glue = _mrpc_dir(tmp_path / "glue")
   overrides = [f"init_checkpoint={model_dir}", f"data.glue_dir={glue}", "data.train_split=train",
                "data.eval_split=dev", "data.holdout_fraction=0.0", "data.max_seq_length=32",
                "num_train_steps=40", "eval_every=20", "log_every=10", "checkpoint.every_steps=20",
                "optimizer.learning_rate=3e-2", "tensorboard=False", "batch_size=32"]
-  c = configlib.load_config("configs/finetune.py:tiny", overrides)
+  c = configlib.load_config("configs/finetune.py:tiny_mrpc", overrides)
   s = finetune.train_and_evaluate(c, tmp_path / "run")
   assert s["best"]["accuracy"] >= 0.9, s["best"]
   run = tmp_path / "run"
   model, tok = load_model(run / "best_model", head="auto")
   assert model.config.family == "roberta" and type(tok).__name__ == "RobertaTokenizer"
-  rows = [GlueExample(f"{w} film", None, int(w in POS), i) for i, w in enumerate(POS + NEG)]
+  rows = [GlueExample("the movie was a", f"it {w} {w} film", int(w in POS), i)
+          for i, w in enumerate(POS + NEG)]
   enc = encode_labelled(rows, tok, 32)
   ours = np.asarray(model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])["logits"])
   written = json.loads((run / "best_hf" / "config.json").read_text())
