@@ -21,7 +21,7 @@ from heads_jax.model.checkpoint import save_model
 from heads_jax.model.config import config_for
 from heads_jax.model.heads import BertForQuestionAnswering
 from heads_jax.training import squad as sqt
-from tests.helpers import SHARED, requires_shared
+from tests.helpers import SHARED, requires_shared, skip_unless_ci
 
 SQUAD_FILE = SHARED / "squad" / "dev-v2.0-first5.json"
 SPEC = f"squad:{SQUAD_FILE}:v1:n=6:seed=3"
@@ -40,7 +40,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def squad_data(tiny):
   if not SQUAD_FILE.is_file():
-    pytest.skip(f"{SQUAD_FILE} not present")
+    skip_unless_ci(f"{SQUAD_FILE} not present")
   return evaluate.load_squad_eval_data(SPEC, tiny[1], max_length=64, doc_stride=32,
                                        max_query_length=16)
 

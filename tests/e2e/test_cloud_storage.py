@@ -28,6 +28,7 @@ from heads_jax.model.checkpoint import MANIFEST
 from heads_jax.training import configlib, finetune, metrics, pretrain
 from heads_jax.training.rundir import RunDir
 from tests.gcs_emulator import FakeGcsServer, GcsEmulator
+from tests.helpers import skip_unless_ci
 
 BUCKET = "heads-jax-test"
 
@@ -181,8 +182,8 @@ ARGS = ["pretrain", "--config", "configs/pretrain.py:tiny", "--config.num_train_
 def test_the_pretrain_command_killed_and_resumed_finishes_in_a_bucket(emulator, tmp_path):
   try:
     server = emulator("bkt28").start()
-  except RuntimeError as e:  # fake-gcs-server not installed (test extra)
-    pytest.skip(str(e))
+  except RuntimeError as e:  # fake-gcs-server not installed (it is in the test extra)
+    skip_unless_ci(str(e))
   url = "gs://bkt28/pt"
   # a stall ends the job with exit 2 and one line instead of a hang (heads_jax.storage.watch)
   env = dict(os.environ, HEADS_JAX_STORAGE_TIMEOUT="120", PYTHONPATH=ROOT,
