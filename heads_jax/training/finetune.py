@@ -168,15 +168,8 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
                              seq_len=config.data.max_seq_length, eval_fn=eval_fn,
                              meta={"task": info.name, "origin": job.origin})
   done = int(steps.to_host(state["step"]))
-  exports = {}
-  if done >= config.num_train_steps and config.export:
-    params = state["params"]
-    if best_ckpts.latest_step() is not None:
-      restored, meta = best_ckpts.restore({"params": checkpointing.abstract_like(params)})
-      params, best = restored["params"], meta.get("best", best)
-    if job.is_main:
-      exports = job.export(params, tokenizer, "best_model", "best_hf",
-                           id2label=dict(enumerate(info.label_names)) or None)
+  exports, best = job.export_best(state, best_ckpts, best, tokenizer,
+                                  id2label=dict(enumerate(info.label_names)) or None)
   best_ckpts.close()
   summary = {"best": best, "final_eval": last_eval, "history": history, "data": note,
              "exports": exports, "workdir": str(job.dir), "start_step": job.start_step,

@@ -268,6 +268,22 @@ class TrainingJob:
       export_hf(model, tokenizer, local, id2label=id2label)
     return {"heads_jax": display(self.dir.sub(model_dir)), "hf": display(self.dir.sub(hf_dir))}
 
+  def export_best(self, state, best_ckpts, best: dict, tokenizer, *,
+                  id2label: dict | None = None) -> tuple[dict, dict]:
+    """After a finished run (``config.export``): the best checkpoint's parameters (or the last
+    ones when none was kept) exported to ``best_model`` and ``best_hf``; returns
+    ``(exports, best)`` with ``best`` as the restored checkpoint records it."""
+    done = int(steps.to_host(state["step"]))
+    if done < self.config.num_train_steps or not self.config.export:
+      return {}, best
+    params = state["params"]
+    if best_ckpts.latest_step() is not None:
+      restored, meta = best_ckpts.restore({"params": checkpointing.abstract_like(params)})
+      params, best = restored["params"], meta.get("best", best)
+    exports = (self.export(params, tokenizer, "best_model", "best_hf", id2label=id2label)
+               if self.is_main else {})
+    return exports, best
+
 
 def _no_space(error: BaseException) -> bool:
   """Whether ``error`` (or what caused it) is a full disk (ENOSPC)."""

@@ -254,14 +254,7 @@ def train_and_evaluate(config, workdir, tokenizer) -> dict:
                              seq_len=config.data.max_seq_length, eval_fn=eval_fn,
                              meta={"task": "squad", "origin": job.origin})
   done = int(steps.to_host(state["step"]))
-  exports = {}
-  if done >= config.num_train_steps and config.export:
-    params = state["params"]
-    if best_ckpts.latest_step() is not None:
-      restored, meta = best_ckpts.restore({"params": checkpointing.abstract_like(params)})
-      params, best = restored["params"], meta.get("best", best)
-    if job.is_main:
-      exports = job.export(params, tokenizer, "best_model", "best_hf")
+  exports, best = job.export_best(state, best_ckpts, best, tokenizer)
   best_ckpts.close()
   if "step" in best:
     best["predictions"] = str(job.dir.sub(f"eval/step_{best['step']:07d}/predictions.json"))
