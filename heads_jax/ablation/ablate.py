@@ -9,8 +9,8 @@ drawn at random from all heads, is ablated the same way (``random_seeds`` draws)
 
 ``ablate_segments``: for each group, the metrics with the group's intra-sentence attention
 (query and key in the same segment, by token type) or inter-sentence attention removed (Guan
-et al. Table 3). As the paper, the remaining attention of a row is not renormalised unless
-``renormalise=True``; the table's ``renormalised`` column says which was used. On single-text
+et al. Table 3). Guan et al. do not say whether the remaining attention of a row is
+renormalised; heads_jax does not renormalise it unless ``renormalise=True`` (its choice); the table's ``renormalised`` column says which was used. On single-text
 tasks every pair is intra-sentence, so inter removal changes nothing there.
 """
 

@@ -1,5 +1,6 @@
 """Guan et al. 2020 Tables 2 and 3, row by row, on an evaluator (a SQuAD span model's
-``evaluate.SquadEvaluator``: exact match and F1, as the paper; a GLUE ``Evaluator`` works too),
+``evaluate.SquadEvaluator``: exact match and F1, the tables' "Acc. F1" columns on "SQuAD v1.1";
+a GLUE ``Evaluator`` works too),
 with the paper's values beside this run's.
 
 The paper's settings (``heads_jax.hoststats.paper.GUAN_TABLE2`` / ``GUAN_TABLE3``; the check and
@@ -11,7 +12,7 @@ cross marks of the extracted text are its "3" and "7"):
   ``gate_mode="uniform"``); rows 2-5 prune one type, 6-7 two types, 8-11 substitute one type.
 * Table 3 (section 5.2: "We constrain attention matrix by sentences and remove the
   intra-sentence attention or inter-sentence attention"): per type, the intra- and/or
-  inter-sentence attention removed (``segment_removal``; rows not renormalised, as the paper);
+  inter-sentence attention removed (``segment_removal``; rows not renormalised: the paper does not say, see ``ablation.ablate``);
   for SQuAD the two "sentences" are the question and the context. Rows 12-15 remove one part of
   one type; 16-19 remove one part of every type but one ("ablating all type but remaining one
   type", Table 3 caption).

@@ -164,7 +164,7 @@ def _segments(run: AblationRun) -> SubResult:
                    rep.segment_section(table, fig, metric=run.metrics[0]),
                    table.to_dict(orient="records"),
                    ["\nintra/inter-sentence attention removed ("
-                    f"{'rows renormalised' if config.renormalise else 'rows not renormalised, as Guan et al.'}):",
+                    f"{'rows renormalised' if config.renormalise else 'rows not renormalised: Guan et al. do not say; heads_jax default'}):",
                     _table_text(table, run.shown)])
 
 
