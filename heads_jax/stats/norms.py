@@ -29,6 +29,7 @@ of a pass that needs each layer's input (batch it accordingly: BERT-base at 32 x
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -136,6 +137,32 @@ def norm_layer(probs, values, out_kernel, tables: dict, roles: Sequence[str], ba
   return out
 
 
+@functools.lru_cache(maxsize=None)
+def norm_program(graphdef, roles: tuple[str, ...], direction: str, parsing: bool, mesh):
+  """The jitted second pass ``run(state, batch) -> dict`` for one encoder graph, roles, direction
+  and mesh: compiled once and shared by every `NormStep` (a trajectory's checkpoints included)."""
+
+  def run(state, batch):
+    module = nnx.merge(graphdef, state)
+    out = module(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                 return_attentions=True, return_hidden_states=True, deterministic=True,
+                 attention="explicit")
+    tables = batch_tables(batch, roles, direction)
+    per_layer = []
+    for i, which in enumerate(module.config.layer_schedule):
+      layer = module.layers[which]
+      values = layer_values(layer, out["hidden_states"][i])
+      per_layer.append(norm_layer(out["attentions"][:, i], values,
+                                  layer.attention.output.kernel.value, tables, roles, batch,
+                                  parsing))
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *per_layer)
+    result = finish(stacked, tables)                                  # NaN for empty sieves
+    result["norm_sieve_bias"] = result.pop("sieve_bias")
+    return result
+
+  return jax.jit(run, out_shardings=batch_sharding(mesh))
+
+
 class NormStep:
   """Callable second pass; see ``make_norm_step``."""
 
@@ -154,26 +181,7 @@ class NormStep:
     self.multiple = max(1, len(local))
     graphdef, state = nnx.split(encoder)
     self._state = replicate(state, mesh)
-
-    def run(state, batch):
-      module = nnx.merge(graphdef, state)
-      out = module(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                   return_attentions=True, return_hidden_states=True, deterministic=True,
-                   attention="explicit")
-      tables = batch_tables(batch, roles, direction)
-      per_layer = []
-      for i, which in enumerate(module.config.layer_schedule):
-        layer = module.layers[which]
-        values = layer_values(layer, out["hidden_states"][i])
-        per_layer.append(norm_layer(out["attentions"][:, i], values,
-                                    layer.attention.output.kernel.value, tables, roles, batch,
-                                    parsing))
-      stacked = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *per_layer)
-      result = finish(stacked, tables)                                  # NaN for empty sieves
-      result["norm_sieve_bias"] = result.pop("sieve_bias")
-      return result
-
-    self._run = jax.jit(run, out_shardings=batch_sharding(mesh))
+    self._run = norm_program(graphdef, tuple(roles), direction, parsing, mesh)
 
   def __call__(self, batch: dict) -> dict:
     """numpy results for the real rows: ``norm_sieve_bias`` float32 ``[b, l, h, r]``,

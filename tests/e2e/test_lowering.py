@@ -42,6 +42,7 @@ from heads_jax.model.config import config_for
 from heads_jax.parallel import DATA_AXIS
 from heads_jax.stats import step as analysis
 from heads_jax.stats.examples import attention_maps_program
+from heads_jax.stats.norms import norm_program
 from heads_jax.training import steps
 from heads_jax.training.job import ARCHITECTURES, make_tx
 
@@ -283,6 +284,19 @@ def test_head_example_pass_lowers(platform):
   exp = lower(forward, platform, state, ids, ids, ids)
   check_exported(exp, platform, devices=1)
   assert exp.out_avals[0].shape == (32, 12, 12, ANALYSIS_K, ANALYSIS_K)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_second_pass_lowers(platform):
+  """The second pass of issue 26 (norm-weighted sieve bias, sinks, word-level parsing), on the
+  8-device data mesh."""
+  graphdef, state = bert_base_encoder()
+  run = norm_program(graphdef, ROLES, "dep2head", True, MESH)
+  exp = lower(run, platform, state, analysis_batch())
+  check_exported(exp, platform)
+  out = jax.tree.unflatten(exp.out_tree, exp.out_avals)
+  assert out["norm_sieve_bias"].shape == (ANALYSIS_B, 12, 12, len(ROLES))
+  assert out["first_attention"].shape == (ANALYSIS_B, 12, 12)
 
 
 # ------------------------------------------------------------------------------------------------
