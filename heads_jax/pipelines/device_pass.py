@@ -1,0 +1,86 @@
+"""The device pass of an analysis: data specs -> encoded batches -> the jitted analysis step
+-> ``scores.npz`` (sieve bias, distance features, lengths, measures).
+
+Owned by the accelerator work (how the pass compiles and batches); `heads_jax.pipelines.analyze`
+calls it as its device stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from heads_jax import contract
+from heads_jax.data.specs import encode_spec, parse_spec
+from heads_jax.data.vocabulary import SYNTACTIC_ROLES
+from heads_jax.errors import UserError
+from heads_jax.model.loading import load_model
+from heads_jax.stats.collector import collect, combine_measures
+from heads_jax.stats.step import make_analysis_step
+from heads_jax.storage import local_copy
+
+
+def check_vocabulary(model, tokenizer, where) -> None:
+  """Refuses (UserError) a tokenizer whose ids reach past the model's embedding table (its
+  pieces would read no embedding: NaN everywhere), before any device work."""
+  size = getattr(model.config, "vocab_size", None)
+  n = len(tokenizer) if tokenizer is not None else None
+  if size is not None and n is not None and n > size:
+    raise UserError(f"the tokenizer of {where} has {n} pieces but the model embeds only {size} "
+                    f"(vocab_size): ids {size}..{n - 1} have no embedding; use the tokenizer the "
+                    "model was trained with")
+
+
+def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
+                   log=None) -> dict:
+  """The device pass: ``{"sieve_bias", "distance", "lengths", "roles", "data_index", "data_info"}``.
+  ``log``: where each data set's counts (read, empty dropped, truncated, duplicated) and
+  warnings go (`heads_jax.data.specs.input_counts`)."""
+  if model is None:
+    model, tokenizer = load_model(local_copy(cfg.model))
+  model.config.check_max_length(cfg.max_length)
+  check_vocabulary(model, tokenizer, cfg.model)
+  heads = model.config.num_layers * model.config.num_heads
+  if cfg.clusters > heads:  # before the pass, not after it
+    raise UserError(f"--clusters {cfg.clusters} is more than the model's {heads} heads; choose "
+                    f"at most {heads}")
+  roles = tuple(cfg.roles)
+  if not cfg.syntax:
+    roles = tuple(r for r in roles if r not in SYNTACTIC_ROLES)
+  step = make_analysis_step(model, roles=roles, direction=cfg.direction, measures=cfg.measures,
+                            js=cfg.js)
+  parts, infos = [], []
+  for i, spec in enumerate(cfg.data):
+    # parser "none": text inputs get no arcs (their syntactic scores are NaN); gold arcs stay.
+    syntax = cfg.syntax and (cfg.parser != "none" or parse_spec(spec).kind == "conllu")
+    info, batches, n = encode_spec(spec, tokenizer, max_length=cfg.max_length,
+                                   batch_size=cfg.batch_size, max_examples=cfg.max_examples,
+                                   parser=cfg.parser, syntax=syntax, pad_to_batch_size=True,
+                                   sort_window=cfg.sort_window, bucket_step=cfg.bucket_step)
+    if log is not None and info.counts is not None:
+      log(f"{spec}: {info.counts.text(cfg.max_length)}")
+      for w in info.warnings:
+        log(f"warning: {w}")
+    if n == 0:
+      dropped = f" ({info.counts.empty} with no wordpiece dropped)" if info.counts and info.counts.empty else ""
+      raise ValueError(f"data spec {spec!r} holds no examples{dropped}; check the file or the split")
+    result = collect(step, batches, n, roles=roles, progress=progress, desc=f"analyse {spec}")
+    result["data_index"] = np.full(n, i, np.int32)
+    parts.append(result)
+    infos.append(info.settings())
+  out = {k: np.concatenate([p[k] for p in parts]) for k in ("sieve_bias", "distance", "lengths", "data_index")}
+  out["roles"] = roles
+  out["data_info"] = infos
+  if cfg.measures:
+    out["measures"] = combine_measures(parts)
+  return out
+
+
+def write_scores(out_dir, scores: dict) -> Path:
+  """Writes ``scores.npz`` of the device pass; ``data_index`` only when there are several data sets."""
+  several = len(set(scores["data_index"].tolist())) > 1
+  return contract.write_scores(out_dir, scores["sieve_bias"], scores["roles"], scores["distance"],
+                               scores["lengths"], scores["data_index"] if several else None)
+
+
