@@ -35,8 +35,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import re
 import shutil
+import socket
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -296,3 +300,127 @@ def claim_dir(path, kind: str, *, flag: str = "--out", model=None, data=None,
          "created": (job or {}).get("created") or _dt.datetime.now().isoformat(timespec="seconds")}
   storage.write_text(_job_path(path), json.dumps(doc, indent=2, default=str))
   return doc
+
+
+# ------------------------------------------------------------------------------------------------
+# inputs' identity and the work directory's lock
+
+
+def now() -> str:
+  return _dt.datetime.now().isoformat(timespec="microseconds")
+
+
+def fingerprint(path) -> list:
+  """The identity of a file or folder's content: ``[[relative path, size, mtime_ns], ...]`` of
+  its files (sorted), so a rewritten input changes the key of every unit reading it."""
+  p = Path(path)
+  if p.is_file():
+    st = p.stat()
+    return [[p.name, st.st_size, st.st_mtime_ns]]
+  if not p.is_dir():
+    return [[str(p), None, None]]
+  out = []
+  for f in sorted(x for x in p.rglob("*") if x.is_file()):
+    st = f.stat()
+    out.append([str(f.relative_to(p)), st.st_size, st.st_mtime_ns])
+  return out
+
+
+LOCK_FILE = ".heads_jax.lock"  # in a locked work directory: {"pid", "host", "started", "command"}
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # alive, another user's
+    return True
+  return True
+
+
+class WorkdirLock:
+  """``workdir/.heads_jax.lock`` while held: one process at a time per work directory (a
+  training run, a pipeline's run directory, an analysis directory; local or a URL).
+
+  ``acquire()`` (or ``with``): a directory locked by another running process is a ``UserError``
+  naming it (pid, host, start time, command). A lock left by a process no longer running on this
+  host (killed), or by this same process, is taken over (the first with one line through
+  ``log``); a lock of another host cannot be checked and is refused with the ``rm`` to run when
+  that process is known to be gone. ``release()`` removes the lock if it is still this
+  process's; it runs at most once."""
+
+  def __init__(self, workdir, what: str = "a job", *, log=print):
+    self.path = storage.as_path(workdir) / LOCK_FILE
+    self.what, self.log = what, log
+    self.held = False
+
+  def acquire(self) -> "WorkdirLock":
+    path, host = self.path, socket.gethostname()
+    mine = {"pid": os.getpid(), "host": host, "started": now(), "what": self.what,
+            "command": " ".join(sys.argv)[:300]}
+    storage.makedirs(path.parent)
+    text = json.dumps(mine)
+    if storage.is_url(path):
+      if storage.exists(path):
+        _refuse_or_take(path, host, self.log)
+      storage.write_text(path, text)
+    else:
+      while True:
+        try:
+          fd = os.open(os.fspath(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+          _refuse_or_take(path, host, self.log)
+          continue
+        with os.fdopen(fd, "w") as f:
+          f.write(text)
+        break
+    self.held = True
+    return self
+
+  def release(self) -> None:
+    if not self.held:
+      return
+    self.held = False
+    try:
+      if json.loads(storage.read_text(self.path)).get("pid") == os.getpid():
+        storage.call(self.path.unlink, what="removing the lock", path=self.path)
+    except (OSError, ValueError, UserError):
+      pass
+
+  def __enter__(self) -> "WorkdirLock":
+    return self.acquire()
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+
+def _refuse_or_take(path, host: str, log) -> None:
+  """Raises a UserError naming the holder of the lock ``path``, or removes a stale one."""
+  held = {}
+  for attempt in range(2):  # an empty lock may be one just created and not yet written
+    try:
+      held = json.loads(storage.read_text(path))
+    except FileNotFoundError:
+      return  # released meanwhile: try again
+    except ValueError:
+      held = {}
+    if held:
+      break
+    time.sleep(0.5)
+  pid, other = held.get("pid"), held.get("host")
+  if other == host and pid == os.getpid():  # this process's own (an earlier job object)
+    storage.call(lambda: path.unlink(missing_ok=True), what="removing a stale lock", path=path)
+    return
+  if isinstance(pid, int) and other == host and not _pid_alive(pid) or not held:
+    log(f"{storage.display(path.parent)}: taking over the lock of {held.get('what', 'a job')} "
+        f"(pid {pid}, started {held.get('started')}), which is no longer running")
+    storage.call(lambda: path.unlink(missing_ok=True), what="removing a stale lock", path=path)
+    return
+  where = "this host" if other == host else f"host {other}"
+  gone = "" if other == host else (f"; if that process has ended, remove the lock: rm "
+                                   f"{storage.display(path)}")
+  raise UserError(f"{storage.display(path.parent)} is in use by {held.get('what', 'another job')} "
+                  f"(pid {pid} on {where}, started {held.get('started')}: "
+                  f"{held.get('command', '')}); wait for it to end or choose another directory"
+                  f"{gone}")

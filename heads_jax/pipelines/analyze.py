@@ -52,7 +52,7 @@ from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, f
 from heads_jax.hoststats.summary import summary_figures
 from heads_jax.model.loading import load_model
 from heads_jax.parallel import initialize_distributed
-from heads_jax.pipelines.engine import WorkdirLock, fingerprint
+from heads_jax.runfiles import WorkdirLock, fingerprint
 from heads_jax.pipelines.device_pass import check_vocabulary, compute_scores, write_scores  # noqa: F401
 from heads_jax.pipelines.robustness import ensure_robustness_pass, robustness_host
 from heads_jax.report.analysis import build_analysis_report
@@ -154,7 +154,7 @@ def check_settings(cfg: AnalysisConfig) -> None:
 
 def input_identity(cfg: AnalysisConfig) -> dict:
   """The content of the model and data behind ``cfg``'s paths (size and modification time of
-  each file: `engine.fingerprint`), so that a reuse of scores.npz keys on what the paths hold,
+  each file: `runfiles.fingerprint`), so that a reuse of scores.npz keys on what the paths hold,
   not on the path strings. A URL model is identified by its URL (its copy is fetched anyway)."""
   model = str(cfg.model)
   data = []

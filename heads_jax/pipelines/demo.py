@@ -35,7 +35,8 @@ from heads_jax.data.assets import glue_dir
 from heads_jax.errors import UserError
 from heads_jax.pipelines.analyze import AnalysisConfig, headline, run_analysis
 from heads_jax.pipelines.compare import run_compare
-from heads_jax.pipelines.engine import Stage, fingerprint, reset_stage, run_pipeline, run_unit
+from heads_jax.pipelines.engine import Stage, reset_stage, run_pipeline, run_unit
+from heads_jax.runfiles import fingerprint
 from heads_jax.report.demo import front_page_text
 from heads_jax.report.index import write_index
 from heads_jax.runfiles import Markers

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from heads_jax import contract, hub
+from heads_jax import contract, hub, runfiles
 from heads_jax.errors import UserError
 from heads_jax.hoststats import paper
 from heads_jax.pipelines import engine
@@ -98,7 +98,7 @@ def _stage_analysis(ctx: engine.Context) -> dict:
                          if item["label"] != "squad" else "config.squad_model")
     target = ctx.workdir / "analysis" / item["label"]
     cfg = _analysis_config(config, item, model_dir, target)
-    key = {"model": engine.fingerprint(model_dir), "data": item["data"],
+    key = {"model": runfiles.fingerprint(model_dir), "data": item["data"],
            "settings": dataclasses.asdict(cfg) | {"out": None, "model": None}}
 
     def fn(cfg=cfg, target=target, item=item):
@@ -126,7 +126,7 @@ def _stage_ablation(ctx: engine.Context) -> dict:
                         doc_stride=int(ab.doc_stride),
                         batch_size=int(ab.batch_size), seed=int(config.seed),
                         title="Guan et al. Tables 2-3 on the SQuAD model")
-  key = {"analysis": squad.finished, "model": engine.fingerprint(model_dir),
+  key = {"analysis": squad.finished, "model": runfiles.fingerprint(model_dir),
          "settings": dataclasses.asdict(acfg) | {"out": None, "model": None, "analysis": None}}
 
   def fn():

@@ -49,7 +49,7 @@ from heads_jax.model.config import config_for
 from heads_jax.model.convert import export_hf
 from heads_jax.parallel import data_mesh, initialize_from_config
 from heads_jax import runfiles
-from heads_jax.pipelines.engine import WorkdirLock
+from heads_jax.runfiles import WorkdirLock
 from heads_jax.training import checkpointing, configlib, loop, metrics as metrics_lib, optimizer, steps
 from heads_jax.training.rundir import RunDir
 

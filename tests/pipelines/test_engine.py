@@ -144,11 +144,11 @@ def test_fingerprint_changes_with_a_rewritten_file(tmp_path):
   d = tmp_path / "model"
   d.mkdir()
   (d / "w.bin").write_bytes(b"12")
-  f1 = engine.fingerprint(d)
-  assert engine.fingerprint(d) == f1
+  f1 = runfiles.fingerprint(d)
+  assert runfiles.fingerprint(d) == f1
   (d / "w.bin").write_bytes(b"123")
-  assert engine.fingerprint(d) != f1
-  assert engine.fingerprint(tmp_path / "missing") == [[str(tmp_path / "missing"), None, None]]
+  assert runfiles.fingerprint(d) != f1
+  assert runfiles.fingerprint(tmp_path / "missing") == [[str(tmp_path / "missing"), None, None]]
 
 
 def test_outputs_without_a_marker_are_not_reused(tmp_path):
@@ -168,7 +168,7 @@ def _held_by_another_process(workdir, what: str) -> int:
   import os
   import socket
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / engine.LOCK_FILE).write_text(json.dumps(
+  (workdir / runfiles.LOCK_FILE).write_text(json.dumps(
       {"pid": os.getppid(), "host": socket.gethostname(), "started": "2026-01-01T00:00:00",
        "what": what, "command": "heads-jax reproduce ..."}))
   return os.getppid()
@@ -181,6 +181,6 @@ def test_a_pipeline_workdir_in_use_is_refused_and_released_after_a_run(tmp_path)
   with pytest.raises(UserError, match=rf"is in use by a pipeline \(pid {pid} on this host"):
     run_pipeline(_pipeline(calls, settings), tmp_path, log=lambda *a: None)
   assert calls == []
-  (tmp_path / engine.LOCK_FILE).unlink()
+  (tmp_path / runfiles.LOCK_FILE).unlink()
   run_pipeline(_pipeline(calls, settings), tmp_path, log=lambda *a: None)
-  assert calls == ["a", "b", "c", "d"] and not (tmp_path / engine.LOCK_FILE).exists()
+  assert calls == ["a", "b", "c", "d"] and not (tmp_path / runfiles.LOCK_FILE).exists()

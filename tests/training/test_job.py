@@ -17,7 +17,7 @@ import time
 import pytest
 
 from heads_jax.errors import UserError
-from heads_jax.pipelines import engine
+from heads_jax import runfiles
 from heads_jax.training import configlib, finetune, job as job_lib, loop, pretrain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -142,7 +142,7 @@ def test_another_task_or_kind_of_run_is_refused(tmp_path):
 
 def _holder(workdir):
   """A process holding the lock of ``workdir`` until killed."""
-  code = ("import sys, time\nfrom heads_jax.pipelines.engine import WorkdirLock\n"
+  code = ("import sys, time\nfrom heads_jax.runfiles import WorkdirLock\n"
           "WorkdirLock(sys.argv[1], 'a training run').acquire()\nprint('held', flush=True)\n"
           "time.sleep(120)\n")
   p = subprocess.Popen([sys.executable, "-c", code, str(workdir)], stdout=subprocess.PIPE,
@@ -167,17 +167,17 @@ def test_a_second_process_is_refused_and_a_stale_lock_taken_over(tmp_path):
     holder.wait()
   # the holder was killed: its lock is stale and taken over with one line
   lines = []
-  lock = engine.WorkdirLock(wd, "a training run", log=lines.append).acquire()
+  lock = runfiles.WorkdirLock(wd, "a training run", log=lines.append).acquire()
   assert len(lines) == 1 and lines[0].startswith(f"{wd}: taking over the lock of a training run "
                                                  f"(pid {holder.pid}, started ")
-  assert json.loads((wd / engine.LOCK_FILE).read_text())["pid"] == os.getpid()
+  assert json.loads((wd / runfiles.LOCK_FILE).read_text())["pid"] == os.getpid()
   lock.release()
-  assert not (wd / engine.LOCK_FILE).exists()
+  assert not (wd / runfiles.LOCK_FILE).exists()
   # a lock of another host cannot be checked: refused with the rm to run
-  (wd / engine.LOCK_FILE).write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "t",
+  (wd / runfiles.LOCK_FILE).write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "t",
                                                  "what": "a training run", "command": "x"}))
-  with pytest.raises(UserError, match=f"pid 1 on host elsewhere.*rm {wd / engine.LOCK_FILE}"):
-    engine.WorkdirLock(wd).acquire()
+  with pytest.raises(UserError, match=f"pid 1 on host elsewhere.*rm {wd / runfiles.LOCK_FILE}"):
+    runfiles.WorkdirLock(wd).acquire()
 
 
 def _fake_run(mode, workdir):
@@ -197,7 +197,7 @@ def test_sigterm_saves_then_exits_143(tmp_path):
   assert lines == [f"heads-jax: stopped by SIGTERM after saving; the last complete checkpoint is "
                    f"step 3 in {tmp_path / 'run' / 'checkpoints'}; run the same command again "
                    f"to resume"]
-  assert not (tmp_path / "run" / engine.LOCK_FILE).exists()
+  assert not (tmp_path / "run" / runfiles.LOCK_FILE).exists()
 
 
 def test_ctrl_c_during_a_save_is_one_line_and_the_save_finishes(tmp_path):
