@@ -34,6 +34,7 @@ a task, another task; a directory from before the markers is recognised by its f
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import re
@@ -310,20 +311,110 @@ def now() -> str:
   return _dt.datetime.now().isoformat(timespec="microseconds")
 
 
-def fingerprint(path) -> list:
-  """The identity of a file or folder's content: ``[[relative path, size, mtime_ns], ...]`` of
-  its files (sorted), so a rewritten input changes the key of every unit reading it."""
-  p = Path(path)
+HASHES_JSON = ".heads_jax_hashes.json"  # a directory's cache of its inputs' content hashes
+_HASHES: dict[str, str] = {}  # this process's: "path|size|mtime_ns|ctime_ns|inode" -> sha256
+
+
+def _stat_key(f: Path, st) -> str:
+  # ctime and inode too: a file rewritten to the same size with its mtime set back (os.utime
+  # sets ctime to now) or replaced by another file (a new inode) is hashed again
+  return f"{f.absolute()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+
+
+class ContentHashes:
+  """The sha256 of files, cached by their path and stat (size, mtime, ctime, inode) in this
+  process and, given ``cache`` (a directory), in ``cache/.heads_jax_hashes.json``, so that a
+  model of gigabytes is hashed once, not at every run."""
+
+  def __init__(self, cache=None):
+    self.file = None if cache is None else Path(cache) / HASHES_JSON
+    self.saved = {}
+    if self.file is not None and self.file.is_file():
+      try:
+        self.saved = json.loads(self.file.read_text())
+      except (OSError, ValueError):
+        self.saved = {}
+    self.dirty = False
+
+  def digest(self, f: Path, st) -> str:
+    key = _stat_key(f, st)
+    h = _HASHES.get(key) or self.saved.get(key)
+    if h is None:
+      with open(f, "rb") as fh:
+        h = hashlib.file_digest(fh, "sha256").hexdigest()
+    _HASHES[key] = h
+    if self.file is not None and self.saved.get(key) != h:
+      self.saved[key], self.dirty = h, True
+    return h
+
+  def save(self) -> None:
+    if self.dirty and self.file is not None:
+      write_json(self.file, self.saved)
+      self.dirty = False
+
+
+def fingerprint(path, *, cache=None) -> list:
+  """The identity of a file or folder's content: ``[[relative path, size, sha256], ...]`` of its
+  files (sorted; a file: its name), so that a unit reading ``path`` reruns when what it holds
+  changes, and only then (the path string is not part of it). A missing path is
+  ``[[path, None, None]]``; a URL ``[[url, None, None]]`` (its copy is fetched anyway).
+  ``cache``: a directory keeping the hashes between runs (`ContentHashes`)."""
+  if storage.is_url(path):
+    return [[str(path), None, None]]
+  p = Path(path).expanduser()
+  hashes = ContentHashes(cache)
   if p.is_file():
-    st = p.stat()
-    return [[p.name, st.st_size, st.st_mtime_ns]]
-  if not p.is_dir():
+    files = [(p.name, p)]
+  elif p.is_dir():
+    files = [(f.relative_to(p).as_posix(), f) for f in sorted(p.rglob("*")) if f.is_file()
+             and f.name not in (HASHES_JSON, LOCK_FILE)]
+  else:
     return [[str(p), None, None]]
   out = []
-  for f in sorted(x for x in p.rglob("*") if x.is_file()):
+  for rel, f in files:
     st = f.stat()
-    out.append([str(f.relative_to(p)), st.st_size, st.st_mtime_ns])
+    out.append([rel, st.st_size, hashes.digest(f, st)])
+  hashes.save()
   return out
+
+
+def model_identity(model, *, cache=None) -> dict:
+  """What a model argument holds: a local directory or file its `fingerprint`; a hub id (not an
+  existing path) the snapshot it resolves to in the hub cache (``{"hub": id, "commit": ...}``,
+  the commit that the cache's ``refs/`` names: a moved ref is another model); a URL itself."""
+  name = str(model)
+  if storage.is_url(name):
+    return {"url": name}
+  p = Path(name).expanduser()
+  if not p.exists():
+    from heads_jax import hub
+    if hub.looks_like_repo_id(name):
+      return {"hub": name, "commit": hub.resolve(name).name}
+  return {"files": fingerprint(p, cache=cache)}
+
+
+def data_files(spec) -> list[Path]:
+  """The local files a data spec reads (`heads_jax.data.specs`): a GLUE TSV task's split file,
+  a CoNLL-U / TSV / text / SQuAD file, the embedded data's file; none for TFDS data."""
+  from heads_jax.data import glue
+  from heads_jax.data.specs import parse_spec
+  s = parse_spec(spec) if isinstance(spec, str) else spec
+  if s.path is None:
+    return []
+  if s.kind == "glue-tsv":
+    return [glue.tsv_path(s.path, s.task, s.split)]
+  return [Path(s.path)]
+
+
+def data_identity(spec, *, cache=None) -> dict:
+  """What a data spec reads: its settings (kind, task, split, header, version, sample, seed) and
+  the `fingerprint` of each file it reads, not the path strings (a spec naming a replaced file
+  is other data; the same file under another path is the same)."""
+  from heads_jax.data.specs import parse_spec
+  s = parse_spec(spec) if isinstance(spec, str) else spec
+  return {"kind": s.kind, "task": s.task, "split": s.split, "header": s.header,
+          "version": s.version, "sample": s.sample, "seed": s.seed,
+          "files": [fingerprint(f, cache=cache) for f in data_files(s)]}
 
 
 LOCK_FILE = ".heads_jax.lock"  # in a locked work directory: {"pid", "host", "started", "command"}
@@ -339,13 +430,45 @@ def _pid_alive(pid: int) -> bool:
   return True
 
 
+def process_start(pid: int) -> str | None:
+  """When process ``pid`` of this host started, as a string that differs between two processes
+  that had the same pid (after a reboot or a pid wrap): the boot id and the start tick from
+  ``/proc`` on Linux, else ``ps -o lstart=``; None when neither can say."""
+  try:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    ticks = stat[stat.rindex(")") + 2:].split()[19]  # field 22, after the command's parentheses
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot}:{ticks}"
+  except (OSError, IndexError, ValueError):
+    pass
+  try:
+    import subprocess
+    got = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True,
+                         timeout=5)
+    return got.stdout.strip() or None
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
+def _holder_running(held: dict) -> bool:
+  """Whether the process that wrote lock ``held`` (of this host) still runs: its pid is alive
+  and, where the lock and this host know it, started when the lock's writer did (a live pid
+  that started at another time is another process that reused the pid)."""
+  pid = held.get("pid")
+  if not isinstance(pid, int) or not _pid_alive(pid):
+    return False
+  recorded = held.get("pid_start")
+  return recorded is None or process_start(pid) in (None, recorded)
+
+
 class WorkdirLock:
   """``workdir/.heads_jax.lock`` while held: one process at a time per work directory (a
   training run, a pipeline's run directory, an analysis directory; local or a URL).
 
   ``acquire()`` (or ``with``): a directory locked by another running process is a ``UserError``
   naming it (pid, host, start time, command). A lock left by a process no longer running on this
-  host (killed), or by this same process, is taken over (the first with one line through
+  host (killed; or its pid alive but another process's since a reboot or a pid wrap: the lock
+  records the process's start, `process_start`), or by this same process, is taken over (the first with one line through
   ``log``); a lock of another host cannot be checked and is refused with the ``rm`` to run when
   that process is known to be gone. ``release()`` removes the lock if it is still this
   process's; it runs at most once."""
@@ -357,8 +480,8 @@ class WorkdirLock:
 
   def acquire(self) -> "WorkdirLock":
     path, host = self.path, socket.gethostname()
-    mine = {"pid": os.getpid(), "host": host, "started": now(), "what": self.what,
-            "command": " ".join(sys.argv)[:300]}
+    mine = {"pid": os.getpid(), "pid_start": process_start(os.getpid()), "host": host,
+            "started": now(), "what": self.what, "command": " ".join(sys.argv)[:300]}
     storage.makedirs(path.parent)
     text = json.dumps(mine)
     if storage.is_url(path):
@@ -412,7 +535,7 @@ def _refuse_or_take(path, host: str, log) -> None:
   if other == host and pid == os.getpid():  # this process's own (an earlier job object)
     storage.call(lambda: path.unlink(missing_ok=True), what="removing a stale lock", path=path)
     return
-  if isinstance(pid, int) and other == host and not _pid_alive(pid) or not held:
+  if isinstance(pid, int) and other == host and not _holder_running(held) or not held:
     log(f"{storage.display(path.parent)}: taking over the lock of {held.get('what', 'a job')} "
         f"(pid {pid}, started {held.get('started')}), which is no longer running")
     storage.call(lambda: path.unlink(missing_ok=True), what="removing a stale lock", path=path)

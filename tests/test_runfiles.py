@@ -57,3 +57,117 @@ def test_claim_check_and_refusals(tmp_path):
   (d / runfiles.JOB_FILE).write_text("{")
   with pytest.raises(UserError, match=f"{d / runfiles.JOB_FILE} is damaged"):
     runfiles.check_dir(d, "analysis")
+
+
+def _swap_bytes_keep_stat(path):
+  """Rewrites ``path`` with two bytes swapped: same size, same mtime (restored)."""
+  import os
+  st = path.stat()
+  b = bytearray(path.read_bytes())
+  i = next(k for k in range(1, len(b)) if b[k] != b[0])
+  b[0], b[i] = b[i], b[0]
+  path.write_bytes(bytes(b))
+  os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+  assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_fingerprint_is_the_content_not_the_path_or_the_stat(tmp_path):
+  """A rewrite of the same size with the mtime set back changes it (the hash cache is keyed on
+  ctime and inode too); the same files under another path, or copied with new times, do not."""
+  d = tmp_path / "model"
+  d.mkdir()
+  (d / "w.bin").write_bytes(b"0123456789")
+  (d / "sub").mkdir()
+  (d / "sub" / "vocab.txt").write_text("a\nb\n")
+  f1 = runfiles.fingerprint(d, cache=tmp_path)
+  assert [r[:2] for r in f1] == [["sub/vocab.txt", 4], ["w.bin", 10]]
+  import hashlib
+  assert f1[1][2] == hashlib.sha256(b"0123456789").hexdigest()
+  assert (tmp_path / runfiles.HASHES_JSON).is_file()  # the cache between runs
+  assert runfiles.fingerprint(d) == f1
+  _swap_bytes_keep_stat(d / "w.bin")
+  f2 = runfiles.fingerprint(d, cache=tmp_path)
+  assert f2 != f1 and f2[1][2] == hashlib.sha256(b"1023456789").hexdigest()
+  import shutil
+  shutil.copytree(d, tmp_path / "elsewhere")  # new path, new times: same content, same identity
+  assert runfiles.fingerprint(tmp_path / "elsewhere") == f2
+  assert runfiles.fingerprint(d / "w.bin") == [f2[1]]
+  assert runfiles.fingerprint(tmp_path / "missing") == [[str(tmp_path / "missing"), None, None]]
+
+
+def test_a_stale_cache_entry_is_not_trusted(tmp_path):
+  """An entry of the cache file for other stat values (another file once at that path) is
+  not used: the file is hashed again."""
+  f = tmp_path / "data.tsv"
+  f.write_text("a\tb\n")
+  runfiles.fingerprint(f, cache=tmp_path)
+  runfiles._HASHES.clear()
+  cached = json.loads((tmp_path / runfiles.HASHES_JSON).read_text())
+  assert len(cached) == 1 and list(cached.values())[0] == runfiles.fingerprint(f)[0][2]
+  _swap_bytes_keep_stat(f)
+  runfiles._HASHES.clear()
+  assert runfiles.fingerprint(f, cache=tmp_path)[0][2] != list(cached.values())[0]
+
+
+def test_data_identity_keys_on_the_files_a_spec_reads(tmp_path):
+  glue = tmp_path / "glue" / "MRPC"
+  glue.mkdir(parents=True)
+  rows = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA cat sat.\tA cat sat down.\n"
+  (glue / "dev.tsv").write_text(rows)
+  (glue / "train.tsv").write_text(rows)
+  spec = f"glue-tsv:{glue}:dev"
+  a = runfiles.data_identity(spec)
+  assert runfiles.data_files(spec) == [glue / "dev.tsv"]
+  assert a["task"] == "mrpc" and a["split"] == "dev" and str(tmp_path) not in json.dumps(a)
+  (glue / "train.tsv").write_text(rows + rows)   # a file the spec does not read
+  assert runfiles.data_identity(spec) == a
+  _swap_bytes_keep_stat(glue / "dev.tsv")
+  assert runfiles.data_identity(spec) != a
+  assert runfiles.data_identity("glue:mrpc")["files"] == []   # TFDS: its settings only
+
+
+def test_model_identity_of_a_hub_id_is_its_snapshot(tmp_path, monkeypatch):
+  """A hub id is the commit its cache's refs/main names: a moved ref is another model."""
+  cache = tmp_path / "hub"
+  repo = cache / "models--org--tiny"
+  for commit in ("a" * 40, "b" * 40):
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (snap / "model.safetensors").write_bytes(b"w")
+  (repo / "refs").mkdir()
+  (repo / "refs" / "main").write_text("a" * 40)
+  monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.chdir(tmp_path)
+  assert runfiles.model_identity("org/tiny") == {"hub": "org/tiny", "commit": "a" * 40}
+  (repo / "refs" / "main").write_text("b" * 40)
+  assert runfiles.model_identity("org/tiny") == {"hub": "org/tiny", "commit": "b" * 40}
+  local = tmp_path / "m"
+  local.mkdir()
+  (local / "config.json").write_text("{}")
+  assert runfiles.model_identity(local) == {"files": runfiles.fingerprint(local)}
+
+
+def test_a_lock_of_a_live_pid_that_is_another_process_is_taken_over(tmp_path):
+  """pid reuse (a reboot, a pid wrap): the lock's pid is alive, but its process started at
+  another time than the lock's writer: the lock is stale. The same pid with its own start
+  time is refused."""
+  import os
+  import socket
+  ppid = os.getppid()
+  start = runfiles.process_start(ppid)
+  assert start is not None and start == runfiles.process_start(ppid)
+  lock = {"pid": ppid, "host": socket.gethostname(), "started": "2026-01-01T00:00:00",
+          "what": "an analysis", "command": "heads-jax analyze ..."}
+  (tmp_path / runfiles.LOCK_FILE).write_text(json.dumps(dict(lock, pid_start=start)))
+  with pytest.raises(UserError, match=rf"in use by an analysis \(pid {ppid} on this host"):
+    runfiles.WorkdirLock(tmp_path).acquire()
+  (tmp_path / runfiles.LOCK_FILE).write_text(json.dumps(dict(lock, pid_start="other:1")))
+  lines = []
+  held = runfiles.WorkdirLock(tmp_path, log=lines.append).acquire()
+  assert len(lines) == 1 and f"taking over the lock of an analysis (pid {ppid}" in lines[0]
+  mine = json.loads((tmp_path / runfiles.LOCK_FILE).read_text())
+  assert mine["pid"] == os.getpid() and mine["pid_start"] == runfiles.process_start(os.getpid())
+  held.release()
+  assert not (tmp_path / runfiles.LOCK_FILE).exists()

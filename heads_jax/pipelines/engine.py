@@ -30,13 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from heads_jax.errors import UserError
+from heads_jax import runfiles
 from heads_jax.runfiles import Markers, WorkdirLock, canonical, now
-
-
-class StopAfter(Exception):
-  """Raised internally when the pipeline's ``stop_after`` names the stage just finished."""
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +70,18 @@ class Context:
   def sub(self, message: str) -> None:
     """Logs an indented line under the current stage's."""
     self.log("  " + str(message).replace("\n", "\n  "))
+
+  def files(self, path) -> list:
+    """`runfiles.fingerprint` of ``path`` (hashes kept in the run directory's stages/)."""
+    return runfiles.fingerprint(path, cache=self.markers.root)
+
+  def model(self, model) -> dict:
+    """`runfiles.model_identity` of a model argument (path, hub id or URL)."""
+    return runfiles.model_identity(model, cache=self.markers.root)
+
+  def data(self, spec) -> dict:
+    """`runfiles.data_identity` of a data spec."""
+    return runfiles.data_identity(spec, cache=self.markers.root)
 
   def upstream(self, stage: str, unit: str) -> UnitResult:
     """The finish marker of ``unit`` of an earlier ``stage`` (which must have finished)."""
@@ -159,37 +166,44 @@ def minutes(seconds: float) -> str:
 
 
 def run_pipeline(stages, workdir, *, config=None, tasks=(), redo: str | None = None,
-                 stop_after: str | None = None, log=print,
-                 skip: Callable[[Stage], str | None] | None = None) -> dict:
-  """Runs ``stages`` in order in ``workdir``; returns ``{stage name: its result}``.
+                 stop_after: str | None = None, log=print, what: str = "a pipeline",
+                 claim: dict | None = None) -> dict:
+  """Runs ``stages`` in order in ``workdir`` under its lock; returns ``{stage name: its
+  result}``.
 
+  ``what``: the job, as the lock names it to a second process ("an ablation").
+  ``claim``: keyword arguments of `runfiles.claim_dir` (``kind``, ``flag``, ``model``, ``data``,
+  ``task``, ``settings``): the directory is checked and claimed for that job under the lock,
+  before any stage.
   ``redo``: that stage's markers and outputs are removed first, so it reruns, and every stage
-  reading it reruns with it (their keys hold its units' finish times; `dependents` lists them).
-  ``stop_after``: stop after that stage. ``skip(stage)``: a reason to skip a stage, or None.
+  reading it reruns with it (their keys hold its units' finish times; `dependents` lists them);
+  ``"all"``: every stage.
+  ``stop_after``: stop after that stage.
   """
   names = [s.name for s in stages]
-  if redo is not None and redo not in names:
-    raise UserError(f"--redo {redo!r}: one of {', '.join(names)}")
+  if redo is not None and redo != "all" and redo not in names:
+    raise UserError(f"--redo {redo!r}: one of {', '.join(names)} (or all)")
   if stop_after and stop_after not in names:
     raise UserError(f"stop_after={stop_after!r}: one of {', '.join(names)} (or empty)")
   workdir = Path(workdir)
-  with WorkdirLock(workdir, "a pipeline", log=log):  # a second process on workdir: one line
+  if claim is not None:
+    runfiles.check_dir(workdir, claim["kind"], flag=claim.get("flag", "--out"),
+                       task=claim.get("task"))  # before the lock creates the directory
+  with WorkdirLock(workdir, what, log=log):  # a second process on workdir: one line
+    if claim is not None:
+      runfiles.claim_dir(workdir, **claim)
     return _run_stages(stages, names, workdir, config=config, tasks=tasks, redo=redo,
-                       stop_after=stop_after, log=log, skip=skip)
+                       stop_after=stop_after, log=log)
 
 
-def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after, log, skip) -> dict:
+def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after, log) -> dict:
   """`run_pipeline` under its work directory's lock."""
   markers = Markers(workdir)
-  if redo:
-    reset_stage(workdir, stages[names.index(redo)])
+  for stage in stages if redo == "all" else [stages[names.index(redo)]] if redo else []:
+    reset_stage(workdir, stage)
   results = {}
   n = len(stages)
   for i, stage in enumerate(stages, 1):
-    reason = skip(stage) if skip else None
-    if reason:
-      log(f"[{i}/{n}] {stage.name}: skipped ({reason})")
-      continue
     ctx = Context(config, workdir, markers, log, tuple(tasks), results=results)
     log(f"[{i}/{n}] {stage.name}: {stage.text}")
     t0 = time.time()

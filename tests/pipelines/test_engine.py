@@ -127,7 +127,10 @@ def test_redo_cascades_to_the_stages_that_read_it(tmp_path):
   assert calls == ["a", "b", "c"] and not (tmp_path / "a_out").exists()
   assert engine.dependents(stages, "a") == ("a", "b", "c")
   assert engine.dependents(stages, "d") == ("d",)
-  with pytest.raises(UserError, match="--redo 'x': one of a, b, c, d"):
+  calls.clear()
+  run_pipeline(stages, tmp_path, redo="all", log=lambda m: None)
+  assert calls == ["a", "b", "c", "d"]
+  with pytest.raises(UserError, match=r"--redo 'x': one of a, b, c, d \(or all\)"):
     run_pipeline(stages, tmp_path, redo="x", log=lambda m: None)
 
 
@@ -138,17 +141,6 @@ def test_stop_after_and_results(tmp_path):
   results = run_pipeline(stages, tmp_path, stop_after="b", log=logs.append)
   assert list(results) == ["a", "b"] and calls == ["a", "b"]
   assert "stopped after b" in logs[-1]
-
-
-def test_fingerprint_changes_with_a_rewritten_file(tmp_path):
-  d = tmp_path / "model"
-  d.mkdir()
-  (d / "w.bin").write_bytes(b"12")
-  f1 = runfiles.fingerprint(d)
-  assert runfiles.fingerprint(d) == f1
-  (d / "w.bin").write_bytes(b"123")
-  assert runfiles.fingerprint(d) != f1
-  assert runfiles.fingerprint(tmp_path / "missing") == [[str(tmp_path / "missing"), None, None]]
 
 
 def test_outputs_without_a_marker_are_not_reused(tmp_path):
@@ -169,7 +161,8 @@ def _held_by_another_process(workdir, what: str) -> int:
   import socket
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / runfiles.LOCK_FILE).write_text(json.dumps(
-      {"pid": os.getppid(), "host": socket.gethostname(), "started": "2026-01-01T00:00:00",
+      {"pid": os.getppid(), "pid_start": runfiles.process_start(os.getppid()),
+       "host": socket.gethostname(), "started": "2026-01-01T00:00:00",
        "what": what, "command": "heads-jax reproduce ..."}))
   return os.getppid()
 
@@ -184,3 +177,26 @@ def test_a_pipeline_workdir_in_use_is_refused_and_released_after_a_run(tmp_path)
   (tmp_path / runfiles.LOCK_FILE).unlink()
   run_pipeline(_pipeline(calls, settings), tmp_path, log=lambda *a: None)
   assert calls == ["a", "b", "c", "d"] and not (tmp_path / runfiles.LOCK_FILE).exists()
+
+
+def test_the_lock_names_the_job_and_the_directory_is_claimed_under_it(tmp_path):
+  """``what`` is what a second process is told; ``claim`` checks the directory before the lock
+  and marks it for the job (runfiles.claim_dir) before any stage runs."""
+  calls = []
+  settings = {"a": 1, "b": 1, "c": 1, "d": 1}
+  seen = []
+
+  def first(ctx):
+    seen.append(json.loads((ctx.workdir / runfiles.LOCK_FILE).read_text())["what"])
+    seen.append(runfiles.read_job(ctx.workdir)["kind"])
+    return None
+  stages = (Stage("first", "first", first),) + _pipeline(calls, settings)
+  run_pipeline(stages, tmp_path / "ab", log=lambda m: None, what="an ablation",
+               claim={"kind": "ablation", "model": "m", "settings": {"k": 1}})
+  assert seen == ["an ablation", "ablation"]
+  assert runfiles.read_job(tmp_path / "ab")["settings"] == {"k": 1}
+  with pytest.raises(UserError, match="is an ablation directory"):
+    run_pipeline(stages, tmp_path / "ab", log=lambda m: None, claim={"kind": "comparison"})
+  (tmp_path / "f").write_text("x")
+  with pytest.raises(UserError, match="is a file"):
+    run_pipeline(stages, tmp_path / "f", log=lambda m: None, claim={"kind": "ablation"})
