@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from heads_jax.ablation.groups import GROUPINGS
-from heads_jax.pipelines.ablate import AblationConfig, run_ablation
 
 
 def add_args(p):
@@ -29,9 +27,10 @@ def add_args(p):
   p.add_argument("--out", required=True, help="output directory")
   p.add_argument("--analysis", default=None, metavar="DIR",
                  help="output directory of `heads-jax analyze` on this model (clusters.csv, tests.csv)")
-  p.add_argument("--by", choices=GROUPINGS, default=None,
-                 help="ablate groups of heads: by cluster type (or every union of two types, or every "
-                      "type but one: Guan et al. Tables 2-3), assigned role, layer, or --heads")
+  p.add_argument("--by", default=None, metavar="GROUPING",
+                 help="ablate groups of heads: by cluster type (cluster; cluster-pairs: every union of "
+                      "two types; cluster-all-but-one: every type but one; Guan et al. Tables 2-3), "
+                      "assigned role (role), layer (layer), or the --heads groups (heads)")
   p.add_argument("--role-level", choices=("coarse", "fine"), default="coarse",
                  help="--by role: coarse roles + unskilled (default) or every fine role")
   p.add_argument("--mode", choices=("remove", "uniform", "mean"), default="remove",
@@ -76,11 +75,17 @@ def add_args(p):
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
-def to_config(args) -> AblationConfig:
+def to_config(args):
   """The parsed flags as the library's config (every flag but --debug is a field)."""
+  from heads_jax.pipelines.ablate import AblationConfig
   fields = {f.name for f in dataclasses.fields(AblationConfig)}
   return AblationConfig(**{k: v for k, v in vars(args).items() if k in fields})
 
 
 def main(args):
+  from heads_jax.ablation.groups import GROUPINGS
+  from heads_jax.errors import UserError
+  from heads_jax.pipelines.ablate import run_ablation
+  if args.by is not None and args.by not in GROUPINGS:
+    raise UserError(f"--by {args.by}: choose one of {', '.join(GROUPINGS)}")
   run_ablation(to_config(args))

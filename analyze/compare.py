@@ -7,8 +7,6 @@ of Kovaleva et al. 2019). Thin entry point over ``heads_jax.pipelines.compare.ru
 
 from __future__ import annotations
 
-from heads_jax.pipelines.compare import run_compare
-
 
 def add_args(p):
   p.add_argument("--before", required=True, help="analysis output directory of the first model (e.g. pre-trained)")
@@ -28,6 +26,7 @@ def add_args(p):
 
 
 def main(args):
+  from heads_jax.pipelines.compare import run_compare
   run_compare(args.before, args.after, args.out, title=args.title,
               before_model=args.before_model, after_model=args.after_model, data=args.data,
               max_examples=args.max_examples, max_length=args.max_length)

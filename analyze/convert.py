@@ -10,8 +10,6 @@ kept; other heads (e.g. RoBERTa's lm_head) are dropped. Thin entry point over
 
 from __future__ import annotations
 
-from heads_jax.model.loading import convert_dir
-
 
 def add_args(p):
   p.add_argument("src", help="a Hugging Face model directory (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, "
@@ -22,6 +20,7 @@ def add_args(p):
 
 
 def main(args):
+  from heads_jax.model.loading import convert_dir
   kind, model = convert_dir(args.src, args.dst, overwrite=args.overwrite)
   print(f"wrote {kind} {type(model).__name__} ({model.config.num_layers} layers x "
         f"{model.config.num_heads} heads) to {args.dst}")

@@ -8,8 +8,6 @@ Re-running in the same --out reruns exactly the stages whose settings or inputs 
 ``heads_jax.pipelines.demo.run_demo``.
 """
 
-from heads_jax.pipelines.demo import run_demo
-
 
 def add_args(p):
   p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -29,6 +27,7 @@ def add_args(p):
 
 
 def main(args):
+  from heads_jax.pipelines.demo import run_demo
   run_demo(args.out, quick=args.quick, redo=args.redo, model=args.model,
            pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
            analysis_examples=args.examples)

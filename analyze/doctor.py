@@ -1,13 +1,11 @@
 """Check this machine for heads_jax: platform, devices, versions and XLA flags; every attention
 and analysis path on a tiny model against the float32 reference; BERT-base tokens/s and MFU.
 
-Exits 1 when a path disagrees with the reference (or does not compile here). Thin entry point
-over ``heads_jax.doctor.run_doctor``; run it first on a new GPU, TPU or Colab runtime.
+Exits 1 when a path disagrees with the reference (or does not compile here). Run it first on a
+new GPU, TPU or Colab runtime. Thin entry point over ``heads_jax.doctor.run_doctor``.
 """
 
 from __future__ import annotations
-
-from heads_jax.doctor import run_doctor
 
 
 def add_args(p):
@@ -19,5 +17,6 @@ def add_args(p):
 
 
 def main(args):
+  from heads_jax.doctor import run_doctor
   report = run_doctor(quick=args.quick, timing=not args.no_timing, steps_=max(1, args.steps))
   return 0 if report["ok"] else 1

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import argparse
 
-from heads_jax.pipelines.analyze import AnalysisConfig, run_analysis
-from heads_jax.data.vocabulary import ROLES
-from heads_jax.errors import UserError
 
 
 def _tau(s: str):
@@ -58,7 +55,7 @@ def add_args(p):
                  help="skip the syntactic roles (no spaCy parse of text inputs)")
   p.add_argument("--parser", default=None, help="spaCy pipeline for text inputs (default en_core_web_sm); 'none' analyses text "
                       "inputs without arcs while CoNLL-U keeps its gold arcs")
-  p.add_argument("--roles", default=",".join(ROLES), help="comma-separated roles (default: all)")
+  p.add_argument("--roles", default=None, help="comma-separated roles (default: all; an unknown name lists them)")
   p.add_argument("--no-measures", dest="measures", action="store_false",
                  help="skip the attention measures (entropy, attention to [CLS]/[SEP]/punctuation/neighbours)")
   p.add_argument("--js", action="store_true",
@@ -86,7 +83,10 @@ def add_args(p):
 
 
 def main(args):
-  roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
+  from heads_jax.data.vocabulary import ROLES
+  from heads_jax.errors import UserError
+  from heads_jax.pipelines.analyze import AnalysisConfig, run_analysis
+  roles = tuple(r.strip() for r in (args.roles or ",".join(ROLES)).split(",") if r.strip())
   unknown = [r for r in roles if r not in ROLES]
   if unknown:
     raise UserError(f"unknown roles {unknown}; choose from {', '.join(ROLES)}")

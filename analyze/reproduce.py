@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import sys
 
-from heads_jax.pipelines.reproduce import STAGES, run_reproduce
 from heads_jax.training import configlib
+
+DEFAULT_CONFIG = "configs/reproduce.py:cpu"
 
 
 def add_args(p):
-  configlib.add_config_args(p, "configs/reproduce.py:cpu")
+  configlib.add_config_args(p, DEFAULT_CONFIG)
   p.add_argument("--redo", default=None, metavar="STAGE",
-                 help=f"do this stage again ({', '.join(STAGES)}); later stages that read it follow")
+                 help="do this stage again (data, pretrained, finetune, analysis, compare, report; "
+                      "guan has its own); later stages that read it follow")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -32,6 +34,7 @@ def main(args):
   if args.print_config:
     print(config)
     return 0
+  from heads_jax.pipelines.reproduce import run_reproduce
   if config.get("pipeline") == "guan":  # configs/reproduce.py:guan
     from heads_jax.pipelines.guan import run_guan
     run_guan(config, args.workdir, redo=args.redo)

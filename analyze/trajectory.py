@@ -7,8 +7,6 @@ and trajectory.png/.svg into --out. Thin entry point over
 
 from __future__ import annotations
 
-from heads_jax.data.vocabulary import ROLES
-from heads_jax.pipelines.trajectory import run_trajectory
 
 
 def add_args(p):
@@ -22,12 +20,14 @@ def add_args(p):
                  help="first N examples of each data set (default 100)")
   p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
   p.add_argument("--batch-size", type=int, default=32, help="sequences per device step (default 32)")
-  p.add_argument("--roles", default=",".join(ROLES), help="comma-separated roles (default: all)")
+  p.add_argument("--roles", default=None, help="comma-separated roles (default: all)")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
 def main(args):
+  from heads_jax.data.vocabulary import ROLES
+  from heads_jax.pipelines.trajectory import run_trajectory
   out = args.out or f"{args.run.rstrip('/')}/trajectory"
   run_trajectory(args.run, out, data=tuple(args.data or ("ud-ewt", "mrpc")),
                  max_examples=args.max_examples, max_length=args.max_length,
-                 batch_size=args.batch_size, roles=tuple(r for r in args.roles.split(",") if r))
+                 batch_size=args.batch_size, roles=tuple(r for r in (args.roles or ",".join(ROLES)).split(",") if r))

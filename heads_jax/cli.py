@@ -15,24 +15,27 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import re
+import shutil
 import sys
+import textwrap
 import zipfile
 
 import heads_jax
 from heads_jax import env, xla_flags
 from heads_jax.errors import UserError
-from heads_jax.training.configlib import split_config_overrides
 
-# name -> (entry module, help).
+# name -> (entry module, one-line help for the command list). The module is imported only when
+# its command runs or shows its own help: `heads-jax --help` imports no job (and so no JAX).
 SUBCOMMANDS = {
     "demo": ("heads_jax.analyze.demo", "the paper's pipeline in miniature on embedded data (pre-train, fine-tune, analyse, compare)"),
     "pretrain": ("heads_jax.train.pretrain", "pre-train BERT (MLM + NSP) with LAMB, data-parallel, resumable"),
-    "finetune": ("heads_jax.train.finetune", "fine-tune BERT on a GLUE task (MRPC, QQP, SST-2, QNLI) with LAMB"),
+    "finetune": ("heads_jax.train.finetune", "fine-tune BERT on a GLUE task or SQuAD with LAMB, resumable"),
     "prepare-corpus": ("heads_jax.train.prepare_corpus", "convert English Wikipedia (Parquet) and folders of books into the pre-training corpus, once"),
     "analyze": ("heads_jax.analyze.heads", "analyse the attention heads of a BERT model (sieve bias, tests, roles, clusters, report)"),
     "compare": ("heads_jax.analyze.compare", "compare two analyses (before/after fine-tuning, or two models)"),
     "ablate": ("heads_jax.analyze.ablate", "ablate heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning"),
-    "reproduce": ("heads_jax.analyze.reproduce", "Pande et al. end to end: fine-tuning grid, analyses before/after, comparison, report beside the papers' numbers"),
+    "reproduce": ("heads_jax.analyze.reproduce", "Pande et al. (or Guan et al.) end to end: fine-tuning, analyses before/after, comparison, report beside the papers' numbers"),
     "trajectory": ("heads_jax.analyze.trajectory", "roles over training: analyse every kept checkpoint of a pre-training or fine-tuning run"),
     "convert": ("heads_jax.analyze.convert", "convert a Hugging Face BERT directory <-> a heads_jax model directory"),
     "doctor": ("heads_jax.analyze.doctor", "check this machine: devices, versions, every attention/analysis path against the float32 reference, BERT-base tokens/s and MFU"),
@@ -42,15 +45,82 @@ SUBCOMMANDS = {
 CONFIG_SUBCOMMANDS = ("pretrain", "finetune", "reproduce")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def describe(doc: str | None, fallback: str) -> tuple[str, str | None]:
+  """A command's --help text from its entry module's docstring: the description is the first
+  paragraph (whole sentences, re-wrapped); the epilog holds the indented example commands, as
+  written. Developer notes ("Thin entry point over ...") are left out."""
+  paras = [p.strip("\n") for p in re.split(r"\n\s*\n", (doc or "").strip())]
+  prose = [" ".join(_THIN.sub("", p).replace("``", "").split()) for p in paras if not p.startswith("  ")]
+  prose = [p for p in prose if p]
+  if not prose:
+    return fallback, None
+  description = "\n\n".join(textwrap.fill(p, width=_width()) for p in prose)
+  examples = [textwrap.dedent(p) for p in paras if p.startswith("  ")]
+  epilog = "examples:\n" + textwrap.indent("\n".join(examples), "  ") if examples else None
+  return description, epilog
+
+
+_THIN = re.compile(r"\s*Thin\s+entry\s+point\s+over\s+``[\w.]+``\.")
+
+
+def _width() -> int:
+  return max(40, min(100, shutil.get_terminal_size((80, 24)).columns) - 2)
+
+
+def presets(config_file: str) -> list[tuple[str, str]]:
+  """(names, first sentence) of each ``* ``NAME``[ / ``NAME``]: text`` bullet in a shipped
+  config file's docstring (read as text: the config is not imported)."""
+  found = []
+  for m in re.finditer(r"^\* (``\w+``[^:\n]*?): (.*?)(?=^\* |^\S|\Z)", _config_doc(config_file),
+                       flags=re.S | re.M):
+    names = ", ".join(re.findall(r"``(\w+)``", m.group(1)))
+    text = " ".join(m.group(2).replace("``", "").replace("**", "").split())
+    first = re.match(r"(.*?(?<!\bal)(?<!e\.g)(?<!i\.e)\.)(?:\s+[A-Z(*]|\s*$)", text)
+    found.append((names, first.group(1) if first else text))
+  return found
+
+
+def _config_doc(config_file: str) -> str:
+  from heads_jax.training.configlib import config_path  # light: ml_collections, no JAX
+  doc = re.match(r'\s*"""(.*?)"""', config_path(config_file).read_text(), flags=re.S)
+  return doc.group(1) if doc else ""
+
+
+def _presets_epilog(config_file: str) -> str:
+  rows = presets(config_file)
+  if not rows:  # presets described in prose: the paragraphs that give the --config form
+    paras = [" ".join(p.replace("``", "").split()) for p in re.split(r"\n\s*\n", _config_doc(config_file))]
+    return "presets:\n" + "\n".join(textwrap.fill(p, width=_width(), initial_indent="  ", subsequent_indent="  ")
+                                  for p in paras if p.startswith(("--config", "SQuAD:")))
+  out = [f"presets (--config {config_file}:NAME):"]
+  for names, text in rows:
+    out.append(textwrap.fill(text, width=_width(), initial_indent=f"  {names}: ",
+                             subsequent_indent="      "))
+  return "\n".join(out)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+  """The ``heads-jax`` parser. Every command is listed; only ``command``'s entry module is
+  imported and its flags added (every command's when ``command`` is None, none when it is
+  ""), so the help and argument errors of one command never import another's job."""
   parser = argparse.ArgumentParser(prog="heads-jax", description=(
       "BERT attention-head analysis in JAX: the heads hypothesis (Pande et al. 2021) and "
-      "distance-feature clustering (Guan et al. 2020), with pre-training and GLUE fine-tuning."))
+      "distance-feature clustering (Guan et al. 2020), with pre-training and GLUE fine-tuning."),
+      epilog="`heads-jax COMMAND --help` describes a command.")
   parser.add_argument("--version", action="version", version=f"heads-jax {heads_jax.__version__}")
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   for name, (module, help_) in SUBCOMMANDS.items():
+    if command is not None and name != command:
+      sub.add_parser(name, help=help_, add_help=False)
+      continue
     mod = importlib.import_module(module)
-    p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip().splitlines()[0])
+    description, epilog = describe(mod.__doc__, help_)
+    if name in CONFIG_SUBCOMMANDS:
+      default = getattr(mod, "DEFAULT_CONFIG", None)
+      listed = _presets_epilog(default.partition(":")[0]) if default else ""
+      epilog = "\n\n".join(x for x in (epilog, listed) if x) or None
+    p = sub.add_parser(name, help=help_, description=description, epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     mod.add_args(p)
     p.set_defaults(_main=mod.main)
   return parser
@@ -113,11 +183,12 @@ def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   try:
     if argv and argv[0] in CONFIG_SUBCOMMANDS:
+      from heads_jax.training.configlib import split_config_overrides
       rest, overrides = split_config_overrides(argv)
       argv = rest + [x for o in overrides for x in ("--set", o)]
   except UserError as e:
     return _error(argv[0], e)
-  parser = build_parser()
+  parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else "")
   args = parser.parse_args(argv)
   if not getattr(args, "_main", None):
     parser.print_help()

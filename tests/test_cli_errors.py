@@ -53,7 +53,7 @@ def test_output_dir_of_another_run_is_refused(capsys, tmp_path):
 
 
 def test_out_of_memory_suggests_smaller_batch(capsys, monkeypatch, tmp_path):
-  import heads_jax.analyze.heads as analysis
+  import heads_jax.pipelines.analyze as analysis  # the entry module imports it when it runs
 
   def boom(*a, **k):
     raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 9.4GiB")
@@ -102,7 +102,7 @@ def test_corrupt_weights_file(capsys, tmp_path):
 
 
 def test_max_length_above_position_limit_is_refused_before_encoding(capsys, monkeypatch, tmp_path):
-  import heads_jax.pipelines.analyze as analysis
+  import heads_jax.pipelines.device_pass as analysis  # the analysis device pass encodes the data
   m = _tiny_model_dir(tmp_path / "m", max_position_embeddings=64)
 
   def no_encoding(*a, **k):
@@ -189,7 +189,7 @@ def test_config_override_errors_through_the_cli(capsys, tmp_path):
 def test_system_errors_are_one_line(capsys, monkeypatch, tmp_path, error, words):
   # Before: PermissionError, disk full (ENOSPC) and BadZipFile were tracebacks; FileExistsError
   # printed the raw "[Errno 17] File exists: ..." text.
-  import heads_jax.analyze.heads as analysis
+  import heads_jax.pipelines.analyze as analysis  # the entry module imports it when it runs
 
   def fail(*a, **k):
     raise error
@@ -200,7 +200,7 @@ def test_system_errors_are_one_line(capsys, monkeypatch, tmp_path, error, words)
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
-  import heads_jax.analyze.heads as analysis
+  import heads_jax.pipelines.analyze as analysis  # the entry module imports it when it runs
 
   def fail(*a, **k):
     raise OSError(5, "Input/output error", "/dev/x")  # not something a user can fix by a flag

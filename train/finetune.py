@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import sys
 
-from heads_jax.training import configlib, finetune
+from heads_jax.training import configlib
+
+DEFAULT_CONFIG = "configs/finetune.py:tiny"
 
 
 def add_args(p):
-  configlib.add_config_args(p, "configs/finetune.py:tiny")
+  configlib.add_config_args(p, DEFAULT_CONFIG)
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -27,6 +29,7 @@ def main(args):
   if args.print_config:
     print(config)
     return 0
+  from heads_jax.training import finetune
   summary = finetune.train_and_evaluate(config, args.workdir)
   print(f"done: best {summary['select_metric']} {summary['best'].get('score')} at step "
         f"{summary['best'].get('step')}; exports {summary['exports']}")

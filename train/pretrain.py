@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import sys
 
-from heads_jax.training import configlib, pretrain
+from heads_jax.training import configlib
+
+DEFAULT_CONFIG = "configs/pretrain.py:tiny"
 
 
 def add_args(p):
-  configlib.add_config_args(p, "configs/pretrain.py:tiny")
+  configlib.add_config_args(p, DEFAULT_CONFIG)
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -27,6 +29,7 @@ def main(args):
   if args.print_config:
     print(config)
     return 0
+  from heads_jax.training import pretrain
   summary = pretrain.train_and_evaluate(config, args.workdir)
   print(f"done: step {summary['final_step']} in {summary['workdir']}")
   return 0

@@ -40,7 +40,7 @@ def test_readme_command_parses(command, monkeypatch):
   for action in parser._subparsers._group_actions:
     for name, sub in action.choices.items():
       sub.set_defaults(_main=lambda args, name=name: seen.setdefault("args", args) and 0)
-  monkeypatch.setattr(cli, "build_parser", lambda: parser)
+  monkeypatch.setattr(cli, "build_parser", lambda *a, **k: parser)
   assert cli.main(argv) == 0, command
   args = seen["args"]
   if getattr(args, "config", None):  # training commands: the config and overrides must load
