@@ -59,13 +59,15 @@ def test_claim_check_and_refusals(tmp_path):
     runfiles.check_dir(d, "analysis")
 
 
-def _swap_bytes_keep_stat(path):
-  """Rewrites ``path`` with two bytes swapped: same size, same mtime (restored)."""
+def swap_bytes_keep_stat(path):
+  """Rewrites ``path`` with two neighbouring bytes swapped (the last two distinct letters, so
+  a TSV keeps its layout): same size, same mtime (restored)."""
   import os
   st = path.stat()
   b = bytearray(path.read_bytes())
-  i = next(k for k in range(1, len(b)) if b[k] != b[0])
-  b[0], b[i] = b[i], b[0]
+  k = next(k for k in range(len(b) - 1, 0, -1)
+           if chr(b[k]).isalnum() and chr(b[k - 1]).isalnum() and b[k] != b[k - 1])
+  b[k - 1], b[k] = b[k], b[k - 1]
   path.write_bytes(bytes(b))
   os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
   assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
@@ -85,9 +87,9 @@ def test_fingerprint_is_the_content_not_the_path_or_the_stat(tmp_path):
   assert f1[1][2] == hashlib.sha256(b"0123456789").hexdigest()
   assert (tmp_path / runfiles.HASHES_JSON).is_file()  # the cache between runs
   assert runfiles.fingerprint(d) == f1
-  _swap_bytes_keep_stat(d / "w.bin")
+  swap_bytes_keep_stat(d / "w.bin")
   f2 = runfiles.fingerprint(d, cache=tmp_path)
-  assert f2 != f1 and f2[1][2] == hashlib.sha256(b"1023456789").hexdigest()
+  assert f2 != f1 and f2[1][2] == hashlib.sha256(b"0123456798").hexdigest()
   import shutil
   shutil.copytree(d, tmp_path / "elsewhere")  # new path, new times: same content, same identity
   assert runfiles.fingerprint(tmp_path / "elsewhere") == f2
@@ -99,12 +101,12 @@ def test_a_stale_cache_entry_is_not_trusted(tmp_path):
   """An entry of the cache file for other stat values (another file once at that path) is
   not used: the file is hashed again."""
   f = tmp_path / "data.tsv"
-  f.write_text("a\tb\n")
+  f.write_text("ab\tcd\n")
   runfiles.fingerprint(f, cache=tmp_path)
   runfiles._HASHES.clear()
   cached = json.loads((tmp_path / runfiles.HASHES_JSON).read_text())
   assert len(cached) == 1 and list(cached.values())[0] == runfiles.fingerprint(f)[0][2]
-  _swap_bytes_keep_stat(f)
+  swap_bytes_keep_stat(f)
   runfiles._HASHES.clear()
   assert runfiles.fingerprint(f, cache=tmp_path)[0][2] != list(cached.values())[0]
 
@@ -121,7 +123,7 @@ def test_data_identity_keys_on_the_files_a_spec_reads(tmp_path):
   assert a["task"] == "mrpc" and a["split"] == "dev" and str(tmp_path) not in json.dumps(a)
   (glue / "train.tsv").write_text(rows + rows)   # a file the spec does not read
   assert runfiles.data_identity(spec) == a
-  _swap_bytes_keep_stat(glue / "dev.tsv")
+  swap_bytes_keep_stat(glue / "dev.tsv")
   assert runfiles.data_identity(spec) != a
   assert runfiles.data_identity("glue:mrpc")["files"] == []   # TFDS: its settings only
 

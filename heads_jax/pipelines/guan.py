@@ -31,12 +31,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from heads_jax import contract, hub, runfiles
+from heads_jax import contract, hub
 from heads_jax.errors import UserError
 from heads_jax.hoststats import paper
 from heads_jax.pipelines import engine
 from heads_jax.pipelines.ablate import AblationConfig, run_ablation
 from heads_jax.pipelines.analyze import AnalysisConfig, run_analysis
+from heads_jax.pipelines.stages import ANALYSIS_PATHS, unit_key
 from heads_jax.report.figures import guan as guan_figures
 from heads_jax.report.page import esc, figure_html, table_html, write_page
 
@@ -98,8 +99,8 @@ def _stage_analysis(ctx: engine.Context) -> dict:
                          if item["label"] != "squad" else "config.squad_model")
     target = ctx.workdir / "analysis" / item["label"]
     cfg = _analysis_config(config, item, model_dir, target)
-    key = {"model": runfiles.fingerprint(model_dir), "data": item["data"],
-           "settings": dataclasses.asdict(cfg) | {"out": None, "model": None}}
+    key = unit_key(dataclasses.asdict(cfg), paths=ANALYSIS_PATHS,
+                   inputs={"model": ctx.model(item["model"]), "data": ctx.data(item["data"])})
 
     def fn(cfg=cfg, target=target, item=item):
       ctx.sub(f"analysing the {item['label']} model {item['model']} on {item['data']}")
@@ -126,8 +127,9 @@ def _stage_ablation(ctx: engine.Context) -> dict:
                         doc_stride=int(ab.doc_stride),
                         batch_size=int(ab.batch_size), seed=int(config.seed),
                         title="Guan et al. Tables 2-3 on the SQuAD model")
-  key = {"analysis": squad.finished, "model": runfiles.fingerprint(model_dir),
-         "settings": dataclasses.asdict(acfg) | {"out": None, "model": None, "analysis": None}}
+  key = unit_key(dataclasses.asdict(acfg), paths=ANALYSIS_PATHS + ("analysis",),
+                 inputs={"analysis": squad.finished, "data": ctx.data(eval_data),
+                         "model": ctx.model(config.squad_model or DEFAULT_SQUAD_MODEL)})
 
   def fn():
     ctx.sub(f"Tables 2-3 on {eval_data}")
@@ -226,7 +228,9 @@ def run_guan(config, workdir, *, redo: str | None = None, log=print) -> dict:
   """Runs the Guan et al. pipeline (module docstring) in ``workdir``; returns each stage's
   result."""
   workdir = Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
   log(f"heads-jax reproduce (guan): {config.squad_model} in {workdir}")
-  with engine.workdir_lock(workdir, "heads-jax reproduce (guan)", log=log):
-    return engine.run_pipeline(pipeline_stages(), workdir, config=config, redo=redo, log=log)
+  return engine.run_pipeline(
+      pipeline_stages(), workdir, config=config, redo=redo, log=log,
+      what="heads-jax reproduce (guan)",
+      claim={"kind": "reproduce", "flag": "--workdir", "model": config.squad_model or None,
+             "data": [config.squad_data], "settings": {"preset": config.preset}})

@@ -51,6 +51,7 @@ from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax import contract, runfiles
 from heads_jax.pipelines.engine import Context, Stage, minutes, run_pipeline, run_unit
+from heads_jax.pipelines.stages import ANALYSIS_PATHS, TRAINING_PATHS, training_inputs, unit_key
 from heads_jax.runfiles import unit_file_name
 from heads_jax.model.bert import BertModel
 from heads_jax.model.checkpoint import is_heads_jax_dir, save_model
@@ -68,8 +69,6 @@ STAGE_TEXT = {
     "report": "report.html and the paper table",
 }
 ROLES = glue_splits.ROLES
-# Fine-tuning config fields that do not change the result (left out of a unit's key).
-_COSMETIC = ("log_every", "tensorboard", "stop_at_step", "checkpoint", "export", "preset")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -219,21 +218,38 @@ def describe_splits(task_out: dict) -> str:
   return text
 
 
+def split_files(ctx: Context, config, task: str, source: str) -> dict:
+  """``{split: content}`` of the splits ``task`` reads: each GLUE TSV's `fingerprint`; TFDS
+  data by its name (a prepared TFDS dataset is versioned)."""
+  td = config.data[task]
+  out = {}
+  for split in dict.fromkeys([td.train, td.eval, td.analysis]):
+    if source == "tsv":
+      try:
+        out[split] = ctx.files(glue.tsv_path(config.data.glue_dir, task, split))
+      except FileNotFoundError:
+        out[split] = None  # the data stage says so
+    else:
+      out[split] = f"tfds glue/{task} {split}"
+  return out
+
+
 def stage_data(ctx: Context) -> dict:
   config = ctx.config
   root = ctx.workdir / "data"
   tasks = {}
   for task in ctx.tasks:
     d = config.data
-    key = {"task": dict(config.data[task].to_dict()), "source": resolve_source(config, task),
-           "glue_dir": str(d.glue_dir),
-           "tfds_data_dir": d.tfds_data_dir, "partition": bool(d.partition_shared_splits),
+    source = resolve_source(config, task)
+    key = {"task": dict(config.data[task].to_dict()), "source": source,
+           "files": split_files(ctx, config, task, source),
+           "partition": bool(d.partition_shared_splits),
            "eval_fraction": d.eval_fraction, "max_train": d.max_train_examples,
            "max_eval": d.max_eval_examples, "seed": d.seed, "n": int(config.test_sequences)}
     info = glue.task_info(task)
     m = run_unit(ctx, "data", task, key, lambda t=task: materialize_task(config, t, root),
                  clean=[root / info.dir_name])
-    tasks[task] = m.outputs
+    tasks[task] = dict(m.outputs, files=key["files"])
     ctx.sub(f"{info.dir_name}: {m.outputs['describe']}")
   return {"splits": str(runfiles.write_splits(ctx.workdir, tasks))}
 
@@ -266,16 +282,22 @@ def resolve_model_path(path: str) -> tuple[str, str]:
                   f"Face), heads_jax.json (heads_jax) or model/ (a finished pre-training run)")
 
 
+def pretrain_configs(pc) -> list:
+  """The pre-training phases' configs (``config.pretrained``: phase 1, then phase 2 if set)."""
+  overrides = [o.strip() for o in str(pc.pretrain_overrides).split(";") if o.strip()]
+  return [configlib.load_config(name, overrides)
+          for name in (pc.pretrain_config, pc.pretrain_phase2_config) if name]
+
+
 def _pretrain(ctx: Context) -> dict:
   pc = ctx.config.pretrained
   out = ctx.workdir / "pretrained"
-  overrides = [o.strip() for o in str(pc.pretrain_overrides).split(";") if o.strip()]
-  c1 = configlib.load_config(pc.pretrain_config, overrides)
+  c1, *phase2 = pretrain_configs(pc)
   ctx.sub(f"pre-training phase 1 ({pc.pretrain_config}, {c1.num_train_steps} steps)")
   pretrain.train_and_evaluate(c1, out / "phase1")
   model = out / "phase1" / "model"
-  if pc.pretrain_phase2_config:
-    c2 = configlib.load_config(pc.pretrain_phase2_config, overrides)
+  if phase2:
+    c2 = phase2[0]
     c2.init_checkpoint = str(out / "phase1" / "checkpoints")
     ctx.sub(f"pre-training phase 2 ({pc.pretrain_phase2_config}, {c2.num_train_steps} steps)")
     pretrain.train_and_evaluate(c2, out / "phase2")
@@ -290,15 +312,16 @@ def stage_pretrained(ctx: Context) -> dict:
   if pc.kind == "init":
     model, what = resolve_model_path(pc.path)
     fn = lambda: {"model": model, "what": what}
-    key = {"kind": "init", "path": model}
+    key = {"kind": "init", "model": ctx.files(model)}
   elif pc.kind == "random":
     fn = lambda: {"model": str(_random_model(out / "model", pc.size, ctx.config.seed)),
                   "what": f"randomly initialised {pc.size} BERT (seed {ctx.config.seed})"}
     key = {"kind": "random", "size": pc.size, "seed": ctx.config.seed}
   elif pc.kind == "pretrain":
     fn = lambda: _pretrain(ctx)
-    key = {"kind": "pretrain", "phase1": pc.pretrain_config, "phase2": pc.pretrain_phase2_config,
-           "overrides": pc.pretrain_overrides}
+    key = {"kind": "pretrain", "phases": [
+        unit_key(c.to_dict(), paths=TRAINING_PATHS, inputs=training_inputs(c.to_dict(), cache=ctx.markers.root, init=False))
+        for c in pretrain_configs(pc)]}
   else:
     raise UserError(f"config.pretrained.kind must be init, pretrain or random, got {pc.kind!r}")
   m = run_unit(ctx, "pretrained", "model", key, fn, clean=[out])
@@ -363,17 +386,21 @@ def finetune_config(config, task: str, batch_size: int, lr: float, init: str):
 
 
 def rows_key(data_marker: dict, role: str) -> dict:
-  """What identifies the rows of ``role``: source, split and row ranges (not when they were
-  written, so a new analysis size leaves fine-tuning on unchanged rows alone)."""
+  """What identifies the rows of ``role``: the content of their split, the split and the row
+  ranges (not when they were written, so a new analysis size leaves fine-tuning on unchanged
+  rows alone)."""
   out = data_marker["outputs"]
   r = out["roles"][role]
-  return {"origin": out["origin"], "split": r["split"], "idx": r["idx"]}
+  return {"split": r["split"], "idx": r["idx"], "content": data_marker["key"]["files"][r["split"]]}
 
 
 def _finetune_key(c, init_marker: dict, data_marker: dict) -> dict:
-  d = {k: v for k, v in c.to_dict().items() if k not in _COSMETIC}
-  return {"config": d, "pretrained": init_marker.get("finished"),
-          "train": rows_key(data_marker, "train"), "eval": rows_key(data_marker, "eval")}
+  """`stages.unit_key` of a grid point: its config (the rows come in memory: the data block's
+  paths are left out), the pre-trained model's finish time and its rows' identity."""
+  return unit_key(c.to_dict(), paths=TRAINING_PATHS,
+                  inputs={"pretrained": init_marker.get("finished"),
+                          "train": rows_key(data_marker, "train"),
+                          "eval": rows_key(data_marker, "eval")})
 
 
 def pick_best(results: dict) -> tuple[str, dict]:
@@ -470,13 +497,14 @@ def analysis_units(ctx: Context, parser: str) -> list[dict]:
   if fallback and parser == "none":
     slug = unit_file_name(fallback)
     units.append({"unit": f"pretrained/{slug}", "model_kind": "pretrained", "task": None,
-                  "data": fallback, "model": pre["outputs"]["model"], "inputs": [pre["finished"]],
+                  "data": fallback, "model": pre["outputs"]["model"],
+                  "inputs": [pre["finished"], ctx.data(fallback)],
                   "out": str(root / "pretrained" / slug), "syntax_fallback": True})
     for task in ctx.tasks:
       best = runfiles.read_best(ctx.workdir, task)
       units.append({"unit": f"finetuned/{task}-{slug}", "model_kind": "finetuned", "task": task,
                     "data": fallback, "model": best["model"],
-                    "inputs": [best["finished"][best["best_run"]]],
+                    "inputs": [best["finished"][best["best_run"]], ctx.data(fallback)],
                     "out": str(root / "finetuned" / f"{task}-{slug}"), "syntax_fallback": True})
   for u in units:
     u["max_examples"] = n
@@ -508,7 +536,7 @@ def stage_analysis(ctx: Context) -> dict:
   out = {"parser": parser, "units": {}}
   for u in analysis_units(ctx, parser):
     cfg = analysis_config(ctx.config, u, parser)
-    key = {"settings": dataclasses.asdict(cfg), "inputs": u["inputs"]}
+    key = unit_key(dataclasses.asdict(cfg), paths=ANALYSIS_PATHS, inputs=u["inputs"])
 
     def fn(cfg=cfg, u=u):
       ctx.sub(f"{u['unit']}: {u['max_examples']} sequences of {u['data']}")

@@ -92,3 +92,50 @@ def test_guan_end_to_end_and_rerun(models, tmp_path):
   again = []
   guan.run_guan(_config(models), tmp_path / "run", log=again.append)
   assert sum("done earlier, reused" in line for line in again) == 3, again
+
+
+@pytest.fixture
+def recorded_guan(tmp_path, monkeypatch):
+  """run_guan with every unit's work replaced by a recorder (the keys are the real ones):
+  ``run(config) -> [(stage, unit) run]``."""
+  from heads_jax.pipelines import engine
+  tables = tmp_path / "tables.csv"
+  tables.write_text("id\n1\n")
+  canned = {"analysis": {"out": str(tmp_path), "model": "m", "data": "d", "stability": 0.5},
+            "ablation": {"out": str(tmp_path), "paper_tables": str(tables),
+                         "baseline": {"exact_match": 0.1, "f1": 0.2}},
+            "report": {"report": "report.html", "table1": []}}
+  calls = []
+  real = engine.run_unit
+
+  def run_unit(ctx, stage, unit, key, fn, clean=()):
+    return real(ctx, stage, unit, key, lambda: calls.append((stage, unit)) or canned[stage], clean)
+  monkeypatch.setattr(engine, "run_unit", run_unit)
+
+  def run(config):
+    calls.clear()
+    guan.run_guan(config, tmp_path / "run", log=lambda *_: None)
+    return list(calls)
+  return run
+
+
+@requires_shared("squad")
+def test_guan_a_replaced_input_reruns_exactly_its_readers(recorded_guan, models, tmp_path):
+  """The SQuAD file and a Table 1 model replaced behind the same paths (same size, mtime set
+  back): the units reading them rerun, the others are reused (issue 34)."""
+  import shutil
+  from tests.test_runfiles import swap_bytes_keep_stat
+  squad_file = tmp_path / "squad.json"
+  shutil.copy(SHARED / "squad" / "dev-v2.0-first5.json", squad_file)
+  mrpc = tmp_path / "mrpc"
+  shutil.copytree(models / "mrpc", mrpc)
+  c = _config(models, squad_data=f"squad:{squad_file}:v1")
+  c.models.mrpc = str(mrpc)
+  everything = [("analysis", "squad"), ("analysis", "mrpc"), ("ablation", "squad"),
+                ("report", "report")]
+  assert recorded_guan(c) == everything
+  assert recorded_guan(c) == []
+  swap_bytes_keep_stat(mrpc / "heads_jax.json")
+  assert recorded_guan(c) == [("analysis", "mrpc"), ("report", "report")]
+  swap_bytes_keep_stat(squad_file)
+  assert recorded_guan(c) == [("analysis", "squad"), ("ablation", "squad"), ("report", "report")]

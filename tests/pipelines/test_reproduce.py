@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from heads_jax.data.assets import glue_dir as embedded_glue_dir
 from heads_jax.errors import UserError
 from heads_jax.hoststats import paper
 from heads_jax.training import configlib
+from tests.test_runfiles import swap_bytes_keep_stat
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -444,13 +446,17 @@ def recorded_reproduce(small_glue, tmp_path, monkeypatch):
   monkeypatch.setattr(rp, "write_reproduce_report",
                       lambda wd, **kw: calls.append(("report",)) or {"report": str(wd / "report.html")})
 
-  def run(**overrides):
+  glue_copy = tmp_path / "glue"
+  shutil.copytree(small_glue, glue_copy)
+
+  def run(model=None, **overrides):
     calls.clear()
-    c = toy_config(small_glue, tasks="mrpc", **overrides)
-    c.pretrained.kind, c.pretrained.path = "random", ""
+    c = toy_config(glue_copy, tasks="mrpc", **overrides)
+    c.pretrained.kind, c.pretrained.path = ("init", str(model)) if model else ("random", "")
     c.analysis.syntax_fallback = ""
     rp.run_reproduce(c, tmp_path / "run", log=lambda m: None)
     return list(calls)
+  run.glue = glue_copy
   return run
 
 
@@ -473,3 +479,36 @@ def test_reproduce_more_sequences_rerun_the_analyses_not_the_finetuning(recorded
   calls = recorded_reproduce(test_sequences=12)
   assert calls == [("analysis", "pretrained", 12), ("analysis", "finetuned", 12), ("compare",),
                    ("report",)]
+
+
+# content, not paths: an input replaced behind the same path (same size, mtime set back) reruns
+# exactly the units that read it
+
+
+def test_reproduce_an_edited_analysis_split_reruns_the_analyses_not_the_finetuning(recorded_reproduce):
+  recorded_reproduce()
+  swap_bytes_keep_stat(recorded_reproduce.glue / "MRPC" / "test.tsv")
+  assert recorded_reproduce() == [("analysis", "pretrained", 16), ("analysis", "finetuned", 16),
+                                  ("compare",), ("report",)]
+
+
+def test_reproduce_an_edited_training_split_reruns_the_finetuning_and_what_reads_it(recorded_reproduce):
+  recorded_reproduce()
+  swap_bytes_keep_stat(recorded_reproduce.glue / "MRPC" / "train.tsv")
+  assert [c[0:2] for c in recorded_reproduce()] == [
+      ("finetune", 4), ("analysis", "finetuned"), ("compare",), ("report",)]
+
+
+def test_reproduce_a_replaced_model_reruns_everything_reading_it(recorded_reproduce, tmp_path):
+  """The model behind config.pretrained.path replaced (issue 34's `cp -a`): not reused."""
+  model = tmp_path / "model"
+  model.mkdir()
+  (model / "config.json").write_text('{"hidden_size": 32}')
+  (model / "model.safetensors").write_bytes(b"weights A")
+  first = recorded_reproduce(model=model)
+  assert ("finetune", 4) in [c[:2] for c in first]
+  assert recorded_reproduce(model=model) == []
+  swap_bytes_keep_stat(model / "model.safetensors")
+  assert [c[:2] for c in recorded_reproduce(model=model)] == [
+      ("finetune", 4), ("analysis", "pretrained"), ("analysis", "finetuned"), ("compare",),
+      ("report",)]
