@@ -26,6 +26,12 @@ model size: one ``UserError`` line naming the first difference), then restores t
 a damaged newest step (a data file deleted or truncated, ``_METADATA`` deleted) is moved aside to
 ``damaged_checkpoints/`` beside the checkpoints with one line, and the previous step is restored.
 
+An asynchronous save that fails in Orbax's background thread (a full disk, a permission error)
+raises ``SaveFailed`` (a ``UserError`` naming the step's folder) at the next ``check`` (the
+training loop calls it after every step, so training stops at once), ``save``, ``wait`` or
+``close``; Orbax's own error logs (tracebacks from its threads) are held back while a
+``Checkpoints`` is open, since that one line reports them.
+
 Directories are ``etils.epath`` paths (``heads_jax.storage.as_path``): a local folder or a
 ``gs://`` URL, where Orbax writes the arrays through TensorStore's ``gcs`` driver. On several
 host processes every process calls the same methods and Orbax writes one checkpoint (each
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -46,6 +53,52 @@ from heads_jax.errors import UserError
 from heads_jax.storage import as_path, call, display, watch
 
 log = logging.getLogger(__name__)
+
+
+class SaveFailed(UserError):
+  """The checkpoint of ``step`` could not be written to ``directory/step``; ``cause``: why
+  (the error Orbax's save raised, or None when the step's folder is simply missing after it)."""
+
+  def __init__(self, step: int | None, directory, cause: BaseException | None, note: str):
+    self.step, self.directory, self.cause, self.note = step, directory, cause, note
+    super().__init__(self.line())
+
+  def line(self, removed: str = "") -> str:
+    """The message; ``removed``: what was cleaned up after it (said after the note)."""
+    why = _first_line(self.cause) if self.cause is not None else "its folder is missing after the save"
+    what = (f"the checkpoint of step {self.step} could not be written to "
+            f"{display(as_path(self.directory) / str(self.step))}" if self.step is not None else
+            f"a checkpoint could not be written to {display(self.directory)}")
+    return (f"{what} ({why}); {self.note}{removed}; check that the storage is writable and has "
+            f"space, then run the same command again")
+
+
+class _OrbaxErrors(logging.Filter):
+  """Holds back Orbax's error records (tracebacks logged by its save threads) while a
+  ``Checkpoints`` is open: the failure they report is raised as one ``SaveFailed`` line."""
+
+  def __init__(self):
+    super().__init__()
+    self.users = 0
+    self.lock = threading.Lock()
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.levelno >= logging.ERROR and "orbax" in record.pathname.replace("\\", "/"))
+
+  def open(self) -> None:
+    with self.lock:
+      self.users += 1
+      logging.getLogger("absl").addFilter(self)
+
+  def close(self) -> None:
+    with self.lock:
+      self.users -= 1
+      if self.users <= 0:
+        self.users = 0
+        logging.getLogger("absl").removeFilter(self)
+
+
+_ORBAX_ERRORS = _OrbaxErrors()
 
 
 class Checkpoints:
@@ -67,6 +120,8 @@ class Checkpoints:
       self.complete = self.manager.latest_step()  # the newest checkpoint known to be complete
     self.pending: int | None = None  # a save started and not known to be finished
     self.closed = False
+    self.failed: SaveFailed | None = None  # a save that failed (raised once, kept for close)
+    _ORBAX_ERRORS.open()
 
   def note(self) -> str:
     """Where a stopped run resumes: the last complete checkpoint (for messages)."""
@@ -91,18 +146,33 @@ class Checkpoints:
     returns whether it saved."""
     if not force and not self.is_due(step):
       return False
+    if self.pending is not None:  # Orbax finishes the previous save before it starts the next
+      self.wait()
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               meta=ocp.args.JsonSave(_jsonable(meta or {})))
-    with watch(f"saving the checkpoint of step {step}", self.directory, note=self.note):
-      saved = self.manager.save(int(step), args=args, force=force)
+    try:
+      with watch(f"saving the checkpoint of step {step}", self.directory, note=self.note):
+        saved = self.manager.save(int(step), args=args, force=force)
+    except UserError:
+      raise
+    except Exception as e:  # noqa: BLE001 (a full disk, a permission error, ...)
+      raise self._failed(step, e) from None
     if saved:
-      # Orbax finishes the previous save before it starts the next.
-      if self.pending is not None:
-        self.complete = self.pending
       self.pending = int(step)
       if not self.async_save:
         self.complete, self.pending = int(step), None
     return saved
+
+  def _failed(self, step: int | None, cause: BaseException | None) -> SaveFailed:
+    self.pending = None
+    self.failed = SaveFailed(step, self.directory, cause, self.note())
+    return self.failed
+
+  def check(self) -> None:
+    """Without waiting: raises ``SaveFailed`` when the save in flight has ended in failure
+    (marks it complete when it has ended well)."""
+    if self.pending is not None and not self.manager.is_saving_in_progress():
+      self.wait()
 
   def restore(self, abstract_state, step: int | None = None, *, log=None):
     """Returns ``(state, meta)`` of ``step`` (default: the newest complete one) laid out as
@@ -181,23 +251,45 @@ class Checkpoints:
       return
     what = (f"finishing the checkpoint of step {self.pending}" if self.pending is not None else
             "finishing the checkpoints")
-    with watch(what, self.directory, note=self.note):
-      self.manager.wait_until_finished()
+    try:
+      with watch(what, self.directory, note=self.note):
+        self.manager.wait_until_finished()
+    except UserError:
+      raise
+    except Exception as e:  # noqa: BLE001 (the background save failed)
+      if self.pending is None and self.failed is not None:  # reported already
+        return
+      raise self._failed(self.pending, e) from None
     if self.pending is not None:
-      self.complete, self.pending = self.pending, None
+      step = self.pending
+      if jax.process_index() == 0 and not call(lambda: (self.directory / str(step)).exists(),
+                                               what="checking", path=self.directory):
+        raise self._failed(step, None)
+      self.complete, self.pending = step, None
 
   def close(self):
+    """Waits for the save in flight and closes the manager; a failed save (``SaveFailed``) is
+    raised after the manager is closed (a failure raised before is not raised again)."""
     if self.closed:
       return
     try:
       self.wait()
     finally:
       self.closed = True
-      with watch("closing the checkpoints", self.directory, note=self.note):
-        try:
-          self.complete = self.manager.latest_step()  # a save interrupted in Orbax's call
-        finally:
-          self.manager.close()
+      try:
+        with watch("closing the checkpoints", self.directory, note=self.note):
+          try:
+            self.complete = self.manager.latest_step()  # a save interrupted in Orbax's call
+          finally:
+            self.manager.close()
+      except UserError:
+        raise
+      except Exception as e:  # noqa: BLE001 (Orbax re-raises a failed save's error on close)
+        if self.failed is None:
+          raise self._failed(None, e) from None
+        _close_quietly(self.manager)
+      finally:
+        _ORBAX_ERRORS.close()
 
   def remove_partial(self) -> list[str]:
     """Removes what an interrupted or failed save left (Orbax's temporary step folders);
@@ -215,6 +307,17 @@ class Checkpoints:
         except OSError:
           pass
     return removed
+
+
+def _close_quietly(manager) -> None:
+  """Closes what ``manager.close`` left open when it re-raised a failed save's error (its
+  checkpointer's threads and metadata stores), ignoring further errors."""
+  for part in ("_checkpointer", "_non_blocking_metadata_store", "_blocking_metadata_store",
+               "_checkpoint_deleter"):
+    try:
+      getattr(manager, part).close()
+    except Exception:  # noqa: BLE001
+      pass
 
 
 def _first_line(error: BaseException) -> str:

@@ -15,9 +15,11 @@
    checkpoint manager of ``workdir/checkpoints``;
 5. ``train_step`` / ``eval_step``: the jitted steps over the mesh;
 6. ``train``: the loop with its throughput meter (tokens/s, MFU) and metrics writer, closing
-   the checkpoint manager, the writer and the batch stream however it ends: SIGTERM (after its
-   checkpoint) exits with 143, Ctrl-C with 130 after the save in flight is finished, a full
-   disk during a save is one line (the partial save removed, the previous checkpoint intact);
+   the checkpoint manager, the writer and the batch stream however it ends: SIGTERM and Ctrl-C
+   are flags the loop reads after each step's host work, so the step they land in is saved, then
+   the run exits with 143 (SIGTERM) or 130 (Ctrl-C; a second one stops at once after the save in
+   flight is finished); a failed save, asynchronous or not (a full disk), stops the run at once
+   with one line naming the checkpoint (the partial save removed, the previous one intact);
    in cloud storage the writer's uploads wait for Orbax's finalisation (never concurrent on one
    filesystem object: the hang of issue 28);
 7. ``export``: the final model as a heads_jax and a Hugging Face directory (written locally and
@@ -196,38 +198,40 @@ class TrainingJob:
     # and one filesystem object; concurrent, they hung in issue 28).
     writer = metrics_lib.MetricsWriter(self.dir, enabled=self.is_main, tensorboard=c.tensorboard,
                                        before_upload=self.ckpts.wait if self.dir.is_remote else None)
-    flag = loop.StopFlag()
-    try:
-      result = loop.train_loop(
-          state=state, train_step=train_step, batches=iter(batches), mesh=self.mesh,
-          start_step=self.start_step, total_steps=c.num_train_steps, ckpts=self.ckpts,
-          writer=writer, throughput=throughput, log_every=c.log_every, eval_every=c.eval_every,
-          eval_fn=eval_fn, meta_fn=lambda s: {"step": s, **meta}, stop_at_step=c.stop_at_step,
-          print_fn=print if self.is_main else None, stop_flag=flag)
-    except loop.NonFiniteLoss as e:
-      self._close_all(batches, writer)
-      lr = c.optimizer.learning_rate
-      raise UserError(f"{e}; lower the learning rate (now {lr:g}, e.g. "
-                      f"--config.optimizer.learning_rate={lr / 4:g}) or lengthen the warm-up "
-                      f"(--config.optimizer.warmup_steps), or check the data") from None
-    except KeyboardInterrupt:
-      # Finish the save in flight (an abandoned one ends in asyncio tracebacks at exit).
-      self._close_all(batches, writer)
-      self._stop(130, f"interrupted (Ctrl-C); {self.ckpts.note()}; run the same command again "
-                      f"to resume")
-    except Exception as e:
-      self._close_all(batches, writer)
-      if _no_space(e):
-        self._no_space(e)
-      raise
-    error = self._close_all(batches, writer)
+    # SIGTERM and Ctrl-C are flags (no exception inside Orbax's threads) from here until the
+    # checkpoints are closed: the loop saves the step a signal lands in and returns.
+    with loop.StopFlag() as flag:
+      try:
+        result = loop.train_loop(
+            state=state, train_step=train_step, batches=iter(batches), mesh=self.mesh,
+            start_step=self.start_step, total_steps=c.num_train_steps, ckpts=self.ckpts,
+            writer=writer, throughput=throughput, log_every=c.log_every, eval_every=c.eval_every,
+            eval_fn=eval_fn, meta_fn=lambda s: {"step": s, **meta}, stop_at_step=c.stop_at_step,
+            print_fn=print if self.is_main else None, stop_flag=flag)
+      except loop.NonFiniteLoss as e:
+        self._close_all(batches, writer)
+        lr = c.optimizer.learning_rate
+        raise UserError(f"{e}; lower the learning rate (now {lr:g}, e.g. "
+                        f"--config.optimizer.learning_rate={lr / 4:g}) or lengthen the warm-up "
+                        f"(--config.optimizer.warmup_steps), or check the data") from None
+      except KeyboardInterrupt:  # a second Ctrl-C
+        # Finish the save in flight (an abandoned one ends in asyncio tracebacks at exit).
+        self._close_all(batches, writer)
+        self._stop(130, f"interrupted (Ctrl-C); {self.ckpts.note()}; run the same command again "
+                        f"to resume")
+      except Exception as e:
+        self._close_all(batches, writer)
+        self._save_failed(e)
+        raise
+      error = self._close_all(batches, writer)
     if error is not None:
-      if _no_space(error):
-        self._no_space(error)
+      self._save_failed(error)
       raise error
     if flag.stop:
-      self._stop(143, f"stopped by SIGTERM after saving; {self.ckpts.note()}; run the same "
-                      f"command again to resume")
+      what = ("stopped by SIGTERM" if flag.signal == "SIGTERM" else "interrupted (Ctrl-C)")
+      self._stop(143 if flag.signal == "SIGTERM" else 130,
+                 f"{what} after saving; {self.ckpts.note()}; run the same command again to "
+                 f"resume")
     return result
 
   def _close_all(self, batches, writer) -> BaseException | None:
@@ -243,12 +247,24 @@ class TrainingJob:
         first = first or e
     return first
 
-  def _no_space(self, error) -> None:
+  def _save_failed(self, error: BaseException) -> None:
+    """A failed save (``checkpointing.SaveFailed``, or a full disk while writing anything): one
+    ``UserError`` line naming what was written, the partial save removed."""
+    if not (_no_space(error) or isinstance(error, checkpointing.SaveFailed)):
+      return
     removed = self.ckpts.remove_partial()
-    raise UserError(f"no space left on the device of {self.dir} while writing ({error}); "
-                    f"{self.ckpts.note()} (intact"
-                    f"{'; removed the partial save ' + ', '.join(removed) if removed else ''}); "
-                    f"free some space and run the same command again") from None
+    partial = f"; removed the partial save {', '.join(removed)}" if removed else ""
+    cause = error.cause if isinstance(error, checkpointing.SaveFailed) else error
+    if isinstance(error, checkpointing.SaveFailed):
+      what = (f"the checkpoint of step {error.step} ({display(self.ckpts.directory / str(error.step))})"
+              if error.step is not None else f"a checkpoint ({display(self.ckpts.directory)})")
+    else:
+      what = "its files"
+    if _no_space(error):
+      raise UserError(f"no space left on the device of {self.dir} while writing {what} "
+                      f"({cause}); {self.ckpts.note()} (intact{partial}); free some space and "
+                      f"run the same command again") from None
+    raise UserError(error.line(f" (intact{partial})")) from None
 
   def _stop(self, code: int, line: str) -> None:
     self.close()

@@ -14,8 +14,10 @@
 number (a pure function of the data seed and the step), shards it over the mesh, and applies
 the jitted step. It logs averaged metrics every ``log_every`` steps (JSON lines, TensorBoard,
 a progress line), evaluates every ``eval_every`` steps, saves a checkpoint when the
-checkpoint interval is due (and always at the last step, at ``stop_at_step`` and on SIGTERM),
-and returns the per-step history of the logged metrics.
+checkpoint interval is due (and always at the last step, at ``stop_at_step``, and on SIGTERM or
+Ctrl-C: ``StopFlag``, read after the step's host work, so the step a signal lands in is saved),
+and returns the per-step history of the logged metrics. A failed asynchronous save
+(``checkpointing.SaveFailed``) stops the run before the next step.
 
 A loss or gradient norm that is not finite stops the run with ``NonFiniteLoss`` (a
 ``UserError``). The loop checks the metrics of every step at each log and before each save, so
@@ -112,26 +114,43 @@ def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_che
 
 
 class StopFlag:
-  """Set by SIGTERM (pre-emption): the loop saves a checkpoint and returns (the caller reads
-  ``stop`` afterwards: ``heads_jax.training.job`` then exits with 143)."""
+  """Set by SIGTERM (pre-emption) or SIGINT (Ctrl-C): the loop finishes the step it is in, saves
+  its checkpoint and returns; the caller reads ``stop`` and ``signal`` (``"SIGTERM"`` or
+  ``"SIGINT"``, the first one received) afterwards (``heads_jax.training.job`` then exits with
+  143 or 130). No exception is raised inside the step, so none lands in Orbax's threads; a second
+  Ctrl-C raises ``KeyboardInterrupt`` (to stop at once). Re-entrant: the job holds it over the
+  loop and the closing of the checkpoints, the loop enters it again."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self.stop = False
-    self._old = None
+    self.signal: str | None = None
+    self._old: dict = {}
+    self._depth = 0
 
   def __enter__(self):
-    try:
-      self._old = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not in the main thread
-      self._old = None
+    self._depth += 1
+    if self._depth == 1:
+      for s in self.SIGNALS:
+        try:
+          self._old[s] = signal.signal(s, self._handle)
+        except ValueError:  # not in the main thread
+          pass
     return self
 
-  def _handle(self, *_):
+  def _handle(self, signum, _frame):
+    if self.stop and signum == signal.SIGINT:
+      raise KeyboardInterrupt
     self.stop = True
+    self.signal = self.signal or signal.Signals(signum).name
 
   def __exit__(self, *exc):
-    if self._old is not None:
-      signal.signal(signal.SIGTERM, self._old)
+    self._depth -= 1
+    if self._depth == 0:
+      for s, old in self._old.items():
+        signal.signal(s, old)
+      self._old = {}
 
 
 class NonFiniteLoss(UserError):
@@ -189,8 +208,9 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
   ``batches`` yields the host batches of steps ``start_step, start_step + 1, ...``.
   ``eval_fn(state, step) -> dict`` is called every ``eval_every`` steps and at the end.
   ``history`` holds one dict per logged step (``step`` = number of steps done). Raises
-  ``NonFiniteLoss`` (see the module docstring). ``stop_flag`` (a ``StopFlag``): the SIGTERM
-  handler's flag, for the caller to see whether the run was stopped.
+  ``NonFiniteLoss`` (see the module docstring) and ``checkpointing.SaveFailed``. ``stop_flag`` (a
+  ``StopFlag``): the SIGTERM/SIGINT handlers' flag, for the caller to see whether (and by which
+  signal) the run was stopped.
   """
   history: list[dict] = []
   pending: list[dict] = []
@@ -199,28 +219,42 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
   if throughput is not None:
     throughput.reset(step)
   is_main = jax.process_index() == 0
+
+  def flush():
+    """Logs the metrics of the steps not logged yet (their average); stops on a non-finite one."""
+    host = steps.to_host(pending)
+    pending.clear()
+    bad = _first_non_finite(host, step - len(host) + 1)
+    avg = {k: float(np.mean([h[k] for h in host])) for k in host[0]}
+    if throughput is not None:
+      avg.update(throughput.update(step))
+    avg["step"] = step
+    history.append(avg)
+    if writer is not None:
+      writer.write(step, {k: v for k, v in avg.items() if k != "step"}, "train")
+    if print_fn is not None and is_main:
+      print_fn(metrics_lib.progress_line(step, total_steps, avg))
+    if bad is not None:
+      _stop_non_finite(bad, ckpts)
+
+  def save(force: bool) -> None:
+    if pending:  # steps not checked by a log yet: check them before saving
+      bad = _first_non_finite(steps.to_host(pending), step - len(pending) + 1)
+      if bad is not None:
+        _stop_non_finite(bad, ckpts)
+    meta = meta_fn(step) if meta_fn else {}
+    ckpts.save(step, state, meta, force=force)
+
   with (stop_flag or StopFlag()) as flag:
     while step < last:
+      if ckpts is not None:
+        ckpts.check()  # a failed asynchronous save stops the run before another step
       batch = next(batches)
       state, m = train_step(state, shard_batch(batch, mesh))
       pending.append(m)
       step += 1
-      final = step == last or flag.stop
-      if step % log_every == 0 or final:
-        host = steps.to_host(pending)
-        pending = []
-        bad = _first_non_finite(host, step - len(host) + 1)
-        avg = {k: float(np.mean([h[k] for h in host])) for k in host[0]}
-        if throughput is not None:
-          avg.update(throughput.update(step))
-        avg["step"] = step
-        history.append(avg)
-        if writer is not None:
-          writer.write(step, {k: v for k, v in avg.items() if k != "step"}, "train")
-        if print_fn is not None and is_main:
-          print_fn(metrics_lib.progress_line(step, total_steps, avg))
-        if bad is not None:
-          _stop_non_finite(bad, ckpts)
+      if step % log_every == 0 or step == last:
+        flush()
       if eval_fn is not None and ((eval_every and step % eval_every == 0) or step == total_steps):
         t0 = time.perf_counter()
         ev = eval_fn(state, step)
@@ -231,15 +265,23 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
                                                  if isinstance(v, (int, float))))
         if throughput is not None:  # do not count evaluation time as training time
           throughput._t += time.perf_counter() - t0
-      if ckpts is not None and (final or ckpts.is_due(step)):
-        if pending:  # steps not checked by a log yet: check them before saving
-          bad = _first_non_finite(steps.to_host(pending), step - len(pending) + 1)
-          if bad is not None:
-            _stop_non_finite(bad, ckpts)
-        meta = meta_fn(step) if meta_fn else {}
-        ckpts.save(step, state, meta, force=final)
+      # The stop flag is read after the step's host work (the wait for the device, logging,
+      # evaluation): a signal that arrived during any of it is answered with this step's
+      # checkpoint. It is read again after the save, so one that arrives during the save stops
+      # here too (saving this step if the save was not its own).
+      stop = flag.stop
+      saved = False
+      if ckpts is not None and (step == last or stop or ckpts.is_due(step)):
+        if stop and pending:
+          flush()
+        save(force=step == last or stop)
+        saved = True
       if flag.stop:
-        log.info("SIGTERM: saved step %d and stopping", step)
+        if pending:
+          flush()
+        if ckpts is not None and not saved:
+          save(force=True)
+        log.info("%s: saved step %d and stopping", flag.signal, step)
         break
   if ckpts is not None:
     ckpts.wait()

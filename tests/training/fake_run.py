@@ -5,10 +5,16 @@ one line, exit 2). MODE:
 
 * ``plain``: runs to the end;
 * ``sigterm``: the step function sends this process SIGTERM at step 3;
+* ``sigint``: the same with SIGINT (Ctrl-C);
 * ``interrupt``: Ctrl-C (``KeyboardInterrupt``) arrives inside the save of step 4, after Orbax
   started writing it asynchronously;
 * ``nospace``: the save of step 6 fails with ``OSError(ENOSPC)`` after leaving a partial
-  (temporary) step folder, as a full disk does.
+  (temporary) step folder, as a full disk does;
+* ``asyncnospace`` / ``asyncdenied``: the asynchronous write of step 4 fails in Orbax's background
+  thread (``OSError(ENOSPC)`` / ``PermissionError``); the step function of step 5 waits until
+  that save has ended, so a run that goes on past the failure reaches step 6.
+
+Every step prints ``step K`` on stdout.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import errno
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -46,10 +53,28 @@ def main(mode: str, workdir: str) -> int:
 
   job.ckpts.manager.save = save
 
+  if mode.startswith("async"):
+    from orbax.checkpoint._src.handlers import json_checkpoint_handler as jh
+    real_write = jh.JsonCheckpointHandler._save_fn
+
+    async def write(self, x, directory):
+      if directory.parent.name.startswith("4."):
+        if mode == "asyncnospace":
+          raise OSError(errno.ENOSPC, "No space left on device")
+        raise PermissionError(errno.EACCES, "Permission denied", str(directory))
+      return await real_write(self, x, directory)
+
+    jh.JsonCheckpointHandler._save_fn = write
+
   def train_step(state, batch):
     k = int(state["step"]) + 1
-    if mode == "sigterm" and k == 3:
-      os.kill(os.getpid(), signal.SIGTERM)
+    print(f"step {k}", flush=True)
+    if mode in ("sigterm", "sigint") and k == 3:
+      os.kill(os.getpid(), signal.SIGTERM if mode == "sigterm" else signal.SIGINT)
+    if mode.startswith("async") and k == 5:
+      deadline = time.monotonic() + 60
+      while job.ckpts.manager.is_saving_in_progress() and time.monotonic() < deadline:
+        time.sleep(0.05)
     return ({"step": np.int32(k), "params": {"w": state["params"]["w"] + 1}},
             {"loss": 1.0 / k, "grad_norm": 1.0})
 
