@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from heads_jax import contract
+from heads_jax.data import vocabulary
 from heads_jax.hoststats import paper
 from heads_jax.hoststats import pooled as pooled_lib
 from heads_jax.hoststats import roles as roles_lib
@@ -125,10 +127,29 @@ def _head_array(tests: pd.DataFrame, roles, column: str, num_layers: int, num_he
   return out
 
 
+def _median_scores(out_dir, roles, num_layers: int, num_heads: int) -> np.ndarray | None:
+  """Each head's median sieve bias per role ``[l, h, r]`` (roles in ``roles`` order; NaN where
+  the run has no such role or no defined score) from scores.npz, or None without the file."""
+  try:
+    s = contract.read_scores(out_dir)
+  except (FileNotFoundError, ValueError):
+    return None
+  out = np.full((num_layers, num_heads, len(roles)), np.nan)
+  bias = np.asarray(s.sieve_bias, np.float64)
+  names = list(s.roles)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)     # all-NaN heads (a role undefined)
+    for i, r in enumerate(roles):
+      if r in names:
+        out[..., i] = np.nanmedian(bias[..., names.index(r)], axis=0)
+  return out
+
+
 def analysis_of(out_dir, rule: str = RULE) -> paper.Analysis:
   """One analysis directory as the claims read it (`heads_jax.hoststats.paper.Analysis`): roles by
-  ``rule`` (the paper's by default), each head's mean sieve bias per role, the summary under that
-  rule, the clusters and their stability."""
+  ``rule`` (the paper's by default), each head's mean and median sieve bias per role, the summary
+  under that rule, the clusters, their stability and info, and each head's distance features
+  (attention masses)."""
   tests, settings = contract.read_tests(out_dir)
   tests = rule_tests(tests, rule)
   roles = roles_lib.role_order(tests["role"].astype(str))
@@ -136,16 +157,20 @@ def analysis_of(out_dir, rule: str = RULE) -> paper.Analysis:
   assigned, _ = roles_lib.assignment_array(tests, roles, num_layers, num_heads)
   means = _head_array(tests, roles, "mean", num_layers, num_heads, np.nan)
   summary = rule_summary(contract.read_summary(out_dir), rule) or {}
-  clusters, stability = None, None
+  clusters, stability, features, info = None, None, None, None
   if contract.has_clusters(out_dir):
     table, info = contract.read_clusters(out_dir)
+    layer, head = table["layer"].to_numpy(np.int64), table["head"].to_numpy(np.int64)
     clusters = np.full((num_layers, num_heads), "", dtype=object)
-    clusters[table["layer"].to_numpy(np.int64), table["head"].to_numpy(np.int64)] = (
-        table["cluster_name"].astype(str).to_numpy())
+    clusters[layer, head] = table["cluster_name"].astype(str).to_numpy()
+    features = np.full((num_layers, num_heads, len(vocabulary.DISTANCE_FEATURES)), np.nan)
+    features[layer, head] = table[list(vocabulary.DISTANCE_FEATURES)].to_numpy(np.float64)
     stability = info.get("stability")
   return paper.Analysis(roles=roles, assigned=assigned, means=means,
                         tau=float(settings.get("tau", 3.0)), summary=summary, clusters=clusters,
-                        stability=stability)
+                        stability=stability,
+                        medians=_median_scores(out_dir, roles, num_layers, num_heads),
+                        features=features, cluster_info=info)
 
 
 def analysis_figures_of(out_dir) -> dict:
@@ -228,7 +253,8 @@ def run_figures(results: dict, rule: str = RULE) -> paper.RunFigures:
   else:
     analyses = {k: {t: analysis_of(f["out"], rule) for t, f in v.items()}
                 for k, v in results["per_task"].items()}
-  pooled = {k: {key: v.get(key) for key in ("mean_sieve_score", "auto_tau", "share_p_between")}
+  pooled = {k: {key: v.get(key) for key in ("mean_sieve_score", "auto_tau", "share_p_between",
+                                            "num_p_values")}
             for k, v in results["pooled"].items()}
   finetune = {}
   for t, best in (results.get("finetune") or {}).items():
@@ -284,10 +310,18 @@ def paper_table(results: dict) -> pd.DataFrame:
         "model": MODEL_TEXT[c.model], "detail": e.detail, "source": c.source,
         "quote": c.quote, "rule": c.rule, "measure": c.measure, "note": c.note,
         "calibrated_rule_heads_jax": cal,
-        "value_paper": c.value,
-        "value_this_run": e.value if isinstance(e.value, (int, float)) else None,
-        "value_pretrained": e.pretrained if isinstance(e.pretrained, (int, float)) else None})
+        "value_paper": _rounded(c.value),
+        "value_this_run": _rounded(e.value),
+        "value_pretrained": _rounded(e.pretrained)})
   return pd.DataFrame(rows)
+
+
+def _rounded(x, digits: int = 6):
+  """A number for the CSV without float noise (0.8284999999999999 -> 0.8285), else None."""
+  if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+    return None
+  x = float(x)
+  return round(x, digits) if math.isfinite(x) else None
 
 
 def verdict_counts(table: pd.DataFrame) -> dict:
@@ -551,8 +585,10 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
        "tau) and the paper's four coarse tests. Verdicts follow the rules of DESIGN.md section 3 "
        f"(\"Verdicts\"): {counts[paper.HOLDS]} hold, {counts[paper.FAILS]} do not hold, "
        f"{counts[paper.NOT_COMPUTABLE]} are not computable here (the reason is in "
-       "<i>detail</i>). Guan et al. analysed BERT-large fine-tuned on SQuAD: their rows compare "
-       "across models.</p>"
+       f"<i>detail</i>) and {counts[paper.NOT_COMPARABLE]} are not comparable: Guan et al. "
+       "analysed BERT-large fine-tuned on SQuAD, so their rows show this run's value without a "
+       "verdict (the guan pipeline, <code>configs/reproduce.py:guan</code>, judges them in their "
+       "setting).</p>"
        + page.table_html(table[list(PAPER_COLUMNS)], table_id="table-paper")),
       ("Fine-tuning: best dev score per task",
        "<p>The best evaluation of each grid point is kept; the table gives the best grid point per "
