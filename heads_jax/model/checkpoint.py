@@ -23,7 +23,8 @@ from safetensors.numpy import load_file, save_file
 
 from heads_jax.errors import UserError
 from heads_jax.model.config import BertConfig
-from heads_jax.model.convert import ARCHITECTURES, architecture_of, assign_params, flat_params
+from heads_jax.model.convert import (ARCHITECTURES, architecture_of, assign_params, check_finite,
+                                     flat_params)
 
 MANIFEST = "heads_jax.json"
 PARAMS = "params.safetensors"
@@ -119,6 +120,7 @@ def load_model_dir(path, architecture: str | None = None, dtype: str | None = No
   except SafetensorError as e:
     raise UserError(f"{path / PARAMS} is not a readable safetensors file ({e}); the file is "
                     f"damaged or truncated: copy or export the model again") from None
+  check_finite(params, path / PARAMS)
   saved = m["architecture"]
   arch = architecture or saved
   model = build_model(arch, cfg, m.get("num_labels"))

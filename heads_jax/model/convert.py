@@ -147,30 +147,54 @@ def assign_params(model: nnx.Module, values: dict[str, np.ndarray], *, source: s
   nnx.update(model, nnx.from_flat_state(flat))
 
 
+def check_finite(tensors: dict, source) -> None:
+  """Raises a ``UserError`` naming the first floating-point tensor of ``tensors`` (name -> array)
+  that holds NaN or infinite values, and ``source`` (the file it was read from): such weights
+  (a diverged run's, a damaged file's) would only give NaN scores or losses after the work."""
+  for name, v in tensors.items():
+    a = np.asarray(v)
+    if a.dtype.kind != "f" and "bfloat16" not in str(a.dtype):
+      continue
+    a = a if a.dtype.kind == "f" else a.astype(np.float32)
+    finite = np.isfinite(a)
+    if finite.all():
+      continue
+    nan = int(np.isnan(a).sum())
+    inf = int(a.size - finite.sum()) - nan
+    raise UserError(f"{source}: tensor {name} holds {nan} NaN and {inf} infinite value(s) of "
+                    f"{a.size}: these weights are damaged (a diverged training run or a corrupt "
+                    f"file); use an earlier checkpoint, or download or export the model again")
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading Hugging Face directories.
 
 
 def read_hf_state_dict(directory) -> dict[str, np.ndarray]:
-  """Reads ``model.safetensors`` (or sharded safetensors, or ``pytorch_model.bin``) as numpy."""
+  """Reads ``model.safetensors`` (or sharded safetensors, or ``pytorch_model.bin``) as numpy;
+  a tensor with NaN or infinite values is refused (``check_finite``, naming it and its file)."""
   d = Path(directory)
   st = sorted(d.glob("model*.safetensors"))
   if st:
     out = {}
     for f in st:
       try:
-        out.update(load_file(str(f)))
+        part = load_file(str(f))
       except TypeError:  # bfloat16 tensors: numpy cannot hold them, go through torch
-        out.update(_read_with_torch(f, safetensors=True))
+        part = _read_with_torch(f, safetensors=True)
       except SafetensorError as e:
         raise UserError(f"{f} is not a readable safetensors file ({e}); the file is damaged or "
                         f"truncated (an interrupted download?): download or export it again") from None
+      check_finite(part, f)
+      out.update(part)
     return out
   bins = sorted(d.glob("pytorch_model*.bin"))
   if bins:
     out = {}
     for f in bins:
-      out.update(_read_with_torch(f))
+      part = _read_with_torch(f)
+      check_finite(part, f)
+      out.update(part)
     return out
   raise FileNotFoundError(
       f"{d}: no model.safetensors or pytorch_model.bin; a Hugging Face BERT directory needs "

@@ -46,10 +46,12 @@ import threading
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
 from heads_jax.errors import UserError
+from heads_jax.model.convert import check_finite
 from heads_jax.storage import as_path, call, display, watch
 
 log = logging.getLogger(__name__)
@@ -397,7 +399,21 @@ def restore_params_from_run(directory, abstract_params, step: int | None = None)
     restored = mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)))
     mngr.close()
-  return restored.state["params"], step
+  params = restored.state["params"]
+  check_finite_params(params, f"init_checkpoint {where}")
+  return params, step
+
+
+def check_finite_params(params, where: str) -> None:
+  """Raises a ``UserError`` naming the first parameter of ``params`` (a tree of arrays) with NaN
+  or infinite values, and ``where`` it was read from (``heads_jax.model.convert.check_finite``);
+  the test runs on the device, only the failing tensor comes to the host."""
+  flat = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+          if jnp.issubdtype(x.dtype, jnp.floating)]
+  finite = jax.device_get([jnp.isfinite(x).all() for _, x in flat])
+  for (path, x), ok in zip(flat, finite):
+    if not ok:
+      check_finite({"/".join(_key_text(k) for k in path): np.asarray(jax.device_get(x))}, where)
 
 
 def is_orbax_run_dir(path) -> bool:
