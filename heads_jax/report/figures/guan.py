@@ -4,6 +4,8 @@ Tables 2-3.
 * Fig. 1: `plot_cluster_features` (box plots of the distance features of each attention type).
 * Fig. 2: `plot_cluster_tsne` (heads by t-SNE of their 21 distance features, by cluster).
 * Fig. 3: `plot_cluster_layers` (attention types per layer).
+* `plot_type_masses`: the near / far / special masses each type's definition reads, with the
+  name's margin (the check of the names).
 * `plot_cluster_changes`: attention type before and after fine-tuning.
 * Fig. 5: `plot_all_maps` (every head's map of one input, framed by type; from examples.json).
 * Table 2: `plot_group_ablation` (a head group removed or given uniform attention); Table 3:
@@ -134,6 +136,50 @@ def plot_cluster_features(clusters_df: pd.DataFrame, path, *,
   for ax in axes[-1, :]:
     ax.set_xlabel("distance window (w0 = nearest) or token kind")
   fig.suptitle(title or FIGURES["cluster_features"].title)
+  return save_figure(fig, path, dpi)
+
+
+def plot_type_masses(clusters_df: pd.DataFrame, path, *, info: dict | None = None,
+                     title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
+  """The three masses Guan et al.'s type definitions read, per named type (the check of the
+  names, beside Fig. 1): for each cluster, box plots of its heads' near (self and the nearest
+  windows), far (the other windows) and special ([CLS], [SEP], comma, period) attention mass;
+  the panel title gives the name's margin and its flag from ``info`` (clusters.json:
+  ``naming``, ``near_windows``).
+  """
+  from heads_jax.hoststats import clustering
+  _check_clusters(clusters_df, tuple(batch_lib.DISTANCE_FEATURES))
+  info = info or {}
+  near_windows = int(info.get("near_windows", 2))
+  names = clusters_df["cluster_name"].astype(str).to_numpy()
+  palette = style.cluster_colors(names)
+  masses = clustering.type_masses(
+      clusters_df[list(batch_lib.DISTANCE_FEATURES)].astype(float).to_numpy(), near_windows)
+  margins = {}
+  for name, row in zip(info.get("names") or [], info.get("naming") or []):
+    if len(row) >= 5:
+      margins[name] = (float(row[3]), str(row[4]))
+  fig = new_figure(2.6 * len(palette) + 0.8, 3.6)
+  axes = fig.subplots(1, len(palette), squeeze=False, sharey=True)[0]
+  for ax, (name, color) in zip(axes, palette.items()):
+    sel = masses[names == name]
+    box = ax.boxplot([sel[:, j] for j in range(3)], patch_artist=True, widths=0.6,
+                     flierprops={"markersize": 2, "alpha": 0.5})
+    for patch in box["boxes"]:
+      patch.set_facecolor(color)
+      patch.set_alpha(0.6)
+    for median in box["medians"]:
+      median.set_color("black")
+    ax.set_xticks([1, 2, 3], list(clustering.MASSES))
+    head = f"{name} ({sel.shape[0]} heads)"
+    if name in margins:
+      m, flag = margins[name]
+      head += f"\nmargin {m:+.3f}" + ("" if flag == "ok" else f" ({flag.split(':')[0]})")
+    ax.set_title(head, fontsize=9, color=color, fontweight="bold")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(True, axis="y", alpha=0.3)
+  axes[0].set_ylabel("attention mass")
+  fig.suptitle(title or "Near, far and special attention mass per named type")
   return save_figure(fig, path, dpi)
 
 
