@@ -31,8 +31,13 @@ def main(args):
     return 0
   from heads_jax.training import finetune
   summary = finetune.train_and_evaluate(config, args.workdir)
-  print(f"done: best {summary['select_metric']} {summary['best'].get('score')} at step "
-        f"{summary['best'].get('step')}; exports {summary['exports']}")
+  best, exports = summary["best"], summary["exports"]
+  score = best.get("score")
+  line = (f"done: best {summary['select_metric']} {score:.4g} at step {best.get('step')}"
+          if isinstance(score, (int, float)) else "done: no evaluation kept")
+  if exports:
+    line += f"; exported to {exports['heads_jax']} (heads_jax) and {exports['hf']} (Hugging Face)"
+  print(line)
   return 0
 
 

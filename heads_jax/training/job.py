@@ -26,7 +26,7 @@
    copied to the work directory when that is a URL).
 
 The settings are checked before any device work (``configlib.check_training_config``).
-``create_dir`` locks the work directory (``heads_jax.pipelines.engine.WorkdirLock``: a second
+``create_dir`` locks the work directory (``heads_jax.runfiles.WorkdirLock``: a second
 process gets one line naming the first; released by ``close``) and compares the config with the
 one the run was started with (``configlib.check_resume``: another task or model is refused,
 other changed settings unless ``--config.allow_changes``; ``config.json`` keeps the first

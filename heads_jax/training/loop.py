@@ -292,3 +292,11 @@ def device_summary() -> dict:
   d = jax.devices()
   return {"platform": d[0].platform, "device_kind": d[0].device_kind, "num_devices": len(d),
           "process_count": jax.process_count(), "process_index": jax.process_index()}
+
+
+def device_phrase() -> str:
+  """The devices a run uses, for a console line: ``"8 cpu devices, 1 process"``."""
+  s = device_summary()
+  n, p = s["num_devices"], s["process_count"]
+  return (f"{n} {s['device_kind']} device{'s' if n != 1 else ''}, {p} "
+          f"process{'es' if p != 1 else ''}")

@@ -98,7 +98,7 @@ def train_and_evaluate(config, workdir) -> dict:
                              num_workers=config.data.num_workers)
   job.print(f"pre-training {cfg.num_layers}x{cfg.num_heads} hidden {cfg.hidden_size} from "
             f"{job.origin} at step {job.start_step}/{config.num_train_steps}; "
-            f"{loop.device_summary()}")
+            f"{loop.device_phrase()}")
   state, history = job.train(state, train_step, batches, seq_len=config.data.max_seq_length,
                              eval_fn=eval_fn if config.eval_batches else None,
                              meta={"preset": config.preset, "origin": job.origin})

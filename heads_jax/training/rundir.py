@@ -3,7 +3,7 @@
     workdir/config.json       the config the run was started with    (RunDir.config_file)
     workdir/config_changes.jsonl  settings changed on a resume (--config.allow_changes)
                                                                      (RunDir.config_changes_file)
-    workdir/.heads_jax.lock   while a process runs in it (heads_jax.pipelines.engine.WorkdirLock)
+    workdir/.heads_jax.lock   while a process runs in it (heads_jax.runfiles.WorkdirLock)
     workdir/data.json         fine-tuning: which rows were used      (RunDir.data_file)
     workdir/summary.json      fine-tuning: the run's summary         (RunDir.summary_file)
     workdir/metrics.jsonl     train and eval scalars                 (RunDir.metrics_file)

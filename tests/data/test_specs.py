@@ -105,8 +105,8 @@ def test_encode_text_without_syntax_and_missing_parser(tok):
   assert n == 2 and info.arcs is None
   idx, b = next(batches)
   assert idx.tolist() == [0, 1] and (b["dep_head"] == -1).all()
-  with pytest.raises(MissingParserError, match="--no-syntax"):
-    encode_spec(f"text:{FIXTURES / 'sentences.txt'}", tok)  # raised before any batch
+  with pytest.raises(MissingParserError, match="--no-syntax"):  # raised before any batch
+    encode_spec(f"text:{FIXTURES / 'sentences.txt'}", tok, parser="no_such_pipeline")
 
 
 def test_encode_glue_tfds_mock(tok, tmp_path):
