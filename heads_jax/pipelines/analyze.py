@@ -52,7 +52,7 @@ from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, f
 from heads_jax.hoststats.summary import summary_figures
 from heads_jax.model.loading import load_model
 from heads_jax.parallel import initialize_distributed
-from heads_jax.runfiles import WorkdirLock, fingerprint
+from heads_jax.runfiles import WorkdirLock
 from heads_jax.pipelines.device_pass import check_vocabulary, compute_scores, write_scores  # noqa: F401
 from heads_jax.pipelines.robustness import ensure_robustness_pass, robustness_host
 from heads_jax.report.analysis import build_analysis_report
@@ -153,19 +153,13 @@ def check_settings(cfg: AnalysisConfig) -> None:
 
 
 def input_identity(cfg: AnalysisConfig) -> dict:
-  """The content of the model and data behind ``cfg``'s paths (size and modification time of
-  each file: `runfiles.fingerprint`), so that a reuse of scores.npz keys on what the paths hold,
-  not on the path strings. A URL model is identified by its URL (its copy is fetched anyway)."""
-  model = str(cfg.model)
-  data = []
-  for d in cfg.data:
-    spec = parse_spec(d)
-    path = spec.path
-    if spec.kind == "glue-tsv":
-      from heads_jax.data import glue
-      path = glue.tsv_path(spec.path, spec.task, spec.split)
-    data.append(None if path is None else fingerprint(path))
-  return {"model": model if is_url(model) else fingerprint(model), "data": data}
+  """The content of the model and data behind ``cfg``'s paths (`runfiles.model_identity`: a
+  directory's files, a hub id's snapshot; `runfiles.data_identity`: each file a spec reads), so
+  that a reuse of scores.npz keys on what the paths hold, not on the path strings. The hashes
+  are kept in ``out`` when it exists (a model of gigabytes is hashed once)."""
+  cache = cfg.out if Path(cfg.out).is_dir() else None
+  return {"model": runfiles.model_identity(cfg.model, cache=cache),
+          "data": [runfiles.data_identity(d, cache=cache) for d in cfg.data]}
 
 
 def _check_out_dir(cfg: AnalysisConfig, overwrite: bool, inputs: dict | None = None) -> bool:
@@ -293,8 +287,9 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, progress:
   main = jax.process_index() == 0
   if not main:
     log = lambda *a, **k: None  # noqa: E731 (process 0 reports)
-  inputs = input_identity(cfg)
   try:
+    runfiles.check_dir(out, "analysis", flag="--out")  # before the hashes are kept in it
+    inputs = input_identity(cfg)
     reuse = _check_out_dir(cfg, overwrite, inputs)
   except (FileExistsError, NotADirectoryError, UserError) as e:
     raise type(e)(str(e).replace(str(out), shown_out)) if shown_out else e
@@ -309,7 +304,8 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, progress:
   except BaseException:
     if lock is not None:
       lock.release()
-    if new and out.is_dir() and {p.name for p in out.iterdir()} <= {runfiles.JOB_FILE}:
+    if new and out.is_dir() and {p.name for p in out.iterdir()} <= {runfiles.JOB_FILE,
+                                                                     runfiles.HASHES_JSON}:
       shutil.rmtree(out, ignore_errors=True)  # an early error leaves no empty --out
     raise
   finally:

@@ -14,6 +14,7 @@ from heads_jax.errors import UserError
 from heads_jax.pipelines import analyze
 from heads_jax.pipelines.analyze import AnalysisConfig, run_analysis
 from tests.test_cli_errors import _tiny_model_dir
+from tests.test_runfiles import swap_bytes_keep_stat
 
 SENTENCES = ["The cat sat on the mat .", "A dog ran home .", "Birds fly south in winter .",
              "She reads a book every night .", "We walked to the old bridge ."]
@@ -95,16 +96,19 @@ def test_reuse_keys_on_content_and_damaged_files(tmp_path, model_dir):
   _, log = _run(cfg, overwrite=True)
   assert "reusing" not in log and contract.read_scores(out).num_sequences == 3
 
-  # the model directory behind the same path changes (its weights rewritten: a new mtime)
+  # the model directory behind the same path changes (its weights rewritten to the same size,
+  # the mtime set back); a new mtime alone is the same content: reused
   weights = model_dir / "params.safetensors"
   saved = weights.read_bytes()
+  os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+  assert "reusing" in _run(cfg)[1]
   try:
-    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    swap_bytes_keep_stat(weights)
     with pytest.raises(FileExistsError, match="the model behind the same path.* changed"):
       _run(cfg)
   finally:
     weights.write_bytes(saved)
-  _run(cfg, overwrite=True)
+  assert "reusing" in _run(cfg)[1]
 
   # a truncated scores.npz: one line (before: BadZipFile), and --overwrite computes it again
   # (before: --overwrite reused the broken file)
@@ -122,7 +126,7 @@ def test_reuse_keys_on_content_and_damaged_files(tmp_path, model_dir):
   assert f"{out / contract.RUN_FILE} is not valid JSON" in str(e.value)
   assert "pass --overwrite" in str(e.value) and "re-run the stage" not in str(e.value)
   _run(cfg, overwrite=True)
-  assert contract.read_run(out)["inputs"]["data"][0][0][1] == data.stat().st_size
+  assert contract.read_run(out)["inputs"]["data"][0]["files"][0][0][1] == data.stat().st_size
 
 
 @pytest.mark.parametrize("field,value,words", [
@@ -182,7 +186,8 @@ def test_an_early_error_leaves_no_empty_out(tmp_path, model_dir):
 def test_vocabulary_larger_than_the_embeddings_is_refused_before_the_pass(tmp_path, monkeypatch):
   # Before: the pass ran, failed with a wrong cause and left all-NaN outputs.
   small = _tiny_model_dir(tmp_path / "v97", vocab_size=97)  # the 30,522-piece tokenizer beside it
-  monkeypatch.setattr(analyze, "collect", lambda *a, **k: pytest.fail("device pass ran"))
+  from heads_jax.pipelines import device_pass
+  monkeypatch.setattr(device_pass, "collect", lambda *a, **k: pytest.fail("device pass ran"))
   data = tmp_path / "s.txt"
   data.write_text("one line\n")
   with pytest.raises(UserError, match="has 30522 pieces but the model embeds only 97"):
@@ -192,7 +197,8 @@ def test_vocabulary_larger_than_the_embeddings_is_refused_before_the_pass(tmp_pa
 
 def test_more_clusters_than_heads_is_refused_before_the_pass(tmp_path, monkeypatch, model_dir):
   # Before: the clustering refused it after the device pass.
-  monkeypatch.setattr(analyze, "collect", lambda *a, **k: pytest.fail("device pass ran"))
+  from heads_jax.pipelines import device_pass
+  monkeypatch.setattr(device_pass, "collect", lambda *a, **k: pytest.fail("device pass ran"))
   data = tmp_path / "s.txt"
   data.write_text("one line\n")
   with pytest.raises(UserError, match="--clusters 9 is more than the model's 8 heads"):
