@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import logging
+import os
 import re
 import shutil
 import sys
 import textwrap
+import warnings
 import zipfile
 
 import heads_jax
@@ -126,6 +129,67 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
   return parser
 
 
+def backend_message(e: BaseException) -> str | None:
+  """The one line for JAX failing to start a backend (``JAX_PLATFORMS`` naming a platform this
+  machine lacks, a missing plugin), or None when ``e`` is something else. JAX raises a
+  RuntimeError "Unable to initialize backend ..." (or, for a platform whose plugin is absent,
+  a bare AssertionError) from ``jax/_src/xla_bridge.py``."""
+  text = str(e)
+  tb = e.__traceback__
+  while tb is not None and tb.tb_next is not None:
+    tb = tb.tb_next
+  in_bridge = tb is not None and tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith("jax/_src/xla_bridge.py")
+  if not (text.startswith("Unable to initialize backend") or (in_bridge and isinstance(e, (RuntimeError, AssertionError)))):
+    return None
+  platforms = env.get("JAX_PLATFORMS")
+  cause = re.sub(r"\s*\(set JAX_PLATFORMS='' to automatically choose an available backend\)", "", text)
+  cause = cause.removeprefix("Unable to initialize backend ").strip() or "no such platform is installed here"
+  where = f"JAX_PLATFORMS={platforms}" if platforms else "the default platform"
+  return (f"JAX could not start a backend for {where} ({cause}); unset JAX_PLATFORMS to use the "
+          f"devices this machine has, or install the platform's JAX plugin (pip install "
+          f"'jax[cuda12]' or 'jax[tpu]')")
+
+
+# Numerical warnings that only say a statistic is NaN where there is nothing to average (a role
+# with no token pairs on a small sample, a head with one value): the NaN is the result, and the
+# reports say "not computed" there.
+HARMLESS_WARNINGS = (
+    (RuntimeWarning, r"Mean of empty slice"),
+    (RuntimeWarning, r"All-NaN slice encountered"),
+    (RuntimeWarning, r"Degrees of freedom <= 0"),
+    (RuntimeWarning, r"invalid value encountered in (divide|scalar divide|true_divide|subtract|multiply)"),
+    (RuntimeWarning, r"divide by zero encountered"),
+    (RuntimeWarning, r"Precision loss occurred in moment calculation"),
+)
+# Lines other libraries log on every run that say nothing about this run.
+_LIBRARY_CHATTER = re.compile(r"PyTorch was not found|TensorFlow was not found|"
+                              r"None of PyTorch, TensorFlow .* have been found")
+
+
+class _DropChatter(logging.Filter):
+  def filter(self, record):
+    return not _LIBRARY_CHATTER.search(record.getMessage())
+
+
+def quiet_console(command: str) -> None:
+  """A normal run's console holds heads_jax's lines only: a Python warning is one plain line
+  (``heads-jax CMD: warning: ...``, no source line), the harmless numerical ones and libraries'
+  deprecation notices are silenced, transformers' "PyTorch was not found" advice (a JAX
+  package needs no PyTorch) and absl's (Orbax's) info and warning lines are dropped. Errors
+  still show. ``--debug`` keeps everything as the libraries print it."""
+  def one_line(message, category, filename, lineno, file=None, line=None):
+    text = " ".join(str(message).split())
+    print(f"heads-jax {command}: warning: {text}", file=file or sys.stderr)
+  warnings.showwarning = one_line
+  for category, pattern in HARMLESS_WARNINGS:
+    warnings.filterwarnings("ignore", message=pattern, category=category)
+  for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+    warnings.filterwarnings("ignore", category=category)
+    warnings.filterwarnings("default", category=category, module=r"heads_jax(\.|$)")
+  logging.getLogger("transformers").addFilter(_DropChatter())
+  logging.getLogger("absl").setLevel(logging.ERROR)
+
+
 def enable_compilation_cache() -> None:
   """JAX's persistent compilation cache, so re-runs skip XLA compilation (measured: an analysis
   of 128 sentences 16.9 s -> 3.6 s on a 2-core CPU; training restarts skip 12-36 s). Directory:
@@ -134,6 +198,20 @@ def enable_compilation_cache() -> None:
   d = env.get("HEADS_JAX_CACHE_DIR")
   if d.lower() in ("off", "0", "none", ""):
     return
+  if "://" not in d:  # a local directory: made here, so a bad one is named before any work
+    path = os.path.expanduser(d)
+    if os.path.exists(path) and not os.path.isdir(path):
+      raise UserError(f"HEADS_JAX_CACHE_DIR={d} is a file, not a directory: point it at a "
+                      f"directory for the compilation cache, or set HEADS_JAX_CACHE_DIR=off")
+    try:
+      os.makedirs(path, exist_ok=True)
+    except OSError as e:
+      raise UserError(f"HEADS_JAX_CACHE_DIR={d}: cannot create the compilation cache directory "
+                      f"({e.strerror}); point it at a writable directory, or set "
+                      f"HEADS_JAX_CACHE_DIR=off") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+      raise UserError(f"HEADS_JAX_CACHE_DIR={d} is not writable: point it at a writable "
+                      f"directory, or set HEADS_JAX_CACHE_DIR=off")
   import jax  # here, not at the top: `heads-jax --help` and argument errors stay fast
   jax.config.update("jax_compilation_cache_dir", d)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -197,9 +275,11 @@ def main(argv=None) -> int:
   # Rust tokenizer's own thread pool then only adds contention (measured: 1.3-1.6x slower batches).
   env.set_default("TOKENIZERS_PARALLELISM", "false")
   xla_flags.apply()  # before any JAX backend exists (heads_jax/xla_flags.py)
-  enable_compilation_cache()
   debug = getattr(args, "debug", False)
+  if not debug:
+    quiet_console(args.command)
   try:
+    enable_compilation_cache()
     return int(args._main(args) or 0)
   except (UserError, ValueError, OSError, zipfile.BadZipFile) as e:
     message = None if debug else user_message(e)
@@ -209,7 +289,10 @@ def main(argv=None) -> int:
   except KeyboardInterrupt:
     print(f"heads-jax {args.command}: interrupted", file=sys.stderr)
     return 130
-  except Exception as e:  # out of memory on the device or host: say what to change
+  except Exception as e:  # no backend, or out of memory on the device or host: say what to change
+    backend = None if debug else backend_message(e)
+    if backend is not None:
+      return _error(args.command, backend)
     if debug or not (isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e) or "Out of memory" in str(e)):
       raise
     size = getattr(args, "batch_size", None)

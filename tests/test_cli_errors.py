@@ -299,3 +299,41 @@ def test_reproduce_and_demo_refuse_another_jobs_directory(capsys, tmp_path):
     code, err = _run(capsys, "demo", "--out", str(a), "--quick")
     assert code == 2 and len(err.splitlines()) == 1 and f"--out {a} is an analysis directory" in err, err
   assert sorted(p.name for p in a.iterdir()) == ["report.html", "scores.npz"]
+
+
+def _subprocess(argv, **env_vars):
+  import os
+  import subprocess
+  import sys
+  env = {**os.environ, **env_vars}
+  return subprocess.run([sys.executable, "-m", "heads_jax.cli", *argv], capture_output=True,
+                        text=True, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("platform", ["bogus", "tpu"])
+def test_a_platform_jax_cannot_start_is_one_line(platform):
+  """JAX_PLATFORMS naming a platform this host lacks: one line naming it (not JAX's 47-line
+  traceback), exit 2."""
+  import importlib.util
+  if platform == "tpu" and (importlib.util.find_spec("libtpu") or importlib.util.find_spec("libtpu_nightly")):
+    pytest.skip("this host has libtpu")
+  r = _subprocess(["doctor", "--quick", "--no-timing"], JAX_PLATFORMS=platform)
+  assert r.returncode == 2, r.stderr
+  assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+  assert f"JAX_PLATFORMS={platform}" in r.stderr and "unset JAX_PLATFORMS" in r.stderr
+
+
+def test_backend_message_only_for_backend_errors():
+  assert cli.backend_message(RuntimeError("Unable to initialize backend 'x': boom (set JAX_PLATFORMS='' "
+                                          "to automatically choose an available backend)")).count("boom") == 1
+  assert cli.backend_message(RuntimeError("something else")) is None
+  assert cli.backend_message(AssertionError()) is None  # not raised from jax's xla_bridge
+
+
+def test_cache_dir_naming_a_file_is_one_line(capsys, monkeypatch, tmp_path):
+  (tmp_path / "f").write_text("x")
+  monkeypatch.setenv("HEADS_JAX_CACHE_DIR", str(tmp_path / "f"))
+  code, err = _run(capsys, "convert", str(tmp_path / "src"), str(tmp_path / "dst"))
+  assert code == 2 and len(err.splitlines()) == 1
+  assert f"HEADS_JAX_CACHE_DIR={tmp_path / 'f'} is a file" in err and "HEADS_JAX_CACHE_DIR=off" in err
+  assert not (tmp_path / "dst").exists()  # refused before the work
