@@ -73,6 +73,25 @@ def _has_weights(d: Path) -> bool:
   return any(d.glob("model*.safetensors")) or any(d.glob("pytorch_model*.bin"))
 
 
+def answered_by_hub(e: BaseException) -> bool:
+  """Whether a "not found" error is the hub's own answer (its responses carry ``X-Error-Code``)
+  rather than a proxy or firewall refusing the request, which huggingface_hub reports the same
+  way for a 401."""
+  response = getattr(e, "response", None)
+  headers = getattr(response, "headers", None) or {}
+  return any(k.lower() in ("x-error-code", "x-error-message") for k in headers)
+
+
+def _first_line(e: BaseException) -> str:
+  lines = [line for line in str(e).splitlines() if line.strip()]
+  return lines[0].removeprefix("Got: ") if lines else type(e).__name__
+
+
+def no_network(where: str, cache: Path, e: BaseException, repo_id: str) -> str:
+  return (f"model {where}: no local directory of that name, not in the Hugging Face cache "
+          f"{cache}, and no network to fetch it ({_first_line(e)}): {fetch_hint(repo_id)}")
+
+
 def resolve(repo_id: str, revision: str | None = None) -> Path:
   """The local snapshot directory of hub model ``repo_id`` (module docstring); UserError if
   it is not cached and cannot be fetched."""
@@ -96,12 +115,16 @@ def resolve(repo_id: str, revision: str | None = None) -> Path:
     if not _has_weights(snap):
       snap = _snapshot(repo_id, revision, cache, False, CONFIG_PATTERNS + BIN_PATTERNS)
   except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError, EntryNotFoundError) as e:
+    if not answered_by_hub(e):  # e.g. a proxy's bare 401/403: no way to the hub, not a bad id
+      raise UserError(no_network(where, cache, e, repo_id)) from None
     raise UserError(f"model {where}: no local directory of that name, and {type(e).__name__} on "
                     f"the Hugging Face hub (a typo, a private or gated model?)") from None
-  except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as e:
-    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+  except LocalEntryNotFoundError as e:  # the hub could not be reached at all
+    raise UserError(no_network(where, cache, e, repo_id)) from None
+  except (HfHubHTTPError, OSError) as e:
     raise UserError(f"model {where}: no local directory of that name, not in the Hugging Face "
-                    f"cache {cache}, and the download failed ({first}): {fetch_hint(repo_id)}") from None
+                    f"cache {cache}, and the download failed ({_first_line(e)}): "
+                    f"{fetch_hint(repo_id)}") from None
   if not (snap / "config.json").is_file() or not _has_weights(snap):
     raise UserError(f"model {where} on the Hugging Face hub has no config.json with "
                     "safetensors or pytorch_model.bin weights; it is not a model heads_jax loads")

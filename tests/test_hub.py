@@ -89,3 +89,38 @@ def test_what_counts_as_a_repo_id():
     assert not hub.looks_like_repo_id(name)
   with pytest.raises(FileNotFoundError, match="does not exist"):
     hub.model_path("/no/such/dir")
+
+
+def _refused(status, headers):
+  import httpx
+  from huggingface_hub.errors import RepositoryNotFoundError
+  request = httpx.Request("GET", "https://huggingface.co/api/models/org/absent/revision/main")
+  return RepositoryNotFoundError(f"{status} Client Error.", response=httpx.Response(status, headers=headers, request=request))
+
+
+@pytest.mark.parametrize("error, expected", [
+    # no route to the hub at all (DNS, refused connection): huggingface_hub's LocalEntryNotFoundError
+    ("connect", "not in the Hugging Face cache"),
+    # a proxy's bare 401 (no X-Error-Code): huggingface_hub calls it RepositoryNotFoundError
+    ("proxy", "not in the Hugging Face cache"),
+    # the hub itself says the repository does not exist
+    ("hub", "a typo, a private or gated model?"),
+])
+def test_an_online_miss_says_no_network_unless_the_hub_answered(hf_home, monkeypatch, error, expected):
+  from huggingface_hub.errors import LocalEntryNotFoundError
+  monkeypatch.delenv("HF_HUB_OFFLINE")
+  errors = {"connect": LocalEntryNotFoundError("Got: ConnectError: [Errno -2] Name or service not known\n"
+                                               "An error happened while trying to locate the files on the Hub"),
+            "proxy": _refused(401, {}),
+            "hub": _refused(401, {"X-Error-Code": "RepoNotFound"})}
+
+  def snapshot(repo_id, revision, cache, local_only, patterns):
+    raise LocalEntryNotFoundError("not cached") if local_only else errors[error]
+  monkeypatch.setattr(hub, "_snapshot", snapshot)
+  with pytest.raises(UserError) as e:
+    hub.resolve("org/absent")
+  message = str(e.value)
+  assert expected in message and len(message.splitlines()) == 1
+  if error != "hub":
+    assert "no network to fetch it" in message and "typo" not in message
+    assert "hf download org/absent" in message
