@@ -3,7 +3,8 @@
 A head is ``(layer, head)``, both numbered from 0 as in the analysis CSV files. Groups come from
 
 * the head clusters of an analysis (``clusters.csv``: one group per cluster type, Guan et al.
-  2020 Table 2 rows 2-5 and 8-11): ``cluster_groups``; unions of two types (Table 2 rows 6-7:
+  2020 Table 2 rows 2-5 and 8-11; the types as `heads_jax.hoststats.clustering` names them by
+  Guan et al.'s definitions, outlier heads joined to their nearest type): ``cluster_groups``; unions of two types (Table 2 rows 6-7:
   "we further prune two types together with diagonal type always remained",
   guan2020_how_far_does_bert_look_at.txt section 5.1): ``type_union_groups``, ``--by
   cluster-pairs``; every type but one (Table 3 rows 16-19: "ablating all type but remaining one
@@ -31,10 +32,10 @@ import pandas as pd
 
 from heads_jax import contract
 from heads_jax.errors import UserError
+from heads_jax.hoststats.paper import CLUSTER_TYPES as CLUSTER_ORDER  # Guan et al.'s four types
 from heads_jax.hoststats.roles import COARSE_ROLES, UNSKILLED, assignment_array, coarse_roles, role_order
 
 GROUPINGS = ("cluster", "cluster-pairs", "cluster-all-but-one", "role", "layer", "heads")
-CLUSTER_ORDER = ("dense", "diagonal", "dense+vertical", "vertical")
 SEGMENT_PARTS = ("intra", "inter")
 
 
