@@ -169,6 +169,10 @@ ALLOW_CHANGES = "allow_changes"  # --config.allow_changes=true: resume under cha
 # Fields that do not change what a run computes (how it runs, where it stops, what it logs).
 OPERATIONAL = ("allow_changes", "stop_at_step", "distributed", "data.num_workers", "data.prefetch",
                "log_every", "tensorboard", "export", "checkpoint.async_save", "checkpoint.keep")
+# Where the data is read from: not a setting (``TrainingJob.check_data`` compares the data's
+# content on a resume, so the same files under another path resume, other content behind the same
+# path is refused).
+DATA_PATHS = ("data.sources", "data.glue_dir", "squad.train_file", "squad.eval_file")
 # Fields a run can never change: its checkpoints hold this model, trained on this task.
 FIXED = ("task", "model.size", "model.max_position_embeddings", "tokenizer")
 
@@ -212,7 +216,7 @@ def _jsonable(config) -> dict:
 
 
 def _skip(key: str) -> bool:
-  return any(key == f or key.startswith(f + ".") for f in OPERATIONAL)
+  return any(key == f or key.startswith(f + ".") for f in OPERATIONAL + DATA_PATHS)
 
 
 def _kind(d: dict) -> str:
@@ -268,9 +272,14 @@ def check_resume(config, config_file, changes_file, *, resumable: bool) -> dict 
   return changed
 
 
-def record_changes(changes_file, changes: dict, step: int | None = None) -> None:
-  """Appends one record of ``changes`` to ``changes_file`` (JSON lines; a URL is rewritten)."""
+def record_changes(changes_file, changes: dict, step: int | None = None, *,
+                   data: dict | None = None) -> None:
+  """Appends one record of ``changes`` (and of a change of the training ``data``: its identity
+  before and now) to ``changes_file`` (JSON lines; a URL is rewritten)."""
   old = storage.read_text(changes_file) if storage.exists(changes_file) else ""
-  line = json.dumps({"time": _dt.datetime.now().isoformat(timespec="seconds"),
-                     "resumed_at_step": step, "changes": changes}, default=str)
+  record = {"time": _dt.datetime.now().isoformat(timespec="seconds"), "resumed_at_step": step,
+            "changes": changes}
+  if data is not None:
+    record["data"] = data
+  line = json.dumps(record, default=str)
   write_text(changes_file, old + line + "\n")

@@ -42,7 +42,7 @@ from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch
 from heads_jax.training import checkpointing, configlib, steps
-from heads_jax.training.job import TrainingJob
+from heads_jax.training.job import TrainingJob, rows_identity
 
 
 def task_splits(config):
@@ -108,6 +108,7 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
   tokenizer = _tokenizer_for(config)
   train_ex, eval_ex, note = rows if rows is not None else task_splits(config)
   job.create_dir()
+  job.check_data(rows_identity(train=train_ex, eval=eval_ex))  # a resume on other rows: refused
   if job.is_main:
     write_text(job.dir.data_file, json.dumps(note))
   train_arrays = encode_labelled(train_ex, tokenizer, config.data.max_seq_length)

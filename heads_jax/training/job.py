@@ -30,7 +30,10 @@ The settings are checked before any device work (``configlib.check_training_conf
 process gets one line naming the first; released by ``close``) and compares the config with the
 one the run was started with (``configlib.check_resume``: another task or model is refused,
 other changed settings unless ``--config.allow_changes``; ``config.json`` keeps the first
-config, changes are appended to ``config_changes.jsonl``).
+config, changes are appended to ``config_changes.jsonl``). ``check_data`` does the same for the
+training data's content (``data_identity``: the rows of a fine-tuning run, the files of a
+pre-training corpus, through ``heads_jax.runfiles.fingerprint``), kept in ``data_identity.json``:
+a resume on other data is refused unless ``--config.allow_changes``, and the change recorded.
 
 What differs between the jobs (data, losses, what an evaluation computes) stays in
 ``pretrain.py`` and ``finetune.py``.
@@ -38,13 +41,17 @@ What differs between the jobs (data, losses, what an evaluation computes) stays 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import hashlib
+import json
+import os
 import sys
 import weakref
 
 import jax
 
-from heads_jax.storage import display, staged_output
+from heads_jax.storage import display, exists as storage_exists, read_text, staged_output, write_text
 from heads_jax.errors import UserError
 from heads_jax.model.checkpoint import build_model, save_model
 from heads_jax.model.config import config_for
@@ -132,6 +139,37 @@ class TrainingJob:
       self.print(f"resuming with changed settings (recorded in "
                  f"{display(self.dir.config_changes_file)}): " +
                  ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
+
+  def check_data(self, identity: dict) -> None:
+    """Compares ``identity`` (the training data's content: ``{part: digest}``, e.g. from
+    `rows_identity` or `files_identity`) with the one this run was trained on
+    (``data_identity.json``) and writes it. Other data on a resume is refused (one line naming
+    the changed parts) unless ``config.allow_changes``, when the change is appended to
+    ``config_changes.jsonl``. Call it after ``create_dir``, before any device work."""
+    if not self.is_main:
+      return
+    file = self.dir.data_identity_file
+    old = json.loads(read_text(file)) if storage_exists(file) else None
+    if old == identity:
+      return
+    resumable = any(checkpointing.is_orbax_run_dir(d) for d in (self.dir.checkpoints,
+                                                                self.dir.best))
+    if old is not None and resumable and sorted(old.values()) != sorted(identity.values()):
+      changed = [k for k, v in identity.items() if v not in old.values()]
+      changed += [f"{k} (gone)" for k, v in old.items() if v not in identity.values()
+                  and k not in identity]
+      what = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+      if not self.config.get(configlib.ALLOW_CHANGES, False):
+        self.close()
+        raise UserError(f"{self.dir}: this run was trained on other data (changed since: "
+                        f"{what}); resuming would continue on other examples: restore the data, "
+                        f"choose another --workdir, or pass --config.allow_changes=true to resume "
+                        f"on the new data (recorded)")
+      configlib.record_changes(self.dir.config_changes_file, {}, data={"before": old,
+                                                                        "now": identity})
+      self.print(f"resuming on changed data (recorded in {display(self.dir.config_changes_file)}"
+                 f"): {what}")
+    write_text(file, json.dumps(identity, indent=2))
 
   def close(self) -> None:
     """Releases the work directory (the lock of ``create_dir``)."""
@@ -299,6 +337,33 @@ class TrainingJob:
     exports = (self.export(params, tokenizer, "best_model", "best_hf", id2label=id2label)
                if self.is_main else {})
     return exports, best
+
+
+def rows_identity(**parts) -> dict:
+  """``{part: sha256}`` of examples in memory (``part=list of dataclass rows``, e.g.
+  ``train=..., eval=...``): the content a fine-tuning run trains and evaluates on, whatever
+  files or data set they came from."""
+  out = {}
+  for name, rows in parts.items():
+    h = hashlib.sha256()
+    for r in rows:
+      h.update(json.dumps(dataclasses.asdict(r) if dataclasses.is_dataclass(r) else r,
+                          sort_keys=True, default=str).encode())
+      h.update(b"\n")
+    out[name] = f"{len(rows)} rows, sha256 {h.hexdigest()}"
+  return out
+
+
+def files_identity(paths, *, cache=None) -> dict:
+  """``{file: "size, sha256"}`` of local files or folders (every file inside), by
+  ``heads_jax.runfiles.fingerprint``: the same content under another path is the same data (the
+  digests are compared, the names only label a change)."""
+  out = {}
+  for p in map(str, paths):
+    for rel, size, digest in runfiles.fingerprint(p, cache=cache):
+      label = p if os.path.isfile(p) else f"{p.rstrip('/')}/{rel}"
+      out[label] = f"{size} bytes, sha256 {digest}"
+  return out
 
 
 def _no_space(error: BaseException) -> bool:

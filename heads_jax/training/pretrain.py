@@ -17,16 +17,18 @@ run's ``checkpoints`` folder: it takes the parameters, not the optimizer state.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-from heads_jax.data.corpora import make_corpus
+from heads_jax.data.corpora import PreparedCorpus, make_corpus
 from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec
 from heads_jax.storage import local_copy
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch
 from heads_jax.training import loop, steps
-from heads_jax.training.job import TrainingJob
+from heads_jax.training.job import TrainingJob, files_identity
 
 
 def _weights(text: str):
@@ -52,6 +54,21 @@ def build_examples(config, tokenizer, *, eval_split: bool = False) -> Pretrainin
   return PretrainingExamples(corpus, tokenizer, spec, seed=seed)
 
 
+def corpus_identity(corpus, *, cache=None) -> dict:
+  """The content of a corpus (``heads_jax.data.corpora``): its text files' and a prepared
+  corpus's files' digests (``heads_jax.training.job.files_identity``); a TFDS corpus by its name
+  and split (its files are TFDS's)."""
+  out = {}
+  for c in getattr(corpus, "corpora", [corpus]):
+    if isinstance(c, PreparedCorpus):
+      out.update(files_identity([os.path.dirname(c.paths[0])], cache=cache))
+    elif hasattr(c, "paths"):
+      out.update(files_identity(c.paths, cache=cache))
+    else:
+      out[f"tfds:{c.name}"] = f"tfds:{c.name} split {c.split}"
+  return out
+
+
 def train_and_evaluate(config, workdir) -> dict:
   """Pre-trains as ``config`` says, in ``workdir`` (resuming a run found there).
 
@@ -63,6 +80,8 @@ def train_and_evaluate(config, workdir) -> dict:
   job.create_dir()
   tokenizer = load_tokenizer(local_copy(config.tokenizer) if config.tokenizer else None)
   examples = build_examples(config, tokenizer)
+  # a resume on other text is refused; the digests are kept beside a local run (hashed once)
+  job.check_data(corpus_identity(examples.corpus, cache=None if job.dir.is_remote else job.dir.root))
   model = job.init_model("pretraining", tokenizer)
   cfg = model.config
   if config.data.max_seq_length > cfg.max_position_embeddings:

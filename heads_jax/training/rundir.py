@@ -5,6 +5,8 @@
                                                                      (RunDir.config_changes_file)
     workdir/.heads_jax.lock   while a process runs in it (heads_jax.runfiles.WorkdirLock)
     workdir/data.json         fine-tuning: which rows were used      (RunDir.data_file)
+    workdir/data_identity.json  the training data's content (a resume on other data is refused)
+                                                                     (RunDir.data_identity_file)
     workdir/summary.json      fine-tuning: the run's summary         (RunDir.summary_file)
     workdir/metrics.jsonl     train and eval scalars                 (RunDir.metrics_file)
     workdir/tb/               TensorBoard events                     (RunDir.tensorboard_dir)
@@ -62,6 +64,10 @@ class RunDir:
   @property
   def data_file(self) -> epath.Path:
     return self.root / "data.json"
+
+  @property
+  def data_identity_file(self) -> epath.Path:
+    return self.root / "data_identity.json"
 
   @property
   def summary_file(self) -> epath.Path:

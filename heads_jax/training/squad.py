@@ -42,7 +42,7 @@ from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch
 from heads_jax.storage import local_copy, staged_output
 from heads_jax.training import checkpointing, steps
-from heads_jax.training.job import TrainingJob
+from heads_jax.training.job import TrainingJob, rows_identity
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -203,6 +203,7 @@ def train_and_evaluate(config, workdir, tokenizer) -> dict:
     raise UserError(f"squad.version must be one of {sq.VERSIONS}, got {s.version!r}")
   train_ex, eval_ex, note = load_squad_splits(config)
   job.create_dir()
+  job.check_data(rows_identity(train=train_ex, eval=eval_ex))  # a resume on other data: refused
   model = job.init_model("question-answering", tokenizer)
   model.config.check_max_length(config.data.max_seq_length)  # before encoding any data
   t0 = time.perf_counter()
