@@ -17,9 +17,13 @@ table and the quoted sentence, how this run's value is computed (``measure``) an
 rule (``rule``). DESIGN.md section 3 ("Verdicts") lists the rules; `evaluate` applies them to a
 run's analyses (`RunFigures`, built by `heads_jax.report.reproduce`).
 
-Verdicts: `HOLDS`, `FAILS` ("does not hold") or `NOT_COMPUTABLE` ("not computable here", with
-the reason). Numbers hold when this run's value is within the claim's ``tolerance`` of the
-paper's; statements by their written rule.
+Verdicts: `HOLDS`, `FAILS` ("does not hold"), `NOT_COMPUTABLE` ("not computable here", with
+the reason) or `NOT_COMPARABLE` (Guan et al.'s claims outside their setting: a GLUE run of other
+models, or their numbers on another SQuAD model; the value is shown). Shares hold when the
+paper's value lies in the 95% Wilson interval of this run's share over its heads / tests /
+questions (``interval="wilson"``, `wilson_interval`); other numbers when within the claim's
+``tolerance``; statements by their written rule, each of which a constructed run can fail
+(tests/hoststats/test_paper_rules.py). EM and F1 are in percent, as the papers print them.
 
 Layers. The papers number layers from 0 (Pande et al.: "block heads are prevalent in the zeroth
 layer"); their layer ranges are BERT-base's 12 layers. For a model with L layers a layer range
