@@ -114,24 +114,69 @@ def parse_spec(spec: str) -> DataSpec:
   raise _bad(spec, f"unknown kind {kind!r}")
 
 
+_SQUAD_VERSIONS = {"squad": ("v1", "v2", "v1.1", "v2.0", "1.1", "2.0"),
+                   "squad-tfds": ("v1.1", "v2.0", "v1", "v2", "1.1", "2.0")}
+_OPTION = re.compile(r"([A-Za-z_]+)=(.*)")
+_VERSION_LIKE = re.compile(r"v?\d+(\.\d+)*")
+
+
+def _squad_option(spec: str, part: str, opts: dict) -> None:
+  """Reads ``n=N`` / ``seed=S`` into ``opts``; a bad value or another key is named."""
+  key, value = _OPTION.fullmatch(part).groups()
+  if key not in ("n", "seed"):
+    raise _bad(spec, f"unknown option {part!r}: a SQuAD spec takes n=N (questions to sample) and "
+                     f"seed=S (the sampling seed)")
+  if key in opts:
+    raise _bad(spec, f"{key}= is given twice")
+  if not re.fullmatch(r"[+-]?\d+", value.strip()):
+    raise _bad(spec, f"{part!r}: {key} must be a whole number, e.g. "
+                     f"{'n=1000' if key == 'n' else 'seed=0'}")
+  number = int(value)
+  if key == "n" and number < 1:
+    raise _bad(spec, f"{part!r}: n is the number of questions to sample and must be at least 1 "
+                     f"(leave n= out to read every question)")
+  if key == "seed" and number < 0:
+    raise _bad(spec, f"{part!r}: seed must be 0 or more")
+  opts[key] = number
+
+
 def _squad_spec(spec: str, kind: str, body: str) -> DataSpec:
+  """``squad:FILE[:v1|v2][:n=N][:seed=S]`` or ``squad-tfds:[v1.1|v2.0][:SPLIT][:n=N][:seed=S]``:
+  options are read from the end (a file name may hold ``:``); a bad ``n=``, ``seed=``, version or
+  unknown option is named, never taken for part of the file name."""
   parts = body.split(":") if body else []
-  opts, keep = {"seed": 0}, []
-  for i, part in enumerate(parts):
-    m = re.fullmatch(r"(n|seed)=(\d+)", part)
-    if m:
-      opts[m.group(1)] = int(m.group(2))
-    elif part in ("v1", "v2", "v1.1", "v2.0") and (kind == "squad-tfds" or i > 0):
-      opts["version"] = squad._version_of(part, "v1")
-    else:
-      keep.append(part)
+  opts: dict = {}
+  rest = list(parts)
+
+  def version(part: str) -> bool:
+    if not (part in _SQUAD_VERSIONS[kind] or _VERSION_LIKE.fullmatch(part)):
+      return False
+    if part not in _SQUAD_VERSIONS[kind]:
+      raise _bad(spec, f"SQuAD version {part!r} is not one of "
+                       f"{', '.join(_SQUAD_VERSIONS[kind][:2])}")
+    if "version" in opts:
+      raise _bad(spec, "the SQuAD version is given twice")
+    opts["version"] = squad._version_of(part, "v1")
+    return True
+
+  first_option = 0 if kind == "squad-tfds" else 1  # squad: the first part is the file
+  while len(rest) > first_option and (_OPTION.fullmatch(rest[-1]) or version(rest[-1])):
+    if _OPTION.fullmatch(rest[-1]):
+      _squad_option(spec, rest[-1], opts)
+    rest.pop()
+  if kind == "squad-tfds" and rest and version(rest[0]):  # [v1.1|v2.0] before the split
+    rest.pop(0)
   if kind == "squad-tfds":
-    if len(keep) > 1:
-      raise _bad(spec, "squad-tfds takes [v1.1|v2.0][:SPLIT][:n=N][:seed=S]")
-    return DataSpec(spec, kind, None, None, keep[0] if keep else "validation",
-                    version=opts.get("version", "v1"), sample=opts.get("n"), seed=opts["seed"])
-  return DataSpec(spec, kind, _existing_file(spec, ":".join(keep)), version=opts.get("version"),
-                  sample=opts.get("n"), seed=opts["seed"])
+    if len(rest) > 1:
+      raise _bad(spec, f"squad-tfds takes [v1.1|v2.0][:SPLIT][:n=N][:seed=S], not "
+                       f"{':'.join(rest)!r}")
+    return DataSpec(spec, kind, None, None, rest[0] if rest else "validation",
+                    version=opts.get("version", "v1"), sample=opts.get("n"),
+                    seed=opts.get("seed", 0))
+  if not rest or not rest[0]:
+    raise _bad(spec, "no SQuAD file given")
+  return DataSpec(spec, kind, _existing_file(spec, ":".join(rest)), version=opts.get("version"),
+                  sample=opts.get("n"), seed=opts.get("seed", 0))
 
 
 @dataclasses.dataclass
@@ -179,12 +224,16 @@ def load_spec(spec: str | DataSpec, max_examples: int | None = None) -> Dataset:
     examples = glue.load_glue_tsv(ds.path, ds.task, ds.split, max_examples)
     return Dataset(ds, examples, False, glue.TASKS[ds.task].is_pair, f"{ds.task}:{ds.split}")
   if ds.kind in ("squad", "squad-tfds"):
+    report: dict = {}
     if ds.kind == "squad":
-      examples = squad.read_squad_json(ds.path, ds.version)
+      examples = squad.read_squad_json(ds.path, ds.version, report=report)
     else:
       examples = squad.read_squad_tfds(ds.version, ds.split)
+    dropped = report.get("unanswerable_dropped", 0)
+    warn = (f"{ds.spec}: read as v1: {dropped} of {dropped + len(examples)} questions "
+            f"(unanswerable, SQuAD v2.0) left out; :v2 keeps them",) if dropped else ()
     examples = squad.sample_examples(examples, ds.sample, ds.seed)[:max_examples]
-    return Dataset(ds, examples, False, True, ds.spec)
+    return Dataset(ds, examples, False, True, ds.spec, warn)
   if ds.kind == "tsv":
     examples = text.load_tsv(ds.path, ds.header, max_examples)
     labels = text.label_column(examples)

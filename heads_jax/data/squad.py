@@ -91,7 +91,15 @@ def _version_of(arg: str | None, default: str) -> str:
 def _checked_answers(where: str, qid: str, context: str, answers) -> tuple[Answer, ...]:
   out = []
   for a in answers:
-    text, start = str(a["text"]), int(a["answer_start"])
+    text, start = str(a["text"]), a["answer_start"]
+    try:
+      start = int(start)
+      if isinstance(a["answer_start"], (bool, float)) and start != a["answer_start"]:
+        raise ValueError
+    except (TypeError, ValueError):
+      raise UserError(f"{where}: question {qid}: answer {text!r} has answer_start "
+                      f"{a['answer_start']!r}, not a character offset (a whole number); fix the "
+                      f"file") from None
     if context[start:start + len(text)] != text:
       raise UserError(f"{where}: question {qid}: answer {text!r} does not match the context at its "
                       f"answer_start {start} (the context has {context[start:start + len(text)]!r} "
@@ -100,16 +108,26 @@ def _checked_answers(where: str, qid: str, context: str, answers) -> tuple[Answe
   return tuple(out)
 
 
-def _keep(examples: list[SquadExample], version: str, max_examples: int | None):
+def _keep(examples: list[SquadExample], version: str, max_examples: int | None, where,
+          report: dict | None = None):
   if version == "v1":
-    examples = [e for e in examples if not e.is_impossible]
+    kept = [e for e in examples if not e.is_impossible]
+    if not kept:
+      raise UserError(f"{where}: all {len(examples)} questions are unanswerable (SQuAD v2.0 "
+                      f"is_impossible) and v1 keeps only answerable ones: read it as v2 "
+                      f"(squad:FILE:v2, squad.version=v2)")
+    if report is not None:
+      report["unanswerable_dropped"] = len(examples) - len(kept)
+    examples = kept
   return examples if max_examples is None else examples[:max_examples]
 
 
 def read_squad_json(path, version: str | None = None,
-                    max_examples: int | None = None) -> list[SquadExample]:
+                    max_examples: int | None = None, *, report: dict | None = None) -> list[SquadExample]:
   """The questions of an official SQuAD JSON file (v1.1 or v2.0 layout), in file order (see the
-  module docstring for ``version``)."""
+  module docstring for ``version``). Read as v1, a file of unanswerable questions only is a
+  ``UserError`` saying so; ``report`` (a dict) gets ``unanswerable_dropped``, how many v1 left
+  out."""
   path = Path(path)
   try:
     with open(path, encoding="utf-8") as f:
@@ -145,7 +163,7 @@ def read_squad_json(path, version: str | None = None,
                     f"{_LAYOUT}") from None
   if not examples:
     raise UserError(f"{path} holds no questions; expected {_LAYOUT}")
-  return _keep(examples, _version_of(version, file_version), max_examples)
+  return _keep(examples, _version_of(version, file_version), max_examples, path, report)
 
 
 def _as_str(value) -> str:

@@ -25,9 +25,37 @@ def _check(path) -> Path:
   return path
 
 
+# Byte-order marks, longest first (UTF-32 LE starts with UTF-16 LE's).
+_BOMS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"),
+         (b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
+def text_encoding(path) -> str:
+  """The encoding to read a text file with: UTF-16 or UTF-32 when it starts with that byte-order
+  mark (Windows editors write UTF-16 so), else UTF-8 (a UTF-8 mark skipped)."""
+  with open(path, "rb") as f:
+    head = f.read(4)
+  for bom, encoding in _BOMS:
+    if head.startswith(bom):
+      return encoding
+  return "utf-8-sig"
+
+
+def _not_text(path, encoding: str):
+  """The error for a file that failed to decode: as UTF-8, `not_utf8` (where and how to convert);
+  as the UTF-16/32 its byte-order mark says, that it is not such text after all."""
+  if encoding.startswith("utf-8"):
+    return not_utf8(path)
+  from heads_jax.errors import UserError
+  name = encoding.upper()
+  return UserError(f"{path}: starts with a {name} byte-order mark but is not {name} text; convert "
+                   f"the file to UTF-8 (e.g. iconv -f {name} -t UTF-8 IN > OUT)")
+
+
 def read_text(path, max_examples: int | None = None, unit: str = "line") -> Iterator[TextExample]:
-  """Yields the texts of a UTF-8 file; blank lines are skipped, surrounding whitespace stripped.
-  A file that is not UTF-8 raises a UserError naming the file and the line.
+  """Yields the texts of a UTF-8 file (or UTF-16/32 with its byte-order mark: `text_encoding`);
+  blank lines are skipped, surrounding whitespace stripped. A file that is not UTF-8 raises a
+  UserError naming the file and the line.
 
   ``unit="line"``: one example per non-blank line (one sentence per line).
   ``unit="paragraph"``: one example per block of non-blank lines (blank-line separated, as the
@@ -38,8 +66,9 @@ def read_text(path, max_examples: int | None = None, unit: str = "line") -> Iter
   if max_examples is not None and max_examples <= 0:
     return
   count = 0
+  encoding = text_encoding(_check(path))
   try:
-    with open(_check(path), encoding="utf-8-sig") as f:
+    with open(path, encoding=encoding) as f:
       block = []
       for line in f:
         line = line.strip()
@@ -58,8 +87,8 @@ def read_text(path, max_examples: int | None = None, unit: str = "line") -> Iter
           return
       if block:
         yield TextExample(" ".join(block), None, count)
-  except UnicodeDecodeError:
-    raise not_utf8(path) from None
+  except UnicodeError:
+    raise _not_text(path, encoding) from None
 
 
 def load_text(path, max_examples: int | None = None, unit: str = "line") -> list[TextExample]:
@@ -68,22 +97,24 @@ def load_text(path, max_examples: int | None = None, unit: str = "line") -> list
 
 
 def load_tsv(path, header: bool = False, max_examples: int | None = None) -> list[TextExample]:
-  """A TSV of single sentences (1 column) or sentence pairs (2 columns), no quoting.
+  """A TSV of single sentences (1 column) or sentence pairs (2 columns), no quoting; UTF-8, or
+  UTF-16/32 with its byte-order mark.
 
   With ``header=True`` the first line is a header and is skipped. Every row must have the
   same number of columns (1 or 2); blank lines are skipped. A bad row raises ValueError with
   file and line, a file that is not UTF-8 a UserError with file and line.
   """
   csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+  encoding = text_encoding(_check(path))
   try:
-    return _read_tsv(path, header, max_examples)
-  except UnicodeDecodeError:
-    raise not_utf8(path) from None
+    return _read_tsv(path, header, max_examples, encoding)
+  except UnicodeError:
+    raise _not_text(path, encoding) from None
 
 
-def _read_tsv(path, header: bool, max_examples: int | None) -> list[TextExample]:
+def _read_tsv(path, header: bool, max_examples: int | None, encoding: str) -> list[TextExample]:
   examples, ncols = [], None
-  with open(_check(path), encoding="utf-8-sig", newline="") as f:
+  with open(path, encoding=encoding, newline="") as f:
     reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
     for lineno, row in enumerate(reader, 1):
       if header and lineno == 1:

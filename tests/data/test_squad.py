@@ -257,3 +257,55 @@ def test_analysis_encodes_question_then_context(tok):
     q = tok(ex[i].question, add_special_tokens=False)["input_ids"]
     assert b["input_ids"][row, 1:1 + len(q)].tolist() == q     # the question first
     assert b["token_type_ids"][row, :len(q) + 2].sum() == 0 and b["token_type_ids"][row, len(q) + 2] == 1
+
+
+@pytest.mark.parametrize("suffix,message", [
+    (":n=abc", "'n=abc': n must be a whole number, e.g. n=1000"),
+    (":v3", "SQuAD version 'v3' is not one of v1, v2"),
+    (":seed=-1", "'seed=-1': seed must be 0 or more"),
+    (":v1:n=0", "'n=0': n is the number of questions to sample and must be at least 1"),
+    (":n=5:samples=0", "unknown option 'samples=0': a SQuAD spec takes n=N"),
+    (":v1:v2", "the SQuAD version is given twice"),
+])
+def test_bad_spec_values_are_named_not_taken_for_the_file(tmp_path, suffix, message):
+  f = _write(tmp_path, _doc([_qa("q1", "Where is Normandy?", "France")]))
+  with pytest.raises(ValueError) as e:
+    parse_spec(f"squad:{f}{suffix}")
+  text = str(e.value)
+  assert text.startswith(f"data spec 'squad:{f}{suffix}': {message}"), text
+  assert "does not exist" not in text and "\n" not in text
+  with pytest.raises(ValueError, match="SQuAD version 'v3' is not one of v1.1, v2.0"):
+    parse_spec("squad-tfds:v3:train")
+  with pytest.raises(ValueError, match="'n=-2': n is the number of questions"):
+    parse_spec("squad-tfds:v2.0:train:n=-2")
+  t = parse_spec("squad-tfds:v2.0:train:n=7:seed=3")
+  assert (t.version, t.split, t.sample, t.seed) == ("v2", "train", 7, 3)
+  d = parse_spec(f"squad:{f}:2.0:seed=4:n=2")  # options in any order
+  assert (d.path, d.version, d.sample, d.seed) == (f, "v2", 2, 4)
+
+
+def test_unanswerable_questions_left_out_by_v1_are_counted(tmp_path):
+  none = {"id": "x", "question": "When?", "answers": [], "is_impossible": True}
+  only = _write(tmp_path, _doc([none, dict(none, id="y")], version="v2.0"), "only.json")
+  with pytest.raises(UserError) as e:
+    load_spec(f"squad:{only}:v1")
+  assert str(e.value) == (f"{only}: all 2 questions are unanswerable (SQuAD v2.0 is_impossible) "
+                          f"and v1 keeps only answerable ones: read it as v2 (squad:FILE:v2, "
+                          f"squad.version=v2)")
+  assert len(load_spec(f"squad:{only}").examples) == 2  # the file's version: v2
+  mixed = _write(tmp_path, _doc([_qa("a", "Who?", "Norse raiders"), none], version="v2.0"))
+  ds = load_spec(f"squad:{mixed}:v1")
+  assert [e.qid for e in ds.examples] == ["a"]
+  assert ds.warnings == (f"squad:{mixed}:v1: read as v1: 1 of 2 questions (unanswerable, SQuAD "
+                         f"v2.0) left out; :v2 keeps them",)
+  assert load_spec(f"squad:{mixed}:v2").warnings == ()
+
+
+@pytest.mark.parametrize("start", ["abc", None, 3.5, [1]])
+def test_an_answer_start_that_is_no_offset_is_named(tmp_path, start):
+  doc = _doc([{"id": "q7", "question": "Where?", "answers": [{"text": "France",
+                                                                "answer_start": start}]}])
+  with pytest.raises(UserError) as e:
+    sq.read_squad_json(_write(tmp_path, doc))
+  assert str(e.value) == (f"{tmp_path / 's.json'}: question q7: answer 'France' has answer_start "
+                          f"{start!r}, not a character offset (a whole number); fix the file")

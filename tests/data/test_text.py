@@ -67,3 +67,26 @@ def test_label_column_of_a_pair_tsv(tmp_path):
   assert label_column(pairs) is None
   assert label_column([TextExample("only a", None, 0)]) is None
   assert label_column(words[:2]) is None  # two rows of one word each: too few to tell
+
+
+@pytest.mark.parametrize("encoding,bom", [("utf-16-le", b"\xff\xfe"), ("utf-16-be", b"\xfe\xff"),
+                                          ("utf-32-le", b"\xff\xfe\x00\x00"),
+                                          ("utf-32-be", b"\x00\x00\xfe\xff"),
+                                          ("utf-8", b"\xef\xbb\xbf")])
+def test_a_utf16_or_utf32_file_is_read_by_its_byte_order_mark(tmp_path, encoding, bom):
+  text = "Héllo wörld, naïve café.\n\nSecond line – ok.\n"
+  (tmp_path / "s.txt").write_bytes(bom + text.encode(encoding))
+  assert load_text(tmp_path / "s.txt") == [TextExample("Héllo wörld, naïve café.", None, 0),
+                                           TextExample("Second line – ok.", None, 1)]
+  (tmp_path / "p.tsv").write_bytes(bom + "a b\tc d\nç\té\n".encode(encoding))
+  assert load_tsv(tmp_path / "p.tsv") == [TextExample("a b", "c d", 0), TextExample("ç", "é", 1)]
+
+
+def test_a_byte_order_mark_over_other_bytes_says_what_it_is(tmp_path):
+  from heads_jax.errors import UserError
+  (tmp_path / "s.txt").write_bytes(b"\xff\xfeA\x00\x00\xd8")  # a lone UTF-16 surrogate
+  with pytest.raises(UserError) as e:
+    load_text(tmp_path / "s.txt")
+  assert str(e.value) == (f"{tmp_path / 's.txt'}: starts with a UTF-16 byte-order mark but is not "
+                          f"UTF-16 text; convert the file to UTF-8 (e.g. iconv -f UTF-16 -t UTF-8 "
+                          f"IN > OUT)")
