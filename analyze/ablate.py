@@ -72,6 +72,10 @@ def add_args(p):
   p.add_argument("--batch-size", type=int, default=64, help="examples per device step (default 64)")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="compute dtype override")
   p.add_argument("--title", default=None, help="report title")
+  p.add_argument("--redo", default=None, metavar="STAGE",
+                 help="rerun a stage and what reads it although its inputs did not change: baseline, "
+                      "ablation, segment_ablation, importance, pruning, paper_tables, report, or all "
+                      "(default: a rerun reuses every part whose inputs and settings are unchanged)")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -88,4 +92,4 @@ def main(args):
   from heads_jax.pipelines.ablate import run_ablation
   if args.by is not None and args.by not in GROUPINGS:
     raise UserError(f"--by {args.by}: choose one of {', '.join(GROUPINGS)}")
-  run_ablation(to_config(args))
+  run_ablation(to_config(args), redo=args.redo)

@@ -22,6 +22,9 @@ def add_args(p):
   p.add_argument("--max-examples", type=int, default=500,
                  help="sequences for the attention similarity (default 500)")
   p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
+  p.add_argument("--redo", default=None, metavar="STAGE",
+                 help="rerun a stage and what reads it although its inputs did not change: "
+                      "comparison, similarity, report, or all (default: a rerun reuses what is done)")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -29,4 +32,4 @@ def main(args):
   from heads_jax.pipelines.compare import run_compare
   run_compare(args.before, args.after, args.out, title=args.title,
               before_model=args.before_model, after_model=args.after_model, data=args.data,
-              max_examples=args.max_examples, max_length=args.max_length)
+              max_examples=args.max_examples, max_length=args.max_length, redo=args.redo)

@@ -21,6 +21,9 @@ def add_args(p):
   p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
   p.add_argument("--batch-size", type=int, default=32, help="sequences per device step (default 32)")
   p.add_argument("--roles", default=None, help="comma-separated roles (default: all)")
+  p.add_argument("--redo", default=None, metavar="STAGE",
+                 help="rerun a stage and what reads it: checkpoints (every checkpoint again), table, "
+                      "or all (default: a rerun analyses only checkpoints not analysed before)")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -30,4 +33,5 @@ def main(args):
   out = args.out or f"{args.run.rstrip('/')}/trajectory"
   run_trajectory(args.run, out, data=tuple(args.data or ("ud-ewt", "mrpc")),
                  max_examples=args.max_examples, max_length=args.max_length,
-                 batch_size=args.batch_size, roles=tuple(r for r in (args.roles or ",".join(ROLES)).split(",") if r))
+                 batch_size=args.batch_size, roles=tuple(r for r in (args.roles or ",".join(ROLES)).split(",") if r),
+                 redo=args.redo)

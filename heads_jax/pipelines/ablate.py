@@ -7,25 +7,37 @@ computes head importance and the pruning curve (--importance, --prune; Michel et
 Each ablation is compared with random groups of the same size. Writes into --out: ablation.csv,
 segment_ablation.csv, importance.csv, pruning.csv, pruning_summary.csv, ablation.json,
 figures/*.png and report.html.
+
+On the stage engine (`heads_jax.pipelines.engine`): the unablated ``baseline``, then one stage
+per sub-job asked for (`SUB_JOBS`), then the ``report``; each is keyed by the content of what it
+reads (the model's files, the data's, the analysis files its groups come from) and its own
+settings, so a rerun with the same inputs reuses every part, a changed input or setting reruns
+the parts that read it, and ``redo=STAGE`` (``--redo``) reruns one and what reads it. The run
+directory is locked while the job runs and says what it is (`runfiles.claim_dir`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 
-from heads_jax import runfiles
+from heads_jax import contract, runfiles
 from heads_jax.ablation.guan import paper_tables
 from heads_jax.ablation import ablate, causal, evaluate, groups as groups_lib, importance as imp_lib, pruning
+from heads_jax.data import glue
+from heads_jax.data.specs import parse_spec
 from heads_jax.errors import UserError
+from heads_jax.pipelines import engine
+from heads_jax.pipelines.keys import unit_key
 from heads_jax.report import ablation as rep
-from heads_jax.report.robustness import causal_html
-from heads_jax.report.figures import guan, michel
-from heads_jax.report.page import table_html, write_page
+from heads_jax.report.page import write_page
+from heads_jax.training.rundir import RunDir
 
 
 @dataclasses.dataclass
@@ -64,21 +76,113 @@ class AblationConfig:
   title: str | None = None
 
 
+def check_config(config: AblationConfig) -> None:
+  """Refuses (UserError, one line naming the flag) a count or an option that is out of range or
+  would be ignored, before anything is loaded or written."""
+  if not (config.by or config.cross or config.importance or config.prune or config.paper_tables):
+    raise UserError("nothing to do: ask for --by cluster|role|layer|heads, --cross intra|inter|both, "
+                    "--importance and/or --prune")
+  counts = {"--random-groups": (config.random_groups, 0), "--random-seeds": (config.random_seeds, 0),
+            "--seed": (config.seed, 0), "--max-examples": (config.max_examples, 1),
+            "--max-length": (config.max_length, 8), "--doc-stride": (config.doc_stride, 1),
+            "--batch-size": (config.batch_size, 1)}
+  for flag, (value, least) in counts.items():
+    if value is None and flag == "--max-examples":
+      continue
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+      raise UserError(f"{flag} {value}: give a whole number of at least {least}"
+                      + (" (0: no causal test)" if flag == "--random-groups" else ""))
+  for flag, value in (("--prune-step", config.prune_step), ("--prune-max", config.prune_max)):
+    if not (isinstance(value, (int, float)) and 0 < value <= 1):
+      raise UserError(f"{flag} {value}: give a share of the heads, above 0 and at most 1")
+  if config.mode != "remove" and not config.by:
+    raise UserError(f"--mode {config.mode} applies to the groups of --by; --cross removes the "
+                    "intra- or inter-sentence attention itself and --importance/--prune gate heads "
+                    "to 0, so the mode would be ignored: drop --mode or add --by")
+
+
+def _task_name(config: AblationConfig) -> str:
+  """The task of the evaluation data, from the spec alone (nothing loaded)."""
+  if evaluate.is_squad_spec(config.data):
+    return evaluate.SquadTask().name
+  try:
+    spec = parse_spec(config.data)
+  except ValueError as e:
+    raise UserError(str(e)) from None
+  return config.task or spec.task or "?"
+
+
+def _analysis_files(ctx: engine.Context, config: AblationConfig) -> object:
+  """The content identity of the analysis files the groups are read from."""
+  if not config.analysis:
+    return None
+  folder = Path(config.analysis)
+  return {name: ctx.files(folder / name)
+          for name in (contract.CLUSTERS_CSV, contract.TESTS_CSV) if (folder / name).is_file()}
+
+
+def _same_model(analysed, model) -> bool | None:
+  """Whether an analysis's run-file model key ``analysed`` is the identity of ``model``
+  (`runfiles.model_identity`); None when it cannot tell (a key of an older form)."""
+  if isinstance(analysed, str):   # a URL
+    analysed = {"url": analysed}
+  elif isinstance(analysed, list):   # [[file, size, hash]] of a local model
+    analysed = {"files": analysed}
+  files = analysed.get("files") if isinstance(analysed, dict) else None
+  if files and not all(isinstance(f, list) and len(f) == 3 and isinstance(f[2], str)
+                       for f in files):
+    return None   # size and mtime (before content keys): says nothing of another copy
+  return runfiles.canonical(analysed) == runfiles.canonical(runfiles.model_identity(model))
+
+
+def check_analysis_model(config: AblationConfig, log=print) -> None:
+  """Refuses (UserError) an ``--analysis`` directory whose run file says it analysed another
+  model than ``--model`` (its roles or cluster types would be that model's); one line when the
+  directory does not say which model it analysed."""
+  if not config.analysis:
+    return
+  folder = Path(config.analysis)
+  if not folder.is_dir():
+    raise UserError(f"--analysis {folder} is not a directory: give the output directory of "
+                    "`heads-jax analyze` on this model")
+  try:
+    run = contract.read_run(folder)
+  except ValueError as e:
+    raise UserError(f"--analysis {folder}: {e}") from None
+  analysed = ((run or {}).get("inputs") or {}).get("model")
+  same = None if analysed is None else _same_model(analysed, config.model)
+  if same is None:
+    log(f"note: --analysis {folder} does not record which model it analysed (no content key "
+        f"of the model in its {contract.RUN_FILE}); make sure it is an analysis of {config.model}")
+    return
+  if not same:
+    model = (run.get("device") or {}).get("model")
+    raise UserError(f"--analysis {folder} is an analysis of another model"
+                    + (f" ({model})" if model else "") + f" than --model {config.model} (the "
+                    "model files differ): its groups would be that model's heads; analyse this "
+                    f"model (`heads-jax analyze --model {config.model} --out DIR`) and pass that DIR")
+
+
 @dataclasses.dataclass
 class AblationRun:
-  """What the sub-jobs share: the config, the evaluator of the unablated model and its scores,
-  the report's settings, and the importance estimator (set by the importance sub-job, read by
-  pruning)."""
+  """What the sub-jobs share: the config, the model, data and evaluator (loaded when a part
+  first needs them: a rerun that reuses every part loads nothing), the unablated scores, and
+  the importance estimator (made by importance, read by pruning)."""
   config: AblationConfig
-  model: object
-  tokenizer: object
-  data: evaluate.EvalData
-  ev: evaluate.Evaluator
-  base: dict
-  settings: dict
-  fig_dir: Path
   log: Callable[[str], None]
-  estimator: object = None
+  base: dict | None = None
+  _loaded: tuple | None = None
+  _estimator: object = None
+
+  def _load(self):
+    if self._loaded is None:
+      self._loaded = _load(self.config)
+    return self._loaded
+
+  model = property(lambda self: self._load()[0])
+  tokenizer = property(lambda self: self._load()[1])
+  data = property(lambda self: self._load()[2])
+  ev = property(lambda self: self._load()[3])
 
   @property
   def metrics(self) -> tuple[str, ...]:
@@ -90,17 +194,36 @@ class AblationRun:
     return ["group", "num_heads", "ablation"] + [c for m in self.metrics for c in (
         m, f"{m}_change", f"random_{m}_change")]
 
+  @property
+  def estimator(self):
+    """The head-importance estimator of the config (on --importance-data when given)."""
+    if self._estimator is None:
+      config, src = self.config, self.ev
+      if config.importance_data:
+        idata = evaluate.load_eval_data(config.importance_data, self.tokenizer,
+                                        task=self.data.task.name, max_length=config.max_length,
+                                        max_examples=config.max_examples)
+        src = evaluate.Evaluator(self.model, idata, batch_size=config.batch_size, mesh=self.ev.mesh)
+      self._estimator = imp_lib.ImportanceEstimator(
+          src, per_example=not config.importance_per_batch, normalize_layers=config.layer_norm)
+    return self._estimator
+
 
 @dataclasses.dataclass
 class SubResult:
   """One sub-job's result: its tables (``{file stem: table}``, written as CSV; the first is the
-  one ``files`` lists), arrays (``{file stem: array}``, .npy), the report section, what goes into
-  ablation.json under the sub-job's name, and the lines it logs."""
+  one ``files`` lists), arrays (``{file stem: array}``, .npy), what goes into ablation.json under
+  the sub-job's name, what its report section needs beyond its tables (``notes``), and the lines
+  it logs."""
   tables: dict
-  section: dict
   record: object
   log_lines: list
   arrays: dict = dataclasses.field(default_factory=dict)
+  notes: dict = dataclasses.field(default_factory=dict)
+
+
+def _records(table: pd.DataFrame) -> list:
+  return json.loads(table.to_json(orient="records"))
 
 
 def _by_groups(run: AblationRun) -> SubResult:
@@ -109,13 +232,6 @@ def _by_groups(run: AblationRun) -> SubResult:
                                   heads=config.heads, role_level=config.role_level)
   table = ablate.ablate_groups(run.ev, groups, mode=config.mode, random_seeds=config.random_seeds,
                                seed=config.seed, base=run.base, log=run.log)
-  fig = guan.plot_group_ablation(table, run.fig_dir / "ablation.png", metric=run.metrics[0])
-  how = {"remove": "removed (gate 0)", "uniform": "given uniform attention over the real tokens",
-         "mean": "replaced by their mean output over the data"}[config.mode]
-  note = (f"Heads {how}; "
-          f"groups by {config.by}" + (f" from {config.analysis}" if config.analysis else "") + ".")
-  run.settings.update({"grouping": config.by, "ablation mode": config.mode})
-  section = rep.ablation_section(table, fig, title=f"Ablation by {config.by}", note=note)
   tables, lines = {"ablation": table}, [f"\nablation by {config.by} ({config.mode}):",
                                         _table_text(table, run.shown)]
   if config.by == "role" and config.random_groups > 0:  # issue 26: the causal test of each role
@@ -123,11 +239,10 @@ def _by_groups(run: AblationRun) -> SubResult:
                                [g for g in groups if len(g)], random_groups=config.random_groups,
                                metric=run.metrics[0], seed=config.seed, base=run.base, log=run.log)
     tables["causal"] = test
-    section["html"] += causal_html(test, run.fig_dir)
     lines += ["\ncausal test (role vs random groups of the same layers):",
               _table_text(test, ["group", "num_heads", "layers", "change", "random_mean_change",
                                  "rank", "p_value"])]
-  return SubResult(tables, section, table.to_dict(orient="records"), lines)
+  return SubResult(tables, _records(table), lines)
 
 
 def _cross_groups(run: AblationRun) -> list:
@@ -157,41 +272,26 @@ def _segments(run: AblationRun) -> SubResult:
   table = ablate.ablate_segments(run.ev, cgroups, parts=parts, renormalise=config.renormalise,
                                  random_seeds=config.random_seeds, seed=config.seed, base=run.base,
                                  log=run.log)
-  fig = guan.plot_segment_ablation(table, run.fig_dir / "segment_ablation.png",
-                                   metric=run.metrics[0])
-  run.settings["intra/inter rows renormalised"] = bool(config.renormalise)
-  return SubResult({"segment_ablation": table},
-                   rep.segment_section(table, fig, metric=run.metrics[0]),
-                   table.to_dict(orient="records"),
-                   ["\nintra/inter-sentence attention removed ("
-                    f"{'rows renormalised' if config.renormalise else 'rows not renormalised: Guan et al. do not say; heads_jax default'}):",
+  how = ("rows renormalised" if config.renormalise else
+         "rows not renormalised: Guan et al. do not say; heads_jax default")
+  return SubResult({"segment_ablation": table}, _records(table),
+                   [f"\nintra/inter-sentence attention removed ({how}):",
                     _table_text(table, run.shown)])
 
 
 def _importance(run: AblationRun) -> SubResult:
-  config, ev = run.config, run.ev
-  src = ev
-  if config.importance_data:
-    idata = evaluate.load_eval_data(config.importance_data, run.tokenizer, task=run.data.task.name,
-                                    max_length=config.max_length, max_examples=config.max_examples)
-    src = evaluate.Evaluator(run.model, idata, batch_size=config.batch_size, mesh=ev.mesh)
-  run.estimator = est = imp_lib.ImportanceEstimator(src, per_example=not config.importance_per_batch,
-                                                    normalize_layers=config.layer_norm)
+  config, est = run.config, run.estimator
   raw = est.raw()
   imp = imp_lib.normalize_by_layer(raw) if config.layer_norm else raw
   table = rep.importance_table(imp, raw)
   imp_settings = {"gradient": "per example" if not config.importance_per_batch else "per batch (authors' code)",
                   "layer L2 normalisation": bool(config.layer_norm),
-                  "estimated on": (src.data.name if src is not ev else run.data.name)}
-  fig = michel.plot_importance(imp, run.fig_dir / "importance.png",
-                               label="importance (layer-normalised)" if config.layer_norm else "E|dL/dgate|")
+                  "estimated on": est.evaluator.data.name}
   top = table.sort_values("rank").head(5)
-  return SubResult({"importance": table},
-                   rep.importance_section(imp, fig, raw=raw, settings=imp_settings),
-                   {"settings": imp_settings, "values": imp.tolist()},
+  return SubResult({"importance": table}, {"settings": imp_settings, "values": imp.tolist()},
                    ["\nmost important heads: " + ", ".join(
                        f"{l}:{h} ({v:.3g})" for l, h, v in zip(top["layer"], top["head"], top["importance"]))],
-                   arrays={"importance": imp})
+                   arrays={"importance": imp}, notes={"settings": imp_settings})
 
 
 def _pruning(run: AblationRun) -> SubResult:
@@ -200,28 +300,21 @@ def _pruning(run: AblationRun) -> SubResult:
                                 max_share=config.prune_max, reestimate=not config.prune_once,
                                 random_seeds=config.random_seeds, seed=config.seed, log=run.log)
   summary = pruning.curve_summary(curve, run.metrics)
-  fig = michel.plot_pruning_curve(curve, run.fig_dir / "pruning.png")
   prune_settings = {"step": config.prune_step, "largest share": config.prune_max,
                     "importance re-estimated after each step": not config.prune_once,
                     "random orders": config.random_seeds}
-  return SubResult({"pruning": curve, "pruning_summary": summary},
-                   rep.pruning_section(curve, summary, fig, settings=prune_settings),
-                   summary.to_dict(orient="records"),
+  return SubResult({"pruning": curve, "pruning_summary": summary}, _records(summary),
                    ["\npruning curve:",
-                    summary.to_string(index=False, float_format=lambda v: f"{v:.4f}")])
+                    summary.to_string(index=False, float_format=lambda v: f"{v:.4f}")],
+                   notes={"settings": prune_settings})
 
 
 def _paper_tables(run: AblationRun) -> SubResult:
   """Guan et al. Tables 2 and 3 row by row (``heads_jax.ablation.guan``), the paper's beside."""
   config, L, H = run.config, run.ev.num_layers, run.ev.num_heads
-  if not config.analysis:
-    raise UserError("--paper-tables needs the cluster types: --analysis DIR (an analysis of this "
-                    "model with clusters.csv)")
   cgroups = groups_lib.load_groups("cluster", num_layers=L, num_heads=H, analysis=config.analysis)
   table = paper_tables(run.ev, cgroups, base=run.base, log=run.log)
-  return SubResult({"paper_tables": table},
-                   rep.paper_tables_section(table, model=str(config.model)),
-                   table.to_dict(orient="records"),
+  return SubResult({"paper_tables": table}, _records(table),
                    ["\nGuan et al. Tables 2-3 (this run vs the paper):",
                     _table_text(table, ["table", "id", "setting", *run.metrics,
                                         "paper_exact_match", "paper_f1"])])
@@ -229,21 +322,39 @@ def _paper_tables(run: AblationRun) -> SubResult:
 
 @dataclasses.dataclass(frozen=True)
 class SubJob:
-  """One part of the ablate job: its name (the key in ablation.json and its ``files``), when
-  the config asks for it, and what computes it."""
+  """One part of the ablate job (a stage of the engine): its name (the stage, the key in
+  ablation.json and its ``files``), when the config asks for it, what computes it, the config
+  fields its result depends on (its key, with the inputs), the file stems it writes, and the
+  parts it reads beside the baseline."""
   name: str
+  text: str
   wanted: Callable[[AblationConfig], bool]
   run: Callable[[AblationRun], SubResult]
+  fields: tuple[str, ...]
+  stems: tuple[str, ...]
+  reads: tuple[str, ...] = ()
+  uses_analysis: bool = False
 
 
 # In order; pruning reads the importance sub-job's estimator.
 SUB_JOBS = (
-    SubJob("ablation", lambda c: bool(c.by), _by_groups),
-    SubJob("segment_ablation", lambda c: bool(c.cross), _segments),
-    SubJob("importance", lambda c: bool(c.importance or c.prune), _importance),
-    SubJob("pruning", lambda c: bool(c.prune), _pruning),
-    SubJob("paper_tables", lambda c: bool(c.paper_tables), _paper_tables),
+    SubJob("ablation", "groups of heads ablated", lambda c: bool(c.by), _by_groups,
+           ("by", "role_level", "mode", "random_groups", "heads", "random_seeds", "seed"),
+           ("ablation", "causal"), uses_analysis=True),
+    SubJob("segment_ablation", "intra-/inter-sentence attention removed", lambda c: bool(c.cross), _segments,
+           ("cross", "cluster", "heads", "renormalise", "random_seeds", "seed"),
+           ("segment_ablation",), uses_analysis=True),
+    SubJob("importance", "head importance (Michel et al.)", lambda c: bool(c.importance or c.prune), _importance,
+           ("importance_per_batch", "layer_norm"), ("importance",)),
+    SubJob("pruning", "the pruning curve", lambda c: bool(c.prune), _pruning,
+           ("prune_step", "prune_max", "prune_once", "random_seeds", "seed"),
+           ("pruning", "pruning_summary"), reads=("importance",)),
+    SubJob("paper_tables", "Guan et al. Tables 2-3", lambda c: bool(c.paper_tables), _paper_tables, (), ("paper_tables",),
+           uses_analysis=True),
 )
+# The settings of the unablated model's evaluation (every part reads it).
+EVAL_FIELDS = ("task", "max_examples", "max_length", "doc_stride", "batch_size", "dtype")
+REPORT = "report"
 
 
 def _table_text(df, columns) -> str:
@@ -255,9 +366,6 @@ def _load(config: AblationConfig):
   """``(model, tokenizer, data, evaluator)``: a GLUE classifier on GLUE data, or a SQuAD span
   model on ``squad:`` data (windows of ``--max-length``; exact match and F1)."""
   if evaluate.is_squad_spec(config.data):
-    if config.importance or config.prune or config.finetune_data:
-      raise UserError("--importance, --prune and --finetune-data are for GLUE classifiers; a "
-                      "SQuAD model takes --by, --cross and --paper-tables")
     model, tokenizer = evaluate.load_span_model(config.model, dtype=config.dtype)
     model.config.check_max_length(config.max_length)
     data = evaluate.load_squad_eval_data(config.data, tokenizer, max_length=config.max_length,
@@ -312,51 +420,180 @@ def check_classifier_task(model_dir, task) -> None:
                     "another task; pass --data of its task, or a classifier of this one")
 
 
-def run_ablation(config: AblationConfig, log=print) -> dict:
-  """Runs what ``config`` asks for; writes into ``config.out``; returns the paths and results."""
-  if not (config.by or config.cross or config.importance or config.prune or config.paper_tables):
-    raise UserError("nothing to do: ask for --by cluster|role|layer|heads, --cross intra|inter|both, "
-                    "--importance and/or --prune")
-  out = Path(config.out)
-  runfiles.check_dir(out, "ablation", flag="--out")  # a file, another job's directory: refused
-  t0 = time.time()
-  model, tokenizer, data, ev = _load(config)
-  check_classifier_task(config.model, data.task)
-  runfiles.claim_dir(out, "ablation", model=config.model, data=config.data, task=data.task.name,
-                     settings={"by": config.by, "cross": config.cross, "mode": config.mode,
-                               "importance": config.importance, "prune": config.prune})
-  L, H = ev.num_layers, ev.num_heads
-  base = ev.evaluate()
-  metrics = data.metric_names
-  log(f"{data.task.name}: {len(data)} examples ({data.name}); {L} layers x {H} heads; unablated "
-      + ", ".join(f"{m} {base[m]:.4f}" for m in metrics))
-  settings = {"model": str(config.model), "data": config.data, "task": data.task.name,
-              "evaluation set": data.name, "examples": len(data), "layers": L, "heads": H,
-              "metrics": ", ".join(metrics), "random seeds": config.random_seeds, "seed": config.seed,
-              "max length": config.max_length}
-  results = {"settings": settings, "baseline": base, "files": {}}
-  sections = [{"title": "Unablated model", "html": table_html(
-      pd.DataFrame([{k: base[k] for k in (*metrics, "loss", "n") if k in base}]),
-      table_id="table-baseline", float_format="{:.4f}")}]
-  run = AblationRun(config, model, tokenizer, data, ev, base, settings, out / "figures", log)
-  for job in SUB_JOBS:
-    if not job.wanted(config):
-      continue
-    r = job.run(run)
-    paths = [runfiles.write_table(out, stem, table) for stem, table in r.tables.items()]
-    for stem, array in r.arrays.items():
-      runfiles.write_array(out, stem, array)
-    sections.append(r.section)
-    results["files"][job.name] = str(paths[0])
-    results[job.name] = r.record
-    for line in r.log_lines:
-      log(line)
+def _finetune_data_file(path) -> Path:
+  """The data.json that ``--finetune-data`` names (the file, or a fine-tuning run's)."""
+  path = Path(path)
+  return Path(str(RunDir(path).data_file)) if path.is_dir() else path
 
-  settings["seconds"] = round(time.time() - t0, 1)
-  title = config.title or f"Head ablation: {Path(str(config.model)).name} on {data.task.name}"
+
+def _check_inputs(config: AblationConfig, log) -> None:
+  """Every check that needs no model: values, the output directory, the SQuAD/GLUE flags, the
+  classifier's task, the analysis's model."""
+  check_config(config)
+  runfiles.check_dir(config.out, "ablation", flag="--out")  # a file, another job's directory
+  if evaluate.is_squad_spec(config.data):
+    if config.importance or config.prune or config.finetune_data:
+      raise UserError("--importance, --prune and --finetune-data are for GLUE classifiers; a "
+                      "SQuAD model takes --by, --cross and --paper-tables")
+  else:
+    try:
+      spec = parse_spec(config.data)
+    except ValueError as e:
+      raise UserError(str(e)) from None
+    if spec.kind not in ("glue", "glue-tsv"):
+      raise UserError(f"data spec {config.data!r} is not GLUE data; evaluation needs labels: use "
+                      "glue:TASK[:SPLIT], glue-tsv:DIR/TASK[:SPLIT], sst2 or mrpc (or squad:FILE "
+                      "for a SQuAD model)")
+    check_classifier_task(config.model, glue.task_info(config.task or spec.task))
+  if config.by and config.by != "layer" and config.by != "heads" and not config.analysis:
+    raise UserError(f"--by {config.by} needs --analysis DIR (the output directory of `heads-jax "
+                    "analyze` on this model)")
+  if config.by == "heads" and not config.heads:
+    raise UserError("--by heads needs --heads L:H,L:H (several groups separated by ';')")
+  if config.cross and not (config.analysis or config.heads):
+    raise UserError("--cross needs the heads: --analysis DIR [--cluster TYPE] or --heads L:H,...")
+  if config.paper_tables and not config.analysis:
+    raise UserError("--paper-tables needs the cluster types: --analysis DIR (an analysis of this "
+                    "model with clusters.csv)")
+  check_analysis_model(config, log)
+
+
+def _stages(config: AblationConfig, run: AblationRun, jobs) -> list:
+  """The engine's stages: ``baseline``, one per sub-job of ``jobs``, ``report``."""
+  out = Path(config.out)
+  def baseline(ctx):
+    key = unit_key({f: getattr(config, f) for f in EVAL_FIELDS}, inputs={
+        "model": ctx.model(config.model), "data": ctx.data(config.data),
+        "finetune_data": (ctx.files(_finetune_data_file(config.finetune_data))
+                          if config.finetune_data else None)})
+
+    def fn():
+      ev, data = run.ev, run.data
+      base = {k: (int(v) if k == "n" else float(v)) for k, v in ev.evaluate().items()}
+      return {"metrics": base, "metric_names": list(data.metric_names), "task": data.task.name,
+              "evaluation set": data.name, "examples": len(data), "layers": ev.num_layers,
+              "heads": ev.num_heads}
+
+    res = engine.run_unit(ctx, "baseline", "baseline", key, fn)
+    o = res.outputs
+    run.base = o["metrics"]
+    ctx.sub(f"{o['task']}: {o['examples']} examples ({o['evaluation set']}); {o['layers']} layers "
+            f"x {o['heads']} heads; unablated " + ", ".join(
+                f"{m} {run.base[m]:.4f}" for m in o["metric_names"]))
+    return res
+
+  def part(job):
+    def stage_run(ctx):
+      key = unit_key({f: getattr(config, f) for f in job.fields}, inputs={
+          "baseline": ctx.upstream("baseline", "baseline").finished,
+          "reads": [ctx.upstream(r, r).finished for r in job.reads],
+          "analysis": _analysis_files(ctx, config) if job.uses_analysis else None,
+          "importance_data": (ctx.data(config.importance_data)
+                              if job.name == "importance" and config.importance_data else None)})
+
+      def fn():
+        r = job.run(run)
+        files = [str(runfiles.write_table(out, stem, table)) for stem, table in r.tables.items()]
+        for stem, array in r.arrays.items():
+          runfiles.write_array(out, stem, array)
+        return {"files": files, "record": r.record, "lines": r.log_lines, "notes": r.notes}
+
+      res = engine.run_unit(ctx, job.name, job.name, key, fn,
+                            clean=[out / f"{s}.{e}" for s in job.stems for e in ("csv", "npy")])
+      for line in res.outputs["lines"]:
+        ctx.sub(line)
+      return res
+    return engine.Stage(job.name, job.text, stage_run,
+                        reads=("baseline", *job.reads),
+                        outputs=tuple(f"{s}.{e}" for s in job.stems for e in ("csv", "npy")))
+
+  names = tuple(j.name for j in jobs)
+
+  def report(ctx):
+    base = ctx.upstream("baseline", "baseline")
+    parts = {n: ctx.upstream(n, n) for n in names}
+    key = unit_key({}, inputs={"baseline": base.finished,
+                               "parts": {n: p.finished for n, p in parts.items()},
+                               "title": config.title})   # the title: cosmetic for a result, not here
+    res = engine.run_unit(ctx, REPORT, REPORT, key,
+                          lambda: _write_report(config, base.outputs, parts),
+                          clean=[out / "report.html", out / runfiles.ABLATION_JSON])
+    ctx.sub(f"report: {res.outputs['report']}")
+    return res
+
+  return [engine.Stage("baseline", "the unablated model on the evaluation set", baseline,
+                       outputs=()),
+          *(part(j) for j in jobs),
+          engine.Stage(REPORT, "report.html and ablation.json", report, reads=("baseline", *names),
+                       outputs=("report.html", runfiles.ABLATION_JSON, "figures"))]
+
+
+def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
+  """Writes report.html (sections and figures from the parts' tables, `heads_jax.report.ablation`)
+  and ablation.json; returns ablation.json's content."""
+  out = Path(config.out)
+  metrics = base["metric_names"]
+  settings = {"model": str(config.model), "data": config.data, "task": base["task"],
+              "evaluation set": base["evaluation set"], "examples": base["examples"],
+              "layers": base["layers"], "heads": base["heads"], "metrics": ", ".join(metrics),
+              "random seeds": config.random_seeds, "seed": config.seed,
+              "max length": config.max_length}
+  if "ablation" in parts:
+    settings.update({"grouping": config.by, "ablation mode": config.mode})
+  if "segment_ablation" in parts:
+    settings["intra/inter rows renormalised"] = bool(config.renormalise)
+  settings["seconds"] = round(sum(p.seconds or 0 for p in parts.values()), 1)
+
+  def table(stem):
+    path = out / f"{stem}.csv"
+    return pd.read_csv(path) if path.is_file() else None
+
+  results = rep.AblationResults(
+      base=base["metrics"], metrics=tuple(metrics),
+      groups=table("ablation") if "ablation" in parts else None,
+      grouping=config.by or "group", group_note=_group_note(config),
+      causal=table("causal") if "ablation" in parts else None,
+      segments=table("segment_ablation") if "segment_ablation" in parts else None,
+      importance=(np.load(out / "importance.npy") if "importance" in parts else None),
+      importance_raw=(table("importance")["importance_raw"].to_numpy()
+                      if "importance" in parts else None),
+      importance_settings=parts["importance"].outputs["notes"]["settings"]
+      if "importance" in parts else None,
+      pruning=table("pruning") if "pruning" in parts else None,
+      pruning_summary=table("pruning_summary") if "pruning" in parts else None,
+      pruning_settings=parts["pruning"].outputs["notes"]["settings"] if "pruning" in parts else None,
+      paper_tables=table("paper_tables") if "paper_tables" in parts else None,
+      model=str(config.model))
+  sections = rep.report_sections(results, out / "figures")
+  title = config.title or f"Head ablation: {Path(str(config.model)).name} on {base['task']}"
   report = write_page(out, title=title, sections=sections, settings=settings,
-                      subtitle=f"model: {config.model} | data: {data.name}")
-  results["report"] = str(report)
-  runfiles.write_ablation_json(out, results)
-  log(f"\nreport: {report}")
-  return results
+                      subtitle=f"model: {config.model} | data: {base['evaluation set']}")
+  doc = {"settings": settings, "baseline": base["metrics"],
+         "files": {n: p.outputs["files"][0] for n, p in parts.items()},
+         **{n: p.outputs["record"] for n, p in parts.items()}, "report": str(report)}
+  runfiles.write_ablation_json(out, doc)
+  return doc
+
+
+def _group_note(config: AblationConfig) -> str:
+  how = {"remove": "removed (gate 0)", "uniform": "given uniform attention over the real tokens",
+         "mean": "replaced by their mean output over the data"}[config.mode]
+  return (f"Heads {how}; groups by {config.by}"
+          + (f" from {config.analysis}" if config.analysis else "") + ".")
+
+
+def run_ablation(config: AblationConfig, log=print, *, redo: str | None = None) -> dict:
+  """Runs what ``config`` asks for on the stage engine (module docstring); writes into
+  ``config.out``; returns ablation.json's content (settings, baseline, files, each part's
+  record, report). ``redo``: a stage to rerun with every stage reading it (``baseline``:
+  everything)."""
+  _check_inputs(config, log)   # before the lock: nothing is written for a bad request
+  jobs = [j for j in SUB_JOBS if j.wanted(config)]
+  run = AblationRun(config, log)
+  claim = {"kind": "ablation", "flag": "--out", "model": config.model, "data": config.data,
+           "task": _task_name(config),
+           "settings": {"by": config.by, "cross": config.cross, "mode": config.mode,
+                        "importance": config.importance, "prune": config.prune}}
+  results = engine.run_pipeline(_stages(config, run, jobs), config.out, redo=redo, log=log,
+                                what="an ablation", claim=claim)
+  return results[REPORT].outputs

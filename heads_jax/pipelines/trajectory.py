@@ -18,16 +18,34 @@ Writes ``trajectory.csv`` (one row per checkpoint: step, ``share_<coarse role>``
 (``heads_jax.report.figures.robustness.plot_trajectory``) into ``--out``.
 Keep enough checkpoints for a curve: ``checkpoint.keep = 0`` keeps every checkpoint (the ``tiny``
 pre-training preset does; others keep the newest ``checkpoint.keep``).
+
+Every run kind: pre-training, GLUE fine-tuning (classification and regression) and SQuAD (whose
+span model has no pooler): only the encoder parameters that the checkpoint holds are restored.
+
+On the stage engine (`heads_jax.pipelines.engine`): one unit per checkpoint (keyed by the
+checkpoint's content, the exported model's, the data's and the settings), then the ``table``;
+a rerun reuses every checkpoint analysed before and analyses only new ones; ``redo=STAGE``
+(``--redo``) reruns one stage and what reads it. ``--out`` is checked (a file, a directory of
+another job, not writable) before the first checkpoint, locked while the job runs and claimed.
+A checkpoint that cannot be read (damaged) is set aside with one line: left out of the table,
+the run's files untouched; the other checkpoints go on.
 """
 
 from __future__ import annotations
 
+import gc
+import logging
+import os
+import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
+import orbax.checkpoint as ocp
 import pandas as pd
 from flax import nnx
 
+from heads_jax import runfiles
 from heads_jax.data.specs import encode_spec, parse_spec
 from heads_jax.data.vocabulary import ROLES, SYNTACTIC_ROLES
 from heads_jax.errors import UserError
@@ -36,15 +54,18 @@ from heads_jax.hoststats.hypothesis import hypothesis_tests
 from heads_jax.hoststats.roles import assignment_array, coarse_roles
 from heads_jax.hoststats.sinks import SINK_THRESHOLD
 from heads_jax.model.loading import load_model
+from heads_jax.pipelines import engine
+from heads_jax.pipelines.keys import unit_key
 from heads_jax.report.figures.robustness import plot_trajectory
 from heads_jax.stats.collector import collect
 from heads_jax.stats.step import make_analysis_step
-from heads_jax.training.checkpointing import Checkpoints, restore_params_from_run
+from heads_jax.training.checkpointing import Checkpoints, check_shapes
 from heads_jax.training.rundir import RunDir
 
 EXPORTS = ("model", "best_model", "hf", "best_hf")
 TRAJECTORY_CSV = "trajectory.csv"
 TRAJECTORY_PNG = "trajectory.png"
+STAGES = ("checkpoints", "table")
 
 
 def exported_model_dir(run) -> Path:
@@ -62,23 +83,156 @@ def checkpoint_steps(run) -> list[int]:
   ckpt_dir = RunDir(run).checkpoints
   if not Path(str(ckpt_dir)).is_dir():
     raise UserError(f"{ckpt_dir} does not exist: --run must be a training run's work directory")
-  ck = Checkpoints(ckpt_dir, async_save=False)
-  try:
-    steps = sorted(ck.all_steps())
-  finally:
-    ck.close()
+  with quiet_orbax():
+    ck = Checkpoints(ckpt_dir, async_save=False)
+    try:
+      steps = sorted(ck.all_steps())
+    finally:
+      ck.close()
   if not steps:
     raise UserError(f"{ckpt_dir} holds no checkpoint")
   return steps
 
 
+class quiet_orbax:
+  """Orbax's absl warnings (several per checkpoint opened) held back while reading another
+  run's checkpoints: what matters is said in one plain line by the caller."""
+
+  def __enter__(self):
+    self.logger = logging.getLogger("absl")
+    self.level = self.logger.level
+    self.logger.setLevel(logging.ERROR)
+    return self
+
+  def __exit__(self, *exc):
+    self.logger.setLevel(self.level)
+
+
+def check_out(out) -> None:
+  """Refuses (UserError, one line) an ``--out`` that is a file, another job's directory, or not
+  writable, before any checkpoint is analysed."""
+  out = Path(out)
+  if out.is_file():
+    raise UserError(f"--out {out} is a file; give a directory (a new or an earlier trajectory "
+                    "directory)")
+  if "trajectory" in runfiles.JOB_KINDS:
+    runfiles.check_dir(out, "trajectory", flag="--out")
+  existing = out
+  while not existing.exists() and existing != existing.parent:
+    existing = existing.parent
+  if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    raise UserError(f"--out {out}: {existing} is not a writable directory; choose another --out "
+                    "(or make it writable)")
+
+
 def with_params(template, restored: dict):
-  """A copy of the template encoder with the restored parameters (a pure dict) in place."""
+  """A copy of the template encoder with the restored parameters (a pure dict, possibly a part of
+  the encoder's: the rest keeps the template's values) in place."""
   model = nnx.merge(*nnx.split(template), copy=True)          # the template stays untouched
   params = nnx.state(model, nnx.Param)
   nnx.replace_by_pure_dict(params, restored)
   nnx.update(model, params)
   return model
+
+
+def _common(target, saved):
+  """``target`` (a pure dict of arrays) cut to the keys that ``saved`` (a checkpoint's metadata
+  tree) also has: a span model's encoder has no pooler, a classifier's has."""
+  if not isinstance(target, dict):
+    return target
+  out = {}
+  for k, v in target.items():   # a layer's key is an int here, a str in the checkpoint
+    key = k if k in saved else str(k)
+    if isinstance(saved, dict) and key in saved:
+      out[k] = _common(v, saved[key])
+  return out
+
+
+class held_back_loop_errors:
+  """While reading checkpoints: the ``RuntimeError: Event loop is closed`` that Orbax's pending
+  reads raise, after a damaged checkpoint's restore failed, in threads whose event loop is gone
+  (printed by Python as "Exception ignored" tracebacks) are held back; the damage itself is
+  said in one line."""
+
+  def __enter__(self):
+    self.previous = sys.unraisablehook
+
+    def hook(info):
+      if isinstance(info.exc_value, RuntimeError) and "Event loop is closed" in str(info.exc_value):
+        return
+      self.previous(info)
+    sys.unraisablehook = hook
+    return self
+
+  def __exit__(self, *exc):
+    gc.collect()   # what a failed restore left is collected while the hook holds its errors
+    sys.unraisablehook = self.previous
+
+
+class DamagedCheckpoint(Exception):
+  """A checkpoint that cannot be read (its message: the first line of the error)."""
+
+
+class RunCheckpoints:
+  """The checkpoints of a training run, opened once (read-only) for reading the encoder of each
+  step; ``close()`` (or ``with``) closes Orbax's manager, also after an error."""
+
+  def __init__(self, run):
+    self.directory = RunDir(run).checkpoints
+    with quiet_orbax():
+      self.manager = ocp.CheckpointManager(
+          self.directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+          options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+
+  def encoder(self, step: int, encoder_params: dict) -> dict:
+    """The ``bert`` parameters of ``step`` (a pure dict: the keys of ``encoder_params`` that the
+    checkpoint holds). A checkpoint that cannot be read: `DamagedCheckpoint`; one of another
+    shape than the exported model: a UserError."""
+    where = f"{self.directory}/{step}"
+    try:
+      with quiet_orbax():
+        saved = self.manager.item_metadata(step)["state"]
+      saved = getattr(saved, "tree", saved)
+      if saved is None:
+        raise ValueError("its state metadata (_METADATA) is missing")
+    except Exception as e:  # noqa: BLE001 (any unreadable metadata is damage)
+      raise DamagedCheckpoint(_first_line(e)) from None
+    bert = ((saved.get("params") or {}) if isinstance(saved, dict) else {}).get("bert")
+    if not isinstance(bert, dict):
+      raise DamagedCheckpoint("it holds no encoder parameters (params/bert)")
+    target = {"bert": _common(encoder_params, bert)}
+    check_shapes(saved, {"params": target}, where,
+                 "the run's exported model and its checkpoints differ; --run must be one "
+                 "training run's work directory")
+    try:
+      with quiet_orbax(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item={"params": target},
+            restore_args=ocp.checkpoint_utils.construct_restore_args({"params": target}),
+            partial_restore=True)))
+    except Exception as e:  # noqa: BLE001 (a torn step: any read error)
+      raise DamagedCheckpoint(_first_line(e)) from None
+    return restored.state["params"]["bert"]
+
+  def close(self) -> None:
+    with quiet_orbax():
+      self.manager.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip().splitlines()
+  for code, what in (("OUT_OF_RANGE", "a data file is shorter than its index says (truncated)"),
+                     ("DATA_LOSS", "a data file is corrupt"), ("NOT_FOUND", "a file is missing")):
+    if text and code in text[0]:
+      return f"{what}: {code}"
+  return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
 def checkpoint_row(sieve_bias, token_attention, lengths, roles, *, entropy=None, tau=3.0,
@@ -93,7 +247,6 @@ def checkpoint_row(sieve_bias, token_attention, lengths, roles, *, entropy=None,
   coarse, coarse_names = coarse_roles(assigned, names)
   row = {f"share_{c}": float(coarse[..., j].mean()) for j, c in enumerate(coarse_names)}
   with np.errstate(invalid="ignore"):
-    import warnings
     with warnings.catch_warnings():
       warnings.simplefilter("ignore", RuntimeWarning)
       means = np.nanmean(np.asarray(sieve_bias, np.float64), axis=(0, 1, 2))
@@ -106,43 +259,105 @@ def checkpoint_row(sieve_bias, token_attention, lengths, roles, *, entropy=None,
 def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | None = 100,
                    max_length: int = 128, batch_size: int = 32, roles=ROLES,
                    syntax: bool = True, rule: str = DEFAULT_RULE, log=print,
-                   progress: bool = False) -> pd.DataFrame:
+                   progress: bool = False, redo: str | None = None) -> pd.DataFrame:
   """Analyses every kept checkpoint of ``run`` (module docstring) on ``data`` (gold arcs only:
-  text data is analysed without a parser); writes and returns the trajectory table."""
-  steps = checkpoint_steps(run)
-  model, tokenizer = load_model(exported_model_dir(run))
-  encoder = getattr(model, "bert", model)
-  max_length = min(max_length, encoder.config.max_positions)
-  roles = tuple(r for r in roles if syntax or r not in SYNTACTIC_ROLES)
-  # the data is encoded once; every checkpoint sees the same batches
-  encoded = []
-  for spec in data:
-    gold = syntax and parse_spec(spec).kind == "conllu"   # text data: no parser, no arcs
-    info, batches, n = encode_spec(spec, tokenizer, max_length=max_length, batch_size=batch_size,
-                                   max_examples=max_examples, syntax=gold, pad_to_batch_size=True)
-    encoded.append((list(batches), n))
-  _, abstract = nnx.split(encoder, nnx.Param, ...)[:2]
-  target = {"bert": nnx.to_pure_dict(abstract)}
-  ckpt_dir = RunDir(run).checkpoints
-  rows = []
-  for s in steps:
-    restored, _ = restore_params_from_run(ckpt_dir, target, step=s)
-    # the same graph: the cached analysis program, no recompilation
-    step = make_analysis_step(with_params(encoder, restored["bert"]), roles=roles, measures=True)
-    parts = [collect(step, iter(b), n, roles=roles, progress=progress, desc=f"step {s}")
-             for b, n in encoded]
-    sb = np.concatenate([p["sieve_bias"] for p in parts])
-    ta = np.concatenate([p["token_attention"] for p in parts])
-    lengths = np.concatenate([p["lengths"] for p in parts])
-    entropy = np.concatenate([p["entropy"] for p in parts])
-    row = {"step": int(s), **checkpoint_row(sb, ta, lengths, roles, entropy=entropy, rule=rule)}
-    rows.append(row)
-    log(f"step {s}: " + ", ".join(f"{k[6:]} {100 * v:.0f}%" for k, v in row.items()
-                                  if k.startswith("share_")) + f", sinks {100 * row['sink_rate']:.0f}%")
-  table = pd.DataFrame(rows)
+  text data is analysed without a parser); writes and returns the trajectory table.
+  ``redo``: ``checkpoints`` (every checkpoint again), ``table`` or ``"all"``."""
   out = Path(out)
-  out.mkdir(parents=True, exist_ok=True)
-  table.to_csv(out / TRAJECTORY_CSV, index=False)
-  plot_trajectory(table, out / TRAJECTORY_PNG, dpi=110)
-  log(f"wrote {out / TRAJECTORY_CSV} and {out / TRAJECTORY_PNG}")
-  return table
+  check_out(out)
+  for flag, value, least in (("--max-examples", max_examples, 1), ("--max-length", max_length, 8),
+                             ("--batch-size", batch_size, 1)):
+    if value is not None and (not isinstance(value, int) or value < least):
+      raise UserError(f"{flag} {value}: give a whole number of at least {least}")
+  steps = checkpoint_steps(run)
+  model_dir = exported_model_dir(run)
+  roles = tuple(r for r in roles if syntax or r not in SYNTACTIC_ROLES)
+  ckpt_dir = Path(str(RunDir(run).checkpoints))
+  settings = {"max_examples": max_examples, "max_length": max_length, "batch_size": batch_size,
+              "roles": list(roles), "syntax": syntax, "rule": rule}
+  state = {}
+
+  def loaded():
+    """The exported encoder, its parameters' tree and the encoded data (once, on first use)."""
+    if not state:
+      model, tokenizer = load_model(model_dir)
+      encoder = getattr(model, "bert", model)
+      length = min(max_length, encoder.config.max_positions)
+      encoded = []   # the data is encoded once; every checkpoint sees the same batches
+      for spec in data:
+        gold = syntax and parse_spec(spec).kind == "conllu"   # text data: no parser, no arcs
+        _, batches, n = encode_spec(spec, tokenizer, max_length=length, batch_size=batch_size,
+                                    max_examples=max_examples, syntax=gold, pad_to_batch_size=True)
+        encoded.append((list(batches), n))
+      _, abstract = nnx.split(encoder, nnx.Param, ...)[:2]
+      state.update(encoder=encoder, params=nnx.to_pure_dict(abstract), encoded=encoded,
+                   reader=RunCheckpoints(run))
+    return state
+
+  def analyse(s: int) -> dict:
+    st = loaded()
+    restored = st["reader"].encoder(s, st["params"])
+    # the same graph: the cached analysis program, no recompilation
+    step = make_analysis_step(with_params(st["encoder"], restored), roles=roles, measures=True)
+    parts = [collect(step, iter(b), n, roles=roles, progress=progress, desc=f"step {s}")
+             for b, n in st["encoded"]]
+    cat = {k: np.concatenate([p[k] for p in parts])
+           for k in ("sieve_bias", "token_attention", "lengths", "entropy")}
+    return {"step": int(s), **checkpoint_row(cat["sieve_bias"], cat["token_attention"],
+                                             cat["lengths"], roles, entropy=cat["entropy"],
+                                             rule=rule)}
+
+  def checkpoints(ctx):
+    common = {"model": ctx.model(model_dir), "data": [ctx.data(d) for d in data]}
+    done = {}
+    for s in steps:
+      key = unit_key(settings, inputs={"checkpoint": ctx.files(ckpt_dir / str(s)), **common})
+      try:
+        res = engine.run_unit(ctx, "checkpoints", f"step_{s}", key, lambda s=s: analyse(s))
+      except DamagedCheckpoint as e:
+        ctx.sub(f"step {s}: the checkpoint cannot be read ({e}); set aside (left out of the "
+                "trajectory, the run's files untouched), going on with the rest")
+        continue
+      row = res.outputs
+      done[s] = res.finished
+      ctx.sub(f"step {s}: " + ", ".join(f"{k[6:]} {100 * v:.0f}%" for k, v in row.items()
+                                        if k.startswith("share_"))
+              + f", sinks {100 * row['sink_rate']:.0f}%" + (" (analysed earlier)"
+                                                             if res.reused else ""))
+    if not done:
+      raise UserError(f"no checkpoint in {ckpt_dir} could be read; nothing to draw")
+    return done
+
+  def table(ctx):
+    done = ctx.results["checkpoints"]
+    key = unit_key({}, inputs={str(s): f for s, f in done.items()})
+
+    def fn():
+      rows = [ctx.upstream("checkpoints", f"step_{s}").outputs for s in done]
+      frame = pd.DataFrame(rows)
+      out.mkdir(parents=True, exist_ok=True)
+      tmp = out / (TRAJECTORY_CSV + ".tmp")
+      frame.to_csv(tmp, index=False)
+      tmp.replace(out / TRAJECTORY_CSV)
+      plot_trajectory(frame, out / TRAJECTORY_PNG, dpi=110)
+      return {"csv": str(out / TRAJECTORY_CSV), "figure": str(out / TRAJECTORY_PNG)}
+
+    res = engine.run_unit(ctx, "table", "table", key, fn,
+                          clean=[out / TRAJECTORY_CSV, out / TRAJECTORY_PNG,
+                                 (out / TRAJECTORY_PNG).with_suffix(".svg")])
+    ctx.sub(f"wrote {res.outputs['csv']} and {res.outputs['figure']}")
+    return res
+
+  stages = [engine.Stage("checkpoints", f"{len(steps)} checkpoint(s) of {run} analysed on "
+                         + ", ".join(data), checkpoints),
+            engine.Stage("table", "trajectory.csv and its figure", table, reads=("checkpoints",),
+                         outputs=(TRAJECTORY_CSV, TRAJECTORY_PNG, "trajectory.svg"))]
+  claim = ({"kind": "trajectory", "flag": "--out", "model": str(run), "data": list(data),
+            "settings": settings} if "trajectory" in runfiles.JOB_KINDS else None)
+  with held_back_loop_errors():
+    try:
+      engine.run_pipeline(stages, out, redo=redo, log=log, what="a trajectory", claim=claim)
+    finally:
+      if "reader" in state:
+        state["reader"].close()
+  return pd.read_csv(out / TRAJECTORY_CSV)

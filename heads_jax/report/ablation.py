@@ -1,10 +1,12 @@
 """The ablation report's sections (``heads-jax ablate``): ablation by head group and by segment
 (Guan et al. 2020, Table 3), head importance and the pruning curve (Michel et al. 2019).
 
-Every ``*_section`` returns a dict ``{"title", "html"}`` for `heads_jax.report.page.write_page`
-(or a report's ``extra_sections``); the figures are the registered ``group_ablation``,
-``segment_ablation`` (`heads_jax.report.figures.guan`), ``importance`` and ``pruning``
-(``michel``), drawn from the tables with `heads_jax.report.spec.draw` ("ablation" report). Tables (written by ``heads_jax.ablation``):
+`report_sections(AblationResults, fig_dir)` gives the report's sections in order; each is a dict
+``{"title", "html"}`` for `heads_jax.report.page.write_page`. Every figure is a registered one of
+the "ablation" report (`heads_jax.report.spec`): ``group_ablation``, ``segment_ablation``
+(`heads_jax.report.figures.guan`), ``importance``, ``pruning`` (``michel``) and
+``robustness_causal`` (``robustness``), drawn from the tables with `heads_jax.report.spec.draw`
+into ``fig_dir/<name>.png``. Tables (written by ``heads_jax.ablation``):
 
 * group ablation (``ablation.csv``): group, kind, num_heads, ablation, accuracy,
   accuracy_change, f1, f1_change, loss, loss_change, random_* (mean over random groups of the same
@@ -25,16 +27,21 @@ No jax.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
 from heads_jax.report import spec
+from heads_jax.report.figures.common import DEFAULT_DPI
 from heads_jax.report.page import esc, figure_html, kv_table_html, slug, table_html
 
 
 def _figure(name: str, figure_path, title: str, metric: str = "accuracy") -> str:
   """The registered figure ``name`` (`heads_jax.report.spec`) at ``figure_path``, headed
   ``title``; its caption names the ``metric``."""
+  if figure_path is None:  # not drawn (the registry's draw found nothing to draw)
+    return ""
   fig = spec.figure(name)
   return figure_html(figure_path, title, fig.caption.format(metric=metric), fig.how)
 
@@ -153,3 +160,86 @@ def paper_tables_section(table: pd.DataFrame, *, model: str = "") -> dict:
           (f"; this run's is {esc(model)}" if model else "") + ".</p>")
   return {"title": "Guan et al. Tables 2 and 3",
           "html": text + table_html(df, table_id="table-paper-tables", float_format="{:.2f}")}
+
+
+def causal_html(table: pd.DataFrame | None, figure_path) -> str:
+  """The causal test of the roles (``heads_jax.ablation.causal.causal_tests``): a paragraph,
+  the registered figure ``robustness_causal`` at ``figure_path`` (None: not drawn) and the
+  table."""
+  text = ("<h3>Causal test of the roles</h3><p>" + esc(
+      "Each role's heads ablated together against random groups with the same number of heads in "
+      "each layer; rank 1 means no random group hurt more, and the permutation p-value is "
+      "rank / (random groups + 1).") + "</p>")
+  if table is None or not len(table):
+    return text + "<p>No role has heads.</p>"
+  shown = table[[c for c in ("group", "num_heads", "layers", "ablation", "metric", "base", "value",
+                             "change", "random_mean_change", "random_std_change", "random_groups",
+                             "rank", "p_value") if c in table.columns]]
+  fig = spec.figures_html({"robustness_causal": figure_path}) if figure_path else ""
+  return text + fig + table_html(shown, table_id="table-causal", float_format="{:.4f}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AblationResults:
+  """What the ablation report shows; a part not run is None.
+
+  Attributes:
+    base: the unablated model's scores (``{metric: value, "loss", "n"}``).
+    metrics: the metric names, the first one the figures'.
+    groups, grouping, group_note: the group-ablation table, the grouping (``--by``) and how
+      the heads were ablated.
+    causal: the causal test of the roles (with ``--by role``).
+    segments: the intra/inter-sentence ablation table.
+    importance, importance_raw: ``[l, h]`` importance (as reported) and its raw values (``[l*h]``
+      or ``[l, h]``); importance_settings: how it was estimated.
+    pruning, pruning_summary, pruning_settings: the pruning curve, its summary, its settings.
+    paper_tables: Guan et al. Tables 2-3 row by row; model: the model's name.
+  """
+  base: dict
+  metrics: tuple
+  groups: pd.DataFrame | None = None
+  grouping: str = "group"
+  group_note: str = ""
+  causal: pd.DataFrame | None = None
+  segments: pd.DataFrame | None = None
+  importance: np.ndarray | None = None
+  importance_raw: np.ndarray | None = None
+  importance_settings: dict | None = None
+  pruning: pd.DataFrame | None = None
+  pruning_summary: pd.DataFrame | None = None
+  pruning_settings: dict | None = None
+  paper_tables: pd.DataFrame | None = None
+  model: str = ""
+
+
+def report_sections(results: AblationResults, fig_dir, *, dpi: int = DEFAULT_DPI) -> list[dict]:
+  """The ablation report's sections in order (the unablated model, then each part run), its
+  figures drawn through the registry (`heads_jax.report.spec.draw`, "ablation" report)."""
+  r = results
+  metric = r.metrics[0] if r.metrics else "accuracy"
+  imp = None if r.importance is None else np.asarray(r.importance, float)
+  drawn = spec.draw("ablation", spec.Inputs(
+      group_table=r.groups, segment_table=r.segments, importance=imp, pruning_curve=r.pruning,
+      causal=r.causal, metric=metric), fig_dir, dpi=dpi)
+  base = pd.DataFrame([{k: r.base[k] for k in (*r.metrics, "loss", "n") if k in r.base}])
+  sections = [{"title": "Unablated model",
+               "html": table_html(base, table_id="table-baseline", float_format="{:.4f}")}]
+  if r.groups is not None:
+    by = ablation_section(r.groups, drawn.get("group_ablation"), metric=metric,
+                          title=f"Ablation by {r.grouping}", note=r.group_note)
+    if r.causal is not None:
+      by["html"] += causal_html(r.causal, drawn.get("robustness_causal"))
+    sections.append(by)
+  if r.segments is not None:
+    sections.append(segment_section(r.segments, drawn.get("segment_ablation"), metric=metric))
+  if imp is not None:
+    raw = None if r.importance_raw is None else np.asarray(r.importance_raw, float).reshape(imp.shape)
+    sections.append(importance_section(imp, drawn.get("importance"), raw=raw,
+                                       settings=r.importance_settings))
+  if r.pruning is not None:
+    sections.append(pruning_section(r.pruning, r.pruning_summary, drawn.get("pruning"),
+                                    metric=metric, settings=r.pruning_settings))
+  if r.paper_tables is not None:
+    sections.append(paper_tables_section(r.paper_tables, model=r.model))
+  return sections
+

@@ -1,5 +1,7 @@
 """Head ablation: gates, intra/inter removal, the evaluator, importance and pruning."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,8 @@ from scipy.special import erf
 
 from heads_jax.ablation import ablate, evaluate, groups, importance, pruning
 from heads_jax.data import glue
+from heads_jax.data.tokenizer import load_tokenizer
+from heads_jax.errors import UserError
 from heads_jax.model.config import config_for
 from heads_jax.model.heads import BertForSequenceClassification
 from tests.helpers import random_batch
@@ -352,3 +356,18 @@ def test_ablate_segments_table(ev):
   want = ev.evaluate(segment_removal=groups.segment_removal_for(g.heads, L, H, "inter"),
                      renormalise=True)
   assert table.iloc[2]["loss"] == pytest.approx(want["loss"])
+
+
+def test_eval_rows_from_finetune_data_json(tmp_path):
+  tok = load_tokenizer(None)
+  (tmp_path / "data.json").write_text(json.dumps({"task": "mrpc", "eval_idx": [5, 1, 3]}))
+  rows = evaluate.eval_rows_from_finetune(tmp_path)
+  data = evaluate.load_eval_data("mrpc", tok, rows=rows)
+  assert len(data) == 3 and data.rows.tolist() == [1, 3, 5]
+  everything = evaluate.load_eval_data("mrpc", tok, max_examples=6)
+  np.testing.assert_array_equal(data.labels, everything.labels[[1, 3, 5]])
+  (tmp_path / "data.json").write_text(json.dumps({"task": "mrpc", "eval_idx": [100000]}))
+  with pytest.raises(UserError, match="not in"):
+    evaluate.load_eval_data("mrpc", tok, rows=evaluate.eval_rows_from_finetune(tmp_path))
+  (tmp_path / "data.json").write_text(json.dumps({"task": "mrpc", "eval_split": "dev"}))
+  assert evaluate.eval_rows_from_finetune(tmp_path / "data.json") is None

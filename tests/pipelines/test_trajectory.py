@@ -3,6 +3,8 @@ of a tiny encoder, analysed with one compiled step, each row equal to a fresh an
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
@@ -82,3 +84,120 @@ def _state_with(encoder, pure):
 def test_a_folder_without_checkpoints_is_refused(tmp_path):
   with pytest.raises(UserError, match="training run"):
     run_trajectory(tmp_path, tmp_path / "out")
+
+
+def _run_with_checkpoints(run, steps=(10, 20), seed=4):
+  """A hand-made pre-training-like run: an exported encoder (hf/) and a checkpoint of its
+  parameters at each of ``steps`` (a layer's query scaled per step, so they differ)."""
+  save_family_dir("bert", run / "hf", seed=seed)
+  encoder, _ = load_model(run / "hf")
+  _save_steps(run, _params(encoder), steps)
+  return encoder
+
+
+def _save_steps(run, params, steps, head=None):
+  ck = Checkpoints(RunDir(run).checkpoints, save_interval_steps=1, async_save=False)
+  for step in steps:
+    p = dict(params)
+    layers = dict(p["layers"])
+    att = {**layers[0]["attention"], "query": {
+        **layers[0]["attention"]["query"],
+        "kernel": layers[0]["attention"]["query"]["kernel"] * (step / 10)}}
+    layers[0] = {**layers[0], "attention": att}
+    p["layers"] = layers
+    ck.save(step, {"step": jnp.int32(step), "params": {"bert": p, **(head or {})}}, {"step": step})
+  ck.close()
+
+
+KW = dict(data=("ud-ewt",), max_examples=4, max_length=48, batch_size=4, roles=("local", "cls"))
+
+
+def test_rerun_analyses_only_new_checkpoints_and_sets_a_damaged_one_aside(tmp_path, monkeypatch):
+  import heads_jax.pipelines.trajectory as traj
+  from tests.pipelines.test_ablate import _stage_states
+  run, out = tmp_path / "run", tmp_path / "out"
+  encoder = _run_with_checkpoints(run)
+  first = run_trajectory(run, out, log=lambda *_: None, **KW)
+  assert first["step"].tolist() == [10, 20]
+  # a new checkpoint: only it is analysed
+  _save_steps(run, _params(encoder), (30,))
+  logs = []
+  table = run_trajectory(run, out, log=logs.append, **KW)
+  assert table["step"].tolist() == [10, 20, 30]
+  assert "1 part(s) run, 2 reused" in "\n".join(logs)
+  pd.testing.assert_frame_equal(table.iloc[:2], first)
+  # the same checkpoints again: nothing analysed, the model not even loaded
+  real = traj.load_model
+  monkeypatch.setattr(traj, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+  logs = []
+  run_trajectory(run, out, log=logs.append, **KW)
+  assert set(_stage_states(logs).values()) == {"reused"}
+  monkeypatch.setattr(traj, "load_model", real)
+  # a damaged checkpoint (a data file cut short; issue 34: a raw TensorStore OUT_OF_RANGE line
+  # ended the job): one line, the others go on, the run's files untouched
+  step_dir = RunDir(run).checkpoints / "20"
+  data_file = max((p for p in Path(str(step_dir)).rglob("*") if p.is_file() and "/d/" in str(p)),
+                  key=lambda p: p.stat().st_size)
+  with open(data_file, "r+b") as f:
+    f.truncate(data_file.stat().st_size // 2)
+  logs = []
+  table = run_trajectory(run, out, log=logs.append, **KW)
+  assert table["step"].tolist() == [10, 30]
+  damaged = [line for line in logs if "step 20" in line]
+  assert len(damaged) == 1 and "cannot be read" in damaged[0] and "set aside" in damaged[0]
+  assert "truncated" in damaged[0] and "\n" not in damaged[0]
+  assert data_file.is_file()
+  # --redo checkpoints: every readable checkpoint analysed again
+  logs = []
+  run_trajectory(run, out, log=logs.append, redo="checkpoints", **KW)
+  assert _stage_states(logs) == {"checkpoints": "run", "table": "run"}
+
+
+def test_out_is_checked_before_the_first_checkpoint(tmp_path, monkeypatch):
+  # Before (issue 34): --out a file or a read-only place failed after every checkpoint was analysed.
+  import heads_jax.pipelines.trajectory as traj
+  monkeypatch.setattr(traj, "checkpoint_steps", lambda run: pytest.fail("read the checkpoints"))
+  (tmp_path / "file").write_text("keep")
+  with pytest.raises(UserError, match="is a file; give a directory"):
+    run_trajectory(tmp_path, tmp_path / "file")
+  with pytest.raises(UserError, match="is not a writable directory"):
+    run_trajectory(tmp_path, tmp_path / "file" / "sub")
+  monkeypatch.setattr(traj.os, "access", lambda path, mode: False)   # a read-only place
+  with pytest.raises(UserError, match=f"--out {tmp_path / 'new'}: {tmp_path} is not a writable"):
+    run_trajectory(tmp_path, tmp_path / "new")
+  assert (tmp_path / "file").read_text() == "keep" and not (tmp_path / "new").exists()
+
+
+def test_a_squad_run(tmp_path):
+  # Before (issue 33): the restore target expected the pooler that the span model lacks, and the
+  # advice named --config.model.size, a flag trajectory does not take.
+  from heads_jax.data.tokenizer import load_tokenizer
+  from heads_jax.model.checkpoint import save_model
+  from heads_jax.model.config import config_for
+  from heads_jax.model.heads import BertForQuestionAnswering
+  tok = load_tokenizer(None)
+  cfg = config_for("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
+                   initializer_range=0.2)
+  qa = BertForQuestionAnswering(cfg, rngs=nnx.Rngs(2))
+  run = tmp_path / "run"
+  save_model(qa, run / "best_model", tok)
+  params = nnx.to_pure_dict(nnx.state(qa, nnx.Param))
+  assert "pooler" not in params["bert"]
+  _save_steps(run, params["bert"], (10,), head={"qa_outputs": params["qa_outputs"]})
+  logs = []
+  table = run_trajectory(run, tmp_path / "out", log=logs.append, **KW)
+  assert table["step"].tolist() == [10]
+  # the row is that of the exported encoder with step 10's parameters
+  encoder, tokenizer = load_model(run / "best_model")
+  restored = _params(encoder)
+  restored["layers"][0]["attention"]["query"]["kernel"] = params["bert"]["layers"][0]["attention"]["query"]["kernel"]
+  nnx.update(encoder, _state_with(encoder, restored))
+  step = make_analysis_step(encoder, roles=KW["roles"], measures=True)
+  _, batches, n = encode_spec("ud-ewt", tokenizer, max_length=48, batch_size=4, max_examples=4,
+                              syntax=True, pad_to_batch_size=True)
+  p = collect(step, batches, n, roles=KW["roles"], progress=False)
+  expected = checkpoint_row(p["sieve_bias"], p["token_attention"], p["lengths"], KW["roles"],
+                            entropy=p["entropy"])
+  for k, v in expected.items():
+    assert table.iloc[0][k] == pytest.approx(v, rel=1e-5, abs=1e-6, nan_ok=True), k
+  assert sum(line.strip().startswith("step 10:") for line in logs) == 1   # one line per checkpoint
