@@ -1,6 +1,12 @@
 """The device pass of an analysis: data specs -> encoded batches -> the jitted analysis step
 -> ``scores.npz`` (sieve bias, distance features, lengths, measures).
 
+Compiled a bounded number of times (issue 35): every batch is padded to one of at most three
+lengths (``heads_jax.stats.compiling.pass_lengths``: 32, 64, 128 for 128 positions; the batch
+size is fixed), the host encodes in a background thread, and the first batch of each shape starts
+its compilation on the compile thread, for this pass and, behind it, for the second pass
+(``pipelines/robustness.py``, same shapes) when the analysis runs one.
+
 Owned by the accelerator work (how the pass compiles and batches); `heads_jax.pipelines.analyze`
 calls it as its device stage.
 """
@@ -17,6 +23,7 @@ from heads_jax.data.vocabulary import SYNTACTIC_ROLES
 from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
 from heads_jax.stats.collector import collect, combine_measures
+from heads_jax.stats.compiling import pass_batches, pass_lengths
 from heads_jax.stats.step import make_analysis_step
 from heads_jax.storage import local_copy
 
@@ -30,6 +37,18 @@ def check_vocabulary(model, tokenizer, where) -> None:
     raise UserError(f"the tokenizer of {where} has {n} pieces but the model embeds only {size} "
                     f"(vocab_size): ids {size}..{n - 1} have no embedding; use the tokenizer the "
                     "model was trained with")
+
+
+def second_pass_follows(cfg) -> bool:
+  """Whether ``analyze`` runs the second pass after this one (``cfg.robustness``, one process)."""
+  import jax
+  return bool(getattr(cfg, "robustness", False)) and jax.process_count() == 1
+
+
+def second_pass_step(cfg, model, roles):
+  """The second pass's step as ``robustness_pass`` makes it (so its programs are the same)."""
+  from heads_jax.pipelines.robustness import norm_step
+  return norm_step(cfg, model, roles)
 
 
 def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
@@ -50,6 +69,10 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
     roles = tuple(r for r in roles if r not in SYNTACTIC_ROLES)
   step = make_analysis_step(model, roles=roles, direction=cfg.direction, measures=cfg.measures,
                             js=cfg.js)
+  # The second pass (pipelines/robustness.py) runs on the same shapes: its programs compile on
+  # the background thread behind the first pass's (heads_jax.stats.compiling).
+  later = [second_pass_step(cfg, model, roles)] if second_pass_follows(cfg) else []
+  lengths = pass_lengths(cfg.max_length, cfg.bucket_step)
   parts, infos = [], []
   for i, spec in enumerate(cfg.data):
     # parser "none": text inputs get no arcs (their syntactic scores are NaN); gold arcs stay.
@@ -65,6 +88,7 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
     if n == 0:
       dropped = f" ({info.counts.empty} with no wordpiece dropped)" if info.counts and info.counts.empty else ""
       raise ValueError(f"data spec {spec!r} holds no examples{dropped}; check the file or the split")
+    batches = pass_batches(batches, lengths, steps=[step], later=later)
     result = collect(step, batches, n, roles=roles, progress=progress, desc=f"analyse {spec}")
     result["data_index"] = np.full(n, i, np.int32)
     parts.append(result)

@@ -30,6 +30,7 @@ from heads_jax.hoststats.parsing import arcs_table, best_heads, parsing_table, r
 from heads_jax.hoststats.sinks import SINK_THRESHOLD, head_sinks, sink_summary
 from heads_jax.hoststats.weighting import (norm_tests, role_changes, weighting_summary,
                                            with_weighting)
+from heads_jax.stats.compiling import pass_batches, pass_lengths
 from heads_jax.stats.norms import make_norm_step, run_norm_pass
 
 
@@ -48,6 +49,12 @@ def _roles(cfg) -> tuple[str, ...]:
   return roles if cfg.syntax else tuple(r for r in roles if r not in SYNTACTIC_ROLES)
 
 
+def norm_step(cfg, model, roles, settings: RobustnessSettings = RobustnessSettings()):
+  """The second pass's step for ``cfg`` (an ``AnalysisConfig``): one definition, shared with the
+  first pass (``pipelines.device_pass``), which starts its compilation early."""
+  return make_norm_step(model, roles=roles, direction=cfg.direction, parsing=settings.parsing)
+
+
 def robustness_pass(cfg, model, tokenizer, settings: RobustnessSettings = RobustnessSettings(),
                     log=None) -> dict:
   """The device pass over ``cfg.data`` (an ``AnalysisConfig``): ``norm_sieve_bias``,
@@ -56,7 +63,8 @@ def robustness_pass(cfg, model, tokenizer, settings: RobustnessSettings = Robust
   over N)."""
   log = log or (lambda *_: None)
   roles = _roles(cfg)
-  step = make_norm_step(model, roles=roles, direction=cfg.direction, parsing=settings.parsing)
+  step = norm_step(cfg, model, roles, settings)
+  lengths = pass_lengths(cfg.max_length, cfg.bucket_step)  # the first pass's shapes
   parts, arcs, offset = [], [], 0
   for spec in cfg.data:
     syntax = cfg.syntax and (cfg.parser != "none" or parse_spec(spec).kind == "conllu")
@@ -73,6 +81,7 @@ def robustness_pass(cfg, model, tokenizer, settings: RobustnessSettings = Robust
     batches = iter_batches(examples, tokenizer, max_length=cfg.max_length,
                            batch_size=cfg.batch_size, sort_window=cfg.sort_window,
                            bucket_step=cfg.bucket_step, pad_to_batch_size=True)
+    batches = pass_batches(batches, lengths, steps=[step])
     log(f"norm pass over {spec} ({len(examples)} sequences)")
     parts.append(run_norm_pass(step, batches, len(examples), cfg.max_length))
     offset += len(examples)

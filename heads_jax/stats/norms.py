@@ -40,6 +40,7 @@ from flax import nnx
 from heads_jax.data.vocabulary import BATCH_FIELDS, ROLES, TOKEN_SEP
 from heads_jax.parallel import batch_sharding, data_mesh, pad_to_multiple, replicate, shard_batch
 from heads_jax.sieves import check_direction, check_roles
+from heads_jax.stats import compiling
 from heads_jax.stats.layerwise import batch_tables, finish, reduce_layer
 from heads_jax.stats.parsing import predicted_heads
 
@@ -142,7 +143,7 @@ def norm_program(graphdef, roles: tuple[str, ...], direction: str, parsing: bool
   """The jitted second pass ``run(state, batch) -> dict`` for one encoder graph, roles, direction
   and mesh: compiled once and shared by every `NormStep` (a trajectory's checkpoints included)."""
 
-  def run(state, batch):
+  def norm_pass(state, batch):
     module = nnx.merge(graphdef, state)
     out = module(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                  return_attentions=True, return_hidden_states=True, deterministic=True,
@@ -160,7 +161,7 @@ def norm_program(graphdef, roles: tuple[str, ...], direction: str, parsing: bool
     result["norm_sieve_bias"] = result.pop("sieve_bias")
     return result
 
-  return jax.jit(run, out_shardings=batch_sharding(mesh))
+  return jax.jit(norm_pass, out_shardings=batch_sharding(mesh))  # name: compiling.PROGRAM_NAMES
 
 
 class NormStep:
@@ -182,6 +183,21 @@ class NormStep:
     graphdef, state = nnx.split(encoder)
     self._state = replicate(state, mesh)
     self._run = norm_program(graphdef, tuple(roles), direction, parsing, mesh)
+    self._state_signature = compiling.signature(self._state)
+
+  def _executable(self, rows: int, length: int, background: bool = False, priority: int = 0):
+    """The Future of the compiled pass of a padded batch ``[rows, length]`` (one per process)."""
+    spec = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding(self.mesh))
+    return compiling.executable(
+        self._run, (rows, length, self._state_signature),
+        lambda: self._run.lower(self._state, {f: spec for f in BATCH_FIELDS}),
+        background=background, priority=priority)
+
+  def precompile(self, rows: int, length: int, priority: int = 0) -> None:
+    """Starts compiling the pass of a batch ``[rows, length]`` on the background compile thread
+    (``heads_jax.stats.compiling``), e.g. while the first pass runs on the same shapes."""
+    self._executable(-(-int(rows) // self.multiple) * self.multiple, int(length),
+                     background=True, priority=priority)
 
   def __call__(self, batch: dict) -> dict:
     """numpy results for the real rows: ``norm_sieve_bias`` float32 ``[b, l, h, r]``,
@@ -192,7 +208,8 @@ class NormStep:
       raise KeyError(f"batch lacks field(s) {missing} (see heads_jax/data/vocabulary.py)")
     host = {f: np.asarray(batch[f], np.int32) for f in BATCH_FIELDS}
     padded, rows = pad_to_multiple(host, self.multiple)
-    out = self._run(self._state, shard_batch(padded, self.mesh))
+    run = self._executable(*padded["input_ids"].shape).result()
+    out = run(self._state, shard_batch(padded, self.mesh))
     return {k: np.asarray(v)[:rows] for k, v in out.items()}
 
 

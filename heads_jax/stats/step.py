@@ -18,25 +18,30 @@ chooses how (all give the same numbers to float32 rounding, ``tests/stats/test_f
   ``heads_jax.stats.layerwise`` on each layer's probabilities ``[b, h, q, k]``: one matmul
   against per-batch weights and one entropy pass per layer, no ``[b, l, h, q, k]`` stack and
   no normalised or entropy-weighted copies.
-* ``"fused"`` (default on GPUs): the model keeps its fused attention (cuDNN for bfloat16) and
+* ``"fused"`` (never a default: it measured slowest on a GPU): the model keeps its fused attention (cuDNN for bfloat16) and
   the hook runs the Pallas kernel of ``heads_jax.stats.fused`` on each layer's queries and keys;
   the probabilities are never written to memory. Off a GPU the kernel runs in Pallas interpret
   mode (correct, slow: for tests). A ``"uniform"`` head gate needs the probabilities and
   falls back to ``"layerwise"``.
-* ``"stacked"``: the model returns ``attentions`` ``[b, l, h, q, k]`` and the stand-alone
-  functions reduce the stack (the original path; any callable with the model API).
+* ``"stacked"`` (default on GPUs where the stack fits): the model returns ``attentions``
+  ``[b, l, h, q, k]`` and the stand-alone functions reduce the stack (the original path; any
+  callable with the model API).
 
-``"auto"`` picks only a path that lowers for the platform (``tests/e2e/test_lowering.py``
-lowers every path for ``cuda`` and ``tpu`` on the CPU): ``AUTO_STATS_IMPL``, ``"fused"`` on a
-GPU (the kernel lowers with Triton) and ``"layerwise"`` elsewhere (the kernel does not lower for
-TPUs); ``HEADS_JAX_STATS_IMPL`` overrides it (``heads_jax.env``). Where the kernel that ``auto``
-picked fails to compile at run time (a GPU whose Triton lacks something the kernel needs, or
-whose cuDNN the model's fused attention cannot use: cuDNN is the one path the lowering tests
-cannot reach without a GPU), the step falls back to ``"layerwise"`` with one warning line saying how to force either path; an
-explicit ``stats_impl="fused"`` raises instead. A model whose ``__call__`` has no
-``attention_reduce`` parameter, and ``js=True`` (which compares all heads with each other),
-always take ``"stacked"``.
+``"auto"`` takes, per platform, the path measured fastest there (``AUTO_STATS_IMPL``; DESIGN.md
+section 2 "The analysis step's paths" gives the figures): on a GPU ``"stacked"`` (H200, BERT-base,
+batch 128 x 128, bfloat16: 1.60x the bare forward, against 1.88x for ``"layerwise"`` and 3.47x
+for ``"fused"``, ``/work/shared/measurements/gpu-2026-11-26/analysis_step.log``) for every batch
+whose stack fits the device's memory (``stack_fits``), else ``"layerwise"``; ``"layerwise"`` on
+CPUs and TPUs (the kernel does not lower for TPUs: ``tests/e2e/test_lowering.py``). ``"fused"``
+is never a default: only ``stats_impl="fused"`` or ``HEADS_JAX_STATS_IMPL=fused`` take it (a
+compile error then reaches the caller). ``HEADS_JAX_STATS_IMPL`` forces a path where
+``stats_impl`` is ``"auto"`` (``heads_jax.env``), the stacked one whatever its memory. A model
+whose ``__call__`` has no ``attention_reduce`` parameter, and ``js=True`` (which compares all
+heads with each other), always take ``"stacked"``.
 
+Each batch shape is compiled once per process (``heads_jax.stats.compiling.executable``);
+``step.precompile(rows, length)`` starts a shape's compilation on a background thread, so that
+it overlaps the host's encoding (``compiling.ahead``; the device pass does this).
 The jitted program is built once per model graph (configuration), statistics options, mesh and
 platform and shared by every ``AnalysisStep`` made with them (``analysis_program``), so a run
 that makes several steps (reproduce: one per model and data set) compiles each batch shape once
@@ -53,7 +58,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from typing import Sequence
 
 import jax
@@ -66,6 +70,7 @@ from heads_jax.data.vocabulary import BATCH_FIELDS, ROLES
 from heads_jax.parallel import (batch_sharding, data_mesh, pad_to_multiple, replicate, replicated,
                                 shard_batch, shard_global_batch)
 from heads_jax.sieves import build_sieves, check_direction, check_roles
+from heads_jax.stats import compiling
 from heads_jax.stats.distance import distance_features
 from heads_jax.stats.fused import fused_reducer, fused_tables, target_platform
 from heads_jax.stats.layerwise import batch_tables, finish, layer_reducer
@@ -77,8 +82,15 @@ STATS_IMPLS = ("auto", "layerwise", "fused", "stacked")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
-# What "auto" takes per platform: only paths that lower there (tests/e2e/test_lowering.py).
-AUTO_STATS_IMPL = {"gpu": "fused", "tpu": "layerwise", "cpu": "layerwise"}
+# What "auto" takes per platform: the path measured fastest there, among those that lower there
+# (tests/e2e/test_lowering.py). GPU: H200, BERT-base, batch 128 x 128, bfloat16, step time over the
+# bare forward: stacked 1.60, layerwise 1.88, fused 3.47 (DESIGN.md section 2).
+AUTO_STATS_IMPL = {"gpu": "stacked", "tpu": "layerwise", "cpu": "layerwise"}
+# The stacked path holds the float32 stack [b, l, h, q, k] and about two temporaries of its size
+# (the weighted copies of its reductions); it is taken while that fits in this share of a
+# device's memory, and "layerwise" (no stack) is taken beyond.
+STACK_COPIES = 3
+STACK_MEMORY_SHARE = 0.5
 
 
 def default_stats_impl(platform: str | None = None) -> str:
@@ -90,6 +102,46 @@ def default_stats_impl(platform: str | None = None) -> str:
       raise ValueError(f"HEADS_JAX_STATS_IMPL must be one of {STATS_IMPLS[1:]}, got {forced!r}")
     return forced
   return AUTO_STATS_IMPL.get(target_platform(platform), "layerwise")
+
+
+def stack_bytes(batch: int, layers: int, heads: int, length: int) -> int:
+  """Bytes of the stacked path's float32 attention stack ``[b, l, h, q, k]`` (q = k = length)
+  of ``batch`` sequences on one device: 0.3 GB for BERT-base at 32 x 128, 4.8 GB at 32 x 512."""
+  return 4 * int(batch) * int(layers) * int(heads) * int(length) ** 2
+
+
+def stack_fits(batch: int, layers: int, heads: int, length: int,
+               memory_bytes: int | None) -> bool:
+  """Whether the stacked path's stack and its temporaries (``STACK_COPIES`` stacks) fit in
+  ``STACK_MEMORY_SHARE`` of ``memory_bytes`` (a device's memory; None: unknown, taken to fit)."""
+  if memory_bytes is None:
+    return True
+  return STACK_COPIES * stack_bytes(batch, layers, heads, length) <= STACK_MEMORY_SHARE * memory_bytes
+
+
+def auto_stats_impl(platform: str | None, *, batch: int, layers: int, heads: int, length: int,
+                    memory_bytes: int | None) -> str:
+  """``"auto"``'s path for a batch of ``batch`` sequences (per device) of ``length`` positions of
+  an encoder with ``layers`` x ``heads``: ``HEADS_JAX_STATS_IMPL`` when set, else the platform's
+  ``AUTO_STATS_IMPL``, with ``"stacked"`` replaced by ``"layerwise"`` where its stack does not
+  fit ``memory_bytes`` (``stack_fits``)."""
+  impl = default_stats_impl(platform)
+  if (impl == "stacked" and not env.get("HEADS_JAX_STATS_IMPL").strip()
+      and not stack_fits(batch, layers, heads, length, memory_bytes)):
+    return "layerwise"
+  return impl
+
+
+def device_memory_bytes(mesh) -> int | None:
+  """The memory of this process's first device of ``mesh`` (``memory_stats()["bytes_limit"]``),
+  None where JAX does not say (CPUs)."""
+  local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+  try:
+    stats = local[0].memory_stats() if local else None
+  except Exception:  # noqa: BLE001  (backends without memory statistics)
+    stats = None
+  limit = (stats or {}).get("bytes_limit")
+  return int(limit) if limit else None
 
 
 def accepts_attention_reduce(model) -> bool:
@@ -205,13 +257,13 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
 
   out_shardings = replicated(mesh) if multi_process else batch_sharding(mesh)
   if isinstance(graph, nnx.GraphDef):
-    def run(state, batch, head_gate):
+    def analysis_pass(state, batch, head_gate):
       return analyse(nnx.merge(graph, state), batch, head_gate)
   else:
-    def run(state, batch, head_gate):
+    def analysis_pass(state, batch, head_gate):
       del state
       return analyse(graph, batch, head_gate)
-  return jax.jit(run, out_shardings=out_shardings)
+  return jax.jit(analysis_pass, out_shardings=out_shardings)  # name: compiling.PROGRAM_NAMES
 
 
 class PendingResult:
@@ -230,7 +282,8 @@ class AnalysisStep:
   def __init__(self, model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
                mesh=None, gate_mode: str = "remove", measures: bool = False, js: bool = False,
                stats_impl: str = "auto", compute_dtype: str | None = None,
-               fused_block_q: int | None = None, platform: str | None = None):
+               fused_block_q: int | None = None, platform: str | None = None,
+               memory_bytes: int | None = None):
     self.roles = check_roles(roles)
     self.direction = check_direction(direction)
     if gate_mode not in GATE_MODES:
@@ -253,11 +306,16 @@ class AnalysisStep:
     if stats_impl not in STATS_IMPLS:
       raise ValueError(f"stats_impl must be one of {STATS_IMPLS}, got {stats_impl!r}")
     self.platform = target_platform(platform)
-    self.auto = stats_impl == "auto"
-    if self.auto:
+    auto = stats_impl == "auto"
+    if auto:
       stats_impl = default_stats_impl(self.platform)
     if self.js or not accepts_attention_reduce(encoder):
-      stats_impl = "stacked"
+      stats_impl, auto = "stacked", False
+    self.stats_impl = stats_impl  # the path of a batch whose stack fits (path_for)
+    config = getattr(encoder, "config", None)
+    self._shape = (getattr(config, "num_layers", None), getattr(config, "num_heads", None))
+    self._adaptive = auto and stats_impl == "stacked" and None not in self._shape
+    self.memory_bytes = device_memory_bytes(self.mesh) if memory_bytes is None else memory_bytes
     self.fused_block_q = fused_block_q
     if isinstance(encoder, nnx.Module):
       self._graph, state = nnx.split(encoder)
@@ -266,33 +324,40 @@ class AnalysisStep:
       if not callable(encoder):
         raise TypeError(f"model must be an nnx.Module or a callable, got {type(encoder).__name__}")
       self._graph, self._state = encoder, None
-    self._use(stats_impl)
+    self._state_signature = compiling.signature(self._state)
 
-  def _use(self, stats_impl: str) -> None:
-    self.stats_impl = stats_impl
-    self._run = analysis_program(
+  def path_for(self, rows: int, length: int) -> str:
+    """The statistics path of a batch ``[rows, length]`` (rows padded to the devices): the
+    step's ``stats_impl``, or under ``auto`` ``"layerwise"`` where the stack does not fit."""
+    if not self._adaptive:
+      return self.stats_impl
+    per_device = -(-int(rows) // self.mesh.devices.size)
+    return auto_stats_impl(self.platform, batch=per_device, layers=self._shape[0],
+                           heads=self._shape[1], length=length, memory_bytes=self.memory_bytes)
+
+  def program(self, stats_impl: str):
+    """The jitted program of ``stats_impl`` for this step's options (``analysis_program``)."""
+    return analysis_program(
         self._graph, roles=self.roles, direction=self.direction, gate_mode=self.gate_mode,
         measures=self.measures, js=self.js, stats_impl=stats_impl, mesh=self.mesh,
         fused_block_q=self.fused_block_q, platform=self.platform,
         multi_process=self.multi_process)
 
-  def _dispatch(self, device_batch, head_gate):
-    """Runs the program; where ``auto`` chose the kernel and it fails to compile, warns once and
-    runs the per-layer XLA path instead (module docstring)."""
-    try:
-      return self._run(self._state, device_batch, head_gate)
-    except Exception as e:  # noqa: BLE001  (compile errors come in many types)
-      message = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-      if (not self.auto or self.stats_impl != "fused" or isinstance(e, MemoryError)
-          or "RESOURCE_EXHAUSTED" in message or "Out of memory" in message):
-        raise
-      print(f"heads_jax: the fused statistics path (Pallas kernel on the model's fused "
-            f"attention) failed to compile on {self.platform} ({message}); using the per-layer "
-            f"XLA path instead. Force a path with "
-            f"HEADS_JAX_STATS_IMPL=layerwise (quiet) or =fused (show the error), or "
-            f"make_analysis_step(stats_impl=...)", file=sys.stderr, flush=True)
-      self._use("layerwise")
-      return self._run(self._state, device_batch, head_gate)
+  def _executable(self, rows: int, length: int, background: bool = False, priority: int = 0):
+    """The Future of the compiled program of a padded batch ``[rows, length]`` (no head gate)."""
+    program = self.program(self.path_for(rows, length))
+    spec = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding(self.mesh))
+    return compiling.executable(
+        program, (rows, length, self._state_signature),
+        lambda: program.lower(self._state, {f: spec for f in BATCH_FIELDS}, None),
+        background=background, priority=priority)
+
+  def precompile(self, rows: int, length: int, priority: int = 0) -> None:
+    """Starts compiling the program of a batch of ``rows`` sequences of ``length`` positions on
+    the background compile thread (nothing with several processes: they compile at the call)."""
+    if not self.multi_process:
+      self._executable(-(-int(rows) // self.multiple) * self.multiple, int(length),
+                       background=True, priority=priority)
 
   def submit(self, batch: dict, head_gate=None) -> PendingResult:
     """Pads, shards and dispatches ``batch`` without waiting for the result.
@@ -304,9 +369,14 @@ class AnalysisStep:
     batch = _check_batch(batch)
     padded, rows = pad_to_multiple(batch, self.multiple)
     device_batch = (shard_global_batch if self.multi_process else shard_batch)(padded, self.mesh)
-    if head_gate is not None:
-      head_gate = replicate(jnp.asarray(head_gate, jnp.float32), self.mesh)
-    return PendingResult(self._dispatch(device_batch, head_gate), rows)
+    b, k = padded["input_ids"].shape
+    if head_gate is not None or self.multi_process:
+      if head_gate is not None:
+        head_gate = replicate(jnp.asarray(head_gate, jnp.float32), self.mesh)
+      out = self.program(self.path_for(b, k))(self._state, device_batch, head_gate)
+    else:
+      out = self._executable(b, k).result()(self._state, device_batch, None)
+    return PendingResult(out, rows)
 
   def __call__(self, batch: dict, head_gate=None) -> dict:
     """``{"sieve_bias": float32 [b, l, h, r], "distance": float32 [b, l, h, 21]}`` (numpy),
@@ -319,7 +389,8 @@ def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "de
                        js: bool = False, stats_impl: str = "auto",
                        compute_dtype: str | None = None,
                        fused_block_q: int | None = None,
-                       platform: str | None = None) -> AnalysisStep:
+                       platform: str | None = None,
+                       memory_bytes: int | None = None) -> AnalysisStep:
   """The jitted analysis step of ``model``.
 
   Args:
@@ -341,7 +412,9 @@ def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "de
       matmul dtype for this step (``with_compute_dtype``).
     fused_block_q: queries per Pallas program for ``"fused"`` (default: the kernel's choice).
     platform: the platform the step compiles for (default: JAX's default backend); only the
-      tests of ``auto`` and of the fallback set it.
+      tests of ``auto`` set it.
+    memory_bytes: the device memory ``auto`` plans the stacked path's stack with (default: the
+      device's, ``device_memory_bytes``; unknown on CPUs).
 
   Returns:
     an ``AnalysisStep``: ``step(batch, head_gate=None) -> dict`` of numpy arrays for the real
@@ -350,4 +423,4 @@ def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "de
   return AnalysisStep(model, roles=roles, direction=direction, mesh=mesh, gate_mode=gate_mode,
                       measures=measures, js=js, stats_impl=stats_impl,
                       compute_dtype=compute_dtype, fused_block_q=fused_block_q,
-                      platform=platform)
+                      platform=platform, memory_bytes=memory_bytes)

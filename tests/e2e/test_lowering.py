@@ -18,8 +18,7 @@ Left to a real device (named here, not testable on the CPU): cuDNN flash attenti
 needed) asks the CUDA runtime for cuDNN while lowering ("cuDNN is not detected"), so it cannot
 be lowered without a GPU (``test_cudnn_attention_needs_a_real_gpu`` checks that this is the only
 reason); ``heads-jax doctor`` runs it on the user's GPU. Also left: whether Triton compiles the
-kernel's StableHLO on a given GPU (the analysis step falls back to the XLA path when it does not,
-``tests/stats/test_step.py``).
+kernel's StableHLO on a given GPU (only an explicit ``stats_impl="fused"`` takes the kernel).
 """
 
 from __future__ import annotations
@@ -231,10 +230,9 @@ def test_fused_kernel_does_not_lower_for_tpu_and_auto_never_picks_it_there():
 def test_auto_picks_a_path_that_lowers(platform, monkeypatch):
   monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
   impl = analysis.default_stats_impl(platform)
-  assert impl == {"tpu": "layerwise", "cuda": "fused"}[platform]
-  if impl == "fused":  # the other paths are lowered above for both platforms
-    exp = analysis_exported(impl, platform, measures=False)
-    check_exported(exp, platform)
+  assert impl == {"tpu": "layerwise", "cuda": "stacked"}[platform]
+  exp = analysis_exported(impl, platform, measures=False)
+  check_exported(exp, platform)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -14,7 +14,10 @@ from heads_jax.model.bert import BertModel
 from heads_jax.model.config import config_for
 from heads_jax.parallel import data_mesh
 from heads_jax.stats import fused, layerwise, measures
-from heads_jax.stats.step import default_stats_impl, make_analysis_step
+from heads_jax.stats.compiling import CompileLog
+from heads_jax.stats.step import (AUTO_STATS_IMPL, STACK_COPIES, STACK_MEMORY_SHARE,
+                                  auto_stats_impl, default_stats_impl, make_analysis_step,
+                                  stack_bytes)
 
 ALL = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention")
 
@@ -281,35 +284,12 @@ def test_kernel_refuses_a_role_it_does_not_implement(monkeypatch):
 
 # -- which path: auto per platform, the run-time fallback, one program per configuration --------
 
-def test_auto_falls_back_to_layerwise_when_the_kernel_fails_to_compile(tiny_bert, step_batch,
-                                                                       stacked, capsys,
-                                                                       monkeypatch):
-  """Built for a GPU, ``auto`` takes the kernel; on this CPU its Triton lowering cannot compile
-  (the stand-in for a GPU whose Triton rejects it), so the step warns once and takes the
-  per-layer XLA path, with the same numbers."""
-  monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
-  step = make_analysis_step(tiny_bert, measures=True, platform="cuda")
-  assert (step.platform, step.stats_impl) == ("gpu", "fused")
-  got = step(step_batch)
-  assert step.stats_impl == "layerwise"
-  warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("heads_jax:")]
-  assert len(warned) == 1
-  assert ("fused statistics path (Pallas kernel on the model's fused attention) failed to "
-          "compile on gpu" in warned[0]
-          and "per-layer XLA path" in warned[0] and "HEADS_JAX_STATS_IMPL=layerwise" in warned[0]
-          and "=fused" in warned[0])
-  _check(got, stacked)
-  step(step_batch)
-  assert "heads_jax:" not in capsys.readouterr().err  # once per step, not per batch
-  # an explicit "fused" is not overridden: the compile error reaches the caller
-  with pytest.raises(Exception, match="interpret mode"):
-    make_analysis_step(tiny_bert, stats_impl="fused", platform="cuda")(step_batch)
-
-
 def test_auto_per_platform_and_the_environment_override(tiny_bert, monkeypatch):
   monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
+  # the fastest path measured per platform; "fused" (slowest on the H200) is no default anywhere
   assert [default_stats_impl(p) for p in ("cuda", "rocm", "gpu", "tpu", "cpu")] == [
-      "fused", "fused", "fused", "layerwise", "layerwise"]
+      "stacked", "stacked", "stacked", "layerwise", "layerwise"]
+  assert "fused" not in AUTO_STATS_IMPL.values()
   monkeypatch.setenv("HEADS_JAX_STATS_IMPL", "stacked")
   assert make_analysis_step(tiny_bert).stats_impl == "stacked"
   assert make_analysis_step(tiny_bert, stats_impl="layerwise").stats_impl == "layerwise"
@@ -318,14 +298,71 @@ def test_auto_per_platform_and_the_environment_override(tiny_bert, monkeypatch):
     make_analysis_step(tiny_bert)
 
 
+GIB = 2 ** 30
+
+
+def test_stack_bytes_are_the_issues_figures():
+  """BERT-base's float32 stack: 0.3 GB at 32 x 128, 4.8 GB at 32 x 512 (issue 35)."""
+  assert stack_bytes(32, 12, 12, 128) == 4 * 32 * 12 * 12 * 128 * 128
+  assert round(stack_bytes(32, 12, 12, 128) / 1e9, 1) == 0.3
+  assert round(stack_bytes(32, 12, 12, 512) / 1e9, 1) == 4.8
+
+
+@pytest.mark.parametrize("platform, batch, length, memory, want", [
+    ("cuda", 32, 128, 80 * GIB, "stacked"),       # H100: 0.3 GB stack
+    ("cuda", 128, 128, 80 * GIB, "stacked"),      # the issue's benchmark batch: 1.2 GB
+    ("cuda", 32, 512, 80 * GIB, "stacked"),       # 4.8 GB, 3 copies within half of 80 GiB
+    ("cuda", 256, 512, 80 * GIB, "layerwise"),    # 38.7 GB stack: does not fit
+    ("cuda", 32, 512, 16 * GIB, "layerwise"),     # a 16 GB card
+    ("cuda", 32, 512, None, "stacked"),           # memory unknown: the measured default
+    ("tpu", 8, 128, 16 * GIB, "layerwise"),
+    ("cpu", 32, 128, None, "layerwise"),
+])
+def test_auto_takes_the_stack_while_it_fits(platform, batch, length, memory, want, monkeypatch):
+  monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
+  got = auto_stats_impl(platform, batch=batch, layers=12, heads=12, length=length,
+                        memory_bytes=memory)
+  assert got == want
+  # a forced path is taken whatever the memory
+  monkeypatch.setenv("HEADS_JAX_STATS_IMPL", "stacked")
+  assert auto_stats_impl(platform, batch=batch, layers=12, heads=12, length=length,
+                         memory_bytes=memory) == "stacked"
+
+
+def test_auto_step_chooses_per_batch_shape(tiny_bert, step_batch, stacked, monkeypatch):
+  """A step under ``auto`` on a platform whose default is the stack (the GPU's table, applied
+  to this CPU) takes "layerwise" for a batch whose stack exceeds the memory it plans with, with
+  the same numbers; an explicit path is never switched."""
+  monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
+  monkeypatch.setitem(AUTO_STATS_IMPL, "cpu", "stacked")
+  l, h = tiny_bert.config.num_layers, tiny_bert.config.num_heads
+  # 8 devices: 6 rows -> 1 per device; the budget holds a stack of 16 positions, not of 32
+  memory = int(STACK_COPIES * stack_bytes(1, l, h, 16) / STACK_MEMORY_SHARE)
+  step = make_analysis_step(tiny_bert, measures=True, memory_bytes=memory)
+  assert step.stats_impl == "stacked"
+  assert step.path_for(8, 16) == "stacked" and step.path_for(8, 32) == "layerwise"
+  assert step.path_for(16, 16) == "layerwise"   # 2 rows per device
+  _check(step(step_batch), stacked)               # [6, 16]: stacked
+  wide = {f: np.concatenate([v, B.empty_batch(6, 16)[f]], 1) for f, v in step_batch.items()}
+  got = step(wide)                                # [6, 32]: layerwise, same rows
+  _check({k: v for k, v in got.items()}, stacked)
+  forced = make_analysis_step(tiny_bert, stats_impl="stacked", memory_bytes=memory)
+  assert forced.path_for(8, 32) == "stacked"
+
+
 def test_steps_of_one_configuration_share_one_compiled_program(step_batch):
   cfg = config_for("tiny", vocab_size=2048, max_position_embeddings=32)
   a, b = BertModel(cfg, rngs=nnx.Rngs(2)), BertModel(cfg, rngs=nnx.Rngs(3))
   step_a, step_b = make_analysis_step(a), make_analysis_step(b)
-  assert step_a._run is step_b._run
-  got_a, got_b = step_a(step_batch), step_b(step_batch)
-  assert step_a._run._cache_size() == 1          # one compilation for both steps
+  assert step_a.program("layerwise") is step_b.program("layerwise")
+  # [6, 20]: a shape no other test compiles (step_batch padded with 4 positions)
+  batch = {f: np.concatenate([v, B.empty_batch(6, 4)[f]], 1) for f, v in step_batch.items()}
+  with CompileLog() as log:
+    got_a, got_b = step_a(batch), step_b(batch)
+    step_a(batch)
+  assert log.count("analysis_pass") == 1          # one compilation for both steps
   assert not np.allclose(got_a["distance"], got_b["distance"])   # each with its own weights
   np.testing.assert_allclose(got_a["distance"], make_analysis_step(a, stats_impl="stacked")(
-      step_batch)["distance"], rtol=1e-5, atol=1e-6)
-  assert make_analysis_step(a, measures=True)._run is not step_a._run  # other options
+      batch)["distance"], rtol=1e-5, atol=1e-6)
+  assert make_analysis_step(a, measures=True).program("layerwise") is not step_a.program(
+      "layerwise")  # other options
