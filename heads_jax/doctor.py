@@ -2,6 +2,12 @@
 
     report = run_doctor(quick=False)      # prints as it goes; report["ok"] False on a mismatch
 
+0. **Variables**, before JAX starts: every variable of ``heads_jax.env`` that is set to a value of
+   the wrong form (``env.check``: ``HEADS_JAX_STORAGE_TIMEOUT=abc``, ``HEADS_JAX_STATS_IMPL=bogus``,
+   ...) and every flag of ``XLA_FLAGS`` the installed XLA does not know
+   (``heads_jax.xla_flags.unknown``) is one line; then the doctor stops there with ``ok`` False
+   (every job would stop on them too). A set path variable that does not exist is a line too, and
+   fails the run at the end.
 1. **Environment**: platform, device kind and count, process count, the versions of jax,
    jaxlib, flax, optax and heads_jax, the XLA flags in force and the heads_jax environment
    variables that are set (``heads_jax.env``).
@@ -18,8 +24,9 @@
    (a cuDNN or Triton missing on this machine) counts as a mismatch, with its error.
 3. **Timings** (skipped with ``timing=False``): one BERT-base analysis step (``stats_impl``
    ``auto``, 128 positions) and one BERT-base pre-training step (LAMB, bfloat16 on an
-   accelerator), each compiled first, then timed over ``steps`` steps: tokens per second (every
-   position of the batch counts) and MFU with the FLOP convention of ``bench/``
+   accelerator; a batch of 256 sequences on accelerators, enough to fill a GPU, 2 per device on
+   a CPU; the batch is printed beside the figures), each compiled first, then timed over
+   ``steps`` steps: tokens per second (every position of the batch counts) and MFU with the FLOP convention of ``bench/``
    (``heads_jax.training.metrics``: ``6 N + 12 l d q`` per token for training, a third of that
    for the forward-only analysis) against the device's data-sheet peak (none on a CPU).
    ``quick=True`` times the tiny model instead, at 32 positions (the CI smoke test).
@@ -40,7 +47,7 @@ import numpy as np
 from flax import nnx
 
 import heads_jax
-from heads_jax import env
+from heads_jax import env, xla_flags
 from heads_jax.data.assets import ud_ewt_test_path
 from heads_jax.data.specs import encode_spec
 from heads_jax.data.tokenizer import load_tokenizer
@@ -54,6 +61,7 @@ from heads_jax.training import optimizer, steps
 TOLERANCE = {"float32": 5e-3, "bfloat16": 6e-2}
 ANALYSIS_OUTPUTS = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention")
 PACKAGES = ("jax", "jaxlib", "flax", "optax")
+ACCELERATOR_BATCH = 256  # sequences per timed BERT-base step on accelerators (all devices)
 
 
 @dataclasses.dataclass
@@ -223,7 +231,8 @@ def timings(*, quick: bool = False, steps_: int = 3, per_device_batch: int | Non
   dtype = "float32" if platform == "cpu" else "bfloat16"
   mesh = data_mesh()
   n_dev = mesh.devices.size
-  b = n_dev * (per_device_batch or (2 if quick or platform == "cpu" else 32))
+  b = n_dev * (per_device_batch or (2 if quick or platform == "cpu" else
+                                    max(1, -(-ACCELERATOR_BATCH // n_dev))))
   peak = metrics_lib.peak_flops(jax.devices()[0].device_kind)
   cfg = config_for(size, vocab_size=30522, dtype=dtype)
   rng = np.random.default_rng(0)
@@ -280,13 +289,37 @@ def timings(*, quick: bool = False, steps_: int = 3, per_device_batch: int | Non
 
 # ------------------------------------------------------------------------------------------------
 
+def variable_problems() -> tuple[list[str], list[str]]:
+  """``(stopping, other)``: lines for variables set to a value every job would stop on
+  (``env.check``; unknown ``XLA_FLAGS`` entries, which end the process when JAX starts), and for
+  set path variables that do not exist. Nothing here starts JAX."""
+  stopping = env.check()
+  other = [line for line in env.check(paths=True) if line not in stopping]
+  flags = env.get("XLA_FLAGS")
+  bad = xla_flags.unknown(flags) if flags.strip() else ()
+  if bad:
+    stopping.append(f"XLA_FLAGS holds {'a flag' if len(bad) == 1 else 'flags'} this XLA does not "
+                    f"know: {' '.join(bad)} (XLA would end every job on it); remove "
+                    f"{'it' if len(bad) == 1 else 'them'} from XLA_FLAGS")
+  return stopping, other
+
+
 def run_doctor(*, quick: bool = False, timing: bool = True, steps_: int = 3, out=None) -> dict:
   """Prints the environment, the checks and the timings; returns them with ``ok`` (every
-  check within tolerance)."""
+  check within tolerance, every variable fine)."""
   out = out or (lambda line: print(line, flush=True))
-  info = environment()
-  platform = info["platform"]
   out("heads-jax doctor")
+  stopping, other = variable_problems()
+  for line in stopping + other:
+    out(f"environment: {line}")
+  if stopping:
+    out(f"environment: {len(stopping)} variable(s) set to values every job would stop on; fix "
+        f"them and run heads-jax doctor again")
+    return {"environment": {"problems": stopping + other}, "checks": [], "timings": [],
+            "ok": False}
+  info = environment()
+  info["problems"] = other
+  platform = info["platform"]
   out(f"platform: {platform}, {info['device_count']} x {info['device_kind']} "
       f"({info['local_device_count']} local), {info['process_count']} process(es)")
   out("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
@@ -313,6 +346,11 @@ def run_doctor(*, quick: bool = False, timing: bool = True, steps_: int = 3, out
       out(f"  {r['name']:<34} batch {r['batch']} x {r['seq_len']} {r['dtype']}: "
           f"{r['step_s'] * 1e3:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s, {mfu}")
   failed = [f"{c.name} ({c.dtype})" for c in checks if not c.ok]
-  out("all checks passed" if ok else f"MISMATCH in {len(failed)} check(s): {', '.join(failed)}")
+  if not ok:
+    out(f"MISMATCH in {len(failed)} check(s): {', '.join(failed)}")
+  elif other:
+    out(f"all checks passed, but {len(other)} variable(s) name paths that do not exist (above)")
+  else:
+    out("all checks passed")
   return {"environment": info, "checks": [dataclasses.asdict(c) | {"ok": c.ok} for c in checks],
-          "timings": rows, "ok": ok}
+          "timings": rows, "ok": ok and not other}

@@ -4,6 +4,13 @@ Library code asks ``env.get(NAME)``: the variable's value, or its default when u
 not in ``VARIABLES`` is a KeyError, so a new variable cannot be read without being listed (and
 so documented) here. ``heads-jax doctor`` prints the ones that are set.
 
+Values are checked where they are read: ``get`` refuses a set value of the wrong form (a number
+that is not one, a choice that is not one of its values, a directory that names a file) with one
+``UserError`` line naming the variable, its value and what it takes (``problem``); ``check()``
+lists every such problem of the environment at once (and, with ``paths=True``, set paths that do
+not exist), for ``heads-jax doctor`` and for a job to refuse a bad value at its start
+(``require_valid``).
+
 =========================  =====================================================================
 variable                   meaning (default)
 =========================  =====================================================================
@@ -48,6 +55,8 @@ from __future__ import annotations
 
 import os
 
+from heads_jax.errors import UserError
+
 # name -> (default or None, one-line description); the table above in data form.
 VARIABLES = {
     "HEADS_JAX_CACHE_DIR": (os.path.join("~", ".cache", "heads_jax", "xla"),
@@ -71,28 +80,136 @@ VARIABLES = {
     "HF_HOME": ("", "the Hugging Face home ($HF_HOME/hub is the hub cache)"),
 }
 
+class BadValue(UserError, ValueError):
+  """A documented variable set to a value of the wrong form (one line, exit 2)."""
+
+
 _OFF = ("off", "0", "false", "no", "none")
 _TRUE = ("1", "ON", "YES", "TRUE")
+_SWITCH = ("", "1", "0", "on", "off", "yes", "no", "true", "false", "none")
+_PLATFORMS = ("cpu", "cuda", "gpu", "rocm", "tpu", "metal")
+
+
+def _positive_seconds(name: str, value: str) -> str | None:
+  try:
+    ok = 0 < float(value) < float("inf")
+  except ValueError:
+    ok = False
+  return None if ok else f"{name} must be a positive number of seconds (e.g. 300), got {value!r}"
+
+
+def _one_of(*choices: str):
+  def check(name: str, value: str) -> str | None:
+    if value.strip().lower() in choices:
+      return None
+    named = ", ".join(c for c in choices if c) + (" (or empty)" if "" in choices else "")
+    return f"{name} must be one of {named}, got {value!r}"
+  return check
+
+
+def _directory(off: bool = False):
+  def check(name: str, value: str) -> str | None:
+    if off and value.strip().lower() in _OFF:
+      return None
+    path = os.path.expanduser(value)
+    if os.path.exists(path) and not os.path.isdir(path):
+      return (f"{name}={value} is a file, not a directory: point it at a directory or unset it"
+              + (f", or set {name}=off" if off else ""))
+    return None
+  return check
+
+
+def _platforms(name: str, value: str) -> str | None:
+  bad = [p.strip() for p in value.lower().split(",") if p.strip() and p.strip() not in _PLATFORMS]
+  return None if not bad else (f"{name}={value} names the unknown platform {bad[0]!r}; JAX takes "
+                               f"a comma-separated list of {', '.join(_PLATFORMS)}")
+
+
+# name -> the check of a set value's form: None when fine, else the line saying what is wrong
+# and what the variable takes.
+FORMS = {
+    "HEADS_JAX_CACHE_DIR": _directory(off=True),
+    "HEADS_JAX_REMOTE_CACHE": _directory(),
+    "HEADS_JAX_STORAGE_TIMEOUT": _positive_seconds,
+    "HEADS_JAX_STORAGE_PROGRESS": _positive_seconds,
+    "HEADS_JAX_XLA_FLAGS": _one_of(*_SWITCH),
+    "HEADS_JAX_STATS_IMPL": _one_of("", "layerwise", "fused", "stacked"),
+    "HEADS_JAX_GLUE_DIR": _directory(),
+    "JAX_PLATFORMS": _platforms,
+    "TOKENIZERS_PARALLELISM": _one_of(*_SWITCH),
+    "HF_HUB_OFFLINE": _one_of(*_SWITCH),
+    "HF_HUB_CACHE": _directory(),
+    "HF_HOME": _directory(),
+}
+# Paths that must exist when set (checked by ``check(paths=True)``, i.e. by ``heads-jax doctor``;
+# a job checks them where it reads them).
+PATHS = {"HEADS_JAX_GLUE_DIR": "directory", "HEADS_JAX_SQUAD_FILE": "file",
+         "HEADS_JAX_GUTENBERG": "directory"}
+
+
+def problem(name: str, value: str) -> str | None:
+  """The one line saying why ``value`` is no value of ``name``, or None when it is fine."""
+  check = FORMS.get(name)
+  return check(name, value) if check is not None else None
+
+
+def check(environ=None, *, paths: bool = False) -> list[str]:
+  """One line per documented variable set to a value of the wrong form (``problem``); with
+  ``paths``, also per set path variable (``PATHS``) that does not exist. ``XLA_FLAGS``'s names
+  are checked by ``heads_jax.xla_flags.unknown`` (it asks XLA)."""
+  environ = os.environ if environ is None else environ
+  out = []
+  for name in VARIABLES:
+    value = environ.get(name)
+    if value is None:
+      continue
+    line = problem(name, value)
+    if line is None and paths and name in PATHS and value:
+      kind = PATHS[name]
+      found = (os.path.isdir if kind == "directory" else os.path.isfile)(os.path.expanduser(value))
+      if not found:
+        line = f"{name}={value}: no such {kind}; point it at one or unset it"
+    if line is not None:
+      out.append(line)
+  return out
+
+
+def require_valid(environ=None) -> None:
+  """Raises a ``UserError`` (one line) naming the first variable set to a bad value: for a job
+  to refuse at its start what would stop it later."""
+  problems = check(environ)
+  if problems:
+    more = f" (and {len(problems) - 1} more: heads-jax doctor lists them)" if len(problems) > 1 else ""
+    raise BadValue(f"environment: {problems[0]}{more}")
+
+
+def _known(name: str) -> None:
+  if name not in VARIABLES:
+    raise KeyError(f"{name} is not a documented heads_jax environment variable; add it to "
+                   "heads_jax/env.py VARIABLES")
 
 
 def get(name: str, environ=None) -> str:
   """The value of ``name`` (one of ``VARIABLES``) in ``environ`` (default ``os.environ``), or
-  its default; a default starting with ``~`` is expanded."""
-  if name not in VARIABLES:
-    raise KeyError(f"{name} is not a documented heads_jax environment variable; add it to "
-                   "heads_jax/env.py VARIABLES")
+  its default; a default starting with ``~`` is expanded. A set value of the wrong form is a
+  ``UserError`` (``problem``)."""
+  _known(name)
   environ = os.environ if environ is None else environ
   value = environ.get(name)
   if value is None:
     value = VARIABLES[name][0]
     if value.startswith("~"):
       value = os.path.expanduser(value)
+    return value
+  line = problem(name, value)
+  if line is not None:
+    raise BadValue(f"environment: {line}")
   return value
 
 
 def is_set(name: str, environ=None) -> bool:
   """Whether ``name`` (one of ``VARIABLES``) is set to a non-empty value."""
-  get(name, environ)  # checks the name
+  _known(name)
   return bool((os.environ if environ is None else environ).get(name, ""))
 
 
@@ -108,15 +225,23 @@ def is_true(name: str, environ=None) -> bool:
 
 def set_default(name: str, value: str, environ=None) -> str:
   """Sets ``name`` to ``value`` unless it is set; returns the value in force."""
-  get(name, environ)
+  _known(name)
   environ = os.environ if environ is None else environ
   return environ.setdefault(name, value)
 
 
 def put(name: str, value: str, environ=None) -> None:
   """Sets ``name`` (one of ``VARIABLES``) to ``value``."""
-  get(name, environ)
+  _known(name)
   (os.environ if environ is None else environ)[name] = value
+
+
+def for_child(**values: str) -> dict:
+  """A copy of this process's environment with ``values`` (documented variables) set: the
+  environment of a child process."""
+  for name in values:
+    _known(name)
+  return {**os.environ, **values}
 
 
 def in_force(environ=None) -> dict:

@@ -27,13 +27,19 @@ set, else a GPU when ``nvidia-smi`` or a CUDA PJRT plugin is present):
   data-parallel BERT step needs none of the latency-hiding options there.
 
 Every flag name here is checked by ``tests/test_xla_flags.py`` against the installed jaxlib
-(an unknown name in ``XLA_FLAGS`` aborts the process).
+(an unknown name in ``XLA_FLAGS`` aborts the process). ``unknown(flags)`` asks the installed XLA
+which names of a flag string it does not know (in a child process, since XLA ends the process
+it parses them in); ``heads-jax doctor`` checks the user's ``XLA_FLAGS`` with it before JAX
+starts.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import re
 import shutil
+import subprocess
 import sys
 
 from heads_jax import env
@@ -112,3 +118,27 @@ def apply(platform: str | None = None, environ=None) -> str:
     return current
   env.put("XLA_FLAGS", merged, environ)
   return merged
+
+
+_UNKNOWN = re.compile(r"Unknown flags? in XLA_FLAGS: (.*)")
+
+
+@functools.lru_cache(maxsize=8)
+def unknown(flags: str) -> tuple[str, ...]:
+  """The entries of ``flags`` (an ``XLA_FLAGS`` value) that the installed XLA does not know,
+  e.g. ``("--xla_bogus=1",)``; empty when it takes them all. XLA parses its flags when a backend
+  starts and ends the process on an unknown one, so a child process (the CPU backend, which
+  parses every XLA flag, GPU ones included) starts one with ``flags`` and its last words are
+  read (about 2 s)."""
+  if not flags.strip():
+    return ()
+  environ = env.for_child(XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=environ,
+                        capture_output=True, text=True, timeout=300)
+  if proc.returncode == 0:
+    return ()
+  for line in proc.stderr.splitlines():
+    m = _UNKNOWN.search(line)
+    if m:
+      return tuple(m.group(1).split())
+  return ()  # another failure (not the flags): the jobs will say what it is

@@ -65,3 +65,35 @@ def test_relative_error_by_hand():
   assert not check.ok and "MISMATCH" in check.line()
   assert doctor.Check("x", "float32", None, 5e-3, "did not compile").ok is False
   assert doctor.Check("x", "bfloat16", None, 6e-2, "GPUs only", skipped=True).ok
+
+
+@pytest.mark.parametrize("name,value,line", [
+    ("HEADS_JAX_STORAGE_TIMEOUT", "abc", "environment: HEADS_JAX_STORAGE_TIMEOUT must be a "
+                                         "positive number of seconds (e.g. 300), got 'abc'"),
+    ("HEADS_JAX_STATS_IMPL", "bogus", "environment: HEADS_JAX_STATS_IMPL must be one of "
+                                      "layerwise, fused, stacked (or empty), got 'bogus'"),
+    ("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_no_such_flag=1",
+     "environment: XLA_FLAGS holds a flag this XLA does not know: --xla_no_such_flag=1 (XLA would "
+     "end every job on it); remove it from XLA_FLAGS"),
+])
+def test_doctor_names_a_bad_variable_and_exits_1_before_jax(capsys, monkeypatch, name, value, line):
+  monkeypatch.setenv(name, value)
+  monkeypatch.setattr(doctor, "environment", lambda: pytest.fail("JAX was asked for devices"))
+  code = cli.main(["doctor", "--no-timing"])
+  out = capsys.readouterr().out.splitlines()
+  assert code == 1
+  assert out == ["heads-jax doctor", line,
+                 "environment: 1 variable(s) set to values every job would stop on; fix them and "
+                 "run heads-jax doctor again"]
+
+
+def test_doctor_fails_on_a_path_variable_that_does_not_exist(capsys, monkeypatch, tmp_path):
+  monkeypatch.setenv("HEADS_JAX_SQUAD_FILE", str(tmp_path / "none.json"))
+  monkeypatch.setattr(doctor, "attention_checks", lambda *a: [])
+  monkeypatch.setattr(doctor, "analysis_checks", lambda *a: [])
+  code = cli.main(["doctor", "--no-timing"])
+  out = capsys.readouterr().out.splitlines()
+  assert code == 1
+  assert out[1] == (f"environment: HEADS_JAX_SQUAD_FILE={tmp_path / 'none.json'}: no such file; "
+                    f"point it at one or unset it")
+  assert out[-1] == "all checks passed, but 1 variable(s) name paths that do not exist (above)"

@@ -65,3 +65,39 @@ def test_the_checker_finds_a_planted_read():
   assert _reads_environment(ast.parse("import os\nx = os.environ.get('A')\n")) == [2]
   assert _reads_environment(ast.parse("from os import getenv\n")) == [1]
   assert _reads_environment(ast.parse("import os\nx = os.path.join('a')\n")) == []
+
+
+def test_bad_values_are_named_where_read_and_all_listed(tmp_path):
+  from heads_jax.errors import UserError
+  (tmp_path / "f").write_text("")
+  bad = {"HEADS_JAX_STORAGE_TIMEOUT": "abc", "HEADS_JAX_STATS_IMPL": "bogus",
+         "HEADS_JAX_CACHE_DIR": str(tmp_path / "f"), "JAX_PLATFORMS": "cpu,tpuu",
+         "HF_HUB_OFFLINE": "maybe", "HEADS_JAX_STORAGE_PROGRESS": "-5"}
+  with pytest.raises(UserError) as e:
+    env.get("HEADS_JAX_STORAGE_TIMEOUT", bad)
+  assert str(e.value) == ("environment: HEADS_JAX_STORAGE_TIMEOUT must be a positive number of "
+                          "seconds (e.g. 300), got 'abc'")
+  with pytest.raises(UserError, match="HEADS_JAX_STATS_IMPL must be one of layerwise, "
+                                      "fused, stacked \\(or empty\\), got 'bogus'"):
+    env.get("HEADS_JAX_STATS_IMPL", bad)
+  assert env.check(bad) == [
+      f"HEADS_JAX_CACHE_DIR={tmp_path / 'f'} is a file, not a directory: point it at a directory "
+      f"or unset it, or set HEADS_JAX_CACHE_DIR=off",
+      "HEADS_JAX_STORAGE_TIMEOUT must be a positive number of seconds (e.g. 300), got 'abc'",
+      "HEADS_JAX_STORAGE_PROGRESS must be a positive number of seconds (e.g. 300), got '-5'",
+      "HEADS_JAX_STATS_IMPL must be one of layerwise, fused, stacked (or empty), got 'bogus'",
+      "JAX_PLATFORMS=cpu,tpuu names the unknown platform 'tpuu'; JAX takes a comma-separated "
+      "list of cpu, cuda, gpu, rocm, tpu, metal",
+      "HF_HUB_OFFLINE must be one of 1, 0, on, off, yes, no, true, false, none (or empty), got "
+      "'maybe'"]
+  with pytest.raises(UserError, match=r"^environment: HEADS_JAX_CACHE_DIR=.* \(and 5 more: "
+                                      r"heads-jax doctor lists them\)$"):
+    env.require_valid(bad)
+  good = {"HEADS_JAX_STORAGE_TIMEOUT": "2.5", "HEADS_JAX_STATS_IMPL": "Fused",
+          "HEADS_JAX_CACHE_DIR": "off", "JAX_PLATFORMS": "cuda,cpu", "HF_HUB_OFFLINE": "1",
+          "HEADS_JAX_GLUE_DIR": str(tmp_path)}
+  assert env.check(good, paths=True) == [] and env.get("HEADS_JAX_STORAGE_TIMEOUT", good) == "2.5"
+  env.require_valid(good)
+  assert env.check({"HEADS_JAX_GLUE_DIR": str(tmp_path / "no")}) == []  # existence: doctor only
+  assert env.check({"HEADS_JAX_GLUE_DIR": str(tmp_path / "no")}, paths=True) == [
+      f"HEADS_JAX_GLUE_DIR={tmp_path / 'no'}: no such directory; point it at one or unset it"]

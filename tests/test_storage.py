@@ -158,7 +158,7 @@ def test_call_retries_transient_errors_with_backoff_and_not_clear_answers(monkey
 
 def test_limits_must_be_positive(monkeypatch):
   monkeypatch.setenv("HEADS_JAX_STORAGE_TIMEOUT", "0")
-  with pytest.raises(UserError, match="HEADS_JAX_STORAGE_TIMEOUT='0' must be a positive number"):
+  with pytest.raises(UserError, match="HEADS_JAX_STORAGE_TIMEOUT must be a positive number of seconds \\(e.g. 300\\), got '0'"):
     storage.storage_timeout()
   monkeypatch.setenv("HEADS_JAX_STORAGE_TIMEOUT", "2.5")
   assert storage.storage_timeout() == 2.5

@@ -48,3 +48,11 @@ def test_default_flag_names_are_known_to_this_jaxlib():
   proc = subprocess.run([sys.executable, "-c", "import jax; print(jax.numpy.ones(2).sum())"],
                         env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0 and "2.0" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_unknown_names_the_flags_this_xla_does_not_know():
+  assert xla_flags.unknown("") == ()
+  assert xla_flags.unknown("--xla_force_host_platform_device_count=8") == ()
+  assert xla_flags.unknown("--xla_force_host_platform_device_count=8 --xla_not_a_flag=1 "
+                           "--xla_gpu_enable_latency_hiding_scheduler=true --xla_nor_this") == (
+      "--xla_not_a_flag=1", "--xla_nor_this")
