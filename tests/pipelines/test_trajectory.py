@@ -168,22 +168,24 @@ def test_out_is_checked_before_the_first_checkpoint(tmp_path, monkeypatch):
   assert (tmp_path / "file").read_text() == "keep" and not (tmp_path / "new").exists()
 
 
-def test_a_squad_run(tmp_path):
-  # Before (issue 33): the restore target expected the pooler that the span model lacks, and the
-  # advice named --config.model.size, a flag trajectory does not take.
+@pytest.mark.parametrize("kind", ["squad", "classifier", "regression"])
+def test_every_run_kind(tmp_path, kind):
+  # Before (issue 33): on a SQuAD run the restore target expected the pooler that the span model
+  # lacks, and the advice named --config.model.size, a flag trajectory does not take.
   from heads_jax.data.tokenizer import load_tokenizer
   from heads_jax.model.checkpoint import save_model
   from heads_jax.model.config import config_for
-  from heads_jax.model.heads import BertForQuestionAnswering
+  from heads_jax.model.heads import BertForQuestionAnswering, BertForSequenceClassification
   tok = load_tokenizer(None)
   cfg = config_for("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
                    initializer_range=0.2)
-  qa = BertForQuestionAnswering(cfg, rngs=nnx.Rngs(2))
+  model = (BertForQuestionAnswering(cfg, rngs=nnx.Rngs(2)) if kind == "squad" else
+           BertForSequenceClassification(cfg, 1 if kind == "regression" else 3, rngs=nnx.Rngs(2)))
   run = tmp_path / "run"
-  save_model(qa, run / "best_model", tok)
-  params = nnx.to_pure_dict(nnx.state(qa, nnx.Param))
-  assert "pooler" not in params["bert"]
-  _save_steps(run, params["bert"], (10,), head={"qa_outputs": params["qa_outputs"]})
+  save_model(model, run / "best_model", tok)
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  assert ("pooler" in params["bert"]) == (kind != "squad")
+  _save_steps(run, params["bert"], (10,), head={k: v for k, v in params.items() if k != "bert"})
   logs = []
   table = run_trajectory(run, tmp_path / "out", log=logs.append, **KW)
   assert table["step"].tolist() == [10]
@@ -201,3 +203,22 @@ def test_a_squad_run(tmp_path):
   for k, v in expected.items():
     assert table.iloc[0][k] == pytest.approx(v, rel=1e-5, abs=1e-6, nan_ok=True), k
   assert sum(line.strip().startswith("step 10:") for line in logs) == 1   # one line per checkpoint
+
+
+@pytest.mark.slow   # a real tiny SQuAD fine-tuning run (about 20 CPU-s) and its trajectory
+def test_a_real_squad_run(tmp_path):
+  from heads_jax.training import configlib, finetune
+  from tests.training.test_squad import _squad_file
+  f = _squad_file(tmp_path / "squad.json")
+  over = [f"squad.train_file={f}", "squad.eval_titles=Article_2", "data.max_examples=0",
+          "num_train_steps=2", "eval_every=2", "checkpoint.every_steps=1", "checkpoint.keep=0",
+          "tensorboard=False", "data.max_seq_length=32", "squad.doc_stride=16",
+          "squad.max_query_length=12"]
+  finetune.train_and_evaluate(configlib.load_config("configs/finetune.py:tiny_squad", over),
+                              tmp_path / "run")
+  logs = []
+  table = run_trajectory(tmp_path / "run", tmp_path / "out", log=logs.append,
+                         **{**KW, "max_length": 32})
+  assert table["step"].tolist() == [1, 2]
+  assert [line.strip().split(":")[0] for line in logs if line.strip().startswith("step ")] == [
+      "step 1", "step 2"]
