@@ -22,7 +22,9 @@ instead: then the run trains on 90% of it and evaluates on the other 10%
 
 ``init_checkpoint``: a Hugging Face BERT folder (e.g. ``bert-base-uncased``), a heads_jax model
 folder (e.g. a pre-training run's ``workdir/model``) or a pre-training run's ``checkpoints``
-folder (its encoder parameters; the classifier starts fresh).
+folder (its encoder parameters; the classifier starts fresh). The paper's presets (``TASK``,
+``squad``) and the ``cpu_`` ones refuse to start without it; ``--config.from_scratch=true``
+fine-tunes a randomly initialised model on purpose (the ``tiny`` presets always do).
 
 SQuAD: ``squad``, ``cpu_squad``, ``tiny_squad`` (``squad_config``; a ``squad`` block of data and
 window settings).
@@ -69,6 +71,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.dropout_seed = 1
   c.tokenizer = ""         # "" = the init checkpoint's tokenizer, else the embedded vocabulary
   c.init_checkpoint = ""   # HF dir, heads_jax dir or a pre-training run's checkpoints dir
+  # The paper's presets refuse to start without init_checkpoint (a randomly initialised BERT-base
+  # fine-tuned for 20K steps is rarely what was meant); True fine-tunes from random weights.
+  c.from_scratch = False
 
   c.model = ml_collections.ConfigDict()  # used when init_checkpoint is empty or an Orbax run
   c.model.size = "base"

@@ -86,6 +86,25 @@ def _tokenizer_for(config):
   return load_tokenizer(None)
 
 
+def check_init_checkpoint(config) -> None:
+  """A preset that fine-tunes a pre-trained model (the paper's ``TASK`` and ``squad``, the
+  ``cpu_`` ones) refuses to start without ``init_checkpoint`` unless ``from_scratch``: one line
+  naming both. The ``tiny`` presets (and configs built in code, no preset) train from random
+  weights as they say."""
+  name = str(config.get("preset", "")).split(",")[0]
+  if config.init_checkpoint or not name or name.startswith("tiny"):
+    return
+  if name.startswith("cpu_"):
+    raise UserError(f"the {name} preset fine-tunes a pretrained model: pass "
+                    "--config.init_checkpoint=DIR (e.g. a Hugging Face all-MiniLM-L6-v2 folder)")
+  if not config.get("from_scratch", False):
+    raise UserError(f"the {name} preset fine-tunes a pre-trained BERT, but no init_checkpoint is "
+                    f"given: pass --config.init_checkpoint=DIR (a Hugging Face BERT folder such as "
+                    f"bert-base-uncased, a heads_jax model or a pre-training run's checkpoints), "
+                    f"or --config.from_scratch=true to fine-tune a randomly initialised "
+                    f"{config.model.size} model on purpose")
+
+
 def train_and_evaluate(config, workdir, rows=None) -> dict:
   """Fine-tunes as ``config`` says, in ``workdir`` (resuming a run found there).
 
@@ -96,9 +115,7 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
   ``history``, ``data`` (where the examples came from), ``exports`` (paths), ``workdir``.
   """
   configlib.check_training_config(config)  # before any data is read or device work done
-  if str(config.preset).startswith("cpu_") and not config.init_checkpoint:
-    raise UserError(f"the {config.preset.split(',')[0]} preset fine-tunes a pretrained model: pass "
-                    "--config.init_checkpoint=DIR (e.g. a Hugging Face all-MiniLM-L6-v2 folder)")
+  check_init_checkpoint(config)
   if config.task == "squad":  # span QA: its own data, loss and evaluation
     from heads_jax.training import squad
     return squad.train_and_evaluate(config, workdir, _tokenizer_for(config))

@@ -251,3 +251,39 @@ def test_finetune_stsb_regression_exports_a_one_output_model(tmp_path):
     out = hf(**{k: torch.tensor(enc[k], dtype=torch.long)
                 for k in ("input_ids", "attention_mask", "token_type_ids")}).logits.numpy()
   np.testing.assert_allclose(out, pred, atol=2e-4)
+
+
+@pytest.mark.parametrize("preset", ["cola", "mrpc,bs=128,lr=2e-4", "squad"])
+def test_a_paper_preset_without_init_checkpoint_refuses_random_weights(preset, monkeypatch, tmp_path):
+  from heads_jax.training import job as job_lib
+
+  class Started(Exception):
+    pass
+
+  def started(*a, **k):
+    raise Started
+
+  monkeypatch.setattr(job_lib.TrainingJob, "__init__", started)
+  monkeypatch.setattr(finetune, "TrainingJob", job_lib.TrainingJob)
+  from heads_jax.training import squad as squad_training
+  monkeypatch.setattr(squad_training, "TrainingJob", job_lib.TrainingJob)
+  c = configlib.load_config(f"configs/finetune.py:{preset}")
+  name = preset.split(",")[0]
+  with pytest.raises(UserError) as e:
+    finetune.train_and_evaluate(c, tmp_path / "run")
+  assert str(e.value) == (
+      f"the {name} preset fine-tunes a pre-trained BERT, but no init_checkpoint is given: pass "
+      f"--config.init_checkpoint=DIR (a Hugging Face BERT folder such as bert-base-uncased, a "
+      f"heads_jax model or a pre-training run's checkpoints), or --config.from_scratch=true to "
+      f"fine-tune a randomly initialised base model on purpose")
+  assert not (tmp_path / "run").exists()
+  c.from_scratch = True  # asked for: it starts
+  with pytest.raises(Started):
+    finetune.train_and_evaluate(c, tmp_path / "run")
+  for ok in ("tiny_cola", "tiny"):  # the tiny presets train from random weights as they say
+    with pytest.raises(Started):
+      finetune.train_and_evaluate(configlib.load_config(f"configs/finetune.py:{ok}"),
+                                  tmp_path / "run")
+  with pytest.raises(UserError, match="the cpu_cola preset fine-tunes a pretrained model"):
+    finetune.train_and_evaluate(configlib.load_config("configs/finetune.py:cpu_cola"),
+                                tmp_path / "run")
