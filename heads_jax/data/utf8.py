@@ -39,8 +39,20 @@ def first_invalid_utf8(path) -> tuple[int, int, int] | None:
       lines_before += chunk.count(b"\n")
 
 
+# Byte-order marks of the other Unicode encodings (UTF-32 first: its LE mark starts like UTF-16's).
+_OTHER_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+               (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+
+
 def not_utf8(path) -> UserError:
-  """The error for a text file that failed to decode as UTF-8 (says where and what to do)."""
+  """The error for a text file that failed to decode as UTF-8 (says where and what to do): a file
+  that starts with a UTF-16/32 byte-order mark is named as such, with the conversion from it."""
+  with _open_binary(path) as f:
+    head = f.read(4)
+  for bom, name in _OTHER_BOMS:
+    if head.startswith(bom):
+      return UserError(f"{path} is {name} text (byte-order mark); convert it to UTF-8 "
+                       f"(iconv -f {name} -t UTF-8 IN > OUT)")
   where = first_invalid_utf8(path)
   at = "" if where is None else f", line {where[0]} (byte 0x{where[2]:02x} at column {where[1]})"
   return UserError(f"{path}{at}: not UTF-8 text; convert the file to UTF-8 "

@@ -60,20 +60,3 @@ def robustness_sections(out_dir, *, dpi: int = DEFAULT_DPI) -> list[dict]:
           "sieve bias against the head's accuracy over all heads.") + "</p>"
                + table_html(agree, table_id="table-parser-agreement", float_format="{:.3f}"))
   return [{"title": SECTION, "html": html}]
-
-
-def causal_html(table, fig_dir, *, dpi: int = DEFAULT_DPI) -> str:
-  """The causal test of the roles (``heads_jax.ablation.causal.causal_tests``) for the ablation
-  report: a paragraph, the figure (``fig_dir/robustness_causal.png``) and the table."""
-  from heads_jax.report.figures.robustness import plot_causal
-  text = ("<h3>Causal test of the roles</h3><p>" + esc(
-      "Each role's heads ablated together against random groups with the same number of heads in "
-      "each layer; rank 1 means no random group hurt more, and the permutation p-value is "
-      "rank / (random groups + 1).") + "</p>")
-  if table is None or not len(table):
-    return text + "<p>No role has heads.</p>"
-  path = plot_causal(table, None, Path(fig_dir) / "robustness_causal.png", dpi=dpi)
-  shown = table[["group", "num_heads", "layers", "ablation", "metric", "base", "value", "change",
-                 "random_mean_change", "random_std_change", "random_groups", "rank", "p_value"]]
-  return (text + spec.figures_html({"robustness_causal": path})
-          + table_html(shown, table_id="table-causal", float_format="{:.4f}"))

@@ -35,3 +35,14 @@ def test_text_corpus_checks_every_file(tmp_path):
   (tmp_path / "b.txt").write_bytes(b"Fine.\n\nNot \x80 fine.\n")
   with pytest.raises(UserError, match=r"b\.txt, line 3 \(byte 0x80 at column 5\)"):
     TextCorpus([tmp_path], layout="lines")
+
+
+@pytest.mark.parametrize("encoding,name", [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16"),
+                                           ("utf-32", "UTF-32")])
+def test_a_utf16_or_utf32_file_is_named_by_its_byte_order_mark(tmp_path, encoding, name):
+  path = tmp_path / "parses.conllu"
+  bom = {"utf-16-be": b"\xfe\xff"}.get(encoding, b"")
+  path.write_bytes(bom + "1\tWörd\t_\n".encode(encoding))
+  message = str(utf8.not_utf8(path))
+  assert f"is {name} text (byte-order mark)" in message and f"iconv -f {name} -t UTF-8" in message
+  assert "latin1" not in message
