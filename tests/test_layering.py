@@ -5,8 +5,8 @@ installed: heads_jax.train, heads_jax.analyze, heads_jax.configs) is read with `
 ones inside functions included. A module may import only from its own stage or a lower one:
 
     errors (+ xla_flags) < data (+ hub) < contract < sieves < model (+ parallel) < stats < hoststats < report
-      < jobs (training, ablation, pipelines, configs, the package
-        facade heads_jax/__init__) < entry (cli, heads_jax.train, heads_jax.analyze)
+      < training (+ configs) < ablation < jobs (pipelines, doctor, the package facade
+        heads_jax/__init__) < entry (cli, heads_jax.train, heads_jax.analyze)
 
 and furthermore: no import cycles between modules, no library module imports an entry module or
 ``argparse``, and importing any hoststats/, report/ or contract module in a fresh interpreter
@@ -43,8 +43,9 @@ STAGES = [
     ("stats", ("heads_jax.stats",)),
     ("hoststats", ("heads_jax.hoststats",)),
     ("report", ("heads_jax.report",)),
-    ("jobs", ("heads_jax.training", "heads_jax.doctor", "heads_jax.ablation", "heads_jax.pipelines",
-              "heads_jax.configs", "heads_jax")),
+    ("training", ("heads_jax.training", "heads_jax.configs")),  # configs: training's presets
+    ("ablation", ("heads_jax.ablation",)),
+    ("jobs", ("heads_jax.doctor", "heads_jax.pipelines", "heads_jax")),
     ("entry", ("heads_jax.cli", "heads_jax.__main__", "heads_jax.train", "heads_jax.analyze")),
 ]
 ENTRY = "entry"

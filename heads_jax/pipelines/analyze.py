@@ -96,6 +96,19 @@ class AnalysisConfig:
   robustness: bool = False           # second pass: norm-weighted roles, sinks, heads as parsers
                                      # (pipelines/robustness.py); `heads-jax analyze` turns it on
 
+  @classmethod
+  def from_config(cls, block, **fields) -> "AnalysisConfig":
+    """The analysis settings of a pipeline's config ``block`` (a ConfigDict or dict whose keys
+    are named as this class's fields; other keys are the pipeline's own), with ``fields``
+    (model, data, out, ...) over them."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    d = {k: v for k, v in dict(block or {}).items() if k in names}
+    d.update(fields)
+    for k in ("data", "roles"):
+      if k in d:
+        d[k] = tuple(d[k])
+    return cls(**d)
+
   def device_settings(self) -> dict:
     d = dataclasses.asdict(self)
     d["data"] = list(self.data)

@@ -31,16 +31,14 @@ import time
 from pathlib import Path
 
 from heads_jax import contract, runfiles
-from heads_jax.data.assets import glue_dir
 from heads_jax.errors import UserError
-from heads_jax.pipelines.analyze import AnalysisConfig, headline, run_analysis
-from heads_jax.pipelines.compare import run_compare
-from heads_jax.pipelines.engine import Stage, reset_stage, run_pipeline, run_unit
-from heads_jax.pipelines.stages import ANALYSIS_PATHS, TRAINING_PATHS, training_inputs, unit_key
+from heads_jax.pipelines.analyze import AnalysisConfig, headline
+from heads_jax.pipelines.engine import Stage, run_pipeline
+from heads_jax.pipelines import stages
+from heads_jax.pipelines.keys import training_inputs
 from heads_jax.report.demo import front_page_text
 from heads_jax.report.index import write_index
 from heads_jax.runfiles import Markers
-from heads_jax.training import finetune, pretrain
 from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
 from heads_jax.training.metrics import read_metrics
 
@@ -79,85 +77,23 @@ def _real_model(model) -> tuple[Path, str]:
   return d, "all-MiniLM-L6-v2"
 
 
-def pretrain_config(steps: int = 400):
-  """The demo's pre-training: the ``tiny`` preset's pipeline with the 6x8 ``demo`` model."""
-  c = load_config(f"{PACKAGED_CONFIGS / 'pretrain.py'}:tiny")  # the shipped file, whatever the cwd holds
-  c.preset = "demo"
-  c.model.size = "demo"
-  c.num_train_steps = steps
-  c.batch_size = 32
-  c.data.max_seq_length = 64
-  c.data.max_predictions = 10
-  c.optimizer.learning_rate = 5e-3
-  c.optimizer.warmup_steps = max(1, steps // 10)
-  c.checkpoint.every_steps = 100
-  c.log_every = 25
-  c.eval_every = max(1, steps // 4)
-  c.eval_batches = 4
-  return c
-
-
-def finetune_config(init_checkpoint: str, steps: int = 250):
-  """Fine-tuning a real pre-trained encoder on the embedded SST-2 dev set: the ``cpu_sst2``
-  preset (32 x 64 wordpieces per step, LAMB, peak rate 2e-4, 10% warm-up, linear decay) on a
-  seeded 75/25 split into train and held-out rows; one evaluation, at the end."""
-  c = load_config(f"{PACKAGED_CONFIGS / 'finetune.py'}:cpu_sst2")
-  c.preset = "demo_sst2"
-  c.init_checkpoint = init_checkpoint
-  c.data.glue_dir = str(glue_dir())
-  c.data.train_split = "dev"
-  c.data.holdout_fraction = 0.25
-  c.num_train_steps = steps
-  c.optimizer.warmup_steps = max(1, steps // 10)
-  c.eval_every = steps  # once, at the end: the reported accuracy is not selected on the held-out rows
-  c.checkpoint.every_steps = max(1, steps // 2)
-  c.eval_batch_size = 64
-  c.log_every = 25
-  return c
+def _config(preset: str):
+  """A preset of configs/demo.py (the shipped file, whatever the cwd holds)."""
+  return load_config(f"{PACKAGED_CONFIGS / 'demo.py'}:{preset}")
 
 
 def _analysis_settings(model, out, *, n: int, title: str) -> AnalysisConfig:
-  """The demo's analysis of ``model``: the first ``n`` UD EWT test sentences and ``n`` MRPC dev
-  pairs, no parser (UD EWT has gold arcs)."""
-  return AnalysisConfig(model=str(model), data=("ud-ewt", "mrpc"), out=str(out), max_examples=n,
-                        parser="none", title=title, batch_size=32)
+  """The demo's analysis of ``model`` (configs/demo.py:analysis): the first ``n`` UD EWT test
+  sentences and ``n`` MRPC dev pairs, no parser (UD EWT has gold arcs)."""
+  return AnalysisConfig.from_config(_config("analysis"), model=str(model), out=str(out),
+                                    max_examples=n, title=title)
 
 
-def analyse(cfg: AnalysisConfig, log) -> None:
-  """Runs one analysis of the demo (its output folder is replaced)."""
-  run_analysis(cfg, overwrite=True, progress=False,
-               log=lambda m: log("  " + m.replace("\n", "\n  ")))
-
-
-def _analysis_unit(ctx, stage: str, unit: str, cfg: AnalysisConfig, model_identity) -> str:
-  """The keyed analysis ``unit`` of ``stage``: reruns when ``cfg``, the data's content or the
-  model (its identity: its files' content or an upstream finish time) changes; returns the
-  output folder."""
-  key = unit_key(dataclasses.asdict(cfg), paths=ANALYSIS_PATHS,
-                 inputs={"model": model_identity, "data": [ctx.data(d) for d in cfg.data]})
-  r = run_unit(ctx, stage, unit, key, lambda: (analyse(cfg, ctx.log), cfg.out)[1],
-               clean=[cfg.out])
-  if r.reused:
-    ctx.sub(f"reusing the analysis in {cfg.out} (same settings, same model)")
-  return r.outputs
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingResult:
-  """What a demo training stage left: its workdir, its exported model, when it finished, and the
-  rows it used (fine-tuning only)."""
-  workdir: str
-  model: str
-  finished: str
-  num_train: int | None = None
-  num_eval: int | None = None
-
-
-def _training_key(ctx, c) -> dict:
-  """`stages.unit_key` of a training run: its config, and the content of the model it starts
-  from and of the data it reads."""
-  d = c.to_dict()
-  return unit_key(d, paths=TRAINING_PATHS, inputs=training_inputs(d, cache=ctx.markers.root))
+def _analysis(ctx, stage: str, unit: str, cfg: AnalysisConfig, model) -> stages.Analysis:
+  """The demo's analysis ``unit`` of ``stage`` (`stages.analysis`; ``model``: the model's
+  identity, its content or the finish time of the unit that wrote it)."""
+  return stages.analysis(ctx, stage, unit, cfg, model=model,
+                         log=lambda m: ctx.log("  " + m.replace("\n", "\n  ")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,58 +118,37 @@ def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
     sub = "quick" if s.quick else "pretrained"
     cfg = _analysis_settings(s.real, out / "analysis" / sub, n=n,
                              title=f"Attention heads of {name}" if s.quick else f"{name}, pre-trained")
-    return _analysis_unit(ctx, "analysis_pretrained", sub, cfg, ctx.model(s.real))
+    return _analysis(ctx, "analysis_pretrained", sub, cfg, ctx.model(s.real))
 
   def finetune_stage(ctx):
-    c = finetune_config(str(s.real), s.finetune_steps)
-
-    def fn():
-      summary = finetune.train_and_evaluate(c, ft_dir)
-      data = summary.get("data") or {}
-      return {"workdir": str(ft_dir), "model": str(ft_dir / "best_model"),
-              "num_train": data.get("num_train"),
-              "num_eval": data.get("num_eval") or len(data.get("eval_idx") or []) or None}
-    r = run_unit(ctx, "finetune", "sst2", _training_key(ctx, c), fn, clean=[ft_dir])
-    if r.reused:
-      ctx.sub(f"reusing {ft_dir / 'best_model'} (same config, same model)")
-    return TrainingResult(finished=r.finished, **r.outputs)
+    c = _config(f"finetune,steps={s.finetune_steps}")
+    c.init_checkpoint = str(s.real)
+    d = c.to_dict()
+    return stages.finetune(ctx, "finetune", "sst2", c, ft_dir,
+                           inputs=training_inputs(d, cache=ctx.markers.root))
 
   def analysis_finetuned(ctx):
-    ft = ctx.upstream("finetune", "sst2")
-    cfg = _analysis_settings(ft.outputs["model"], out / "analysis" / "finetuned", n=n,
+    ft: stages.Finetuned = ctx.results["finetune"]
+    cfg = _analysis_settings(ft.model, out / "analysis" / "finetuned", n=n,
                              title=f"{name}, fine-tuned on SST-2")
-    return _analysis_unit(ctx, "analysis_finetuned", "finetuned", cfg, ft.finished)
+    return _analysis(ctx, "analysis_finetuned", "finetuned", cfg, ft.finished)
 
   def compare_stage(ctx):
-    before = ctx.upstream("analysis_pretrained", "pretrained")
-    after = ctx.upstream("analysis_finetuned", "finetuned")
-    dest = out / "compare"
-
-    def fn():
-      run_compare(before.outputs, after.outputs, dest,
-                  title=f"{name}: before vs after fine-tuning on SST-2", log=ctx.sub)
-      return str(dest)
-    return run_unit(ctx, "compare", "compare", {"before": before.finished, "after": after.finished},
-                    fn, clean=[dest]).outputs
+    return stages.compare(ctx, "compare", "compare", ctx.results["analysis_pretrained"],
+                          ctx.results["analysis_finetuned"], out / "compare",
+                          title=f"{name}: before vs after fine-tuning on SST-2")
 
   def pretrain_stage(ctx):
-    c = pretrain_config(s.pretrain_steps)
-
-    def fn():
-      pretrain.train_and_evaluate(c, pre_dir)
-      return {"workdir": str(pre_dir), "model": str(pre_dir / "model")}
-    r = run_unit(ctx, "pretrain", "demo", _training_key(ctx, c), fn, clean=[pre_dir])
-    if r.reused:
-      ctx.sub(f"reusing {pre_dir / 'model'} (same config)")
-    return TrainingResult(finished=r.finished, **r.outputs)
+    return stages.pretrained(ctx, "pretrain", "demo", kind="pretrain", out=pre_dir,
+                             configs=[_config(f"pretrain,steps={s.pretrain_steps}")])
 
   def analysis_scratch(ctx):
-    pre = ctx.upstream("pretrain", "demo")
-    cfg = _analysis_settings(pre.outputs["model"], out / "analysis" / "scratch",
+    pre: stages.Pretrained = ctx.results["pretrain"]
+    cfg = _analysis_settings(pre.model, out / "analysis" / "scratch",
                              n=s.scratch_examples,
                              title=f"Demo BERT pre-trained from scratch for {s.pretrain_steps} "
                                    "steps (pipeline demonstration)")
-    return _analysis_unit(ctx, "analysis_scratch", "scratch", cfg, pre.finished)
+    return _analysis(ctx, "analysis_scratch", "scratch", cfg, pre.finished)
 
   a_text = f"{name} on {n} UD EWT sentences (gold parses) and {n} MRPC pairs"
   report = Stage("report", "writing report.html and demo.json",
@@ -244,7 +159,7 @@ def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
   if s.quick:
     return (Stage("analysis_pretrained", f"analysing {a_text} (about a minute)",
                   analysis_pretrained, outputs=("analysis/quick",)), report)
-  stages = [
+  plan = [
       Stage("analysis_pretrained", f"analysing {a_text}", analysis_pretrained,
             outputs=("analysis/pretrained",)),
       Stage("finetune", f"fine-tuning {name} on SST-2 (embedded dev set: 654 sentences to train, "
@@ -256,13 +171,13 @@ def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
             reads=("analysis_pretrained", "analysis_finetuned"), outputs=("compare",)),
   ]
   if s.pretrain_steps:
-    stages += [
+    plan += [
         Stage("pretrain", "pipeline demonstration: pre-training a 6-layer x 8-head BERT from "
               f"scratch on the embedded books ({s.pretrain_steps} steps)", pretrain_stage,
               outputs=("pretrain",)),
         Stage("analysis_scratch", "analysing the BERT pre-trained from scratch", analysis_scratch,
               reads=("pretrain",), outputs=("analysis/scratch",))]
-  return tuple(stages) + (report,)
+  return tuple(plan) + (report,)
 
 
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool = False,
@@ -289,12 +204,12 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
       raise UserError(f"--{label.replace('_', '-')} must be at least {low}; got {v}")
   real, name = _real_model(model)
   out = Path(out)
-  runfiles.claim_dir(out, "demo", model=real, settings={"quick": quick})
+  runfiles.check_dir(out, "demo")  # before any message (run_pipeline claims it)
   n = QUICK_EXAMPLES if quick else int(analysis_examples)
   settings = DemoSettings(out=out, real=real, name=name, quick=quick, n=n,
                           finetune_steps=int(finetune_steps), pretrain_steps=int(pretrain_steps),
                           scratch_examples=int(scratch_examples))
-  stages = demo_stages(settings)
+  plan = demo_stages(settings)
   if quick:
     log(f"heads-jax demo --quick: {name} analysed on {n} UD EWT sentences and {n} MRPC pairs")
   else:
@@ -304,11 +219,10 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
     log(f"heads-jax demo: {name} analysed, fine-tuned on SST-2, analysed again and compared"
         + ("; a small BERT pre-trained from scratch" if pretrain_steps else "")
         + f"; about {eta:.0f} minutes on a 2-core CPU (a rerun redoes only what changed)")
-  if redo:
-    for stage in stages:
-      reset_stage(out, stage)
   t0 = time.time()
-  report = run_pipeline(stages, out, log=log)["report"]
+  report = run_pipeline(plan, out, log=log, redo="all" if redo else None, what="heads-jax demo",
+                        claim={"kind": "demo", "model": str(real),
+                               "settings": {"quick": quick}})["report"]
   log(f"done in {(time.time() - t0) / 60:.1f} minutes")
   return report
 
@@ -319,18 +233,18 @@ def write_report(s: DemoSettings, results: dict, log) -> Path:
   parts = {"out": str(s.out), "quick": s.quick, "model": str(s.real), "model_name": name,
            "stage_minutes": {k: round(v / 60, 4) for k, v in _stage_seconds(s.out).items()}}
   if s.quick:
-    parts["analyses"] = {name: results["analysis_pretrained"]}
+    parts["analyses"] = {name: results["analysis_pretrained"].out}
   else:
-    analyses = {f"{name} (pre-trained)": results["analysis_pretrained"],
-                f"{name} fine-tuned (SST-2)": results["analysis_finetuned"]}
+    analyses = {f"{name} (pre-trained)": results["analysis_pretrained"].out,
+                f"{name} fine-tuned (SST-2)": results["analysis_finetuned"].out}
     ft = results["finetune"]
     parts["finetune"] = _training_summary(Path(ft.workdir))
     parts["finetune_heldout"] = ft.num_eval
     parts["finetune_train"] = ft.num_train
-    parts["compare"] = results["compare"]
+    parts["compare"] = results["compare"].out
     if s.pretrain_steps:
       parts["pretrain"] = _training_summary(Path(results["pretrain"].workdir))
-      analyses["pre-trained from scratch (demonstration)"] = results["analysis_scratch"]
+      analyses["pre-trained from scratch (demonstration)"] = results["analysis_scratch"].out
     parts["analyses"] = analyses
   parts.update(front_page_text(name, parts, n=n, finetune_steps=s.finetune_steps,
                                pretrain_steps=s.pretrain_steps))

@@ -26,7 +26,6 @@ outputs, ``paper_tables.csv``), ``DIR/report.html``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -36,8 +35,9 @@ from heads_jax.errors import UserError
 from heads_jax.hoststats import paper
 from heads_jax.pipelines import engine
 from heads_jax.pipelines.ablate import AblationConfig, run_ablation
-from heads_jax.pipelines.analyze import AnalysisConfig, run_analysis
-from heads_jax.pipelines.stages import ANALYSIS_PATHS, unit_key
+from heads_jax.pipelines.analyze import AnalysisConfig
+from heads_jax.pipelines import stages
+from heads_jax.pipelines.keys import ANALYSIS_PATHS, unit_key
 from heads_jax.report.figures import guan as guan_figures
 from heads_jax.report.page import esc, figure_html, table_html, write_page
 
@@ -82,47 +82,37 @@ def plan_models(config) -> list[dict]:
 
 
 def _analysis_config(config, item: dict, model_dir: Path, out: Path) -> AnalysisConfig:
-  a = config.analysis
-  return AnalysisConfig(model=str(model_dir), data=(item["data"],), out=str(out),
-                        max_examples=int(a.max_examples) or None, max_length=int(a.max_length),
-                        batch_size=int(a.batch_size), clusters=int(config.clusters),
-                        seed=int(config.seed), syntax=False, parser="none",
-                        measures=bool(a.measures), report=bool(a.reports),
-                        title=f"Guan et al. analysis: {item['label']} model ({item['model']})")
+  """``config.analysis`` (`AnalysisConfig.from_config`) for the analysis of ``item``."""
+  return AnalysisConfig.from_config(
+      config.analysis, model=str(model_dir), data=(item["data"],), out=str(out),
+      max_examples=int(config.analysis.max_examples) or None, clusters=int(config.clusters),
+      seed=int(config.seed), syntax=False, parser="none",
+      title=f"Guan et al. analysis: {item['label']} model ({item['model']})")
 
 
 def _stage_analysis(ctx: engine.Context) -> dict:
+  """``{label: `stages.Analysis`}`` of each model of the plan."""
   config = ctx.config
   out = {}
   for item in plan_models(config):
     model_dir = _resolve(item["model"], f"config.models.{item['label']}"
                          if item["label"] != "squad" else "config.squad_model")
-    target = ctx.workdir / "analysis" / item["label"]
-    cfg = _analysis_config(config, item, model_dir, target)
-    key = unit_key(dataclasses.asdict(cfg), paths=ANALYSIS_PATHS,
-                   inputs={"model": ctx.model(item["model"]), "data": ctx.data(item["data"])})
-
-    def fn(cfg=cfg, target=target, item=item):
-      ctx.sub(f"analysing the {item['label']} model {item['model']} on {item['data']}")
-      run_analysis(cfg, overwrite=True, progress=False, log=ctx.sub)
-      info = json.loads((target / contract.CLUSTERS_JSON).read_text())
-      return {"out": str(target), "model": item["model"], "data": item["data"],
-              "stability": info.get("stability"), "stability_fits": info.get("stability_fits")}
-
-    out[item["label"]] = engine.run_unit(ctx, "analysis", item["label"], key, fn,
-                                         clean=(target,)).outputs
+    cfg = _analysis_config(config, item, model_dir, ctx.workdir / "analysis" / item["label"])
+    ctx.sub(f"the {item['label']} model {item['model']} on {item['data']}")
+    out[item["label"]] = stages.analysis(ctx, "analysis", item["label"], cfg,
+                                         model=ctx.model(item["model"]))
   return out
 
 
 def _stage_ablation(ctx: engine.Context) -> dict:
   config = ctx.config
-  squad = ctx.upstream("analysis", "squad")
+  squad: stages.Analysis = ctx.results["analysis"]["squad"]
   model_dir = _resolve(config.squad_model or DEFAULT_SQUAD_MODEL, "config.squad_model")
   target = ctx.workdir / "ablation"
   ab = config.ablation
   eval_data = config.eval_data or config.squad_data
   acfg = AblationConfig(model=str(model_dir), data=eval_data, out=str(target),
-                        analysis=squad.outputs["out"], paper_tables=True,
+                        analysis=squad.out, paper_tables=True,
                         max_examples=int(ab.max_examples) or None, max_length=int(ab.max_length),
                         doc_stride=int(ab.doc_stride),
                         batch_size=int(ab.batch_size), seed=int(config.seed),
@@ -137,7 +127,8 @@ def _stage_ablation(ctx: engine.Context) -> dict:
     return {"out": str(target), "baseline": res["baseline"],
             "paper_tables": res["files"]["paper_tables"]}
 
-  return engine.run_unit(ctx, "ablation", "squad", key, fn, clean=(target,)).outputs
+  r = engine.run_unit(ctx, "ablation", "squad", key, fn, clean=(target,))
+  return dict(r.outputs, finished=r.finished)
 
 
 def table1(analyses: dict) -> pd.DataFrame:
@@ -174,12 +165,13 @@ def _fig4(analyses: dict, fig_dir: Path) -> str:
 def _stage_report(ctx: engine.Context) -> dict:
   from heads_jax.report import ablation as rep
   config = ctx.config
-  analyses = {item["label"]: ctx.upstream("analysis", item["label"]).outputs
-              for item in plan_models(config)}
-  ablation = ctx.upstream("ablation", "squad")
-  tables = pd.read_csv(ablation.outputs["paper_tables"])
-  key = {"analysis": {k: ctx.upstream("analysis", k).finished for k in analyses},
-         "ablation": ablation.finished}
+  results = ctx.results["analysis"]
+  analyses = {item["label"]: dict(results[item["label"]].to_json(), model=item["model"],
+                                  data=item["data"]) for item in plan_models(config)}
+  ablation = ctx.results["ablation"]
+  tables = pd.read_csv(ablation["paper_tables"])
+  key = {"analysis": {k: results[k].finished for k in analyses},
+         "ablation": ablation["finished"]}
 
   def fn():
     t1 = table1(analyses)
@@ -199,7 +191,7 @@ def _stage_report(ctx: engine.Context) -> dict:
          "html": _fig4(analyses, ctx.workdir / "figures")},
         rep.paper_tables_section(tables, model=str(config.squad_model)),
     ]
-    base = ablation.outputs["baseline"]
+    base = ablation["baseline"]
     settings = {"SQuAD model": config.squad_model, "SQuAD samples": config.samples,
                 "clusters (K)": config.clusters, "seed": config.seed,
                 "Tables 2-3 data": config.eval_data or config.squad_data,

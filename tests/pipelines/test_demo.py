@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from heads_jax import contract
-from heads_jax.pipelines import demo
+from heads_jax.pipelines import compare, demo, stages
 from heads_jax.pipelines.demo import run_demo
 from heads_jax.errors import UserError
 from tests.helpers import minilm_dir
@@ -101,20 +101,23 @@ def recorded_demo(tmp_path, monkeypatch):
   calls, reported = [], []
   monkeypatch.setattr(demo, "_real_model", lambda m: (model, "TinyBERT"))
 
-  def analyse(cfg, log):
+  def analyse(cfg, **kw):
     calls.append(("analysis", Path(cfg.out).name, cfg.max_examples))
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    return {"summary": {}}
 
   def train(kind):
     def fn(c, workdir):
       calls.append((kind, c.num_train_steps))
       Path(workdir).mkdir(parents=True, exist_ok=True)
-      return {"data": {"num_train": 654, "num_eval": 218}}
+      return {"data": {"num_train": 654, "num_eval": 218},
+              "exports": {"heads_jax": str(Path(workdir) / "best_model")}}
     return types.SimpleNamespace(train_and_evaluate=fn)
-  monkeypatch.setattr(demo, "analyse", analyse)
-  monkeypatch.setattr(demo, "finetune", train("finetune"))
-  monkeypatch.setattr(demo, "pretrain", train("pretrain"))
-  monkeypatch.setattr(demo, "run_compare", lambda a, b, dest, **kw: calls.append(("compare",)))
+  monkeypatch.setattr(stages, "run_analysis", analyse)
+  monkeypatch.setattr(stages, "finetune_lib", train("finetune"))
+  monkeypatch.setattr(stages, "pretrain_lib", train("pretrain"))
+  monkeypatch.setattr(compare, "run_compare",
+                      lambda a, b, dest, **kw: calls.append(("compare",)) or "r.html")
 
   def write_report(s, results, log):
     reported.append(dict(results))
@@ -188,7 +191,6 @@ def test_demo_replaced_data_reruns_exactly_its_readers(recorded_demo, tmp_path, 
   glue = tmp_path / "glue"
   shutil.copytree(assets.glue_dir(), glue)
   monkeypatch.setattr(assets, "glue_dir", lambda: glue)
-  monkeypatch.setattr(demo, "glue_dir", lambda: glue)
   run, calls = recorded_demo
   run()
   run()

