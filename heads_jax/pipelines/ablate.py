@@ -517,15 +517,15 @@ def _stages(config: AblationConfig, run: AblationRun, jobs) -> list:
                                "title": config.title})   # the title: cosmetic for a result, not here
     res = engine.run_unit(ctx, REPORT, REPORT, key,
                           lambda: _write_report(config, base.outputs, parts),
-                          clean=[out / "report.html", out / runfiles.ABLATION_JSON])
+                          clean=[out / contract.REPORT_HTML, out / runfiles.ABLATION_JSON])
     ctx.sub(f"report: {res.outputs['report']}")
     return res
 
   return [engine.Stage("baseline", "the unablated model on the evaluation set", baseline,
                        outputs=()),
           *(part(j) for j in jobs),
-          engine.Stage(REPORT, "report.html and ablation.json", report, reads=("baseline", *names),
-                       outputs=("report.html", runfiles.ABLATION_JSON, "figures"))]
+          engine.Stage(REPORT, "the report and ablation.json", report, reads=("baseline", *names),
+                       outputs=(contract.REPORT_HTML, runfiles.ABLATION_JSON, "figures"))]
 
 
 def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
@@ -554,9 +554,8 @@ def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
       grouping=config.by or "group", group_note=_group_note(config),
       causal=table("causal") if "ablation" in parts else None,
       segments=table("segment_ablation") if "segment_ablation" in parts else None,
-      importance=(np.load(out / "importance.npy") if "importance" in parts else None),
-      importance_raw=(table("importance")["importance_raw"].to_numpy()
-                      if "importance" in parts else None),
+      importance=_grid(table("importance"), "importance") if "importance" in parts else None,
+      importance_raw=_grid(table("importance"), "importance_raw") if "importance" in parts else None,
       importance_settings=parts["importance"].outputs["notes"]["settings"]
       if "importance" in parts else None,
       pruning=table("pruning") if "pruning" in parts else None,
@@ -573,6 +572,11 @@ def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
          **{n: p.outputs["record"] for n, p in parts.items()}, "report": str(report)}
   runfiles.write_ablation_json(out, doc)
   return doc
+
+
+def _grid(table: pd.DataFrame, column: str) -> np.ndarray:
+  """``[l, h]`` of a long (layer, head, value) table's ``column``."""
+  return table.pivot(index="layer", columns="head", values=column).to_numpy(float)
 
 
 def _group_note(config: AblationConfig) -> str:

@@ -196,7 +196,7 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
     ctx.sub(f"report: {res.outputs['report']}")
     return res
 
-  stages.append(engine.Stage("report", "report.html", report, reads=read,
+  stages.append(engine.Stage("report", "the report", report, reads=read,
                              outputs=(contract.REPORT_HTML, "figures")))
   claim = {"kind": "comparison", "flag": "--out",
            "model": [str(before_model), str(after_model)] if with_models else None,

@@ -303,3 +303,17 @@ def test_out_of_another_kind_or_a_file_is_refused_before_loading(tmp_path, monke
   with pytest.raises(UserError, match="is a file; give a directory"):
     run_ablation(AblationConfig(model="m", data="mrpc", out=str(tmp_path / "f"), by="layer"))
   assert not (tmp_path / "new").exists()
+
+
+def test_cli_says_one_line(capsys, tmp_path):
+  from heads_jax import cli
+  code = cli.main(["ablate", "--model", str(tmp_path / "m"), "--data", "mrpc", "--out",
+                   str(tmp_path / "o"), "--by", "role", "--analysis", str(tmp_path),
+                   "--random-groups", "-1"])
+  err = capsys.readouterr().err.strip()
+  assert code == 2 and err.splitlines() == [err] and "--random-groups -1" in err
+  code = cli.main(["ablate", "--model", str(tmp_path / "m"), "--data", "mrpc", "--out",
+                   str(tmp_path / "o"), "--cross", "intra", "--heads", "0:1", "--mode", "mean"])
+  err = capsys.readouterr().err.strip()
+  assert code == 2 and err.splitlines() == [err] and "--mode mean" in err
+  assert not (tmp_path / "o").exists()
