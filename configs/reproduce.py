@@ -166,6 +166,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.analysis.correction = "none"
   c.analysis.measures = False
   c.analysis.report = True               # each analysis's own report.html as well
+  c.analysis.rule = "paper"              # each analysis report leads with the paper's rule (the
+  #                                        calibrated one stays in tests.csv's rule columns)
   c.analysis.similarity_examples = 0     # > 0: attention similarity before/after in compare
   return c
 
@@ -195,7 +197,8 @@ def guan_config(name: str) -> ml_collections.ConfigDict:
                                             "mnli": "glue:mnli:validation_matched"})
   c.eval_data = ""       # Tables 2-3 ("" = squad_data, every question; the paper: SQuAD v1.1 dev)
   c.analysis = ml_collections.ConfigDict({"max_length": 384, "batch_size": 16,
-                                          "max_examples": 0, "measures": True, "report": True})
+                                          "max_examples": 0, "measures": True, "report": True,
+                                          "rule": "paper"})
   # doc_stride: the windows' stride over a context (as the SQuAD model's fine-tuning: 128)
   c.ablation = ml_collections.ConfigDict({"max_length": 384, "doc_stride": 128, "batch_size": 32,
                                           "max_examples": 0})

@@ -222,12 +222,14 @@ JOB_FILE = "heads_jax_job.json"
 # kind -> the command that writes such a directory
 JOB_KINDS = {"analysis": "heads-jax analyze", "comparison": "heads-jax compare",
              "ablation": "heads-jax ablate", "reproduce": "heads-jax reproduce",
-             "demo": "heads-jax demo", "pretraining": "heads-jax pretrain",
+             "demo": "heads-jax demo", "trajectory": "heads-jax trajectory",
+             "pretraining": "heads-jax pretrain",
              "finetuning": "heads-jax finetune", "training": "heads-jax pretrain/finetune",
              "model": "heads-jax convert or a training export"}
 # Directories written before the markers, recognised by their files (first match wins).
 LEGACY_SIGNS = (("reproduce", (REPRODUCE_CONFIG_JSON,)), ("demo", (DEMO_JSON,)),
                 ("ablation", (ABLATION_JSON,)), ("comparison", (contract.COMPARE_JSON,)),
+                ("trajectory", ("trajectory.csv",)),
                 ("analysis", (contract.SCORES_FILE, contract.RUN_FILE)),
                 ("model", ("heads_jax.json", "params.safetensors", "model.safetensors",
                            "pytorch_model.bin")),

@@ -12,6 +12,7 @@ from heads_jax.errors import UserError
 @pytest.mark.parametrize("files,kind", [
     (["scores.npz"], "analysis"), (["run.json"], "analysis"), (["compare.json"], "comparison"),
     (["ablation.json"], "ablation"), (["reproduce_config.json"], "reproduce"), (["demo.json"], "demo"),
+    (["trajectory.csv", "scores.npz"], "trajectory"),
     (["checkpoints/"], "training"), (["metrics.jsonl", "summary.json"], "training"),
     (["heads_jax.json", "params.safetensors", "config.json"], "model"),
     (["config.json", "model.safetensors"], "model"), (["notes.txt"], None), ([], None),
@@ -59,13 +60,17 @@ def test_claim_check_and_refusals(tmp_path):
     runfiles.check_dir(d, "analysis")
 
 
-def swap_bytes_keep_stat(path):
-  """Rewrites ``path`` with two neighbouring bytes swapped (the last two distinct letters, so
-  a TSV keeps its layout): same size, same mtime (restored)."""
+def swap_bytes_keep_stat(path, line: int | None = None):
+  """Rewrites ``path`` with two neighbouring bytes swapped (the last two distinct letters, of
+  line ``line`` when given, so a TSV keeps its layout): same size, same mtime (restored)."""
   import os
   st = path.stat()
   b = bytearray(path.read_bytes())
-  k = next(k for k in range(len(b) - 1, 0, -1)
+  lo, hi = 0, len(b)
+  if line is not None:
+    starts = [0] + [i + 1 for i, c in enumerate(b) if c == ord("\n")]
+    lo, hi = starts[line], starts[line + 1] - 1
+  k = next(k for k in range(hi - 1, lo, -1)
            if chr(b[k]).isalnum() and chr(b[k - 1]).isalnum() and b[k] != b[k - 1])
   b[k - 1], b[k] = b[k], b[k - 1]
   path.write_bytes(bytes(b))

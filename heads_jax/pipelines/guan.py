@@ -32,19 +32,15 @@ import pandas as pd
 
 from heads_jax import contract, hub
 from heads_jax.errors import UserError
-from heads_jax.hoststats import paper
 from heads_jax.pipelines import engine
 from heads_jax.pipelines.ablate import AblationConfig, run_ablation
 from heads_jax.pipelines.analyze import AnalysisConfig
 from heads_jax.pipelines import stages
 from heads_jax.pipelines.keys import ANALYSIS_PATHS, unit_key
-from heads_jax.report.figures import guan as guan_figures
-from heads_jax.report.page import esc, figure_html, table_html, write_page
+from heads_jax.report.guan import MODEL_LABELS  # the analyses, SQuAD first (Table 1's columns)
 
 DEFAULT_SQUAD_MODEL = "bert-large-uncased-whole-word-masking-finetuned-squad"
 STAGES = ("analysis", "ablation", "report")
-MODEL_LABELS = ("squad", "pretrained", "mrpc", "mnli")   # Table 1's columns, SQuAD first
-PAPER_LABELS = {"pretrained": "Pre-train", "squad": "SQuAD", "mrpc": "MRPC", "mnli": "MNLI"}
 
 
 def _resolve(name: str, what: str) -> Path:
@@ -56,8 +52,13 @@ def _resolve(name: str, what: str) -> Path:
                     "id") from None
 
 
-def _squad_sample_spec(data: str, samples: int, seed: int) -> str:
+def _squad_sample_spec(data: str, samples, seed) -> str:
   """``data`` (a ``squad:`` / ``squad-tfds:`` spec) with ``:n=samples:seed=seed``."""
+  for name, value, low in (("samples", samples, 1), ("seed", seed, 0)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      raise UserError(f"--config.{name} must be an integer >= {low} (the "
+                      + ("number of SQuAD questions analysed" if name == "samples" else
+                         "seed of their random draw") + f"); got {value!r}")
   if str(data).split(":", 1)[0] not in ("squad", "squad-tfds"):
     raise UserError(f"config.squad_data must be SQuAD data (squad:FILE or squad-tfds:...), got "
                     f"{data!r}")
@@ -131,39 +132,9 @@ def _stage_ablation(ctx: engine.Context) -> dict:
   return dict(r.outputs, finished=r.finished)
 
 
-def table1(analyses: dict) -> pd.DataFrame:
-  """Table 1: the stability of each model's clustering, this run's beside the paper's."""
-  paper_values = {c.key.replace("guan_stability_", ""): c.value for c in paper.CLAIMS
-                  if c.key.startswith("guan_stability_") and c.value is not None}
-  rows = []
-  for label in MODEL_LABELS:
-    mine = analyses.get(label, {}).get("stability")
-    rows.append({"model": PAPER_LABELS[label],
-                 "this run": None if mine is None else 100 * float(mine),
-                 "paper": 100 * paper_values.get(PAPER_LABELS[label].lower().replace("-", ""),
-                                                 float("nan")),
-                 "analysed": label in analyses})
-  return pd.DataFrame(rows)
-
-
-def _fig4(analyses: dict, fig_dir: Path) -> str:
-  """Fig. 4: the types per layer of every analysed model (one panel each)."""
-  html = ""
-  for label in MODEL_LABELS:
-    if label not in analyses:
-      continue
-    df = pd.read_csv(Path(analyses[label]["out"]) / contract.CLUSTERS_CSV)
-    path = guan_figures.plot_cluster_layers(df, fig_dir / f"fig4_{label}.png",
-                                            title=f"{PAPER_LABELS[label]} model")
-    html += figure_html(path, f"Fig. 4 ({PAPER_LABELS[label]})",
-                        f"Attention types per layer of the {PAPER_LABELS[label]} model "
-                        f"({esc(analyses[label]['model'])}; Guan et al. Fig. 4: \"all the four "
-                        "models share similar head type distribution\").")
-  return html
-
-
 def _stage_report(ctx: engine.Context) -> dict:
   from heads_jax.report import ablation as rep
+  from heads_jax.report import guan as guan_report
   config = ctx.config
   results = ctx.results["analysis"]
   analyses = {item["label"]: dict(results[item["label"]].to_json(), model=item["model"],
@@ -174,35 +145,23 @@ def _stage_report(ctx: engine.Context) -> dict:
          "ablation": ablation["finished"]}
 
   def fn():
-    t1 = table1(analyses)
-    def rel(v):
-      return esc(Path(v["out"]).relative_to(ctx.workdir).as_posix())
-    links = "".join(f'<li>{esc(PAPER_LABELS[k])}: <a href="{rel(v)}/{contract.REPORT_HTML}">'
-                    f'analysis report</a> ({esc(v["model"])} on {esc(v["data"])}; Figs. 1-3 '
-                    'and 5)</li>' for k, v in analyses.items())
-    sections = [
-        {"title": "Analyses", "html": f"<ul>{links}</ul>"},
-        {"title": "Table 1: stability of the clustering",
-         "html": ("<p>Share of heads (percent) whose cluster is the same in every fit on random "
-                  "halves (Von Luxburg 2010, as Guan et al.), per model; the paper's values are "
-                  "BERT-large's. Models this run did not analyse are blank.</p>"
-                  + table_html(t1, table_id="table-guan-table1", float_format="{:.2f}"))},
-        {"title": "Fig. 4: attention types per layer, per model",
-         "html": _fig4(analyses, ctx.workdir / "figures")},
-        rep.paper_tables_section(tables, model=str(config.squad_model)),
-    ]
     base = ablation["baseline"]
     settings = {"SQuAD model": config.squad_model, "SQuAD samples": config.samples,
                 "clusters (K)": config.clusters, "seed": config.seed,
                 "Tables 2-3 data": config.eval_data or config.squad_data,
                 "unablated EM / F1": f"{100 * base['exact_match']:.2f} / {100 * base['f1']:.2f}"}
-    page = write_page(ctx.workdir, title="Guan et al. 2020: how far does BERT look at",
-                      sections=sections, settings=settings,
-                      subtitle=f"{paper.GUAN}; this run: {config.squad_model}")
-    return {"report": str(page), "table1": t1.to_dict(orient="records")}
+    res = guan_report.write_guan_report(
+        ctx.workdir, analyses={k: v["out"] for k, v in analyses.items()},
+        squad_model=str(config.squad_model or DEFAULT_SQUAD_MODEL), tables=tables,
+        questions=base.get("n"), models={k: (v["model"], v["data"]) for k, v in analyses.items()},
+        settings=settings, tables_section=rep.paper_tables_section(tables, model=str(config.squad_model)))
+    ctx.sub(f"Guan et al.'s claims: {res['verdicts']}")
+    return {"report": str(res["report"]), "claims": str(res["claims"]),
+            "table1": res["table1"], "verdicts": res["verdicts"]}
 
   return engine.run_unit(ctx, "report", "report", key, fn,
-                         clean=(ctx.workdir / contract.REPORT_HTML,)).outputs
+                         clean=(ctx.workdir / contract.REPORT_HTML,
+                                ctx.workdir / guan_report.CLAIMS_CSV)).outputs
 
 
 def pipeline_stages() -> tuple[engine.Stage, ...]:

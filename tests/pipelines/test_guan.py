@@ -55,10 +55,17 @@ def test_presets_and_plan():
   c.squad_data = "glue:mrpc"
   with pytest.raises(UserError, match="must be SQuAD data"):
     guan.plan_models(c)
+  c.squad_data = "squad-tfds"
+  for field, value in (("samples", 0), ("seed", -1)):
+    bad = configlib.load_config("configs/reproduce.py:guan")
+    setattr(bad, field, value)
+    with pytest.raises(UserError, match=rf"--config.{field} must be an integer >= {int(field == 'samples')}"):
+      guan.plan_models(bad)
 
 
 def test_table1_paper_values():
-  t = guan.table1({"squad": {"stability": 0.9}, "mrpc": {"stability": None}})
+  from heads_jax.report import guan as guan_report
+  t = guan_report.table1({"squad": {"stability": 0.9}, "mrpc": {"stability": None}})
   assert t["model"].tolist() == ["SQuAD", "Pre-train", "MRPC", "MNLI"]
   assert t["paper"].tolist() == pytest.approx([96.26, 95.98, 95.98, 94.37])
   assert t["this run"][0] == pytest.approx(90.0) and t["analysed"].tolist() == [True, False, True, False]
@@ -104,7 +111,7 @@ def recorded_guan(tmp_path, monkeypatch):
   canned = {"analysis": {"out": str(tmp_path), "model": "m", "data": "d", "stability": 0.5},
             "ablation": {"out": str(tmp_path), "paper_tables": str(tables),
                          "baseline": {"exact_match": 0.1, "f1": 0.2}},
-            "report": {"report": "report.html", "table1": []}}
+            "report": {"report": "report.html", "table1": [], "claims": "c.csv", "verdicts": {}}}
   calls = []
   real = engine.run_unit
 
