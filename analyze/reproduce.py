@@ -7,9 +7,11 @@ analyses before and after fine-tuning, comparison, and one report beside the pap
   heads-jax reproduce --config configs/reproduce.py:cpu --workdir runs/r --config.tasks=mrpc \\
       --config.test_sequences=20 --redo analysis
 
-Every stage writes under --workdir and is skipped when its outputs are there, so the same
-command continues a killed run; --redo STAGE does one stage again (and what reads it). Thin
-entry point over ``heads_jax.pipelines.reproduce.run_reproduce``.
+Every stage writes under --workdir; a unit whose settings and inputs (their content) did not
+change is reused, so the same command continues a killed run and redoes only what a change
+reaches; --redo STAGE does one stage again (and what reads it). The config names the
+pipeline (config.pipeline): Pande et al.'s (pande) or Guan et al.'s (guan). Thin entry point
+over ``heads_jax.pipelines.reproduce.run_reproduce``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import sys
 from heads_jax.training import configlib
 
 DEFAULT_CONFIG = "configs/reproduce.py:cpu"
+# config.pipeline -> the function that runs it (imported when chosen)
+PIPELINES = {"pande": "heads_jax.pipelines.reproduce:run_reproduce",
+             "guan": "heads_jax.pipelines.guan:run_guan"}
 
 
 def add_args(p):
@@ -34,12 +39,13 @@ def main(args):
   if args.print_config:
     print(config)
     return 0
-  from heads_jax.pipelines.reproduce import run_reproduce
-  if config.get("pipeline") == "guan":  # configs/reproduce.py:guan
-    from heads_jax.pipelines.guan import run_guan
-    run_guan(config, args.workdir, redo=args.redo)
-    return 0
-  run_reproduce(config, args.workdir, redo=args.redo)
+  name = config.get("pipeline", "pande")
+  if name not in PIPELINES:
+    from heads_jax.errors import UserError
+    raise UserError(f"config.pipeline={name!r}: one of {', '.join(PIPELINES)}")
+  import importlib
+  module, function = PIPELINES[name].split(":")
+  getattr(importlib.import_module(module), function)(config, args.workdir, redo=args.redo)
   return 0
 
 

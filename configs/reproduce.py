@@ -111,6 +111,7 @@ def _task_data(train="train", eval_="dev", analysis="test", source="auto",
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.preset = ""
+  c.pipeline = "pande"          # analyze/reproduce.py PIPELINES: pande | guan
   c.tasks = ",".join(TASKS)     # comma-separated subset of mrpc, qqp, sst2, qnli
   c.test_sequences = 1000       # analysed sequences per task (the first N rows of the analysis split)
   c.stop_after = ""             # a stage name: stop after it (a partial run; rerun to continue)
