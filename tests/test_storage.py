@@ -180,3 +180,61 @@ def test_the_watchdog_line_names_the_last_complete_checkpoint():
                   r"checkpoint of step 40 \(gs://b/run/checkpoints\); the last complete "
                   r"checkpoint is step 20 in gs://b/run/checkpoints; check the network", lines[-1])
   assert sum(x.startswith("heads-jax: error:") for x in lines) == 1
+
+
+FULL = "/dev/full"  # every write into it fails with ENOSPC and no file name, as a full disk
+
+
+@pytest.mark.skipif(not os.path.exists(FULL), reason="needs /dev/full")
+def test_a_full_disk_names_the_file_and_what_to_do(tmp_path):
+  """A write into a full disk (no file name in the OSError) is one line naming the path:
+  storage writes, a job's staged output directory, the contract's files."""
+  import numpy as np
+
+  from heads_jax import cli, contract
+  from heads_jax.hoststats import hypothesis
+
+  fix = "no space left on the device; free some space or choose another output directory"
+  (tmp_path / "full.json").symlink_to(FULL)
+  with pytest.raises(OSError) as e:
+    storage.write_text(tmp_path / "full.json", "{}")
+  assert e.value.filename == str(tmp_path / "full.json")
+  assert cli.user_message(e.value).startswith(f"{tmp_path / 'full.json'}: {fix}")
+
+  out = tmp_path / "report"
+  with pytest.raises(OSError) as e:
+    with storage.staged_output(out) as local:
+      (local / "page.html").symlink_to(FULL)
+      with open(local / "page.html", "w") as f:  # a writer that names nothing itself
+        f.write("<html>")
+  assert cli.user_message(e.value).startswith(f"{out}: {fix}")
+
+  x = np.arange(6.0).reshape(3, 1, 1, 2)
+  df, settings = hypothesis.hypothesis_tests(x, ("local", "cls"), settings={"model": "m"})
+  for name in ("tests.csv", "tests.json"):
+    d = tmp_path / name.replace(".", "_")
+    d.mkdir()
+    (d / name).symlink_to(FULL)
+    with pytest.raises(OSError) as e:
+      contract.write_tests(df, settings, d)
+    assert cli.user_message(e.value).startswith(f"{d / name}: {fix}"), name
+  (tmp_path / "run" ).mkdir()
+  (tmp_path / "run" / "run.json.tmp").symlink_to(FULL)
+  with pytest.raises(OSError) as e:
+    contract.write_run(tmp_path / "run", {}, [])
+  assert cli.user_message(e.value).startswith(f"{tmp_path / 'run' / 'run.json'}: {fix}")
+  assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_the_emulators_stderr_is_drained_so_a_chatty_server_never_blocks():
+  """A child writing 1 MiB to stderr (16 times what a pipe holds) runs to its end under
+  ``tests.gcs_emulator.drained``; its last lines are kept."""
+  from tests.gcs_emulator import LOG_LINES, drained
+  code = ("import sys\nfor i in range(16384): sys.stderr.write(f'{i:063d}\\n')\n"
+          "sys.stderr.flush()\n")
+  proc, tail = drained([sys.executable, "-c", code])
+  assert proc.wait(timeout=60) == 0
+  deadline = time.time() + 10
+  while (not tail or tail[-1] != f"{16383:063d}") and time.time() < deadline:
+    time.sleep(0.05)
+  assert len(tail) == LOG_LINES and tail[-1] == f"{16383:063d}"
