@@ -14,6 +14,8 @@ From the second pass of ``heads_jax.stats.norms`` (per sequence ``[N, l, h]``):
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
@@ -37,11 +39,9 @@ def head_sinks(first_attention, sep_attention, norm_ratio,
   first, sep, ratio = _check(first_attention, sep_attention, norm_ratio)
   _, L, H = first.shape
   layer, head = np.indices((L, H)).reshape(2, -1)
-  with np.errstate(invalid="ignore"), pd.option_context("mode.chained_assignment", None):
-    import warnings
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore", RuntimeWarning)  # mean of an all-NaN second [SEP]
-      sep_mean = np.nanmean(sep, axis=0)
+  with np.errstate(invalid="ignore"), warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)  # mean of an all-NaN second [SEP]
+    sep_mean = np.nanmean(sep, axis=0)
   f = first.mean(0).reshape(-1)
   return pd.DataFrame({"layer": layer, "head": head, "first_attention": f,
                        "sep1_attention": sep_mean[..., 0].reshape(-1),
