@@ -545,8 +545,14 @@ def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
   settings["seconds"] = round(sum(p.seconds or 0 for p in parts.values()), 1)
 
   def table(stem):
+    """A part's table as it wrote it (text columns: empty cells stay "", not NaN)."""
     path = out / f"{stem}.csv"
-    return pd.read_csv(path) if path.is_file() else None
+    if not path.is_file():
+      return None
+    t = pd.read_csv(path)
+    text = [c for c in t.columns if not pd.api.types.is_numeric_dtype(t[c])]
+    t[text] = t[text].fillna("")
+    return t
 
   results = rep.AblationResults(
       base=base["metrics"], metrics=tuple(metrics),

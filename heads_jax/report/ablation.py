@@ -147,8 +147,9 @@ def paper_tables_section(table: pd.DataFrame, *, model: str = "") -> dict:
                      "heads": table["num_heads"],
                      f"{em} (this run)": 100 * table[em], "EM (paper)": 100 * table["paper_exact_match"],
                      "F1 (this run)": 100 * table["f1"], "F1 (paper)": 100 * table["paper_f1"]})
-  if table["missing_types"].astype(bool).any():
-    df["types without heads here"] = table["missing_types"]
+  missing = table["missing_types"].fillna("").astype(str).str.strip()   # "" (or NaN): none
+  if missing.ne("").any():
+    df["types without heads here"] = missing
   text = ("<p>Guan et al. (2020) Table 2 (ids 1-11: each cluster type kept, pruned = attention "
           "0, or substituted by 1/L = uniform attention over the L real tokens) and Table 3 (ids "
           "12-19: the intra- or inter-sentence attention of one type removed, or of every type "

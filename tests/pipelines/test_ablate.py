@@ -84,6 +84,7 @@ def test_ablate_cli_end_to_end(tiny_dir, analysis_dir, tmp_path):
   res = run_ablation(_args(model=tiny_dir, data="mrpc", max_examples=12, out=out,
                                analysis=analysis_dir, by="cluster", cross="both",
                                cluster=["vertical", "diagonal"], prune=True, prune_step=0.5,
+                               paper_tables=True,
                                random_seeds=1, batch_size=8, max_length=64),
                          log=lines.append)
   table = pd.read_csv(out / "ablation.csv")
@@ -106,6 +107,8 @@ def test_ablate_cli_end_to_end(tiny_dir, analysis_dir, tmp_path):
   for title in ("Ablation by cluster", "Intra- and inter-sentence attention removed",
                 "Head importance", "Pruning curve", "NOT renormalised"):
     assert title in html
+  assert "Guan et al. Tables 2 and 3" in html
+  assert "types without heads here" not in html   # every type has heads (empty cells read as "")
   assert html.count("data:image/png;base64,") == 4   # the registry's figures, drawn
   assert sorted(p.name for p in (out / "figures").glob("*.png")) == [
       "group_ablation.png", "importance.png", "pruning.png", "segment_ablation.png"]
