@@ -34,6 +34,19 @@ def metric_columns(evaluator) -> tuple[str, ...]:
   return tuple(getattr(evaluator, "metric_columns", METRIC_COLUMNS))
 
 
+def shown(value: float, percent: bool, signed: bool = False) -> str:
+  """A metric value for the console: SQuAD's exact match and F1 (``percent``) in percent with 2
+  decimals, as the paper prints them; a classifier's metrics as fractions with 4."""
+  if percent:
+    return f"{100 * value:+.2f}" if signed else f"{100 * value:.2f}"
+  return f"{value:+.4f}" if signed else f"{value:.4f}"
+
+
+def is_percent(columns) -> bool:
+  """Whether metrics ``columns`` are SQuAD's (exact match and F1, shown in percent)."""
+  return "exact_match" in tuple(columns)
+
+
 def _metrics_row(metrics: dict, base: dict, prefix: str = "", columns=METRIC_COLUMNS) -> dict:
   row = {}
   for m in columns:
@@ -105,8 +118,9 @@ def ablate_groups(evaluator, groups: list[HeadGroup], *, mode: str = "remove",
     row["random_seeds"] = random_seeds if len(g) else 0
     row["heads"] = format_heads(g.heads)
     rows.append(_with_random_change(row, base, cols))
-    log(f"{mode} {g.kind} {g.name!r} ({len(g)} heads): {first} {metrics[first]:.4f} "
-        f"({metrics[first] - base[first]:+.4f})")
+    pct = is_percent(cols)
+    log(f"{mode} {g.kind} {g.name!r} ({len(g)} heads): {first} {shown(metrics[first], pct)} "
+        f"({shown(metrics[first] - base[first], pct, signed=True)})")
   return pd.DataFrame(rows)
 
 
@@ -146,6 +160,7 @@ def ablate_segments(evaluator, groups: list[HeadGroup], *, parts=SEGMENT_PARTS,
       row["random_seeds"] = random_seeds if len(g) else 0
       row["heads"] = format_heads(g.heads)
       rows.append(_with_random_change(row, base, cols))
+      pct = is_percent(cols)
       log(f"remove {part}-sentence attention of {g.kind} {g.name!r} ({len(g)} heads): {first} "
-          f"{metrics[first]:.4f} ({metrics[first] - base[first]:+.4f})")
+          f"{shown(metrics[first], pct)} ({shown(metrics[first] - base[first], pct, signed=True)})")
   return pd.DataFrame(rows)

@@ -189,6 +189,11 @@ class AblationRun:
     return self.data.metric_names
 
   @property
+  def percent(self) -> bool:
+    """SQuAD's exact match and F1 are shown in percent (`ablation.ablate.shown`)."""
+    return ablate.is_percent(self.metrics)
+
+  @property
   def shown(self) -> list[str]:
     """The columns of a group table printed to the log."""
     return ["group", "num_heads", "ablation"] + [c for m in self.metrics for c in (
@@ -233,7 +238,7 @@ def _by_groups(run: AblationRun) -> SubResult:
   table = ablate.ablate_groups(run.ev, groups, mode=config.mode, random_seeds=config.random_seeds,
                                seed=config.seed, base=run.base, log=run.log)
   tables, lines = {"ablation": table}, [f"\nablation by {config.by} ({config.mode}):",
-                                        _table_text(table, run.shown)]
+                                        _table_text(table, run.shown, run.percent)]
   if config.by == "role" and config.random_groups > 0:  # issue 26: the causal test of each role
     test = causal.causal_tests(causal.GroupEvaluator(run.ev, config.mode),
                                [g for g in groups if len(g)], random_groups=config.random_groups,
@@ -276,7 +281,7 @@ def _segments(run: AblationRun) -> SubResult:
          "rows not renormalised: Guan et al. do not say; heads_jax default")
   return SubResult({"segment_ablation": table}, _records(table),
                    [f"\nintra/inter-sentence attention removed ({how}):",
-                    _table_text(table, run.shown)])
+                    _table_text(table, run.shown, run.percent)])
 
 
 def _importance(run: AblationRun) -> SubResult:
@@ -317,7 +322,7 @@ def _paper_tables(run: AblationRun) -> SubResult:
   return SubResult({"paper_tables": table}, _records(table),
                    ["\nGuan et al. Tables 2-3 (this run vs the paper):",
                     _table_text(table, ["table", "id", "setting", *run.metrics,
-                                        "paper_exact_match", "paper_f1"])])
+                                        "paper_exact_match", "paper_f1"], run.percent)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,9 +362,16 @@ EVAL_FIELDS = ("task", "max_examples", "max_length", "doc_stride", "batch_size",
 REPORT = "report"
 
 
-def _table_text(df, columns) -> str:
+def _table_text(df, columns, percent: bool = False) -> str:
+  """``columns`` of a table for the console; with ``percent`` (SQuAD) exact match and F1 (and
+  their changes, the paper's) in percent with 2 decimals, as the paper and Guan's rows print them."""
   cols = [c for c in columns if c in df.columns]
-  return df[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}")
+  t = df[cols].copy()
+  scaled = [c for c in cols if percent and ("exact_match" in c or c == "f1" or "f1_" in c
+                                            or c.endswith("_f1"))]
+  t[scaled] = 100 * t[scaled]
+  return t.to_string(index=False, float_format=lambda v: f"{v:.4f}",
+                     formatters={c: (lambda v: f"{v:.2f}") for c in scaled})
 
 
 def _load(config: AblationConfig):
@@ -479,7 +491,8 @@ def _stages(config: AblationConfig, run: AblationRun, jobs) -> list:
     run.base = o["metrics"]
     ctx.sub(f"{o['task']}: {o['examples']} examples ({o['evaluation set']}); {o['layers']} layers "
             f"x {o['heads']} heads; unablated " + ", ".join(
-                f"{m} {run.base[m]:.4f}" for m in o["metric_names"]))
+                f"{m} {ablate.shown(run.base[m], ablate.is_percent(o['metric_names']))}"
+                for m in o["metric_names"]))
     return res
 
   def part(job):
@@ -599,7 +612,7 @@ def run_ablation(config: AblationConfig, log=print, *, redo: str | None = None) 
   everything)."""
   _check_inputs(config, log)   # before the lock: nothing is written for a bad request
   jobs = [j for j in SUB_JOBS if j.wanted(config)]
-  run = AblationRun(config, log)
+  run = AblationRun(config, lambda line: log("  " + str(line)))   # under its stage's line
   claim = {"kind": "ablation", "flag": "--out", "model": config.model, "data": config.data,
            "task": _task_name(config),
            "settings": {"by": config.by, "cross": config.cross, "mode": config.mode,

@@ -23,6 +23,7 @@ from heads_jax.model.config import config_for
 from heads_jax.model.heads import BertForSequenceClassification
 from heads_jax.pipelines import ablate as ablate_mod
 from heads_jax.pipelines.ablate import AblationConfig, check_classifier_task, classifier_task, run_ablation
+from tests.helpers import requires_shared
 
 
 def _save_classifier(path, seed=0):
@@ -320,3 +321,26 @@ def test_cli_says_one_line(capsys, tmp_path):
   err = capsys.readouterr().err.strip()
   assert code == 2 and err.splitlines() == [err] and "--mode mean" in err
   assert not (tmp_path / "o").exists()
+
+
+@requires_shared("squad")
+def test_squad_scores_are_shown_in_percent(tmp_path):
+  # issue 33: one unit for EM/F1 everywhere (percent, as the paper and Guan's rows print them);
+  # the files keep fractions
+  from heads_jax.model.heads import BertForQuestionAnswering
+  from tests.ablation.test_squad_ablation import SPEC
+  tok = load_tokenizer(None)
+  cfg = config_for("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
+                   initializer_range=0.2)
+  save_model(BertForQuestionAnswering(cfg, rngs=nnx.Rngs(0)), tmp_path / "qa", tok)
+  lines = []
+  res = run_ablation(AblationConfig(model=str(tmp_path / "qa"), data=SPEC, out=str(tmp_path / "o"),
+                                    by="heads", heads="0:*", random_seeds=0, max_length=64,
+                                    batch_size=8), log=lines.append)
+  base = res["baseline"]
+  text = "\n".join(lines)
+  assert f"unablated exact_match {100 * base['exact_match']:.2f}, f1 {100 * base['f1']:.2f}" in text
+  table = pd.read_csv(tmp_path / "o" / "ablation.csv")
+  assert table["f1"].max() <= 1   # fractions in the file
+  row = table.iloc[1]
+  assert f"exact_match {100 * row['exact_match']:.2f} ({100 * row['exact_match_change']:+.2f})" in text
