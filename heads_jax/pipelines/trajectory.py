@@ -112,11 +112,7 @@ def check_out(out) -> None:
   """Refuses (UserError, one line) an ``--out`` that is a file, another job's directory, or not
   writable, before any checkpoint is analysed."""
   out = Path(out)
-  if out.is_file():
-    raise UserError(f"--out {out} is a file; give a directory (a new or an earlier trajectory "
-                    "directory)")
-  if "trajectory" in runfiles.JOB_KINDS:
-    runfiles.check_dir(out, "trajectory", flag="--out")
+  runfiles.check_dir(out, "trajectory", flag="--out")
   existing = out
   while not existing.exists() and existing != existing.parent:
     existing = existing.parent
@@ -352,8 +348,8 @@ def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | Non
                          + ", ".join(data), checkpoints),
             engine.Stage("table", "trajectory.csv and its figure", table, reads=("checkpoints",),
                          outputs=(TRAJECTORY_CSV, TRAJECTORY_PNG, "trajectory.svg"))]
-  claim = ({"kind": "trajectory", "flag": "--out", "model": str(run), "data": list(data),
-            "settings": settings} if "trajectory" in runfiles.JOB_KINDS else None)
+  claim = {"kind": "trajectory", "flag": "--out", "model": str(run), "data": list(data),
+           "settings": settings}
   with held_back_loop_errors():
     try:
       engine.run_pipeline(stages, out, redo=redo, log=log, what="a trajectory", claim=claim)

@@ -132,6 +132,8 @@ def test_rerun_analyses_only_new_checkpoints_and_sets_a_damaged_one_aside(tmp_pa
   logs = []
   run_trajectory(run, out, log=logs.append, **KW)
   assert set(_stage_states(logs).values()) == {"reused"}
+  from heads_jax import runfiles
+  assert runfiles.read_job(out)["kind"] == "trajectory"
   monkeypatch.setattr(traj, "load_model", real)
   # a damaged checkpoint (a data file cut short; issue 34: a raw TensorStore OUT_OF_RANGE line
   # ended the job): one line, the others go on, the run's files untouched
@@ -162,6 +164,10 @@ def test_out_is_checked_before_the_first_checkpoint(tmp_path, monkeypatch):
     run_trajectory(tmp_path, tmp_path / "file")
   with pytest.raises(UserError, match="is not a writable directory"):
     run_trajectory(tmp_path, tmp_path / "file" / "sub")
+  from heads_jax import runfiles
+  runfiles.claim_dir(tmp_path / "analysis", "analysis")
+  with pytest.raises(UserError, match="is an analysis directory"):
+    run_trajectory(tmp_path, tmp_path / "analysis")
   monkeypatch.setattr(traj.os, "access", lambda path, mode: False)   # a read-only place
   with pytest.raises(UserError, match=f"--out {tmp_path / 'new'}: {tmp_path} is not a writable"):
     run_trajectory(tmp_path, tmp_path / "new")
