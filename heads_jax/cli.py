@@ -184,8 +184,7 @@ def quiet_console(command: str) -> None:
   for category, pattern in HARMLESS_WARNINGS:
     warnings.filterwarnings("ignore", message=pattern, category=category)
   for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
-    warnings.filterwarnings("ignore", category=category)
-    warnings.filterwarnings("default", category=category, module=r"heads_jax(\.|$)")
+    warnings.filterwarnings("ignore", category=category)  # for developers: pytest shows them
   logging.getLogger("transformers").addFilter(_DropChatter())
   logging.getLogger("absl").setLevel(logging.ERROR)
 
@@ -274,12 +273,18 @@ def main(argv=None) -> int:
   # The training jobs build batches in a background thread while XLA keeps every core busy; the
   # Rust tokenizer's own thread pool then only adds contention (measured: 1.3-1.6x slower batches).
   env.set_default("TOKENIZERS_PARALLELISM", "false")
-  xla_flags.apply()  # before any JAX backend exists (heads_jax/xla_flags.py)
   debug = getattr(args, "debug", False)
   if not debug:
     quiet_console(args.command)
   try:
-    enable_compilation_cache()
+    if args.command != "doctor":  # doctor lists every bad variable itself (and exits 1)
+      env.require_valid()  # a bad value refused before the work, not where it is first read
+    try:
+      xla_flags.apply()  # before any JAX backend exists (heads_jax/xla_flags.py)
+      enable_compilation_cache()
+    except env.BadValue:
+      if args.command != "doctor":
+        raise
     return int(args._main(args) or 0)
   except (UserError, ValueError, OSError, zipfile.BadZipFile) as e:
     message = None if debug else user_message(e)
