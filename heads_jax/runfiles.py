@@ -149,28 +149,32 @@ def write_splits(workdir, splits: dict) -> Path:
   return write_json(splits_path(workdir), splits)
 
 
-def read_splits(workdir) -> dict:
-  return read_json(splits_path(workdir))
+def read_splits(workdir) -> dict | None:
+  return read_json(splits_path(workdir), missing_ok=True)
 
 
 def write_pretrained(workdir, info: dict) -> Path:
   return write_json(pretrained_path(workdir), info)
 
 
+def read_pretrained(workdir) -> dict | None:
+  return read_json(pretrained_path(workdir), missing_ok=True)
+
+
 def write_best(workdir, task: str, summary: dict) -> Path:
   return write_json(best_path(workdir, task), summary)
 
 
-def read_best(workdir, task: str) -> dict:
-  return read_json(best_path(workdir, task))
+def read_best(workdir, task: str) -> dict | None:
+  return read_json(best_path(workdir, task), missing_ok=True)
 
 
 def write_analyses(workdir, analyses: dict) -> Path:
   return write_json(analyses_path(workdir), analyses)
 
 
-def read_analyses(workdir) -> dict:
-  return read_json(analyses_path(workdir))
+def read_analyses(workdir) -> dict | None:
+  return read_json(analyses_path(workdir), missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -179,10 +183,6 @@ def read_analyses(workdir) -> dict:
 
 def write_demo(out, parts: dict) -> Path:
   return write_json(Path(out) / DEMO_JSON, parts)
-
-
-def read_demo(out) -> dict | None:
-  return read_json(Path(out) / DEMO_JSON, missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -209,10 +209,6 @@ def write_array(out, stem: str, array) -> Path:
 
 def write_ablation_json(out, info: dict) -> Path:
   return write_json(Path(out) / ABLATION_JSON, info)
-
-
-def read_ablation_json(out) -> dict:
-  return read_json(Path(out) / ABLATION_JSON)
 
 
 # ------------------------------------------------------------------------------------------------

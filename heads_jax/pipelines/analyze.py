@@ -9,12 +9,16 @@ are analysed in turn and stacked along N; a role whose sieve is empty for a sequ
 no pair) is NaN there and that sequence does not enter the role's test. ``scores.npz`` then also
 holds ``data_index`` int ``[N]`` (which spec each sequence came from) beside the contract keys.
 
-Re-running into the same directory with the same model and data reuses ``scores.npz`` (the
-device pass) and recomputes the host statistics, so changing ``--tau``, ``--alpha``, ``--test``
-or ``--correction`` costs seconds. "The same" is the settings of the pass and the content of the
-model and data files (size and modification time of each: ``run.json`` "inputs"), not the path
-strings; a readable ``scores.npz`` only (a damaged one is refused, or computed again with
-``--overwrite``). A directory that holds another run's results, or another job's files
+The job runs on the stage engine (`heads_jax.pipelines.engine`, markers in ``OUT/stages/``):
+a device stage (``scores.npz``, ``measures.npz``, ``run.json``; one unit keyed on the settings
+that determine scores.npz and the content of the model and data, `device_key`) and a host
+stage (tests, roles, summary, clusters, report). Re-running into the same directory with the
+same model and data reuses ``scores.npz`` and recomputes the host statistics, so changing
+``--tau``, ``--alpha``, ``--test`` or ``--correction`` costs seconds. "The same" is the settings
+of the pass and the content of the model's and data's files (`runfiles.model_identity`,
+`runfiles.data_identity`: a hub id is its snapshot), not the path strings; a readable
+``scores.npz`` only. Other settings, other content behind the same paths, files of an unknown
+run or a damaged file are refused with one line, or computed again with ``--overwrite``. A directory that holds another run's results, or another job's files
 (`heads_jax.runfiles.check_dir`), is refused; ``--no-report`` removes a report.html of earlier
 tests. Every value is checked before any file is written (`check_settings`); each data set's
 counts (read, empty dropped, truncated, duplicated) are logged and recorded (``run.json``
@@ -41,7 +45,7 @@ import jax
 import numpy as np
 
 from heads_jax import contract, runfiles
-from heads_jax.data.vocabulary import ROLES
+from heads_jax.data.vocabulary import PLAIN_TWINS, ROLES
 from heads_jax.data.specs import check_max_examples, parse_spec
 from heads_jax.storage import as_path, is_url, local_copy, staged_output
 from heads_jax.errors import UserError
@@ -52,13 +56,15 @@ from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, f
 from heads_jax.hoststats.summary import summary_figures
 from heads_jax.model.loading import load_model
 from heads_jax.parallel import initialize_distributed
-from heads_jax.runfiles import WorkdirLock
+from heads_jax.pipelines.engine import Stage, run_pipeline, run_unit
+from heads_jax.pipelines.keys import unit_key
 from heads_jax.pipelines.device_pass import check_vocabulary, compute_scores, write_scores  # noqa: F401
 from heads_jax.pipelines.robustness import ensure_robustness_pass, robustness_host
 from heads_jax.report.analysis import build_analysis_report
 from heads_jax.report.headline import headline_text
 from heads_jax.stats.examples import DEFAULT_PER_HEAD, write_head_examples
 
+DEVICE_STAGE, DEVICE_UNIT, HOST_STAGE = "device", "scores", "host"  # the stages in OUT/stages/
 # Settings that determine scores.npz (the device pass); the others only affect host statistics.
 DEVICE_KEYS = ("model", "data", "max_examples", "max_length", "direction", "syntax", "parser", "roles",
                "measures", "js")
@@ -117,13 +123,14 @@ class AnalysisConfig:
 
 
 def check_rule_settings(cfg: AnalysisConfig) -> None:
-  """The role rule's settings (UserError): a known rule; the calibrated rule for block needs
-  block_plain (its test C); a threshold >= 0."""
+  """The role rule's settings (UserError): a known rule; the calibrated rule for an
+  entropy-weighted role needs its plain twin (`PLAIN_TWINS`: its test C); a threshold >= 0."""
   if cfg.rule not in RULES:
     raise UserError(f"--rule must be one of {', '.join(RULES)}; got {cfg.rule!r}")
-  if cfg.rule == "calibrated" and "block" in cfg.roles and "block_plain" not in cfg.roles:
-    raise UserError("the calibrated rule for block needs block_plain: add it to --roles, or use "
-                    "--rule paper")
+  for weighted, plain in PLAIN_TWINS.items():
+    if cfg.rule == "calibrated" and weighted in cfg.roles and plain not in cfg.roles:
+      raise UserError(f"the calibrated rule for {weighted} needs {plain}: add it to --roles, or "
+                      "use --rule paper")
   if not cfg.near_uniform_nats >= 0:
     raise UserError(f"--near-uniform-nats must be >= 0; got {cfg.near_uniform_nats}")
 
@@ -175,46 +182,58 @@ def input_identity(cfg: AnalysisConfig) -> dict:
           "data": [runfiles.data_identity(d, cache=cache) for d in cfg.data]}
 
 
-def _check_out_dir(cfg: AnalysisConfig, overwrite: bool, inputs: dict | None = None) -> bool:
-  """Returns True when ``scores.npz`` of an identical earlier run (same settings, same model
-  and data content, a readable file) can be reused; refuses (UserError) a directory of another
-  job, another run's results, or a damaged file without ``overwrite``."""
-  out = Path(cfg.out)
-  runfiles.check_dir(out, "analysis", flag="--out")
-  try:
-    previous = contract.read_run(out)
-  except ValueError as e:
-    if not overwrite:
-      raise UserError(str(e)) from None  # names the file and the --overwrite to pass
-    previous = None
-  if previous is None:
-    others = [p.name for p in out.glob("*")] if out.is_dir() else []
-    if others and not overwrite and any(n in others for n in (contract.SCORES_FILE,
-                                                              contract.TESTS_CSV, "report.html")):
-      raise FileExistsError(f"{out} holds analysis files of an unknown run; choose another --out "
-                            f"or pass --overwrite")
+def device_key(cfg: AnalysisConfig, inputs: dict) -> dict:
+  """The key of the device pass (`keys.unit_key`): the settings that determine scores.npz
+  (`DEVICE_KEYS`, the model and data paths left out) and the content of the model and data
+  (`input_identity`)."""
+  return unit_key(cfg.device_settings(), paths=("model", "data"), inputs=inputs)
+
+
+def _device_reusable(out: Path, key: dict, overwrite: bool) -> bool:
+  """Whether the device pass of ``out`` (its unit marker, `heads_jax.pipelines.engine`) holds
+  ``key`` and readable files, so that only the host statistics run. Without ``overwrite``, a
+  directory holding another run's results (other settings, or other model or data behind the
+  same paths), analysis files without a marker, or a damaged file is refused (one line naming
+  what differs and ``--overwrite``); with it, such a pass runs again."""
+  markers = runfiles.Markers(out)
+  done = markers.read_unit(DEVICE_STAGE, DEVICE_UNIT)
+  last = done or markers.read_unit(DEVICE_STAGE, DEVICE_UNIT, started=True)
+  if last is None:
+    try:
+      contract.read_run(out)
+    except ValueError as e:
+      if not overwrite:
+        raise UserError(str(e)) from None  # names the file and the --overwrite to pass
+    files = [n for n in (contract.SCORES_FILE, contract.RUN_FILE, contract.TESTS_CSV,
+                         contract.REPORT_HTML) if (out / n).is_file()]
+    if files and not overwrite:
+      raise FileExistsError(f"{out} holds analysis files of an unknown run ({', '.join(files)}; "
+                            "no record of their settings and inputs): choose another --out or "
+                            "pass --overwrite")
     return False
-  same = previous.get("device") == cfg.device_settings()
-  if not same and not overwrite:
-    diff = [k for k in DEVICE_KEYS if previous.get("device", {}).get(k) != cfg.device_settings()[k]]
-    raise FileExistsError(f"{out} holds another run's results (different {', '.join(diff)}); "
-                          f"choose another --out or pass --overwrite")
-  if same and inputs is not None and previous.get("inputs") != inputs:
-    if not overwrite:
-      was = previous.get("inputs") or {}
-      what = [w for w in ("model", "data") if was.get(w) != inputs[w]]
-      raise FileExistsError(
-          f"the {' and the '.join(what)} behind the same path(s) changed since the analysis in "
-          f"{out} (or it predates content checks): pass --overwrite to analyse again, or choose "
-          "another --out")
-    same = False
-  if not same or not (out / contract.SCORES_FILE).is_file():
-    return False
+  was = last.get("key") or {}
+  if runfiles.canonical(was) != runfiles.canonical(key):
+    if overwrite:
+      return False
+    before, now_ = was.get("settings") or {}, key["settings"]
+    diff = [k for k in DEVICE_KEYS if k in now_ and before.get(k) != now_[k]]
+    if diff:
+      raise FileExistsError(f"{out} holds another run's results (different {', '.join(diff)}); "
+                            f"choose another --out or pass --overwrite")
+    what = [w for w in ("model", "data")
+            if (was.get("inputs") or {}).get(w) != key["inputs"][w]] or ["model and data"]
+    raise FileExistsError(
+        f"the {' and the '.join(what)} behind the same path(s) changed since the analysis in "
+        f"{out}: pass --overwrite to analyse again, or choose another --out")
+  if done is None:
+    return False  # started with this key and not finished: it runs again
   try:
+    contract.read_run(out)
     contract.read_scores(out)
   except (UserError, ValueError, OSError) as e:
     if not overwrite:
       raise UserError(str(e)) from None  # names the file and the --overwrite to pass
+    markers.clear(DEVICE_STAGE)
     return False
   return True
 
@@ -295,7 +314,9 @@ def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: 
 
 def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, progress: bool, log,
             shown_out: str | None = None) -> dict:
-  """``run_analysis`` into the local directory ``cfg.out``."""
+  """``run_analysis`` into the local directory ``cfg.out``: a device stage (scores.npz, keyed
+  on `device_key`) and a host stage (tests, summary, clusters, report) on the stage engine,
+  under the directory's lock and claim."""
   out = Path(cfg.out)
   main = jax.process_index() == 0
   if not main:
@@ -303,57 +324,62 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, progress:
   try:
     runfiles.check_dir(out, "analysis", flag="--out")  # before the hashes are kept in it
     inputs = input_identity(cfg)
-    reuse = _check_out_dir(cfg, overwrite, inputs)
+    key = device_key(cfg, inputs)
+    reuse = _device_reusable(out, key, overwrite)
   except (FileExistsError, NotADirectoryError, UserError) as e:
     raise type(e)(str(e).replace(str(out), shown_out)) if shown_out else e
-  new = not out.exists()
-  lock = None
-  try:
-    if main:  # one process at a time per analysis directory (a second one: one line naming the first)
-      out.mkdir(parents=True, exist_ok=True)
-      lock = WorkdirLock(out, "an analysis", log=log).acquire()
-    return _run_checked(cfg, out, reuse, inputs, model=model, tokenizer=tokenizer,
-                        progress=progress, log=log, main=main)
-  except BaseException:
-    if lock is not None:
-      lock.release()
-    if new and out.is_dir() and {p.name for p in out.iterdir()} <= {runfiles.JOB_FILE,
-                                                                     runfiles.HASHES_JSON}:
-      shutil.rmtree(out, ignore_errors=True)  # an early error leaves no empty --out
-    raise
-  finally:
-    if lock is not None:
-      lock.release()
-
-
-def _run_checked(cfg: AnalysisConfig, out: Path, reuse: bool, inputs: dict, *, model, tokenizer,
-                 progress: bool, log, main: bool) -> dict:
-  """`_run_in` after the checks of the output directory."""
-  if main:
-    out.mkdir(parents=True, exist_ok=True)
-    runfiles.claim_dir(out, "analysis", model=cfg.model, data=list(cfg.data),
-                       settings=cfg.device_settings())
-  t0 = time.time()
-  if not main:
+  if not main:  # the other processes of a multi-host run: their rows of the pass, no files
     scores = None if reuse else compute_scores(cfg, model, tokenizer, progress=False)
     return {"out": out, "process_index": jax.process_index(),
             "num_sequences": None if scores is None else int(len(scores["lengths"]))}
-  if reuse:
-    data_info = contract.read_run(out).get("data_info", [])
-    log(f"reusing {out / contract.SCORES_FILE} (same model and data); recomputing the host "
-        "statistics")
-  else:
-    scores = compute_scores(cfg, model, tokenizer, progress=progress, log=log)
-    write_scores(out, scores)
-    if "measures" in scores:
-      contract.write_measures(out, scores["measures"])
-    data_info = scores["data_info"]
-    contract.write_run(out, cfg.device_settings(), data_info, inputs=inputs)
+  new = not out.exists()
+  times = {}
+
+  def device(ctx) -> dict:
+    t0 = time.time()
+
+    def fn():
+      scores = compute_scores(cfg, model, tokenizer, progress=progress, log=log)
+      write_scores(out, scores)
+      if "measures" in scores:
+        contract.write_measures(out, scores["measures"])
+      contract.write_run(out, cfg.device_settings(), scores["data_info"], inputs=inputs)
+      return {"data_info": scores["data_info"]}
+    r = run_unit(ctx, DEVICE_STAGE, DEVICE_UNIT, key, fn,
+                 clean=[out / contract.SCORES_FILE, out / contract.MEASURES_FILE,
+                        out / contract.RUN_FILE])
+    if r.reused:
+      log(f"reusing {out / contract.SCORES_FILE} (same model and data); recomputing the host "
+          "statistics")
+    if cfg.robustness and jax.process_count() == 1:  # issue 26: a second pass, once per scores.npz
+      ensure_robustness_pass(cfg, out, model, tokenizer, log=log,
+                             load=lambda: load_model(local_copy(cfg.model)))
+    times["device"] = time.time() - t0
+    return r.outputs
+
+  def host(ctx) -> dict:
+    return _host_stage(cfg, out, ctx.results[DEVICE_STAGE]["data_info"], model=model,
+                       tokenizer=tokenizer, log=log, device_s=times.get("device", 0.0))
+
+  stages = (Stage(DEVICE_STAGE, "the device pass (scores.npz)", device),
+            Stage(HOST_STAGE, "tests, roles, summary, clusters and report", host,
+                  reads=(DEVICE_STAGE,)))
+  try:
+    return run_pipeline(stages, out, log=log, progress=False, what="an analysis",
+                        claim={"kind": "analysis", "model": cfg.model, "data": list(cfg.data),
+                               "settings": cfg.device_settings()})[HOST_STAGE]
+  except BaseException:
+    if new and out.is_dir() and {p.name for p in out.iterdir()} <= {
+        runfiles.JOB_FILE, runfiles.HASHES_JSON, runfiles.STAGES_DIR}:
+      shutil.rmtree(out, ignore_errors=True)  # an early error leaves no empty --out
+    raise
+
+
+def _host_stage(cfg: AnalysisConfig, out: Path, data_info: list, *, model, tokenizer, log,
+                device_s: float) -> dict:
+  """The host stage of `_run_in`: tests, roles, summary and clusters from scores.npz, the head
+  view's examples and the report; logs the headline."""
   robust = cfg.robustness and jax.process_count() == 1
-  if robust:  # issue 26: a second pass, once per scores.npz (pipelines/robustness.py)
-    ensure_robustness_pass(cfg, out, model, tokenizer, log=log,
-                           load=lambda: load_model(local_copy(cfg.model)))
-  device_s = time.time() - t0
   scores = contract.read_scores(out)
   if scores.num_sequences < 2:
     log(f"warning: {few_sequences_warning(scores.num_sequences)}")

@@ -22,7 +22,6 @@ that reads it (`dependents`). Each stage prints one line when it starts and one 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import shutil
 import time
@@ -89,12 +88,6 @@ class Context:
     if m is None:
       raise RuntimeError(f"stage {stage} has no finished unit {unit!r} (run it first)")
     return UnitResult.from_marker(m, reused=True)
-
-
-def workdir_lock(workdir, what: str = "a job", *, log=print, enabled: bool = True):
-  """``WorkdirLock(workdir, what)`` as a context manager; ``enabled=False`` (the other processes
-  of a multi-host job) locks nothing."""
-  return WorkdirLock(workdir, what, log=log) if enabled else contextlib.nullcontext()
 
 
 def _remove(path) -> None:
@@ -167,7 +160,7 @@ def minutes(seconds: float) -> str:
 
 def run_pipeline(stages, workdir, *, config=None, tasks=(), redo: str | None = None,
                  stop_after: str | None = None, log=print, what: str = "a pipeline",
-                 claim: dict | None = None) -> dict:
+                 claim: dict | None = None, progress: bool = True) -> dict:
   """Runs ``stages`` in order in ``workdir`` under its lock; returns ``{stage name: its
   result}``.
 
@@ -178,7 +171,8 @@ def run_pipeline(stages, workdir, *, config=None, tasks=(), redo: str | None = N
   ``redo``: that stage's markers and outputs are removed first, so it reruns, and every stage
   reading it reruns with it (their keys hold its units' finish times; `dependents` lists them);
   ``"all"``: every stage.
-  ``stop_after``: stop after that stage.
+  ``stop_after``: stop after that stage. ``progress=False``: no line per stage (a job that
+  prints its own, such as ``analyze``).
   """
   names = [s.name for s in stages]
   if redo is not None and redo != "all" and redo not in names:
@@ -193,11 +187,13 @@ def run_pipeline(stages, workdir, *, config=None, tasks=(), redo: str | None = N
     if claim is not None:
       runfiles.claim_dir(workdir, **claim)
     return _run_stages(stages, names, workdir, config=config, tasks=tasks, redo=redo,
-                       stop_after=stop_after, log=log)
+                       stop_after=stop_after, log=log, progress=progress)
 
 
-def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after, log) -> dict:
+def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after, log,
+                progress) -> dict:
   """`run_pipeline` under its work directory's lock."""
+  say = log if progress else (lambda m: None)
   markers = Markers(workdir)
   for stage in stages if redo == "all" else [stages[names.index(redo)]] if redo else []:
     reset_stage(workdir, stage)
@@ -205,7 +201,7 @@ def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after
   n = len(stages)
   for i, stage in enumerate(stages, 1):
     ctx = Context(config, workdir, markers, log, tuple(tasks), results=results)
-    log(f"[{i}/{n}] {stage.name}: {stage.text}")
+    say(f"[{i}/{n}] {stage.name}: {stage.text}")
     t0 = time.time()
     results[stage.name] = stage.run(ctx)
     seconds = time.time() - t0
@@ -216,7 +212,7 @@ def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after
       state = "done"
     else:
       state = f"{ran} part(s) run" + (f", {reused} reused" if reused else "")
-    log(f"[{i}/{n}] {stage.name}: {state}; {minutes(seconds)}")
+    say(f"[{i}/{n}] {stage.name}: {state}; {minutes(seconds)}")
     if ran or markers.read_stage(stage.name) is None:
       markers.write_stage(stage.name, {"stage": stage.name, "finished": now(),
                                        "seconds": round(seconds, 3), "ran": ran, "reused": reused})

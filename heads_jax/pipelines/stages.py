@@ -234,7 +234,7 @@ def analysis(ctx: Context, stage: str, unit: str, cfg, *, model, log=None) -> An
     # One OpenMP thread for the host statistics: sklearn's t-SNE beside XLA's thread pool is
     # oversubscribed otherwise (measured: 20 s instead of 0.1 s for 8 heads on 2 cores).
     with threadpool_limits(limits=1, user_api="openmp"):
-      host = run_analysis(cfg, overwrite=True, progress=False, log=log or ctx.sub)
+      host = run_analysis(cfg, progress=False, log=log or ctx.sub)
     info = (host.get("cluster_info") or {}) if isinstance(host, dict) else {}
     return Analysis(out=str(cfg.out), model=str(cfg.model), data=list(cfg.data),
                     summary=host.get("summary") if isinstance(host, dict) else None,

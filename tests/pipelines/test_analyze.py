@@ -218,3 +218,31 @@ def test_an_analysis_directory_in_use_is_refused_then_released(tmp_path, model_d
   (out / ".heads_jax.lock").unlink()
   _run(_cfg(model_dir, data, out))
   assert (out / contract.SCORES_FILE).is_file() and not (out / ".heads_jax.lock").exists()
+
+
+@pytest.mark.slow  # three analyses of a tiny model, and torch to write it
+def test_a_hub_id_whose_ref_moved_is_another_model(tmp_path, monkeypatch):
+  """issue 34: ``analyze --model ID`` after the cache's refs/main moved to a new snapshot
+  (before: "reusing scores.npz (same model and data)", the key of a hub id being constant)."""
+  pytest.importorskip("torch")
+  import shutil
+  from tests.test_hub import COMMIT, write_cached_model
+  cache = tmp_path / "hf_home"
+  monkeypatch.setenv("HF_HOME", str(cache))
+  monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.chdir(tmp_path)
+  snap = write_cached_model(cache / "hub", "org/tiny-bert", family="bert")
+  other = "f" * 40
+  shutil.copytree(snap, snap.parent / other)
+  data = tmp_path / "s.txt"
+  data.write_text("\n".join(SENTENCES) + "\n")
+  cfg = dataclasses.replace(_cfg("org/tiny-bert", data, tmp_path / "o"), model="org/tiny-bert")
+  _run(cfg)
+  assert contract.read_run(tmp_path / "o")["inputs"]["model"] == {"hub": "org/tiny-bert",
+                                                                  "commit": COMMIT}
+  assert "reusing" in _run(cfg)[1]
+  (snap.parent.parent / "refs" / "main").write_text(other)
+  with pytest.raises(FileExistsError, match="the model behind the same path.* changed"):
+    _run(cfg)
+  assert "reusing" not in _run(cfg, overwrite=True)[1]
