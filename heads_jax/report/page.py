@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from heads_jax import storage
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -263,7 +265,8 @@ def _write(out_dir, filename: str, text: str) -> Path:
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   path = out_dir / filename
-  path.write_text(text, encoding="utf-8")
+  with storage.naming(path):  # a full disk names the page, not a bare [Errno 28]
+    path.write_text(text, encoding="utf-8")
   return path
 
 

@@ -440,3 +440,17 @@ def test_screenshot_is_not_blank(tmp_path, data):
   assert result.returncode == 0, result.stderr
   img = check_png(shot, min_bytes=10_000)
   assert img.shape[1] == 1400 and img.shape[0] > 1000  # full page, taller than one screen
+
+
+def test_a_full_disk_while_writing_a_page_names_the_page(tmp_path, monkeypatch):
+  import errno
+
+  from heads_jax.cli import user_message
+
+  def full(self, *a, **k):
+    raise OSError(errno.ENOSPC, "No space left on device")  # as a write's error: no file name
+  monkeypatch.setattr(Path, "write_text", full)
+  with pytest.raises(OSError) as e:
+    page.write_page(tmp_path, title="t", sections=[("s", "<p>x</p>")])
+  message = user_message(e.value)
+  assert str(tmp_path / "report.html") in message and "no space left on the device" in message

@@ -146,3 +146,14 @@ def test_a_new_spec_registered_once_reaches_the_report(fixture, tmp_path):
     pande.FIGURES.unregister("fake_other")
     pande.FIGURES.unregister_section("analysis", "Fake section")
   assert "fake_cdf" not in spec.all_figures()
+
+
+def test_importance_figure_takes_its_colour_bar_label_from_the_inputs(tmp_path, monkeypatch):
+  from heads_jax.report.figures import michel
+  seen = {}
+  monkeypatch.setattr(michel, "plot_importance", lambda imp, path, **k: seen.update(k) or path)
+  draw = michel._draw_importance
+  draw(spec.Inputs(importance=np.ones((2, 4)), importance_label="E|dL/dgate|"), tmp_path / "a.png", title="", dpi=50)
+  assert seen["label"] == "E|dL/dgate|"
+  draw(spec.Inputs(importance=np.ones((2, 4))), tmp_path / "b.png", title="", dpi=50)
+  assert seen["label"] == "importance"

@@ -67,8 +67,11 @@ def plot_pruning_curve(curve: pd.DataFrame, path, *, metric: str = "accuracy",
 
 
 def _draw_importance(i, path, *, title, dpi):
-  """Inputs: ``importance`` ``[l, h]``."""
-  return None if i.importance is None else plot_importance(i.importance, path, dpi=dpi)
+  """Inputs: ``importance`` ``[l, h]``, ``importance_label`` (the colour bar's; default
+  "importance")."""
+  if i.importance is None:
+    return None
+  return plot_importance(i.importance, path, label=i.importance_label or "importance", dpi=dpi)
 
 
 def _draw_pruning(i, path, *, title, dpi):
