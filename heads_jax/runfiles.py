@@ -342,6 +342,9 @@ class ContentHashes:
         h = hashlib.file_digest(fh, "sha256").hexdigest()
     _HASHES[key] = h
     if self.file is not None and self.saved.get(key) != h:
+      path = key.rsplit("|", 4)[0]
+      for old in [k for k in self.saved if k.rsplit("|", 4)[0] == path]:
+        del self.saved[old]  # one entry per path: the file as it is now
       self.saved[key], self.dirty = h, True
     return h
 

@@ -114,6 +114,7 @@ def test_a_stale_cache_entry_is_not_trusted(tmp_path):
   swap_bytes_keep_stat(f)
   runfiles._HASHES.clear()
   assert runfiles.fingerprint(f, cache=tmp_path)[0][2] != list(cached.values())[0]
+  assert len(json.loads((tmp_path / runfiles.HASHES_JSON).read_text())) == 1  # one per path
 
 
 def test_data_identity_keys_on_the_files_a_spec_reads(tmp_path):
