@@ -168,6 +168,9 @@ class Checkpoints:
   def _failed(self, step: int | None, cause: BaseException | None) -> SaveFailed:
     self.pending = None
     self.failed = SaveFailed(step, self.directory, cause, self.note())
+    # Orbax reports the first item that failed while the others still write: let them end, so
+    # that no thread writes into the partial step once it is removed (nor at exit).
+    _join_orbax_threads()
     return self.failed
 
   def check(self) -> None:
@@ -309,6 +312,18 @@ class Checkpoints:
         except OSError:
           pass
     return removed
+
+
+def _join_orbax_threads(timeout: float = 60.0) -> None:
+  """Waits (at most ``timeout`` seconds) for the threads Orbax started for a save to end."""
+  import time
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    busy = [t for t in threading.enumerate() if t is not threading.current_thread() and
+            t.is_alive() and type(t).__module__.startswith("orbax")]
+    if not busy:
+      return
+    busy[0].join(max(0.0, deadline - time.monotonic()))
 
 
 def _close_quietly(manager) -> None:

@@ -129,7 +129,9 @@ def test_a_failed_async_save_stops_at_once_with_one_line(tmp_path, mode, why):
   run = tmp_path / "run"
   p, lines, steps, ran = _fake_run(mode, run)
   assert p.returncode == 2, p.stderr[-3000:]
-  assert ran == [1, 2, 3, 4, 5], "training went on past the failed save"
+  # noticed at the first step boundary after the failure: before step 5 or, when the background
+  # write fails while step 5 runs, before step 6 (step 5 waits for it: never later)
+  assert ran in ([1, 2, 3, 4], [1, 2, 3, 4, 5]), f"training went on past the failed save: {ran}"
   assert steps == [2]
   assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["2"]
   assert lines == ["heads-jax fake: error: " + why.format(run=run, ck=run / "checkpoints")]
