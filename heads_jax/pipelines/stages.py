@@ -16,11 +16,12 @@ from pathlib import Path
 
 from heads_jax.errors import UserError
 from heads_jax.pipelines.analyze import run_analysis
+from heads_jax.pipelines.compare import run_compare
 from heads_jax.pipelines.engine import Context, UnitResult, run_unit
-from heads_jax.pipelines.keys import (ANALYSIS_PATHS, COSMETIC, TRAINING_PATHS, settings_key,  # noqa: F401
-                                      training_inputs, unit_key)
+from heads_jax.pipelines.keys import ANALYSIS_PATHS, TRAINING_PATHS, training_inputs, unit_key
 from heads_jax.training import finetune as finetune_lib
 from heads_jax.training import pretrain as pretrain_lib
+
 
 def preset(spec: str, *layers, where: str = "the overrides"):
   """The config of preset ``spec`` (``file.py:NAME``, `configlib.load_config`) with each of
@@ -253,7 +254,6 @@ def compare(ctx: Context, stage: str, unit: str, before: Analysis, after: Analys
                  inputs={"before": before.finished, "after": after.finished})
 
   def fn():
-    from heads_jax.pipelines.compare import run_compare  # top level once compare.py imports keys
     kw = {}
     if similarity > 0:
       kw = dict(before_model=before.model, after_model=after.model, data=after.data[0],

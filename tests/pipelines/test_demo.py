@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from heads_jax import contract
-from heads_jax.pipelines import compare, demo, stages
+from heads_jax.pipelines import demo, stages
 from heads_jax.pipelines.demo import run_demo
 from heads_jax.errors import UserError
 from tests.helpers import minilm_dir
@@ -116,7 +116,7 @@ def recorded_demo(tmp_path, monkeypatch):
   monkeypatch.setattr(stages, "run_analysis", analyse)
   monkeypatch.setattr(stages, "finetune_lib", train("finetune"))
   monkeypatch.setattr(stages, "pretrain_lib", train("pretrain"))
-  monkeypatch.setattr(compare, "run_compare",
+  monkeypatch.setattr(stages, "run_compare",
                       lambda a, b, dest, **kw: calls.append(("compare",)) or "r.html")
 
   def write_report(s, results, log):

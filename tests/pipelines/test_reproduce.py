@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from heads_jax import cli
-from heads_jax.pipelines import compare, stages
+from heads_jax.pipelines import stages
 from heads_jax.pipelines import reproduce as rp
 from heads_jax.data import glue
 from heads_jax.data.assets import glue_dir as embedded_glue_dir
@@ -444,7 +444,7 @@ def recorded_reproduce(small_glue, tmp_path, monkeypatch):
   monkeypatch.setattr(stages, "finetune_lib", types.SimpleNamespace(train_and_evaluate=train))
   monkeypatch.setattr(stages, "run_analysis", analysis)
   monkeypatch.setattr(rp, "headline", lambda s: "")
-  monkeypatch.setattr(compare, "run_compare", lambda *a, **kw: calls.append(("compare",)) or "r.html")
+  monkeypatch.setattr(stages, "run_compare", lambda *a, **kw: calls.append(("compare",)) or "r.html")
   monkeypatch.setattr(rp, "write_reproduce_report",
                       lambda wd, **kw: calls.append(("report",)) or {"report": str(wd / "report.html")})
 
