@@ -3,6 +3,7 @@ of a tiny encoder, analysed with one compiled step, each row equal to a fresh an
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -175,7 +176,7 @@ def test_out_is_checked_before_the_first_checkpoint(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["squad", "classifier", "regression"])
-def test_every_run_kind(tmp_path, kind):
+def test_every_run_kind(tmp_path, kind, caplog):
   # Before (issue 33): on a SQuAD run the restore target expected the pooler that the span model
   # lacks, and the advice named --config.model.size, a flag trajectory does not take.
   from heads_jax.data.tokenizer import load_tokenizer
@@ -193,6 +194,7 @@ def test_every_run_kind(tmp_path, kind):
   assert ("pooler" in params["bert"]) == (kind != "squad")
   _save_steps(run, params["bert"], (10,), head={k: v for k, v in params.items() if k != "bert"})
   logs = []
+  caplog.set_level(logging.WARNING)
   table = run_trajectory(run, tmp_path / "out", log=logs.append, **KW)
   assert table["step"].tolist() == [10]
   # the row is that of the exported encoder with step 10's parameters
@@ -209,6 +211,8 @@ def test_every_run_kind(tmp_path, kind):
   for k, v in expected.items():
     assert table.iloc[0][k] == pytest.approx(v, rel=1e-5, abs=1e-6, nan_ok=True), k
   assert sum(line.strip().startswith("step 10:") for line in logs) == 1   # one line per checkpoint
+  # no Orbax/absl warnings per checkpoint (issue 33: four of them per checkpoint before)
+  assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @pytest.mark.slow   # a real tiny SQuAD fine-tuning run (about 20 CPU-s) and its trajectory
