@@ -23,17 +23,63 @@ from heads_jax.report.page import (esc, sections_from_specs, figure_html, flatte
 from heads_jax.report.tables import require_columns
 
 
+def _cell(value) -> str:
+  """A table cell: numbers right-aligned on one line, text (e.g. a list of 57 heads) wrapped."""
+  text = format_value(value)
+  numeric = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+  return f'<td class="num">{esc(text)}</td>' if numeric else f'<td class="text">{esc(text)}</td>'
+
+
+def _appendix(summary: str, html: str) -> str:
+  return f'<details class="appendix"><summary>{esc(summary)}</summary>{html}</details>'
+
+
 def _summary_compare_section(before: dict, after: dict) -> str:
+  """The headline rows before and after; every other summary key (raw, flattened) in a
+  collapsed appendix, changed ones first."""
   table = headline.headline_table({"before": before, "after": after}, paper=False,
                                   skip_absent=True)
   rows = [f'<tr><td>{esc(r.figure)}</td><td class="num">{esc(r.before)}</td>'
           f'<td class="num">{esc(r.after)}</td></tr>' for r in table.itertuples(index=False)]
-  rest_b, rest_a = dict(headline.other_entries(before)), dict(headline.other_entries(after))
-  for key in dict.fromkeys(list(rest_b) + list(rest_a)):
-    rows.append(f"<tr><td>{esc(key)}</td><td class=\"num\">{esc(format_value(rest_b.get(key)))}</td>"
-                f"<td class=\"num\">{esc(format_value(rest_a.get(key)))}</td></tr>")
-  return ('<div class="scroll"><table id="table-summary-compare"><thead><tr><th>figure</th>'
+  html = ('<div class="scroll"><table id="table-summary-compare"><thead><tr><th>figure</th>'
           f"<th>before</th><th>after</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+  rest_b, rest_a = dict(headline.other_entries(before)), dict(headline.other_entries(after))
+  keys = list(dict.fromkeys(list(rest_b) + list(rest_a)))
+  if keys:
+    changed = [k for k in keys if format_value(rest_b.get(k)) != format_value(rest_a.get(k))]
+    keys = changed + [k for k in keys if k not in changed]
+    other = [f"<tr><td>{esc(k)}</td>{_cell(rest_b.get(k))}{_cell(rest_a.get(k))}</tr>" for k in keys]
+    html += _appendix(
+        f"Every other summary value ({len(keys)}; {len(changed)} changed, listed first)",
+        '<div class="scroll"><table id="table-summary-other-compare"><thead><tr><th>key</th>'
+        f"<th>before</th><th>after</th></tr></thead><tbody>{''.join(other)}</tbody></table></div>")
+  return html
+
+
+def _settings_section(settings: dict) -> str:
+  """The comparison's own settings, then only the settings in which the two runs differ
+  (``before.X`` vs ``after.X``); every setting in a collapsed appendix."""
+  settings = dict(settings or {})
+  sides = {side: dict(flatten(settings.pop(side))) for side in ("before", "after")
+           if isinstance(settings.get(side), dict)}
+  html = kv_table_html(flatten(settings), table_id="table-settings") if settings or not sides else ""
+  if sides:
+    b, a = sides.get("before", {}), sides.get("after", {})
+    keys = list(dict.fromkeys(list(b) + list(a)))
+    differ = [k for k in keys if format_value(b.get(k)) != format_value(a.get(k))]
+    rows = [f"<tr><td>{esc(k)}</td>{_cell(b.get(k))}{_cell(a.get(k))}</tr>" for k in differ]
+    if not rows:
+      rows = ['<tr><td class="empty" colspan="3">(the two runs have the same settings)</td></tr>']
+    html += (f'<p class="note">The settings in which the two runs differ ({len(differ)} of '
+             f"{len(keys)}; the others are equal).</p>"
+             '<div class="scroll"><table id="table-settings-differ"><thead><tr><th>setting</th>'
+             f"<th>before</th><th>after</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+    everything = [f"<tr><td>{esc(k)}</td>{_cell(b.get(k))}{_cell(a.get(k))}</tr>" for k in keys]
+    html += _appendix(f"Every setting of the two runs ({len(keys)})",
+                      '<div class="scroll"><table id="table-settings-all"><thead><tr><th>setting</th>'
+                      f"<th>before</th><th>after</th></tr></thead><tbody>{''.join(everything)}"
+                      "</tbody></table></div>")
+  return html
 
 
 def _split(text) -> list[str]:
@@ -75,10 +121,10 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
   if warnings:
     sections.append(("Warnings", '<ul class="warnings">' + "".join(
         f"<li>{esc(w)}</li>" for w in warnings) + "</ul>"))
-  sections.append(("Settings", kv_table_html(flatten(settings or {}), table_id="table-settings")))
   if summary_before or summary_after:
     sections.append(("Headline figures before and after",
                      _summary_compare_section(summary_before or {}, summary_after or {})))
+  sections.append(("Settings", _settings_section(settings or {})))
   df = compare_df.copy()
   df["role"] = df["role"].astype(str)
   roles = roles_lib.role_order(df["role"].unique())

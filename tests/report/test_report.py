@@ -346,12 +346,34 @@ def test_compare_report(tmp_path, data):
   assert len(uris) == 2
   for fig in ("finetune_delta", "cluster_changes"):
     assert (tmp_path / "figures" / f"{fig}.png").read_bytes() in [base64.b64decode(u) for u in uris]
-  for table in ("table-settings", "table-summary-compare", "table-delta", "table-compare",
+  for table in ("table-settings-differ", "table-summary-compare", "table-delta", "table-compare",
                 "table-role-change-counts", "table-role-changes", "table-cluster-changes"):
     assert f'<table id="{table}">' in text
   assert "2 of 12 heads gained or lost" in text
   n_changed = int(data["changes"]["changed"].sum())
   assert f"{n_changed} of 12 heads changed attention type" in text
+
+
+def test_compare_report_shows_changed_settings_and_keeps_raw_keys_collapsed(tmp_path, data):
+  """The headline rows, then only the settings that differ; every other summary key and setting
+  in a collapsed appendix; a long text cell wraps (not a nowrap number cell)."""
+  same = {f"setting_{i}": i for i in range(40)}
+  lost = ";".join(f"{l}:{h}" for l in range(6) for h in range(10))[:400]
+  path = compare.write_compare_report(
+      tmp_path, compare_df=data["compare"],
+      settings={"title": "t", "before": {**same, "model": "bert"}, "after": {**same, "model": "bert-mrpc"}},
+      summary_before={**SUMMARY, "extra_key": 1.0},
+      summary_after={**SUMMARY, "share_local": 0.5, "extra_key": 2.0, "lost_heads": lost}, dpi=DPI)
+  text = path.read_text()
+  differ = text.split('<table id="table-settings-differ">')[1].split("</table>")[0]
+  assert "<td>model</td>" in differ and "setting_3" not in differ
+  assert "1 of 41" in text
+  before_appendix, appendix = text.split('<details class="appendix">', 1)
+  assert "setting_3" not in before_appendix.split('<table id="table-settings-differ">')[0].split("Settings")[-1]
+  assert "extra_key" not in text.split('<table id="table-summary-compare">')[1].split("</table>")[0]
+  assert "extra_key" in appendix and "setting_3" in appendix
+  assert f'<td class="text">{lost}</td>' in text  # wraps (page.css: td.text overflow-wrap)
+  assert text.index("Headline figures before and after") < text.index(">Settings<")
 
 
 def write_analysis_dir(out, scores, tests_df, clusters_df=None, summary=None):
