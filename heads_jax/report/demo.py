@@ -68,9 +68,7 @@ def front_page_text(name: str, parts: dict, *, n: int, finetune_steps: int = 0,
                f" After {pretrain_steps} steps its held-out MLM loss is {loss:.2f} nats per "
                f"wordpiece against the unigram baseline's {uni:.2f} (the loss of a model that "
                "ignores the context): "
-               + ("it has begun to use the context, a little." if loss < uni else
-                  "it has learned about as much as word frequencies, not yet how to use the "
-                  "context."))
+               + scratch_verdict(loss, uni))
     heads = (scratch.num_layers or 0) * (scratch.num_heads or 0) if scratch else 0
     near = scratch.num_near_uniform_heads if scratch else None
     paper_block, cal_block = _block_counts(scratch)
@@ -92,3 +90,15 @@ def front_page_text(name: str, parts: dict, *, n: int, finetune_steps: int = 0,
       + ("; and, as a demonstration of the pre-training pipeline, a small BERT pre-trained from "
          "scratch for a few minutes." if pre else ".")),
       "notes": [("What these models can and cannot show", "".join(body))]}
+
+
+def scratch_verdict(loss: float, unigram: float, *, near: float = 0.05) -> str:
+  """What a held-out MLM ``loss`` says against the unigram baseline (both in nats per
+  wordpiece): below it by more than ``near``, the model uses the context; within ``near``, it
+  knows word frequencies only; above it, not even those."""
+  if loss < unigram - near:
+    return "it has begun to use the context, a little."
+  if loss <= unigram + near:
+    return "about as good as word frequencies alone: it has not yet learned to use the context."
+  return (f"{loss - unigram:.2f} nats worse than word frequencies alone: it has not yet learned "
+          "even those, let alone the context.")
