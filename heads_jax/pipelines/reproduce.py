@@ -24,10 +24,16 @@ Restarts. Each stage is made of units (a task, a grid point, an analysis). A uni
 runs and ``stages/<stage>/<unit>.json`` (key, outputs, times) last. A unit whose done marker has
 the current key is skipped; a unit started with another key has its outputs removed first; a
 unit started with the same key and not finished continues (fine-tuning resumes from its
-checkpoints). Inputs are part of the key (an analysis's key holds the finish time of the model
-it reads and the rows it analyses; a fine-tuning's key its config and its train and eval rows),
-so redoing a stage makes the later stages that read it run again, and a changed setting redoes
-only what depends on it.
+checkpoints). The key is the one rule of `heads_jax.pipelines.keys` (settings minus cosmetic
+fields and paths, plus the identity of the inputs): the data stage's holds the content of each
+GLUE TSV split a task reads, the pre-trained model's the content of the model behind
+``config.pretrained.path``, a fine-tuning's its config, the pre-trained model's finish time and
+its train and eval rows (their split's content and row ranges), an analysis's its settings, the
+finish time of the model it reads and the content of the rows it analyses. So an input replaced
+behind the same path reruns exactly the units that read it, redoing a stage makes the later
+stages that read it run again, and a changed setting redoes only what depends on it. The stage
+kinds are `heads_jax.pipelines.stages`'s; later stages read earlier results through the engine
+(``ctx.results``).
 ``redo=STAGE`` removes that stage's markers and outputs first. ``config.stop_after`` stops after a
 stage. Each stage prints one line when it starts and one with its time when it ends.
 """
