@@ -1,8 +1,10 @@
 """Guan et al. 2020 ("How far does BERT look at", COLING) in one command:
 ``heads-jax reproduce --config configs/reproduce.py:guan --workdir DIR``.
 
-Stages (on the stage engine, `heads_jax.pipelines.engine`: a rerun reuses every finished unit
-whose settings and inputs did not change; ``--redo STAGE`` reruns one and what reads it):
+Stages (on the stage engine, `heads_jax.pipelines.engine`, one lock and directory claim: a rerun
+reuses every finished unit whose settings and inputs did not change, the inputs by content: the
+SQuAD file's, each model's files or, for a hub id, the snapshot its ref names; ``--redo STAGE``
+reruns one and what reads it):
 
 1. ``analysis``: the SQuAD model (``config.squad_model``: a path or a hub id, default
    ``bert-large-uncased-whole-word-masking-finetuned-squad``, resolved through
@@ -16,11 +18,12 @@ whose settings and inputs did not change; ``--redo STAGE`` reruns one and what r
 2. ``ablation``: Tables 2 and 3 row by row on the SQuAD model (`heads_jax.ablation.guan`, scored
    in exact match and F1 on ``config.eval_data``, the SQuAD v1.1 dev set in the paper), the types
    from the SQuAD model's clustering.
-3. ``report``: ``DIR/report.html``: Table 1 and Tables 2-3 beside the paper's values
-   (`heads_jax.hoststats.paper`), Fig. 4, and links to each analysis report.
+3. ``report``: ``DIR/report.html`` and ``DIR/guan_claims.csv`` (`heads_jax.report.guan`):
+   Guan et al.'s claims judged in their setting, Table 1 and Tables 2-3 beside the paper's
+   values, the figures, and links to each analysis report.
 
 Outputs: ``DIR/analysis/<label>/`` (analysis directories), ``DIR/ablation/`` (the ablate
-outputs, ``paper_tables.csv``), ``DIR/report.html``.
+outputs, ``paper_tables.csv``), ``DIR/report.html``, ``DIR/guan_claims.csv``.
 """
 
 from __future__ import annotations
