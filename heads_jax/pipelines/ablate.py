@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd

@@ -202,7 +202,7 @@ class RunCheckpoints:
                  "training run's work directory")
     try:
       with quiet_orbax(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # Orbax's notes on a partial restore
         restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
             item={"params": target},
             restore_args=ocp.checkpoint_utils.construct_restore_args({"params": target}),
@@ -265,6 +265,15 @@ def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | Non
                              ("--batch-size", batch_size, 1)):
     if value is not None and (not isinstance(value, int) or value < least):
       raise UserError(f"{flag} {value}: give a whole number of at least {least}")
+  unknown = [r for r in roles if r not in ROLES]
+  if unknown or not roles:
+    raise UserError(f"--roles {','.join(roles)}: " + (f"{', '.join(unknown)} is not a role"
+                    if unknown else "no role given") + f"; the roles: {', '.join(ROLES)}")
+  for spec in data:
+    try:
+      parse_spec(spec)
+    except ValueError as e:
+      raise UserError(str(e)) from None
   steps = checkpoint_steps(run)
   model_dir = exported_model_dir(run)
   roles = tuple(r for r in roles if syntax or r not in SYNTACTIC_ROLES)

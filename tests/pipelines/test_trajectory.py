@@ -169,6 +169,12 @@ def test_out_is_checked_before_the_first_checkpoint(tmp_path, monkeypatch):
   runfiles.claim_dir(tmp_path / "analysis", "analysis")
   with pytest.raises(UserError, match="is an analysis directory"):
     run_trajectory(tmp_path, tmp_path / "analysis")
+  with pytest.raises(UserError, match="--roles local,bogus: bogus is not a role"):
+    run_trajectory(tmp_path, tmp_path / "new", roles=("local", "bogus"))
+  with pytest.raises(UserError, match="--max-examples 0: give a whole number of at least 1"):
+    run_trajectory(tmp_path, tmp_path / "new", max_examples=0)
+  with pytest.raises(UserError, match="data spec 'nope:x'"):
+    run_trajectory(tmp_path, tmp_path / "new", data=("nope:x",))
   monkeypatch.setattr(traj.os, "access", lambda path, mode: False)   # a read-only place
   with pytest.raises(UserError, match=f"--out {tmp_path / 'new'}: {tmp_path} is not a writable"):
     run_trajectory(tmp_path, tmp_path / "new")
