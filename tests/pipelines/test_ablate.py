@@ -196,8 +196,8 @@ def test_rerun_reuses_and_a_changed_input_reruns_its_readers(tiny_dir, tmp_path,
   model = _save_classifier(tmp_path / "model")
   ana = _analysis(tmp_path / "analysis", model=model)
   out = tmp_path / "out"
-  cfg = _args(model=model, data="mrpc", out=out, analysis=ana, by="cluster", cross="intra",
-              cluster=["vertical"], random_seeds=0, max_examples=6, batch_size=8, max_length=32)
+  cfg = _args(model=model, data="mrpc", out=out, analysis=ana, by="cluster", random_seeds=0,
+              max_examples=6, batch_size=8, max_length=32)
 
   def run(**kw):
     lines = []
@@ -205,7 +205,7 @@ def test_rerun_reuses_and_a_changed_input_reruns_its_readers(tiny_dir, tmp_path,
     return res, _stage_states(lines), lines
 
   first, states, _ = run()
-  assert states == {"baseline": "run", "ablation": "run", "segment_ablation": "run", "report": "run"}
+  assert states == {"baseline": "run", "ablation": "run", "report": "run"}
   table = pd.read_csv(out / "ablation.csv")
   # the same inputs: every part reused, the model not even loaded, the results the same
   real_load = ablate_mod._load
@@ -218,13 +218,11 @@ def test_rerun_reuses_and_a_changed_input_reruns_its_readers(tiny_dir, tmp_path,
   # the analysis's cluster types replaced behind the same path: the parts reading them rerun
   _analysis(ana, names=["vertical"] * 2 + ["dense"] * 6, model=model)
   _, states, _ = run()
-  assert states == {"baseline": "reused", "ablation": "run", "segment_ablation": "run",
-                    "report": "run"}
+  assert states == {"baseline": "reused", "ablation": "run", "report": "run"}
   assert list(pd.read_csv(out / "ablation.csv")["num_heads"]) == [0, 6, 2]
-  # --redo one part: it and the report rerun
-  _, states, _ = run(redo="segment_ablation")
-  assert states == {"baseline": "reused", "ablation": "reused", "segment_ablation": "run",
-                    "report": "run"}
+  # --redo one stage: it (and what reads it) reruns, the others are reused
+  _, states, _ = run(redo="report")
+  assert states == {"baseline": "reused", "ablation": "reused", "report": "run"}
   # the model replaced by another behind the same path (its analysis too): everything reruns
   import shutil
   shutil.rmtree(model)
