@@ -62,6 +62,15 @@ def test_bad_settings_are_refused_before_device_work(tmp_path, no_device, field,
   assert not (tmp_path / "pt").exists() and not (tmp_path / "ft").exists()
 
 
+def test_a_bad_environment_variable_is_refused_before_device_work(tmp_path, no_device, monkeypatch):
+  monkeypatch.setenv("HEADS_JAX_STORAGE_TIMEOUT", "abc")
+  with pytest.raises(UserError) as e:
+    pretrain.train_and_evaluate(_tiny(), tmp_path / "pt")
+  assert str(e.value) == ("environment: HEADS_JAX_STORAGE_TIMEOUT must be a positive number of "
+                          "seconds (e.g. 300), got 'abc'")
+  assert not (tmp_path / "pt").exists()
+
+
 def _started_run(workdir, config):
   """A run directory as a first run leaves it: config.json and a checkpoint folder."""
   j = job_lib.TrainingJob(config, workdir)
