@@ -604,11 +604,12 @@ def _group_note(config: AblationConfig) -> str:
           + (f" from {config.analysis}" if config.analysis else "") + ".")
 
 
-def run_ablation(config: AblationConfig, log=print, *, redo: str | None = None) -> dict:
+def run_ablation(config: AblationConfig, log=print, *, redo: str | None = None,
+                 progress: bool = True) -> dict:
   """Runs what ``config`` asks for on the stage engine (module docstring); writes into
   ``config.out``; returns ablation.json's content (settings, baseline, files, each part's
-  record, report). ``redo``: a stage to rerun with every stage reading it (``baseline``:
-  everything)."""
+  record, report). ``redo``: a stage to rerun with every stage reading it (``baseline`` or
+  ``"all"``: everything). ``progress=False``: no line per stage (a job inside another's stage)."""
   _check_inputs(config, log)   # before the lock: nothing is written for a bad request
   jobs = [j for j in SUB_JOBS if j.wanted(config)]
   run = AblationRun(config, lambda line: log("  " + str(line)))   # under its stage's line
@@ -617,5 +618,5 @@ def run_ablation(config: AblationConfig, log=print, *, redo: str | None = None) 
            "settings": {"by": config.by, "cross": config.cross, "mode": config.mode,
                         "importance": config.importance, "prune": config.prune}}
   results = engine.run_pipeline(_stages(config, run, jobs), config.out, redo=redo, log=log,
-                                what="an ablation", claim=claim)
+                                what="an ablation", claim=claim, progress=progress)
   return results[REPORT].outputs

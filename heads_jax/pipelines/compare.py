@@ -106,11 +106,13 @@ def _analysis_key(ctx: engine.Context, folder) -> dict:
 
 
 def run_compare(before, after, out, *, title=None, log=print, before_model=None, after_model=None,
-                data=None, max_examples=500, max_length=128, redo: str | None = None) -> Path:
+                data=None, max_examples=500, max_length=128, redo: str | None = None,
+                progress: bool = True) -> Path:
   """Compares two analysis directories; returns the path of the report. With ``before_model``
   and ``after_model``, adds the per-head attention similarity of the two models on ``data``
   (default: the first data set of the ``after`` analysis). ``redo``: a stage (``comparison``,
-  ``similarity``, ``report``) to rerun with what reads it, or ``"all"``."""
+  ``similarity``, ``report``) to rerun with what reads it, or ``"all"``. ``progress=False``: no
+  line per stage (a comparison inside another job's stage)."""
   _check(before, after, out, before_model, after_model)
   out = Path(out)
   with_models = bool(before_model and after_model)
@@ -202,5 +204,6 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
            "model": [str(before_model), str(after_model)] if with_models else None,
            "data": [str(before), str(after)],
            "settings": {"data": data, "max_examples": max_examples, "max_length": max_length}}
-  results = engine.run_pipeline(stages, out, redo=redo, log=log, what="a comparison", claim=claim)
+  results = engine.run_pipeline(stages, out, redo=redo, log=log, what="a comparison", claim=claim,
+                                progress=progress)
   return Path(results["report"].outputs["report"])
