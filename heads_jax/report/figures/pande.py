@@ -18,6 +18,7 @@ Tests and role assignments come from ``tests.csv`` (hoststats); nothing is teste
 
 from __future__ import annotations
 
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -423,7 +424,8 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
   order = sorted_heads(assigned)
   ncol = 3
   nrow = int(np.ceil(len(roles) / ncol))
-  fig = new_figure(1.2 + 0.62 * num_heads, 1.9 + 0.58 * num_layers)
+  width = max(4.6, 1.2 + 0.62 * num_heads)  # a toy model's 4 heads still fit the labels
+  fig = new_figure(width, 1.9 + 0.58 * num_layers)
   ax = fig.add_subplot()
   offsets = [((i % ncol) - (ncol - 1) / 2) * 0.26 for i in range(len(roles))]
   offsets_y = [((i // ncol) - (nrow - 1) / 2) * 0.24 for i in range(len(roles))]
@@ -450,8 +452,8 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
   ax.set_ylim(num_layers - 0.5, -0.55)
   ax.set_xticks(np.arange(num_heads), [str(i + 1) for i in range(num_heads)], fontsize=8)
   ax.set_yticks(np.arange(num_layers), [str(i) for i in range(num_layers)], fontsize=8)
-  ax.set_xlabel("rank of the head within its layer by number of roles "
-                "(small grey number: head index)")
+  ax.set_xlabel(textwrap.fill("rank of the head within its layer by number of roles "
+                              "(small grey number: head index)", width=int(13 * width)))
   ax.set_ylabel("layer")
   for spine in ax.spines.values():
     spine.set_visible(False)
@@ -460,7 +462,7 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
                     markerfacecolor=style.ROLE_COLORS.get(r, "#333333"), markeredgecolor="black",
                     markeredgewidth=0.4,
                     label=r if r in tested else f"{r} (not computed)") for r in roles]
-  fig.legend(handles=handles, loc="outside lower center", ncol=min(len(roles), 5), fontsize=8,
+  fig.legend(handles=handles, loc="outside lower center", ncol=max(1, min(len(roles), 5, int(width / 1.5))), fontsize=8,
              frameon=False, title="role assigned (markers sit at the same place in every cell)",
              title_fontsize=8)
   fig.suptitle(title or FIGURES["role_grid"].title)
