@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from heads_jax import cli
-from tests.helpers import REPO
+from tests.helpers import REPO, requires_shared
 
 README = (REPO / "README.md").read_text()
 
@@ -55,3 +55,32 @@ def test_every_subcommand_has_help(capsys):
       cli.main([name, "--help"])
     assert e.value.code == 0
     assert "usage: heads-jax " + name in capsys.readouterr().out
+
+
+# The README's fast commands, run as written (in a fresh directory, in this order: the last reads
+# what the third writes).
+FAST = (
+    "heads-jax finetune --config configs/finetune.py:tiny_sst2 --workdir runs/ft_tiny",
+    "heads-jax reproduce --config configs/reproduce.py:toy --workdir runs/toy --config.tasks=mrpc",
+    "heads-jax finetune --config configs/finetune.py:tiny_squad --workdir runs/squad_tiny",
+    "heads-jax reproduce --config configs/reproduce.py:guan_toy --workdir runs/guan_toy "
+    "--config.squad_model=runs/squad_tiny/best_model",
+)
+
+
+@pytest.mark.slow
+@requires_shared("glue", "MRPC")
+@requires_shared("squad")
+def test_readme_fast_commands_run_as_written(tmp_path):
+  import os
+  import subprocess
+  import sys
+  commands = _commands()
+  env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+  for command in FAST:
+    assert command in commands, f"README no longer shows: {command}"  # (comments after "  #" cut)
+    r = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, f"{command}\n{r.stderr[-3000:]}"
+  assert (tmp_path / "runs" / "toy" / "report.html").is_file()
+  assert (tmp_path / "runs" / "guan_toy" / "report.html").is_file()
