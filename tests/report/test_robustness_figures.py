@@ -46,3 +46,17 @@ def test_registered_draws_skip_missing_inputs(tmp_path):
                            "sink_threshold": 0.3}, sinks=_sinks())
   assert fig.FIGURES["robustness_weighting"].draw(inputs, tmp_path / "a.png", title="t", dpi=60)
   assert fig.FIGURES["robustness_sinks"].draw(inputs, tmp_path / "b.png", title="t", dpi=60)
+
+
+def test_trajectory_gives_each_of_the_13_roles_its_own_colour(tmp_path, monkeypatch):
+  from matplotlib import colors
+
+  from heads_jax.data.vocabulary import ROLES
+  kept = []
+  monkeypatch.setattr(fig, "save_figure", lambda f, path, dpi: kept.append(f) or path)
+  traj = pd.DataFrame({"step": [50, 100], "sink_rate": [0.0, 0.3],
+                       **{f"bias_{r}": [1.0 + i, 2.0 + i] for i, r in enumerate(ROLES)}})
+  fig.plot_trajectory(traj, tmp_path / "t.png")
+  lines = [line for line in kept[0].axes[1].get_lines() if line.get_label() in ROLES]
+  assert len(lines) == len(ROLES) == 13
+  assert len({colors.to_hex(line.get_color()) for line in lines}) == 13

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from heads_jax.report import style
 from heads_jax.report.figures.common import DEFAULT_DPI, new_figure, save_figure
 from heads_jax.report.spec import Registry
 
@@ -137,6 +138,9 @@ def plot_causal(table: pd.DataFrame, random_changes: dict | None, path, *,
   return save_figure(fig, path, dpi)
 
 
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p", "d")
+
+
 def plot_trajectory(traj: pd.DataFrame, path, *, title: str | None = None,
                     dpi: int = DEFAULT_DPI) -> Path:
   """Role shares, mean sieve bias per role and the sink rate against the training step
@@ -146,11 +150,16 @@ def plot_trajectory(traj: pd.DataFrame, path, *, title: str | None = None,
   fig = new_figure(12.0, 3.5)
   axes = fig.subplots(1, 3)
   for col in [c for c in traj.columns if c.startswith("share_")]:
-    axes[0].plot(step, 100 * traj[col], "o-", markersize=3, label=col[len("share_"):])
+    role = col[len("share_"):]
+    axes[0].plot(step, 100 * traj[col], "o-", markersize=3, label=role,
+                 color=style.COARSE_COLORS.get(role, "#777777"))
   axes[0].set_ylabel("% of heads")
   axes[0].set_title("coarse role shares", fontsize=9.5)
-  for col in [c for c in traj.columns if c.startswith("bias_")]:
-    axes[1].plot(step, traj[col], "o-", markersize=3, label=col[len("bias_"):])
+  # 13 roles: each its own colour (the reports' role colours) and, as a second cue, a marker
+  for i, col in enumerate(c for c in traj.columns if c.startswith("bias_")):
+    role = col[len("bias_"):]
+    axes[1].plot(step, traj[col], linestyle="-", marker=_MARKERS[i % len(_MARKERS)], markersize=3.5,
+                 label=role, color=style.ROLE_COLORS.get(role, "#777777"))
   axes[1].axhline(3, color="#b2182b", linestyle=":", linewidth=1)
   axes[1].set_ylabel("mean sieve bias")
   axes[1].set_title("mean sieve bias per role (dotted: tau = 3)", fontsize=9.5)
@@ -162,8 +171,9 @@ def plot_trajectory(traj: pd.DataFrame, path, *, title: str | None = None,
   for ax in axes:
     ax.set_xlabel("training step")
     ax.grid(True, alpha=0.3)
-  axes[0].legend(frameon=False, fontsize=7)
-  axes[1].legend(frameon=False, fontsize=6.5, ncol=2)
+  for ax, size, ncol in ((axes[0], 7, 1), (axes[1], 6.5, 2)):
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(frameon=False, fontsize=size, ncol=ncol)
   fig.suptitle(title or "Roles over training")
   return save_figure(fig, path, dpi)
 
