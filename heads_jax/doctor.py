@@ -24,8 +24,8 @@
    (a cuDNN or Triton missing on this machine) counts as a mismatch, with its error.
 3. **Timings** (skipped with ``timing=False``): one BERT-base analysis step (``stats_impl``
    ``auto``, 128 positions) and one BERT-base pre-training step (LAMB, bfloat16 on an
-   accelerator; a batch of 256 sequences on accelerators, enough to fill a GPU, 2 per device on
-   a CPU; the batch is printed beside the figures), each compiled first, then timed over
+   accelerator; a batch of 256 sequences on accelerators, enough to fill a GPU (halved until it
+   fits the device's memory), 2 per device on a CPU; the batch is printed beside the figures), each compiled first, then timed over
    ``steps`` steps: tokens per second (every position of the batch counts) and MFU with the FLOP convention of ``bench/``
    (``heads_jax.training.metrics``: ``6 N + 12 l d q`` per token for training, a third of that
    for the forward-only analysis) against the device's data-sheet peak (none on a CPU).
@@ -225,14 +225,28 @@ def _timed(fn, steps_: int) -> float:
 
 
 def timings(*, quick: bool = False, steps_: int = 3, per_device_batch: int | None = None) -> list[dict]:
-  """Tokens/s and MFU of one analysis step and one pre-training step (module docstring)."""
+  """Tokens/s and MFU of one analysis step and one pre-training step (module docstring). A batch
+  that does not fit the device's memory is halved until it does (the rows say which ran)."""
+  platform = jax.default_backend()
+  n_dev = data_mesh().devices.size
+  per = per_device_batch or (2 if quick or platform == "cpu" else
+                             max(1, -(-ACCELERATOR_BATCH // n_dev)))
+  while True:
+    try:
+      return _timings(quick=quick, steps_=steps_, per_device_batch=per)
+    except Exception as e:  # noqa: BLE001 (XLA's out-of-memory errors have no common type)
+      if per <= 1 or not ("RESOURCE_EXHAUSTED" in str(e) or "Out of memory" in str(e)):
+        raise
+      per //= 2
+
+
+def _timings(*, quick: bool, steps_: int, per_device_batch: int) -> list[dict]:
   platform = jax.default_backend()
   size, seq = ("tiny", 32) if quick else ("base", 128)
   dtype = "float32" if platform == "cpu" else "bfloat16"
   mesh = data_mesh()
   n_dev = mesh.devices.size
-  b = n_dev * (per_device_batch or (2 if quick or platform == "cpu" else
-                                    max(1, -(-ACCELERATOR_BATCH // n_dev))))
+  b = n_dev * per_device_batch
   peak = metrics_lib.peak_flops(jax.devices()[0].device_kind)
   cfg = config_for(size, vocab_size=30522, dtype=dtype)
   rng = np.random.default_rng(0)

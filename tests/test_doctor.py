@@ -97,3 +97,23 @@ def test_doctor_fails_on_a_path_variable_that_does_not_exist(capsys, monkeypatch
   assert out[1] == (f"environment: HEADS_JAX_SQUAD_FILE={tmp_path / 'none.json'}: no such file; "
                     f"point it at one or unset it")
   assert out[-1] == "all checks passed, but 1 variable(s) name paths that do not exist (above)"
+
+
+def test_timings_halve_a_batch_that_does_not_fit(monkeypatch):
+  tried = []
+
+  def fake(*, quick, steps_, per_device_batch):
+    tried.append(per_device_batch)
+    if per_device_batch > 8:
+      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.2GiB")
+    return [{"batch": per_device_batch}]
+
+  monkeypatch.setattr(doctor, "_timings", fake)
+  monkeypatch.setattr(doctor.jax, "default_backend", lambda: "gpu")
+  n = jax.device_count()
+  assert doctor.timings() == [{"batch": 8}]
+  assert tried[0] == -(-doctor.ACCELERATOR_BATCH // n) and tried[-1] == 8
+  assert tried == sorted(tried, reverse=True) and all(a // 2 == b for a, b in zip(tried, tried[1:]))
+  monkeypatch.setattr(doctor, "_timings", lambda **k: (_ for _ in ()).throw(ValueError("a bug")))
+  with pytest.raises(ValueError, match="a bug"):  # anything else is not retried
+    doctor.timings()
