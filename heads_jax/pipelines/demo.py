@@ -42,9 +42,11 @@ from heads_jax.runfiles import Markers
 from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
 from heads_jax.training.metrics import read_metrics
 
-# Measured on a 2-core CPU (see README); used for the progress messages only.
+# The stages' shares of the demo's time (2-core CPU); with the measured CPU time of the default
+# run (README: 13.8 CPU-minutes) they give the progress message's estimate only.
 STAGE_MINUTES = {"analysis": 1.5, "finetune": 7.0, "pretrain": 4.0, "scratch_analysis": 0.7,
                  "compare": 0.2}
+MEASURED_CPU_MINUTES = 13.8
 QUICK_EXAMPLES = 48
 DEMO_STAGES = ("analysis_pretrained", "finetune", "analysis_finetuned", "compare", "pretrain",
                "analysis_scratch")
@@ -180,6 +182,16 @@ def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
   return tuple(plan) + (report,)
 
 
+def estimated_cpu_minutes(finetune_steps: int = 250, pretrain_steps: int = 400) -> float:
+  """The demo's CPU time: the measured default run's, scaled by the stages' shares."""
+  m = STAGE_MINUTES
+
+  def total(ft, pt):
+    return 2 * m["analysis"] + m["finetune"] * ft / 250 + m["compare"] + (
+        (m["pretrain"] * pt / 400 + m["scratch_analysis"]) if pt else 0)
+  return MEASURED_CPU_MINUTES * total(finetune_steps, pretrain_steps) / total(250, 400)
+
+
 def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool = False,
              model: str | Path | None = None, pretrain_steps: int = 400,
              finetune_steps: int = 250, analysis_examples: int = 150,
@@ -213,12 +225,11 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
   if quick:
     log(f"heads-jax demo --quick: {name} analysed on {n} UD EWT sentences and {n} MRPC pairs")
   else:
-    m = STAGE_MINUTES
-    eta = 2 * m["analysis"] + m["finetune"] * finetune_steps / 250 + m["compare"] + (
-        (m["pretrain"] * pretrain_steps / 400 + m["scratch_analysis"]) if pretrain_steps else 0)
+    cpu = estimated_cpu_minutes(finetune_steps, pretrain_steps)
     log(f"heads-jax demo: {name} analysed, fine-tuned on SST-2, analysed again and compared"
         + ("; a small BERT pre-trained from scratch" if pretrain_steps else "")
-        + f"; about {eta:.0f} minutes on a 2-core CPU (a rerun redoes only what changed)")
+        + f"; {cpu / 2:.0f}-{cpu:.0f} minutes on an idle 2-core CPU, {cpu:.1f} CPU-minutes (a "
+        "rerun redoes only what changed)")
   t0 = time.time()
   report = run_pipeline(plan, out, log=log, redo="all" if redo else None, what="heads-jax demo",
                         claim={"kind": "demo", "model": str(real),
