@@ -324,6 +324,20 @@ def _rounded(x, digits: int = 6):
   return round(x, digits) if math.isfinite(x) else None
 
 
+def markdown_table(table: pd.DataFrame) -> str:
+  """README's paper table from a run's paper table (``paper_table.csv``): the rows with a value
+  (every verdict but "not computable here"), columns claim, paper, this run (fine-tuned),
+  pre-trained, verdict."""
+  shown = table[table["verdict"] != paper.NOT_COMPUTABLE]
+  lines = ["| claim | paper | this run (fine-tuned) | pre-trained | verdict |",
+           "|---|---|---|---|---|"]
+  for _, r in shown.iterrows():
+    cells = [r["claim"], r["paper_value"], r["this_run"], r["this_run_pretrained"], r["verdict"]]
+    lines.append("| " + " | ".join("" if pd.isna(c) else str(c).replace("|", "/")
+                                   for c in cells) + " |")
+  return "\n".join(lines)
+
+
 def verdict_counts(table: pd.DataFrame) -> dict:
   """How many claims hold, do not hold and are not computable here."""
   counts = table["verdict"].value_counts()
