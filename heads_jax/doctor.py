@@ -312,9 +312,7 @@ def variable_problems() -> tuple[list[str], list[str]]:
   flags = env.get("XLA_FLAGS")
   bad = xla_flags.unknown(flags) if flags.strip() else ()
   if bad:
-    stopping.append(f"XLA_FLAGS holds {'a flag' if len(bad) == 1 else 'flags'} this XLA does not "
-                    f"know: {' '.join(bad)} (XLA would end every job on it); remove "
-                    f"{'it' if len(bad) == 1 else 'them'} from XLA_FLAGS")
+    stopping.append(xla_flags.unknown_line(bad))
   return stopping, other
 
 

@@ -142,3 +142,24 @@ def unknown(flags: str) -> tuple[str, ...]:
     if m:
       return tuple(m.group(1).split())
   return ()  # another failure (not the flags): the jobs will say what it is
+
+
+def unknown_line(bad) -> str:
+  """The line for the unknown entries ``bad`` of ``XLA_FLAGS`` (`unknown`)."""
+  one = len(bad) == 1
+  return (f"XLA_FLAGS holds {'a flag' if one else 'flags'} this XLA does not know: {' '.join(bad)} "
+          f"(XLA would end every job on {'it' if one else 'them'}); remove "
+          f"{'it' if one else 'them'} from XLA_FLAGS")
+
+
+def require_known(environ=None) -> None:
+  """Raises a ``UserError`` (`unknown_line`) when ``XLA_FLAGS`` holds a flag the installed XLA
+  does not know, before JAX starts (where XLA would end the process with its own fatal line);
+  nothing to check once a backend runs (XLA took the flags). About 2 s, once per process."""
+  from heads_jax.errors import UserError
+  flags = env.get("XLA_FLAGS", environ)
+  if not flags.strip() or backend_initialised():
+    return
+  bad = unknown(flags)
+  if bad:
+    raise UserError(f"environment: {unknown_line(bad)}")

@@ -56,3 +56,18 @@ def test_unknown_names_the_flags_this_xla_does_not_know():
   assert xla_flags.unknown("--xla_force_host_platform_device_count=8 --xla_not_a_flag=1 "
                            "--xla_gpu_enable_latency_hiding_scheduler=true --xla_nor_this") == (
       "--xla_not_a_flag=1", "--xla_nor_this")
+
+
+def test_a_job_refuses_an_unknown_flag_with_one_line(monkeypatch):
+  from heads_jax.errors import UserError
+  monkeypatch.setattr(xla_flags, "backend_initialised", lambda: False)
+  environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_not_a_flag=1"}
+  import pytest
+  with pytest.raises(UserError) as e:
+    xla_flags.require_known(environ)
+  assert str(e.value) == ("environment: XLA_FLAGS holds a flag this XLA does not know: "
+                          "--xla_not_a_flag=1 (XLA would end every job on it); remove it from "
+                          "XLA_FLAGS")
+  xla_flags.require_known({"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+  monkeypatch.setattr(xla_flags, "backend_initialised", lambda: True)  # XLA took them already
+  xla_flags.require_known(environ)

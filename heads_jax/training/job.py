@@ -25,8 +25,9 @@
 7. ``export``: the final model as a heads_jax and a Hugging Face directory (written locally and
    copied to the work directory when that is a URL).
 
-The settings and the environment variables (``heads_jax.env.require_valid``) are checked before
-any device work (``configlib.check_training_config``).
+The settings, the environment variables (``heads_jax.env.require_valid``) and the names in
+``XLA_FLAGS`` (``heads_jax.xla_flags.require_known``) are checked before any device work
+(``configlib.check_training_config``).
 ``create_dir`` locks the work directory (``heads_jax.runfiles.WorkdirLock``: a second
 process gets one line naming the first; released by ``close``) and compares the config with the
 one the run was started with (``configlib.check_resume``: another task or model is refused,
@@ -58,7 +59,7 @@ from heads_jax.model.checkpoint import build_model, save_model
 from heads_jax.model.config import config_for
 from heads_jax.model.convert import export_hf
 from heads_jax.parallel import data_mesh, initialize_from_config
-from heads_jax import env, runfiles
+from heads_jax import env, runfiles, xla_flags
 from heads_jax.runfiles import WorkdirLock
 from heads_jax.training import checkpointing, configlib, loop, metrics as metrics_lib, optimizer, steps
 from heads_jax.training.rundir import RunDir
@@ -88,6 +89,7 @@ class TrainingJob:
 
   def __init__(self, config, workdir):
     env.require_valid()  # a variable every later step would stop on: refused now, one line
+    xla_flags.require_known()  # an unknown XLA flag: one line, not XLA's fatal one later
     configlib.check_training_config(config)
     initialize_from_config(config.distributed)
     self.config = config
