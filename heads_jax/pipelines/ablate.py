@@ -576,6 +576,7 @@ def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
       importance_raw=_grid(table("importance"), "importance_raw") if "importance" in parts else None,
       importance_settings=parts["importance"].outputs["notes"]["settings"]
       if "importance" in parts else None,
+      importance_label="importance (layer-normalised)" if config.layer_norm else "E|dL/dgate|",
       pruning=table("pruning") if "pruning" in parts else None,
       pruning_summary=table("pruning_summary") if "pruning" in parts else None,
       pruning_settings=parts["pruning"].outputs["notes"]["settings"] if "pruning" in parts else None,

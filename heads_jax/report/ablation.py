@@ -192,7 +192,8 @@ class AblationResults:
     causal: the causal test of the roles (with ``--by role``).
     segments: the intra/inter-sentence ablation table.
     importance, importance_raw: ``[l, h]`` importance (as reported) and its raw values (``[l*h]``
-      or ``[l, h]``); importance_settings: how it was estimated.
+      or ``[l, h]``); importance_settings: how it was estimated; importance_label: the figure's
+      colour bar.
     pruning, pruning_summary, pruning_settings: the pruning curve, its summary, its settings.
     paper_tables: Guan et al. Tables 2-3 row by row; model: the model's name.
   """
@@ -206,6 +207,7 @@ class AblationResults:
   importance: np.ndarray | None = None
   importance_raw: np.ndarray | None = None
   importance_settings: dict | None = None
+  importance_label: str = "importance"
   pruning: pd.DataFrame | None = None
   pruning_summary: pd.DataFrame | None = None
   pruning_settings: dict | None = None
@@ -220,8 +222,9 @@ def report_sections(results: AblationResults, fig_dir, *, dpi: int = DEFAULT_DPI
   metric = r.metrics[0] if r.metrics else "accuracy"
   imp = None if r.importance is None else np.asarray(r.importance, float)
   drawn = spec.draw("ablation", spec.Inputs(
-      group_table=r.groups, segment_table=r.segments, importance=imp, pruning_curve=r.pruning,
-      causal=r.causal, metric=metric), fig_dir, dpi=dpi)
+      group_table=r.groups, segment_table=r.segments, importance=imp,
+      importance_label=r.importance_label, pruning_curve=r.pruning, causal=r.causal,
+      metric=metric), fig_dir, dpi=dpi)
   base = pd.DataFrame([{k: r.base[k] for k in (*r.metrics, "loss", "n") if k in r.base}])
   sections = [{"title": "Unablated model",
                "html": table_html(base, table_id="table-baseline", float_format="{:.4f}")}]
