@@ -5,6 +5,7 @@ matplotlib's own tight bounding box would show a clipped label."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
@@ -67,3 +68,41 @@ def test_no_text_is_clipped(shape, figure, captured, tmp_path):
     pande.plot_score_cdf(scores, tmp_path / "f.png", tau=3.0, dpi=40)
   assert captured, "nothing drawn"
   assert clipped_texts(captured[-1]) == []
+
+
+def _overlapping(texts, renderer) -> list[tuple[str, str]]:
+  boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts
+           if t.get_visible() and t.get_text().strip()]
+  return [(a, b) for i, (a, ea) in enumerate(boxes) for b, eb in boxes[i + 1:] if ea.overlaps(eb)]
+
+
+@pytest.mark.parametrize("low, high", [(0.5, 4.0), (0.08, 9.0), (1e-4, 60.0)])
+def test_cdf_tick_labels_do_not_overlap(low, high, captured, tmp_path):
+  """Narrow ranges used to label minor ticks of the log axis (0.6 0.7 0.8 ... on top of each
+  other)."""
+  scores = np.geomspace(low, high, 500)
+  pande.plot_score_cdf(scores, tmp_path / "f.png", tau=3.0, dpi=40)
+  fig = captured[-1]
+  FigureCanvasAgg(fig)
+  renderer = fig.canvas.get_renderer()
+  fig.draw(renderer)
+  ax = fig.axes[0]
+  labels = [t for t in ax.get_xticklabels(which="both")
+            if low * 0.5 <= float(t.get_position()[0]) <= high * 1.5 * 1.3]
+  assert len([t for t in labels if t.get_text()]) >= 2
+  assert _overlapping(labels, renderer) == []
+
+
+def test_venn_names_an_empty_set_instead_of_drawing_it(captured, tmp_path):
+  """Three roles tested, one held by no head: its name no longer lands on another's."""
+  flags = pd.DataFrame({"local": [True, True, False, False], "delimiter": [True, False, True, False],
+                        "block": [False] * 4})
+  pande.plot_role_venn(flags, tmp_path / "f.png", sets=("local", "delimiter", "block"), dpi=40)
+  fig = captured[-1]
+  FigureCanvasAgg(fig)
+  renderer = fig.canvas.get_renderer()
+  fig.draw(renderer)
+  texts = fig.axes[0].texts + [fig._supxlabel]
+  assert any("no head has block (not drawn)" in t.get_text() for t in texts)
+  assert not any(t.get_text() == "block" for t in texts)
+  assert _overlapping(texts, renderer) == []

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import colors as mcolors
 from matplotlib import patches as mpatches
+from matplotlib import ticker as mticker
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -144,8 +145,14 @@ def plot_score_cdf(scores, path, *, tau: float, mean: float | None = None, title
     ax.step(np.maximum(x, left), y, where="post", color="#333333", lw=1.6,
             label=f"sieve bias scores (n = {values.size:,})")
     ax.set_xscale("log")
+    right = max(float(values.max()), tau, mean, 1.0) * 1.3
+    # labels at 1, 2, 5 x 10^k over a few decades, at the decades only over more; none at the
+    # other minor ticks (their labels overlapped on narrow ranges)
+    subs = (1.0, 2.0, 5.0) if np.log10(right / left) <= 3 else (1.0,)
+    ax.xaxis.set_major_locator(mticker.LogLocator(base=10, subs=subs))
     ax.xaxis.set_major_formatter(PLAIN)
-    ax.set_xlim(left, max(float(values.max()), tau, mean, 1.0) * 1.3)
+    ax.xaxis.set_minor_formatter(mticker.NullFormatter())
+    ax.set_xlim(left, right)
     if below > 0:
       ax.text(0.02, 0.5, f"{below:.1%} of scores\nbelow {left:g}\n(drawn at the edge)",
               transform=ax.transAxes, fontsize=8, color="#555555", va="center")
@@ -380,16 +387,25 @@ def plot_role_venn(tests_or_flags: pd.DataFrame, path, *,
     return save_figure(fig, path, dpi)
   members = [set(np.flatnonzero(flags[s].to_numpy())) for s in sets]
   none = int((~flags[list(sets)].any(axis=1)).sum())
-  if not any(members):
-    empty_note(ax, f"no head has any of the roles {', '.join(sets)}")
+  # An empty set has no area: matplotlib-venn would print its name on top of another's, so the
+  # empty ones are named in a note instead and the diagram shows the others.
+  empty = [s for s, m in zip(sets, members) if not m]
+  shown = [(s, m) for s, m in zip(sets, members) if m]
+  if len(shown) < 2:
+    empty_note(ax, (f"no head has any of the roles {', '.join(sets)}" if not shown else
+                    f"{shown[0][0]}: {len(shown[0][1])} heads; no head has "
+                    f"{', '.join(empty)}"))
   else:
-    colors = [style.COARSE_COLORS.get(s, "#888888") for s in sets]
+    colors = [style.COARSE_COLORS.get(s, "#888888") for s, _ in shown]
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
-      venn = matplotlib_venn.venn2 if len(sets) == 2 else matplotlib_venn.venn3
-      venn(subsets=members, set_labels=list(sets), set_colors=colors, alpha=0.45, ax=ax)
-  ax.text(0.0, 0.0, f"none of these roles: {none} heads", transform=ax.transAxes, fontsize=9,
-          color="#555555", ha="left", va="bottom")
+      venn = matplotlib_venn.venn2 if len(shown) == 2 else matplotlib_venn.venn3
+      venn(subsets=[m for _, m in shown], set_labels=[s for s, _ in shown], set_colors=colors,
+           alpha=0.45, ax=ax)
+  note = f"none of these roles: {none} heads"
+  if empty and len(shown) >= 2:
+    note += f"; no head has {', '.join(empty)} (not drawn)"
+  fig.supxlabel(note, fontsize=9, color="#555555")  # below the diagram, never on a set's name
   ax.set_title(f"{label} ({len(flags)} heads)")
   return save_figure(fig, path, dpi)
 
