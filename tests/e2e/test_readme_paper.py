@@ -94,3 +94,36 @@ def test_every_path_read_is_written_before_or_exists(block):
       written |= {out, f"{out}/checkpoints", f"{out}/model", f"{out}/best_model"}
     if command in ("prepare-corpus", "analyze"):
       written.add(opts["--out"][0])
+
+
+# ------------------------------------------------------------------------------------------------
+# README's paper table (section "The paper in one command") and its prose agree
+
+
+def _paper_table_section() -> str:
+  return README.split("## The paper in one command", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_paper_table_and_prose_agree():
+  from heads_jax.hoststats import paper
+  text = _paper_table_section()
+  rows = [line.split("|")[1:-1] for line in text.splitlines()
+          if line.startswith("| ") and not line.startswith("| claim |")]
+  verdicts = [r[-1].strip() for r in rows]
+  assert rows and set(verdicts) <= set(paper.VERDICTS) - {paper.NOT_COMPUTABLE}
+  claim_texts = {c.text for c in paper.CLAIMS}
+  assert all(r[0].strip() in claim_texts for r in rows)        # every row is a claim of today's
+  m = re.search(r"Of the (\d+) claims, (\d+) hold, (\d+) do not hold, (\d+) are not computable "
+                r"here and (\d+) are not comparable", " ".join(text.split()))
+  assert m, "the prose states the verdict counts"
+  total, holds, fails, not_computable, not_comparable = map(int, m.groups())
+  assert total == len(paper.CLAIMS)
+  assert holds == verdicts.count(paper.HOLDS) and fails == verdicts.count(paper.FAILS)
+  assert not_comparable == verdicts.count(paper.NOT_COMPARABLE)
+  assert not_computable == total - len(rows)
+  # what the prose says reproduces holds in the table
+  reproduces = re.search(r"these reproduce \(([^)]*)\)", " ".join(text.split()))
+  if reproduces:
+    table = {r[0].strip(): r[-1].strip() for r in rows}
+    for key in re.findall(r"`(\w+)`", reproduces.group(1)):
+      assert table[paper.claim(key).text] == paper.HOLDS, key
