@@ -242,10 +242,9 @@ def checkpoint_row(sieve_bias, token_attention, lengths, roles, *, entropy=None,
   assigned, names = assignment_array(tests, roles)
   coarse, coarse_names = coarse_roles(assigned, names)
   row = {f"share_{c}": float(coarse[..., j].mean()) for j, c in enumerate(coarse_names)}
-  with np.errstate(invalid="ignore"):
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore", RuntimeWarning)
-      means = np.nanmean(np.asarray(sieve_bias, np.float64), axis=(0, 1, 2))
+  with np.errstate(invalid="ignore"), warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)   # a role no head's sieve holds: NaN
+    means = np.nanmean(np.asarray(sieve_bias, np.float64), axis=(0, 1, 2))
   row.update({f"bias_{r}": float(m) for r, m in zip(roles, means)})
   first = np.asarray(token_attention, np.float64)[..., 0].mean(0)          # [l, h]
   row["sink_rate"] = float((first > threshold).mean())
