@@ -279,6 +279,7 @@ def main(argv=None) -> int:
   try:
     if args.command != "doctor":  # doctor lists every bad variable itself (and exits 1)
       env.require_valid()  # a bad value refused before the work, not where it is first read
+      xla_flags.require_known()  # an unknown XLA flag: one line, not XLA's fatal abort
     try:
       xla_flags.apply()  # before any JAX backend exists (heads_jax/xla_flags.py)
       enable_compilation_cache()

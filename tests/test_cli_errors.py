@@ -342,3 +342,11 @@ def test_cache_dir_naming_a_file_is_one_line(capsys, monkeypatch, tmp_path):
   assert code == 2 and len(err.splitlines()) == 1
   assert f"HEADS_JAX_CACHE_DIR={tmp_path / 'f'} is a file" in err and "HEADS_JAX_CACHE_DIR=off" in err
   assert not (tmp_path / "dst").exists()  # refused before the work
+
+
+def test_an_unknown_xla_flag_is_one_line_before_the_work(tmp_path):
+  r = _subprocess(["convert", str(tmp_path / "src"), str(tmp_path / "dst")],
+                  XLA_FLAGS="--xla_heads_jax_no_such_flag=1")
+  assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+  assert "--xla_heads_jax_no_such_flag=1" in r.stderr and "XLA_FLAGS" in r.stderr
+  assert not (tmp_path / "dst").exists()
