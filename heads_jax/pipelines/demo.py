@@ -142,7 +142,7 @@ def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
 
   def pretrain_stage(ctx):
     return stages.pretrained(ctx, "pretrain", "demo", kind="pretrain", out=pre_dir,
-                             configs=[_config(f"pretrain,steps={s.pretrain_steps}")])
+                             configs=[_config(f"pretrain,steps={s.pretrain_steps}")], run_dirs=[pre_dir])
 
   def analysis_scratch(ctx):
     pre: stages.Pretrained = ctx.results["pretrain"]

@@ -124,11 +124,11 @@ class Comparison(Result):
 
 
 def pretrained(ctx: Context, stage: str, unit: str, *, kind: str, out: Path, path: str = "",
-               size: str = "tiny", seed: int = 0, configs=()) -> Pretrained:
+               size: str = "tiny", seed: int = 0, configs=(), run_dirs=None) -> Pretrained:
   """The pre-trained model: ``init`` (an existing model ``path``: keyed on its content),
   ``random`` (a ``size`` BERT with ``seed``, saved to ``out/model``) or ``pretrain`` (the
-  pre-training ``configs`` run in turn under ``out/phase<i>``, each phase from the last one's
-  checkpoints; keyed on the configs and the text they read)."""
+  pre-training ``configs`` run in turn in ``run_dirs``, default ``out/phase<i>``, each phase
+  from the last one's checkpoints; keyed on the configs and the text they read)."""
   if kind == "init":
     model, what = resolve_model_path(path)
     key = {"kind": "init", "model": ctx.files(model)}
@@ -145,10 +145,11 @@ def pretrained(ctx: Context, stage: str, unit: str, *, kind: str, out: Path, pat
 
     def fn():
       run = None
-      for i, c in enumerate(configs, 1):
+      dirs = run_dirs or [out / f"phase{i}" for i in range(1, len(configs) + 1)]
+      for i, (c, d) in enumerate(zip(configs, dirs), 1):
         if run is not None:
           c.init_checkpoint = str(run / "checkpoints")
-        run = out / f"phase{i}"
+        run = Path(d)
         ctx.sub(f"pre-training phase {i} ({c.preset or 'custom'}, {c.num_train_steps} steps)")
         pretrain_lib.train_and_evaluate(c, run)
       return Pretrained(model=str(run / "model"), workdir=str(run), what="pre-trained here (" +
