@@ -1,8 +1,9 @@
 """The report of a ``reproduce`` run: every claim of the papers judged on this run (no jax).
 
 `reproduction_results(workdir)` reads what the stages wrote (``data/splits.json``,
-``pretrained/pretrained.json``, ``finetune/<task>/best.json``, ``analysis/analyses.json`` and the
-analysis and comparison directories through `heads_jax.contract`) and computes:
+``pretrained/pretrained.json``, ``finetune/<task>/best.json``, ``analysis/analyses.json``,
+through `heads_jax.runfiles`, and the analysis and comparison directories through
+`heads_jax.contract`) and computes:
 
 * per task and model state (the pre-trained model on the task's sequences; the task's fine-tuned
   model on its own task's): the summary figures under the paper's rule
@@ -32,7 +33,6 @@ not per-task figures and are not used for them).
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from pathlib import Path
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from heads_jax import contract
+from heads_jax import contract, runfiles
 from heads_jax.data import vocabulary
 from heads_jax.hoststats import paper
 from heads_jax.hoststats import pooled as pooled_lib
@@ -59,10 +59,6 @@ CLUSTER_NAMES = ("dense", "diagonal", "dense+vertical", "vertical")
 
 # ------------------------------------------------------------------------------------------------
 # reading the run
-
-
-def _read_json(path: Path):
-  return json.loads(Path(path).read_text()) if Path(path).is_file() else None
 
 
 def _mean(values) -> float | None:
@@ -218,9 +214,9 @@ def reproduction_results(workdir, tasks=None) -> dict:
   """The run's numbers (see the module docstring); JSON-able except the pooled arrays and the
   ``analysis`` objects."""
   workdir = Path(workdir)
-  analyses = _read_json(workdir / "analysis" / "analyses.json") or {"units": {}, "parser": None}
+  analyses = runfiles.read_analyses(workdir) or {"units": {}, "parser": None}
   units = analyses["units"]
-  splits = _read_json(workdir / "data" / "splits.json") or {}
+  splits = runfiles.read_splits(workdir) or {}
   if tasks is None:
     tasks = [u["task"] for k, u in units.items() if k.startswith("pretrained/") and
              not u.get("syntax_fallback")]
@@ -235,11 +231,11 @@ def reproduction_results(workdir, tasks=None) -> dict:
     fig["data"] = u["data"]
     per[u["model_kind"]][u["task"]] = fig
   pooled = {k: paper_pool([per[k][t]["out"] for t in tasks if t in per[k]]) for k in per}
-  finetune = {t: _read_json(workdir / "finetune" / t / "best.json") for t in tasks}
+  finetune = {t: runfiles.read_best(workdir, t) for t in tasks}
   return {"workdir": str(workdir), "tasks": tasks, "parser": analyses.get("parser"),
           "per_task": per, "pooled": pooled, "splits": splits,
-          "pretrained": _read_json(workdir / "pretrained" / "pretrained.json"),
-          "finetune": finetune, "config": _read_json(workdir / "reproduce_config.json")}
+          "pretrained": runfiles.read_pretrained(workdir),
+          "finetune": finetune, "config": runfiles.read_reproduce_config(workdir)}
 
 
 # ------------------------------------------------------------------------------------------------
