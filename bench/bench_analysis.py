@@ -78,11 +78,11 @@ def _parse(argv=None):
                  "compilation cache (default: on, in a temporary folder, to measure its effect)")
   p.add_argument("--sweep", action="store_true", help="also sweep sort window, batch size, bucket step")
   p.add_argument("--stats-impl", default="auto", choices=("auto", "layerwise", "fused", "stacked"),
-                 help="the analysis step's statistics path (heads_jax.stats.step; auto: fused "
-                      "Pallas kernel on a GPU, per-layer XLA elsewhere)")
-  p.add_argument("--compare-impls", default="stacked", help="comma-separated other stats_impl "
-                 "values timed in the same run ('' = none; 'fused' off a GPU runs the Pallas "
-                 "interpreter: slow)")
+                 help="the analysis step's statistics path (heads_jax.stats.step; auto: the "
+                      "stack on a GPU where it fits, per-layer XLA elsewhere)")
+  p.add_argument("--compare-impls", default=None, help="comma-separated other stats_impl "
+                 "values timed in the same run (default: the other of layerwise and stacked; "
+                 "'' = none; 'fused' off a GPU runs the Pallas interpreter: slow)")
   p.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"),
                  help="the encoder's matmul dtype for the step and the forward passes")
   p.add_argument("--dtype-error", action="store_true", help="also measure the sieve-bias / "
@@ -108,7 +108,7 @@ def _resolve_model_dir(args, tmp: Path) -> tuple[Path, str]:
 
 def _encode(args, tokenizer, n: int, sort_window=None, batch_size=None, bucket_step=None) -> list:
   """``n`` sequences of ``args.data`` as a list of ``(indices, batch)`` (batches padded to the
-  batch size with filler rows, as ``compute_scores`` does)."""
+  batch size with filler rows and to the pass's lengths, as ``compute_scores`` does)."""
   from heads_jax.data.specs import encode_spec, parse_spec
   sw = args.sort_window if sort_window is None else sort_window
   syntax = args.parser != "none" or parse_spec(args.data).kind == "conllu"
@@ -123,7 +123,9 @@ def _encode(args, tokenizer, n: int, sort_window=None, batch_size=None, bucket_s
     raise SystemExit(f"{args.data} holds only {total} sequences but {n} were asked for; use fewer "
                      f"--sequences / --memory-multiples or a larger file, e.g. "
                      f"--data conllu:/work/shared/data/ud_ewt/en_ewt-ud-train.conllu")
-  return list(batches)
+  from heads_jax.stats.compiling import fit_length, pass_lengths
+  lengths = pass_lengths(args.max_length, bucket_step or args.bucket_step)
+  return [(i, fit_length(b, lengths)) for i, b in batches]   # the shapes compute_scores runs
 
 
 def _padding(batches) -> dict:
@@ -183,6 +185,11 @@ def _one_per_shape(batches) -> list:
 # ------------------------------------------------------------------------------------------------
 # Throughput
 
+def _say(line: str) -> None:
+  """A progress line (a long run on an accelerator shows where it is)."""
+  print(line, flush=True)
+
+
 def _analysis_config(args, name: str, n: int):
   from heads_jax.pipelines.analyze import AnalysisConfig
   return AnalysisConfig(model=name, data=(args.data,), out="unused", max_examples=n,
@@ -201,17 +208,24 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
   n = args.sequences
   cfg = _analysis_config(args, name, n)
   # end-to-end first, before anything is compiled (with the persistent cache on, this run fills it)
+  _say(f"end to end (compute_scores), cold: {n} sequences ...")
   with common.Timer() as cold:
     compute_scores(cfg, model=model, tokenizer=tokenizer, progress=False)
+  _say(f"  {cold.wall:.1f} s ({n / cold.wall:.1f} sequences/s)")
 
   batches = _encode(args, tokenizer, n)
   mesh = data_mesh()
   step = make_analysis_step(model, stats_impl=args.stats_impl, compute_dtype=args.compute_dtype)
+  compare = args.compare_impls
+  if compare is None:  # the other of the two XLA paths than the one auto took
+    compare = "stacked" if step.stats_impl == "layerwise" else "layerwise"
   others = {impl: make_analysis_step(model, stats_impl=impl, compute_dtype=args.compute_dtype)
-            for impl in filter(None, (x.strip() for x in args.compare_impls.split(",")))
+            for impl in filter(None, (x.strip() for x in compare.split(",")))
             if impl != step.stats_impl}
   forward, forward_attn = _forward_fns(model, mesh, args.compute_dtype)
   shapes = _one_per_shape(batches)
+  _say(f"compiling the step ({step.stats_impl}; {len(shapes)} shapes), "
+       f"{', '.join(others) or 'no other path'} and the forwards ...")
   with common.Timer() as t:
     collect(step, shapes, n, progress=False, allow_missing=True)
   compile_s = t.wall
@@ -219,6 +233,8 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
     collect(other, shapes, n, progress=False, allow_missing=True)
   _time_forward(forward, shapes, mesh, step.multiple)
   _time_forward(forward_attn, shapes, mesh, step.multiple)
+  _say(f"  compiled in {time.perf_counter() - t._w:.1f} s (the step: {compile_s:.1f} s); "
+       f"timing {args.repeats} interleaved repeats ...")
 
   walls = {"analysis": [], "forward": [], "forward_attn": []}
   walls.update({f"analysis_{impl}": [] for impl in others})
@@ -235,6 +251,7 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
           _time_forward(forward if key == "forward" else forward_attn, batches, mesh, step.multiple)
       walls[key].append(t.wall)
       cpus[key].append(t.cpu)
+    _say("  " + ", ".join(f"{k} {walls[k][-1]:.2f} s" for k in walls))
   timing = {k: common.summarize(walls[k], cpus[k]) for k in walls}
 
   warm = None

@@ -17,7 +17,9 @@ The attentions of the two sides are compared (largest absolute difference) as a 
 same computation is timed. Reported: tokens/s (``b x q`` per batch), median of ``--repeats``
 timed runs of ``--batches`` batches each after a warm-up (which also compiles), process CPU
 seconds, GFLOP/s at ``2 N + 4 l d q`` FLOPs per token (N non-embedding parameters; the
-attention scores and the weighted sum), and the share of the CPU's estimated peak.
+attention scores and the weighted sum), and the share of the device's peak (the CPU's estimate,
+or an accelerator's data sheet for the matmuls float32 runs at JAX's default precision: TF32 on a
+GPU, ``bench/common.py`` ``ACCELERATOR_PEAKS`` by device kind).
 
     python bench/bench_forward.py                           # base, batch 8 x 128
     python bench/bench_forward.py --size tiny --batch-size 4 --seq-len 32 --repeats 2
@@ -171,9 +173,10 @@ def main(argv=None):
   ratio = entries["heads_jax jit, attentions"]["tokens_per_s"] / best_torch
   machine = common.machine_info()
   title = (f"\nforward pass, {args.size} ({cfg.num_layers} layers x {cfg.num_heads} heads, hidden "
-           f"{cfg.hidden_size}), batch {args.batch_size} x {args.seq_len}, float32, CPU "
-           f"({cores} cores, load average {machine['load_average_1m']} at the end); "
-           f"{fpt / 1e6:.3g} MFLOP/token")
+           f"{cfg.hidden_size}), batch {args.batch_size} x {args.seq_len}, float32, "
+           f"{jax.devices()[0].device_kind} (host: {cores} cores, load average "
+           f"{machine['load_average_1m']} at the end); {fpt / 1e6:.3g} MFLOP/token; peak: "
+           f"{peak['how']}")
   print(common.format_table(rows, title=title))
   print(f"heads_jax / best torch, with attentions: {ratio:.2f}x tokens/s; attentions agree to "
         f"{diff:.1e} (max abs diff)")

@@ -187,12 +187,13 @@ def device_header(info: dict) -> str:
 
 
 # Dense peak FLOP/s per device from the vendors' data sheets (no sparsity), by compute dtype.
+# "tf32": the tensor-core peak a float32 matmul gets at XLA's default precision on a GPU.
 ACCELERATOR_PEAKS = {
-    "H100 SXM": {"bfloat16": 989e12, "float32": 67e12},   # NVIDIA H100 SXM5 data sheet
-    "H100 PCIe": {"bfloat16": 756e12, "float32": 51e12},
-    "H100 NVL": {"bfloat16": 835e12, "float32": 60e12},
-    "H200": {"bfloat16": 989e12, "float32": 67e12},
-    "A100": {"bfloat16": 312e12, "float32": 19.5e12},
+    "H100 SXM": {"bfloat16": 989e12, "tf32": 495e12, "float32": 67e12},  # H100 SXM5 data sheet
+    "H100 PCIe": {"bfloat16": 756e12, "tf32": 378e12, "float32": 51e12},
+    "H100 NVL": {"bfloat16": 835e12, "tf32": 418e12, "float32": 60e12},
+    "H200": {"bfloat16": 989e12, "tf32": 495e12, "float32": 67e12},
+    "A100": {"bfloat16": 312e12, "tf32": 156e12, "float32": 19.5e12},
     "TPU v3": {"bfloat16": 123e12, "float32": None},
     "TPU v4": {"bfloat16": 275e12, "float32": None},
     "TPU v5 lite": {"bfloat16": 197e12, "float32": None},
@@ -217,12 +218,20 @@ def accelerator_peak_flops(device_kind: str, dtype: str = "bfloat16") -> dict:
 
 
 def peak_flops(dtype: str = "float32") -> dict:
-  """The peak for MFU on the default JAX device: the data sheet on a GPU/TPU, the estimate
-  (``cpu_peak_flops_estimate``) on a CPU."""
+  """The peak for MFU on the default JAX device: the data sheet on a GPU/TPU for the matmuls
+  ``dtype`` runs at JAX's default precision (float32 runs TF32 on a GPU's tensor cores and
+  bfloat16 passes on a TPU: their peaks; dividing by the float32 CUDA-core peak gave 196% on an
+  H200), the estimate (``cpu_peak_flops_estimate``) on a CPU."""
   import jax
   dev = jax.devices()[0]
   if dev.platform == "cpu":
     return cpu_peak_flops_estimate()
+  if dtype == "float32" and jax.config.jax_default_matmul_precision in (None, "default",
+                                                                        "bfloat16", "tensorfloat32"):
+    peak = accelerator_peak_flops(dev.device_kind, "tf32" if dev.platform == "gpu" else "bfloat16")
+    if peak["flops"]:
+      peak["how"] += " (float32 matmuls at JAX's default precision)"
+      return peak
   return accelerator_peak_flops(dev.device_kind, dtype)
 
 

@@ -1,0 +1,79 @@
+"""The accelerator suite (bench/accelerator.py) with its tiny CPU settings: every part runs and
+writes its rows, the JSON and the Markdown table come out, and a part cut by its time limit keeps
+the suite going and says so (issue 35: "a cut run keeps what it measured")."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _suite(tmp_path: Path, *args: str, timeout: int = 3000):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # one CPU device
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+  out = tmp_path / "acc"
+  proc = subprocess.run([sys.executable, str(REPO / "bench" / "accelerator.py"), "--tiny",
+                         "--out", str(out), *args], capture_output=True, text=True, env=env,
+                        cwd=REPO, timeout=timeout)
+  assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+  return proc.stdout, json.loads((out / "accelerator.json").read_text()), \
+      (out / "accelerator.md").read_text()
+
+
+@pytest.mark.slow   # six parts, each in its own process (several minutes on 2 shared cores)
+def test_accelerator_suite_runs_every_part_on_the_cpu(tmp_path):
+  stdout, res, md = _suite(tmp_path)
+  parts = {p["name"]: p for p in res["parts"]}
+  assert list(parts) == ["doctor", "pretrain", "torch_peer", "analysis_step", "analyze", "notebook"]
+  for name, p in parts.items():
+    assert p["status"] == "done", (name, p["status"])
+    assert p["rows"], name
+  rows = {r["what"]: r for p in res["parts"] for r in p["rows"]}
+  # the doctor's checks all pass, and every path of the analysis step has its ratio
+  checks = [r for r in parts["doctor"]["rows"] if r["what"].startswith("check ")]
+  assert checks and all(r["ratio"] in ("ok", "skipped") for r in checks)
+  steps = {r["what"]: r for r in parts["analysis_step"]["rows"]}
+  for impl in ("layerwise", "fused", "stacked"):
+    r = steps[f"analysis step, {impl}"]
+    assert r["value"] > 0 and float(r["ratio"]) > 0
+  assert steps["auto takes"]["value"] == "layerwise"      # on a CPU
+  # pre-training on both attention paths with the breakdown
+  pre = parts["pretrain"]["rows"]
+  assert [("explicit" in r["what"], "fused" in r["what"]) for r in pre] == [(True, False),
+                                                                            (False, True)]
+  for r in pre:
+    d = r["detail"]
+    assert r["value"] > 0 and d["forward_ms"] > 0 and d["optimizer_alone_ms"] > 0
+  assert parts["torch_peer"]["rows"][0]["value"] > 0
+  e2e = parts["analyze"]["rows"]
+  assert len(e2e) == 2 and "cold" in e2e[0]["what"] and "warm" in e2e[1]["what"]
+  nb = parts["notebook"]["rows"]
+  assert nb[0]["detail"]["agreement"] and nb[1]["value"] > 0
+  # one Markdown table with a line per row
+  for what in rows:
+    assert what in md
+  assert md.count("\n| ") >= len(rows) + 1
+
+
+def test_a_part_cut_by_its_limit_is_recorded_and_the_suite_goes_on(tmp_path):
+  stdout, res, md = _suite(tmp_path, "--parts", "doctor,torch_peer", "--limits",
+                           "doctor=1,torch_peer=1", timeout=600)
+  assert [p["name"] for p in res["parts"]] == ["doctor", "torch_peer"]
+  for p in res["parts"]:
+    assert p["status"] == "cut at its limit of 1 s"
+  assert "(cut at its limit of 1 s)" in md
+
+
+def test_bad_arguments_are_one_line(tmp_path):
+  proc = subprocess.run([sys.executable, str(REPO / "bench" / "accelerator.py"), "--parts",
+                         "nope", "--out", str(tmp_path)], capture_output=True, text=True,
+                        cwd=REPO, timeout=300)
+  assert proc.returncode == 2 and "unknown part(s) ['nope']" in proc.stderr
+  assert "Traceback" not in proc.stderr
