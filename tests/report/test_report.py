@@ -232,7 +232,7 @@ def test_bad_inputs_have_clear_errors(tmp_path, data):
 def test_analysis_figures_write_pngs(drawn):
   assert set(drawn) == {"score_cdf", "pvalue_hist", "role_upset", "role_venn", "role_grid",
                         "role_heatmaps", "cluster_tsne", "cluster_layers", "cluster_features",
-                        "score_distribution", "tau_sweep"}
+                        "type_masses", "score_distribution", "tau_sweep"}
   for name, path in drawn.items():
     assert path.name == f"{name}.png" and path.is_file()
     check_png(path)
@@ -394,8 +394,8 @@ def test_build_analysis_report_from_files(tmp_path, data):
   write_analysis_dir(tmp_path / "run", data["scores"], data["tests"], data["clusters"], SUMMARY)
   path = analysis.build_analysis_report(tmp_path / "run", dpi=DPI)
   text = path.read_text()
-  assert len(data_uris(text)) == 11
-  assert len(list((tmp_path / "run" / "figures").glob("*.png"))) == 11
+  assert len(data_uris(text)) == 12  # 11 + the Guan type masses
+  assert len(list((tmp_path / "run" / "figures").glob("*.png"))) == 12
   assert "Attention heads: tiny &lt;script&gt;" in text
   assert "0.93" in text  # cluster info from clusters.json
   # without clusters or summary: fewer figures, still a report

@@ -406,6 +406,14 @@ def plot_all_maps(examples: dict, clusters_df: pd.DataFrame | None, path, *,
   return save_figure(fig, path, dpi)
 
 
+def _draw_type_masses(i, path, *, title, dpi):
+  """Inputs: ``clusters_df`` (clusters.csv), ``cluster_info`` (clusters.json: the names' margins)."""
+  df = _clusters(i)
+  if df is None or "cluster_name" not in df.columns or not set(batch_lib.DISTANCE_FEATURES) <= set(df.columns):
+    return None
+  return plot_type_masses(df, path, info=i.cluster_info, title=title, dpi=dpi)
+
+
 def _draw_all_maps(i, path, *, title, dpi):
   if not i.examples:
     return None
@@ -464,6 +472,19 @@ FIGURES.register(
     draw=_draw_cluster_features,
     reports=("analysis",),
     reproduces="Fig. 1",
+)
+
+FIGURES.register(
+    'type_masses',
+    title='The masses each attention type is named by',
+    caption=("Per named type (cluster), box plots of its heads' near (self and the nearest "
+             "windows), far (the other windows) and special ([CLS], [SEP], comma, period) "
+             "attention mass: the quantities Guan et al.'s definitions of diagonal, dense and "
+             "vertical heads read; each panel's title gives the name's margin (clusters.json)."),
+    how=('A diagonal type has most of its mass near, a vertical type on the special tokens, a '
+         'dense type spread far; a small margin means the name was a close call.'),
+    draw=_draw_type_masses,
+    reports=("analysis",),
 )
 
 FIGURES.register(
