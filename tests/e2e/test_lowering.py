@@ -47,9 +47,15 @@ from heads_jax.training.job import ARCHITECTURES, make_tx
 
 PLATFORMS = ("tpu", "cuda")
 DEVICES = 8
-MESH = AbstractMesh((DEVICES,), (DATA_AXIS,))
+# Auto axes: what parallel.data_mesh's Mesh has (newer jax makes an AbstractMesh's axes Explicit,
+# and the embedding gather then asks for an out_sharding).
+MESH = AbstractMesh((DEVICES,), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
 REPLICATED = NamedSharding(MESH, P())
 SHARDED = NamedSharding(MESH, P(DATA_AXIS))
+# The analysis programs for "cuda" are built and exported on an abstract GPU mesh: newer jax
+# lowers a Pallas (Triton) call without a GPU only for an abstract GPU device.
+GPU_MESH = MESH.update(abstract_device=jax.sharding.AbstractDevice(
+    device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu"))
 # The kernel's Triton call: a custom call without a compatibility guarantee (allowed here; the
 # exported artifact is never stored).
 TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
@@ -183,11 +189,16 @@ def analysis_batch():
 
 
 def analysis_exported(stats_impl, platform, measures=True):
+  mesh = GPU_MESH if platform == "cuda" else MESH
   graphdef, state = bert_base_encoder()
+  state = abstract(state, NamedSharding(mesh, P()))
+  batch = {f: S(x.shape, x.dtype, sharding=NamedSharding(mesh, P(DATA_AXIS)))
+           for f, x in analysis_batch().items()}
   run = analysis.analysis_program(
       graphdef, roles=ROLES, direction="dep2head", gate_mode="remove", measures=measures,
-      js=False, stats_impl=stats_impl, mesh=MESH, platform=analysis.target_platform(platform))
-  return lower(run, platform, state, analysis_batch(), None)
+      js=False, stats_impl=stats_impl, mesh=mesh, platform=analysis.target_platform(platform))
+  with jax.sharding.use_abstract_mesh(mesh):
+    return lower(run, platform, state, batch, None)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
