@@ -78,7 +78,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from heads_jax.data import vocabulary as batch_lib
+from heads_jax.data import vocabulary
 from heads_jax.storage import naming
 
 SCORES_FILE = "scores.npz"
@@ -111,7 +111,7 @@ RULE_COLUMNS = ("uniform", "mean_minus_uniform", "statistic_uniform", "p_uniform
                 "p_block_plain", "p_calibrated", "p_calibrated_adjusted", "near_uniform",
                 "assigned_paper", "assigned_calibrated")
 RULE_BOOL_COLUMNS = ("near_uniform", "assigned_paper", "assigned_calibrated")
-CLUSTER_COLUMNS = (("layer", "head") + tuple(batch_lib.DISTANCE_FEATURES)
+CLUSTER_COLUMNS = (("layer", "head") + tuple(vocabulary.DISTANCE_FEATURES)
                    + ("cluster", "cluster_name", "tsne_x", "tsne_y"))
 # measures.npz: the per-sequence arrays, and the token_attention columns (in this order).
 MEASURE_ROW_KEYS = ("entropy", "cls_entropy", "token_attention")
@@ -257,7 +257,7 @@ def validate_scores(sieve_bias, roles, distance=None, lengths=None, data_index=N
     raise ValueError("sieve_bias holds infinite values; a sieve bias is a finite ratio (NaN for an "
                      "empty sieve): check the statistics stage that wrote it")
   b, l, h, _ = sieve_bias.shape
-  d = len(batch_lib.DISTANCE_FEATURES)
+  d = len(vocabulary.DISTANCE_FEATURES)
   if distance is not None and np.shape(distance) != (b, l, h, d):
     raise ValueError(f"distance must have shape [b, l, h, {d}] = {(b, l, h, d)} to match "
                      f"sieve_bias; got {np.shape(distance)}")
@@ -588,7 +588,7 @@ class Tests:
   @property
   def roles(self) -> tuple[str, ...]:
     """The table's roles, in `vocabulary.ROLES` order, then unknown ones in first-seen order."""
-    return batch_lib.role_order(self.table["role"].astype(str))
+    return vocabulary.role_order(self.table["role"].astype(str))
 
   @property
   def num_layers(self) -> int:
@@ -645,7 +645,7 @@ class Clusters:
   @property
   def features(self) -> np.ndarray:
     """float ``[l*h, d]``: the heads' distance features (`vocabulary.DISTANCE_FEATURES`)."""
-    return self.table[list(batch_lib.DISTANCE_FEATURES)].to_numpy(np.float64)
+    return self.table[list(vocabulary.DISTANCE_FEATURES)].to_numpy(np.float64)
 
   @property
   def names(self) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from heads_jax.data import vocabulary as batch_lib
+from heads_jax.data import vocabulary
 from heads_jax import contract
 from heads_jax.hoststats import hypothesis
 
@@ -77,7 +77,7 @@ def test_read_tests_missing(tmp_path):
 
 def test_clusters_round_trip(tmp_path):
   cols = list(contract.CLUSTER_COLUMNS)
-  assert cols[2:23] == list(batch_lib.DISTANCE_FEATURES)
+  assert cols[2:23] == list(vocabulary.DISTANCE_FEATURES)
   rows = [[0, h] + [1 / 21] * 21 + [h % 2, ["dense", "diagonal"][h % 2], 0.5 * h, -h]
           for h in range(3)]
   df = pd.DataFrame(rows, columns=cols)

@@ -60,7 +60,7 @@ import numpy as np
 import pandas as pd
 
 from heads_jax import contract
-from heads_jax.data import vocabulary as batch_lib
+from heads_jax.data import vocabulary
 from heads_jax.hoststats import hypothesis
 from heads_jax.hoststats import roles as roles_lib
 
@@ -70,8 +70,8 @@ TOLERANCE = 1e-3
 NEAR_UNIFORM_NATS = 0.1
 # From the role registry (data/vocabulary.py): roles whose score is bias x row entropy (uniform
 # value ln n), and test C's bare twin of each.
-ENTROPY_WEIGHTED = batch_lib.ENTROPY_WEIGHTED
-BLOCK_PLAIN = batch_lib.PLAIN_TWINS
+ENTROPY_WEIGHTED = vocabulary.ENTROPY_WEIGHTED
+BLOCK_PLAIN = vocabulary.PLAIN_TWINS
 # The columns `calibrated_columns` adds to the tests table, in this order.
 CALIBRATION_COLUMNS = contract.RULE_COLUMNS
 

@@ -72,14 +72,14 @@ from sklearn import cluster as sk_cluster
 from sklearn import manifold
 from sklearn import mixture
 
-from heads_jax.data import vocabulary as batch_lib
+from heads_jax.data import vocabulary
 from heads_jax import contract
 
 METHODS = ("kmeans", "gmm")
 CLUSTER_NAMES = ("dense", "diagonal", "dense+vertical", "vertical")
 MASSES = ("near", "far", "special")          # the columns of `type_masses`
 CLUSTER_COLUMNS = contract.CLUSTER_COLUMNS
-FEATURES = batch_lib.DISTANCE_FEATURES
+FEATURES = vocabulary.DISTANCE_FEATURES
 _SPECIAL = [FEATURES.index(f) for f in ("cls", "sep", "comma", "period")]
 _SELF = FEATURES.index("self")
 MIN_SHARE = 0.03       # a cluster with fewer heads than this share is an outlier cluster

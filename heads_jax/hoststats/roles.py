@@ -35,18 +35,18 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from heads_jax.data import vocabulary as batch_lib
+from heads_jax.data import vocabulary
 
 # The coarse roles (the role registry's groups, data/vocabulary.py) and the role whose test
 # decides each: the paper's four tests.
-COARSE_ROLES = {g: (g,) for g in batch_lib.COARSE_GROUPS}
+COARSE_ROLES = {g: (g,) for g in vocabulary.COARSE_GROUPS}
 # heads_jax's fine-role union view (not the paper's): the registry's fine roles of each group.
-FINE_UNION = batch_lib.COARSE_ROLES
+FINE_UNION = vocabulary.COARSE_ROLES
 TESTS, UNION = "tests", "union"
 # The roles the paper's pooled figures read (mean sieve score, tau = "auto", p-values in
 # (0.05, 0.95)): its four functional roles, not block_plain, prev/next_local, cls, sep or the
 # single relations (Fig. 3 caption: "144 x |tasks| x |roles| x |num sents| scores").
-PAPER_ROLES = batch_lib.COARSE_GROUPS
+PAPER_ROLES = vocabulary.COARSE_GROUPS
 # The role rules (DESIGN.md section 3, "Role rules"): "calibrated" (heads_jax's addition, the
 # default), "paper" (the mean sieve bias significantly above tau: the paper's test) and "average"
 # (the mean above tau, no test: the official code's method='avg', the rule the paper argues
@@ -82,7 +82,7 @@ UNSKILLED = "unskilled"
 LAYER_GROUPS = ("initial", "middle", "final")
 
 
-role_order = batch_lib.role_order   # known roles in registry order, then unknown ones
+role_order = vocabulary.role_order   # known roles in registry order, then unknown ones
 
 
 def layer_groups(num_layers: int) -> dict[str, np.ndarray]:

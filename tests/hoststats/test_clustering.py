@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from heads_jax.data import vocabulary as batch_lib
+from heads_jax.data import vocabulary
 from heads_jax import contract
 from heads_jax.hoststats import clustering
 
-F = batch_lib.DISTANCE_FEATURES
+F = vocabulary.DISTANCE_FEATURES
 
 
 def _prototypes():
@@ -111,12 +111,12 @@ def _hand_built_attention(types, n=32, seed=0, b=2):
   at 7 and 23, periods at 14 and 30)."""
   rng = np.random.default_rng(seed)
   token_class = np.zeros(n, np.int32)
-  token_class[0] = batch_lib.TOKEN_CLS
-  token_class[[15, 31]] = batch_lib.TOKEN_SEP
-  token_class[[7, 23]] = batch_lib.TOKEN_COMMA
-  token_class[[14, 30]] = batch_lib.TOKEN_PERIOD
-  special = token_class != batch_lib.TOKEN_OTHER
-  delim = np.isin(token_class, (batch_lib.TOKEN_CLS, batch_lib.TOKEN_SEP))
+  token_class[0] = vocabulary.TOKEN_CLS
+  token_class[[15, 31]] = vocabulary.TOKEN_SEP
+  token_class[[7, 23]] = vocabulary.TOKEN_COMMA
+  token_class[[14, 30]] = vocabulary.TOKEN_PERIOD
+  special = token_class != vocabulary.TOKEN_OTHER
+  delim = np.isin(token_class, (vocabulary.TOKEN_CLS, vocabulary.TOKEN_SEP))
   pos = np.arange(n)
   attn = np.zeros((b, 1, len(types), n, n))
   for i, t in enumerate(types):

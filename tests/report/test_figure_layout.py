@@ -10,7 +10,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
 
-from heads_jax.data import vocabulary as batch_lib
+from heads_jax.data import vocabulary
 from heads_jax.report.figures import pande
 from tests.report.test_report import make_scores, make_tests_df
 
@@ -51,7 +51,7 @@ def clipped_texts(fig) -> list[str]:
 
 def _tests(layers, heads):
   scores = make_scores(n=12, layers=layers, heads=heads)
-  return make_tests_df(scores["sieve_bias"], batch_lib.ROLES)
+  return make_tests_df(scores["sieve_bias"], vocabulary.ROLES)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -1,10 +1,8 @@
 """report/guan.py: the guan pipeline's report judges Guan et al.'s claims in their setting."""
 
-import numpy as np
 import pandas as pd
 
 from heads_jax import contract
-from heads_jax.data import vocabulary as batch_lib
 from heads_jax.hoststats import clustering, paper
 from heads_jax.report import guan as guan_report
 from tests.hoststats.test_clustering import _planted
