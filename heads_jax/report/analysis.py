@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from heads_jax import contract
-from heads_jax.data import vocabulary as batch_lib
+from heads_jax.data import vocabulary
 from heads_jax.report import spec, style, tables, views
 from heads_jax.report.figures import guan
 from heads_jax.report.figures.common import DEFAULT_DPI
@@ -140,7 +140,7 @@ def _clusters_section(clusters_df: pd.DataFrame, cluster_info: dict | None) -> s
                                                  headers=("property", "value"))
     names = cluster_info.get("names") if isinstance(cluster_info.get("names"), list) else None
     feature_names = cluster_info.get("feature_names")
-    short = dict(zip(batch_lib.DISTANCE_FEATURES, guan.FEATURE_LABELS))
+    short = dict(zip(vocabulary.DISTANCE_FEATURES, guan.FEATURE_LABELS))
     for key, rows in matrices:
       width = max(len(r) for r in rows)
       # column names: "<key>_columns" / "<singular key>_columns" (e.g. name_score_columns for
@@ -158,8 +158,8 @@ def _clusters_section(clusters_df: pd.DataFrame, cluster_info: dict | None) -> s
       out += (f"<h3>{esc(key)}</h3>"
               + table_html(table, table_id=f"table-cluster-{slug(key)}", index=True,
                            float_format="{:.3f}"))
-  features = [f for f in batch_lib.DISTANCE_FEATURES if f in clusters_df.columns]
-  short = dict(zip(batch_lib.DISTANCE_FEATURES, guan.FEATURE_LABELS))
+  features = [f for f in vocabulary.DISTANCE_FEATURES if f in clusters_df.columns]
+  short = dict(zip(vocabulary.DISTANCE_FEATURES, guan.FEATURE_LABELS))
   if "cluster_name" in clusters_df.columns:
     names = clusters_df["cluster_name"].astype(str)
     order = style.cluster_order(names)

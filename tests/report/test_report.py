@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from heads_jax.data import vocabulary as batch_lib
+from heads_jax.data import vocabulary
 from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report import analysis, compare, headline, page, spec, style, tables
 from heads_jax.report.figures import guan, pande
@@ -27,7 +27,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # synthetic contract data
 
 
-def make_scores(n=6, layers=3, heads=4, roles=batch_lib.ROLES, seed=0):
+def make_scores(n=6, layers=3, heads=4, roles=vocabulary.ROLES, seed=0):
   """sieve_bias [n, l, h, r] (lognormal, some NaN), distance [n, l, h, 21] (rows sum to 1)."""
   rng = np.random.default_rng(seed)
   scale = rng.lognormal(0.6, 0.9, size=(1, layers, heads, len(roles)))
@@ -63,7 +63,7 @@ def make_clusters_df(layers=3, heads=4, seed=0):
       c = (l + h) % 4
       feats = rng.dirichlet(np.ones(21) + 5 * np.eye(21)[[8, 16, 17, 0][c]])
       row = {"layer": l, "head": h}
-      row.update(dict(zip(batch_lib.DISTANCE_FEATURES, feats)))
+      row.update(dict(zip(vocabulary.DISTANCE_FEATURES, feats)))
       row.update({"cluster": c, "cluster_name": names[c], "tsne_x": c * 5 + rng.normal(),
                   "tsne_y": (c % 2) * 5 + rng.normal()})
       rows.append(row)

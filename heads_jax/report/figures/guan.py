@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import patches as mpatches
 
-from heads_jax.data import vocabulary as batch_lib
+from heads_jax.data import vocabulary
 from heads_jax.report import style
 from heads_jax.report.figures.common import DEFAULT_DPI, new_figure, save_figure
 from heads_jax.report.spec import Registry
@@ -103,13 +103,13 @@ def plot_cluster_layers(clusters_df: pd.DataFrame, path, *, title: str | None = 
 
 
 def plot_cluster_features(clusters_df: pd.DataFrame, path, *,
-                          features=batch_lib.DISTANCE_FEATURES, title: str | None = None,
+                          features=vocabulary.DISTANCE_FEATURES, title: str | None = None,
                           dpi: int = DEFAULT_DPI) -> Path:
   """One panel per cluster with box plots of the 21 distance features of its heads."""
   _check_clusters(clusters_df, tuple(features))
   names = clusters_df["cluster_name"].astype(str).to_numpy()
   palette = style.cluster_colors(names)
-  labels = list(FEATURE_LABELS) if tuple(features) == batch_lib.DISTANCE_FEATURES else list(features)
+  labels = list(FEATURE_LABELS) if tuple(features) == vocabulary.DISTANCE_FEATURES else list(features)
   values = clusters_df[list(features)].astype(float).to_numpy()  # [heads, d]
   top = min(1.02, float(np.nanmax(values)) * 1.08 + 0.02) if np.isfinite(values).any() else 1.02
   ncols = 2 if len(palette) > 1 else 1
@@ -148,13 +148,13 @@ def plot_type_masses(clusters_df: pd.DataFrame, path, *, info: dict | None = Non
   ``naming``, ``near_windows``).
   """
   from heads_jax.hoststats import clustering
-  _check_clusters(clusters_df, tuple(batch_lib.DISTANCE_FEATURES))
+  _check_clusters(clusters_df, tuple(vocabulary.DISTANCE_FEATURES))
   info = info or {}
   near_windows = int(info.get("near_windows", 2))
   names = clusters_df["cluster_name"].astype(str).to_numpy()
   palette = style.cluster_colors(names)
   masses = clustering.type_masses(
-      clusters_df[list(batch_lib.DISTANCE_FEATURES)].astype(float).to_numpy(), near_windows)
+      clusters_df[list(vocabulary.DISTANCE_FEATURES)].astype(float).to_numpy(), near_windows)
   margins = {}
   for name, row in zip(info.get("names") or [], info.get("naming") or []):
     if len(row) >= 5:
@@ -307,7 +307,7 @@ def _draw_cluster_layers(i, path, *, title, dpi):
 
 def _draw_cluster_features(i, path, *, title, dpi):
   df = _clusters(i)
-  if df is None or not set(batch_lib.DISTANCE_FEATURES) <= set(df.columns):
+  if df is None or not set(vocabulary.DISTANCE_FEATURES) <= set(df.columns):
     return None
   return plot_cluster_features(df, path, title=title, dpi=dpi)
 
@@ -409,7 +409,7 @@ def plot_all_maps(examples: dict, clusters_df: pd.DataFrame | None, path, *,
 def _draw_type_masses(i, path, *, title, dpi):
   """Inputs: ``clusters_df`` (clusters.csv), ``cluster_info`` (clusters.json: the names' margins)."""
   df = _clusters(i)
-  if df is None or "cluster_name" not in df.columns or not set(batch_lib.DISTANCE_FEATURES) <= set(df.columns):
+  if df is None or "cluster_name" not in df.columns or not set(vocabulary.DISTANCE_FEATURES) <= set(df.columns):
     return None
   return plot_type_masses(df, path, info=i.cluster_info, title=title, dpi=dpi)
 
