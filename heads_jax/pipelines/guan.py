@@ -158,7 +158,8 @@ def _stage_report(ctx: engine.Context) -> dict:
         squad_model=str(config.squad_model or DEFAULT_SQUAD_MODEL), tables=tables,
         questions=base.get("n"), models={k: (v["model"], v["data"]) for k, v in analyses.items()},
         settings=settings, tables_section=rep.paper_tables_section(tables, model=str(config.squad_model)))
-    ctx.sub(f"Guan et al.'s claims: {res['verdicts']}")
+    ctx.sub("Guan et al.'s claims: " + ", ".join(
+        f"{n} {verdict}" for verdict, n in res["verdicts"].items() if n) + f" ({res['claims']})")
     return {"report": str(res["report"]), "claims": str(res["claims"]),
             "table1": res["table1"], "verdicts": res["verdicts"]}
 
