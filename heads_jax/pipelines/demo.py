@@ -43,10 +43,10 @@ from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
 from heads_jax.training.metrics import read_metrics
 
 # The stages' shares of the demo's time (2-core CPU); with the measured CPU time of the default
-# run (README: 13.8 CPU-minutes) they give the progress message's estimate only.
+# run (README: 17.2 CPU-minutes, 2026-11-26) they give the progress message's estimate only.
 STAGE_MINUTES = {"analysis": 1.5, "finetune": 7.0, "pretrain": 4.0, "scratch_analysis": 0.7,
                  "compare": 0.2}
-MEASURED_CPU_MINUTES = 13.8
+MEASURED_CPU_MINUTES = 17.2
 QUICK_EXAMPLES = 48
 DEMO_STAGES = ("analysis_pretrained", "finetune", "analysis_finetuned", "compare", "pretrain",
                "analysis_scratch")
