@@ -1407,15 +1407,24 @@ def _change(c, run) -> dict[str, tuple[Analysis, Analysis]]:
   return out
 
 
-def _group_change(pair, role: str, group: str) -> float | None:
+def _group_means(pair, role: str, group: str):
+  """``(before, after)`` mean sieve bias ``[l', h]`` of ``role`` over the layer third ``group``,
+  or None when either analysis lacks the role or the model has no such third."""
   before, after = pair
   if role not in before.roles or role not in after.roles:
     return None
   layers = roles_lib.layer_groups(after.num_layers).get(group)
   if layers is None:
     return None
-  b = before.means[layers, :, before.roles.index(role)]
-  a = after.means[layers, :, after.roles.index(role)]
+  return (before.means[layers, :, before.roles.index(role)],
+          after.means[layers, :, after.roles.index(role)])
+
+
+def _group_change(pair, role: str, group: str) -> float | None:
+  means = _group_means(pair, role, group)
+  if means is None:
+    return None
+  b, a = means
   with np.errstate(invalid="ignore"):
     d = float(np.nanmean(a) - np.nanmean(b)) if np.isfinite(a).any() and np.isfinite(b).any() else None
   return d
@@ -1423,14 +1432,10 @@ def _group_change(pair, role: str, group: str) -> float | None:
 
 def _head_changes(pair, role: str, group: str) -> np.ndarray | None:
   """Per head of a layer third, fine-tuned minus pre-trained mean sieve bias (finite only)."""
-  before, after = pair
-  if role not in before.roles or role not in after.roles:
+  means = _group_means(pair, role, group)
+  if means is None:
     return None
-  layers = roles_lib.layer_groups(after.num_layers).get(group)
-  if layers is None:
-    return None
-  d = (after.means[layers, :, after.roles.index(role)]
-       - before.means[layers, :, before.roles.index(role)]).ravel()
+  d = (means[1] - means[0]).ravel()
   return d[np.isfinite(d)]
 
 
