@@ -22,10 +22,26 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import subprocess
 import sys
 import time
 
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def launch(mode, workdir):
+  """Runs this module as ``MODE WORKDIR`` in a subprocess (the tests' one way to start it):
+  ``(completed process, stderr lines without absl's, checkpoint steps kept, steps run)``."""
+  p = subprocess.run([sys.executable, "-m", "tests.training.fake_run", mode, str(workdir)],
+                     capture_output=True, text=True, timeout=180, cwd=ROOT,
+                     env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+  lines = [x for x in p.stderr.splitlines() if x.strip() and not x.startswith("WARNING:absl")]
+  steps = sorted(int(x.name) for x in (workdir / "checkpoints").iterdir() if x.name.isdigit())
+  ran = [int(x.split()[1]) for x in p.stdout.splitlines() if x.startswith("step ") and
+         "/" not in x]
+  return p, lines, steps, ran
 
 
 def main(mode: str, workdir: str) -> int:

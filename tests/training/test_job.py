@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from heads_jax.errors import UserError
 from heads_jax import runfiles
 from heads_jax.training import configlib, finetune, job as job_lib, loop, pretrain
+from tests.training import fake_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -189,17 +188,8 @@ def test_a_second_process_is_refused_and_a_stale_lock_taken_over(tmp_path):
     runfiles.WorkdirLock(wd).acquire()
 
 
-def _fake_run(mode, workdir):
-  p = subprocess.run([sys.executable, "-m", "tests.training.fake_run", mode, str(workdir)],
-                     capture_output=True, text=True, timeout=180, cwd=ROOT,
-                     env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
-  lines = [x for x in p.stderr.splitlines() if x.strip() and not x.startswith("WARNING:absl")]
-  steps = sorted(int(x.name) for x in (workdir / "checkpoints").iterdir() if x.name.isdigit())
-  return p, lines, steps
-
-
 def test_sigterm_saves_then_exits_143(tmp_path):
-  p, lines, steps = _fake_run("sigterm", tmp_path / "run")
+  p, lines, steps, _ = fake_run.launch("sigterm", tmp_path / "run")
   assert p.returncode == 143, p.stderr[-2000:]
   assert "done" not in p.stdout
   assert steps == [2, 3]
@@ -210,7 +200,7 @@ def test_sigterm_saves_then_exits_143(tmp_path):
 
 
 def test_ctrl_c_during_a_save_is_one_line_and_the_save_finishes(tmp_path):
-  p, lines, steps = _fake_run("interrupt", tmp_path / "run")
+  p, lines, steps, _ = fake_run.launch("interrupt", tmp_path / "run")
   assert p.returncode == 130, p.stderr[-2000:]
   assert steps == [2, 4]  # the save in flight was finished, not torn
   assert lines == [f"heads-jax: interrupted (Ctrl-C); the last complete checkpoint is step 4 in "
@@ -218,7 +208,7 @@ def test_ctrl_c_during_a_save_is_one_line_and_the_save_finishes(tmp_path):
 
 
 def test_disk_full_during_a_save_is_one_line_and_the_previous_checkpoint_intact(tmp_path):
-  p, lines, steps = _fake_run("nospace", tmp_path / "run")
+  p, lines, steps, _ = fake_run.launch("nospace", tmp_path / "run")
   assert p.returncode == 2, p.stderr[-2000:]
   assert steps == [2, 4]
   assert sorted(x.name for x in (tmp_path / "run" / "checkpoints").iterdir()) == ["2", "4"]

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +14,7 @@ import pytest
 
 from heads_jax.parallel import data_mesh
 from heads_jax.training import checkpointing, loop
+from tests.training import fake_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -94,19 +93,8 @@ def test_signal_handlers_are_restored_and_a_second_ctrl_c_stops_at_once():
   assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
-def _fake_run(mode, workdir):
-  p = subprocess.run([sys.executable, "-m", "tests.training.fake_run", mode, str(workdir)],
-                     capture_output=True, text=True, timeout=180, cwd=ROOT,
-                     env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
-  lines = [x for x in p.stderr.splitlines() if x.strip() and not x.startswith("WARNING:absl")]
-  steps = sorted(int(x.name) for x in (workdir / "checkpoints").iterdir() if x.name.isdigit())
-  ran = [int(x.split()[1]) for x in p.stdout.splitlines() if x.startswith("step ") and
-         "/" not in x]
-  return p, lines, steps, ran
-
-
 def test_ctrl_c_saves_the_step_and_prints_one_line(tmp_path):
-  p, lines, steps, ran = _fake_run("sigint", tmp_path / "run")
+  p, lines, steps, ran = fake_run.launch("sigint", tmp_path / "run")
   assert p.returncode == 130, p.stderr[-2000:]
   assert ran == [1, 2, 3] and steps == [2, 3]
   assert lines == [f"heads-jax: interrupted (Ctrl-C) after saving; the last complete checkpoint "
@@ -127,7 +115,7 @@ def test_ctrl_c_saves_the_step_and_prints_one_line(tmp_path):
 ])
 def test_a_failed_async_save_stops_at_once_with_one_line(tmp_path, mode, why):
   run = tmp_path / "run"
-  p, lines, steps, ran = _fake_run(mode, run)
+  p, lines, steps, ran = fake_run.launch(mode, run)
   assert p.returncode == 2, p.stderr[-3000:]
   # noticed at the first step boundary after the failure: before step 5 or, when the background
   # write fails while step 5 runs, before step 6 (step 5 waits for it: never later)
