@@ -29,11 +29,11 @@ HEADS_JAX_STATS_IMPL       forces the analysis step's statistics path where ``st
                            GPUs) or ``stacked`` (unset: the platform's default,
                            ``heads_jax.stats.step``)
 HEADS_JAX_GLUE_DIR         the GLUE TSV folders of the fine-tuning and reproduce configs
-                           (``/work/shared/data/glue``)
+                           (``../shared/data/glue``, see "Shared data" below)
 HEADS_JAX_SQUAD_FILE       the SQuAD 2.0 JSON of the fine-tuning configs' SQuAD presets
-                           (``/work/shared/data/squad/dev-v2.0-first5.json``)
+                           (``../shared/data/squad/dev-v2.0-first5.json``)
 HEADS_JAX_GUTENBERG        the books folder of the pre-training configs
-                           (``/work/shared/data/corpus/gutenberg``)
+                           (``../shared/data/corpus/gutenberg``)
 HEADS_JAX_CORPUS           the prepared corpus of the ``bert_base`` pre-training presets
                            (``corpus/paper``)
 XLA_FLAGS                  XLA's flags; heads_jax adds its per-platform defaults to it, the
@@ -46,6 +46,13 @@ HF_HUB_OFFLINE             ``1``: hub ids are looked up in the Hugging Face cach
 HF_HUB_CACHE, HF_HOME      where that cache is (``$HF_HOME/hub``, ``~/.cache/huggingface/hub``)
 =========================  =====================================================================
 
+Shared data: the three data defaults above are no machine's absolute paths. ``shared_default``
+looks for ``shared/<path>`` beside the checkout that holds this package (``../shared`` of a clone,
+as README says), then beside the working directory (a non-editable install run from the clone),
+and takes the first that exists; when neither does, the default is the checkout's
+``../shared/<path>``, and the job that reads it stops with one line naming the variable to set
+(``missing_shared``).
+
 Read by the libraries themselves, not by heads_jax: ``TFDS_DATA_DIR`` (TensorFlow Datasets'
 data directory, for ``tfds:`` and ``glue:`` data; ``--config.data.tfds_data_dir`` overrides it),
 ``LIBTPU_INIT_ARGS`` (TPU compiler flags), ``JAX_*`` (``jax.config``).
@@ -54,8 +61,12 @@ data directory, for ``tfds:`` and ``glue:`` data; ``--config.data.tfds_data_dir`
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from heads_jax.errors import UserError
+
+# Defaults of this form are paths in the shared data folder beside the checkout (``shared_default``).
+_SHARED = "../shared/"
 
 # name -> (default or None, one-line description); the table above in data form.
 VARIABLES = {
@@ -67,10 +78,10 @@ VARIABLES = {
     "HEADS_JAX_STORAGE_PROGRESS": ("30", "seconds of waiting on storage before a progress line"),
     "HEADS_JAX_XLA_FLAGS": ("", "off: do not add heads_jax's default XLA flags"),
     "HEADS_JAX_STATS_IMPL": ("", "force the analysis statistics path (layerwise, fused, stacked)"),
-    "HEADS_JAX_GLUE_DIR": ("/work/shared/data/glue", "GLUE TSV folders of the configs"),
-    "HEADS_JAX_SQUAD_FILE": ("/work/shared/data/squad/dev-v2.0-first5.json",
+    "HEADS_JAX_GLUE_DIR": (_SHARED + "data/glue", "GLUE TSV folders of the configs"),
+    "HEADS_JAX_SQUAD_FILE": (_SHARED + "data/squad/dev-v2.0-first5.json",
                              "SQuAD 2.0 JSON of the fine-tuning configs"),
-    "HEADS_JAX_GUTENBERG": ("/work/shared/data/corpus/gutenberg", "books of the pre-training configs"),
+    "HEADS_JAX_GUTENBERG": (_SHARED + "data/corpus/gutenberg", "books of the pre-training configs"),
     "HEADS_JAX_CORPUS": ("corpus/paper", "prepared corpus of the bert_base pre-training presets"),
     "XLA_FLAGS": ("", "XLA flags (heads_jax adds its per-platform defaults; yours win)"),
     "JAX_PLATFORMS": ("", "JAX's platform choice (read to pick the default XLA flags)"),
@@ -198,6 +209,8 @@ def get(name: str, environ=None) -> str:
   value = environ.get(name)
   if value is None:
     value = VARIABLES[name][0]
+    if value.startswith(_SHARED):
+      return shared_default(value[len(_SHARED):])
     if value.startswith("~"):
       value = os.path.expanduser(value)
     return value
@@ -205,6 +218,29 @@ def get(name: str, environ=None) -> str:
   if line is not None:
     raise BadValue(f"environment: {line}")
   return value
+
+
+def shared_default(relative: str, cwd: str | None = None) -> str:
+  """``shared/<relative>`` beside this package's checkout, else beside the working directory
+  (``cwd``), whichever exists first; the checkout's when neither does (module docstring)."""
+  checkout = Path(__file__).resolve().parents[1]
+  candidates = [checkout.parent / "shared" / relative,
+                Path(cwd or os.getcwd()).resolve().parent / "shared" / relative]
+  for path in candidates:
+    if path.exists():
+      return str(path)
+  return str(candidates[0])
+
+
+def missing_shared(name: str) -> str | None:
+  """One line for a data variable (``HEADS_JAX_GLUE_DIR``, ...) whose path does not exist: which
+  path was looked for and how to give one; None when it exists."""
+  path = get(name)
+  if os.path.exists(path):
+    return None
+  how = ("it is unset and no shared data folder was found beside the checkout or the working "
+         "directory" if not is_set(name) else "no such path")
+  return f"{name}={path}: {how}; set {name} to your copy (README, 'Data and licences')"
 
 
 def is_set(name: str, environ=None) -> bool:

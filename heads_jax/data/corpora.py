@@ -2,7 +2,7 @@
 
 * ``TextCorpus(paths, layout="paragraphs")``: plain UTF-8 files where each file is one
   document (a book) and paragraphs are separated by blank lines with wrapped lines inside
-  (the layout of ``/work/shared/data/corpus/gutenberg``);
+  (the layout of ``../shared/data/corpus/gutenberg``);
 * ``TextCorpus(paths, layout="lines")``: the BERT recipe's input layout: one sentence or
   paragraph per line, blank lines between documents (Wikipedia dumps prepared for BERT);
 * ``TfdsCorpus(name, split)``: any TFDS text data set with a string feature (``wikipedia``'s
