@@ -6,7 +6,10 @@ figures").
 * ``coarse_roles``: ``"tests"``: the coarse roles are the paper's four tests (a head is a
   delimiter head when the delimiter test rejects; `heads_jax.hoststats.roles`).
 * ``share_local``, ``share_syntactic``, ``share_delimiter``, ``share_block``: the fraction of
-  all l x h heads with that coarse role; None when that role was not computed in the run.
+  all l x h heads with that coarse role; None (JSON ``null``) when that role was not computed in
+  the run: not asked for, or its sieve empty on every sequence of the data (block heads on single
+  texts, syntactic roles without dependency arcs). ``not_computed`` maps each such fine or coarse
+  role to the reason (``not_computed_reasons``); every count of it is None too, never 0.
 * ``share_unskilled``: the fraction of heads with none of the available coarse roles.
 * ``share_syntactic_also_local``: among heads with the coarse role syntactic, the fraction that
   also have the coarse role local; None when there is no syntactic head.
@@ -112,9 +115,45 @@ def fine_role_overlaps(assigned: np.ndarray, roles: Sequence[str],
   return out
 
 
+def computed_roles(sieve_bias, roles: Sequence[str]) -> tuple[str, ...]:
+  """The roles whose sieve bias is finite for at least one (sequence, layer, head): the roles
+  this run computed (a role whose sieve is empty on every sequence was not)."""
+  finite = np.isfinite(np.asarray(sieve_bias, np.float64)).reshape(-1, len(roles)).any(0)
+  return tuple(r for r, ok in zip(roles, finite) if ok)
+
+
+def _reason(role: str) -> str:
+  if role in ("block", "block_plain"):
+    return "no sequence pairs: block heads need two segments"
+  if role == "syntactic" or role in vocabulary.RELATION_LABELS:
+    return "no dependency arcs in the data (--parser none, or no parse)"
+  return "its sieve is empty on every sequence"
+
+
+def not_computed_reasons(sieve_bias, roles: Sequence[str],
+                         view: str = roles_lib.TESTS) -> dict[str, str]:
+  """``{role: why}`` for every fine role of ``roles`` and coarse role of ``view`` this run did
+  not compute (a coarse role is computed when any of its fine roles is)."""
+  roles = tuple(roles)
+  done = computed_roles(sieve_bias, roles)
+  out = {r: _reason(r) for r in roles if r not in done}
+  for name in roles_lib.COARSE_ROLES:
+    if name in roles_lib.available_coarse_roles(roles, view) and \
+        name not in roles_lib.available_coarse_roles(done, view):
+      out[name] = _reason(name)
+  return out
+
+
 def _role_figures(assigned: np.ndarray, roles: tuple[str, ...],
-                  view: str = roles_lib.TESTS) -> dict:
-  """The shares and counts of one role assignment ``[l, h, r]`` (coarse roles of ``view``)."""
+                  view: str = roles_lib.TESTS, computed: tuple[str, ...] | None = None) -> dict:
+  """The shares and counts of one role assignment ``[l, h, r]`` (coarse roles of ``view``);
+  roles not in ``computed`` (default: all) count as absent (None, never 0)."""
+  if computed is not None and computed != roles:
+    full = roles
+    keep = [roles.index(r) for r in computed]
+    out = _role_figures(assigned[..., keep], computed, view)
+    out["num_assigned_by_role"] = {r: out["num_assigned_by_role"].get(r) for r in full}
+    return out
   l, h = assigned.shape[:2]
   num_heads = l * h
   coarse, names = roles_lib.coarse_roles(assigned, roles, view)
@@ -158,13 +197,15 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
   roles = tuple(roles)
   b, l, h, _ = sieve_bias.shape
   assigned, _ = roles_lib.assignment_array(tests, roles, l, h)
-  figures = _role_figures(assigned, roles)
+  done = computed_roles(sieve_bias, roles)
+  figures = _role_figures(assigned, roles, computed=done)
   counts = {k: figures.pop(k) for k in ("num_assigned_by_role", "num_heads_by_coarse_role",
                                         "fine_role_overlaps")}
 
   out: dict = {"num_sequences": b, "num_layers": l, "num_heads": h,
                "coarse_roles": roles_lib.TESTS, **figures}
-  union = _role_figures(assigned, roles, roles_lib.UNION)
+  out["not_computed"] = not_computed_reasons(sieve_bias, roles)
+  union = _role_figures(assigned, roles, roles_lib.UNION, computed=done)
   out["fine_union"] = {k: v for k, v in union.items() if k.startswith("share_")}
 
   rank = spearman_local_syntactic(sieve_bias, roles)
@@ -194,7 +235,8 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
       if name == "average" and tau is None:
         continue
       table = tests.assign(assigned=roles_lib.rule_assigned(tests, name, tau))
-      out["by_rule"][name] = _role_figures(roles_lib.assignment_array(table, roles, l, h)[0], roles)
+      out["by_rule"][name] = _role_figures(roles_lib.assignment_array(table, roles, l, h)[0], roles,
+                                           computed=done)
     flat = tests.drop_duplicates(["layer", "head"])["near_uniform"].to_numpy(bool)
     out["num_near_uniform_heads"] = int(flat.sum()) if near_uniform_computed else None
     out["share_near_uniform"] = float(flat.sum() / (l * h)) if near_uniform_computed else None

@@ -135,6 +135,20 @@ def present(summary: dict | None, key: str) -> bool:
   return True
 
 
+def not_computed(summary: dict | None, row: Row) -> str | None:
+  """Why the run did not compute a coarse share row's role (the summary's ``not_computed``:
+  not asked for, or its sieve empty on all the data), or None."""
+  coarse = row.coarse_role
+  reasons = (summary or {}).get("not_computed") or {}
+  return reasons.get(coarse) if coarse is not None else None
+
+
+def _shown(summary: dict | None, row: Row) -> str:
+  """A present row's value as text: "n/a (why)" for a role the run did not compute, never 0."""
+  why = not_computed(summary, row)
+  return f"n/a ({why})" if why else format_value(lookup(summary, row.key), row.kind)
+
+
 def _cell(summary: dict | None, row: Row, tested: list[str] | None) -> str:
   coarse = row.coarse_role
   if (tested is not None and coarse is not None
@@ -142,14 +156,14 @@ def _cell(summary: dict | None, row: Row, tested: list[str] | None) -> str:
     return "not computed"
   if not present(summary, row.key):
     return "not reported"
-  return format_value(lookup(summary, row.key), row.kind)
+  return _shown(summary, row)
 
 
 def headline_text(summary: dict, rows: tuple[Row, ...] = ROWS) -> str:
   """The headline figures of one summary in one console line ("rule: label value; ...");
-  figures the summary does not have are left out."""
-  parts = [f"{r.short} {format_value(lookup(summary, r.key), r.kind)}" for r in rows
-           if present(summary, r.key)]
+  figures the summary does not have are left out; a role the run did not compute reads
+  "n/a (why)"."""
+  parts = [f"{r.short} {_shown(summary, r)}" for r in rows if present(summary, r.key)]
   rule = f"{summary['rule']} rule: " if (summary or {}).get("rule") else ""
   return rule + "; ".join(parts)
 

@@ -116,3 +116,30 @@ def test_tau_sweep_by_hand():
   ex = summary.skewed_example(x, ("local", "cls"), 2.6)
   assert (ex["layer"], ex["head"], ex["role"], ex["average_only"]) == (0, 1, "local", True)
   assert ex["mean"] == pytest.approx(2.8) and len(ex["values"]) == 10
+
+
+def test_a_role_whose_sieve_is_empty_everywhere_is_not_computed_not_zero():
+  """Block on single texts and syntactic roles without arcs: null with a reason, never 0."""
+  roles = ("local", "block", "nsubj", "syntactic", "delimiter")
+  sb = np.ones((3, 2, 2, len(roles)), np.float32)
+  sb[..., 1:4] = NAN                                      # no pairs, no arcs
+  rows = [[l, h, r, 1.0, 3, 0.0, NAN if r in ("block", "nsubj", "syntactic") else 0.01,
+           NAN if r in ("block", "nsubj", "syntactic") else 0.01, r in ("local", "delimiter")]
+          for l in range(2) for h in range(2) for r in roles]
+  tests = pd.DataFrame(rows, columns=list(contract.TEST_COLUMNS))
+  out = summary.summary_figures(sb, roles, tests)
+  assert json.loads(json.dumps(out, allow_nan=False)) == out
+  assert out["share_block"] is None and out["share_syntactic"] is None
+  assert out["share_local"] == 1.0 and out["share_delimiter"] == 1.0 and out["share_unskilled"] == 0.0
+  assert out["fine_union"]["share_block"] is None and out["fine_union"]["share_syntactic"] is None
+  assert out["num_assigned_by_role"] == {"local": 4, "block": None, "nsubj": None,
+                                         "syntactic": None, "delimiter": 4}
+  assert "block" not in out["num_heads_by_coarse_role"]
+  assert out["not_computed"] == {
+      "block": "no sequence pairs: block heads need two segments",
+      "nsubj": "no dependency arcs in the data (--parser none, or no parse)",
+      "syntactic": "no dependency arcs in the data (--parser none, or no parse)"}
+  # one computed value is enough for a role to count as computed (and then 0 is a real 0)
+  sb[0, 0, 0, 1] = 0.5
+  again = summary.summary_figures(sb, roles, tests)
+  assert again["share_block"] == 0.0 and "block" not in again["not_computed"]
