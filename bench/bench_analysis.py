@@ -120,9 +120,10 @@ def _encode(args, tokenizer, n: int, sort_window=None, batch_size=None, bucket_s
                                      bucket_step=bucket_step or args.bucket_step,
                                      pad_to_batch_size=True)
   if total < n:
+    from heads_jax import env
     raise SystemExit(f"{args.data} holds only {total} sequences but {n} were asked for; use fewer "
                      f"--sequences / --memory-multiples or a larger file, e.g. "
-                     f"--data conllu:/work/shared/data/ud_ewt/en_ewt-ud-train.conllu")
+                     f"--data conllu:{env.shared_default('data/ud_ewt/en_ewt-ud-train.conllu')}")
   from heads_jax.stats.compiling import fit_length, pass_lengths
   lengths = pass_lengths(args.max_length, bucket_step or args.bucket_step)
   return [(i, fit_length(b, lengths)) for i, b in batches]   # the shapes compute_scores runs

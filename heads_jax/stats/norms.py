@@ -113,7 +113,10 @@ def sink_attention(probs, token_class, attention_mask):
 
 
 def layer_values(layer, x) -> jnp.ndarray:
-  """A layer's value vectors ``[b, k, h, e]`` (bias included) from its input ``x`` ``[b, k, d]``."""
+  """A layer's value vectors ``[b, k, h, e]`` (bias included) from its input ``x`` ``[b, k, d]``;
+  a layer with its own ``values(x)`` (ModernBERT, DeBERTa: pre-norm or fused projections) gives them."""
+  if hasattr(layer, "values"):
+    return layer.values(x).astype(jnp.float32)
   att = layer.attention
   cfg = att.cfg
   b, k, _ = x.shape
