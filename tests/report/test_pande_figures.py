@@ -1,6 +1,7 @@
 """Pande et al. figures added for issue 23: the four-set Venn, Fig. 2, the tau sweep."""
 
 import numpy as np
+import pytest
 import pandas as pd
 
 from heads_jax.hoststats import summary
@@ -48,4 +49,19 @@ def test_guan_fig5_takes_the_sequence_most_heads_hold(tmp_path):
                            "cluster_name": ["diagonal", "dense", "vertical", "dense"]})
   assert guan.plot_all_maps(doc, clusters, tmp_path / "fig5.png").is_file()
   assert guan.plot_all_maps({"heads": []}, None, tmp_path / "none.png") is None
+  # one colour scale for every panel: the uniform head (1/3 everywhere) is not drawn at full black
+  import matplotlib.axes
+  scales = []
+  real = matplotlib.axes.Axes.imshow
+
+  def spy(self, *args, **kw):
+    scales.append((kw.get("vmin"), kw.get("vmax")))
+    return real(self, *args, **kw)
+
+  matplotlib.axes.Axes.imshow = spy
+  try:
+    guan.plot_all_maps(doc, clusters, tmp_path / "fig5b.png")
+  finally:
+    matplotlib.axes.Axes.imshow = real
+  assert len(scales) == 2 and len(set(scales)) == 1 and scales[0][1] == pytest.approx(1.0)
   assert guan.FIGURES["group_ablation"].reproduces == "Table 2"

@@ -366,7 +366,8 @@ def plot_all_maps(examples: dict, clusters_df: pd.DataFrame | None, path, *,
   """Guan et al. Fig. 5: the attention map of every head for one input, the frame coloured by the
   head's attention type. The maps come from ``examples.json`` (the report's head view), which
   holds a few chosen sequences per head: the input drawn is the one most heads hold, and heads
-  without its map are left grey (the title counts them). None when there are no maps."""
+  without its map are left grey (the title counts them). Every panel has the same colour scale
+  (0 to the largest weight drawn, printed in the title). None when there are no maps."""
   seq, maps = shared_sequence_maps(examples or {})
   if seq is None:
     return None
@@ -377,6 +378,9 @@ def plot_all_maps(examples: dict, clusters_df: pd.DataFrame | None, path, *,
     types = {(int(l), int(h)): str(c) for l, h, c in
              zip(clusters_df["layer"], clusters_df["head"], clusters_df["cluster_name"])}
   palette = style.cluster_colors(list(types.values())) if types else {}
+  # One colour scale for every panel (0 to the largest weight of any head), so a near-uniform
+  # head reads pale instead of showing its small differences as strong stripes.
+  top = max(max(float(m.max()) for m in maps.values()), 1e-6)
   fig = new_figure(0.9 * heads + 1.5, 0.9 * layers + 1.2, constrained=False)
   grid = fig.add_gridspec(layers, heads, wspace=0.08, hspace=0.08, left=0.06, right=0.98,
                           top=0.86, bottom=0.1)
@@ -385,7 +389,7 @@ def plot_all_maps(examples: dict, clusters_df: pd.DataFrame | None, path, *,
       ax = fig.add_subplot(grid[l, h])
       m = maps.get((l, h))
       if m is not None:
-        ax.imshow(m, cmap="Greys", vmin=0, vmax=max(float(m.max()), 1e-6), interpolation="nearest")
+        ax.imshow(m, cmap="Greys", vmin=0, vmax=top, interpolation="nearest")
       else:
         ax.set_facecolor("#eeeeee")
       ax.set_xticks([])
@@ -402,7 +406,8 @@ def plot_all_maps(examples: dict, clusters_df: pd.DataFrame | None, path, *,
   n = len(examples["sequences"][seq]["tokens"])
   fig.suptitle((title or FIGURES["all_maps"].title)
                + f"\nsequence {examples['sequences'][seq].get('index', seq)}, {n} tokens; "
-                 f"{len(maps)} of {layers * heads} heads have its map (grey: none)", fontsize=9)
+                 f"{len(maps)} of {layers * heads} heads have its map (grey: none); one colour "
+                 f"scale for all, white 0 to black {top:.2f}", fontsize=9)
   return save_figure(fig, path, dpi)
 
 
