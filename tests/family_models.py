@@ -7,7 +7,9 @@ hundred sentences of the embedded UD English EWT test text (nothing downloads):
 
 * ``bert``, ``distilbert``, ``electra``: WordPiece (``vocab.txt``), lower-cased;
 * ``roberta``: byte-level BPE (``tokenizers.ByteLevelBPETokenizer``);
-* ``xlm-roberta``, ``albert``: SentencePiece Unigram (``tokenizers.SentencePieceUnigramTokenizer``).
+* ``xlm-roberta``, ``albert``: SentencePiece Unigram (``tokenizers.SentencePieceUnigramTokenizer``);
+* ``modernbert``: byte-level BPE with ``[CLS] A [SEP] B [SEP]`` templates in ``tokenizer.json``, a
+  ``PreTrainedTokenizerFast`` as answerdotai/ModernBERT-base ships it.
 
 Both are written with ``save_pretrained``, as a model downloaded from the hub would be.
 """
@@ -22,7 +24,11 @@ from heads_jax.data.assets import ud_ewt_test_path
 
 FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert")
 HF_CLASS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta",
-            "distilbert": "DistilBert", "electra": "Electra", "albert": "Albert"}
+            "distilbert": "DistilBert", "electra": "Electra", "albert": "Albert",
+            "modernbert": "ModernBert"}
+# ModernBERT's special tokens in its own order (answerdotai/ModernBERT-base: the OLMo vocabulary's
+# "|||IP_ADDRESS|||", "<|padding|>" first; [CLS]/[SEP]/[PAD]/[MASK] added).
+MODERNBERT_SPECIALS = ["|||IP_ADDRESS|||", "<|padding|>", "[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 
 _PROBE = "the of and to in is was that it for on with as he be at by this had not are but from"
 
@@ -54,6 +60,18 @@ def build_tokenizer(family: str):
     vocab = sorted(wp.get_vocab().items(), key=lambda kv: kv[1])
     cls = getattr(transformers, f"{HF_CLASS[family]}Tokenizer")
     return cls(vocab={t: i for t, i in vocab}, do_lower_case=True)
+  if family == "modernbert":
+    from tokenizers import processors
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(text, vocab_size=700, min_frequency=1, special_tokens=MODERNBERT_SPECIALS)
+    backend = bpe._tokenizer
+    vocab = backend.get_vocab()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
+        unk_token="[UNK]", mask_token="[MASK]", model_input_names=["input_ids", "attention_mask"])
   if family == "roberta":
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(text, vocab_size=700, min_frequency=1,
@@ -79,6 +97,15 @@ def hf_config(family: str, vocab_size: int, **overrides):
   layers in 2 groups; ELECTRA and ALBERT with embedding size 16), eager attention."""
   import transformers
   common = dict(vocab_size=vocab_size, max_position_embeddings=64, attn_implementation="eager")
+  if family == "modernbert":
+    # 4 layers (global, local, local, global), a window of 8 (|i - j| <= 4), norms with biases
+    # off as ModernBERT's; the special ids of MODERNBERT_SPECIALS.
+    kw = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=48,
+              local_attention=8, global_attn_every_n_layers=3, global_rope_theta=160000.0,
+              local_rope_theta=10000.0, pad_token_id=5, cls_token_id=3, sep_token_id=4,
+              bos_token_id=3, eos_token_id=4, **common)
+    kw.update(overrides)
+    return transformers.ModernBertConfig(**kw)
   if family == "distilbert":
     kw = dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64, pad_token_id=0, **common)
   else:
@@ -109,7 +136,7 @@ def build_hf_model(family: str, vocab_size: int, *, task: str = "Model", seed: i
   model = getattr(transformers, f"{HF_CLASS[family]}{task}")(cfg)
   with torch.no_grad():
     for name, p in model.named_parameters():
-      if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name:
+      if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name or "norm" in name:
         p.add_(0.1 * torch.randn_like(p))
   return model.eval()
 

@@ -22,9 +22,8 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from heads_jax.errors import UserError
-from heads_jax.model.config import BertConfig
-from heads_jax.model.convert import (ARCHITECTURES, architecture_of, assign_params, check_finite,
-                                     flat_params)
+from heads_jax.model.config import BertConfig, config_from_dict
+from heads_jax.model.convert import architecture_of, assign_params, check_finite, flat_params, model_class
 
 MANIFEST = "heads_jax.json"
 PARAMS = "params.safetensors"
@@ -35,13 +34,14 @@ def is_heads_jax_dir(path) -> bool:
 
 
 def build_model(architecture: str, cfg: BertConfig, num_labels: int | None = None, seed: int = 0):
-  """A freshly initialised model of one of ``ARCHITECTURES``."""
-  if architecture not in ARCHITECTURES:
-    raise ValueError(f"unknown architecture {architecture!r}; one of {sorted(ARCHITECTURES)}")
+  """A freshly initialised model of ``architecture`` (``"BertModel"``, ``"BertForPreTraining"``,
+  ``"BertForSequenceClassification"``, ``"BertForQuestionAnswering"``: family-neutral names)
+  in ``cfg``'s family (``convert.model_class``)."""
+  cls = model_class(architecture, cfg)
   rngs = nnx.Rngs(seed)
   if architecture == "BertForSequenceClassification":
-    return ARCHITECTURES[architecture](cfg, num_labels or 2, rngs=rngs)
-  return ARCHITECTURES[architecture](cfg, rngs=rngs)
+    return cls(cfg, num_labels or 2, rngs=rngs)
+  return cls(cfg, rngs=rngs)
 
 
 def save_model(model: nnx.Module, out_dir, tokenizer=None, *, id2label: dict | None = None) -> Path:
@@ -109,8 +109,8 @@ def load_model_dir(path, architecture: str | None = None, dtype: str | None = No
   path = Path(path)
   m = read_manifest(path)
   try:
-    cfg = BertConfig.from_dict(m["config"])
-  except (KeyError, TypeError) as e:
+    cfg = config_from_dict(m["config"])
+  except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f"{path / MANIFEST}: its config is incomplete or wrong ({e}); copy or "
                      "export the model again") from None
   if dtype:

@@ -37,6 +37,7 @@ Hugging Face ``config.json`` of any of the families.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from pathlib import Path
 
@@ -63,6 +64,7 @@ class Family:
   classifier: str     # sequence classifier: "pooler" (pooled [CLS] -> linear) or the activation of
                       # its own dense layer on [CLS] ("tanh", "gelu", "relu")
   weights: str        # weight-name scheme of the layers: "bert", "distilbert" or "albert"
+  module: str = "heads_jax.model.bert"  # the module that defines the family's encoder (registry below)
 
 
 FAMILIES = {f.name: f for f in (
@@ -73,6 +75,15 @@ FAMILIES = {f.name: f for f in (
     Family("electra", "electra", "Electra", "electra", "gelu", "bert"),
     Family("albert", "albert", "Albert", "albert", "pooler", "albert"),
 )}
+# Families with an encoder module of their own (not BertConfig switches): "The registry" below.
+OWN_FAMILIES = {f.name: f for f in (
+    Family("modernbert", "modernbert", "ModernBert", "model", "modernbert", "modernbert",
+           module="heads_jax.model.modernbert"),
+    Family("deberta-v2", "deberta-v2", "DebertaV2", "deberta", "deberta", "deberta",
+           module="heads_jax.model.deberta"),
+)}
+BERT_MODULE = "heads_jax.model.bert"
+ALL_FAMILIES = {**FAMILIES, **OWN_FAMILIES}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +229,9 @@ class BertConfig:
     model_type = d.get("model_type", "bert")
     by_type = {f.model_type: f.name for f in FAMILIES.values()}
     if model_type not in by_type:
+      if model_type in _MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} has its own config class: read it with "
+                         "heads_jax.model.config.config_from_hf_dict")
       raise ValueError(f"model_type is {model_type!r}; heads_jax loads "
                        f"{', '.join(sorted(by_type))} models")
     family = by_type[model_type]
@@ -263,22 +277,83 @@ class BertConfig:
     return cls(**kw)
 
   @classmethod
-  def from_hf_file(cls, path) -> "BertConfig":
-    """From a Hugging Face ``config.json``; a file that is not JSON or lacks a key is a
-    ValueError naming the file."""
-    try:
-      d = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-      raise ValueError(f"{path} is not valid JSON ({e}); copy or export the model again") from None
-    try:
-      return cls.from_hf_dict(d)
-    except KeyError as e:
-      raise ValueError(f"{path} lacks the key {e} that a model config needs; copy or export the "
-                       "model again") from None
+  def from_hf_file(cls, path):
+    """From a Hugging Face ``config.json`` of any family (``config_from_hf_file``)."""
+    return config_from_hf_file(path)
 
 
 # Alias: the configuration is not specific to BERT.
 EncoderConfig = BertConfig
+_MODEL_TYPES = {f.model_type: f for f in ALL_FAMILIES.values()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry: families with an encoder module of their own.
+#
+# A family of ``OWN_FAMILIES`` (ModernBERT, DeBERTa-v3; ``FAMILIES`` are the ``BertConfig``
+# families, ``ALL_FAMILIES`` both) is defined by the module that its ``Family.module`` names,
+# imported on first use (``family_module``). It defines:
+#
+# * ``Config``: a frozen dataclass with the fields ``family``, ``dtype``, ``num_layers``,
+#   ``num_heads``, ``hidden_size``, ``vocab_size``, ``pad_token_id``; the class methods
+#   ``from_hf_dict`` and ``from_dict``; the methods ``to_hf_dict``, ``to_dict``, ``replace``,
+#   ``check_max_length``; the properties ``info`` (its ``Family``), ``head_dim``,
+#   ``max_positions`` and ``layer_schedule``.
+# * ``ARCHITECTURES``: heads_jax architecture name (``"BertModel"`` for the encoder,
+#   ``"BertForSequenceClassification"``, ...: the names stay family-neutral in manifests) ->
+#   module class; a task model holds its encoder as ``.bert``.
+# * ``hf_key(path, cfg) -> (Hugging Face key, transpose)`` for every parameter path
+#   (``heads_jax.model.convert.hf_key``'s contract).
+#
+# Its encoder takes ``BertModel``'s call signature (``return_attentions``, ``attention_reduce``,
+# ``head_gate``, ``return_hidden_states``, ...), so the analysis, ablations and fine-tuning
+# use it unchanged; its layers give their value vectors as ``layer.values(x)`` for the norm pass.
+
+
+def family_module(family: str):
+  """The module that defines ``family``'s encoder (imported on first use)."""
+  if family not in ALL_FAMILIES:
+    raise ValueError(f"family {family!r} is not supported; use one of {sorted(ALL_FAMILIES)}")
+  return importlib.import_module(ALL_FAMILIES[family].module)
+
+
+def config_class(family: str) -> type:
+  """The config dataclass of ``family``: ``BertConfig`` or the family module's ``Config``."""
+  if family not in ALL_FAMILIES:
+    raise ValueError(f"family {family!r} is not supported; use one of {sorted(ALL_FAMILIES)}")
+  if family in FAMILIES:
+    return BertConfig
+  return family_module(family).Config
+
+
+def config_from_hf_dict(d: dict):
+  """The config of a Hugging Face ``config.json`` dictionary of any family of ``FAMILIES``."""
+  model_type = d.get("model_type", "bert")
+  if model_type not in _MODEL_TYPES:
+    raise ValueError(f"model_type is {model_type!r}; heads_jax loads "
+                     f"{', '.join(sorted(_MODEL_TYPES))} models")
+  return config_class(_MODEL_TYPES[model_type].name).from_hf_dict(d)
+
+
+def config_from_hf_file(path):
+  """``config_from_hf_dict`` of a ``config.json``; a file that is not JSON or lacks a key is a
+  ValueError naming the file."""
+  try:
+    d = json.loads(Path(path).read_text(encoding="utf-8"))
+  except (ValueError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path} is not valid JSON ({e}); copy or export the model again") from None
+  if not isinstance(d, dict):
+    raise ValueError(f"{path} is not a model config (a JSON object); copy or export the model again")
+  try:
+    return config_from_hf_dict(d)
+  except KeyError as e:
+    raise ValueError(f"{path} lacks the key {e} that a model config needs; copy or export the "
+                     "model again") from None
+
+
+def config_from_dict(d: dict):
+  """A config from its ``to_dict()`` (a heads_jax manifest), of the family it names."""
+  return config_class(d.get("family", "bert")).from_dict(d)
 
 _ACTS = {"gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu"}
 

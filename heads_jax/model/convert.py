@@ -29,7 +29,7 @@ from safetensors.numpy import load_file, save_file
 
 from heads_jax.errors import UserError
 from heads_jax.model.bert import BertModel
-from heads_jax.model.config import FAMILIES, BertConfig
+from heads_jax.model.config import FAMILIES, BertConfig, family_module
 from heads_jax.model.heads import (BertForPreTraining, BertForQuestionAnswering,
                                    BertForSequenceClassification)
 
@@ -73,6 +73,26 @@ _LEAF = {"kernel": "weight", "scale": "weight", "bias": "bias", "embedding": "we
 _DEFAULT = BertConfig()
 
 
+def _own_module(cfg):
+  """The family module of a family with an encoder of its own (``config`` registry), or None."""
+  return None if cfg.family in FAMILIES else family_module(cfg.family)
+
+
+def architectures(cfg) -> dict:
+  """heads_jax architecture name -> class, for ``cfg``'s family."""
+  own = _own_module(cfg)
+  return ARCHITECTURES if own is None else own.ARCHITECTURES
+
+
+def model_class(architecture: str, cfg) -> type:
+  """The class of heads_jax ``architecture`` (``"BertModel"``, ...) in ``cfg``'s family."""
+  table = architectures(cfg)
+  if architecture not in table:
+    raise ValueError(f"unknown architecture {architecture!r} for {cfg.family}; one of "
+                     f"{sorted(table)}")
+  return table[architecture]
+
+
 def _layer_prefix(cfg: BertConfig, u: int) -> str:
   scheme = cfg.info.weights
   if scheme == "distilbert":
@@ -105,6 +125,9 @@ def hf_key(path: str, cfg: BertConfig | None = None) -> tuple[str, bool]:
   starts with ``bert/`` (the encoder inside a task model).
   """
   cfg = cfg or _DEFAULT
+  own = _own_module(cfg)
+  if own is not None:
+    return own.hf_key(path, cfg)
   prefix = ""
   if path.startswith("bert/"):
     path, prefix = path[len("bert/"):], cfg.info.hf_prefix + "."
@@ -292,7 +315,9 @@ def _is_head(path: str) -> bool:
 
 
 def architecture_of(model: nnx.Module) -> str:
-  for name, cls in ARCHITECTURES.items():
+  cfg = getattr(model, "config", None)
+  own = _own_module(cfg) if cfg is not None and hasattr(cfg, "info") else None
+  for name, cls in (ARCHITECTURES if own is None else own.ARCHITECTURES).items():
     if type(model) is cls:
       return name
   raise TypeError(f"not a heads_jax model: {type(model).__name__}")

@@ -11,8 +11,8 @@ from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.model.checkpoint import (build_model, is_heads_jax_dir, load_model_dir, read_manifest,
                                         save_model, training_run_message)
-from heads_jax.model.config import BertConfig
-from heads_jax.model.convert import detect_architecture, export_hf, load_hf_params, normalise_hf_keys, read_hf_state_dict
+from heads_jax.model.config import config_from_hf_file
+from heads_jax.model.convert import architectures, detect_architecture, export_hf, load_hf_params, normalise_hf_keys, read_hf_state_dict
 
 HEADS = {None: None, "encoder": "BertModel", "pretraining": "BertForPreTraining",
          "classification": "BertForSequenceClassification",
@@ -57,13 +57,15 @@ def load_model(path, *, head: str | None = None, num_labels: int | None = None,
       arch = read_manifest(p)["architecture"]
     model = load_model_dir(p, arch or "BertModel", dtype=dtype)
   elif (p / "config.json").is_file():
-    cfg = BertConfig.from_hf_file(p / "config.json")
+    cfg = config_from_hf_file(p / "config.json")
     if dtype:
       cfg = cfg.replace(dtype=dtype)
     labels = num_labels
     if arch == "auto":
       arch, labels = detect_architecture(normalise_hf_keys(read_hf_state_dict(p), cfg))
       labels = num_labels or labels
+      if arch not in architectures(cfg):  # a head the family has no heads_jax twin of: the encoder
+        arch = "BertModel"
     model = build_model(arch or "BertModel", cfg, labels)
     load_hf_params(model, p)
   else:
