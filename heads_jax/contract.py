@@ -22,7 +22,10 @@ file                   content (writer / reader)
                        float32 ``[b, l, h, 5]`` (columns ``token_measures`` =
                        `TOKEN_MEASURES`), ``lengths`` int32 ``[b]``; optionally ``js`` float32
                        ``[l*h, l*h]`` (mean Jensen-Shannon distance between heads) with
-                       ``js_sequences``, and ``data_index``. `write_measures` / `read_measures`.
+                       ``js_sequences``, and ``data_index``; for DeBERTa models ``term_shares``
+                       float32 ``[b, l, h, 3]`` (each head's share of its logits' variance
+                       over the keys from the terms ``term_names`` = `TERM_NAMES`,
+                       `heads_jax.model.deberta`). `write_measures` / `read_measures`.
 ``run.json``           ``{"device": the settings that determine scores.npz, "data_info": [...],
                        "inputs": {"model", "data"}}`` of the analysis job (``inputs``: the
                        content identity of the model and data files). `write_run` / `read_run`.
@@ -116,6 +119,8 @@ CLUSTER_COLUMNS = (("layer", "head") + tuple(vocabulary.DISTANCE_FEATURES)
 # measures.npz: the per-sequence arrays, and the token_attention columns (in this order).
 MEASURE_ROW_KEYS = ("entropy", "cls_entropy", "token_attention")
 TOKEN_MEASURES = ("cls", "sep", "punct", "prev", "next")
+# measures.npz of a DeBERTa model: the attention-logit terms of term_shares (in this order).
+TERM_NAMES = ("c2c", "c2p", "p2c")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,7 +335,8 @@ def write_measures(path, measures: Mapping) -> Path:
 
   ``measures``: ``entropy``, ``cls_entropy`` ``[b, l, h]``, ``token_attention`` ``[b, l, h, 5]``
   (columns `TOKEN_MEASURES`), ``lengths`` ``[b]``, and optionally ``js`` ``[l*h, l*h]`` with
-  ``js_sequences`` and ``data_index`` ``[b]`` (e.g. `heads_jax.stats.collector.collect`'s
+  ``js_sequences`` and ``data_index`` ``[b]``, and ``term_shares`` ``[b, l, h, 3]`` (DeBERTa)
+  (e.g. `heads_jax.stats.collector.collect`'s
   result with a measures step, or `combine_measures` of several).
   """
   missing = [k for k in MEASURE_ROW_KEYS + ("lengths",) if k not in measures]
@@ -356,6 +362,12 @@ def write_measures(path, measures: Mapping) -> Path:
     arrays["js_sequences"] = np.int64(measures.get("js_sequences", b))
   if "data_index" in measures:
     arrays["data_index"] = np.asarray(measures["data_index"], np.int32)
+  if measures.get("term_shares") is not None:
+    shares = np.asarray(measures["term_shares"], np.float32)
+    if shares.shape != (b, l, h, len(TERM_NAMES)):
+      raise ValueError(f"term_shares must be {(b, l, h, len(TERM_NAMES))}, got {shares.shape}")
+    arrays["term_shares"] = shares
+    arrays["term_names"] = np.asarray(TERM_NAMES, dtype=str)
   return _write_npz(_in_dir(path, MEASURES_FILE), arrays)
 
 
@@ -371,6 +383,8 @@ def read_measures(path) -> dict:
       raise ValueError(f"{file} is not a measures.npz: it lacks {missing} (has {data.files})")
     out = {k: data[k] for k in data.files}
   out["token_measures"] = tuple(str(x) for x in out.get("token_measures", TOKEN_MEASURES))
+  if "term_names" in out:
+    out["term_names"] = tuple(str(x) for x in out["term_names"])
   return out
 
 
