@@ -115,6 +115,9 @@ def flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
 # tables
 
 
+LONG_TEXT = 40   # characters: a longer text cell of `table_html` may wrap anywhere
+
+
 def table_html(df: pd.DataFrame, *, table_id: str | None = None, index: bool = False,
                float_format: str = "{:.3f}", max_rows: int | None = None, tall: bool = False) -> str:
   """An HTML table of a DataFrame: escaped text, right-aligned numbers, optional row limit."""
@@ -134,8 +137,10 @@ def table_html(df: pd.DataFrame, *, table_id: str | None = None, index: bool = F
         cells.append(f'<td class="num">{esc(float_format.format(float(v)))}</td>')
       elif is_number(v):
         cells.append(f'<td class="num">{esc(format_value(v))}</td>')
-      else:
-        cells.append(f"<td>{esc(format_value(v))}</td>")
+      else:  # a long text (a list of heads) wraps inside its cell (page.css td.text)
+        text = format_value(v)
+        wrap = ' class="text"' if len(text) > LONG_TEXT else ""
+        cells.append(f"<td{wrap}>{esc(text)}</td>")
     rows.append("<tr>" + "".join(cells) + "</tr>")
   body = "".join(rows) if rows else f'<tr><td class="empty" colspan="{max(1, len(df.columns))}">' \
                                     "(no rows)</td></tr>"

@@ -476,3 +476,13 @@ def test_a_full_disk_while_writing_a_page_names_the_page(tmp_path, monkeypatch):
     page.write_page(tmp_path, title="t", sections=[("s", "<p>x</p>")])
   message = user_message(e.value)
   assert str(tmp_path / "report.html") in message and "no space left on the device" in message
+
+
+def test_table_cells_with_long_text_wrap_and_short_ones_do_not():
+  """A list of heads (the norm weighting's lost_heads) wraps in its cell instead of running off the
+  page; short text and numbers keep their own cells."""
+  from heads_jax.report.page import table_html
+  heads = ",".join(f"{l}:{h}" for l in range(6) for h in range(12))
+  html = table_html(pd.DataFrame({"role": ["local"], "lost": [3], "lost_heads": [heads]}))
+  assert f'<td class="text">{heads}</td>' in html
+  assert "<td>local</td>" in html and '<td class="num">3</td>' in html
