@@ -100,6 +100,28 @@ def target_platform(platform: str | None = None) -> str:
   return "gpu" if platform in ("cuda", "rocm", "gpu") else platform
 
 
+def channel_weights(batch, roles: Sequence[str], direction: str = "dep2head",
+                    measures: bool = False):
+  """Each output channel's per-query weight (the channels of ``num_channels``) as float32
+  ``[b, c, q]``, and the sieve count ``[b, r]``: the weights of ``heads_jax.stats.layerwise``
+  (``n / (|S(t)| V)`` per role, ``1/n`` per distance feature and mean measure, the ``[CLS]``
+  row for ``cls_entropy``, ``1/(n-1)`` for the previous/next token). Shared by this kernel and
+  kernel v2 (``heads_jax.stats.kernel``)."""
+  mask = jnp.asarray(batch["attention_mask"])
+  real = mask > 0
+  realf = real.astype(jnp.float32)
+  n = jnp.sum(realf, axis=-1)                                              # [b]
+  pos = jnp.arange(mask.shape[1])
+  weight, count = role_weights(build_sieves(batch, roles, direction), mask)  # [b, r, q]
+  over_n = realf / jnp.maximum(n, 1.0)[:, None]                           # [b, q]
+  rows = [weight[:, j] for j in range(len(roles))] + [over_n] * NUM_DISTANCE_FEATURES
+  if measures:
+    over_n1 = realf / jnp.maximum(n - 1.0, 1.0)[:, None]
+    rows += [over_n, ((pos[None] == 0) & real).astype(jnp.float32)]       # entropy, cls_entropy
+    rows += [over_n, over_n, over_n, over_n1, over_n1]                    # cls sep punct prev next
+  return jnp.stack(rows, axis=1), count
+
+
 def fused_tables(batch, roles: Sequence[str], direction: str = "dep2head",
                  measures: bool = False, pad_pow2: bool | None = None,
                  platform: str | None = None) -> dict:
@@ -133,14 +155,7 @@ def fused_tables(batch, roles: Sequence[str], direction: str = "dep2head",
                     col((pos[None] == 0) | (tc == TOKEN_SEP))], axis=-1)
   cols = jnp.pad(cols, ((0, 0), (0, 0), (0, _E_COLS - cols.shape[-1])))
 
-  weight, count = role_weights(build_sieves(batch, roles, direction), mask)  # [b, r, q]
-  over_n = realf / jnp.maximum(n, 1.0)[:, None]                           # [b, q]
-  rows = [weight[:, j] for j in range(len(roles))] + [over_n] * NUM_DISTANCE_FEATURES
-  if measures:
-    over_n1 = realf / jnp.maximum(n - 1.0, 1.0)[:, None]
-    rows += [over_n, ((pos[None] == 0) & real).astype(jnp.float32)]       # entropy, cls_entropy
-    rows += [over_n, over_n, over_n, over_n1, over_n1]                    # cls sep punct prev next
-  weights = jnp.stack(rows, axis=1)                                        # [b, c, q]
+  weights, count = channel_weights(batch, roles, direction, measures)     # [b, c, q]
   c = weights.shape[1]
   cp = _next_pow2(c)
   weights = jnp.pad(weights, ((0, 0), (0, cp - c), (0, 0)))

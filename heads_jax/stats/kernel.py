@@ -1,0 +1,354 @@
+"""Statistics kernel v2 (``stats_impl="kernel"``): the tile of ``heads_jax.stats.tile`` run over
+every query block of every head of a layer, from the layer's queries and keys; the model keeps
+its fast attention (cuDNN on GPUs, XLA on TPUs and CPUs) and no attention map is ever written.
+
+Three thin wrappers around the same tile function:
+
+* ``"triton"`` (GPU): a Pallas call with grid ``(b, q / T, h)`` (heads fastest, so that a
+  sequence's tables stay in L2), one tile per program, Triton compiler parameters (without them
+  Pallas picks Mosaic GPU). Triton wants power-of-two blocks: the key axis is padded to one.
+* ``"mosaic"`` (TPU): a Pallas call with grid ``(b,)`` (a TPU grid step costs about 0.35 us, too
+  much for one small tile), each program looping over its sequence's query blocks and heads; the
+  queries and keys are laid out ``[b, h, k, e]`` so that every block's last two dimensions are
+  whole or (8, 128)-aligned (Mosaic's rule), ``n`` comes through SMEM.
+* ``"xla"`` (CPU, and the reference of the other two): ``lax.map`` over query blocks of the tile
+  vectorised over sequences and heads: the largest temporary is ``[b, h, T, k]``, so memory is
+  linear in the sequence length (``tests/stats/test_kernel.py`` checks the compiled program's
+  buffers at 8,192 positions).
+
+``interpret=True`` runs a Pallas wrapper in the Pallas interpreter (on the CPU: the tests); for
+``"mosaic"`` ``interpret`` may also be a ``pltpu.InterpretParams()``, which simulates the TPU's
+block and memory semantics. ``kernel_layer_stats`` returns what
+``heads_jax.stats.layerwise.reduce_layer`` returns, so ``layerwise.finish`` completes the step.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
+
+from heads_jax.data.vocabulary import (TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PAD, TOKEN_PERIOD,
+                                       TOKEN_SEP)
+from heads_jax.parallel import DATA_AXIS
+from heads_jax.sieves import NUM_DISTANCE_FEATURES, check_direction, check_roles
+from heads_jax.stats import tile
+from heads_jax.stats.fused import channel_weights, num_channels, target_platform
+from heads_jax.stats.layerwise import NUM_TOKEN_MEASURES, block_columns
+
+WRAPPERS = ("triton", "mosaic", "xla")
+# Query rows per tile: 16 is the smallest Triton MMA and keeps J(n) = 2 corrections for n > 120
+# (plan section 2.1); the CPU path takes larger blocks (fewer loop steps, J(n) <= 4 at n >= 128).
+BLOCK_Q = {"triton": 16, "mosaic": 16, "xla": 32}
+# Channel axis of the outputs: a power of two for Triton, a lane row (128) for Mosaic.
+_MOSAIC_LANES = 128
+
+
+def default_wrapper(platform: str | None = None) -> str:
+  """The wrapper of a platform: ``"triton"`` on GPUs, ``"mosaic"`` on TPUs, ``"xla"`` else."""
+  return {"gpu": "triton", "tpu": "mosaic"}.get(target_platform(platform), "xla")
+
+
+def _next_pow2(x: int) -> int:
+  return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def padded_length(k: int, wrapper: str, block_q: int) -> int:
+  """The key axis the wrapper runs on: a power of two (Triton), else a multiple of the block."""
+  if wrapper == "triton":
+    return max(_next_pow2(k), block_q, 16)
+  return -(-k // block_q) * block_q
+
+
+def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", measures: bool = False,
+                  keys: int | None = None, channels: int | None = None) -> dict:
+  """The per-batch inputs of the tile (built once per batch, on the device).
+
+  Returns ``q_info`` int32 ``[b, kp, Q_COLS]``, ``k_rows`` int32 ``[b, K_ROWS, kp]``,
+  ``k_cols`` int32 ``[b, kp, K_ROWS]``, ``e_table`` float32 ``[b, kp, E_COLS]``, ``weights``
+  float32 ``[b, kp, cp]`` (each channel's per-query weight, ``fused.channel_weights``), ``n``
+  int32 ``[b]`` and ``count`` ``[b, r]``; kp = ``keys`` (default k; padding positions are never
+  real), cp = ``channels`` (default: the next power of two of the channel count).
+  """
+  roles = check_roles(roles)
+  tile.tile_roles(roles)                          # fails early on a role the tile lacks
+  direction = check_direction(direction)
+  mask = jnp.asarray(batch["attention_mask"])
+  b, k = mask.shape
+  kp = k if keys is None else int(keys)
+  if kp < k:
+    raise ValueError(f"keys {kp} must be at least the batch length {k}")
+  real = mask > 0
+  n = jnp.sum(real, axis=-1).astype(jnp.int32)
+  tc = jnp.asarray(batch["token_class"]).astype(jnp.int32)
+  word = jnp.asarray(batch["word_ids"]).astype(jnp.int32)
+  head = jnp.asarray(batch["dep_head"]).astype(jnp.int32)
+  rel = jnp.asarray(batch["dep_rel"]).astype(jnp.int32)
+  tt = jnp.asarray(batch["token_type_ids"]).astype(jnp.int32)
+  pos = jnp.arange(k)
+  # a query's word / head word (-2 where none) never equals a key's (-3 where none)
+  q_word = jnp.where(real & (word >= 0), word, -2)
+  q_head = jnp.where(real & (head >= 0), head, -2)
+  nn = jnp.broadcast_to(n[:, None], (b, k))
+  q_info = jnp.stack([tc, tt, q_word, q_head, rel, nn] + [jnp.zeros_like(tc)] * (tile.Q_COLS - 6),
+                     axis=-1)
+  k_rows = jnp.stack([real.astype(jnp.int32), (real & (tc == TOKEN_OTHER)).astype(jnp.int32),
+                      jnp.where(real & (word >= 0), word, -3),
+                      jnp.where(real & (head >= 0), head, -3), rel]
+                     + [jnp.zeros_like(tc)] * (tile.K_ROWS - 5), axis=1)
+  block = block_columns(batch)                                             # [b, k, 2]
+  col = lambda x: (x & real).astype(jnp.float32)                           # noqa: E731
+  pos0 = pos[None] == 0
+  e_table = jnp.stack([real.astype(jnp.float32), col(pos0), col(tc == TOKEN_SEP),
+                       col(tc == TOKEN_COMMA), col(tc == TOKEN_PERIOD), block[..., 0],
+                       block[..., 1], col(tc == TOKEN_CLS), col(pos0 | (tc == TOKEN_SEP))], axis=-1)
+  e_table = jnp.pad(e_table, ((0, 0), (0, 0), (0, tile.E_COLS - e_table.shape[-1])))
+  weights, count = channel_weights(batch, roles, direction, measures)     # [b, c, q]
+  weights = jnp.transpose(weights, (0, 2, 1))                              # [b, q, c]
+  c = weights.shape[-1]
+  cp = _next_pow2(c) if channels is None else int(channels)
+  if cp < c:
+    raise ValueError(f"channels {cp} must be at least the channel count {c}")
+  weights = jnp.pad(weights, ((0, 0), (0, 0), (0, cp - c)))
+  if kp != k:
+    extra = kp - k
+    pad_q = jnp.asarray([TOKEN_PAD, 0, -2, -2, 0, 0, 0, 0][:tile.Q_COLS], jnp.int32)
+    pad_q = jnp.broadcast_to(pad_q, (b, extra, tile.Q_COLS)).at[..., tile.Q_N].set(n[:, None])
+    q_info = jnp.concatenate([q_info, pad_q], axis=1)
+    pad_k = jnp.asarray([0, 0, -3, -3, 0, 0, 0, 0][:tile.K_ROWS], jnp.int32)
+    k_rows = jnp.concatenate([k_rows, jnp.broadcast_to(pad_k[None, :, None],
+                                                       (b, tile.K_ROWS, extra))], axis=2)
+    e_table = jnp.pad(e_table, ((0, 0), (0, extra), (0, 0)))
+    weights = jnp.pad(weights, ((0, 0), (0, extra), (0, 0)))
+  return {"q_info": q_info, "k_rows": k_rows, "k_cols": jnp.transpose(k_rows, (0, 2, 1)),
+          "e_table": e_table, "weights": weights, "n": n, "count": count}
+
+
+def _tile_fn(roles, direction, measures, scale, contraction):
+  return functools.partial(tile.tile_values, roles=tile.tile_roles(roles), direction=direction,
+                           measures=measures, scale=scale, contraction=contraction)
+
+
+# ------------------------------------------------------------------------------------------------
+# The three wrappers: each returns the weighted sums [b, h, cp]
+
+def _xla_sums(query, key, tables, values, block_q):
+  """``lax.map`` over query blocks of the tile, vectorised over sequences and heads."""
+  b, kp, h, e = query.shape
+  nq = kp // block_q
+  q_info, k_rows, k_cols = tables["q_info"], tables["k_rows"], tables["k_cols"]
+  e_table, weights, n = tables["e_table"], tables["weights"], tables["n"]
+  cp = weights.shape[-1]
+  kr = tuple(k_rows[:, j:j + 1, :] for j in range(tile.K_ROWS))            # [b, 1, kp]
+  kc = tuple(k_cols[:, :, j:j + 1] for j in range(tile.K_ROWS))            # [b, kp, 1]
+  keys = jnp.transpose(key, (0, 2, 1, 3))                                  # [b, h, kp, e]
+
+  def one_head(qb, kk, qi, kr_, kc_, et, w, nn, t0):
+    vals = values(qb, kk, qi, kr_, kc_, et, nn, t0)
+    return tile.weighted_sum(vals, lambda c: w[:, c:c + 1], cp)[0]         # [cp]
+
+  per_head = jax.vmap(one_head, in_axes=(0, 0, None, None, None, None, None, None, None))
+  per_seq = jax.vmap(per_head, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None))
+
+  def block(i):
+    t0 = i * block_q
+    qb = jax.lax.dynamic_slice_in_dim(query, t0, block_q, axis=1)           # [b, T, h, e]
+    qb = jnp.transpose(qb, (0, 2, 1, 3))                                    # [b, h, T, e]
+    qi = jax.lax.dynamic_slice_in_dim(q_info, t0, block_q, axis=1)
+    qi = tuple(qi[:, :, j:j + 1] for j in range(tile.Q_COLS))              # [b, T, 1]
+    w = jax.lax.dynamic_slice_in_dim(weights, t0, block_q, axis=1)          # [b, T, cp]
+    return per_seq(qb, keys, qi, kr, kc, e_table, w, n, t0)                 # [b, h, cp]
+
+  def step(acc, i):
+    return acc + block(i), None
+
+  sums, _ = jax.lax.scan(step, jnp.zeros((b, h, cp), jnp.float32), jnp.arange(nq))
+  return sums
+
+
+def _triton_sums(query, key, tables, values, block_q, interpret):
+  from jax.experimental.pallas import triton as pl_triton
+  b, kp, h, e = query.shape
+  nq = kp // block_q
+  cp = tables["weights"].shape[-1]
+
+  def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, w_ref, o_ref):
+    qi = tuple(qi_ref[:, pl.ds(j, 1)] for j in range(tile.Q_COLS))
+    kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
+    kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
+    n = qi_ref[0, tile.Q_N]
+    t0 = pl.program_id(1) * block_q
+    vals = values(q_ref[...], k_ref[...], qi, kr, kc, e_ref[...], n, t0)
+    o_ref[...] = tile.weighted_sum(vals, lambda c: w_ref[:, pl.ds(c, 1)], cp)
+
+  sums = pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((b, nq, h, cp), jnp.float32),
+      grid=(b, nq, h),
+      in_specs=[
+          pl.BlockSpec((None, block_q, None, e), lambda bi, qi, hi: (bi, qi, hi, 0)),
+          pl.BlockSpec((None, kp, None, e), lambda bi, qi, hi: (bi, 0, hi, 0)),
+          pl.BlockSpec((None, block_q, tile.Q_COLS), lambda bi, qi, hi: (bi, qi, 0)),
+          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi, qi, hi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi, qi, hi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi, qi, hi: (bi, 0, 0)),
+          pl.BlockSpec((None, block_q, cp), lambda bi, qi, hi: (bi, qi, 0)),
+      ],
+      out_specs=pl.BlockSpec((None, None, 1, cp), lambda bi, qi, hi: (bi, qi, hi, 0)),
+      interpret=interpret,
+      compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=4),
+      name="heads_jax_statistics_v2",
+  )(query, key, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"],
+    tables["weights"])
+  return jnp.sum(sums, axis=1)                                             # [b, h, cp]
+
+
+def _mosaic_sums(query, key, tables, values, block_q, interpret):
+  from jax.experimental.pallas import tpu as pltpu
+  b, kp, h, e = query.shape
+  nq = kp // block_q
+  cp = tables["weights"].shape[-1]
+  qt = jnp.transpose(query, (0, 2, 1, 3))                                  # [b, h, kp, e]
+  kt = jnp.transpose(key, (0, 2, 1, 3))
+
+  def kernel(n_ref, q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, w_ref, o_ref):
+    n = n_ref[pl.program_id(0)]
+    kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
+    kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
+    e_tab = e_ref[...]
+    o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
+
+    def one_block(i, carry):
+      t0 = pl.multiple_of(i * block_q, block_q)
+      rows = pl.ds(t0, block_q)
+      qi = tuple(qi_ref[rows, pl.ds(j, 1)] for j in range(tile.Q_COLS))
+
+      def one_head(hd, carry):
+        vals = values(q_ref[hd, rows, :], k_ref[hd], qi, kr, kc, e_tab, n, t0)
+        sums = tile.weighted_sum(vals, lambda c: w_ref[rows, pl.ds(c, 1)], cp)
+        o_ref[pl.ds(hd, 1), :] += sums
+        return carry
+
+      return jax.lax.fori_loop(0, h, one_head, carry)
+
+    jax.lax.fori_loop(0, nq, one_block, 0)
+
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((b, h, cp), jnp.float32),
+      grid=(b,),
+      in_specs=[
+          pl.BlockSpec(memory_space=pltpu.SMEM),
+          pl.BlockSpec((None, h, kp, e), lambda bi: (bi, 0, 0, 0)),
+          pl.BlockSpec((None, h, kp, e), lambda bi: (bi, 0, 0, 0)),
+          pl.BlockSpec((None, kp, tile.Q_COLS), lambda bi: (bi, 0, 0)),
+          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, cp), lambda bi: (bi, 0, 0)),
+      ],
+      out_specs=pl.BlockSpec((None, h, cp), lambda bi: (bi, 0, 0)),
+      interpret=interpret,
+      compiler_params=None if interpret else pltpu.CompilerParams(
+          dimension_semantics=("parallel",)),
+      name="heads_jax_statistics_v2",
+  )(tables["n"], qt, kt, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"],
+    tables["weights"])
+
+
+def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
+                       measures: bool = False, *, wrapper: str | None = None,
+                       block_q: int | None = None, interpret=None, contraction: str = "hilo",
+                       platform: str | None = None) -> dict:
+  """One layer's statistics from its queries and keys ``[b, k, h, e]`` (before the ``1/sqrt(e)``
+  scaling; any float dtype), with ``tables = kernel_tables(batch, roles, direction, measures,
+  keys=kp)`` of the batch (kp: ``padded_length(k, wrapper, block_q)``, or k).
+
+  Args:
+    wrapper: ``"triton"``, ``"mosaic"`` or ``"xla"`` (default: ``default_wrapper(platform)``).
+    block_q: query rows per tile (default ``BLOCK_Q[wrapper]``, at most the padded length).
+    interpret: run a Pallas wrapper in the interpreter (``True``, or for ``"mosaic"`` a
+      ``pltpu.InterpretParams()``); default: when ``platform`` is not the wrapper's.
+    contraction: ``"hilo"`` (bf16 halves, the default) or ``"float32"`` (``tile.tile_values``).
+
+  Returns:
+    what ``heads_jax.stats.layerwise.reduce_layer`` returns: ``sieve_bias`` ``[b, h, r]`` (0
+    where a sieve is empty), ``distance`` ``[b, h, 21]`` and with ``measures`` ``entropy``,
+    ``cls_entropy`` ``[b, h]`` and ``token_attention`` ``[b, h, 5]``.
+  """
+  roles = check_roles(roles)
+  direction = check_direction(direction)
+  wrapper = wrapper or default_wrapper(platform)
+  if wrapper not in WRAPPERS:
+    raise ValueError(f"wrapper must be one of {WRAPPERS}, got {wrapper!r}")
+  b, k, h, e = query.shape
+  kp = tables["q_info"].shape[1]
+  block_q = min(block_q or BLOCK_Q[wrapper], kp)
+  if kp % block_q:
+    raise ValueError(f"block_q {block_q} must divide the tables' length {kp} "
+                     f"(kernel_tables(keys=padded_length(...)))")
+  if kp != k:
+    pad = ((0, 0), (0, kp - k), (0, 0), (0, 0))
+    query, key = jnp.pad(query, pad), jnp.pad(key, pad)
+  values = _tile_fn(roles, direction, measures, float(1.0 / e ** 0.5), contraction)
+  native = {"triton": "gpu", "mosaic": "tpu"}.get(wrapper)
+  if interpret is None:
+    interpret = native is not None and target_platform(platform) != native
+  if wrapper == "xla":
+    sums = _xla_sums(query, key, tables, values, block_q)
+  elif wrapper == "triton":
+    sums = _triton_sums(query, key, tables, values, block_q, interpret)
+  else:
+    sums = _mosaic_sums(query, key, tables, values, block_q, interpret)
+  r = len(roles)
+  out = {"sieve_bias": sums[..., :r], "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
+  if measures:
+    base = r + NUM_DISTANCE_FEATURES
+    out["entropy"] = sums[..., base]
+    out["cls_entropy"] = sums[..., base + 1]
+    out["token_attention"] = sums[..., base + 2:base + 2 + NUM_TOKEN_MEASURES]
+  return out
+
+
+def kernel_program_tables(batch, roles, direction, measures, *, wrapper: str,
+                          block_q: int | None = None) -> dict:
+  """``kernel_tables`` padded for ``wrapper`` (its key axis and channel width)."""
+  k = jnp.asarray(batch["attention_mask"]).shape[1]
+  bq = block_q or BLOCK_Q[wrapper]
+  kp = padded_length(k, wrapper, min(bq, k) if wrapper == "xla" else bq)
+  channels = _MOSAIC_LANES if wrapper == "mosaic" else None
+  c = num_channels(roles, measures)
+  if channels is not None and c > channels:
+    channels = -(-c // _MOSAIC_LANES) * _MOSAIC_LANES
+  return kernel_tables(batch, roles, direction, measures, keys=kp, channels=channels)
+
+
+def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head",
+                   measures: bool = False, *, wrapper: str, block_q: int | None = None,
+                   interpret=None, mesh=None, platform: str | None = None,
+                   contraction: str = "hilo"):
+  """The model's ``attention_reduce`` hook for kernel v2 (needs no probabilities: the model keeps
+  its fast attention and the tile recomputes the scores from the queries and keys).
+
+  With a ``mesh`` of several devices a Pallas wrapper runs under ``jax.shard_map`` over its
+  ``data`` axis (a Pallas call is not partitioned by XLA): every device reduces its own rows.
+  """
+  roles = check_roles(roles)
+  stats = functools.partial(kernel_layer_stats, roles=roles, direction=direction,
+                            measures=measures, wrapper=wrapper, block_q=block_q,
+                            interpret=interpret, contraction=contraction, platform=platform)
+  if wrapper != "xla" and mesh is not None and mesh.size > 1:
+    spec = P(DATA_AXIS)
+    stats = jax.shard_map(stats, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                          check_vma=False)
+
+  def reduce(layer, probs, query, key, mask):
+    del layer, probs, mask
+    return stats(query, key, tables)
+
+  reduce.needs_probs = False
+  return reduce

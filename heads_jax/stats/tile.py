@@ -1,0 +1,321 @@
+"""Statistics kernel v2, the tile: one block of queries of one head against all keys, in plain
+``jax.numpy`` (issue 38; the plan ``../shared/plans/accelerator.md`` section 2.1).
+
+``tile_values`` takes the block's queries ``q [T, e]``, all keys ``k [K, e]`` and per-position
+integer tables, recomputes the scores and returns, per query row, the value of every output
+channel (``[T, 1]`` each): every role's sieve sum (divided by the row's mass, times the row
+entropy for ``block``), Guan's 21 distance features and the measures. No ``[T, K]`` array
+leaves it; the wrappers (``heads_jax.stats.kernel``: Pallas on GPU (Triton) and on TPU (Mosaic),
+a ``lax.map`` over query blocks on the CPU) multiply each channel by its per-query weight
+(``heads_jax.stats.kernel.kernel_tables``, the same weights as ``heads_jax.stats.layerwise``) and
+add over the rows. The arithmetic on the ``[T, K]`` tile:
+
+* softmax: ``s = q k^T / sqrt(e)`` (float32 accumulation; ``HIGHEST`` for float32 inputs),
+  padding keys pushed to ``-1e30``, ``x = s - max``, ``ex = exp(x)``, ``Z = sum ex``. Nothing is
+  divided per element: every sum below is taken over ``ex`` and divided by ``Z`` per row;
+* entropy ``H = ln Z - sum ex x / Z`` (float32, no logarithm per element; absolute error about
+  5e-7 where ``ln Z + m - sum p s`` cancels to 4e-5, plan section 2.3), so ``block`` needs no
+  extra pass;
+* one contraction ``ex @ E`` with ``E [K, 32]``: the key-column features (row mass, [CLS]
+  position, [SEP], ``,``, ``.``, the two block columns, [CLS] class, delimiter) in columns 0..8
+  and the block-uniform window one-hot of each non-special key in columns 16..31. ``ex`` enters
+  the contraction as two bfloat16 halves (``hi + lo``, E exact in bfloat16): 1.8e-6 where bf16
+  alone misses 1e-3 (plan section 2.3); ``contraction="float32"`` takes one float32 dot instead;
+* the 16 distance windows ``min(15, floor(16 |s - t| / n))`` as that base contraction plus
+  ``J(n) = min(15, ceil(16 (T - 1) / n))`` threshold corrections ``(ex * [r >= theta_j(s)]) @ D_j``
+  (``window_masks``; exact, ``tests/stats/test_kernel.py`` checks the decomposition against the
+  direct windows to 1e-14): within T rows a key's window moves by at most J steps, always the
+  same way, so each correction is one compare and one select per element;
+* the offsets ``-2..2`` (local, prev/next local, self, prev/next token) from the band
+  ``|s - t| <= 2``: ``(ex * band) @ onehot(s mod 16)`` puts each band key of a row in its own
+  column, then a ``[T, 16]`` pick per offset;
+* the dependency roles: one mask ``word(s) == head(t)`` shared by the relations and
+  ``syntactic`` (``dep2head``); ``both`` adds one union mask per role.
+
+Definitions are those of ``heads_jax.stats.sieve_bias``, ``distance`` and ``measures`` (DESIGN.md
+section 3), value for value the same channels as the first fused kernel
+(``heads_jax.stats.fused``): ``tests/stats/test_kernel.py`` checks them against the ``stacked``
+path.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from heads_jax.data import vocabulary as vocab
+from heads_jax.data.vocabulary import TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PERIOD, TOKEN_SEP
+from heads_jax.sieves import NUM_WINDOWS
+
+# Columns of the key table E (float32 [K, E_COLS]); the windows' one-hot starts at WIN0.
+(E_REAL, E_POS0, E_SEP, E_COMMA, E_PERIOD, E_BLOCK0, E_BLOCK1, E_CLS, E_DELIM) = range(9)
+WIN0 = 16
+E_COLS = WIN0 + NUM_WINDOWS
+# Columns of the query table (int32 [T, Q_COLS]): class, token type, word (-2 where none), head
+# word (-2 where none), relation, n (real positions of the sequence).
+Q_CLASS, Q_TYPE, Q_WORD, Q_HEAD, Q_REL, Q_N = range(6)
+Q_COLS = 8
+# Rows of the key table (int32 [K_ROWS, K]): real, other (real and not special: a window key),
+# word (-3 where none), head word (-3 where none), relation.
+K_REAL, K_OTHER, K_WORD, K_HEAD, K_REL = range(5)
+K_ROWS = 8
+# The band of the offsets: |s - t| <= BAND, each key of a row's band in column s mod BAND_COLS.
+BAND = 2
+BAND_COLS = 16
+# The registry's kernel codes this tile implements.
+KERNEL_CODES = (vocab.KERNEL_OFFSETS, vocab.KERNEL_BLOCK, vocab.KERNEL_KEYS, vocab.KERNEL_RELATION)
+KEY_COLUMNS = {frozenset({vocab.KEY_POSITION0}): E_POS0, frozenset({vocab.KEY_SEP}): E_SEP,
+               frozenset({vocab.KEY_POSITION0, vocab.KEY_SEP}): E_DELIM}
+_NEG = -1e30          # a padding key's score (finite: 0 * x stays 0)
+_NEVER = 1 << 30      # a threshold no distance reaches
+CONTRACTIONS = ("hilo", "float32")
+
+
+def window_of(d, n):
+  """Guan's window ``min(15, floor(16 d / n))`` of distances ``d >= 0`` (int), ``n >= 1`` real
+  positions; float arithmetic (Mosaic has no vector integer division), exact while
+  ``16 d < 2**22``: the ``+ 0.25`` keeps ``16 d = m n`` on the right side of the floor."""
+  d = jnp.asarray(d)
+  w = jnp.floor((NUM_WINDOWS * d.astype(jnp.float32) + 0.25) / jnp.asarray(n, jnp.float32))
+  return jnp.minimum(w, NUM_WINDOWS - 1).astype(jnp.int32)
+
+
+def corrections(n, rows: int):
+  """``J(n) = min(15, ceil(16 (rows - 1) / n))``: how far a key's window can move over ``rows``
+  consecutive queries of a sequence of ``n`` real positions (int32 scalar)."""
+  n = jnp.maximum(jnp.asarray(n, jnp.int32), 1)
+  return jnp.minimum(NUM_WINDOWS - 1, (NUM_WINDOWS * (rows - 1) + n - 1) // n)
+
+
+def _ceil16(x):
+  """ceil(x / 16) of non-negative int32 ``x`` (a shift: no integer division)."""
+  return jnp.right_shift(x + (NUM_WINDOWS - 1), 4)
+
+
+def window_base(kpos, t0, n, rows: int):
+  """Per key (int32 arrays of key positions ``kpos``, any shape): ``(base, sign)`` of the window
+  decomposition for the queries ``t0 .. t0 + rows - 1``.
+
+  Keys left of the block (``s < t0``) and inside it start at their window for the first row
+  (0 inside) and move up as the row moves right (sign +1); keys right of the block start at
+  their window for the first row and move down (sign -1)."""
+  rel = kpos - t0
+  inside = (rel >= 0) & (rel < rows)
+  base = jnp.where(inside, 0, window_of(jnp.maximum(jnp.abs(rel), 1), n))
+  sign = jnp.where(rel >= rows, -1, 1)
+  return base, sign
+
+
+def window_threshold(base, sign, j, n):
+  """The signed distance threshold of correction ``j >= 1`` per key: the window of (t, s) has
+  moved at least ``j`` steps from ``base`` exactly where ``sign * |s - t| >= threshold``
+  (``_NEVER`` where the window cannot move ``j`` steps: past 15 or below 0)."""
+  target = base + sign * j
+  up = jnp.where(target <= NUM_WINDOWS - 1, _ceil16(target * n), _NEVER)      # d >= ceil(t n/16)
+  down = jnp.where(target >= 0, 1 - _ceil16((target + 1) * n), _NEVER)        # d <= ceil(..) - 1
+  return jnp.where(sign > 0, up, down)
+
+
+def window_masks(t0, n, rows: int, keys: int):
+  """The decomposition of the distance windows, as ``(E0, terms)`` for the queries
+  ``t0 .. t0 + rows - 1`` and keys ``0 .. keys - 1`` of a sequence of ``n`` real positions, all
+  keys counted (the tile zeroes the special ones): ``onehot(window(t, s)) = E0[s] +
+  sum_j mask_j[t, s] * D_j[s]``, ``E0`` and ``D_j`` float32 ``[keys, 16]``, ``mask_j`` bool
+  ``[rows, keys]``. For tests and for reading; the tile computes the same in place."""
+  kpos = jnp.arange(keys, dtype=jnp.int32)
+  base, sign = window_base(kpos, t0, n, rows)
+  dist = jnp.abs(kpos[None, :] - (t0 + jnp.arange(rows, dtype=jnp.int32))[:, None])
+  signed = sign[None, :] * dist
+  onehot = lambda w: (w[:, None] == jnp.arange(NUM_WINDOWS)).astype(jnp.float32)  # noqa: E731
+  terms = []
+  for j in range(1, int(corrections(n, rows)) + 1):
+    mask = signed >= window_threshold(base, sign, j, n)[None, :]
+    terms.append((mask, onehot(base + sign * j) - onehot(base + sign * (j - 1))))
+  return onehot(base), terms
+
+
+def tile_roles(roles: Sequence[str]) -> tuple:
+  """The registry rows (``heads_jax.data.vocabulary.Role``) of ``roles``; a clear ValueError for
+  a role whose kernel code (or key set) the tile does not implement."""
+  out = tuple(vocab.role(r) for r in roles)
+  for role in out:
+    if role.kernel not in KERNEL_CODES:
+      raise ValueError(f"role {role.name!r} has kernel code {role.kernel}, which the statistics "
+                       f"kernel does not implement (it knows {KERNEL_CODES}); use "
+                       f"stats_impl='layerwise' or add the code to heads_jax/stats/tile.py")
+    if role.kernel == vocab.KERNEL_KEYS and frozenset(role.keys) not in KEY_COLUMNS:
+      raise ValueError(f"role {role.name!r}: the statistics kernel has no column for the key "
+                       f"set {sorted(role.keys)}; use stats_impl='layerwise' or add it to "
+                       f"heads_jax/stats/tile.py KEY_COLUMNS")
+  return out
+
+
+def _column(x, j):
+  """Column ``j`` of a small ``[T, C]`` array as ``[T, 1]`` (a masked row sum: Triton cannot
+  slice a register tensor)."""
+  lane = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+  return jnp.sum(jnp.where(lane == j, x, 0.0), axis=1, keepdims=True)
+
+
+def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, direction: str,
+                measures: bool, scale: float, contraction: str = "hilo") -> list:
+  """Every output channel's value per query row of one tile (module docstring).
+
+  Args:
+    q: ``[T, e]`` the block's queries (rows ``t0 .. t0 + T - 1``), any float dtype.
+    k: ``[K, e]`` all keys of the sequence (K >= every real position).
+    q_info: the rows' query table, a sequence of int32 ``[T, 1]`` indexed by ``Q_*``.
+    k_rows: the key table, a sequence of int32 ``[1, K]`` indexed by ``K_*``.
+    k_cols: the same as columns, int32 ``[K, 1]`` (for the per-key right-hand sides). The
+      tables come as separate vectors because Triton cannot slice a tensor: the kernels load
+      each from its ref.
+    e_table: float32 ``[K, E_COLS]`` the key-column features (``E_*``; windows' columns 0).
+    n: int32 scalar, the sequence's real positions; t0: int32 scalar, the block's first row.
+    roles: ``tile_roles(...)`` rows; direction: ``"dep2head"`` or ``"both"``; measures: add the
+      7 measure channels; scale: the score scale ``1 / sqrt(e)``; contraction: ``"hilo"`` (two
+      bfloat16 halves) or ``"float32"``.
+
+  Returns:
+    the channel values, a list of float32 ``[T, 1]`` in the order of
+    ``heads_jax.stats.fused.num_channels``: roles, 21 distance features, then with ``measures``
+    entropy, entropy (the ``[CLS]`` row's, weighted by the caller), [CLS], [SEP], punctuation,
+    previous and next token.
+  """
+  f32, i32 = jnp.float32, jnp.int32
+  rows, keys = q.shape[0], k.shape[0]
+  n = jnp.maximum(jnp.asarray(n, i32), 1)
+  exact = jnp.dtype(q.dtype) == jnp.float32
+  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=f32,
+                          precision=jax.lax.Precision.HIGHEST if exact else None)
+  krow, kcol, qcol = k_rows.__getitem__, k_cols.__getitem__, q_info.__getitem__
+  s = jnp.where(krow(K_REAL) > 0, s * scale, _NEG)
+  m = jnp.max(s, axis=1, keepdims=True)
+  x = s - m
+  ex = jnp.exp(x)                                                          # [T, K], max 1
+  z = jnp.sum(ex, axis=1, keepdims=True)                                   # >= 1
+  inv_z = 1.0 / z
+  entropy = jnp.log(z) - jnp.sum(ex * x, axis=1, keepdims=True) * inv_z   # [T, 1]
+
+  if contraction == "hilo":
+    hi = ex.astype(jnp.bfloat16)
+    lo = (ex - hi.astype(f32)).astype(jnp.bfloat16)
+    halves = (hi, lo)
+    zero = jnp.zeros((), jnp.bfloat16)
+    rhs_dtype = jnp.bfloat16
+  elif contraction == "float32":
+    halves = (ex,)
+    zero = jnp.zeros((), f32)
+    rhs_dtype = f32
+  else:
+    raise ValueError(f"contraction must be one of {CONTRACTIONS}, got {contraction!r}")
+
+  def contract(mask, rhs):
+    """``(ex [* mask]) @ rhs`` in float32 ``[T, C]``; rhs float32 ``[K, C]`` exact in bf16."""
+    rhs = rhs.astype(rhs_dtype)
+    out = None
+    for half in halves:
+      a = half if mask is None else jnp.where(mask, half, zero)
+      part = jax.lax.dot_general(a, rhs, (((1,), (0,)), ((), ())), preferred_element_type=f32,
+                                 precision=jax.lax.Precision.HIGHEST if rhs_dtype == f32 else None)
+      out = part if out is None else out + part
+    return out
+
+  # the base contraction: key features and each window key's block-uniform window
+  kpos_c = jax.lax.broadcasted_iota(i32, (keys, 1), 0)
+  base_c, sign_c = window_base(kpos_c, t0, n, rows)                       # [K, 1]
+  other_c = kcol(K_OTHER) > 0
+  lane = jax.lax.broadcasted_iota(i32, (keys, E_COLS), 1)
+  onehot = lambda w: ((lane == WIN0 + w) & other_c).astype(f32)           # noqa: E731 [K, 32]
+  e0 = onehot(base_c)
+  feats = contract(None, e_table + e0)                                     # [T, 32]
+
+  # threshold corrections of the windows: J(n) of them, one compare and a select each
+  qpos = t0 + jax.lax.broadcasted_iota(i32, (rows, 1), 0)
+  kpos = jax.lax.broadcasted_iota(i32, (1, keys), 1)
+  off = kpos - qpos                                                        # [T, K]
+  dist = jnp.abs(off)
+  base_r, sign_r = window_base(kpos, t0, n, rows)                         # [1, K]
+  signed = jnp.where(sign_r > 0, dist, -dist)
+
+  def correct(j, carry):
+    acc, prev = carry
+    cur = onehot(base_c + sign_c * j)
+    mask = signed >= window_threshold(base_r, sign_r, j, n)
+    return acc + contract(mask, cur - prev), cur
+
+  feats, _ = jax.lax.fori_loop(1, corrections(n, rows) + 1, correct, (feats, e0))
+  col = lambda j: _column(feats, j) * inv_z                                # noqa: E731 [T, 1]
+
+  # offsets -2..2: the band's keys, each in its column s mod 16
+  band_rhs = (jax.lax.broadcasted_iota(i32, (keys, BAND_COLS), 1)
+              == jnp.bitwise_and(kpos_c, BAND_COLS - 1)).astype(f32)
+  band = contract(dist <= BAND, band_rhs)                                  # [T, 16]
+  band_lane = jax.lax.broadcasted_iota(i32, (rows, BAND_COLS), 1)
+
+  @functools.lru_cache(maxsize=None)
+  def diag(o):
+    """``p[t, t + o]`` ``[T, 1]`` (0 where t + o is no key)."""
+    pick = band_lane == jnp.bitwise_and(qpos + o, BAND_COLS - 1)
+    return jnp.sum(jnp.where(pick, band, 0.0), axis=1, keepdims=True) * inv_z
+
+  total = col(E_REAL)
+  inv_total = 1.0 / jnp.where(total > 0, total, 1.0)
+  qcls, qtype = qcol(Q_CLASS), qcol(Q_TYPE)
+
+  # dependency roles (registry kind SIEVE_RELATION: the union of the role's relations)
+  is_rel = lambda x, rels: functools.reduce(jnp.logical_or, [x == r for r in rels])  # noqa: E731
+  relation_roles = [r for r in roles if r.kernel == vocab.KERNEL_RELATION]
+  rel_values = {}
+  if relation_roles:
+    head_piece = krow(K_WORD) == qcol(Q_HEAD)                              # s in t's head word
+    masked = lambda where: jnp.sum(jnp.where(where, ex, 0.0), axis=1, keepdims=True) * inv_z  # noqa: E731
+    if direction == "dep2head":
+      to_head = masked(head_piece)
+      rel_values = {r.name: to_head * is_rel(qcol(Q_REL), r.relations).astype(f32)
+                    for r in relation_roles}
+    else:
+      dependent = krow(K_HEAD) == qcol(Q_WORD)                             # s's word depends on t's
+      for r in relation_roles:
+        fwd, rev = is_rel(qcol(Q_REL), r.relations), is_rel(krow(K_REL), r.relations)
+        rel_values[r.name] = masked((head_piece & fwd) | (dependent & rev))
+
+  values = []
+  for r in roles:   # registry rows; dispatch on the kernel code (`tile_roles` checked them)
+    if r.kernel == vocab.KERNEL_OFFSETS:
+      lo_, hi_ = r.offsets
+      v = functools.reduce(lambda a, o: a + diag(o), range(lo_ + 1, hi_ + 1), diag(lo_))
+    elif r.kernel == vocab.KERNEL_BLOCK:
+      v = jnp.where(qtype == 0, col(E_BLOCK0), col(E_BLOCK1))
+    elif r.kernel == vocab.KERNEL_KEYS:
+      v = col(KEY_COLUMNS[frozenset(r.keys)])
+    else:
+      v = rel_values[r.name]
+    if r.entropy_weighted:
+      v = v * entropy
+    values.append(v * inv_total)
+  # distance features: windows over keys that are neither special nor t (t itself is in window
+  # 0 of the contraction when it is a window key: taken out), self, then the special keys but t
+  d0 = diag(0)
+  is_q = lambda c: (qcls == c).astype(f32)                                 # noqa: E731
+  windows = [col(WIN0 + w) for w in range(NUM_WINDOWS)]
+  windows[0] = windows[0] - d0 * is_q(TOKEN_OTHER)
+  c_cls, c_sep, c_comma, c_period = col(E_CLS), col(E_SEP), col(E_COMMA), col(E_PERIOD)
+  values += windows + [d0, c_cls - d0 * is_q(TOKEN_CLS), c_sep - d0 * is_q(TOKEN_SEP),
+                       c_comma - d0 * is_q(TOKEN_COMMA), c_period - d0 * is_q(TOKEN_PERIOD)]
+  if measures:
+    values += [entropy, entropy, c_cls, c_sep, c_comma + c_period, diag(-1), diag(1)]
+  return values
+
+
+def weighted_sum(values: list, weight, width: int):
+  """``out[c] = sum_t weight(c)[t] * values[c][t]`` as float32 ``[1, width]`` (channels past
+  ``len(values)`` 0); ``weight(c)`` gives channel c's per-row weights ``[T, 1]`` (a ref load in
+  the kernels)."""
+  lane = jax.lax.broadcasted_iota(jnp.int32, (1, width), 1)
+  out = jnp.zeros((1, width), jnp.float32)
+  for c, v in enumerate(values):
+    out = out + jnp.where(lane == c, jnp.sum(weight(c) * v, axis=0, keepdims=True), 0.0)
+  return out
