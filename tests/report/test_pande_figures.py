@@ -65,3 +65,25 @@ def test_guan_fig5_takes_the_sequence_most_heads_hold(tmp_path):
     matplotlib.axes.Axes.imshow = real
   assert len(scales) == 2 and len(set(scales)) == 1 and scales[0][1] == pytest.approx(1.0)
   assert guan.FIGURES["group_ablation"].reproduces == "Table 2"
+
+
+def test_guan_types_per_layer_counts_heads_in_whole_numbers(tmp_path):
+  """Guan Fig. 4's y axis counts heads: integer ticks only (a 2-head layer gave 0.25 steps)."""
+  import matplotlib.axes
+  from heads_jax.report.figures import guan
+  df = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0],
+                     "cluster_name": ["dense", "diagonal", "dense"]})
+  seen = []
+  real = matplotlib.axes.Axes.set_ylabel
+
+  def spy(self, *args, **kw):
+    seen.append(self)
+    return real(self, *args, **kw)
+
+  matplotlib.axes.Axes.set_ylabel = spy
+  try:
+    guan.plot_cluster_layers(df, tmp_path / "fig4.png")
+  finally:
+    matplotlib.axes.Axes.set_ylabel = real
+  ticks = seen[-1].get_yticks()
+  assert len(ticks) >= 2 and np.all(ticks == np.round(ticks))

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib import patches as mpatches
+from matplotlib.ticker import MaxNLocator
 
 from heads_jax.data import vocabulary
 from heads_jax.report import style
@@ -94,6 +95,7 @@ def plot_cluster_layers(clusters_df: pd.DataFrame, path, *, title: str | None = 
            edgecolor="white", linewidth=0.5)
     bottom += values
   ax.set_xticks(all_layers)
+  ax.yaxis.set_major_locator(MaxNLocator(integer=True))   # counts of heads: whole numbers
   ax.set_xlabel("layer")
   ax.set_ylabel("number of heads")
   ax.legend(title="attention type", fontsize=9, title_fontsize=9, loc="upper left",
