@@ -78,6 +78,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0              # parameter initialisation
   c.data_seed = 0         # example stream: batch N is a function of (data_seed, N)
   c.dropout_seed = 1      # dropout key of step N: fold_in(key(dropout_seed), N)
+  # the key's implementation (heads_jax.training.steps.DROPOUT_RNGS): "rbg" draws the dropout
+  # bits with XLA's RngBitGenerator, still a function of (seed, step); "threefry2x32" is JAX's
+  # default (and what runs started before 2026-11-27 used)
+  c.dropout_rng = "rbg"
+  # MLM logits: "padded" = compute dtype over the vocabulary padded to a multiple of 64 (the
+  # padding masked), float32 log-sum-exp; "float32" = float32 logits (before 2026-11-27)
+  c.mlm_logits = "padded"
 
   c.model = ml_collections.ConfigDict()
   c.model.size = "base"   # tiny | mini | small | base | large (heads_jax.model.config.SIZES)
@@ -127,6 +134,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.eps = 1e-6
   c.optimizer.clip_norm = 1.0
   c.optimizer.accumulate_steps = 1  # micro-batches per update (optax.MultiSteps)
+  # LAMB over one flat vector (heads_jax.training.optimizer.flat_lamb; the same update as the
+  # optax chain in a few passes instead of ~2,200 kernels); False: the chain (runs started
+  # before 2026-11-27: their checkpoints hold its state)
+  c.optimizer.flat = True
 
   c.init_checkpoint = ""  # run checkpoints dir (params only), heads_jax dir or HF dir
 

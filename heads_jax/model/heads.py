@@ -24,8 +24,24 @@ from heads_jax.model.bert import BertModel, activation, dense, layer_norm
 from heads_jax.model.config import BertConfig
 
 
+MLM_LOGITS = ("float32", "padded")
+VOCAB_MULTIPLE = 64   # the padded decoder's vocabulary is a multiple of this (tensor-core tiles)
+
+
+def padded_vocab(v: int) -> int:
+  """``v`` rounded up to a multiple of ``VOCAB_MULTIPLE`` (30,522 -> 30,528)."""
+  return -(-v // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
 class MLMHead(nnx.Module):
-  """Transform (dense + activation + LayerNorm), then the decoder tied to the word embeddings."""
+  """Transform (dense + activation + LayerNorm), then the decoder tied to the word embeddings.
+
+  ``logits="float32"`` returns float32 ``[b, p, v]`` logits (transformers' output). ``"padded"``
+  (the pre-training loss's fast form) returns them in the compute dtype over a vocabulary
+  padded to ``padded_vocab(v)`` (the decoder's GEMM on whole 64-wide tiles): ``[b, p, v64]``,
+  the padding columns ``-inf`` so that they never win an argmax and add nothing to a softmax.
+  The parameters are the same either way (``bias`` ``[v]``; the padding is added per call).
+  """
 
   def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -33,13 +49,21 @@ class MLMHead(nnx.Module):
     self.norm = layer_norm(cfg, cfg.hidden_size, rngs)
     self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.float32))
 
-  def __call__(self, x, word_embeddings):
-    """x ``[b, p, d]``, word_embeddings ``[v, d]`` -> logits float32 ``[b, p, v]``."""
+  def __call__(self, x, word_embeddings, *, logits: str = "float32"):
+    """x ``[b, p, d]``, word_embeddings ``[v, d]`` -> logits (class docstring)."""
+    if logits not in MLM_LOGITS:
+      raise ValueError(f"logits must be one of {MLM_LOGITS}, got {logits!r}")
     y = self.norm(activation(self.cfg.hidden_act, self.transform(x)))
     dt = jnp.bfloat16 if self.cfg.dtype == "bfloat16" else jnp.float32
-    logits = jnp.einsum("bpd,vd->bpv", y.astype(dt), word_embeddings.astype(dt),
-                        preferred_element_type=jnp.float32)
-    return logits + self.bias[...]
+    w, bias = word_embeddings.astype(dt), self.bias[...]
+    if logits == "padded":
+      v = w.shape[0]
+      extra = padded_vocab(v) - v
+      if extra:
+        w = jnp.pad(w, ((0, extra), (0, 0)))
+        bias = jnp.pad(bias, (0, extra), constant_values=-jnp.inf)
+    out = jnp.einsum("bpd,vd->bpv", y.astype(dt), w, preferred_element_type=jnp.float32) + bias
+    return out.astype(dt) if logits == "padded" else out
 
 
 class BertForPreTraining(nnx.Module):
@@ -55,15 +79,17 @@ class BertForPreTraining(nnx.Module):
     self.nsp = dense(cfg, cfg.hidden_size, 2, rngs)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,
-               masked_positions=None, deterministic: bool = True, **encoder_kw) -> dict:
-    """Adds ``mlm_logits`` ``[b, p, v]`` (``[b, q, v]`` without ``masked_positions`` ``[b, p]``)
+               masked_positions=None, deterministic: bool = True, mlm_logits: str = "float32",
+               **encoder_kw) -> dict:
+    """Adds ``mlm_logits`` ``[b, p, v]`` (``[b, q, v]`` without ``masked_positions`` ``[b, p]``;
+    ``mlm_logits="padded"``: in the compute dtype over the padded vocabulary, see ``MLMHead``)
     and ``nsp_logits`` ``[b, 2]`` to the encoder outputs."""
     out = self.bert(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
                     **encoder_kw)
     x = out["last_hidden_state"]
     if masked_positions is not None:
       x = jnp.take_along_axis(x, jnp.asarray(masked_positions, jnp.int32)[..., None], axis=1)
-    out["mlm_logits"] = self.mlm(x, self.bert.embeddings.word.embedding[...])
+    out["mlm_logits"] = self.mlm(x, self.bert.embeddings.word.embedding[...], logits=mlm_logits)
     out["nsp_logits"] = self.nsp(out["pooled"]).astype(jnp.float32)
     return out
 

@@ -81,7 +81,8 @@ def make_tx(config):
       learning_rate=o.learning_rate, warmup_steps=o.warmup_steps,
       total_steps=max(1, config.num_train_steps // k), weight_decay=o.weight_decay, b1=o.b1,
       b2=o.b2, eps=o.eps, clip_norm=o.clip_norm, accumulate_steps=k,
-      end_learning_rate=o.end_learning_rate, power=o.power, name=o.name)
+      end_learning_rate=o.end_learning_rate, power=o.power, name=o.name,
+      flat=bool(o.get("flat", False)))
 
 
 class TrainingJob:
@@ -216,7 +217,8 @@ class TrainingJob:
     return steps.make_train_step(self.parts, self.tx, loss_fn, mesh=self.mesh,
                                  schedule=self.schedule,
                                  accumulate_steps=self.config.optimizer.accumulate_steps,
-                                 dropout_seed=self.config.dropout_seed)
+                                 dropout_seed=self.config.dropout_seed,
+                                 dropout_rng=self.config.get("dropout_rng", "threefry2x32"))
 
   def eval_step(self, loss_fn, *, with_predictions: bool = False):
     return steps.make_eval_step(self.parts, loss_fn, mesh=self.mesh,

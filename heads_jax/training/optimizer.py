@@ -21,11 +21,30 @@ embedding tables are decayed and adapted.
 ``accumulate_steps > 1`` wraps the chain in ``optax.MultiSteps``: gradients of that many
 micro-batches are averaged before one update (the schedule counts updates).
 The parameters (the master weights) stay float32 whatever the model's compute dtype.
+
+Two implementations of the same update:
+
+* ``lamb``: the optax chain above, one small program per parameter leaf at every stage
+  (compiled for BERT-base on the CPU: 2,237 fusions);
+* ``flat_lamb`` (``make_optimizer(..., flat=True)``, pre-training's default): the moments live
+  in one flat float32 vector, each leaf a segment padded to whole rows of ``FLAT_ROW`` elements
+  (``[R, FLAT_ROW]``). The update is a few passes over it: the gradients' global norm; the
+  moments, the Adam direction, the decay and each row's ``||w||^2`` and ``||u||^2``; the
+  per-leaf sums of those rows (``segment_sum`` over R rows, not over the elements) and the
+  trust ratios; the scaled update, cut back into the leaves. The same arithmetic as the chain in
+  the same order, so the two agree to float32 rounding (summation order only:
+  ``tests/training/test_flat_lamb.py``). Its state (``FlatLambState``) is not the chain's, so a
+  run keeps the implementation it started with (``optimizer.flat`` in the config).
 """
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -83,15 +102,134 @@ def lamb(learning_rate: float | optax.Schedule, *, weight_decay: float = 0.01, b
   return optax.chain(*parts)
 
 
+# ------------------------------------------------------------------------------------------------
+# The flat LAMB
+
+FLAT_ROW = 1024   # elements per row of the flat layout; a leaf is padded to whole rows
+
+
+class FlatLayout(NamedTuple):
+  """Where each leaf (in ``jax.tree.flatten`` order) lives in the flat ``[rows, FLAT_ROW]`` array."""
+  shapes: tuple            # leaf shapes
+  offsets: tuple           # first element of each leaf in the flat vector
+  rows: int                # R
+  row_leaf: np.ndarray     # int32 [R]: the leaf of each row
+  leaf_adapted: np.ndarray  # bool [L]: weight decay and trust ratio apply
+
+
+@functools.lru_cache(maxsize=32)
+def _layout_of(shapes: tuple, adapted: tuple) -> FlatLayout:
+  offsets, row_leaf, at = [], [], 0
+  for i, shape in enumerate(shapes):
+    n = int(np.prod(shape, dtype=np.int64))
+    r = -(-n // FLAT_ROW)
+    offsets.append(at)
+    row_leaf += [i] * r
+    at += r * FLAT_ROW
+  return FlatLayout(tuple(shapes), tuple(offsets), at // FLAT_ROW,
+                    np.asarray(row_leaf, np.int32), np.asarray(adapted, bool))
+
+
+def flat_layout(params, mask=None) -> FlatLayout:
+  """The layout of ``params`` (a pytree of arrays or shape structs); ``mask`` (default
+  ``decay_mask``): True where decay and the trust ratio apply."""
+  mask = decay_mask if mask is None else mask
+  mask = mask(params) if callable(mask) else mask
+  leaves = jax.tree.leaves(params)
+  adapted = jax.tree.leaves(mask)
+  if len(adapted) != len(leaves):
+    raise ValueError("the mask must have one boolean per parameter leaf")
+  return _layout_of(tuple(tuple(x.shape) for x in leaves), tuple(bool(a) for a in adapted))
+
+
+def to_flat(leaves, layout: FlatLayout):
+  """float32 ``[R, FLAT_ROW]``: the leaves raveled, each padded with zeros to whole rows."""
+  parts = []   # one concatenation (zeros between the leaves), not a padding op per leaf
+  for x in leaves:
+    x = jnp.ravel(x).astype(jnp.float32)
+    parts.append(x)
+    if x.size % FLAT_ROW:
+      parts.append(jnp.zeros((-x.size % FLAT_ROW,), jnp.float32))
+  return jnp.concatenate(parts).reshape(layout.rows, FLAT_ROW)
+
+
+def from_flat(flat, layout: FlatLayout) -> list:
+  """The leaves back from a ``[R, FLAT_ROW]`` array (inverse of ``to_flat``)."""
+  v = flat.reshape(-1)
+  out = []
+  for shape, off in zip(layout.shapes, layout.offsets):
+    n = int(np.prod(shape, dtype=np.int64))
+    out.append(jax.lax.slice(v, (off,), (off + n,)).reshape(shape))
+  return out
+
+
+class FlatLambState(NamedTuple):
+  """``count`` int32 (updates done), first and second moments ``mu``, ``nu`` float32
+  ``[R, FLAT_ROW]`` in the flat layout of the parameters."""
+  count: jax.Array
+  mu: jax.Array
+  nu: jax.Array
+
+
+def flat_lamb(learning_rate: float | optax.Schedule, *, weight_decay: float = 0.01,
+              b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+              clip_norm: float | None = 1.0, mask=decay_mask) -> optax.GradientTransformation:
+  """``lamb``'s update (same arguments) over one flat vector (module docstring)."""
+  schedule = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
+
+  def init_fn(params):
+    lay = flat_layout(params, mask)
+    zeros = jnp.zeros((lay.rows, FLAT_ROW), jnp.float32)
+    return FlatLambState(jnp.zeros([], jnp.int32), zeros, zeros)
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("flat_lamb needs the parameters (tx.update(grads, state, params))")
+    lay = flat_layout(params, mask)
+    leaves, treedef = jax.tree.flatten(updates)
+    g = to_flat(leaves, lay)                                          # [R, C]
+    w = to_flat(treedef.flatten_up_to(params), lay)
+    if clip_norm:
+      g_norm = jnp.sqrt(jnp.sum(g * g))
+      g = jnp.where(g_norm < clip_norm, g, (g / g_norm) * clip_norm)
+    mu = (1 - b1) * g + b1 * state.mu
+    nu = (1 - b2) * (g ** 2) + b2 * state.nu
+    count = optax.safe_increment(state.count)
+    mu_hat = mu / (1 - b1 ** count).astype(jnp.float32)
+    nu_hat = nu / (1 - b2 ** count).astype(jnp.float32)
+    u = mu_hat / (jnp.sqrt(nu_hat) + eps)
+    row_adapted = jnp.asarray(lay.leaf_adapted[lay.row_leaf])[:, None]   # [R, 1]
+    u = jnp.where(row_adapted, u + weight_decay * w, u)
+    row_leaf = jnp.asarray(lay.row_leaf)
+    n_leaves = len(lay.shapes)
+    w_norm = jnp.sqrt(jax.ops.segment_sum(jnp.sum(w * w, axis=1), row_leaf, n_leaves,
+                                          indices_are_sorted=True))       # [L]
+    u_norm = jnp.sqrt(jax.ops.segment_sum(jnp.sum(u * u, axis=1), row_leaf, n_leaves,
+                                          indices_are_sorted=True))
+    ratio = jnp.where((w_norm == 0.0) | (u_norm == 0.0), 1.0, w_norm / u_norm)
+    ratio = jnp.where(jnp.asarray(lay.leaf_adapted), ratio, 1.0)
+    step_size = -1 * schedule(state.count)
+    out = (u * ratio[row_leaf][:, None]) * step_size
+    return (jax.tree.unflatten(treedef, from_flat(out, lay)),
+            FlatLambState(count, mu, nu))
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
 def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
                    weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
                    eps: float = 1e-6, clip_norm: float | None = 1.0, accumulate_steps: int = 1,
-                   end_learning_rate: float = 0.0, power: float = 1.0, name: str = "lamb"):
+                   end_learning_rate: float = 0.0, power: float = 1.0, name: str = "lamb",
+                   flat: bool = False):
   """Returns ``(tx, schedule)``: the optimizer (``lamb`` or ``adamw`` with the same masks,
-  clipping and schedule) and its learning-rate schedule (a function of the update count)."""
+  clipping and schedule) and its learning-rate schedule (a function of the update count).
+  ``flat``: LAMB as ``flat_lamb`` (the same update in a few passes over one flat vector)."""
   schedule = lr_schedule(learning_rate, warmup_steps, total_steps, end_learning_rate, power)
+  if flat and name != "lamb":
+    raise ValueError(f"optimizer.flat exists for 'lamb' only, not {name!r}")
   if name == "lamb":
-    tx = lamb(schedule, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps, clip_norm=clip_norm)
+    make = flat_lamb if flat else lamb
+    tx = make(schedule, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps, clip_norm=clip_norm)
   elif name == "adamw":
     parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
     parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,

@@ -17,6 +17,7 @@ run's ``checkpoints`` folder: it takes the parameters, not the optimizer state.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -89,8 +90,9 @@ def train_and_evaluate(config, workdir) -> dict:
                     f"max_position_embeddings {cfg.max_position_embeddings}")
   state = job.initial_state(model)
   del model
-  train_step = job.train_step(steps.pretraining_loss)
-  eval_step = job.eval_step(steps.pretraining_loss)
+  loss_fn = functools.partial(steps.pretraining_loss, mlm_logits=config.get("mlm_logits", "float32"))
+  train_step = job.train_step(loss_fn)
+  eval_step = job.eval_step(loss_fn)
   eval_examples = build_examples(config, tokenizer, eval_split=True) if config.eval_batches else None
   pid, pcount = job.process_index, job.process_count
 
