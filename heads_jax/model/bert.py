@@ -44,17 +44,34 @@ Two switches serve the analysis and ablations, and cost nothing when off:
 * *explicit*: scores, masked softmax (float32), optional gate/segment edits, attention dropout,
   then the weighted sum; it yields the probabilities.
 
-``attention="auto"`` (default) takes the fused path whenever nothing needs the probabilities:
-no ``return_attentions``, no ``"uniform"`` gate, no ``segment_removal``, no ``attention_reduce``
-that asks for them, **and attention dropout inactive** (``deterministic=True`` or
-``attention_dropout == 0``). The public fused attention has no dropout on the probabilities,
-so a training run with ``attention_dropout > 0`` (BERT's 0.1, the default presets) trains on the
-explicit path, exactly as before; set ``model.attention_dropout = 0`` to train on the fused
-path (cuDNN on a GPU). ``"explicit"`` forces the explicit path; ``"xla"`` / ``"cudnn"`` force
-the fused path with that implementation (ValueError where it cannot be used). The two paths
-agree to float32 rounding, forward and gradient (``tests/model/test_attention_paths.py``), except on
-an all-padding row (no real key), whose context is 0 on the explicit path and the mean value
-on the fused one; nothing reads such rows (filler rows of a batch).
+* *flash*: ``heads_jax.model.flash_attention``, a Pallas (Triton) flash-attention kernel,
+  forward and backward, that applies attention dropout with a mask drawn outside the kernel
+  (``attention_keep``: ``jax.random.bernoulli`` on the next key of the attention-dropout rng
+  stream, the very mask the explicit path draws). The masks are therefore a function of the
+  step's key (``heads_jax.training.steps``: exact resume holds) and the flash path equals the
+  explicit one with dropout on, forward and gradient, to float32 rounding
+  (``tests/model/test_flash_attention.py``, interpret mode on the CPU). It costs one byte per
+  ``[b, h, q, k]`` element, read by the forward and the backward kernels.
+
+``attention="auto"`` (default; ``BertConfig.attention`` sets the model's default) takes the
+fused path whenever nothing needs the probabilities: no ``return_attentions``, no ``"uniform"``
+gate, no ``segment_removal``, no ``attention_reduce`` that asks for them. With attention dropout
+active (training with ``attention_dropout > 0``, BERT's 0.1) it takes the flash kernel on a GPU
+with bfloat16/float16 compute (``flash_preferred``) and the explicit path elsewhere (the CPU,
+float32; the kernel runs there only in Pallas's slow interpret mode). ``"explicit"`` forces the
+explicit path; ``"flash"`` the kernel (with or without dropout); ``"xla"`` / ``"cudnn"`` force
+the fused path with that implementation (ValueError where it cannot be used, e.g. with dropout).
+The paths agree to float32 rounding, forward and gradient (``tests/model/test_attention_paths.py``),
+except on an all-padding row (no real key), whose context is 0 on the explicit and flash paths
+and the mean value on the fused one; nothing reads such rows (filler rows of a batch).
+
+**Activations between kernels** (``BertConfig.layer_norm_dtype``): ``"compute"`` (default)
+gives LayerNorm outputs, hence the residual stream, in the compute dtype (bfloat16 under
+``dtype="bfloat16"``: half the bytes of every activation written between kernels), with
+float32 statistics (flax normalises the float32-promoted input); the residual additions are
+then bfloat16 additions, as Megatron-LM's default. ``"float32"`` keeps float32 LayerNorm
+outputs and residual stream (the behaviour before issue 39). Under float32 compute both are
+the same model.
 
 **Per-layer reductions** (``attention_reduce``): a callable
 ``fn(layer, probs, query, key, mask) -> pytree`` called once per layer right after the
@@ -75,9 +92,11 @@ import numpy as np
 from flax import nnx
 
 from heads_jax.model.config import BertConfig
+from heads_jax.model.flash_attention import flash_attention
 
 GATE_MODES = ("remove", "uniform")
-ATTENTION_PATHS = ("auto", "explicit", "xla", "cudnn")
+ATTENTION_PATHS = ("auto", "explicit", "xla", "cudnn", "flash")
+LAYER_NORM_DTYPES = ("compute", "float32")
 
 
 def fused_implementation(dtype, head_dim: int) -> str:
@@ -89,26 +108,52 @@ def fused_implementation(dtype, head_dim: int) -> str:
   return "xla"
 
 
+def flash_preferred(dtype, head_dim: int) -> bool:
+  """Whether ``"auto"`` takes the Pallas flash kernel for dropout-active attention: on a GPU
+  for bfloat16/float16 compute and head dimensions up to 128 (float32 keeps the explicit path,
+  whose float32 products Triton would round to TF32)."""
+  return (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+          and head_dim <= 128)
+
+
 def attention_path(attention: str, *, needs_probs: bool, dropout_active: bool, dtype,
-                   head_dim: int) -> str:
-  """``"explicit"``, ``"xla"`` or ``"cudnn"`` for the ``attention`` setting (module docstring).
+                   head_dim: int, supports_flash: bool = False) -> str:
+  """``"explicit"``, ``"xla"``, ``"cudnn"`` or ``"flash"`` for the ``attention`` setting
+  (module docstring).
 
   ``needs_probs``: something reads the probabilities (returned attentions, a ``"uniform"``
   gate, segment removal, a reduction that asks for them); ``dropout_active``: attention
-  dropout would change them.
+  dropout would change them; ``supports_flash``: the caller has a ``"flash"`` branch (BERT's
+  ``SelfAttention``; another family gets the explicit path for dropout as before).
   """
   if attention not in ATTENTION_PATHS:
     raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
   if attention == "explicit":
     return "explicit"
+  if attention == "flash" and not supports_flash:
+    raise ValueError("attention='flash' (the Pallas flash kernel) is not available for this "
+                     "model family; use 'auto', 'explicit' or 'xla'")
   if attention == "auto":
-    if needs_probs or dropout_active:
+    if needs_probs:
       return "explicit"
+    if dropout_active:
+      return "flash" if supports_flash and flash_preferred(dtype, head_dim) else "explicit"
     return fused_implementation(dtype, head_dim)
-  if needs_probs or dropout_active:
+  if needs_probs:
     raise ValueError(f"attention={attention!r} (fused) cannot return or edit the attention "
-                     f"probabilities nor apply attention dropout; use 'auto' or 'explicit'")
+                     f"probabilities; use 'auto' or 'explicit'")
+  if dropout_active and attention != "flash":
+    raise ValueError(f"attention={attention!r} (fused) cannot apply attention dropout; use "
+                     f"'auto', 'flash' or 'explicit'")
   return attention
+
+
+def attention_keep(dropout: nnx.Dropout, shape) -> jax.Array:
+  """bool ``shape``: the keep mask ``dropout`` would draw for an input of ``shape`` (the next
+  key of its rng stream, ``jax.random.bernoulli`` with ``1 - rate``), so that the explicit and
+  the flash paths drop exactly the same probabilities, and a step's masks depend only on the
+  step's key (``heads_jax.training.steps``)."""
+  return jax.random.bernoulli(dropout.rngs(), 1.0 - dropout.rate, shape)
 
 
 def _init(cfg: BertConfig):
@@ -132,10 +177,19 @@ def dense(cfg: BertConfig, din: int, dout: int, rngs: nnx.Rngs) -> nnx.Linear:
                     dtype=_dtype(cfg), param_dtype=jnp.float32, rngs=rngs)
 
 
+def layer_norm_dtype(cfg: BertConfig):
+  """The LayerNorm output dtype, hence the residual stream's: the compute dtype (default;
+  ``layer_norm_dtype="compute"``) or float32 (``"float32"``). Statistics are float32 either way
+  (flax reduces in float32 and normalises the float32-promoted input)."""
+  which = getattr(cfg, "layer_norm_dtype", "compute")
+  if which not in LAYER_NORM_DTYPES:
+    raise ValueError(f"layer_norm_dtype must be one of {LAYER_NORM_DTYPES}, got {which!r}")
+  return _dtype(cfg) if which == "compute" else jnp.float32
+
+
 def layer_norm(cfg: BertConfig, d: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-  # float32 LayerNorm even under bfloat16 compute.
-  return nnx.LayerNorm(d, epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=jnp.float32,
-                       rngs=rngs)
+  return nnx.LayerNorm(d, epsilon=cfg.layer_norm_eps, dtype=layer_norm_dtype(cfg),
+                       param_dtype=jnp.float32, rngs=rngs)
 
 
 def sinusoidal_table(n: int, d: int) -> np.ndarray:
@@ -168,7 +222,8 @@ class Embeddings(nnx.Module):
     self.projection = dense(cfg, e, cfg.hidden_size, rngs) if cfg.embedding_projection else None
 
   def __call__(self, input_ids, token_type_ids, *, deterministic: bool):
-    """ids ``[b, q]`` -> ``[b, q, d]`` (float32, or the compute dtype after a projection).
+    """ids ``[b, q]`` -> ``[b, q, d]`` (LayerNorm's output dtype, ``layer_norm_dtype``, or the
+    compute dtype after a projection).
 
     ``token_type_ids`` index the type table when it has two or more rows; a one-row table
     (RoBERTa) adds its row everywhere, and a model without one (DistilBERT) ignores them."""
@@ -219,8 +274,11 @@ class SelfAttention(nnx.Module):
     edits = (gate is not None and gate_mode == "uniform") or segment_removal is not None
     dropout_active = not deterministic and self.attention_dropout.rate > 0
     path = attention_path(attention, needs_probs=need_probs or edits or reduce_probs,
-                          dropout_active=dropout_active, dtype=qh.dtype, head_dim=cfg.head_dim)
+                          dropout_active=dropout_active, dtype=qh.dtype, head_dim=cfg.head_dim,
+                          supports_flash=True)
     key_real = mask[:, None, None, :].astype(bool)
+    h = cfg.num_heads
+    keep = attention_keep(self.attention_dropout, (b, h, q, q)) if dropout_active else None
     probs = None
     if path == "explicit":
       scale = 1.0 / jnp.sqrt(jnp.float32(cfg.head_dim))
@@ -240,8 +298,15 @@ class SelfAttention(nnx.Module):
         if renormalise_segments:
           total = jnp.sum(probs, axis=-1, keepdims=True)
           probs = jnp.where(total > 0, probs / jnp.where(total > 0, total, 1.0), 0.0)
-      dropped = self.attention_dropout(probs, deterministic=deterministic)
+      dropped, rate = probs, self.attention_dropout.rate
+      if keep is not None:  # as nnx.Dropout: select(keep, x / (1 - rate), 0)
+        dropped = (jax.lax.select(keep, probs / (1.0 - rate), jnp.zeros_like(probs)) if rate < 1
+                   else jnp.zeros_like(probs))
       ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
+    elif path == "flash":
+      # a query attends the real keys of its row (padding queries too, as on the explicit path)
+      ctx = flash_attention(qh, kh, vh, jnp.ones_like(mask), mask, keep,
+                            rate=self.attention_dropout.rate)
     elif path == "cudnn":
       # right-padded batches: key lengths; at least 1 so that a filler row stays finite
       lengths = jnp.maximum(jnp.sum(mask > 0, axis=-1), 1).astype(jnp.int32)
@@ -301,7 +366,7 @@ class BertModel(nnx.Module):
                gate_mode: str = "remove", return_attentions: bool = False,
                return_hidden_states: bool = False, deterministic: bool = True,
                segment_removal=None, renormalise_segments: bool = False,
-               attention: str = "auto", attention_reduce=None) -> dict:
+               attention: str | None = None, attention_reduce=None) -> dict:
     """Encodes ``input_ids`` ``[b, q]``.
 
     Args:
@@ -318,7 +383,8 @@ class BertModel(nnx.Module):
       renormalise_segments: renormalise rows after ``segment_removal`` (default: not; Guan et
         al. do not say, see the module docstring).
       attention: ``"auto"`` (fused whenever nothing needs the probabilities), ``"explicit"``,
-        ``"xla"`` or ``"cudnn"`` (module docstring).
+        ``"xla"``, ``"cudnn"`` or ``"flash"`` (module docstring); None: the config's
+        ``attention`` (``"auto"`` by default).
       attention_reduce: optional per-layer reduction ``fn(layer, probs, query, key, mask)``
         (module docstring); its outputs come back as ``attention_reduced``.
 
@@ -331,6 +397,8 @@ class BertModel(nnx.Module):
     cfg = self.config
     if gate_mode not in GATE_MODES:
       raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
+    if attention is None:
+      attention = getattr(cfg, "attention", "auto")
     if attention not in ATTENTION_PATHS:
       raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
     input_ids = jnp.asarray(input_ids, jnp.int32)

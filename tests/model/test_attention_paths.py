@@ -88,7 +88,7 @@ def test_path_selection():
   with pytest.raises(ValueError, match="cannot return"):
     attention_path("xla", needs_probs=True, dropout_active=False, **kw)
   with pytest.raises(ValueError, match="attention must be one of"):
-    attention_path("flash", needs_probs=False, dropout_active=False, **kw)
+    attention_path("bogus", needs_probs=False, dropout_active=False, **kw)
   # cuDNN only on a GPU, and only for half-precision compute
   assert fused_implementation(jnp.float32, 64) == "xla"
   if jax.default_backend() != "gpu":

@@ -119,13 +119,14 @@ def test_bfloat16_compute_keeps_float32_params_and_attention():
   out = m(ids, mask, types, return_attentions=True)
   assert out["attentions"].dtype == jnp.float32
   ref = BertModel(CFG, rngs=nnx.Rngs(0))(ids, mask, types, return_attentions=True)
-  # bf16 matmuls (8-bit mantissa) with float32 LayerNorm and softmax leave an error of about
-  # 1e-4 on average, 6e-4 at most (measured: 1.1e-4 / 5.9e-4) on these unit-scale hidden
-  # states. The bands fail when bf16 is off (0), when float16 is used instead (1.4e-5 /
-  # 6e-5: 3 more mantissa bits), and when LayerNorm also runs in bf16 (3e-3 / 3e-2).
+  # bf16 matmuls (8-bit mantissa) and, by default (layer_norm_dtype="compute"), LayerNorm
+  # outputs and the residual stream rounded to bf16 (float32 statistics) leave an error of
+  # about 3e-3 on average, 3e-2 at most (measured: 3.2e-3 / 2.6e-2) on these unit-scale hidden
+  # states: the rounding of N(0, 1) values to bf16 (2^-9 relative). With float32 LayerNorm the
+  # error is 1.1e-4 / 5.9e-4 (test_bfloat16_float32_layer_norm). The band fails when bf16 is off.
   err = np.abs(np.asarray(out["last_hidden_state"]) - np.asarray(ref["last_hidden_state"]))
   assert out["last_hidden_state"].dtype == jnp.float32
-  assert 3e-5 < err.mean() < 5e-4 and 1e-4 < err.max() < 3e-3, (err.mean(), err.max())
+  assert 1e-3 < err.mean() < 1e-2 and 5e-3 < err.max() < 0.1, (err.mean(), err.max())
   # float32 softmax: most real probabilities are not bf16 numbers, and they stay within the
   # bf16 error of the logits of the float32 ones
   att = np.asarray(out["attentions"])
