@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 
 from heads_jax.data import vocabulary as vocab
@@ -74,10 +75,40 @@ def check_direction(direction: str) -> str:
   return direction
 
 
-def real_pairs(attention_mask) -> jnp.ndarray:
-  """bool ``[b, q, k]``: both the query and the key are real (non-padding) positions."""
+def segments_of(batch: dict) -> jnp.ndarray:
+  """int32 ``[b, k]``: the batch's ``segment_ids`` (packed rows: 1, 2, ... per sequence of a row,
+  0 on padding), or for an unpacked batch 1 on its real positions and 0 on padding."""
+  if batch.get("segment_ids") is not None:
+    return jnp.asarray(batch["segment_ids"]).astype(jnp.int32)
+  return (jnp.asarray(batch["attention_mask"]) > 0).astype(jnp.int32)
+
+
+def same_segment(segment_ids) -> jnp.ndarray:
+  """bool ``[b, q, k]``: query and key are real positions of the same sequence (segment)."""
+  seg = jnp.asarray(segment_ids)
+  return (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
+
+
+def segment_positions(segment_ids) -> jnp.ndarray:
+  """int32 ``[b, k]``: each position's index inside its own segment (0 at a sequence's first
+  position; the padding run after the last sequence counts on from 0 too). For an unpacked row
+  this is ``0..k-1`` over the real positions: the model's positions of each sequence alone."""
+  seg = jnp.asarray(segment_ids).astype(jnp.int32)
+  k = seg.shape[-1]
+  pos = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), seg.shape)
+  starts = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  first = jax.lax.cummax(jnp.where(starts, pos, 0), axis=1)
+  return pos - first
+
+
+def real_pairs(attention_mask, segment_ids=None) -> jnp.ndarray:
+  """bool ``[b, q, k]``: both the query and the key are real (non-padding) positions, and with
+  ``segment_ids`` (packed rows) of the same sequence."""
   real = jnp.asarray(attention_mask) > 0
-  return real[:, :, None] & real[:, None, :]
+  pairs = real[:, :, None] & real[:, None, :]
+  if segment_ids is not None:
+    pairs = pairs & same_segment(segment_ids)
+  return pairs
 
 
 def _offsets(k: int) -> jnp.ndarray:
@@ -106,7 +137,10 @@ def build_sieves(batch: dict, roles: Sequence[str] = ROLES, direction: str = "de
   Args:
     batch: encoded batch (``heads_jax.data.vocabulary``); uses ``attention_mask``,
       ``token_type_ids``, ``token_class``, ``word_ids``, ``dep_head``, ``dep_rel``, all
-      ``[b, k]`` (numpy or jax arrays).
+      ``[b, k]`` (numpy or jax arrays); a packed batch also carries ``segment_ids`` ``[b, k]``
+      (1, 2, ... per sequence of a row, 0 on padding): every sieve then stays inside its
+      query's sequence, whose first position is its ``[CLS]`` and whose token types decide
+      whether it is a pair (``segments_of``).
     roles: role names, a subset of ``ROLES`` in any order; the output's r axis follows it.
     direction: ``"dep2head"`` (default, as the paper's code) or ``"both"`` (adds
       head -> dependent for the relation roles and ``syntactic``).
@@ -132,13 +166,15 @@ def build_sieves(batch: dict, roles: Sequence[str] = ROLES, direction: str = "de
   dep_rel = jnp.asarray(batch["dep_rel"])
   b, k = mask.shape
 
-  pairs = real_pairs(mask)                                            # [b, q, k]
+  segments = segments_of(batch)                                       # [b, k]
+  pairs = real_pairs(mask, segments)                                  # [b, q, k]
   off = _offsets(k)[None]                                             # [1, q, k]
   key_is = lambda x: x[:, None, :]                                    # noqa: E731  [b, 1, k]
 
-  is_pair = jnp.any(real & (token_type == 1), axis=1)                 # [b]
+  # per query: its sequence (segment) is a pair (it has a real position of token type 1)
+  is_pair = jnp.any(pairs & key_is(token_type == 1), axis=2)          # [b, q]
   special = (token_class == TOKEN_CLS) | (token_class == TOKEN_SEP)
-  key_masks = {vocab.KEY_POSITION0: (jnp.arange(k) == 0)[None, None, :],  # [CLS] position
+  key_masks = {vocab.KEY_POSITION0: key_is(segment_positions(segments) == 0),  # [CLS] position
                vocab.KEY_SEP: key_is(token_class == TOKEN_SEP)}
 
   def sieve(name):
@@ -148,7 +184,7 @@ def build_sieves(batch: dict, roles: Sequence[str] = ROLES, direction: str = "de
       lo, hi = role.offsets
       s = (off >= lo) & (off <= hi)
     elif role.sieve == vocab.SIEVE_BLOCK:
-      s = (is_pair[:, None, None] & key_is(~special)
+      s = (is_pair[:, :, None] & key_is(~special)
            & (token_type[:, :, None] == token_type[:, None, :]))
     elif role.sieve == vocab.SIEVE_KEYS:
       s = functools.reduce(jnp.logical_or, [key_masks[kind] for kind in role.keys])
@@ -162,26 +198,29 @@ def build_sieves(batch: dict, roles: Sequence[str] = ROLES, direction: str = "de
   return jnp.stack([sieve(r) for r in roles], axis=1)
 
 
-def distance_bins(token_class, attention_mask) -> jnp.ndarray:
+def distance_bins(token_class, attention_mask, segment_ids=None) -> jnp.ndarray:
   """The distance feature (0..20) each (query, key) pair contributes to, int32 ``[b, q, k]``.
 
   Per DESIGN.md (Guan et al.): the key t itself -> ``SELF_FEATURE`` (16; self wins over
   special); a ``[CLS]``/``[SEP]``/``,``/``.`` key -> 17/18/19/20; any other real key at
   distance ``d = |s - t| >= 1`` -> window ``min(15, floor(16 * d / n))`` with n the number of
   real positions. ``,`` and ``.`` count as special here: such a key goes to its own feature,
-  never to a window. Pairs with a padding query or key get -1 (no feature).
+  never to a window. Pairs with a padding query or key get -1 (no feature). With
+  ``segment_ids`` (packed rows) n is the query's own sequence's length and pairs across
+  sequences get -1 too.
   """
   token_class = jnp.asarray(token_class)
   mask = jnp.asarray(attention_mask)
   b, k = mask.shape
-  n = jnp.maximum(jnp.sum(mask > 0, axis=1), 1).astype(jnp.int32)     # [b]
+  pairs = real_pairs(mask, segment_ids)                               # [b, q, k]
+  n = jnp.maximum(jnp.sum(pairs, axis=2), 1).astype(jnp.int32)        # [b, q]
   off = _offsets(k)
   dist = jnp.abs(off)[None]                                           # [1, q, k]
-  window = jnp.minimum(NUM_WINDOWS - 1, (NUM_WINDOWS * dist) // n[:, None, None])
+  window = jnp.minimum(NUM_WINDOWS - 1, (NUM_WINDOWS * dist) // n[:, :, None])
   kc = token_class[:, None, :]                                        # [b, 1, k]
   bins = jnp.where(kc == TOKEN_CLS, CLS_FEATURE,
          jnp.where(kc == TOKEN_SEP, SEP_FEATURE,
          jnp.where(kc == TOKEN_COMMA, COMMA_FEATURE,
          jnp.where(kc == TOKEN_PERIOD, PERIOD_FEATURE, window))))
   bins = jnp.where(dist == 0, SELF_FEATURE, bins)
-  return jnp.where(real_pairs(mask), bins, -1).astype(jnp.int32)
+  return jnp.where(pairs, bins, -1).astype(jnp.int32)

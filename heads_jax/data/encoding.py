@@ -440,3 +440,130 @@ def _stream(it, tokenizer, max_length, batch_size, window, sort, buckets, pad_to
     start += len(chunk)
     if len(chunk) < window:
       return
+
+
+# ------------------------------------------------------------------------------------------------
+# Packed batches: several sequences per row (issue 38). A packed batch is an encoded batch whose
+# rows hold one or more whole sequences one after another, plus the field ``segment_ids``
+# ``[b, k]``: 1, 2, ... for the sequences of a row (its "slots"), 0 on the padding at the row's
+# end. Every other field keeps each sequence's own values (its token types, word ids and arcs
+# are numbered inside the sequence, as unpacked). The model attends within a sequence only and
+# restarts positions per sequence, and the statistics are per sequence, so each sequence's
+# scores equal its unpacked ones (tests/stats/test_packing.py).
+
+DEFAULT_SLOTS = 16        # sequences per packed row at most (the statistics' slot axis S)
+
+
+def pack_lengths(lengths: Sequence[int], capacity: int, slots: int = DEFAULT_SLOTS) -> list[list[int]]:
+  """First-fit decreasing: the sequences (by index into ``lengths``) of each packed row, rows
+  holding at most ``capacity`` positions and ``slots`` sequences, longest sequences first (so
+  short ones fill the gaps). Deterministic; every index appears exactly once."""
+  if slots < 1:
+    raise ValueError(f"slots must be >= 1, got {slots}")
+  order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+  rows, free = [], []
+  for i in order:
+    n = int(lengths[i])
+    if n > capacity:
+      raise ValueError(f"sequence {i} has {n} positions, more than the packed row's {capacity}")
+    for r, room in enumerate(free):
+      if room >= n and len(rows[r]) < slots:
+        rows[r].append(i)
+        free[r] -= n
+        break
+    else:
+      rows.append([i])
+      free.append(capacity - n)
+  return rows
+
+
+def collate_packed(seqs: Sequence[dict], rows: Sequence[Sequence[int]], k: int, b: int,
+                   slots: int) -> tuple[np.ndarray, dict]:
+  """Packed batch ``[b, k]`` of the sequences ``seqs`` (unpadded rows, each field ``[n]``) laid out
+  as ``rows`` (lists of indices into ``seqs``, ``len(rows) <= b``; further rows all padding).
+  Returns ``(slot_of, batch)``: ``slot_of`` int64 ``[b * slots]`` gives the index into ``seqs``
+  of slot j of row i at ``i * slots + j`` (-1 for an empty slot), ``batch`` the BATCH_FIELDS
+  plus ``segment_ids``."""
+  if len(rows) > b:
+    raise ValueError(f"{len(rows)} packed rows do not fit a batch of {b}")
+  batch = B.empty_batch(b, k)
+  batch["segment_ids"] = np.zeros((b, k), np.int32)
+  slot_of = np.full(b * slots, -1, np.int64)
+  for i, members in enumerate(rows):
+    if len(members) > slots:
+      raise ValueError(f"row {i} packs {len(members)} sequences, more than {slots} slots")
+    start = 0
+    for j, s in enumerate(members):
+      seq = seqs[s]
+      n = len(seq["input_ids"])
+      if start + n > k:
+        raise ValueError(f"row {i} packs {start + n} positions, more than {k}")
+      for f in B.BATCH_FIELDS:
+        batch[f][i, start:start + n] = seq[f]
+      batch["segment_ids"][i, start:start + n] = j + 1
+      slot_of[i * slots + j] = s
+      start += n
+  return slot_of, batch
+
+
+def unpad_rows(indices, batch: dict) -> list[tuple[int, dict]]:
+  """The real sequences of an unpacked batch as ``(index, row)`` with each field ``[n]``
+  (filler rows, index -1, dropped)."""
+  out = []
+  mask = np.asarray(batch["attention_mask"])
+  for i, index in enumerate(np.asarray(indices)):
+    if index < 0:
+      continue
+    n = int(mask[i].sum())
+    out.append((int(index), {f: np.asarray(batch[f])[i, :n] for f in B.BATCH_FIELDS}))
+  return out
+
+
+def pack_batches(batches: Iterable, *, length: int, rows: int, slots: int = DEFAULT_SLOTS,
+                 window: int = 1024, tail_rows: int | None = None) -> Iterator[tuple[np.ndarray, dict]]:
+  """Packed batches from unpacked ``(indices, batch)`` (e.g. ``iter_batches`` / ``encode_spec``):
+  yields ``(indices [rows * slots], packed batch [rows, length])``, each index the sequence's
+  position in the data (-1: empty slot), in slot order (``collate_packed``).
+
+  Sequences are gathered ``window`` at a time and packed first-fit decreasing
+  (``pack_lengths``); packed rows left over from a window (fewer than ``rows``) wait for the
+  next one. The rows left at the end go out in batches of ``tail_rows`` rows (default
+  ``rows // 4``, at least 1), so a pass compiles at most two shapes, ``[rows, length]`` and
+  ``[tail_rows, length]``, and the last batch wastes at most ``tail_rows - 1`` rows.
+  """
+  if rows < 1 or length < 1:
+    raise ValueError(f"rows and length must be positive, got {rows}, {length}")
+  tail_rows = max(1, rows // 4) if tail_rows is None else int(tail_rows)
+  pending_seqs: list[tuple[int, dict]] = []
+  ready: list[list[tuple[int, dict]]] = []        # packed rows waiting for a full batch
+
+  def pack_pending():
+    layout = pack_lengths([len(r["input_ids"]) for _, r in pending_seqs], length, slots)
+    ready.extend([[pending_seqs[i] for i in members] for members in layout])
+    pending_seqs.clear()
+
+  def emit(group, b):
+    seqs = [item for row in group for item in row]
+    layout, at = [], 0
+    for row in group:
+      layout.append(list(range(at, at + len(row))))
+      at += len(row)
+    slot_of, batch = collate_packed([r for _, r in seqs], layout, length, b, slots)
+    indices = np.where(slot_of >= 0, np.asarray([i for i, _ in seqs] + [-1])[slot_of], -1)
+    return indices.astype(np.int64), batch
+
+  for indices, batch in batches:
+    pending_seqs.extend(unpad_rows(indices, batch))
+    if len(pending_seqs) >= window:
+      pack_pending()
+      while len(ready) >= rows:
+        yield emit(ready[:rows], rows)
+        del ready[:rows]
+  if pending_seqs:
+    pack_pending()
+  while len(ready) >= rows:
+    yield emit(ready[:rows], rows)
+    del ready[:rows]
+  while ready:
+    yield emit(ready[:tail_rows], tail_rows)
+    del ready[:tail_rows]

@@ -15,21 +15,30 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from heads_jax.sieves import NUM_DISTANCE_FEATURES, distance_bins
+from heads_jax.sieves import NUM_DISTANCE_FEATURES, distance_bins, real_pairs
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _bin_weights(token_class, attention_mask, per_query: bool) -> jnp.ndarray:
+def _bin_weights(token_class, attention_mask, per_query: bool, segment_ids=None) -> jnp.ndarray:
   """float32 ``[b, q, k, 21]`` one-hot of each pair's feature, times 1/n per real query unless
-  ``per_query``."""
-  bins = distance_bins(token_class, attention_mask)                   # [b, q, k]
+  ``per_query`` (n: the query's sequence's length; with ``segment_ids``, of its own segment)."""
+  bins = distance_bins(token_class, attention_mask, segment_ids)      # [b, q, k]
   onehot = (bins[..., None] == jnp.arange(NUM_DISTANCE_FEATURES)).astype(jnp.float32)
   if per_query:
     return onehot
-  real = (jnp.asarray(attention_mask) > 0).astype(jnp.float32)
-  n = jnp.maximum(jnp.sum(real, axis=-1), 1.0)                        # [b]
-  return onehot * (real / n[:, None])[:, :, None, None]
+  return onehot * query_over_n(attention_mask, segment_ids)[:, :, None, None]
+
+
+def query_over_n(attention_mask, segment_ids=None) -> jnp.ndarray:
+  """float32 ``[b, q]``: 1/n on real queries, n the length of the query's sequence (its segment
+  in a packed row), 0 on padding: the weight of a query in its sequence's mean."""
+  real = jnp.asarray(attention_mask) > 0
+  if segment_ids is None:
+    n = jnp.maximum(jnp.sum(real, axis=-1, keepdims=True), 1).astype(jnp.float32)   # [b, 1]
+  else:
+    n = jnp.maximum(jnp.sum(real_pairs(attention_mask, segment_ids), axis=-1), 1).astype(jnp.float32)
+  return real.astype(jnp.float32) / n
 
 
 def distance_features(attn, token_class, attention_mask, per_query: bool = False) -> jnp.ndarray:

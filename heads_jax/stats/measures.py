@@ -32,6 +32,7 @@ from heads_jax.data.vocabulary import TOKEN_CLS, TOKEN_COMMA, TOKEN_PERIOD, TOKE
 # per-sequence arrays `all_measures` returns besides `js`.
 from heads_jax.contract import MEASURE_ROW_KEYS as MEASURE_KEYS
 from heads_jax.contract import TOKEN_MEASURES
+from heads_jax.sieves import real_pairs
 from heads_jax.stats.sieve_bias import normalised_rows, row_entropy
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -70,17 +71,16 @@ def cls_entropy(attn, attention_mask) -> jnp.ndarray:
   return jnp.where((attention_mask[:, :1] > 0)[:, :, None], ent, 0.0)
 
 
-def _token_weights(token_class, attention_mask) -> jnp.ndarray:
-  """float32 ``[b, q, k, 5]``: the weight of ``attn[q, k]`` in each of ``TOKEN_MEASURES``."""
-  real = attention_mask > 0                                              # [b, k]
-  realf = real.astype(jnp.float32)
-  n = jnp.sum(realf, axis=-1)                                            # [b]
+def _token_weights(token_class, attention_mask, segment_ids=None) -> jnp.ndarray:
+  """float32 ``[b, q, k, 5]``: the weight of ``attn[q, k]`` in each of ``TOKEN_MEASURES`` (with
+  ``segment_ids``, a packed row: each query's own sequence's pairs and length)."""
   q = attention_mask.shape[1]
   pos = jnp.arange(q)
-  pair = real[:, :, None] & real[:, None, :]                             # [b, q, k]
+  pair = real_pairs(attention_mask, segment_ids)                         # [b, q, k]
+  n = jnp.sum(pair, axis=-1).astype(jnp.float32)[:, :, None]             # [b, q, 1]
   key_is = lambda *classes: jnp.isin(token_class, jnp.asarray(classes))[:, None, :]
-  over_n = (1.0 / jnp.maximum(n, 1.0))[:, None, None]
-  over_n1 = (1.0 / jnp.maximum(n - 1.0, 1.0))[:, None, None]
+  over_n = 1.0 / jnp.maximum(n, 1.0)
+  over_n1 = 1.0 / jnp.maximum(n - 1.0, 1.0)
   prev = (pos[None, :] == pos[:, None] - 1)[None]                        # key = query - 1
   nxt = (pos[None, :] == pos[:, None] + 1)[None]                         # key = query + 1
   w = [

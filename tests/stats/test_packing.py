@@ -1,0 +1,137 @@
+"""Packed batches (issue 38 item 2): several sequences per row, statistics per sequence.
+
+Every statistic of a packed row's sequence must equal the same sequence's unpacked one (the
+packed attention is block-diagonal: each sequence's own map at its offset), and the host packing
+must place every sequence exactly once."""
+
+import jax
+import numpy as np
+import pytest
+
+from tests import reference_impl as ref
+from heads_jax.data import encoding
+from heads_jax.data import vocabulary as B
+from heads_jax.sieves import build_sieves, distance_bins, segment_positions
+from heads_jax.stats import layerwise
+
+ALL = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention")
+
+
+def _packed(batch, length=40, rows=4, slots=4):
+  """The sequences of ``batch`` packed: a list of ``(indices [rows * slots], packed batch)``."""
+  indices = np.arange(len(batch["input_ids"]))
+  return list(encoding.pack_batches([(indices, batch)], length=length, rows=rows, slots=slots,
+                                    window=4, tail_rows=2))
+
+
+def _packed_attention(attn, indices, packed, slots):
+  """float32 ``[b, l, h, K, K]``: each packed sequence's own unpacked map ``attn[i]`` placed at its
+  offset (zero across sequences and on padding)."""
+  b, k = packed["input_ids"].shape
+  out = np.zeros((b,) + attn.shape[1:3] + (k, k), np.float32)
+  seg = packed["segment_ids"]
+  for row in range(b):
+    for j in range(slots):
+      i = indices[row * slots + j]
+      if i < 0:
+        continue
+      at = np.flatnonzero(seg[row] == j + 1)
+      n = len(at)
+      out[row][..., at[0]:at[0] + n, at[0]:at[0] + n] = attn[i][..., :n, :n]
+  return out
+
+
+def test_pack_lengths_first_fit_decreasing_places_each_sequence_once():
+  rows = encoding.pack_lengths([5, 9, 3, 7, 2, 2, 8], capacity=10, slots=2)
+  assert sorted(i for r in rows for i in r) == list(range(7))
+  assert all(len(r) <= 2 and sum([5, 9, 3, 7, 2, 2, 8][i] for i in r) <= 10 for r in rows)
+  # by hand: 9 | 8+2 | 7+3 | 5+2
+  assert rows == [[1], [6, 4], [3, 2], [0, 5]]
+  with pytest.raises(ValueError, match="more than the packed row's 10"):
+    encoding.pack_lengths([11], capacity=10)
+
+
+def test_pack_batches_keeps_every_field_and_numbers_segments():
+  rng = np.random.default_rng(0)
+  batch = ref.random_batch(rng, 11, 12, min_len=2)
+  out = _packed(batch)
+  seen = []
+  for indices, packed in out:
+    assert packed["segment_ids"].shape == packed["input_ids"].shape == (len(indices) // 4, 40)
+    for pos, i in enumerate(indices):
+      if i < 0:
+        continue
+      row, j = divmod(pos, 4)
+      at = np.flatnonzero(packed["segment_ids"][row] == j + 1)
+      n = int(batch["attention_mask"][i].sum())
+      assert len(at) == n and np.all(np.diff(at) == 1)
+      for f in B.BATCH_FIELDS:
+        np.testing.assert_array_equal(packed[f][row, at], batch[f][i, :n])
+      np.testing.assert_array_equal(np.asarray(segment_positions(packed["segment_ids"]))[row, at],
+                                    np.arange(n))
+      seen.append(int(i))
+  assert sorted(seen) == list(range(11))
+  assert {len(ix) // 4 for ix, _ in out} <= {4, 2}       # at most two shapes: rows and tail rows
+
+
+@pytest.mark.parametrize("direction", ["dep2head", "both"])
+def test_packed_sieves_and_bins_are_each_sequences_own(direction):
+  rng = np.random.default_rng(1)
+  batch = ref.random_batch(rng, 9, 10, min_len=1)
+  sieves = np.asarray(build_sieves(batch, B.ROLES, direction))
+  bins = np.asarray(distance_bins(batch["token_class"], batch["attention_mask"]))
+  for indices, packed in _packed(batch, length=24):
+    ps = np.asarray(build_sieves(packed, B.ROLES, direction))
+    pb = np.asarray(distance_bins(packed["token_class"], packed["attention_mask"],
+                                  packed["segment_ids"]))
+    for pos, i in enumerate(indices):
+      if i < 0:
+        continue
+      row, j = divmod(pos, 4)
+      at = np.flatnonzero(packed["segment_ids"][row] == j + 1)
+      n, lo = len(at), at[0] if len(at) else 0
+      np.testing.assert_array_equal(ps[row][:, lo:lo + n, lo:lo + n], sieves[i][:, :n, :n])
+      np.testing.assert_array_equal(pb[row][lo:lo + n, lo:lo + n], bins[i][:n, :n])
+      # nothing outside the sequence's own block
+      assert not ps[row][:, lo:lo + n, :lo].any() and not ps[row][:, lo:lo + n, lo + n:].any()
+      assert (pb[row][lo:lo + n, :lo] == -1).all() and (pb[row][lo:lo + n, lo + n:] == -1).all()
+
+
+@pytest.mark.parametrize("direction", ["dep2head", "both"])
+def test_packed_statistics_equal_unpacked(direction):
+  rng = np.random.default_rng(2)
+  batch = ref.random_batch(rng, 13, 12, min_len=1)
+  attn = ref.random_attention(rng, batch["attention_mask"], 2, 3, junk=False)   # [b, l, h, q, k]
+  want = layerwise.reduce_stack(attn, batch, B.ROLES, direction, measures=True)
+  per_layer = jax.jit(lambda p, t: layerwise.reduce_layer(p, t, B.ROLES, t["mask"], True))
+  for indices, packed in _packed(batch):
+    pattn = _packed_attention(attn, indices, packed, 4)
+    got = layerwise.reduce_stack(pattn, packed, B.ROLES, direction, measures=True, slots=4)
+    # the per-layer path: reduce_layer per layer, stacked on axis 1, then finish
+    tables = layerwise.batch_tables(packed, B.ROLES, direction, True, slots=4)
+    layers = [per_layer(pattn[:, l], {**tables, "mask": packed["attention_mask"]})
+              for l in range(pattn.shape[1])]
+    stacked = {f: np.stack([np.asarray(x[f]) for x in layers], axis=1) for f in layers[0]}
+    got_layerwise = layerwise.finish(stacked, tables)
+    keep = indices >= 0
+    for name in ALL:
+      for result in (got, got_layerwise):
+        assert np.asarray(result[name]).shape[0] == len(indices)
+        np.testing.assert_allclose(np.asarray(result[name])[keep],
+                                   np.asarray(want[name])[indices[keep]], rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    # the NaN pattern of empty sieves is each sequence's own
+    np.testing.assert_array_equal(np.isnan(np.asarray(got["sieve_bias"])[keep]),
+                                  np.isnan(np.asarray(want["sieve_bias"])[indices[keep]]))
+
+
+def test_reduce_stack_equals_loop_reference():
+  """The new stacked path (one weight, one matmul, one entropy pass) against the loop reference."""
+  rng = np.random.default_rng(3)
+  batch = ref.random_batch(rng, 6, 11, min_len=1)
+  attn = ref.random_attention(rng, batch["attention_mask"], 2, 2)
+  got = layerwise.reduce_stack(attn, batch, B.ROLES)
+  np.testing.assert_allclose(np.asarray(got["sieve_bias"]), ref.sieve_bias(attn, batch, B.ROLES),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(got["distance"]), ref.distance_features(attn, batch),
+                             rtol=1e-5, atol=1e-6)
