@@ -53,6 +53,18 @@ def default_wrapper(platform: str | None = None) -> str:
   return {"gpu": "triton", "tpu": "mosaic"}.get(target_platform(platform), "xla")
 
 
+# The longest key axis a Pallas wrapper takes: a Triton program holds a [T, k] tile in registers
+# and all k keys; a Mosaic program holds its sequence's queries and keys in VMEM. Longer
+# sequences take the "xla" wrapper (query blocks under lax.map; memory linear in k).
+MAX_KEYS = {"triton": 1024, "mosaic": 2048}
+
+
+def wrapper_for(platform: str | None, length: int) -> str:
+  """The wrapper of ``platform`` (``default_wrapper``), or ``"xla"`` past its ``MAX_KEYS``."""
+  wrapper = default_wrapper(platform)
+  return wrapper if length <= MAX_KEYS.get(wrapper, length) else "xla"
+
+
 def _next_pow2(x: int) -> int:
   return 1 << max(0, (int(x) - 1).bit_length())
 

@@ -23,6 +23,12 @@ chooses how (all give the same numbers to float32 rounding, ``tests/stats/test_f
   the probabilities are never written to memory. Off a GPU the kernel runs in Pallas interpret
   mode (correct, slow: for tests). A ``"uniform"`` head gate needs the probabilities and
   falls back to ``"layerwise"``.
+* ``"kernel"`` (statistics kernel v2, issue 38; never a default until a device has measured it):
+  the model keeps its fast attention and the hook runs ``heads_jax.stats.kernel`` on each layer's
+  queries and keys: one tile function (``heads_jax.stats.tile``) wrapped for Triton on GPUs, for
+  Mosaic on TPUs, and as a ``lax.map`` over query blocks on CPUs (and for sequences longer than
+  a Pallas wrapper takes, ``kernel.wrapper_for``), so no map is ever written and memory is
+  linear in the sequence length. A ``"uniform"`` head gate falls back to ``"layerwise"``.
 * ``"stacked"`` (default on GPUs where the stack fits): the model returns ``attentions``
   ``[b, l, h, q, k]`` and the stand-alone functions reduce the stack (the original path; any
   callable with the model API).
@@ -30,7 +36,7 @@ chooses how (all give the same numbers to float32 rounding, ``tests/stats/test_f
 ``"auto"`` takes, per platform, the path measured fastest there (``AUTO_STATS_IMPL``; DESIGN.md
 section 2 "The analysis step's paths" gives the figures): on a GPU ``"stacked"`` (H200, BERT-base,
 batch 128 x 128, bfloat16: 1.60x the bare forward, against 1.88x for ``"layerwise"`` and 3.47x
-for ``"fused"``, ``/work/shared/measurements/gpu-2026-11-26/analysis_step.log``) for every batch
+for ``"fused"``, ``../shared/measurements/gpu-2026-11-26/analysis_step.log``) for every batch
 whose stack fits the device's memory (``stack_fits``), else ``"layerwise"``; ``"layerwise"`` on
 CPUs and TPUs (the kernel does not lower for TPUs: ``tests/e2e/test_lowering.py``). ``"fused"``
 is never a default: only ``stats_impl="fused"`` or ``HEADS_JAX_STATS_IMPL=fused`` take it (a
@@ -38,6 +44,15 @@ compile error then reaches the caller). ``HEADS_JAX_STATS_IMPL`` forces a path w
 ``stats_impl`` is ``"auto"`` (``heads_jax.env``), the stacked one whatever its memory. A model
 whose ``__call__`` has no ``attention_reduce`` parameter, and ``js=True`` (which compares all
 heads with each other), always take ``"stacked"``.
+
+**Packed batches** (issue 38): a batch with a ``segment_ids`` field ``[B, K]`` holds several
+sequences per row (1, 2, ... per sequence, 0 on padding; ``heads_jax.data.encoding.pack_batches``).
+The model attends within each sequence and restarts its positions there (``segment_ids``,
+``position_ids`` of the model's ``__call__``), and ``layerwise``/``stacked`` reduce per sequence:
+every output has ``B * S`` rows, row ``i * S + j`` the sequence in slot j of row i (S =
+``slots``, static per program), equal to the sequence's unpacked statistics.
+``step.packs`` says whether the step can take them (the model has ``segment_ids``, the path is
+``layerwise`` or ``stacked``, no ``js``).
 
 Each batch shape is compiled once per process (``heads_jax.stats.compiling.executable``);
 ``step.precompile(rows, length)`` starts a shape's compilation on a background thread, so that
@@ -69,17 +84,15 @@ from heads_jax import env
 from heads_jax.data.vocabulary import BATCH_FIELDS, ROLES
 from heads_jax.parallel import (batch_sharding, data_mesh, pad_to_multiple, replicate, replicated,
                                 shard_batch, shard_global_batch)
-from heads_jax.sieves import build_sieves, check_direction, check_roles
-from heads_jax.stats import compiling
-from heads_jax.stats.distance import distance_features
+from heads_jax.sieves import check_direction, check_roles, segment_positions
+from heads_jax.stats import compiling, kernel
 from heads_jax.stats.fused import fused_reducer, fused_tables, target_platform
-from heads_jax.stats.layerwise import batch_tables, finish, layer_reducer
-from heads_jax.stats.measures import all_measures
-from heads_jax.stats.sieve_bias import sieve_bias
+from heads_jax.stats.layerwise import batch_tables, finish, layer_reducer, reduce_stack
 
 GATE_MODES = ("remove", "uniform")
-STATS_IMPLS = ("auto", "layerwise", "fused", "stacked")
+STATS_IMPLS = ("auto", "layerwise", "fused", "stacked", "kernel")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+PACKED_STATS_IMPLS = ("layerwise", "stacked")   # the paths that reduce packed rows per sequence
 
 
 # What "auto" takes per platform: the path measured fastest there, among those that lower there
@@ -172,12 +185,24 @@ def with_compute_dtype(model, dtype: str):
   return nnx.merge(graphdef, state)
 
 
+def accepts_packing(model) -> bool:
+  """Whether ``model(...)`` takes packed rows (``segment_ids`` and ``position_ids``)."""
+  fn = type(model).__call__ if isinstance(model, nnx.Module) else model
+  try:
+    params = inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return False
+  return "segment_ids" in params and "position_ids" in params
+
+
 def _check_batch(batch: dict) -> dict:
+  """The batch's int32 fields (BATCH_FIELDS, and ``segment_ids`` of a packed batch)."""
   missing = [f for f in BATCH_FIELDS if f not in batch]
   if missing:
     raise KeyError(f"batch lacks field(s) {missing}; an analysis batch needs all of "
                    f"{list(BATCH_FIELDS)} (see heads_jax/data/vocabulary.py)")
-  arrays = {f: np.asarray(batch[f]) for f in BATCH_FIELDS}
+  fields = BATCH_FIELDS + (("segment_ids",) if batch.get("segment_ids") is not None else ())
+  arrays = {f: np.asarray(batch[f]) for f in fields}
   shape = arrays["input_ids"].shape
   if len(shape) != 2 or shape[0] == 0:
     raise ValueError(f"batch fields must be [b, k] with b >= 1; input_ids has shape {shape}")
@@ -207,7 +232,7 @@ def _host_rows(x: jax.Array, rows: int) -> np.ndarray:
 @functools.lru_cache(maxsize=128)
 def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, measures: bool,
                      js: bool, stats_impl: str, mesh, fused_block_q: int | None = None,
-                     platform: str = "cpu", multi_process: bool = False):
+                     platform: str = "cpu", multi_process: bool = False, slots: int = 0):
   """The jitted analysis program ``run(state, batch, head_gate) -> dict`` (one per distinct
   argument set, cached: ``jax.jit`` then compiles each batch shape once per process).
 
@@ -215,11 +240,14 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
     graph: the encoder's ``nnx.GraphDef`` (``state`` is its ``nnx.State``), or a callable with
       the model API (``state`` is None).
     roles, direction, gate_mode, measures, js: as ``make_analysis_step`` (already checked).
-    stats_impl: ``"layerwise"``, ``"fused"`` or ``"stacked"`` (resolved: not ``"auto"``).
+    stats_impl: ``"layerwise"``, ``"fused"``, ``"stacked"`` or ``"kernel"`` (resolved: not
+      ``"auto"``).
     mesh: the ``data`` mesh (a ``Mesh``, or an ``AbstractMesh`` to lower with ``jax.export``).
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``: what the program is compiled for (the fused
       kernel lowers with Triton for ``"gpu"``, in interpret mode otherwise).
     multi_process: outputs replicated (every process gets all rows) instead of batch-sharded.
+    slots: 0 for unpacked batches; S for packed ones (``segment_ids``; ``layerwise`` and
+      ``stacked`` only): every output then has ``b * S`` rows (module docstring).
   """
   with_measures, with_js = bool(measures or js), bool(js)
 
@@ -230,12 +258,23 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
     inputs = (batch["input_ids"],)
     common = dict(attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"],
                   deterministic=True, **kwargs)
+    if slots:
+      common.update(segment_ids=batch["segment_ids"],
+                    position_ids=segment_positions(batch["segment_ids"]))
     impl = stats_impl
-    if impl == "fused" and head_gate is not None and gate_mode == "uniform":
+    if impl in ("fused", "kernel") and head_gate is not None and gate_mode == "uniform":
       impl = "layerwise"  # the uniform gate edits the probabilities: the kernel cannot see it
     if impl == "layerwise":
-      tables = batch_tables(batch, roles, direction, with_measures)
+      tables = batch_tables(batch, roles, direction, with_measures, slots)
       reduce = layer_reducer(tables, roles, batch["attention_mask"], with_measures)
+      out = module(*inputs, attention_reduce=reduce, **common)
+      return finish(out["attention_reduced"], tables)
+    if impl == "kernel":
+      wrapper = kernel.wrapper_for(platform, batch["input_ids"].shape[1])
+      tables = kernel.kernel_program_tables(batch, roles, direction, with_measures,
+                                            wrapper=wrapper)
+      reduce = kernel.kernel_reducer(tables, roles, direction, with_measures, wrapper=wrapper,
+                                     mesh=mesh, platform=platform)
       out = module(*inputs, attention_reduce=reduce, **common)
       return finish(out["attention_reduced"], tables)
     if impl == "fused":
@@ -245,15 +284,9 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
       out = module(*inputs, attention_reduce=reduce, **common)
       return finish(out["attention_reduced"], tables)
     out = module(*inputs, return_attentions=True, **common)
-    attn = out["attentions"]                                        # [b, l, h, q, k]
-    sieves = build_sieves(batch, roles, direction)                  # [b, r, q, k]
-    out = {
-        "sieve_bias": sieve_bias(attn, sieves, batch["attention_mask"], roles),
-        "distance": distance_features(attn, batch["token_class"], batch["attention_mask"]),
-    }
-    if with_measures:
-      out.update(all_measures(attn, batch["token_class"], batch["attention_mask"], js=with_js))
-    return out
+    # one weight table, one matmul, one entropy pass over the stack [b, l, h, q, k]
+    return reduce_stack(out["attentions"], batch, roles, direction, with_measures, js=with_js,
+                        slots=slots)
 
   out_shardings = replicated(mesh) if multi_process else batch_sharding(mesh)
   if isinstance(graph, nnx.GraphDef):
@@ -325,6 +358,15 @@ class AnalysisStep:
         raise TypeError(f"model must be an nnx.Module or a callable, got {type(encoder).__name__}")
       self._graph, self._state = encoder, None
     self._state_signature = compiling.signature(self._state)
+    self._model_packs = accepts_packing(encoder)
+
+  @property
+  def packs(self) -> bool:
+    """Whether this step takes packed batches (``segment_ids``): the model restarts positions
+    and attends within a segment, and every path this step may take reduces per sequence
+    (``PACKED_STATS_IMPLS``; the Jensen-Shannon distances compare whole rows, so not with js)."""
+    paths = {self.stats_impl, "layerwise"} if self._adaptive else {self.stats_impl}
+    return self._model_packs and not self.js and paths <= set(PACKED_STATS_IMPLS)
 
   def path_for(self, rows: int, length: int) -> str:
     """The statistics path of a batch ``[rows, length]`` (rows padded to the devices): the
@@ -335,53 +377,69 @@ class AnalysisStep:
     return auto_stats_impl(self.platform, batch=per_device, layers=self._shape[0],
                            heads=self._shape[1], length=length, memory_bytes=self.memory_bytes)
 
-  def program(self, stats_impl: str):
-    """The jitted program of ``stats_impl`` for this step's options (``analysis_program``)."""
+  def program(self, stats_impl: str, slots: int = 0):
+    """The jitted program of ``stats_impl`` for this step's options (``analysis_program``;
+    ``slots``: packed batches' sequences per row, 0 unpacked)."""
+    if slots and not self.packs:
+      raise ValueError(f"this analysis step cannot take packed batches (model accepts segment_ids: "
+                       f"{self._model_packs}, path {self.stats_impl!r}, js {self.js}); pass "
+                       f"unpacked batches (no segment_ids)")
     return analysis_program(
         self._graph, roles=self.roles, direction=self.direction, gate_mode=self.gate_mode,
         measures=self.measures, js=self.js, stats_impl=stats_impl, mesh=self.mesh,
         fused_block_q=self.fused_block_q, platform=self.platform,
-        multi_process=self.multi_process)
+        multi_process=self.multi_process, slots=int(slots))
 
-  def _executable(self, rows: int, length: int, background: bool = False, priority: int = 0):
-    """The Future of the compiled program of a padded batch ``[rows, length]`` (no head gate)."""
-    program = self.program(self.path_for(rows, length))
+  def _executable(self, rows: int, length: int, background: bool = False, priority: int = 0,
+                  slots: int = 0):
+    """The Future of the compiled program of a padded batch ``[rows, length]`` (no head gate;
+    ``slots`` > 0: a packed batch with that many sequences per row)."""
+    program = self.program(self.path_for(rows, length), slots)
     spec = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding(self.mesh))
+    fields = BATCH_FIELDS + (("segment_ids",) if slots else ())
+    key = (rows, length, self._state_signature) + ((slots,) if slots else ())
     return compiling.executable(
-        program, (rows, length, self._state_signature),
-        lambda: program.lower(self._state, {f: spec for f in BATCH_FIELDS}, None),
+        program, key, lambda: program.lower(self._state, {f: spec for f in fields}, None),
         background=background, priority=priority)
 
-  def precompile(self, rows: int, length: int, priority: int = 0) -> None:
-    """Starts compiling the program of a batch of ``rows`` sequences of ``length`` positions on
-    the background compile thread (nothing with several processes: they compile at the call)."""
+  def precompile(self, rows: int, length: int, priority: int = 0, slots: int = 0) -> None:
+    """Starts compiling the program of a batch of ``rows`` sequences (packed rows with ``slots``)
+    of ``length`` positions on the background compile thread (nothing with several processes:
+    they compile at the call)."""
     if not self.multi_process:
       self._executable(-(-int(rows) // self.multiple) * self.multiple, int(length),
-                       background=True, priority=priority)
+                       background=True, priority=priority, slots=int(slots))
 
-  def submit(self, batch: dict, head_gate=None) -> PendingResult:
+  def submit(self, batch: dict, head_gate=None, slots: int | None = None) -> PendingResult:
     """Pads, shards and dispatches ``batch`` without waiting for the result.
 
     Args:
-      batch: host encoded batch (``heads_jax.data.vocabulary``), every field ``[b, k]``.
+      batch: host encoded batch (``heads_jax.data.vocabulary``), every field ``[b, k]``; a
+        packed batch also has ``segment_ids`` and gives ``b * slots`` result rows.
       head_gate: optional float ``[l, h]`` passed to the model with this step's gate_mode.
+      slots: a packed batch's sequences per row (default: its largest segment id).
     """
     batch = _check_batch(batch)
     padded, rows = pad_to_multiple(batch, self.multiple)
     device_batch = (shard_global_batch if self.multi_process else shard_batch)(padded, self.mesh)
     b, k = padded["input_ids"].shape
+    if "segment_ids" in batch:
+      slots = int(batch["segment_ids"].max(initial=1)) if slots is None else int(slots)
+    else:
+      slots = 0
     if head_gate is not None or self.multi_process:
       if head_gate is not None:
         head_gate = replicate(jnp.asarray(head_gate, jnp.float32), self.mesh)
-      out = self.program(self.path_for(b, k))(self._state, device_batch, head_gate)
+      out = self.program(self.path_for(b, k), slots)(self._state, device_batch, head_gate)
     else:
-      out = self._executable(b, k).result()(self._state, device_batch, None)
-    return PendingResult(out, rows)
+      out = self._executable(b, k, slots=slots).result()(self._state, device_batch, None)
+    return PendingResult(out, rows * max(slots, 1))
 
-  def __call__(self, batch: dict, head_gate=None) -> dict:
+  def __call__(self, batch: dict, head_gate=None, slots: int | None = None) -> dict:
     """``{"sieve_bias": float32 [b, l, h, r], "distance": float32 [b, l, h, 21]}`` (numpy),
-    plus the measures when the step was made with ``measures`` / ``js``."""
-    return self.submit(batch, head_gate).result()
+    plus the measures when the step was made with ``measures`` / ``js`` (``b * slots`` rows for
+    a packed batch)."""
+    return self.submit(batch, head_gate, slots).result()
 
 
 def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
@@ -407,7 +465,8 @@ def make_analysis_step(model, roles: Sequence[str] = ROLES, direction: str = "de
     js: also return the Jensen-Shannon distances ``js`` ``[b, l*h, l*h]`` between heads
       (implies ``measures``; costs ``(l h)^2 q k`` logarithms per sequence; takes the
       ``"stacked"`` path).
-    stats_impl: ``"auto"``, ``"layerwise"``, ``"fused"`` or ``"stacked"`` (module docstring).
+    stats_impl: ``"auto"``, ``"layerwise"``, ``"fused"``, ``"stacked"`` or ``"kernel"`` (module
+      docstring).
     compute_dtype: ``None`` (the model's own), ``"float32"`` or ``"bfloat16"``: the encoder's
       matmul dtype for this step (``with_compute_dtype``).
     fused_block_q: queries per Pallas program for ``"fused"`` (default: the kernel's choice).

@@ -1,0 +1,257 @@
+"""``analysis_ab`` (issue 38 item 6), a part of ``bench/accelerator.py``: every path of the
+analysis step on one batch **with dependency arcs**, each checked against ``stacked`` on the same
+device, and one long-sequence analysis.
+
+    python bench/accelerator.py --parts analysis_ab                 # BERT-base bf16, 128 x 128
+    python bench/accelerator.py --tiny --parts analysis_ab          # CPU smoke (tests/e2e)
+
+Paths, on the batch of ``../shared/measurements/gpu-2026-11-26/analysis_t4.py`` (random ids,
+pairs, [CLS]/[SEP], every word's head the previous word, random relations, so the syntactic
+roles are timed):
+
+* ``bare forward`` (the model's fast attention: cuDNN for bf16 on GPUs) and ``forward returning
+  maps`` (the explicit path writing the float32 ``[b, l, h, q, k]`` stack);
+* ``stacked v1``: the maps reduced by the stand-alone functions (``sieve_bias``,
+  ``distance_features``, ``all_measures``: the definitions, and the reference of every check);
+* ``stacked v2``: the same maps through ``layerwise.reduce_stack`` (one weight table, one
+  matmul, one entropy pass; ``absent`` where it is not there);
+* the step's paths: ``stacked`` (whichever the step runs), ``layerwise``, ``fused`` (the first
+  Pallas kernel), ``kernel`` (kernel v2, ``heads_jax.stats.kernel``; ``absent`` where the step
+  does not offer it);
+* ``kernel, 8192 positions``: one BERT-base-shaped sequence of 8,192 positions (random weights)
+  through the bare forward and kernel v2, with the compiled program's temporary memory.
+
+Programs are lowered in the main thread and compiled in parallel (``ThreadPoolExecutor``; the
+bare forward first and alone, so that the GEMM autotuner's cache fills without contention), then
+timed one after another: median over ``repeats`` of ``steps`` device-resident steps. Each check
+row gives the largest relative error against ``stacked v1`` (``heads_jax.doctor.relative_error``:
+``|a - b| / max(1, |b|)``, inf where the NaN patterns differ).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import numpy as np
+
+FULL = {"long": 8192, "long_size": "base"}
+TINY = {"long": 512, "long_size": "tiny"}
+OUTPUTS = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention")
+
+
+def arcs_batch(b: int, q: int, seed: int = 0) -> dict:
+  """A full-length batch ``[b, q]`` with arcs (as ``analysis_t4.py``): random ids, pairs (token
+  types 0 then 1), [CLS] first and [SEP] last, one word per piece, each word's head the previous
+  word, random relations (``REL_*`` 0..4)."""
+  rng = np.random.default_rng(seed)
+  batch = {f: np.zeros((b, q), np.int32) for f in
+           ("input_ids", "attention_mask", "token_type_ids", "token_class", "word_ids",
+            "dep_head", "dep_rel")}
+  batch["input_ids"] = rng.integers(1000, 30000, (b, q)).astype(np.int32)
+  batch["attention_mask"][:] = 1
+  batch["token_type_ids"][:, q // 2:] = 1
+  batch["token_class"][:, 0], batch["token_class"][:, -1] = 1, 2
+  batch["word_ids"][:] = np.arange(q)[None] - 1
+  batch["word_ids"][:, -1] = -1
+  heads = np.arange(q)[None].repeat(b, 0) - 2          # piece t is word t-1; its head: word t-2
+  heads[:, :2] = -1
+  batch["dep_head"][:] = heads
+  batch["dep_rel"][:] = rng.integers(0, 5, (b, q))
+  return batch
+
+
+def _median_seconds(fn, steps: int, repeats: int) -> float:
+  import jax
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    for _ in range(steps):
+      out = fn()
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t) / steps)
+  return float(np.median(times))
+
+
+def _programs(model, batch: dict, mesh):
+  """``{name: (jitted, args) or None}`` of every path (None: absent here)."""
+  import jax
+  from flax import nnx
+  from heads_jax.data.vocabulary import ROLES
+  from heads_jax.parallel import replicate, shard_batch
+  from heads_jax.sieves import build_sieves
+  from heads_jax.stats import layerwise
+  from heads_jax.stats.distance import distance_features
+  from heads_jax.stats.measures import all_measures
+  from heads_jax.stats.sieve_bias import sieve_bias
+  from heads_jax.stats.step import STATS_IMPLS, make_analysis_step
+
+  graphdef, state = nnx.split(model)
+  state = replicate(state, mesh)
+  device_batch = shard_batch(batch, mesh)
+  text = ("input_ids", "attention_mask", "token_type_ids")
+
+  def forward(maps: bool):
+    def run(st, bt):
+      out = nnx.merge(graphdef, st)(*(bt[f] for f in text), deterministic=True,
+                                     return_attentions=maps)
+      return out["attentions"] if maps else out["last_hidden_state"]
+    return jax.jit(run), (state, device_batch)
+
+  def stacked_v1(st, bt):
+    attn = nnx.merge(graphdef, st)(*(bt[f] for f in text), deterministic=True,
+                                   return_attentions=True)["attentions"]
+    out = {"sieve_bias": sieve_bias(attn, build_sieves(bt, ROLES), bt["attention_mask"], ROLES),
+           "distance": distance_features(attn, bt["token_class"], bt["attention_mask"])}
+    out.update(all_measures(attn, bt["token_class"], bt["attention_mask"]))
+    return out
+
+  def stacked_v2(st, bt):
+    attn = nnx.merge(graphdef, st)(*(bt[f] for f in text), deterministic=True,
+                                   return_attentions=True)["attentions"]
+    return layerwise.reduce_stack(attn, bt, ROLES, "dep2head", measures=True)
+
+  progs = {"bare forward": forward(False), "forward returning maps": forward(True),
+           "stacked v1 (stand-alone functions)": (jax.jit(stacked_v1), (state, device_batch)),
+           "stacked v2 (layerwise.reduce_stack)": ((jax.jit(stacked_v2), (state, device_batch))
+                                                   if hasattr(layerwise, "reduce_stack") else None)}
+  for impl in ("stacked", "layerwise", "fused", "kernel"):
+    name = "stacked (the step's)" if impl == "stacked" else impl
+    if impl not in STATS_IMPLS:
+      progs[name] = None
+      continue
+    step = make_analysis_step(model, measures=True, stats_impl=impl, mesh=mesh)
+    progs[name] = (step.program(step.path_for(*batch["input_ids"].shape)),
+                   (step._state, device_batch, None))
+  return progs
+
+
+def _compile_all(progs: dict, p) -> dict:
+  """Lowers every program here, compiles the bare forward alone, then the rest in parallel."""
+  lowered, compiled = {}, {}
+  for name, prog in progs.items():
+    if prog is None:
+      continue
+    try:
+      lowered[name] = prog[0].lower(*prog[1])
+    except Exception as e:  # noqa: BLE001  a path that does not lower here is a finding
+      p.row(f"{name}: does not lower", f"{type(e).__name__}: {str(e)[:200]}")
+  t0 = time.perf_counter()
+  first = "bare forward"
+  compiled[first] = lowered.pop(first).compile()
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    futures = {name: pool.submit(low.compile) for name, low in lowered.items()}
+    for name, fut in futures.items():
+      try:
+        compiled[name] = fut.result()
+      except Exception as e:  # noqa: BLE001
+        p.row(f"{name}: does not compile", f"{type(e).__name__}: {str(e)[:200]}")
+  p.row("compiling every program (bare forward first, the rest in parallel)",
+        time.perf_counter() - t0, "s")
+  return compiled
+
+
+def _errors(got: dict, want: dict) -> dict:
+  from heads_jax.doctor import relative_error
+  got = {k: np.asarray(v) for k, v in got.items()}
+  rows = int(np.asarray(want["sieve_bias"]).shape[0])
+  errs = {k: relative_error(got[k][:rows], want[k]) for k in OUTPUTS}
+  nan_same = all(np.array_equal(np.isnan(got[k][:rows]), np.isnan(want[k])) for k in OUTPUTS)
+  return {"max_rel_error": max(errs.values()), "per_output": errs, "nan_pattern_equal": nan_same}
+
+
+def part_analysis_ab(p, s: dict, tiny: bool) -> None:
+  """The part (``bench/accelerator.py`` runs it in its own process); ``s`` is that suite's
+  settings (model size, dtype, analysis batch, steps, repeats)."""
+  import jax
+  from flax import nnx
+  from heads_jax.model.bert import BertModel
+  from heads_jax.model.config import config_for
+  from heads_jax.parallel import data_mesh
+
+  extra = TINY if tiny else FULL
+  b, q = s["analysis_batch"]
+  steps, reps = s["analysis_steps"], s["repeats"]
+  mesh = data_mesh()
+  model = BertModel(config_for(s["size"], vocab_size=30522, dtype=s["dtype"]), rngs=nnx.Rngs(0))
+  batch = arcs_batch(b, q)
+  progs = _programs(model, batch, mesh)
+  for name, prog in progs.items():
+    if prog is None:
+      p.row(name, "absent")
+  compiled = _compile_all(progs, p)
+  outputs = {}
+  bare = None
+  for name, prog in progs.items():
+    if name not in compiled:
+      continue
+    fn, args = compiled[name], prog[1]
+    secs = _median_seconds(lambda: fn(*args), steps, reps)
+    bare = bare or secs
+    outputs[name] = fn(*args)
+    p.row(f"{name}, batch {b} x {q} {s['dtype']} with arcs", 1e3 * secs, "ms/step",
+          f"{secs / bare:.2f}")
+  want = {k: np.asarray(v) for k, v in outputs.get("stacked v1 (stand-alone functions)",
+                                                     {}).items()}
+  for name, out in outputs.items():
+    if isinstance(out, dict) and want and name != "stacked v1 (stand-alone functions)":
+      e = _errors(out, want)
+      p.row(f"check {name} against stacked v1", e["max_rel_error"], "max rel. error",
+            "NaN pattern equal" if e["nan_pattern_equal"] else "NaN PATTERN DIFFERS",
+            per_output=e["per_output"])
+  del outputs, compiled, progs
+  _long_row(p, s, extra, steps, reps, mesh)
+
+
+def _long_row(p, s: dict, extra: dict, steps: int, reps: int, mesh) -> None:
+  """One sequence of ``extra["long"]`` positions: the bare forward and kernel v2."""
+  import jax
+  from flax import nnx
+  from heads_jax.model.bert import BertModel
+  from heads_jax.model.config import config_for
+  from heads_jax.parallel import data_mesh
+  from heads_jax.stats.step import STATS_IMPLS
+
+  length = extra["long"]
+  if "kernel" not in STATS_IMPLS:
+    p.row(f"kernel, one sequence of {length} positions", "absent")
+    return
+  one = data_mesh(jax.devices()[:1])
+  cfg = config_for(extra["long_size"], vocab_size=30522, dtype=s["dtype"],
+                   max_position_embeddings=length)
+  model = BertModel(cfg, rngs=nnx.Rngs(0))
+  progs = _programs_long(model, arcs_batch(1, length, seed=1), one)
+  compiled = _compile_all(progs, p)
+  bare = None
+  for name, prog in progs.items():
+    if name not in compiled:
+      continue
+    fn = compiled[name]
+    secs = _median_seconds(lambda: fn(*prog[1]), max(1, steps // 2), reps)
+    bare = bare or secs
+    mem = fn.memory_analysis()
+    temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
+    out = fn(*prog[1])
+    finite = "" if not isinstance(out, dict) else (
+        f"finite distance: {bool(np.isfinite(np.asarray(out['distance'])).all())}")
+    p.row(f"{name}, one sequence of {length} positions ({extra['long_size']}, {s['dtype']})",
+          1e3 * secs, "ms/step", f"{secs / bare:.2f}", temp_bytes=temp,
+          map_bytes=4 * cfg.num_heads * length * length, note=finite)
+
+
+def _programs_long(model, batch: dict, mesh) -> dict:
+  import jax
+  from flax import nnx
+  from heads_jax.parallel import replicate, shard_batch
+  from heads_jax.stats.step import make_analysis_step
+  graphdef, state = nnx.split(model)
+  state = replicate(state, mesh)
+  device_batch = shard_batch(batch, mesh)
+  text = ("input_ids", "attention_mask", "token_type_ids")
+  fwd = jax.jit(lambda st, bt: nnx.merge(graphdef, st)(*(bt[f] for f in text),
+                                                        deterministic=True)["last_hidden_state"])
+  step = make_analysis_step(model, measures=True, stats_impl="kernel", mesh=mesh)
+  return {"bare forward": (fwd, (state, device_batch)),
+          "kernel": (step.program(step.path_for(*batch["input_ids"].shape)),
+                     (step._state, device_batch, None))}
