@@ -454,15 +454,38 @@ def process_start(pid: int) -> str | None:
     return None
 
 
+def process_started_at(pid: int) -> _dt.datetime | None:
+  """The local wall-clock time process ``pid`` of this host started (Linux ``/proc``: the boot
+  time plus the start tick); None where it cannot be read."""
+  try:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+    return _dt.datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"))
+  except (OSError, IndexError, ValueError, StopIteration):
+    return None
+
+
 def _holder_running(held: dict) -> bool:
   """Whether the process that wrote lock ``held`` (of this host) still runs: its pid is alive
-  and, where the lock and this host know it, started when the lock's writer did (a live pid
-  that started at another time is another process that reused the pid)."""
+  and started when the lock's writer did (``pid_start``); a lock without ``pid_start`` (written
+  by an earlier heads_jax) is held by that pid only if the process started before the lock was
+  written (``started``). A live pid that started at another time, or after the lock, is another
+  process that reused the pid."""
   pid = held.get("pid")
   if not isinstance(pid, int) or not _pid_alive(pid):
     return False
   recorded = held.get("pid_start")
-  return recorded is None or process_start(pid) in (None, recorded)
+  if recorded is not None:
+    return process_start(pid) in (None, recorded)
+  began = process_started_at(pid)
+  try:
+    written = _dt.datetime.fromisoformat(str(held.get("started")))
+  except ValueError:
+    return True
+  # 2 s of slack: /proc's start tick and the lock's own clock reading are not the same clock
+  return began is None or began <= written + _dt.timedelta(seconds=2)
 
 
 class WorkdirLock:
@@ -545,8 +568,9 @@ def _refuse_or_take(path, host: str, log) -> None:
     storage.call(lambda: path.unlink(missing_ok=True), what="removing a stale lock", path=path)
     return
   where = "this host" if other == host else f"host {other}"
-  gone = "" if other == host else (f"; if that process has ended, remove the lock: rm "
-                                   f"{storage.display(path)}")
+  gone = (f"; if pid {pid} is not that job (it ended and another process took its pid)"
+          if other == host else "; if that process has ended")
+  gone += f", remove the lock: rm {storage.display(path)}"
   raise UserError(f"{storage.display(path.parent)} is in use by {held.get('what', 'another job')} "
                   f"(pid {pid} on {where}, started {held.get('started')}: "
                   f"{held.get('command', '')}); wait for it to end or choose another directory"

@@ -2,6 +2,7 @@
 what it is, and a job refuses a file, another kind's directory or another task's (issue 28)."""
 
 import json
+import re
 
 import pytest
 
@@ -179,3 +180,25 @@ def test_a_lock_of_a_live_pid_that_is_another_process_is_taken_over(tmp_path):
   assert mine["pid"] == os.getpid() and mine["pid_start"] == runfiles.process_start(os.getpid())
   held.release()
   assert not (tmp_path / runfiles.LOCK_FILE).exists()
+
+
+def test_a_legacy_lock_whose_pid_started_after_it_is_stale(tmp_path):
+  """A lock without ``pid_start`` (an earlier heads_jax): its pid alive but started after the
+  lock was written is another process; one started before it is refused with the file to remove."""
+  import datetime
+  import os
+  import socket
+  ppid = os.getppid()
+  began = runfiles.process_started_at(ppid)
+  assert began is not None and began <= datetime.datetime.now()
+  lock = {"pid": ppid, "host": socket.gethostname(), "what": "an analysis", "command": "x"}
+  path = tmp_path / runfiles.LOCK_FILE
+  path.write_text(json.dumps(dict(lock, started=(began - datetime.timedelta(hours=1)).isoformat())))
+  lines = []
+  held = runfiles.WorkdirLock(tmp_path, log=lines.append).acquire()
+  assert len(lines) == 1 and "no longer running" in lines[0]
+  held.release()
+  path.write_text(json.dumps(dict(lock, started=(began + datetime.timedelta(minutes=1)).isoformat())))
+  with pytest.raises(UserError, match=rf"in use by an analysis \(pid {ppid} on this host.*"
+                                      rf"remove the lock: rm {re.escape(str(path))}$"):
+    runfiles.WorkdirLock(tmp_path).acquire()
