@@ -49,6 +49,20 @@ plus 200 UD EWT sentences and beat ``ln n`` on block by a significant but tiny m
 1.00-1.06); the real all-MiniLM-L6-v2's heads have 0.24-3.9 nats. Where the entropy was not
 computed (no ``measures.npz``), no head is marked near-uniform and the settings say so.
 
+**Windowed layers** (ModernBERT's local layers: query ``t`` sees only the keys ``|s - t| <= w``,
+``m_t`` of them). A head there cannot spread over the sequence, only over its window, so
+"uniform" means uniform over the keys it can see (``windows``: each layer's half window ``w``,
+or None for full attention). Its bare sieve bias is then ``beta(t) = n |S(t) & W(t)| /
+(|S(t)| m_t)``: above 1 for every sieve inside the window (``local``: ``n / m_t``), which is
+what the window does, not what the head does. `uniform_values` gives, per layer, the exact value
+for the roles whose sieve is fixed by positions alone (``local``, ``prev_local``, ``next_local``
+and ``cls``), ``mean_t ln m_t`` for the entropy-weighted ``block`` (its bare factor taken as 1),
+and 1 for the roles whose sieve depends on where tokens lie (``sep``, ``delimiter``,
+``block_plain``, the syntactic relations: 1 is their value averaged over where those tokens
+fall). Near-uniform heads compare the entropy with ``mean_t ln m_t`` instead of ``ln n``
+(`divergence_from_uniform`), which is exact. So a head that spreads its attention evenly over its
+window is near-uniform, not local.
+
 Host-only module (numpy, pandas, scipy via `hypothesis`); no jax.
 """
 
@@ -82,17 +96,66 @@ def check_rule(rule: str) -> str:
   return rule
 
 
-def uniform_values(lengths, roles: Sequence[str]) -> np.ndarray:
-  """What uniform attention over the real positions scores, float64 ``[b, r]``: ``ln n`` for the
-  entropy-weighted roles (block), 1 for every other role.
+def _intervals(n: int, lo, hi):
+  """Clip the integer intervals ``[lo, hi]`` (arrays over queries) to ``[0, n - 1]``."""
+  return np.maximum(lo, 0), np.minimum(hi, n - 1)
+
+
+def visible_counts(n: int, window: int | None) -> np.ndarray:
+  """int ``[n]``: how many keys each query of a sequence of ``n`` real positions sees (``n``
+  everywhere under full attention, the clipped window ``|s - t| <= window`` otherwise)."""
+  if window is None:
+    return np.full(n, n)
+  t = np.arange(n)
+  lo, hi = _intervals(n, t - window, t + window)
+  return hi - lo + 1
+
+
+def _window_uniform(n: int, window: int, roles: Sequence[str]) -> np.ndarray:
+  """float64 ``[r]``: the sieve bias of attention uniform over each query's window (module
+  docstring) in a sequence of ``n`` real positions."""
+  t = np.arange(n)
+  m = visible_counts(n, window)
+  w_lo, w_hi = _intervals(n, t - window, t + window)
+  out = np.ones(len(roles))
+  for j, name in enumerate(roles):
+    role = vocabulary.ROLE_TABLE.get(name)
+    if name in ENTROPY_WEIGHTED:
+      out[j] = np.log(m).mean()
+      continue
+    if name == "cls":
+      lo, hi = np.zeros(n, int), np.zeros(n, int)
+    elif role is not None and role.offsets is not None:
+      lo, hi = _intervals(n, t + role.offsets[0], t + role.offsets[1])
+    else:
+      continue
+    size = hi - lo + 1
+    valid = size > 0
+    if not valid.any():
+      out[j] = np.nan
+      continue
+    both = np.maximum(np.minimum(hi, w_hi) - np.maximum(lo, w_lo) + 1, 0)
+    out[j] = (n * both[valid] / (size[valid] * m[valid])).mean()
+  return out
+
+
+def uniform_values(lengths, roles: Sequence[str], window: int | None = None) -> np.ndarray:
+  """What uniform attention over the keys a head sees scores, float64 ``[b, r]``.
+
+  Full attention (``window`` None): ``ln n`` for the entropy-weighted roles (block), 1 for every
+  other role. A windowed layer (half window ``window``): the values of the module docstring.
 
   Args:
     lengths: int ``[b]``, the real positions ``n`` per sequence (``scores.npz`` ``lengths``).
     roles: the r role names.
+    window: the layer's half window, or None.
   """
   n = np.asarray(lengths, np.float64).reshape(-1)
   if n.size and n.min() < 1:
     raise ValueError(f"lengths must be >= 1 (real positions per sequence); got min {n.min()}")
+  if window is not None:
+    table = {int(k): _window_uniform(int(k), int(window), roles) for k in np.unique(n)}
+    return np.stack([table[int(k)] for k in n]) if n.size else np.ones((0, len(roles)))
   out = np.ones((n.size, len(roles)))
   for j, r in enumerate(roles):
     if r in ENTROPY_WEIGHTED:
@@ -100,32 +163,59 @@ def uniform_values(lengths, roles: Sequence[str]) -> np.ndarray:
   return out
 
 
-def divergence_from_uniform(entropy, lengths) -> np.ndarray:
-  """Mean over sequences of ``ln n_i - H_i`` (nats), float64 ``[l, h]``.
+def uniform_entropy(lengths, window: int | None = None) -> np.ndarray:
+  """float64 ``[b]``: the mean row entropy of uniform attention over the keys each query sees,
+  ``mean_t ln m_t`` (``ln n`` under full attention)."""
+  n = np.asarray(lengths).reshape(-1)
+  if window is None:
+    return np.log(n.astype(np.float64))
+  table = {int(k): np.log(visible_counts(int(k), int(window))).mean() for k in np.unique(n)}
+  return np.array([table[int(k)] for k in n], np.float64)
+
+
+def check_windows(windows, layers: int):
+  """``windows`` as a tuple of ``layers`` entries (half window or None); None: all full."""
+  if windows is None:
+    return (None,) * layers
+  windows = tuple(None if w is None else int(w) for w in windows)
+  if len(windows) != layers:
+    raise ValueError(f"windows must have one entry per layer ({layers}); got {len(windows)}")
+  return windows
+
+
+def divergence_from_uniform(entropy, lengths, windows=None) -> np.ndarray:
+  """Mean over sequences of ``U_i - H_i`` (nats), float64 ``[l, h]``, with ``U_i`` the entropy of
+  uniform attention over the keys the layer's heads see (``uniform_entropy``: ``ln n_i`` under
+  full attention).
 
   Args:
     entropy: float ``[b, l, h]``, the mean row entropy of each head per sequence
       (``measures.npz`` ``entropy``).
     lengths: int ``[b]`` real positions per sequence.
+    windows: per layer, the half window of a windowed layer or None (default: all full).
   """
   entropy = np.asarray(entropy, np.float64)
   n = np.asarray(lengths, np.float64).reshape(-1)
   if entropy.ndim != 3 or entropy.shape[0] != n.size:
     raise ValueError(f"entropy must be [b, l, h] with b = len(lengths) = {n.size}; got "
                      f"{entropy.shape}")
-  return (np.log(n)[:, None, None] - entropy).mean(0)
+  windows = check_windows(windows, entropy.shape[1])
+  u = np.stack([uniform_entropy(n.astype(int), w) for w in windows], axis=1)   # [b, l]
+  return (u[:, :, None] - entropy).mean(0)
 
 
-def near_uniform_heads(entropy, lengths, nats: float = NEAR_UNIFORM_NATS) -> np.ndarray:
-  """bool ``[l, h]``: heads whose mean divergence from uniform attention is below ``nats``."""
+def near_uniform_heads(entropy, lengths, nats: float = NEAR_UNIFORM_NATS,
+                       windows=None) -> np.ndarray:
+  """bool ``[l, h]``: heads whose mean divergence from uniform attention (over the keys they
+  see: ``windows``) is below ``nats``."""
   if not (isinstance(nats, (int, float)) and nats >= 0):
     raise ValueError(f"the near-uniform threshold must be a number >= 0 (nats); got {nats!r}")
-  return divergence_from_uniform(entropy, lengths) < nats
+  return divergence_from_uniform(entropy, lengths, windows) < nats
 
 
 def calibrated_columns(sieve_bias, roles: Sequence[str], lengths, p_value, *, alpha: float,
                        test: str = "t", correction: str = "none",
-                       p_adjusted=None, near_uniform=None) -> pd.DataFrame:
+                       p_adjusted=None, near_uniform=None, windows=None) -> pd.DataFrame:
   """The calibrated rule's columns of the tests table, one row per (layer, head, role) in C order
   of ``[l, h, r]`` (the row order of `hypothesis.hypothesis_tests`).
 
@@ -138,6 +228,8 @@ def calibrated_columns(sieve_bias, roles: Sequence[str], lengths, p_value, *, al
     p_adjusted: test A's adjusted p-values (for ``assigned_paper``); default: ``p_value``
       adjusted with ``correction``.
     near_uniform: bool ``[l, h]`` or None (not computed: no head is near-uniform).
+    windows: per layer, the half window of a windowed layer or None (default: all full):
+      the uniform values of windowed layers (`uniform_values`).
 
   Returns:
     a DataFrame with exactly `CALIBRATION_COLUMNS`: ``uniform`` (mean of ``u_i`` over the
@@ -153,7 +245,8 @@ def calibrated_columns(sieve_bias, roles: Sequence[str], lengths, p_value, *, al
   lengths = np.asarray(lengths).reshape(-1)
   if lengths.size != b:
     raise ValueError(f"lengths must have one entry per sequence ({b}); got {lengths.size}")
-  u = uniform_values(lengths, roles)[:, None, None, :]            # [b, 1, 1, r]
+  windows = check_windows(windows, l)
+  u = np.stack([uniform_values(lengths, roles, w) for w in windows], axis=1)[:, :, None]  # [b, l, 1, r]
   valid = ~np.isnan(x)
   with np.errstate(invalid="ignore", divide="ignore"):
     uniform = np.where(valid, u, 0.0).sum(0) / valid.sum(0)     # [l, h, r], NaN where n = 0
@@ -199,7 +292,8 @@ def calibrated_columns(sieve_bias, roles: Sequence[str], lengths, p_value, *, al
 
 def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[str], lengths, *,
                rule: str = DEFAULT_RULE, entropy=None,
-               near_uniform_nats: float = NEAR_UNIFORM_NATS) -> tuple[pd.DataFrame, dict]:
+               near_uniform_nats: float = NEAR_UNIFORM_NATS,
+               windows=None) -> tuple[pd.DataFrame, dict]:
   """Adds the rule columns to a tests table and decides ``assigned`` by ``rule``.
 
   Args:
@@ -211,6 +305,9 @@ def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[
     entropy: float ``[b, l, h]`` mean row entropy (``measures.npz``), or None: no head is then
       marked near-uniform.
     near_uniform_nats: the near-uniform threshold (nats).
+    windows: per layer, the half window of a windowed layer (ModernBERT's local layers) or None
+      (default: every layer full): uniform attention is then over the keys each head sees
+      (module docstring; ``heads_jax.model.loading.layer_windows`` reads them from a model).
 
   Returns:
     (tests with `contract.TEST_COLUMNS` + `CALIBRATION_COLUMNS`, ``assigned`` =
@@ -229,11 +326,12 @@ def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[
                      f"needs {l * h * r}")
   flat = None
   if entropy is not None:
-    flat = near_uniform_heads(entropy, lengths, near_uniform_nats)
+    flat = near_uniform_heads(entropy, lengths, near_uniform_nats, windows)
   extra = calibrated_columns(sieve_bias, roles, lengths, tests["p_value"].to_numpy(),
                              alpha=float(settings["alpha"]), test=settings["test"],
                              correction=settings["correction"],
-                             p_adjusted=tests["p_adjusted"].to_numpy(), near_uniform=flat)
+                             p_adjusted=tests["p_adjusted"].to_numpy(), near_uniform=flat,
+                             windows=windows)
   out = pd.concat([tests.reset_index(drop=True), extra], axis=1)
   out["assigned"] = roles_lib.rule_assigned(out, rule, settings.get("tau"))
   settings = dict(settings)
@@ -242,4 +340,7 @@ def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[
                   near_uniform_nats=float(near_uniform_nats),
                   near_uniform_computed=flat is not None,
                   num_near_uniform_heads=len(heads), near_uniform_heads=heads)
+  if windows is not None and any(w is not None for w in windows):
+    settings["windowed_layers"] = [i for i, w in enumerate(windows) if w is not None]
+    settings["window"] = max(w for w in windows if w is not None)
   return out, settings

@@ -11,7 +11,7 @@ from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.model.checkpoint import (build_model, is_heads_jax_dir, load_model_dir, read_manifest,
                                         save_model, training_run_message)
-from heads_jax.model.config import config_from_hf_file
+from heads_jax.model.config import config_from_dict, config_from_hf_file
 from heads_jax.model.convert import architectures, detect_architecture, export_hf, load_hf_params, normalise_hf_keys, read_hf_state_dict
 
 HEADS = {None: None, "encoder": "BertModel", "pretraining": "BertForPreTraining",
@@ -73,6 +73,26 @@ def load_model(path, *, head: str | None = None, num_labels: int | None = None,
                             f"(heads_jax model directory)")
   tokenizer = load_tokenizer(p) if with_tokenizer else None
   return model, tokenizer
+
+
+def model_config(path):
+  """The config of a model directory or cached hub id, without reading its weights."""
+  p = hub.model_path(path)
+  if is_heads_jax_dir(p):
+    return config_from_dict(read_manifest(p)["config"])
+  return config_from_hf_file(p / "config.json")
+
+
+def layer_windows(path) -> tuple | None:
+  """Per layer, the half window ``w`` of a windowed layer (query ``t`` sees keys
+  ``|s - t| <= w``: ModernBERT's local layers) or None (full attention); None for a model
+  without windowed layers, or when ``path`` is not a readable model. For the host statistics
+  (``heads_jax.hoststats.calibration``: uniform attention over the keys a head sees)."""
+  try:
+    windows = getattr(model_config(path), "windows", None)
+  except (OSError, ValueError, KeyError, UserError):
+    return None
+  return tuple(windows) if windows is not None and any(w is not None for w in windows) else None
 
 
 def convert_dir(src, dst, *, overwrite: bool = False):

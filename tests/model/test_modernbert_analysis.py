@@ -1,0 +1,66 @@
+"""Roles that know what a head can see (issue 40 item 2): a head planted to attend uniformly in a
+windowed ModernBERT layer is near-uniform under the calibrated rule with the model's windows,
+not local (without the windows, the old rule calls it local: the window, not the head, makes
+its attention local)."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from heads_jax.data.specs import encode_spec  # noqa: E402
+from heads_jax.data.vocabulary import ROLES  # noqa: E402
+from heads_jax.hoststats.calibration import apply_rule, uniform_entropy, uniform_values  # noqa: E402
+from heads_jax.hoststats.hypothesis import hypothesis_tests  # noqa: E402
+from heads_jax.model.loading import layer_windows, load_model  # noqa: E402
+from heads_jax.stats.step import make_analysis_step  # noqa: E402
+from tests.family_models import save_family_dir  # noqa: E402
+
+LAYER, HEAD = 1, 2   # layer 1 is local (window |s - t| <= 4)
+
+
+def _planted(tmp_path):
+  save_family_dir("modernbert", tmp_path, seed=7)
+  model, tok = load_model(tmp_path)
+  # Zero the head's query weights: its scores are 0, its attention uniform over what it sees.
+  kernel = model.layers[LAYER].attention.qkv.kernel
+  e = model.config.head_dim
+  value = np.array(kernel.value)
+  value[:, HEAD * e:(HEAD + 1) * e] = 0.0
+  kernel.value = value
+  return model, tok
+
+
+def test_planted_uniform_head_in_a_windowed_layer_is_near_uniform_not_local(tmp_path):
+  model, tok = _planted(tmp_path)
+  windows = layer_windows(tmp_path)
+  assert windows == (None, 4, 4, None)
+  _, batches, _ = encode_spec("ud-ewt", tok, max_length=64, batch_size=32, max_examples=24,
+                              parser="none")
+  step = make_analysis_step(model, roles=ROLES, measures=True)
+  out = {"sieve_bias": [], "entropy": [], "lengths": []}
+  for indices, batch in batches:
+    keep = indices >= 0
+    res = step({k: v[keep] for k, v in batch.items()})
+    out["sieve_bias"].append(res["sieve_bias"])
+    out["entropy"].append(res["entropy"])
+    out["lengths"].append(batch["attention_mask"][keep].sum(1))
+  x, entropy, lengths = (np.concatenate(v) for v in out.values())
+  assert lengths.mean() > 3 * 9   # sequences well beyond the 9 keys a local head sees
+  # The planted head's attention is exactly uniform over its window: its entropy and its local
+  # sieve bias are what uniform_entropy / uniform_values say.
+  np.testing.assert_allclose(entropy[:, LAYER, HEAD], uniform_entropy(lengths, 4), atol=1e-4)
+  local = ROLES.index("local")
+  np.testing.assert_allclose(x[:, LAYER, HEAD, local], uniform_values(lengths, ROLES, 4)[:, local],
+                             rtol=1e-4)
+  tests, settings = hypothesis_tests(x, ROLES)
+  row = (tests["layer"] == LAYER) & (tests["head"] == HEAD) & (tests["role"] == "local")
+  old, old_settings = apply_rule(tests, settings, x, ROLES, lengths, entropy=entropy)
+  assert bool(old.loc[row, "assigned"].iloc[0])                       # called local ...
+  assert f"{LAYER}:{HEAD}" not in old_settings["near_uniform_heads"]
+  new, new_settings = apply_rule(tests, settings, x, ROLES, lengths, entropy=entropy,
+                                 windows=windows)
+  assert f"{LAYER}:{HEAD}" in new_settings["near_uniform_heads"]      # ... but it is uniform
+  assert not new.loc[(new["layer"] == LAYER) & (new["head"] == HEAD), "assigned"].any()
+  assert new.loc[row, "uniform"].iloc[0] > 2 and new_settings["windowed_layers"] == [1, 2]
