@@ -4,7 +4,10 @@
 yields ``(indices, batch)``: ``indices`` int ``[b]`` are the positions of the batch's
 sequences in the dataset, ``batch`` an encoded batch. Results go into arrays preallocated
 for the whole dataset (``[N, l, h, r]``, ``[N, l, h, 21]``, ``[N]``) in the dataset's order,
-so memory does not grow with the number of batches. While the device works on one batch the
+so memory does not grow with the number of batches. A packed batch (a ``segment_ids`` field,
+``heads_jax.data.encoding.pack_batches``) comes with ``indices`` of its ``b * S`` slots (row
+``i * S + j``: the sequence in slot j of row i, -1 for an empty slot), and the step returns its
+results per slot. While the device works on one batch the
 host prepares the next one (one batch in flight).
 
 When the step also returns the measures of ``heads_jax.stats.measures`` (``entropy``,
@@ -27,8 +30,25 @@ from tqdm.auto import tqdm
 from heads_jax.contract import MEASURE_ROW_KEYS
 
 
-def _real_lengths(batch: dict) -> np.ndarray:
-  return np.asarray(batch["attention_mask"]).astype(bool).sum(-1).astype(np.int32)
+def _slots(batch: dict, indices) -> int:
+  """A packed batch's sequences per row S (``len(indices) / rows``); 0 for an unpacked batch."""
+  if batch.get("segment_ids") is None:
+    return 0
+  rows = len(np.asarray(batch["attention_mask"]))
+  if rows == 0 or len(indices) % rows:
+    raise ValueError(f"a packed batch of {rows} rows needs indices for rows x slots sequences, got "
+                     f"{len(indices)}")
+  return len(indices) // rows
+
+
+def _real_lengths(batch: dict, slots: int = 0) -> np.ndarray:
+  """Real positions of each sequence, int32 ``[b]`` (a packed batch: ``[b * slots]``)."""
+  if not slots:
+    return np.asarray(batch["attention_mask"]).astype(bool).sum(-1).astype(np.int32)
+  seg = np.asarray(batch["segment_ids"])
+  real = np.asarray(batch["attention_mask"]).astype(bool)
+  counts = [((seg == j + 1) & real).sum(-1) for j in range(slots)]
+  return np.stack(counts, axis=1).reshape(-1).astype(np.int32)
 
 
 class _Sink:
@@ -74,7 +94,7 @@ def _check_indices(indices, batch: dict, num_sequences: int, seen: np.ndarray) -
   real rows (index -1 marks a filler row, as ``heads_jax.data.encoding.iter_batches`` yields
   with ``pad_to_batch_size``)."""
   indices = np.asarray(indices)
-  rows = len(np.asarray(batch["attention_mask"]))
+  rows = len(np.asarray(batch["attention_mask"])) * max(_slots(batch, indices), 1)
   if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
     raise ValueError(f"indices must be a 1-d integer array, got {indices.dtype} {indices.shape}")
   if len(indices) != rows:
@@ -130,12 +150,13 @@ def collect(step, batches: Iterable, num_sequences: int, *, roles: Sequence[str]
       if not keep.any():
         continue
       indices = np.asarray(indices)
-      lengths = _real_lengths(batch)
+      slots = _slots(batch, indices)
+      lengths = _real_lengths(batch, slots)
       if submit is None:
         sink.put(indices, keep, lengths, step(batch))
         bar.update(int(keep.sum()))
         continue
-      handle = submit(batch)
+      handle = submit(batch, slots=slots) if slots else submit(batch)
       if pending is not None:
         sink.put(*pending[:3], pending[3].result())
         bar.update(int(pending[1].sum()))
