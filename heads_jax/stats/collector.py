@@ -29,6 +29,10 @@ from tqdm.auto import tqdm
 
 from heads_jax.contract import MEASURE_ROW_KEYS
 
+# Per-sequence arrays some models' steps add: DeBERTa's term_shares [b, l, h, 3]
+# (heads_jax.model.deberta), kept and combined like the measures.
+OPTIONAL_ROW_KEYS = ("term_shares",)
+
 
 def _slots(batch: dict, indices) -> int:
   """A packed batch's sequences per row S (``len(indices) / rows``); 0 for an unpacked batch."""
@@ -69,7 +73,7 @@ class _Sink:
       raise KeyError(f"the step's result lacks {missing}; an analysis step returns sieve_bias "
                      "and distance (heads_jax.stats.step)")
     rows = {name: np.asarray(out[name]) for name in ("sieve_bias", "distance") + MEASURE_ROW_KEYS
-            if name in out}
+            + OPTIONAL_ROW_KEYS if name in out}
     if self.arrays is None:
       self.arrays = {name: np.full((self.n,) + x.shape[1:], np.nan, np.float32)
                      for name, x in rows.items()}
@@ -131,7 +135,8 @@ def collect(step, batches: Iterable, num_sequences: int, *, roles: Sequence[str]
     dict: ``sieve_bias`` float32 ``[N, l, h, r]``, ``distance`` float32 ``[N, l, h, 21]``,
     ``lengths`` int32 ``[N]``, ``roles`` tuple of str; and, when the step returns measures,
     ``entropy``, ``cls_entropy`` ``[N, l, h]``, ``token_attention`` ``[N, l, h, 5]``, and ``js``
-    float32 ``[l*h, l*h]`` (mean over the sequences) with ``js_sequences`` (their number).
+    float32 ``[l*h, l*h]`` (mean over the sequences) with ``js_sequences`` (their number);
+    ``term_shares`` ``[N, l, h, 3]`` when the step returns them (DeBERTa).
   """
   if num_sequences < 1:
     raise ValueError(f"num_sequences must be >= 1, got {num_sequences}")
@@ -190,6 +195,7 @@ def combine_measures(parts) -> dict:
     raise KeyError("every part needs entropy, cls_entropy and token_attention: make the analysis "
                    "step with measures=True")
   keys = MEASURE_ROW_KEYS + ("lengths",) + (("data_index",) if all("data_index" in p for p in parts) else ())
+  keys += tuple(k for k in OPTIONAL_ROW_KEYS if all(k in p for p in parts))
   out = {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in keys}
   with_js = [p for p in parts if p.get("js") is not None]
   if with_js:
