@@ -72,12 +72,26 @@ def write_json(path, data) -> Path:
   return path
 
 
-def read_json(path, missing_ok: bool = False):
-  """The JSON document at ``path``; None when absent and ``missing_ok``."""
+class DamagedFile(UserError, ValueError):
+  """A run file that is not what heads_jax wrote (empty, cut short, not JSON): one line naming it."""
+
+
+def read_json(path, missing_ok: bool = False, damaged_ok: bool = False):
+  """The JSON document at ``path``; None when absent and ``missing_ok``. A file that is not JSON
+  (empty, cut short by a crash or a full disk) is a `DamagedFile` naming it, or, with
+  ``damaged_ok`` (markers: the unit then counts as not done and reruns), ``{"damaged": path}``."""
   path = Path(path)
   if missing_ok and not path.is_file():
     return None
-  return json.loads(path.read_text())
+  text = path.read_text()
+  try:
+    return json.loads(text)
+  except ValueError as e:
+    if damaged_ok:
+      return {"damaged": str(path)}
+    what = "empty" if not text.strip() else f"not valid JSON ({e})"
+    raise DamagedFile(f"{path}: {what}; the file is damaged (a crash or a full disk while it was "
+                      "written): remove it, or rerun with --redo") from None
 
 
 def canonical(obj) -> str:
@@ -100,13 +114,14 @@ class Markers:
     return self.root / stage / (unit_file_name(unit) + (STARTED_SUFFIX if started else ".json"))
 
   def read_unit(self, stage: str, unit: str, started: bool = False) -> dict | None:
-    return read_json(self.unit_path(stage, unit, started), missing_ok=True)
+    """The unit's marker; ``{"damaged": path}`` for a damaged one (the unit is not done)."""
+    return read_json(self.unit_path(stage, unit, started), missing_ok=True, damaged_ok=True)
 
   def write_unit(self, stage: str, unit: str, data: dict, started: bool = False) -> None:
     write_json(self.unit_path(stage, unit, started), data)
 
   def read_stage(self, stage: str) -> dict | None:
-    return read_json(self.root / f"{stage}.json", missing_ok=True)
+    return read_json(self.root / f"{stage}.json", missing_ok=True, damaged_ok=True)
 
   def write_stage(self, stage: str, data: dict) -> None:
     write_json(self.root / f"{stage}.json", data)

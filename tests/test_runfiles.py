@@ -202,3 +202,20 @@ def test_a_legacy_lock_whose_pid_started_after_it_is_stale(tmp_path):
   with pytest.raises(UserError, match=rf"in use by an analysis \(pid {ppid} on this host.*"
                                       rf"remove the lock: rm {re.escape(str(path))}$"):
     runfiles.WorkdirLock(tmp_path).acquire()
+
+
+def test_a_damaged_json_file_is_named_and_a_damaged_marker_means_not_done(tmp_path):
+  """An empty or cut-short JSON file: one line naming it (never "Expecting value: line 1 column 1");
+  a damaged unit marker reads as a marker with no key, so the engine reruns the unit."""
+  empty, cut = tmp_path / "data_identity.json", tmp_path / "cut.json"
+  empty.write_text("")
+  cut.write_text('{"key": [1, 2')
+  with pytest.raises(runfiles.DamagedFile, match=rf"^{re.escape(str(empty))}: empty; the file is damaged"):
+    runfiles.read_json(empty)
+  with pytest.raises(UserError, match=rf"^{re.escape(str(cut))}: not valid JSON \("):
+    runfiles.read_json(cut)
+  markers = runfiles.Markers(tmp_path)
+  markers.unit_path("analysis", "u").parent.mkdir(parents=True)
+  markers.unit_path("analysis", "u").write_text("")
+  assert markers.read_unit("analysis", "u") == {"damaged": str(markers.unit_path("analysis", "u"))}
+  assert markers.read_unit("analysis", "other") is None

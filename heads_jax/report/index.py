@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from heads_jax import contract
+from heads_jax import contract, storage
 from heads_jax.report import headline, spec
 from heads_jax.report.page import esc, figure_html, table_html, write_page
 
@@ -66,7 +66,8 @@ def plot_training_curves(pretrain: dict | None, finetune: dict | None, path) -> 
   fig.tight_layout()
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
+  with storage.naming(path):  # a full disk names the figure, not a bare [Errno 28]
+    fig.savefig(path, dpi=110)
   return path
 
 

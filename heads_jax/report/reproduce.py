@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from heads_jax import contract, runfiles
+from heads_jax import contract, runfiles, storage
 from heads_jax.data import vocabulary
 from heads_jax.hoststats import paper
 from heads_jax.hoststats import pooled as pooled_lib
@@ -557,7 +557,8 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
   if config is not None:
     results["config"] = config
   table = paper_table(results)
-  table.to_csv(workdir / "paper_table.csv", index=False)
+  with storage.naming(workdir / "paper_table.csv"):
+    table.to_csv(workdir / "paper_table.csv", index=False)
   fig_dir = workdir / "report_figures"
   figs = _figures(results, fig_dir)
   cfg = results.get("config") or {}

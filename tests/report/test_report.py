@@ -486,3 +486,20 @@ def test_table_cells_with_long_text_wrap_and_short_ones_do_not():
   html = table_html(pd.DataFrame({"role": ["local"], "lost": [3], "lost_heads": [heads]}))
   assert f'<td class="text">{heads}</td>' in html
   assert "<td>local</td>" in html and '<td class="num">3</td>' in html
+
+
+def test_a_full_disk_while_drawing_names_the_figure(tmp_path, monkeypatch):
+  """ENOSPC from a figure's write names the file (cli.user_message), never a bare [Errno 28]."""
+  import errno
+  from matplotlib.figure import Figure
+  from heads_jax.cli import user_message
+  from heads_jax.report.figures.common import new_figure, save_figure
+
+  def full(self, *args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(Figure, "savefig", full)
+  with pytest.raises(OSError) as e:
+    save_figure(new_figure(2, 2), tmp_path / "f.png", dpi=50)
+  line = user_message(e.value)
+  assert line.startswith(f"{tmp_path / 'f.png'}: no space left on the device; free some space")

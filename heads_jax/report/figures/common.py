@@ -8,8 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from matplotlib import ticker as mticker
 from matplotlib.figure import Figure
+
+from heads_jax import storage
 
 DEFAULT_DPI = 110
 
@@ -30,9 +33,10 @@ def save_figure(fig: Figure, path, dpi: int) -> Path:
   if path.suffix.lower() != ".png":
     raise ValueError(f"figure path must end in .png, got {str(path)!r}")
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=dpi, format="png", facecolor="white")
-  fig.savefig(path.with_suffix(".svg"), format="svg", facecolor="white",
-              metadata={"Date": None})  # no timestamp: the same figure gives the same file
+  with storage.naming(path):  # a full disk names the figure, not a bare [Errno 28]
+    fig.savefig(path, dpi=dpi, format="png", facecolor="white")
+    fig.savefig(path.with_suffix(".svg"), format="svg", facecolor="white",
+                metadata={"Date": None})  # no timestamp: the same figure gives the same file
   return path
 
 
