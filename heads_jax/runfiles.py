@@ -72,26 +72,21 @@ def write_json(path, data) -> Path:
   return path
 
 
-class DamagedFile(UserError, ValueError):
-  """A run file that is not what heads_jax wrote (empty, cut short, not JSON): one line naming it."""
-
-
 def read_json(path, missing_ok: bool = False, damaged_ok: bool = False):
   """The JSON document at ``path``; None when absent and ``missing_ok``. A file that is not JSON
-  (empty, cut short by a crash or a full disk) is a `DamagedFile` naming it, or, with
-  ``damaged_ok`` (markers: the unit then counts as not done and reruns), ``{"damaged": path}``."""
+  (empty, cut short by a crash or a full disk) is `contract.read_json`'s ValueError naming it,
+  or, with ``damaged_ok`` (markers: the unit then counts as not done and reruns),
+  ``{"damaged": path}``."""
   path = Path(path)
   if missing_ok and not path.is_file():
     return None
-  text = path.read_text()
   try:
-    return json.loads(text)
-  except ValueError as e:
+    return contract.read_json(path, fix="the file is damaged (a crash or a full disk while it was "
+                                        "written): remove it, or rerun with --redo")
+  except ValueError:
     if damaged_ok:
       return {"damaged": str(path)}
-    what = "empty" if not text.strip() else f"not valid JSON ({e})"
-    raise DamagedFile(f"{path}: {what}; the file is damaged (a crash or a full disk while it was "
-                      "written): remove it, or rerun with --redo") from None
+    raise
 
 
 def canonical(obj) -> str:
