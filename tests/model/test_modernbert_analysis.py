@@ -64,3 +64,50 @@ def test_planted_uniform_head_in_a_windowed_layer_is_near_uniform_not_local(tmp_
   assert f"{LAYER}:{HEAD}" in new_settings["near_uniform_heads"]      # ... but it is uniform
   assert not new.loc[(new["layer"] == LAYER) & (new["head"] == HEAD), "assigned"].any()
   assert new.loc[row, "uniform"].iloc[0] > 2 and new_settings["windowed_layers"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_analyze_end_to_end_matches_transformers_attention(tmp_path):
+  """`heads-jax analyze` on a random ModernBERT directory (sentences and pairs longer than the
+  window): scores equal the plain-loop reference on transformers' eager attention, with the
+  [CLS] and [SEP] roles defined and the pairs' block role too."""
+  import torch
+
+  from heads_jax.cli import main as cli_main
+  from heads_jax.data.tokenizer import load_tokenizer
+  from heads_jax.data.vocabulary import TOKEN_CLS, TOKEN_SEP
+  from tests import reference_impl as ref
+  from tests.helpers import REPO
+  hf, _ = save_family_dir("modernbert", tmp_path / "model", seed=5)
+  data = ("ud-ewt", f"tsv:{REPO / 'tests' / 'fixtures' / 'pairs.tsv'}:header")
+  out = tmp_path / "out"
+  args = ["analyze", "--model", str(tmp_path / "model"), "--out", str(out), "--parser", "none",
+          "--max-examples", "6", "--max-length", "48", "--batch-size", "8"]
+  for spec in data:
+    args += ["--data", spec]
+  assert cli_main(args) == 0
+  for name in ("scores.npz", "tests.csv", "tests.json", "summary.json", "report.html"):
+    assert (out / name).is_file(), name
+  z = np.load(out / "scores.npz")
+  tok = load_tokenizer(tmp_path / "model")
+  sieve = []
+  for spec in data:
+    _, it, _ = encode_spec(spec, tok, max_examples=6, max_length=48, batch_size=16,
+                           syntax=spec == "ud-ewt", parser="none")
+    indices, batch = next(iter(it))
+    keep = indices >= 0
+    batch = {k: v[keep][np.argsort(indices[keep])] for k, v in batch.items()}
+    assert (batch["token_class"][:, 0] == TOKEN_CLS).all()
+    assert ((batch["token_class"] == TOKEN_SEP).sum(1) == (2 if spec != "ud-ewt" else 1)).all()
+    with torch.no_grad():
+      attn = hf(input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),
+                attention_mask=torch.tensor(batch["attention_mask"], dtype=torch.long),
+                output_attentions=True).attentions
+    attn = torch.stack(attn, dim=1).double().numpy()
+    sieve.append(ref.sieve_bias(attn, batch, ROLES))
+  sieve = np.concatenate(sieve)
+  assert z["sieve_bias"].shape == (8, 4, 4, len(ROLES))
+  np.testing.assert_allclose(z["sieve_bias"], sieve, rtol=2e-5, atol=2e-5, equal_nan=True)
+  for role in ("cls", "sep", "delimiter"):
+    assert not np.isnan(z["sieve_bias"][..., ROLES.index(role)]).any(), role
+  assert not np.isnan(z["sieve_bias"][6:, ..., ROLES.index("block")]).any()
