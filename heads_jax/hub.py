@@ -36,7 +36,7 @@ from heads_jax.errors import UserError
 # What a model directory needs: config, weights, tokenizer files.
 CONFIG_PATTERNS = ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model",
-                   "sentencepiece.bpe.model"]
+                   "sentencepiece.bpe.model", "spm.model"]
 SAFETENSORS_PATTERNS = ["model.safetensors", "model-*.safetensors", "model.safetensors.index.json"]
 BIN_PATTERNS = ["pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json"]
 

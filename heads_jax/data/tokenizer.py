@@ -22,6 +22,7 @@ from transformers import AutoTokenizer, BertTokenizerFast
 
 from heads_jax import hub
 from heads_jax.data.assets import vocab_path
+from heads_jax.data.spm import SPM_FILE, tokenizer_from_spm_dir
 
 _PROBE = "the of and to in is was that it for on with as he be at by this had not are but from"
 _SPECIALS = ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]")
@@ -29,7 +30,7 @@ _SPECIALS = ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]")
 WORDPIECE_CLASSES = {"BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer",
                      "DistilBertTokenizerFast", "ElectraTokenizer", "ElectraTokenizerFast"}
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model",
-                   "spiece.model")
+                   "spiece.model", "spm.model")
 
 
 def _tokenizer_config(path: Path) -> dict:
@@ -98,7 +99,7 @@ def load_tokenizer(path_or_vocab=None, do_lower_case: bool | None = None):
   if path.is_dir():
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
       raise ValueError(f"{path} holds no tokenizer.json or vocab.txt (nor vocab.json + "
-                       "merges.txt, sentencepiece.bpe.model, spiece.model): pass a Hugging Face "
+                       "merges.txt, sentencepiece.bpe.model, spiece.model, spm.model): pass a Hugging Face "
                        "tokenizer/model folder or a WordPiece vocab.txt file")
     if _is_wordpiece_dir(path):
       kwargs = {}
@@ -111,7 +112,11 @@ def load_tokenizer(path_or_vocab=None, do_lower_case: bool | None = None):
       if do_lower_case is not None:
         raise ValueError(f"{path}: do_lower_case applies to WordPiece tokenizers only")
       try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        if (path / SPM_FILE).is_file() and not (path / "tokenizer.json").is_file():
+          # DeBERTa-v2/v3 as the hub ships it: read without the sentencepiece package
+          tokenizer = tokenizer_from_spm_dir(path)
+        else:
+          tokenizer = AutoTokenizer.from_pretrained(str(path))
       except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: cannot load its tokenizer ({str(e).splitlines()[0]})") from None
       if not getattr(tokenizer, "is_fast", False):

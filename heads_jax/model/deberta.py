@@ -6,7 +6,8 @@ on it unchanged.
 Shape legend: b batch, q query positions, k key positions (q == k), l layer, h head, d hidden,
 e head dimension, r relative-position rows (``2 * span``), t the three score terms.
 
-**Attention** (He et al. 2021, "DeBERTa", section 3.1; transformers' ``DisentangledSelfAttention``).
+**Attention** (He et al. 2021, "DeBERTa: decoding-enhanced BERT with disentangled attention", as
+transformers' ``DisentangledSelfAttention`` computes it).
 Head h's logit of query i on key j is the sum of three terms::
 
     c2c[i, j] = Q_i . K_j / sqrt(e s)                     content to content
@@ -51,10 +52,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from heads_jax.contract import TERM_NAMES
 from heads_jax.model.bert import GATE_MODES, activation, attention_path, dense, layer_norm
 from heads_jax.model.config import BertConfig
 
-TERMS = ("c2c", "c2p", "p2c")
+TERMS = TERM_NAMES  # the order of term_shares (measures.npz: term_names)
 ATTENTION_PATHS = ("auto", "explicit", "xla")
 POS_ATT_TYPES = ("c2p", "p2c")
 
