@@ -34,6 +34,9 @@ HEADS_JAX_SQUAD_FILE       the SQuAD 2.0 JSON of the fine-tuning configs' SQuAD 
                            (``../shared/data/squad/dev-v2.0-first5.json``)
 HEADS_JAX_GUTENBERG        the books folder of the pre-training configs
                            (``../shared/data/corpus/gutenberg``)
+TFDS_DATA_DIR              TensorFlow Datasets' data folder (``~/tensorflow_datasets``): TFDS reads
+                           it; heads_jax reads it to key ``glue:`` and ``squad-tfds:`` data by the
+                           content of their prepared files (``heads_jax.runfiles.tfds_files``)
 HEADS_JAX_CORPUS           the prepared corpus of the ``bert_base`` pre-training presets
                            (``corpus/paper``)
 XLA_FLAGS                  XLA's flags; heads_jax adds its per-platform defaults to it, the
@@ -53,9 +56,7 @@ and takes the first that exists; when neither does, the default is the checkout'
 ``../shared/<path>``, and the job that reads it stops with one line naming the variable to set
 (``missing_shared``).
 
-Read by the libraries themselves, not by heads_jax: ``TFDS_DATA_DIR`` (TensorFlow Datasets'
-data directory, for ``tfds:`` and ``glue:`` data; ``--config.data.tfds_data_dir`` overrides it),
-``LIBTPU_INIT_ARGS`` (TPU compiler flags), ``JAX_*`` (``jax.config``).
+Read by the libraries themselves, not by heads_jax: ``LIBTPU_INIT_ARGS`` (TPU compiler flags), ``JAX_*`` (``jax.config``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ VARIABLES = {
     "HEADS_JAX_SQUAD_FILE": (_SHARED + "data/squad/dev-v2.0-first5.json",
                              "SQuAD 2.0 JSON of the fine-tuning configs"),
     "HEADS_JAX_GUTENBERG": (_SHARED + "data/corpus/gutenberg", "books of the pre-training configs"),
+    "TFDS_DATA_DIR": (os.path.join("~", "tensorflow_datasets"),
+                      "TensorFlow Datasets' data folder (glue:, squad-tfds: data)"),
     "HEADS_JAX_CORPUS": ("corpus/paper", "prepared corpus of the bert_base pre-training presets"),
     "XLA_FLAGS": ("", "XLA flags (heads_jax adds its per-platform defaults; yours win)"),
     "JAX_PLATFORMS": ("", "JAX's platform choice (read to pick the default XLA flags)"),

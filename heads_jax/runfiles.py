@@ -407,12 +407,38 @@ def model_identity(model, *, cache=None) -> dict:
   return {"files": fingerprint(p, cache=cache)}
 
 
+def tfds_files(dataset: str, split: str, data_dir=None) -> list[Path]:
+  """The prepared files of TFDS ``dataset`` (``glue/mrpc``, ``squad/v2.0``) that its ``split``
+  reads, in the newest prepared version under ``data_dir`` (default ``$TFDS_DATA_DIR``):
+  ``dataset_info.json``, ``features.json`` and the split's shards (``<name>-<split>.<format>-*``);
+  the version folder itself (missing) when none is prepared, so that preparing it is new data."""
+  from heads_jax import env
+  root = Path(data_dir or env.get("TFDS_DATA_DIR")).expanduser() / dataset
+
+  def version(p: Path):
+    return tuple(int(x) if x.isdigit() else -1 for x in p.name.split("."))
+
+  versions = sorted((p for p in root.glob("*") if p.is_dir() and version(p)[0] >= 0), key=version)
+  if not versions:
+    return [root]
+  folder = versions[-1]
+  name = dataset.split("/")[0]
+  meta = [folder / f for f in ("dataset_info.json", "features.json") if (folder / f).is_file()]
+  return meta + sorted(folder.glob(f"{name}-{split}.*"))
+
+
 def data_files(spec) -> list[Path]:
   """The local files a data spec reads (`heads_jax.data.specs`): a GLUE TSV task's split file,
-  a CoNLL-U / TSV / text / SQuAD file, the embedded data's file; none for TFDS data."""
+  a CoNLL-U / TSV / text / SQuAD file, the embedded data's file; TFDS data (``glue:``,
+  ``squad-tfds:``) its prepared files (`tfds_files`)."""
   from heads_jax.data import glue
   from heads_jax.data.specs import parse_spec
   s = parse_spec(spec) if isinstance(spec, str) else spec
+  if s.kind == "glue":
+    return tfds_files(f"glue/{glue.task_info(s.task).name}", glue.tfds_split(s.task, s.split))
+  if s.kind == "squad-tfds":
+    config = {"v1": "v1.1", "v2": "v2.0"}.get(s.version or "v1", s.version)
+    return tfds_files(f"squad/{config}", {"dev": "validation"}.get(s.split, s.split))
   if s.path is None:
     return []
   if s.kind == "glue-tsv":

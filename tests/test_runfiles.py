@@ -132,7 +132,7 @@ def test_data_identity_keys_on_the_files_a_spec_reads(tmp_path):
   assert runfiles.data_identity(spec) == a
   swap_bytes_keep_stat(glue / "dev.tsv")
   assert runfiles.data_identity(spec) != a
-  assert runfiles.data_identity("glue:mrpc")["files"] == []   # TFDS: its settings only
+  # TFDS data: its prepared files (test_tfds_data_is_keyed_by_the_content_of_its_prepared_split)
 
 
 def test_model_identity_of_a_hub_id_is_its_snapshot(tmp_path, monkeypatch):
@@ -219,3 +219,35 @@ def test_a_damaged_json_file_is_named_and_a_damaged_marker_means_not_done(tmp_pa
   markers.unit_path("analysis", "u").write_text("")
   assert markers.read_unit("analysis", "u") == {"damaged": str(markers.unit_path("analysis", "u"))}
   assert markers.read_unit("analysis", "other") is None
+
+
+def test_tfds_data_is_keyed_by_the_content_of_its_prepared_split(tmp_path, monkeypatch):
+  """glue: and squad-tfds: data are their prepared files (newest version, the split's shards and
+  the dataset info), not a name and a split: a re-prepared split is other data, another split's
+  files are not read."""
+  monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+  missing = runfiles.data_identity("glue:mrpc:dev")
+  folder = tmp_path / "glue" / "mrpc" / "2.0.0"
+  folder.mkdir(parents=True)
+  (tmp_path / "glue" / "mrpc" / "1.0.0").mkdir()
+  (folder / "dataset_info.json").write_text("{}")
+  (folder / "glue-validation.array_record-00000-of-00001").write_bytes(b"dev rows")
+  (folder / "glue-train.array_record-00000-of-00001").write_bytes(b"train rows")
+  files = runfiles.data_files("glue:mrpc:dev")
+  assert [f.name for f in files] == ["dataset_info.json", "glue-validation.array_record-00000-of-00001"]
+  first = runfiles.data_identity("glue:mrpc:dev")
+  assert first != missing
+  (folder / "glue-train.array_record-00000-of-00001").write_bytes(b"other train rows")
+  assert runfiles.data_identity("glue:mrpc:dev") == first
+  (folder / "glue-validation.array_record-00000-of-00001").write_bytes(b"re-prepared dev rows")
+  assert runfiles.data_identity("glue:mrpc:dev") != first
+  mnli = tmp_path / "glue" / "mnli" / "2.0.0"
+  mnli.mkdir(parents=True)
+  (mnli / "glue-validation_matched.array_record-00000-of-00001").write_bytes(b"m")
+  assert [f.name for f in runfiles.data_files("glue:mnli:dev")] == [
+      "glue-validation_matched.array_record-00000-of-00001"]
+  squad = tmp_path / "squad" / "v2.0" / "3.0.0"
+  squad.mkdir(parents=True)
+  (squad / "squad-validation.array_record-00000-of-00001").write_bytes(b"q")
+  assert [f.name for f in runfiles.data_files("squad-tfds:v2.0:dev")] == [
+      "squad-validation.array_record-00000-of-00001"]

@@ -225,6 +225,11 @@ def glue_example_from_record(task: str, record: dict) -> GlueExample:
                      None if label < 0 else label, int(record["idx"]))
 
 
+def tfds_split(task: str, split: str) -> str:
+  """TFDS's name of a GLUE task's split (``dev``: ``validation``, MNLI's ``validation_matched``)."""
+  return dict(task_info(task).tfds_splits).get(split) or {"dev": "validation"}.get(split, split)
+
+
 def load_glue_tfds(task: str, split: str = "validation", data_dir=None,
                    max_examples: int | None = None) -> list[GlueExample]:
   """Reads ``glue/<task>`` through ``tfds.data_source`` (array_record, no TensorFlow needed).
@@ -236,7 +241,7 @@ def load_glue_tfds(task: str, split: str = "validation", data_dir=None,
   # Optional heavy dependency (TensorFlow Datasets), imported only when TFDS data is asked for.
   import tensorflow_datasets as tfds
   import tensorflow_datasets.text.glue  # noqa: F401  (registers the glue builder)
-  split = dict(info.tfds_splits).get(split) or {"dev": "validation"}.get(split, split)
+  split = tfds_split(task, split)
   try:
     source = tfds.data_source(f"glue/{info.name}", split=split, data_dir=data_dir,
                               download=False)
