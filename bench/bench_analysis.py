@@ -10,6 +10,11 @@ encode_spec``, sorted by length within windows as ``heads-jax analyze`` does), i
   the pooled output comes back); the statistics' cost is ``analysis / forward - 1`` (target
   under 10 %); **forward+attn** returns the attentions ``[b, l, h, q, k]`` (not fetched), to
   show what materialising the maps costs by itself;
+* **packing** (issue 38): the analysis and the bare forward run on packed rows, several
+  sequences per row as the device pass packs them (``heads_jax.data.encoding.pack_batches``),
+  and once more on the unpacked batches (one sequence per row, padded to 32/64/128): it prints
+  the padding share and the compiled shapes of both, and the largest difference between the
+  packed and the unpacked scores (``--no-pack``: unpacked only);
 * **end-to-end**: ``heads_jax.pipelines.analyze.compute_scores`` (tokenisation + encoding + step
   compilation + device pass + collection: what ``heads-jax analyze`` spends before its host
   statistics), once cold (first thing in the process) and once more at the end with JAX's
@@ -83,6 +88,9 @@ def _parse(argv=None):
   p.add_argument("--compare-impls", default=None, help="comma-separated other stats_impl "
                  "values timed in the same run (default: the other of layerwise and stacked; "
                  "'' = none; 'fused' off a GPU runs the Pallas interpreter: slow)")
+  p.add_argument("--no-pack", action="store_true", help="time the unpacked batches only (default: "
+                 "the analysis runs on packed rows, several sequences per row, as the device pass "
+                 "does wherever the step packs, and the unpacked run is timed beside it)")
   p.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"),
                  help="the encoder's matmul dtype for the step and the forward passes")
   p.add_argument("--dtype-error", action="store_true", help="also measure the sieve-bias / "
@@ -129,6 +137,26 @@ def _encode(args, tokenizer, n: int, sort_window=None, batch_size=None, bucket_s
   return [(i, fit_length(b, lengths)) for i, b in batches]   # the shapes compute_scores runs
 
 
+def _pack(args, batches) -> list:
+  """The same sequences packed as the device pass packs them (``pipelines.device_pass``)."""
+  from heads_jax.data.encoding import pack_batches
+  from heads_jax.pipelines.device_pass import PACK_SLOTS
+  return list(pack_batches(batches, length=args.max_length, rows=args.batch_size, slots=PACK_SLOTS,
+                           window=max(args.sort_window or 0, args.batch_size)))
+
+
+def _max_diff(a: dict, b: dict) -> dict:
+  """Largest absolute difference of each per-sequence result of two collections (NaN patterns
+  must be equal)."""
+  out = {}
+  for key in ("sieve_bias", "distance"):
+    x, y = np.asarray(a[key], np.float64), np.asarray(b[key], np.float64)
+    both = ~np.isnan(x) & ~np.isnan(y)
+    out[key] = {"max_abs_diff": float(np.abs(x - y)[both].max()) if both.any() else 0.0,
+                "nan_pattern_equal": bool(np.array_equal(np.isnan(x), np.isnan(y)))}
+  return out
+
+
 def _padding(batches) -> dict:
   real = sum(int(np.asarray(b["attention_mask"]).sum()) for _, b in batches)
   computed = sum(int(np.asarray(b["attention_mask"]).size) for _, b in batches)
@@ -150,9 +178,14 @@ def _forward_fns(model, mesh, compute_dtype: str = "float32"):
   state = replicate(state, mesh)
 
   def run(state, batch, attentions):
+    packed = {}
+    if "segment_ids" in batch:
+      from heads_jax.sieves import segment_positions
+      packed = {"segment_ids": batch["segment_ids"],
+                "position_ids": segment_positions(batch["segment_ids"])}
     out = nnx.merge(graphdef, state)(batch["input_ids"], attention_mask=batch["attention_mask"],
                                      token_type_ids=batch["token_type_ids"],
-                                     return_attentions=attentions, deterministic=True)
+                                     return_attentions=attentions, deterministic=True, **packed)
     return out["attentions"] if attentions else out["pooled"]
 
   bare = jax.jit(lambda s, b: run(s, b, False))
@@ -163,10 +196,11 @@ def _forward_fns(model, mesh, compute_dtype: str = "float32"):
 def _time_forward(forward, batches, mesh, multiple) -> float:
   """Seconds for one pass over ``batches``, one batch in flight (as ``collect`` runs)."""
   from heads_jax.parallel import pad_to_multiple, shard_batch
-  fields = ("input_ids", "attention_mask", "token_type_ids")
   start = time.perf_counter()
   pending = None
   for _, batch in batches:
+    fields = ("input_ids", "attention_mask", "token_type_ids") + (
+        ("segment_ids",) if "segment_ids" in batch else ())
     padded, _ = pad_to_multiple({f: np.asarray(batch[f], np.int32) for f in fields}, multiple)
     out = forward(shard_batch(padded, mesh))
     if pending is not None:
@@ -214,9 +248,11 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
     compute_scores(cfg, model=model, tokenizer=tokenizer, progress=False)
   _say(f"  {cold.wall:.1f} s ({n / cold.wall:.1f} sequences/s)")
 
-  batches = _encode(args, tokenizer, n)
+  unpacked = _encode(args, tokenizer, n)
   mesh = data_mesh()
   step = make_analysis_step(model, stats_impl=args.stats_impl, compute_dtype=args.compute_dtype)
+  packing = step.packs and not args.no_pack
+  batches = _pack(args, unpacked) if packing else unpacked
   compare = args.compare_impls
   if compare is None:  # the other of the two XLA paths than the one auto took
     compare = "stacked" if step.stats_impl == "layerwise" else "layerwise"
@@ -225,7 +261,9 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
             if impl != step.stats_impl}
   forward, forward_attn = _forward_fns(model, mesh, args.compute_dtype)
   shapes = _one_per_shape(batches)
-  _say(f"compiling the step ({step.stats_impl}; {len(shapes)} shapes), "
+  shapes_unpacked = _one_per_shape(unpacked) if packing else []
+  _say(f"compiling the step ({step.stats_impl}; {len(shapes)} shapes"
+       f"{', packed' if packing else ''}), "
        f"{', '.join(others) or 'no other path'} and the forwards ...")
   with common.Timer() as t:
     collect(step, shapes, n, progress=False, allow_missing=True)
@@ -234,18 +272,27 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
     collect(other, shapes, n, progress=False, allow_missing=True)
   _time_forward(forward, shapes, mesh, step.multiple)
   _time_forward(forward_attn, shapes, mesh, step.multiple)
+  if packing:
+    collect(step, shapes_unpacked, n, progress=False, allow_missing=True)
+    _time_forward(forward, shapes_unpacked, mesh, step.multiple)
   _say(f"  compiled in {time.perf_counter() - t._w:.1f} s (the step: {compile_s:.1f} s); "
        f"timing {args.repeats} interleaved repeats ...")
 
   walls = {"analysis": [], "forward": [], "forward_attn": []}
   walls.update({f"analysis_{impl}": [] for impl in others})
+  if packing:
+    walls.update({"analysis_unpacked": [], "forward_unpacked": []})
   cpus = {k: [] for k in walls}
-  ours = None
+  ours = ours_unpacked = None
   for _ in range(args.repeats):       # interleaved, so load from other processes hits all alike
     for key in walls:
       with common.Timer() as t:
         if key == "analysis":
           ours = collect(step, batches, n, progress=False)
+        elif key == "analysis_unpacked":
+          ours_unpacked = collect(step, unpacked, n, progress=False)
+        elif key == "forward_unpacked":
+          _time_forward(forward, unpacked, mesh, step.multiple)
         elif key.startswith("analysis_"):
           collect(others[key[len("analysis_"):]], batches, n, progress=False)
         else:
@@ -268,7 +315,10 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
       row(f"heads_jax analysis step (sieve bias 13 roles + distance; stats_impl="
           f"{step.stats_impl})", "analysis"),
       *[row(f"heads_jax analysis step, stats_impl={impl}", f"analysis_{impl}") for impl in others],
+      *([row("heads_jax analysis step on unpacked batches (one sequence per row)",
+             "analysis_unpacked")] if packing else []),
       row("bare jitted forward (fused attention, no attentions returned)", "forward"),
+      *([row("bare jitted forward on unpacked batches", "forward_unpacked")] if packing else []),
       row("jitted forward returning attentions", "forward_attn"),
       {"method": "compute_scores end-to-end, cold (encode + compile + pass)",
        "seq_per_s": n / cold.wall, "range": "", "median_s": cold.wall, "cpu_s": cold.cpu},
@@ -282,7 +332,9 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
       "data": args.data, "sequences": n, "batch_size": args.batch_size,
       "stats_impl": step.stats_impl, "compute_dtype": args.compute_dtype,
       "max_length": args.max_length, "sort_window": args.sort_window, "bucket_step": args.bucket_step,
-      "padding": _padding(batches), "analysis_compile_s": round(compile_s, 2),
+      "packed": packing, "padding": _padding(batches), "padding_unpacked": _padding(unpacked),
+      "packed_vs_unpacked": _max_diff(ours, ours_unpacked) if packing else None,
+      "analysis_compile_s": round(compile_s, 2),
       "timing": timing, "end_to_end_cold_s": cold.wall,
       "end_to_end_warm_cache_s": warm.wall if warm is not None else None, "rows": rows,
       "statistics_overhead_vs_forward": timing["analysis"]["median_s"] / timing["forward"]["median_s"] - 1,
@@ -293,7 +345,7 @@ def _throughput(args, hf_dir: Path, name: str) -> tuple[dict, dict, list]:
   }
   if args.dtype_error:
     result["bfloat16_error"] = _dtype_error(model, batches, n)
-  return result, ours, batches
+  return result, ours, unpacked
 
 
 def _dtype_error(model, batches, n: int) -> dict:
@@ -493,6 +545,15 @@ def main(argv=None):
                               title=f"\nanalysis throughput: {name}, {tp['sequences']} sequences, "
                                     f"batch {tp['batch_size']}, padding {tp['padding']['padding_share']:.0%}, "
                                     f"{tp['devices']}"))
+    pad, unpad = tp["padding"], tp["padding_unpacked"]
+    print(f"padding: {pad['padding_share']:.1%} of {pad['computed_tokens']} positions on "
+          f"{len(pad['shapes'])} compiled shape(s) {pad['shapes']}"
+          + (f" (packed); unpacked {unpad['padding_share']:.1%} of {unpad['computed_tokens']} on "
+             f"{len(unpad['shapes'])} shape(s) {unpad['shapes']}" if tp["packed"] else " (unpacked)"))
+    if tp["packed_vs_unpacked"]:
+      print("packed vs unpacked scores: " + "; ".join(
+          f"{k}: max abs diff {v['max_abs_diff']:.1e}, NaN pattern equal {v['nan_pattern_equal']}"
+          for k, v in tp["packed_vs_unpacked"].items()))
     if "bfloat16_error" in tp:
       print("bfloat16 forward vs float32: " + "; ".join(
           f"{k}: max abs {v['max_abs']:.2e}, mean abs {v['mean_abs']:.2e}, max rel {v['max_rel']:.2e}"

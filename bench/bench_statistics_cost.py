@@ -5,7 +5,15 @@ batch 32, 16-position buckets), process CPU seconds (all threads) of one pass, i
 ``--repeats`` rounds, minimum and median, as a ratio against the bare jitted forward of the same
 round: the per-layer analysis step (``layerwise``), the same with the ``block`` role left out (its
 score is bias x row entropy: the one entropy-weighted role, which needs each row's entropy and
-block mass per query), and ``stacked``.
+block mass per query), and ``stacked``. Where the model takes packed rows (issue 38) the same
+sequences also run packed (``heads_jax.data.encoding.pack_batches``, as the device pass runs them):
+the bare forward and the per-layer step on those rows, the step's cost against that forward.
+
+The per-layer step asks the model for ``block``'s per-query block masses inside ``P @ [V | E]`` and
+for the row entropies from the softmax (``layerwise.layer_reducer``: ``value_columns``,
+``wants_entropy``) where the model offers them; the target is at most +5% CPU time over the bare
+forward (issue 38 item 4). The load average before and after is printed beside the figures: on a
+loaded machine the ratios are not worth much.
 
     python bench/bench_statistics_cost.py --sequences 128 --repeats 7
 """
@@ -13,6 +21,7 @@ block mass per query), and ``stacked``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,18 +67,44 @@ def main(argv=None):
   multiple = len(mesh.devices.flat)
   dev = [shard_batch(pad_to_multiple({f: np.asarray(v, np.int32) for f, v in b.items()},
                                      multiple)[0], mesh) for _, b in batches]
+  load_before = os.getloadavg()
   steps = {"layerwise": make_analysis_step(model, stats_impl="layerwise"),
            "layerwise without block": make_analysis_step(
                model, roles=tuple(r for r in ROLES if r != "block"), stats_impl="layerwise"),
            "stacked": make_analysis_step(model, stats_impl="stacked")}
 
+  packed_batches, packed_dev = [], []
+  if steps["layerwise"].packs:
+    from heads_jax.data.encoding import pack_batches
+    from heads_jax.pipelines.device_pass import PACK_SLOTS
+    from heads_jax.sieves import segment_positions
+    packed_batches = list(pack_batches(batches, length=128, rows=32, slots=PACK_SLOTS, window=1024))
+    fields = ("input_ids", "attention_mask", "token_type_ids", "segment_ids")
+    packed_dev = [shard_batch(pad_to_multiple({f: np.asarray(b[f], np.int32) for f in fields},
+                                              multiple)[0], mesh) for _, b in packed_batches]
+
+    @jax.jit
+    def bare_packed(s, b):
+      return nnx.merge(graphdef, s)(b["input_ids"], attention_mask=b["attention_mask"],
+                                    token_type_ids=b["token_type_ids"],
+                                    segment_ids=b["segment_ids"],
+                                    position_ids=segment_positions(b["segment_ids"]))["pooled"]
+
   def run(key):
     if key == "bare forward":
       jax.block_until_ready([bare(state, b) for b in dev])
+    elif key == "bare forward, packed":
+      jax.block_until_ready([bare_packed(state, b) for b in packed_dev])
+    elif key == "layerwise, packed":
+      slots = [len(i) // len(b["input_ids"]) for i, b in packed_batches]
+      [h.result() for h in [steps["layerwise"].submit(b, slots=s)
+                            for (_, b), s in zip(packed_batches, slots)]]
     else:
       [h.result() for h in [steps[key].submit(b) for _, b in batches]]
 
   names = ["bare forward"] + list(steps)
+  if packed_batches:
+    names += ["bare forward, packed", "layerwise, packed"]
   for key in names:   # compile
     run(key)
   cpu = {k: [] for k in names}
@@ -80,16 +115,24 @@ def main(argv=None):
         run(key)
       cpu[key].append(t.cpu)
       wall[key].append(t.wall)
+  load_after = os.getloadavg()
   rows = []
   for key in names:
-    rows.append({"method": key, "cpu_min_s": min(cpu[key]), "cpu_median_s": float(np.median(cpu[key])),
-                 "cpu_min_vs_bare": f"{min(cpu[key]) / min(cpu['bare forward']) - 1:+.1%}",
-                 "cpu_median_vs_bare": f"{np.median(cpu[key]) / np.median(cpu['bare forward']) - 1:+.1%}",
-                 "wall_median_vs_bare": f"{np.median(wall[key]) / np.median(wall['bare forward']) - 1:+.1%}"})
+    base = "bare forward, packed" if key.endswith(", packed") else "bare forward"
+    rows.append({"method": key, "against": base, "cpu_min_s": min(cpu[key]),
+                 "cpu_median_s": float(np.median(cpu[key])),
+                 "cpu_min_vs_bare": f"{min(cpu[key]) / min(cpu[base]) - 1:+.1%}",
+                 "cpu_median_vs_bare": f"{np.median(cpu[key]) / np.median(cpu[base]) - 1:+.1%}",
+                 "wall_median_vs_bare": f"{np.median(wall[key]) / np.median(wall[base]) - 1:+.1%}"})
+  load = (f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, "
+          f"after {tuple(round(x, 2) for x in load_after)} on {os.cpu_count()} cores")
   print(common.format_table(rows, title=f"\nstatistics' CPU cost, {name}, {n} sequences, "
-                                        f"{len(batches)} batches, {a.repeats} interleaved repeats"))
+                                        f"{len(batches)} batches"
+                                        f"{f' ({len(packed_batches)} packed)' if packed_batches else ''}"
+                                        f", {a.repeats} interleaved repeats; {load}"))
   result = {"machine": common.machine_info(), "command": common.command_line(), "rows": rows,
-            "cpu_s": cpu, "wall_s": wall, "model": name, "sequences": n}
+            "cpu_s": cpu, "wall_s": wall, "model": name, "sequences": n,
+            "load_average_before": load_before, "load_average_after": load_after}
   path = common.write_json(common.default_json_path(__file__, a.out), result)
   print(f"wrote {path}")
 

@@ -135,3 +135,69 @@ def test_reduce_stack_equals_loop_reference():
                              rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(got["distance"]), ref.distance_features(attn, batch),
                              rtol=1e-5, atol=1e-6)
+
+
+FAMILIES = {  # tiny random encoders of each family's kind (positions, token types, shared layers)
+    "bert": {},
+    "roberta": {"family": "roberta", "position_offset": 2, "type_vocab_size": 1, "pad_token_id": 1},
+    "distilbert": {"family": "distilbert", "type_vocab_size": 0, "sinusoidal_positions": True,
+                   "pooler": False},
+    "albert": {"family": "albert", "embedding_size": 16, "embedding_projection": True,
+               "num_hidden_groups": 1},
+}
+
+
+def _model(family):
+  from flax import nnx
+  from heads_jax.model.bert import BertModel
+  from heads_jax.model.config import config_for
+  cfg = config_for("tiny", vocab_size=2048, max_position_embeddings=64, hidden_dropout=0.0,
+                   attention_dropout=0.0, **FAMILIES[family])
+  return BertModel(cfg, rngs=nnx.Rngs(3))
+
+
+def _requires_packing_model():
+  from heads_jax.stats.step import accepts_packing
+  if not accepts_packing(_model("bert")):
+    pytest.skip("the model has no segment_ids/position_ids yet (FLASH's bert.py)")
+
+
+@pytest.mark.parametrize("family,paths", [("bert", ("layerwise", "stacked")),
+                                          ("roberta", ("layerwise",)),
+                                          ("distilbert", ("layerwise",)),
+                                          ("albert", ("stacked",))])
+def test_packed_analysis_step_equals_unpacked(family, paths):
+  """Through the analysis step on a real (tiny) encoder: the model restarts positions and attends
+  within each packed sequence, so every score equals the unpacked run's within 1e-5."""
+  _requires_packing_model()
+  from heads_jax.stats.collector import collect
+  from heads_jax.stats.step import make_analysis_step
+  rng = np.random.default_rng(4)
+  batch = ref.random_batch(rng, 10, 16, min_len=1)
+  n = len(batch["input_ids"])
+  model = _model(family)
+  unpacked = [(np.arange(n), batch)]
+  packed = list(encoding.pack_batches(unpacked, length=40, rows=8, slots=4, window=64,
+                                      tail_rows=8))
+  assert len(packed) == 1 and packed[0][1]["segment_ids"].max() > 1
+  for path in paths:
+    step = make_analysis_step(model, measures=True, stats_impl=path)
+    assert step.packs
+    want = collect(step, unpacked, n, progress=False)
+    got = collect(step, packed, n, progress=False)
+    np.testing.assert_array_equal(got["lengths"], want["lengths"])
+    for name in ALL:
+      np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5,
+                                 err_msg=f"{family} {path} {name}")
+
+
+def test_a_step_that_cannot_pack_says_so():
+  from heads_jax.stats.step import make_analysis_step
+  _requires_packing_model()
+  step = make_analysis_step(_model("bert"), js=True)
+  assert not step.packs
+  rng = np.random.default_rng(5)
+  batch = ref.random_batch(rng, 3, 8)
+  (_, packed), = encoding.pack_batches([(np.arange(3), batch)], length=24, rows=2, slots=4)
+  with pytest.raises(ValueError, match="cannot take packed batches"):
+    step(packed)
