@@ -4,9 +4,11 @@ its fast attention (cuDNN on GPUs, XLA on TPUs and CPUs) and no attention map is
 
 Three thin wrappers around the same tile function:
 
-* ``"triton"`` (GPU): a Pallas call with grid ``(b, q / T, h)`` (heads fastest, so that a
-  sequence's tables stay in L2), one tile per program, Triton compiler parameters (without them
-  Pallas picks Mosaic GPU). Triton wants power-of-two blocks: the key axis is padded to one.
+* ``"triton"`` (GPU): a Pallas call with grid ``(b, q / T)``, each program looping over the
+  heads, so that what the heads of a block share (``tile.block_setup``: the contraction's
+  right-hand side, the distances, the window corrections) is built once; Triton compiler
+  parameters (without them Pallas picks Mosaic GPU). Triton wants power-of-two loads: the key
+  axis is padded to one.
 * ``"mosaic"`` (TPU): a Pallas call with grid ``(b,)`` (a TPU grid step costs about 0.35 us, too
   much for one small tile), each program looping over its sequence's query blocks and heads; the
   queries and keys are laid out ``[b, h, k, e]`` so that every block's last two dimensions are
@@ -41,9 +43,9 @@ from heads_jax.stats.fused import channel_weights, num_channels, target_platform
 from heads_jax.stats.layerwise import NUM_TOKEN_MEASURES, block_columns
 
 WRAPPERS = ("triton", "mosaic", "xla")
-# Query rows per tile: 16 is the smallest Triton MMA and keeps J(n) = 2 corrections for n > 120
-# (plan section 2.1); the CPU path takes larger blocks (fewer loop steps, J(n) <= 4 at n >= 128).
-BLOCK_Q = {"triton": 16, "mosaic": 16, "xla": 32}
+# Query rows per tile (at most tile.MAX_ROWS): 16 is the smallest Triton MMA and keeps J(n) = 2
+# window corrections for n > 120 (plan section 2.1).
+BLOCK_Q = {"triton": 16, "mosaic": 16, "xla": 16}
 # Channel axis of the outputs: a power of two for Triton, a lane row (128) for Mosaic.
 _MOSAIC_LANES = 128
 
@@ -140,49 +142,53 @@ def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", meas
           "e_table": e_table, "weights": weights, "n": n, "count": count}
 
 
-def _tile_fn(roles, direction, measures, scale, contraction):
-  return functools.partial(tile.tile_values, roles=tile.tile_roles(roles), direction=direction,
-                           measures=measures, scale=scale, contraction=contraction)
+def _head_fn(roles, direction, measures, scale):
+  return functools.partial(tile.head_values, roles=tile.tile_roles(roles), direction=direction,
+                           measures=measures, scale=scale)
 
 
 # ------------------------------------------------------------------------------------------------
-# The three wrappers: each returns the weighted sums [b, h, cp]
+# The three wrappers: each returns the weighted sums [b, h, c] (c: the channels)
 
-def _xla_sums(query, key, tables, values, block_q):
-  """``lax.map`` over query blocks of the tile, vectorised over sequences and heads."""
+def _xla_sums(query, key, tables, head, block_q, contraction, channels):
+  """``lax.scan`` over query blocks of the tile, vectorised over sequences and heads."""
   b, kp, h, e = query.shape
   nq = kp // block_q
   q_info, k_rows, k_cols = tables["q_info"], tables["k_rows"], tables["k_cols"]
   e_table, weights, n = tables["e_table"], tables["weights"], tables["n"]
-  cp = weights.shape[-1]
   kr = tuple(k_rows[:, j:j + 1, :] for j in range(tile.K_ROWS))            # [b, 1, kp]
   kc = tuple(k_cols[:, :, j:j + 1] for j in range(tile.K_ROWS))            # [b, kp, 1]
   keys = jnp.transpose(key, (0, 2, 1, 3))                                  # [b, h, kp, e]
 
-  def one_head(qb, kk, qi, kr_, kc_, et, w, nn, t0):
-    vals = values(qb, kk, qi, kr_, kc_, et, nn, t0)
-    return tile.weighted_sum(vals, lambda c: w[:, c:c + 1], cp)[0]         # [cp]
+  def one_sequence(qb, kk, qi, kr_, kc_, et, w, nn, t0):
+    setup = tile.block_setup(kr_, kc_, et, nn, t0, block_q, contraction)
+    vals = jax.vmap(lambda q_, k_: jnp.concatenate(head(q_, k_, setup, qi, kr_), axis=1))(qb, kk)
+    return jnp.sum(vals * w[None, :, :channels], axis=1)                   # [h, c]
 
-  per_head = jax.vmap(one_head, in_axes=(0, 0, None, None, None, None, None, None, None))
-  per_seq = jax.vmap(per_head, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None))
+  per_seq = jax.vmap(one_sequence, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None))
 
-  def block(i):
+  def step(acc, i):
     t0 = i * block_q
     qb = jax.lax.dynamic_slice_in_dim(query, t0, block_q, axis=1)           # [b, T, h, e]
     qb = jnp.transpose(qb, (0, 2, 1, 3))                                    # [b, h, T, e]
     qi = jax.lax.dynamic_slice_in_dim(q_info, t0, block_q, axis=1)
     qi = tuple(qi[:, :, j:j + 1] for j in range(tile.Q_COLS))              # [b, T, 1]
     w = jax.lax.dynamic_slice_in_dim(weights, t0, block_q, axis=1)          # [b, T, cp]
-    return per_seq(qb, keys, qi, kr, kc, e_table, w, n, t0)                 # [b, h, cp]
+    return acc + per_seq(qb, keys, qi, kr, kc, e_table, w, n, t0), None
 
-  def step(acc, i):
-    return acc + block(i), None
-
-  sums, _ = jax.lax.scan(step, jnp.zeros((b, h, cp), jnp.float32), jnp.arange(nq))
+  sums, _ = jax.lax.scan(step, jnp.zeros((b, h, channels), jnp.float32), jnp.arange(nq))
   return sums
 
 
-def _triton_sums(query, key, tables, values, block_q, interpret):
+def _store_sums(o_ref, hd, vals, weight, accumulate: bool):
+  """Channel c of head ``hd``: ``sum_t weight(c) * vals[c]`` into ``o_ref[hd, c]``."""
+  for c, v in enumerate(vals):
+    total = jnp.sum(weight(c) * v, axis=0, keepdims=True)                  # [1, 1]
+    at = (pl.ds(hd, 1), pl.ds(c, 1))
+    o_ref[at] = o_ref[at] + total if accumulate else total
+
+
+def _triton_sums(query, key, tables, head, block_q, contraction, channels, interpret):
   from jax.experimental.pallas import triton as pl_triton
   b, kp, h, e = query.shape
   nq = kp // block_q
@@ -194,32 +200,38 @@ def _triton_sums(query, key, tables, values, block_q, interpret):
     kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
     n = qi_ref[0, tile.Q_N]
     t0 = pl.program_id(1) * block_q
-    vals = values(q_ref[...], k_ref[...], qi, kr, kc, e_ref[...], n, t0)
-    o_ref[...] = tile.weighted_sum(vals, lambda c: w_ref[:, pl.ds(c, 1)], cp)
+    setup = tile.block_setup(kr, kc, e_ref[...], n, t0, block_q, contraction)
+
+    def one_head(hd, carry):
+      vals = head(q_ref[:, hd, :], k_ref[:, hd, :], setup, qi, kr)
+      _store_sums(o_ref, hd, vals, lambda c: w_ref[:, pl.ds(c, 1)], accumulate=False)
+      return carry
+
+    jax.lax.fori_loop(0, h, one_head, 0)
 
   sums = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((b, nq, h, cp), jnp.float32),
-      grid=(b, nq, h),
+      out_shape=jax.ShapeDtypeStruct((b, nq, h, channels), jnp.float32),
+      grid=(b, nq),
       in_specs=[
-          pl.BlockSpec((None, block_q, None, e), lambda bi, qi, hi: (bi, qi, hi, 0)),
-          pl.BlockSpec((None, kp, None, e), lambda bi, qi, hi: (bi, 0, hi, 0)),
-          pl.BlockSpec((None, block_q, tile.Q_COLS), lambda bi, qi, hi: (bi, qi, 0)),
-          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi, qi, hi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi, qi, hi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi, qi, hi: (bi, 0, 0)),
-          pl.BlockSpec((None, block_q, cp), lambda bi, qi, hi: (bi, qi, 0)),
+          pl.BlockSpec((None, block_q, h, e), lambda bi, qi: (bi, qi, 0, 0)),
+          pl.BlockSpec((None, kp, h, e), lambda bi, qi: (bi, 0, 0, 0)),
+          pl.BlockSpec((None, block_q, tile.Q_COLS), lambda bi, qi: (bi, qi, 0)),
+          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi, qi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi, qi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi, qi: (bi, 0, 0)),
+          pl.BlockSpec((None, block_q, cp), lambda bi, qi: (bi, qi, 0)),
       ],
-      out_specs=pl.BlockSpec((None, None, 1, cp), lambda bi, qi, hi: (bi, qi, hi, 0)),
+      out_specs=pl.BlockSpec((None, None, h, channels), lambda bi, qi: (bi, qi, 0, 0)),
       interpret=interpret,
       compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=4),
       name="heads_jax_statistics_v2",
   )(query, key, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"],
     tables["weights"])
-  return jnp.sum(sums, axis=1)                                             # [b, h, cp]
+  return jnp.sum(sums, axis=1)                                             # [b, h, c]
 
 
-def _mosaic_sums(query, key, tables, values, block_q, interpret):
+def _mosaic_sums(query, key, tables, head, block_q, contraction, channels, interpret):
   from jax.experimental.pallas import tpu as pltpu
   b, kp, h, e = query.shape
   nq = kp // block_q
@@ -238,18 +250,18 @@ def _mosaic_sums(query, key, tables, values, block_q, interpret):
       t0 = pl.multiple_of(i * block_q, block_q)
       rows = pl.ds(t0, block_q)
       qi = tuple(qi_ref[rows, pl.ds(j, 1)] for j in range(tile.Q_COLS))
+      setup = tile.block_setup(kr, kc, e_tab, n, t0, block_q, contraction)
 
       def one_head(hd, carry):
-        vals = values(q_ref[hd, rows, :], k_ref[hd], qi, kr, kc, e_tab, n, t0)
-        sums = tile.weighted_sum(vals, lambda c: w_ref[rows, pl.ds(c, 1)], cp)
-        o_ref[pl.ds(hd, 1), :] += sums
+        vals = head(q_ref[hd, rows, :], k_ref[hd], setup, qi, kr)
+        _store_sums(o_ref, hd, vals, lambda c: w_ref[rows, pl.ds(c, 1)], accumulate=True)
         return carry
 
       return jax.lax.fori_loop(0, h, one_head, carry)
 
     jax.lax.fori_loop(0, nq, one_block, 0)
 
-  return pl.pallas_call(
+  sums = pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((b, h, cp), jnp.float32),
       grid=(b,),
@@ -270,6 +282,7 @@ def _mosaic_sums(query, key, tables, values, block_q, interpret):
       name="heads_jax_statistics_v2",
   )(tables["n"], qt, kt, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"],
     tables["weights"])
+  return sums[..., :channels]
 
 
 def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
@@ -306,16 +319,17 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
   if kp != k:
     pad = ((0, 0), (0, kp - k), (0, 0), (0, 0))
     query, key = jnp.pad(query, pad), jnp.pad(key, pad)
-  values = _tile_fn(roles, direction, measures, float(1.0 / e ** 0.5), contraction)
+  head = _head_fn(roles, direction, measures, float(1.0 / e ** 0.5))
+  channels = num_channels(roles, measures)
   native = {"triton": "gpu", "mosaic": "tpu"}.get(wrapper)
   if interpret is None:
     interpret = native is not None and target_platform(platform) != native
   if wrapper == "xla":
-    sums = _xla_sums(query, key, tables, values, block_q)
+    sums = _xla_sums(query, key, tables, head, block_q, contraction, channels)
   elif wrapper == "triton":
-    sums = _triton_sums(query, key, tables, values, block_q, interpret)
+    sums = _triton_sums(query, key, tables, head, block_q, contraction, channels, interpret)
   else:
-    sums = _mosaic_sums(query, key, tables, values, block_q, interpret)
+    sums = _mosaic_sums(query, key, tables, head, block_q, contraction, channels, interpret)
   r = len(roles)
   out = {"sieve_bias": sums[..., :r], "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
   if measures:

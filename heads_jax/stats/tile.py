@@ -41,6 +41,7 @@ path.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Sequence
 
 import jax
@@ -50,21 +51,28 @@ from heads_jax.data import vocabulary as vocab
 from heads_jax.data.vocabulary import TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PERIOD, TOKEN_SEP
 from heads_jax.sieves import NUM_WINDOWS
 
-# Columns of the key table E (float32 [K, E_COLS]); the windows' one-hot starts at WIN0.
+# Columns of the key table E (float32 [K, E_COLS]): the key features, then the window one-hot
+# (WIN0..WIN0+15, set in the tile), then the near keys' own columns (NEAR0.., set in the tile).
 (E_REAL, E_POS0, E_SEP, E_COMMA, E_PERIOD, E_BLOCK0, E_BLOCK1, E_CLS, E_DELIM) = range(9)
 WIN0 = 16
-E_COLS = WIN0 + NUM_WINDOWS
-# Columns of the query table (int32 [T, Q_COLS]): class, token type, word (-2 where none), head
-# word (-2 where none), relation, n (real positions of the sequence).
+NEAR0 = WIN0 + NUM_WINDOWS
+NEAR_COLS = 32
+E_COLS = NEAR0 + NEAR_COLS
+# Columns of the query table: class, token type, word (-2 where none), head word (-2 where
+# none), relation, n (real positions of the sequence).
 Q_CLASS, Q_TYPE, Q_WORD, Q_HEAD, Q_REL, Q_N = range(6)
 Q_COLS = 8
-# Rows of the key table (int32 [K_ROWS, K]): real, other (real and not special: a window key),
-# word (-3 where none), head word (-3 where none), relation.
+# Rows of the key table: real, other (real and not special: a window key), word (-3 where
+# none), head word (-3 where none), relation.
 K_REAL, K_OTHER, K_WORD, K_HEAD, K_REL = range(5)
 K_ROWS = 8
-# The band of the offsets: |s - t| <= BAND, each key of a row's band in column s mod BAND_COLS.
+# The offsets' band |s - t| <= BAND: the keys t0 - BAND .. t0 + T + BAND - 1 of a block each
+# have their own column (NEAR0 + s - t0 + BAND), so a block has at most NEAR_COLS - 2 BAND rows.
 BAND = 2
-BAND_COLS = 16
+MAX_ROWS = NEAR_COLS - 2 * BAND
+# Window corrections unrolled (each skipped where J(n) is smaller); more run in a loop that
+# builds its right-hand side per head (sequences shorter than 16 (T - 1) / STATIC_CORRECTIONS).
+STATIC_CORRECTIONS = 4
 # The registry's kernel codes this tile implements.
 KERNEL_CODES = (vocab.KERNEL_OFFSETS, vocab.KERNEL_BLOCK, vocab.KERNEL_KEYS, vocab.KERNEL_RELATION)
 KEY_COLUMNS = {frozenset({vocab.KEY_POSITION0}): E_POS0, frozenset({vocab.KEY_SEP}): E_SEP,
@@ -96,44 +104,35 @@ def _ceil16(x):
 
 
 def window_base(kpos, t0, n, rows: int):
-  """Per key (int32 arrays of key positions ``kpos``, any shape): ``(base, sign)`` of the window
-  decomposition for the queries ``t0 .. t0 + rows - 1``.
-
-  Keys left of the block (``s < t0``) and inside it start at their window for the first row
-  (0 inside) and move up as the row moves right (sign +1); keys right of the block start at
-  their window for the first row and move down (sign -1)."""
-  rel = kpos - t0
-  inside = (rel >= 0) & (rel < rows)
-  base = jnp.where(inside, 0, window_of(jnp.maximum(jnp.abs(rel), 1), n))
-  sign = jnp.where(rel >= rows, -1, 1)
-  return base, sign
+  """Each key's window at its nearest row of the block ``t0 .. t0 + rows - 1`` (int32, the
+  shape of ``kpos``): over the block's rows the window of (t, s) only grows from there, by at
+  most ``corrections(n, rows)`` steps (0 for keys inside the block: their nearest distance is 0)."""
+  near = jnp.maximum(jnp.maximum(t0 - kpos, kpos - (t0 + rows - 1)), 0)
+  return window_of(near, n)
 
 
-def window_threshold(base, sign, j, n):
-  """The signed distance threshold of correction ``j >= 1`` per key: the window of (t, s) has
-  moved at least ``j`` steps from ``base`` exactly where ``sign * |s - t| >= threshold``
-  (``_NEVER`` where the window cannot move ``j`` steps: past 15 or below 0)."""
-  target = base + sign * j
-  up = jnp.where(target <= NUM_WINDOWS - 1, _ceil16(target * n), _NEVER)      # d >= ceil(t n/16)
-  down = jnp.where(target >= 0, 1 - _ceil16((target + 1) * n), _NEVER)        # d <= ceil(..) - 1
-  return jnp.where(sign > 0, up, down)
+def window_threshold(base, j, n):
+  """The distance from which the window of (t, s) is at least ``base + j`` (``j >= 1``):
+  ``ceil((base + j) n / 16)``, or ``_NEVER`` past window 15."""
+  target = base + j
+  return jnp.where(target <= NUM_WINDOWS - 1, _ceil16(target * n), _NEVER)
 
 
 def window_masks(t0, n, rows: int, keys: int):
   """The decomposition of the distance windows, as ``(E0, terms)`` for the queries
   ``t0 .. t0 + rows - 1`` and keys ``0 .. keys - 1`` of a sequence of ``n`` real positions, all
   keys counted (the tile zeroes the special ones): ``onehot(window(t, s)) = E0[s] +
-  sum_j mask_j[t, s] * D_j[s]``, ``E0`` and ``D_j`` float32 ``[keys, 16]``, ``mask_j`` bool
-  ``[rows, keys]``. For tests and for reading; the tile computes the same in place."""
+  sum_j mask_j[t, s] * D_j[s]`` with ``mask_j = |s - t| >= threshold_j(s)``; ``E0`` and ``D_j``
+  float32 ``[keys, 16]``, ``mask_j`` bool ``[rows, keys]``. For tests and for reading; the tile
+  computes the same in place."""
   kpos = jnp.arange(keys, dtype=jnp.int32)
-  base, sign = window_base(kpos, t0, n, rows)
+  base = window_base(kpos, t0, n, rows)
   dist = jnp.abs(kpos[None, :] - (t0 + jnp.arange(rows, dtype=jnp.int32))[:, None])
-  signed = sign[None, :] * dist
   onehot = lambda w: (w[:, None] == jnp.arange(NUM_WINDOWS)).astype(jnp.float32)  # noqa: E731
   terms = []
   for j in range(1, int(corrections(n, rows)) + 1):
-    mask = signed >= window_threshold(base, sign, j, n)[None, :]
-    terms.append((mask, onehot(base + sign * j) - onehot(base + sign * (j - 1))))
+    mask = dist >= window_threshold(base, j, n)[None, :]
+    terms.append((mask, onehot(base + j) - onehot(base + j - 1)))
   return onehot(base), terms
 
 
@@ -153,45 +152,60 @@ def tile_roles(roles: Sequence[str]) -> tuple:
   return out
 
 
-def _column(x, j):
-  """Column ``j`` of a small ``[T, C]`` array as ``[T, 1]`` (a masked row sum: Triton cannot
-  slice a register tensor)."""
-  lane = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
-  return jnp.sum(jnp.where(lane == j, x, 0.0), axis=1, keepdims=True)
+def block_setup(k_rows, k_cols, e_table, n, t0, rows: int, contraction: str = "hilo") -> dict:
+  """What every head of a query block shares (built once per block, not per head): the
+  contraction's right-hand side ``[K, E_COLS]`` (key features, each key's base window, the near
+  keys' own columns), the distances ``|s - t|`` ``[T, K]`` and the first ``STATIC_CORRECTIONS``
+  window corrections (threshold row ``[1, K]``, right-hand side ``[K, 16]``).
 
-
-def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, direction: str,
-                measures: bool, scale: float, contraction: str = "hilo") -> list:
-  """Every output channel's value per query row of one tile (module docstring).
-
-  Args:
-    q: ``[T, e]`` the block's queries (rows ``t0 .. t0 + T - 1``), any float dtype.
-    k: ``[K, e]`` all keys of the sequence (K >= every real position).
-    q_info: the rows' query table, a sequence of int32 ``[T, 1]`` indexed by ``Q_*``.
-    k_rows: the key table, a sequence of int32 ``[1, K]`` indexed by ``K_*``.
-    k_cols: the same as columns, int32 ``[K, 1]`` (for the per-key right-hand sides). The
-      tables come as separate vectors because Triton cannot slice a tensor: the kernels load
-      each from its ref.
-    e_table: float32 ``[K, E_COLS]`` the key-column features (``E_*``; windows' columns 0).
-    n: int32 scalar, the sequence's real positions; t0: int32 scalar, the block's first row.
-    roles: ``tile_roles(...)`` rows; direction: ``"dep2head"`` or ``"both"``; measures: add the
-      7 measure channels; scale: the score scale ``1 / sqrt(e)``; contraction: ``"hilo"`` (two
-      bfloat16 halves) or ``"float32"``.
-
-  Returns:
-    the channel values, a list of float32 ``[T, 1]`` in the order of
-    ``heads_jax.stats.fused.num_channels``: roles, 21 distance features, then with ``measures``
-    entropy, entropy (the ``[CLS]`` row's, weighted by the caller), [CLS], [SEP], punctuation,
-    previous and next token.
-  """
+  Args as ``tile_values``; ``rows`` the block's query rows T (at most ``MAX_ROWS``)."""
+  if rows > MAX_ROWS:
+    raise ValueError(f"a block has at most {MAX_ROWS} query rows (NEAR_COLS - 2 BAND), got {rows}")
+  if contraction not in CONTRACTIONS:
+    raise ValueError(f"contraction must be one of {CONTRACTIONS}, got {contraction!r}")
   f32, i32 = jnp.float32, jnp.int32
-  rows, keys = q.shape[0], k.shape[0]
+  dtype = jnp.bfloat16 if contraction == "hilo" else f32
+  keys = e_table.shape[0]
   n = jnp.maximum(jnp.asarray(n, i32), 1)
+  kpos_c = jax.lax.broadcasted_iota(i32, (keys, 1), 0)
+  kpos_r = jax.lax.broadcasted_iota(i32, (1, keys), 1)
+  qpos = t0 + jax.lax.broadcasted_iota(i32, (rows, 1), 0)
+  base_c = window_base(kpos_c, t0, n, rows)                               # [K, 1]
+  base_r = window_base(kpos_r, t0, n, rows)                               # [1, K]
+  other_c = k_cols[K_OTHER] > 0
+  lane = jax.lax.broadcasted_iota(i32, (keys, E_COLS), 1)
+  near = kpos_c - (t0 - BAND)
+  in_near = (near >= 0) & (near < rows + 2 * BAND)
+  rhs = (e_table + ((lane == WIN0 + base_c) & other_c).astype(f32)
+         + ((lane == NEAR0 + near) & in_near).astype(f32))
+  win_lane = jax.lax.broadcasted_iota(i32, (keys, NUM_WINDOWS), 1)
+  onehot = lambda w: ((win_lane == w) & other_c).astype(f32)             # noqa: E731 [K, 16]
+  static = []
+  for j in range(1, STATIC_CORRECTIONS + 1):
+    static.append((window_threshold(base_r, j, n),
+                   (onehot(base_c + j) - onehot(base_c + j - 1)).astype(dtype)))
+  return {"rhs": rhs.astype(dtype), "dist": jnp.abs(kpos_r - qpos), "static": static,
+          "base_c": base_c, "base_r": base_r, "onehot": onehot, "n": n, "t0": t0,
+          "rows": rows, "contraction": contraction, "jn": corrections(n, rows)}
+
+
+def head_values(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str,
+                measures: bool, scale: float) -> list:
+  """One head's channel values per query row of a block (``tile_values``), with the block's
+  ``setup`` (``block_setup``)."""
+  f32 = jnp.float32
+  rows, keys = q.shape[0], k.shape[0]
+  n, t0, contraction = setup["n"], setup["t0"], setup["contraction"]
   exact = jnp.dtype(q.dtype) == jnp.float32
+  mantissa, exponent = math.frexp(scale)
+  if mantissa == 0.5:                 # a power of two: exact in q's dtype, no pass over the tile
+    q, scale = q * jnp.asarray(scale, q.dtype), None
   s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=f32,
                           precision=jax.lax.Precision.HIGHEST if exact else None)
-  krow, kcol, qcol = k_rows.__getitem__, k_cols.__getitem__, q_info.__getitem__
-  s = jnp.where(krow(K_REAL) > 0, s * scale, _NEG)
+  if scale is not None:
+    s = s * scale
+  krow, qcol = k_rows.__getitem__, q_info.__getitem__
+  s = jnp.where(krow(K_REAL) > 0, s, _NEG)
   m = jnp.max(s, axis=1, keepdims=True)
   x = s - m
   ex = jnp.exp(x)                                                          # [T, K], max 1
@@ -201,67 +215,51 @@ def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, d
 
   if contraction == "hilo":
     hi = ex.astype(jnp.bfloat16)
-    lo = (ex - hi.astype(f32)).astype(jnp.bfloat16)
-    halves = (hi, lo)
-    zero = jnp.zeros((), jnp.bfloat16)
-    rhs_dtype = jnp.bfloat16
-  elif contraction == "float32":
-    halves = (ex,)
-    zero = jnp.zeros((), f32)
-    rhs_dtype = f32
+    halves = (hi, (ex - hi.astype(f32)).astype(jnp.bfloat16))
   else:
-    raise ValueError(f"contraction must be one of {CONTRACTIONS}, got {contraction!r}")
+    halves = (ex,)
+  zero = jnp.zeros((), halves[0].dtype)
 
   def contract(mask, rhs):
-    """``(ex [* mask]) @ rhs`` in float32 ``[T, C]``; rhs float32 ``[K, C]`` exact in bf16."""
-    rhs = rhs.astype(rhs_dtype)
+    """``(ex [* mask]) @ rhs`` in float32 ``[T, C]`` (rhs in the halves' dtype)."""
     out = None
     for half in halves:
       a = half if mask is None else jnp.where(mask, half, zero)
       part = jax.lax.dot_general(a, rhs, (((1,), (0,)), ((), ())), preferred_element_type=f32,
-                                 precision=jax.lax.Precision.HIGHEST if rhs_dtype == f32 else None)
+                                 precision=jax.lax.Precision.HIGHEST if a.dtype == f32 else None)
       out = part if out is None else out + part
     return out
 
-  # the base contraction: key features and each window key's block-uniform window
-  kpos_c = jax.lax.broadcasted_iota(i32, (keys, 1), 0)
-  base_c, sign_c = window_base(kpos_c, t0, n, rows)                       # [K, 1]
-  other_c = kcol(K_OTHER) > 0
-  lane = jax.lax.broadcasted_iota(i32, (keys, E_COLS), 1)
-  onehot = lambda w: ((lane == WIN0 + w) & other_c).astype(f32)           # noqa: E731 [K, 32]
-  e0 = onehot(base_c)
-  feats = contract(None, e_table + e0)                                     # [T, 32]
+  feats = contract(None, setup["rhs"])                                     # [T, E_COLS]
+  # the window corrections: those a block of this sequence needs (J(n)) of the static ones,
+  # then any further ones with their right-hand side built here
+  dist, jn = setup["dist"], setup["jn"]
+  windows = jnp.zeros((rows, NUM_WINDOWS), f32)
+  for j, (threshold, rhs_j) in enumerate(setup["static"], start=1):
+    windows = jax.lax.cond(j <= jn, lambda w, t=threshold, r=rhs_j: w + contract(dist >= t, r),
+                           lambda w: w, windows)
+  base_c, base_r, onehot = setup["base_c"], setup["base_r"], setup["onehot"]
 
-  # threshold corrections of the windows: J(n) of them, one compare and a select each
-  qpos = t0 + jax.lax.broadcasted_iota(i32, (rows, 1), 0)
-  kpos = jax.lax.broadcasted_iota(i32, (1, keys), 1)
-  off = kpos - qpos                                                        # [T, K]
-  dist = jnp.abs(off)
-  base_r, sign_r = window_base(kpos, t0, n, rows)                         # [1, K]
-  signed = jnp.where(sign_r > 0, dist, -dist)
+  def correct(j, w):
+    rhs_j = (onehot(base_c + j) - onehot(base_c + j - 1)).astype(halves[0].dtype)
+    return w + contract(dist >= window_threshold(base_r, j, n), rhs_j)
 
-  def correct(j, carry):
-    acc, prev = carry
-    cur = onehot(base_c + sign_c * j)
-    mask = signed >= window_threshold(base_r, sign_r, j, n)
-    return acc + contract(mask, cur - prev), cur
+  windows = jax.lax.fori_loop(STATIC_CORRECTIONS + 1, jn + 1, correct, windows)
+  col = jnp.split(feats, E_COLS, axis=1)                                   # [T, 1] each
+  win = jnp.split(windows, NUM_WINDOWS, axis=1)
 
-  feats, _ = jax.lax.fori_loop(1, corrections(n, rows) + 1, correct, (feats, e0))
-  col = lambda j: _column(feats, j) * inv_z                                # noqa: E731 [T, 1]
-
-  # offsets -2..2: the band's keys, each in its column s mod 16
-  band_rhs = (jax.lax.broadcasted_iota(i32, (keys, BAND_COLS), 1)
-              == jnp.bitwise_and(kpos_c, BAND_COLS - 1)).astype(f32)
-  band = contract(dist <= BAND, band_rhs)                                  # [T, 16]
-  band_lane = jax.lax.broadcasted_iota(i32, (rows, BAND_COLS), 1)
+  # offsets -2..2: p[t, t + o] is the near column t - t0 + o + BAND of row t
+  row = jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0)
+  lane = jax.lax.broadcasted_iota(jnp.int32, (rows, E_COLS), 1)
 
   @functools.lru_cache(maxsize=None)
   def diag(o):
-    """``p[t, t + o]`` ``[T, 1]`` (0 where t + o is no key)."""
-    pick = band_lane == jnp.bitwise_and(qpos + o, BAND_COLS - 1)
-    return jnp.sum(jnp.where(pick, band, 0.0), axis=1, keepdims=True) * inv_z
+    """``p[t, t + o]`` ``[T, 1]`` (0 where t + o is no key: its column holds no key)."""
+    pick = lane == NEAR0 + row + (o + BAND)
+    return jnp.sum(jnp.where(pick, feats, 0.0), axis=1, keepdims=True) * inv_z
 
-  total = col(E_REAL)
+  c_ = lambda j: col[j] * inv_z                                            # noqa: E731
+  total = c_(E_REAL)
   inv_total = 1.0 / jnp.where(total > 0, total, 1.0)
   qcls, qtype = qcol(Q_CLASS), qcol(Q_TYPE)
 
@@ -270,7 +268,9 @@ def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, d
   relation_roles = [r for r in roles if r.kernel == vocab.KERNEL_RELATION]
   rel_values = {}
   if relation_roles:
-    head_piece = krow(K_WORD) == qcol(Q_HEAD)                              # s in t's head word
+    head_piece = setup.get("head_piece")
+    if head_piece is None:
+      head_piece = krow(K_WORD) == qcol(Q_HEAD)                            # s in t's head word
     masked = lambda where: jnp.sum(jnp.where(where, ex, 0.0), axis=1, keepdims=True) * inv_z  # noqa: E731
     if direction == "dep2head":
       to_head = masked(head_piece)
@@ -288,9 +288,9 @@ def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, d
       lo_, hi_ = r.offsets
       v = functools.reduce(lambda a, o: a + diag(o), range(lo_ + 1, hi_ + 1), diag(lo_))
     elif r.kernel == vocab.KERNEL_BLOCK:
-      v = jnp.where(qtype == 0, col(E_BLOCK0), col(E_BLOCK1))
+      v = jnp.where(qtype == 0, c_(E_BLOCK0), c_(E_BLOCK1))
     elif r.kernel == vocab.KERNEL_KEYS:
-      v = col(KEY_COLUMNS[frozenset(r.keys)])
+      v = c_(KEY_COLUMNS[frozenset(r.keys)])
     else:
       v = rel_values[r.name]
     if r.entropy_weighted:
@@ -300,14 +300,43 @@ def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, d
   # 0 of the contraction when it is a window key: taken out), self, then the special keys but t
   d0 = diag(0)
   is_q = lambda c: (qcls == c).astype(f32)                                 # noqa: E731
-  windows = [col(WIN0 + w) for w in range(NUM_WINDOWS)]
+  windows = [(col[WIN0 + w] + win[w]) * inv_z for w in range(NUM_WINDOWS)]
   windows[0] = windows[0] - d0 * is_q(TOKEN_OTHER)
-  c_cls, c_sep, c_comma, c_period = col(E_CLS), col(E_SEP), col(E_COMMA), col(E_PERIOD)
+  c_cls, c_sep, c_comma, c_period = c_(E_CLS), c_(E_SEP), c_(E_COMMA), c_(E_PERIOD)
   values += windows + [d0, c_cls - d0 * is_q(TOKEN_CLS), c_sep - d0 * is_q(TOKEN_SEP),
                        c_comma - d0 * is_q(TOKEN_COMMA), c_period - d0 * is_q(TOKEN_PERIOD)]
   if measures:
     values += [entropy, entropy, c_cls, c_sep, c_comma + c_period, diag(-1), diag(1)]
   return values
+
+
+def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, direction: str,
+                measures: bool, scale: float, contraction: str = "hilo") -> list:
+  """Every output channel's value per query row of one tile (module docstring).
+
+  Args:
+    q: ``[T, e]`` the block's queries (rows ``t0 .. t0 + T - 1``), any float dtype.
+    k: ``[K, e]`` all keys of the sequence (K >= every real position).
+    q_info: the rows' query table, a sequence of int32 ``[T, 1]`` indexed by ``Q_*``.
+    k_rows: the key table, a sequence of int32 ``[1, K]`` indexed by ``K_*``.
+    k_cols: the same as columns, int32 ``[K, 1]`` (for the per-key right-hand sides). The
+      tables come as separate vectors because Triton cannot slice a tensor: the kernels load
+      each from its ref.
+    e_table: float32 ``[K, E_COLS]`` the key-column features (``E_*``; the other columns 0).
+    n: int32 scalar, the sequence's real positions; t0: int32 scalar, the block's first row.
+    roles: ``tile_roles(...)`` rows; direction: ``"dep2head"`` or ``"both"``; measures: add the
+      7 measure channels; scale: the score scale ``1 / sqrt(e)``; contraction: ``"hilo"`` (two
+      bfloat16 halves) or ``"float32"``.
+
+  Returns:
+    the channel values, a list of float32 ``[T, 1]`` in the order of
+    ``heads_jax.stats.fused.num_channels``: roles, 21 distance features, then with ``measures``
+    entropy, entropy (the ``[CLS]`` row's, weighted by the caller), [CLS], [SEP], punctuation,
+    previous and next token.
+  """
+  setup = block_setup(k_rows, k_cols, e_table, n, t0, q.shape[0], contraction)
+  return head_values(q, k, setup, q_info, k_rows, roles=roles, direction=direction,
+                     measures=measures, scale=scale)
 
 
 def weighted_sum(values: list, weight, width: int):
