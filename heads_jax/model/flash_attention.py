@@ -27,8 +27,8 @@ and one for ``dQ`` (over query blocks, looping over key blocks); each recomputes
 probabilities from the saved log-sum-exp ``[b, h, q]``, so nothing of size ``[q, k]`` is kept
 but the 1-byte dropout mask.
 
-Runs as Triton on a GPU and in Pallas's interpret mode elsewhere (CPU tests; slow, for
-checking only). Sequence lengths are padded to the block size and feature sizes to a power of 2
+Runs as Triton where the program is lowered for CUDA and in Pallas's interpret mode on any
+other platform (CPU tests; slow, for checking only). Sequence lengths are padded to the block size and feature sizes to a power of 2
 (at least 16, what Triton's ``dot`` takes) inside the wrapper; the padding is masked and sliced
 off. The kernels follow the structure of jax's ``jax.experimental.pallas.ops.gpu.attention``
 (Apache-2.0), with the key mask, dropout, empty rows and separate value width added.
@@ -69,6 +69,18 @@ def _pad(x, axis: int, n: int, value=0):
 
 def _params(num_warps: int, num_stages: int = 2):
   return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def _call(kernel, *args, interpret: bool | None, **kw):
+  """``pl.pallas_call(kernel, **kw)(*args)``: Triton when lowered for CUDA, interpret mode on
+  any other platform (``interpret=None``, chosen per lowering platform by
+  ``lax.platform_dependent``, so that one jitted program runs on the CPU and exports for a GPU),
+  or as forced."""
+  if interpret is not None:
+    return pl.pallas_call(kernel, interpret=interpret, **kw)(*args)
+  return lax.platform_dependent(
+      *args, cuda=pl.pallas_call(kernel, interpret=False, **kw),
+      default=pl.pallas_call(kernel, interpret=True, **kw))
 
 
 def _scores(q, k, qseg, kseg, scale):
@@ -132,8 +144,8 @@ def _forward(q, k, v, qseg, kseg, keep, rate, scale, block_q, block_k, interpret
   if dropout:
     in_specs.append(pl.BlockSpec((None, None, block_q, sk), lambda i, j, n: (j, n, i, 0)))
     args.append(keep)
-  return pl.pallas_call(
-      kernel,
+  return _call(
+      kernel, *args,
       grid=(sq // block_q, b, h),
       in_specs=in_specs,
       out_specs=[pl.BlockSpec((None, block_q, None, c), lambda i, j, n: (j, i, n, 0)),
@@ -143,7 +155,7 @@ def _forward(q, k, v, qseg, kseg, keep, rate, scale, block_q, block_k, interpret
       compiler_params=_params(4 if max(e, c) <= 64 else 8),
       interpret=interpret,
       name="flash_attention_forward",
-  )(*args)
+  )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -214,8 +226,8 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
   sk, c = k.shape[1], v.shape[-1]
   dropout = keep is not None
   inv_keep = _inv_keep(rate)
-  # [b, h, q] float32: sum_c dO O (XLA fuses it; [b, q, h] -> [b, h, q])
-  delta = jnp.einsum("bqhc,bqhc->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
+  # [b, h, q] float32: sum_c dO O (one elementwise-and-reduce fusion, not a dot)
+  delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
   warps = 4 if max(e, c) <= 64 else 8
   args = [q, k, v, do, lse, delta, qseg, kseg] + ([keep] if dropout else [])
 
@@ -230,9 +242,9 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
       pl.BlockSpec((None, sq), lambda i, j, n: (j, 0)),
       pl.BlockSpec((None, block_k), lambda i, j, n: (j, i)),
   ] + ([pl.BlockSpec((None, None, sq, block_k), lambda i, j, n: (j, n, 0, i))] if dropout else [])
-  dk, dv = pl.pallas_call(
+  dk, dv = _call(
       functools.partial(_dkdv_kernel, scale=scale, inv_keep=inv_keep, block_q=block_q,
-                        dropout=dropout),
+                        dropout=dropout), *args,
       grid=(sk // block_k, b, h),
       in_specs=specs,
       out_specs=[pl.BlockSpec((None, block_k, None, e), lambda i, j, n: (j, i, n, 0)),
@@ -241,7 +253,7 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
       compiler_params=_params(warps),
       interpret=interpret,
       name="flash_attention_dkdv",
-  )(*args)
+  )
 
   # dQ: grid over query blocks; full key rows
   specs = [
@@ -254,9 +266,9 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
       pl.BlockSpec((None, block_q), lambda i, j, n: (j, i)),
       pl.BlockSpec((None, sk), lambda i, j, n: (j, 0)),
   ] + ([pl.BlockSpec((None, None, block_q, sk), lambda i, j, n: (j, n, i, 0))] if dropout else [])
-  dq = pl.pallas_call(
+  dq = _call(
       functools.partial(_dq_kernel, scale=scale, inv_keep=inv_keep, block_k=block_k,
-                        dropout=dropout),
+                        dropout=dropout), *args,
       grid=(sq // block_q, b, h),
       in_specs=specs,
       out_specs=pl.BlockSpec((None, block_q, None, e), lambda i, j, n: (j, i, n, 0)),
@@ -264,7 +276,7 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
       compiler_params=_params(warps),
       interpret=interpret,
       name="flash_attention_dq",
-  )(*args)
+  )
   return dq, dk, dv
 
 
@@ -308,7 +320,8 @@ def flash_attention(q, k, v, q_segments, kv_segments, keep=None, *, rate: float 
     rate: the dropout rate ``keep`` was drawn with (kept values are scaled by ``1/(1-rate)``).
     scale: the score scale (default ``1/sqrt(e)``).
     block: query and key block size (a power of 2, at least 16).
-    interpret: Pallas interpret mode (default: on unless the default backend is a GPU).
+    interpret: Pallas interpret mode; None (default): Triton where the program is lowered for
+      CUDA, interpret mode on any other platform.
   """
   b, sq, h, e = q.shape
   sk, c = k.shape[1], v.shape[-1]
@@ -318,8 +331,6 @@ def flash_attention(q, k, v, q_segments, kv_segments, keep=None, *, rate: float 
   if keep is not None and keep.shape != (b, h, sq, sk):
     raise ValueError(f"flash_attention: keep must be [b, h, q, k] = {(b, h, sq, sk)}, "
                      f"got {keep.shape}")
-  if interpret is None:
-    interpret = jax.default_backend() != "gpu"
   scale = float(1.0 / math.sqrt(e) if scale is None else scale)
   block_q, block_k = _block(sq, block), _block(sk, block)
   pq, pk = pl.cdiv(sq, block_q) * block_q, pl.cdiv(sk, block_k) * block_k
@@ -333,7 +344,7 @@ def flash_attention(q, k, v, q_segments, kv_segments, keep=None, *, rate: float 
     keep = _pad(_pad(keep.astype(jnp.int8), 2, pq), 3, pk)
   else:
     rate = 0.0
-  out = _flash(q, k, v, qseg, kseg, keep, float(rate), scale, block_q, block_k, bool(interpret))
+  out = _flash(q, k, v, qseg, kseg, keep, float(rate), scale, block_q, block_k, interpret)
   return out[:, :sq, :, :c]
 
 

@@ -28,7 +28,8 @@ def _inputs(b=2, s=20, h=3, e=16, c=16, seed=0):
 
 
 def _grads(fn, q, k, v, w, *args, **kw):
-  return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, *args, **kw) * w), argnums=(0, 1, 2))(q, k, v)
+  return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, *args, **kw) * w),
+                          argnums=(0, 1, 2)))(q, k, v)
 
 
 def _close(a, b, tol):
@@ -110,8 +111,8 @@ def test_flash_path_equals_explicit_with_dropout(batch):
     out = model(ids, mask, types, deterministic=False, attention=path)
     return jnp.sum(out["last_hidden_state"] * w * maskf) + jnp.sum(out["pooled"] ** 2)
 
-  (l_ref, g_ref), (l_flash, g_flash) = (jax.value_and_grad(loss)(params, p)
-                                        for p in ("explicit", "flash"))
+  value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  (l_ref, g_ref), (l_flash, g_flash) = (value_and_grad(params, p) for p in ("explicit", "flash"))
   np.testing.assert_allclose(l_flash, l_ref, rtol=1e-6)
   ref = dict(jax.tree_util.tree_leaves_with_path(g_ref))
   got = dict(jax.tree_util.tree_leaves_with_path(g_flash))
@@ -178,3 +179,12 @@ def test_path_selection_with_flash():
   with pytest.raises(ValueError, match="not available"):
     attention_path("flash", needs_probs=False, dropout_active=True, dtype=jnp.bfloat16,
                    head_dim=64)
+
+
+def test_auto_takes_flash_for_dropout_on_a_gpu(monkeypatch):
+  """What a GPU run gets by default (the CPU cannot run Triton, so the backend is faked)."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  kw = dict(needs_probs=False, head_dim=64, supports_flash=True)
+  assert attention_path("auto", dropout_active=True, dtype=jnp.bfloat16, **kw) == "flash"
+  assert attention_path("auto", dropout_active=False, dtype=jnp.bfloat16, **kw) == "cudnn"
+  assert attention_path("auto", dropout_active=True, dtype=jnp.float32, **kw) == "explicit"
