@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -273,31 +272,64 @@ def load_hf_params(model: nnx.Module, directory, *, strict_heads: bool = False) 
   """Copies a Hugging Face checkpoint's weights into ``model`` (any of ``ARCHITECTURES``, of the
   family its config names).
 
-  The encoder must be complete (a missing pooler is allowed: it stays freshly initialised, with
-  a warning). Heads the checkpoint lacks stay freshly initialised (e.g. a classifier on a
-  pre-trained encoder) unless ``strict_heads``. Returns the paths left at their initial value.
+  The encoder must be complete (a missing pooler is allowed: it stays freshly initialised), and
+  every encoder tensor of the checkpoint must be used (``check_unused``: a ``config.json`` with
+  fewer layers than the weights is refused, not read as a truncated model). Heads the checkpoint
+  lacks stay freshly initialised (e.g. a classifier on a pre-trained encoder: expected, so no
+  warning; the caller may say so) unless ``strict_heads``. Returns the paths left at their
+  initial value.
   """
   cfg: BertConfig = model.config
   sd = normalise_hf_keys(read_hf_state_dict(directory), cfg)
-  values, missing = {}, []
+  values, missing, used = {}, [], set()
   for path in flat_params(model):
     key, transpose = _unprefixed(hf_key(path, cfg), cfg)
     if key not in sd:
       missing.append(path)
       continue
+    used.add(key)
     v = np.asarray(sd[key], np.float32)
     values[path] = v.T if transpose else v
+  check_unused(sd, used, cfg, directory)
   encoder_missing = [p for p in missing if not _is_head(p) and "pooler" not in p]
   if encoder_missing:
     raise ValueError(f"{directory}: the checkpoint lacks encoder parameters, e.g. "
                      f"{hf_key(encoder_missing[0], cfg)[0]} (for {encoder_missing[0]}); is it a "
                      f"{cfg.family} model?")
-  if missing:
-    if strict_heads:
-      raise ValueError(f"{directory}: the checkpoint lacks {missing}")
-    warnings.warn(f"{directory}: freshly initialised (not in the checkpoint): {', '.join(missing)}")
+  if missing and strict_heads:
+    raise ValueError(f"{directory}: the checkpoint lacks {missing}")
   assign_params(model, values, source=str(directory))
   return missing
+
+
+# Encoder tensors (keys without the task prefix) by their first name part; buffers that
+# transformers saves but no parameter reads (position ids, rotary frequencies) are not tensors
+# of the model. A pooler is optional (a classifier with its own dense layer has none).
+_ENCODER_ROOTS = ("embeddings.", "encoder.", "transformer.", "layers.", "final_norm.",
+                  "embeddings_project.")
+_BUFFERS = ("position_ids", "inv_freq", "token_type_ids")
+
+
+def check_unused(sd: dict, used: set, cfg, directory) -> None:
+  """Refuses (UserError, one line) a checkpoint with encoder tensors the config leaves unused:
+  layers beyond ``num_hidden_layers`` (a config.json that does not match its weights), or any
+  other encoder tensor the model has no parameter for."""
+  unused = sorted(k for k in sd if k not in used and k.startswith(_ENCODER_ROOTS)
+                  and not k.endswith(_BUFFERS))
+  if not unused:
+    return
+  layers = sorted({int(m.group(1)) for k in unused
+                   if (m := re.search(r"(?:^|\.)(?:layer|layers|albert_layers)\.(\d+)\.", k))})
+  e_g = ", ".join(unused[:3])
+  if layers:
+    n = getattr(cfg, "num_hidden_layers", cfg.num_layers)
+    span = f"{layers[0]}..{layers[-1]}" if len(layers) > 1 else f"{layers[0]}"
+    raise UserError(f"{directory}: config.json says num_hidden_layers={n} but the weights hold "
+                    f"layer {span} too ({len(unused)} tensors, e.g. {e_g}): fix config.json or "
+                    "the weights")
+  raise UserError(f"{directory}: the weights hold {len(unused)} encoder tensor(s) that a "
+                  f"{cfg.family} model of this config.json has no place for (e.g. {e_g}): fix "
+                  "config.json or the weights")
 
 
 def _unprefixed(key_transpose, cfg: BertConfig):

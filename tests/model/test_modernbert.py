@@ -154,3 +154,25 @@ def test_config_round_trip_and_errors():
   model = ModernBertModel(cfg.replace(dtype="bfloat16"), rngs=nnx.Rngs(0))
   out = model(jnp.ones((1, 12), jnp.int32), return_attentions=True)
   assert out["attentions"].dtype == jnp.float32 and np.isfinite(np.asarray(out["attentions"])).all()
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_weights_beyond_the_configs_layers_are_refused(tmp_path, family):
+  """A config.json with fewer layers than its weights is refused in one line, not analysed as a
+  truncated model; a fresh classifier on an encoder checkpoint loads without a warning."""
+  import warnings
+
+  from heads_jax.errors import UserError
+  save_family_dir(family, tmp_path)
+  cfg = json.loads((tmp_path / "config.json").read_text())
+  n = cfg["num_hidden_layers"]
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", UserWarning)
+    clf, _ = load_model(tmp_path, head="classification", num_labels=2, with_tokenizer=False)
+  assert clf.num_labels == 2
+  cfg["num_hidden_layers"] = n - 1
+  cfg.pop("layer_types", None)
+  (tmp_path / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(UserError, match=f"num_hidden_layers={n - 1} but the weights hold layer "
+                                      f"{n - 1} too .*fix config.json or the weights"):
+    load_model(tmp_path, with_tokenizer=False)
