@@ -1,0 +1,349 @@
+"""Pre-training A/B (issue 39): each change to the BERT pre-training step measured in one process.
+
+    python bench/pretrain_ab.py                       # on the GPU: BERT-base, seq 128, batch 256
+    python bench/pretrain_ab.py --tiny                # CPU smoke (a tiny model, seconds of steps)
+    python bench/accelerator.py --parts pretrain_ab   # the same, as a part of the device suite
+
+One real pre-training batch (the embedded Gutenberg books, ``bench_training.pretraining_batch``)
+stays on the device. The variants, in this order, each one change on top of the one before
+(from V2 on; a change whose switch does not exist yet prints "absent" and the next builds on
+what is there):
+
+* V0  explicit attention with dropout 0.1 (the step as of 9125a24: float32 LayerNorm outputs,
+  threefry dropout bits, the optax LAMB chain, float32 MLM logits);
+* V1  fused attention without attention dropout (cuDNN on a GPU): the speed BERT's dropout cost;
+* V2  the Pallas flash kernel with exact attention dropout 0.1 (``attention="flash"``);
+* V3  + dropout bits from an ``rbg`` key (``dropout_rng="rbg"``);
+* V4  + LayerNorm outputs and the residual stream in bf16 (``layer_norm_dtype="compute"``);
+* V5  + the flat LAMB (``optimizer.flat``);
+* V6  + the MLM loss on padded bf16 logits with a float32 log-sum-exp (``mlm_logits="padded"``);
+* V7  V6 at twice the batch (512 at sequence 128).
+
+Each row: tokens/s, MFU (``6N + 12 l d q`` FLOPs per token over the device's data-sheet bf16
+peak; ``bench_training.flops_per_token``), step ms, and the loss after ``loss_steps`` steps from
+the same initial parameters (finite, and close across variants: the changes keep the
+arithmetic). The first and the last variant also get the breakdown: forward (the loss alone,
+dropout on), backward (forward+backward minus forward), optimizer (in the step: step minus
+forward+backward; alone: ``tx.update`` + ``apply_updates``).
+
+Programs are lowered in the main thread, then compiled in parallel (``ThreadPoolExecutor`` over
+``lowered.compile()``; XLA releases the GIL) after the baseline alone (so the GEMM autotuner's
+cache fills without contention); they are timed one after another, each alone. Timing: after the
+``loss_steps`` steps (which also warm up), ``repeats`` runs of ``steps`` steps, median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import functools
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+FULL = {"size": "base", "dtype": "bfloat16", "seq": 128, "batch": 256, "preds": 20,
+        "loss_steps": 10, "steps": 10, "repeats": 3}
+TINY = {"size": "tiny", "dtype": "float32", "seq": 32, "batch": 4, "preds": 5,
+        "loss_steps": 2, "steps": 2, "repeats": 1, "num_layers": 1}
+# --tiny only checks that every variant runs: XLA's CPU backend without its LLVM optimisations
+# compiles the 14 programs several times faster
+TINY_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  name: str
+  label: str
+  attention: str = "explicit"
+  attention_dropout: float = 0.1
+  layer_norm_dtype: str = "float32"
+  dropout_rng: str = "threefry2x32"
+  flat_lamb: bool = False
+  mlm_logits: str = "float32"
+  batch_factor: int = 1
+
+
+def _has_flash() -> bool:
+  from heads_jax.model import bert
+  return "flash" in bert.ATTENTION_PATHS
+
+
+def _has_config_field(name: str) -> bool:
+  from heads_jax.model.config import BertConfig
+  return name in {f.name for f in dataclasses.fields(BertConfig)}
+
+
+def variants() -> list[tuple[Variant, str | None]]:
+  """``[(variant, why absent or None)]`` in the order of the module docstring."""
+  v0 = Variant("V0", "explicit attention, dropout 0.1 (as of 9125a24)")
+  v1 = dataclasses.replace(v0, name="V1", label="fused attention, no attention dropout",
+                           attention="auto", attention_dropout=0.0)
+  out = [(v0, None), (v1, None)]
+  flash = _has_flash()
+  v2 = dataclasses.replace(v0, name="V2", label="flash kernel with attention dropout 0.1",
+                           attention="flash")
+  out.append((v2, None if flash else "no 'flash' attention path in heads_jax.model.bert"))
+  base = v2 if flash else v0
+  on = "" if flash else " (on V0: no flash kernel)"
+  steps_ = [
+      ("V3", "+ rbg dropout bits", {"dropout_rng": "rbg"}, None),
+      ("V4", "+ bf16 LayerNorm/residual", {"layer_norm_dtype": "compute"},
+       None if _has_config_field("layer_norm_dtype") else "no BertConfig.layer_norm_dtype"),
+      ("V5", "+ flat LAMB", {"flat_lamb": True}, None),
+      ("V6", "+ padded bf16 MLM logits", {"mlm_logits": "padded"}, None),
+  ]
+  for name, label, change, absent in steps_:
+    v = dataclasses.replace(base, name=name, label=label + on, **change)
+    out.append((v, absent))
+    if absent is None:
+      base = v
+  out.append((dataclasses.replace(base, name="V7", label=f"{base.name} at twice the batch",
+                                  batch_factor=2), None))
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+
+class _Program:
+  """One variant's model, state and jitted step, lowered (``lower``) and compiled later."""
+
+  def __init__(self, v: Variant, s: dict, host_params, mesh, batches: dict):
+    import jax
+    from flax import nnx
+    from heads_jax.model.config import config_for
+    from heads_jax.model.heads import BertForPreTraining
+    from heads_jax.training import optimizer as opt, steps as S
+    self.v = v
+    extra = {"layer_norm_dtype": v.layer_norm_dtype} if _has_config_field("layer_norm_dtype") else {}
+    if _has_config_field("attention"):
+      extra["attention"] = v.attention
+    if "num_layers" in s:
+      extra["num_layers"] = s["num_layers"]
+    self.cfg = config_for(s["size"], vocab_size=30522, dtype=s["dtype"],
+                          attention_dropout=v.attention_dropout,
+                          max_position_embeddings=max(512, s["seq"]), **extra)
+    model = BertForPreTraining(self.cfg, rngs=nnx.Rngs(0))
+    self.parts, _ = S.split_model(model)
+    del model
+    self.tx, schedule = opt.make_optimizer(learning_rate=1e-4, warmup_steps=10, total_steps=10_000,
+                                           flat=v.flat_lamb)
+    attention = None if _has_config_field("attention") else v.attention
+
+    def loss_fn(model, batch, *, deterministic):
+      call = model if attention is None else functools.partial(model, attention=attention)
+      return S.pretraining_loss(call, batch, deterministic=deterministic, mlm_logits=v.mlm_logits)
+
+    self.loss_fn = loss_fn
+    self.host_params = host_params
+    self.mesh = mesh
+    self.batch = batches[s["batch"] * v.batch_factor]
+    self.tokens = s["batch"] * v.batch_factor * s["seq"]
+    self.step = S.make_train_step(self.parts, self.tx, loss_fn, mesh=mesh, schedule=schedule,
+                                  dropout_rng=v.dropout_rng)
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    abstract = jax.eval_shape(lambda p: S.init_train_state(p, self.tx), host_params)
+    self.abstract_state = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), abstract)
+    self.abstract_batch = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.batch)
+
+  def lower_step(self):
+    return self.step.lower(self.abstract_state, self.abstract_batch)
+
+  def lower_breakdown(self) -> dict:
+    """The forward, forward+backward and optimizer-alone programs, lowered."""
+    import jax
+    import optax
+    from heads_jax.training import steps as S
+    key = S.dropout_base_key(0, self.v.dropout_rng)
+    parts, loss_fn = self.parts, self.loss_fn
+
+    def loss(p, b):
+      return loss_fn(S.merge_model(parts, p, key), b, deterministic=False)[0]
+
+    def update(g, o, p):
+      u, o = self.tx.update(g, o, p)
+      return optax.apply_updates(p, u), o
+
+    ps, os_ = self.abstract_state["params"], self.abstract_state["opt_state"]
+    return {"forward": jax.jit(loss).lower(ps, self.abstract_batch),
+            "fwd_bwd": jax.jit(jax.value_and_grad(loss)).lower(ps, self.abstract_batch),
+            "optimizer": jax.jit(update).lower(ps, os_, ps)}
+
+  def fresh_state(self):
+    from heads_jax.training import steps as S
+    return S.place_state(S.init_train_state(self.host_params, self.tx), self.mesh)
+
+
+def _median_s(fn, steps: int, repeats: int) -> float:
+  import jax
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    out = None
+    for _ in range(steps):
+      out = fn()
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t) / steps)
+  return float(np.median(times))
+
+
+def run(s: dict, row, *, threads: int = 8) -> list[dict]:
+  """Measures every variant (settings ``s``: FULL or TINY); ``row(what, value, unit, ratio,
+  **detail)`` is called as each figure comes (``bench/accelerator.py``'s ``Part.row``)."""
+  import jax
+  from flax import nnx
+  from bench_training import flops_per_token, pretraining_batch
+  from heads_jax.model.config import config_for
+  from heads_jax.model.heads import BertForPreTraining
+  from heads_jax.parallel import data_mesh, shard_batch
+  from heads_jax.training import metrics, steps as S
+
+  t_start = time.perf_counter()
+  mesh = data_mesh(jax.devices()[:1])
+  chosen = variants()
+  sizes = sorted({s["batch"] * v.batch_factor for v, absent in chosen if absent is None})
+  host_batch, _, _ = pretraining_batch(max(sizes), s["seq"], s["preds"], host_batches=1)
+  batches = {b: shard_batch({k: x[:b] for k, x in host_batch.items()}, mesh) for b in sizes}
+  model = BertForPreTraining(config_for(s["size"], vocab_size=30522,
+                                        **{k: s[k] for k in ("num_layers",) if k in s}),
+                             rngs=nnx.Rngs(0))
+  _, params = S.split_model(model)
+  host_params = S.to_host(params)
+  del model, params
+  n_params = metrics.non_embedding_params(host_params)
+  peak = common.peak_flops(s["dtype"])
+
+  programs, lowered = [], []
+  for v, absent in chosen:
+    if absent is not None:
+      row(f"{v.name} {v.label}", "absent", "", "", why=absent)
+      continue
+    try:
+      prog = _Program(v, s, host_params, mesh, batches)
+      low = {"step": prog.lower_step()}
+    except Exception as e:  # noqa: BLE001  (a variant that cannot be built is reported, not fatal)
+      row(f"{v.name} {v.label}", "failed", "", "", why=f"{type(e).__name__}: {e}"[:500])
+      continue
+    programs.append(prog)
+    lowered.append(low)
+  for i in {0, len(programs) - 1}:
+    lowered[i].update(programs[i].lower_breakdown())
+
+  # compile: the baseline's step alone first (autotuning without contention), then the rest
+  t0 = time.perf_counter()
+  compiled = [dict() for _ in lowered]
+  compiled[0]["step"] = lowered[0]["step"].compile()
+  jobs = [(i, k, low) for i, lows in enumerate(lowered) for k, low in lows.items()
+          if not (i == 0 and k == "step")]
+  with cf.ThreadPoolExecutor(threads) as pool:
+    futures = {pool.submit(low.compile): (i, k) for i, k, low in jobs}
+    for f in cf.as_completed(futures):
+      i, k = futures[f]
+      try:
+        compiled[i][k] = f.result()
+      except Exception as e:  # noqa: BLE001
+        compiled[i][k] = e
+  compile_s = time.perf_counter() - t0
+  row("compiling every program (baseline first, then in parallel)", compile_s, "s", "",
+      programs=sum(len(c) for c in compiled), threads=threads)
+
+  results = []
+  base = None
+  for prog, comp in zip(programs, compiled):
+    v = prog.v
+    if isinstance(comp["step"], Exception):
+      row(f"{v.name} {v.label}", "failed", "", "", why=f"{comp['step']}"[:500])
+      continue
+    step = comp["step"]
+    holder = {"state": prog.fresh_state()}
+
+    def one():
+      holder["state"], m = step(holder["state"], prog.batch)
+      return m["loss"]
+
+    loss = None
+    for _ in range(s["loss_steps"]):
+      loss = one()
+    loss = float(jax.device_get(loss))
+    step_s = _median_s(one, s["steps"], s["repeats"])
+    fpt = flops_per_token(prog.cfg, n_params, s["seq"], s["preds"])["palm_6N_12ldq"]
+    tps = prog.tokens / step_s
+    mfu = tps * fpt / peak["flops"] if peak.get("flops") else None
+    res = {"variant": v.name, "label": v.label, "tokens_per_s": tps, "step_ms": 1e3 * step_s,
+           "mfu": mfu, "loss_after": loss, "loss_steps": s["loss_steps"],
+           "batch": s["batch"] * v.batch_factor, "settings": dataclasses.asdict(v)}
+    base = base or res
+    if "forward" in comp:
+      res["breakdown_ms"] = _breakdown(prog, comp, holder["state"], step_s, s)
+    ratio = f"{tps / base['tokens_per_s']:.2f}x V0"
+    if mfu is not None:
+      ratio = f"MFU {100 * mfu:.1f}%, " + ratio
+    row(f"{v.name} {v.label}, seq {s['seq']} batch {res['batch']}", tps, "tokens/s", ratio,
+        step_ms=res["step_ms"], loss_after_steps=loss, loss_steps=s["loss_steps"],
+        finite=bool(np.isfinite(loss)), **({"breakdown_ms": res["breakdown_ms"]}
+                                           if "breakdown_ms" in res else {}))
+    results.append(res)
+    del holder
+  row("pretrain_ab wall time", time.perf_counter() - t_start, "s", "", peak=peak.get("how"))
+  return results
+
+
+def _breakdown(prog: _Program, comp: dict, state, step_s: float, s: dict) -> dict:
+  import jax
+  if any(isinstance(comp[k], Exception) for k in ("forward", "fwd_bwd", "optimizer")):
+    return {k: str(comp[k])[:200] for k in ("forward", "fwd_bwd", "optimizer")
+            if isinstance(comp[k], Exception)}
+  params, opt_state = state["params"], state["opt_state"]
+  grads = jax.tree.map(lambda x: x * 1e-3, params)
+  fw = _median_s(lambda: comp["forward"](params, prog.batch), s["steps"], s["repeats"])
+  fb = _median_s(lambda: comp["fwd_bwd"](params, prog.batch)[0], s["steps"], s["repeats"])
+  op = _median_s(lambda: comp["optimizer"](grads, opt_state, params)[0], s["steps"], s["repeats"])
+  return {"forward": 1e3 * fw, "backward": 1e3 * (fb - fw), "optimizer_in_step": 1e3 * (step_s - fb),
+          "optimizer_alone": 1e3 * op}
+
+
+def _tiny_flags() -> None:
+  import os
+  if "jax" not in sys.modules:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TINY_XLA_FLAGS).strip()
+
+
+def part_pretrain_ab(p, s: dict, tiny: bool) -> None:
+  """``bench/accelerator.py``'s part (its settings ``s`` are not used: this part has its own)."""
+  if tiny:
+    _tiny_flags()
+  run(TINY if tiny else FULL, p.row)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--tiny", action="store_true", help="tiny settings (CPU smoke test)")
+  ap.add_argument("--out", default=None, help="JSON path (default: bench/pretrain_ab.json)")
+  args = ap.parse_args(argv)
+  if args.tiny:
+    _tiny_flags()
+  info = common.machine_info(torch_threads=False)
+  print(common.device_header(info), flush=True)
+  rows = []
+
+  def row(what, value, unit="", ratio="", **detail):
+    rows.append({"what": what, "value": value, "unit": unit, "ratio": ratio, "detail": detail})
+    v = f"{value:,.4g}" if isinstance(value, float) else str(value)
+    print(f"  {what}: {v} {unit} {ratio}".rstrip(), flush=True)
+
+  results = run(TINY if args.tiny else FULL, row)
+  path = common.write_json(common.default_json_path(__file__, args.out),
+                           {"machine": info, "command": common.command_line(), "rows": rows,
+                            "results": results})
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()
