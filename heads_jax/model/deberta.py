@@ -450,12 +450,15 @@ class DebertaModel(nnx.Module):
                gate_mode: str = "remove", return_attentions: bool = False,
                return_hidden_states: bool = False, deterministic: bool = True,
                segment_removal=None, renormalise_segments: bool = False,
-               attention: str = "auto", attention_reduce=None,
+               attention: str | None = None, attention_reduce=None,
                return_term_shares: bool = False) -> dict:
     """Encodes ``input_ids`` ``[b, q]``; arguments and outputs as ``BertModel.__call__``
-    (``segment_removal`` must be None), plus ``return_term_shares``: add ``term_shares``
-    float32 ``[b, l, h, 3]`` (``TERMS``; module docstring)."""
+    (``segment_removal`` must be None; ``attention`` None: the config's ``attention`` where it
+    has one, else ``"auto"``), plus ``return_term_shares``: add ``term_shares`` float32
+    ``[b, l, h, 3]`` (``TERMS``; module docstring)."""
     cfg = self.config
+    if attention is None:
+      attention = getattr(cfg, "attention", "auto")
     if gate_mode not in GATE_MODES:
       raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
     if attention not in ATTENTION_PATHS:

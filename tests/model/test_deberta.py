@@ -335,3 +335,24 @@ def test_clear_errors():
     model(ids, attention_reduce=reduce)
   with pytest.raises(ValueError, match="segment_removal"):
     model(ids, segment_removal=np.zeros((2, 4, 2)))
+
+
+def test_gates_and_bfloat16():
+  """The analysis' and ablations' switches act on DeBERTa as on BERT: a "uniform" gate of 0
+  makes a head uniform over the real keys, a "remove" gate of 0 is the head's removal, and
+  bfloat16 compute stays near float32."""
+  cfg = DebertaConfig.from_hf_dict(hf_config(60).to_dict())
+  model = DebertaModel(cfg, rngs=nnx.Rngs(1))
+  ids, mask, _ = random_inputs(np.random.default_rng(7), b=2, k=20, vocab=60)
+  gate = np.ones((cfg.num_layers, cfg.num_heads), np.float32)
+  gate[1, 2] = 0.0
+  att = np.asarray(model(ids, mask, head_gate=gate, gate_mode="uniform", return_attentions=True)["attentions"])
+  for b in range(2):
+    n = int(mask[b].sum())
+    np.testing.assert_allclose(att[b, 1, 2, :n, :n], 1.0 / n, atol=1e-7)
+  base = model(ids, mask, return_attentions=True)
+  removed = model(ids, mask, head_gate=gate, gate_mode="remove")
+  assert not np.allclose(np.asarray(removed["last_hidden_state"]), np.asarray(base["last_hidden_state"]))
+  from heads_jax.stats.step import with_compute_dtype
+  low = with_compute_dtype(model, "bfloat16")(ids, mask, return_attentions=True)
+  np.testing.assert_allclose(np.asarray(low["attentions"]), np.asarray(base["attentions"]), atol=3e-2)
