@@ -124,3 +124,15 @@ def test_an_online_miss_says_no_network_unless_the_hub_answered(hf_home, monkeyp
   if error != "hub":
     assert "no network to fetch it" in message and "typo" not in message
     assert "hf download org/absent" in message
+
+
+def test_modernbert_hub_id_loads_from_the_cache(hf_home, tmp_path, monkeypatch):
+  """A ModernBERT in the hub cache (config.json, model.safetensors, tokenizer.json) loads by its
+  id, with its tokenizer's [CLS]/[SEP] template and its local/global layers."""
+  write_cached_model(hf_home / "hub", "org/tiny-modernbert", family="modernbert")
+  monkeypatch.chdir(tmp_path)
+  model, tok = load_model("org/tiny-modernbert")
+  assert model.config.family == "modernbert" and model.config.windows == (None, 4, 4, None)
+  ids = tok("a b", "c")["input_ids"]
+  assert tok.convert_ids_to_tokens([ids[0], ids[-1]]) == ["[CLS]", "[SEP]"]
+  assert np.isfinite(np.asarray(model(np.array([ids], np.int32))["last_hidden_state"])).all()
