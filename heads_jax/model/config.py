@@ -112,6 +112,10 @@ class BertConfig:
   num_hidden_groups: int = 0         # ALBERT: groups of shared layers (0: every layer its own weights)
   inner_group_num: int = 1
   classifier_dropout: float | None = None  # None: hidden_dropout
+  # Not Hugging Face fields (never in to_hf_dict); old heads_jax.json files get the defaults.
+  attention: str = "auto"            # BertModel's default attention path (heads_jax.model.bert)
+  layer_norm_dtype: str = "compute"  # "compute": LayerNorm outputs and residual stream in `dtype`
+                                     # (float32 statistics); "float32": float32 outputs
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -120,6 +124,11 @@ class BertConfig:
       raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
     if self.hidden_act not in _ACTS:
       raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(_ACTS)}")
+    if self.attention not in ATTENTION_SETTINGS:
+      raise ValueError(f"attention must be one of {ATTENTION_SETTINGS}, got {self.attention!r}")
+    if self.layer_norm_dtype not in LAYER_NORM_DTYPES:
+      raise ValueError(f"layer_norm_dtype must be one of {LAYER_NORM_DTYPES}, got "
+                       f"{self.layer_norm_dtype!r}")
     if self.family not in FAMILIES:
       raise ValueError(f"family {self.family!r} is not supported; use one of {sorted(FAMILIES)}")
     if self.embed_dim != self.hidden_size and not self.embedding_projection:
@@ -356,6 +365,8 @@ def config_from_dict(d: dict):
   return config_class(d.get("family", "bert")).from_dict(d)
 
 _ACTS = {"gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu"}
+ATTENTION_SETTINGS = ("auto", "explicit", "xla", "cudnn", "flash")
+LAYER_NORM_DTYPES = ("compute", "float32")
 
 
 def _or(value, default):
