@@ -39,8 +39,9 @@ The three shares sum to 1; a term that works against the others has a negative s
 takes ``"xla"`` whenever nothing needs the probabilities, as ``BertModel`` does. cuDNN's flash
 attention takes no such bias here: ``attention="cudnn"`` is refused. A per-layer reduction
 must read the probabilities (``needs_probs``): the query and key vectors alone do not give a
-DeBERTa head's logits, so a reduction that recomputes them (``heads_jax.stats.fused``) is
-refused with a clear error.
+DeBERTa head's logits, so a reduction that recomputes them (``heads_jax.stats.fused`` and
+``heads_jax.stats.kernel``) is refused with a clear error; the analysis step knows it from
+``DebertaModel.logits_from_query_key`` (False) and takes the layerwise path.
 """
 
 from __future__ import annotations
@@ -423,6 +424,11 @@ class DebertaModel(nnx.Module):
   ``rel_embeddings`` ``[2 span, d]`` and ``rel_norm`` are transformers' encoder-level
   ``rel_embeddings`` and ``LayerNorm``; ``pooler`` is None (the classifier's ``ContextPooler``
   belongs to the classification head)."""
+
+  # The analysis' kernels that recompute each head's logits from its query and key vectors
+  # (heads_jax.stats.fused, heads_jax.stats.kernel) cannot serve this model: stats/step.py
+  # takes the layerwise path instead.
+  logits_from_query_key = False
 
   def __init__(self, cfg: DebertaConfig, *, rngs: nnx.Rngs):
     self.config = cfg

@@ -157,6 +157,23 @@ def device_memory_bytes(mesh) -> int | None:
   return int(limit) if limit else None
 
 
+def accepts_term_shares(model) -> bool:
+  """Whether ``model(...)`` can return ``term_shares`` (DeBERTa: each head's share of its logits'
+  variance from the c2c, c2p and p2c terms, ``heads_jax.model.deberta``)."""
+  fn = type(model).__call__ if isinstance(model, nnx.Module) else model
+  try:
+    return "return_term_shares" in inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return False
+
+
+def with_term_shares(result: dict, out: dict) -> dict:
+  """``result`` plus the model's ``term_shares`` float32 ``[b, l, h, 3]`` when it returned them."""
+  if "term_shares" in out:
+    result["term_shares"] = out["term_shares"]
+  return result
+
+
 def accepts_attention_reduce(model) -> bool:
   """Whether ``model(...)`` takes the per-layer ``attention_reduce`` hook (heads_jax encoders)."""
   fn = type(model).__call__ if isinstance(model, nnx.Module) else model
@@ -261,14 +278,20 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
     if slots:
       common.update(segment_ids=batch["segment_ids"],
                     position_ids=segment_positions(batch["segment_ids"]))
+    # DeBERTa (heads_jax.model.deberta): its heads' logits are not query . key, so the kernels
+    # that recompute them cannot serve it; it also returns each head's term shares.
+    if with_measures and accepts_term_shares(module):
+      common["return_term_shares"] = True
     impl = stats_impl
     if impl in ("fused", "kernel") and head_gate is not None and gate_mode == "uniform":
       impl = "layerwise"  # the uniform gate edits the probabilities: the kernel cannot see it
+    if impl in ("fused", "kernel") and not getattr(module, "logits_from_query_key", True):
+      impl = "layerwise"
     if impl == "layerwise":
       tables = batch_tables(batch, roles, direction, with_measures, slots)
       reduce = layer_reducer(tables, roles, batch["attention_mask"], with_measures)
       out = module(*inputs, attention_reduce=reduce, **common)
-      return finish(out["attention_reduced"], tables)
+      return with_term_shares(finish(out["attention_reduced"], tables), out)
     if impl == "kernel":
       wrapper = kernel.wrapper_for(platform, batch["input_ids"].shape[1])
       tables = kernel.kernel_program_tables(batch, roles, direction, with_measures,
@@ -285,8 +308,8 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
       return finish(out["attention_reduced"], tables)
     out = module(*inputs, return_attentions=True, **common)
     # one weight table, one matmul, one entropy pass over the stack [b, l, h, q, k]
-    return reduce_stack(out["attentions"], batch, roles, direction, with_measures, js=with_js,
-                        slots=slots)
+    return with_term_shares(reduce_stack(out["attentions"], batch, roles, direction,
+                                         with_measures, js=with_js, slots=slots), out)
 
   out_shardings = replicated(mesh) if multi_process else batch_sharding(mesh)
   if isinstance(graph, nnx.GraphDef):

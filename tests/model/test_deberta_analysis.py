@@ -87,3 +87,22 @@ def test_analysis_of_a_deberta_directory(run):
   assert json.loads((out / "tests.json").read_text())["settings"]["model"] == str(model_dir)
   m = contract.read_measures(out)
   assert m["entropy"].shape == (n, layers, heads)
+
+
+def test_term_shares_in_the_measures(run):
+  """measures.npz holds each sequence's term shares, as the model computes them on the same
+  encoded sequences (their values are checked against transformers' terms in test_deberta.py)."""
+  from heads_jax import load_model
+  model_dir, out, hf = run
+  m = contract.read_measures(out)
+  n, layers, heads = N_UD + 2, hf.config.num_hidden_layers, hf.config.num_attention_heads
+  assert m["term_names"] == contract.TERM_NAMES == ("c2c", "c2p", "p2c")
+  shares = m["term_shares"]
+  assert shares.shape == (n, layers, heads, 3) and np.isfinite(shares).all()
+  np.testing.assert_allclose(shares.sum(-1), 1.0, atol=1e-4)
+  model, _ = load_model(model_dir)
+  _, _, batches = _reference(model_dir, hf)
+  expect = np.concatenate([np.asarray(model(b["input_ids"], b["attention_mask"], b["token_type_ids"],
+                                            return_term_shares=True)["term_shares"])
+                           for b in batches])
+  np.testing.assert_allclose(shares, expect, atol=1e-5)
