@@ -113,7 +113,7 @@ def variants() -> list[tuple[Variant, str | None]]:
 class _Program:
   """One variant's model, state and jitted step, lowered (``lower``) and compiled later."""
 
-  def __init__(self, v: Variant, s: dict, host_params, mesh, batches: dict):
+  def __init__(self, v: Variant, s: dict, host_params, rng_state, mesh, batches: dict):
     import jax
     from flax import nnx
     from heads_jax.model.config import config_for
@@ -128,9 +128,11 @@ class _Program:
     self.cfg = config_for(s["size"], vocab_size=30522, dtype=s["dtype"],
                           attention_dropout=v.attention_dropout,
                           max_position_embeddings=max(512, s["seq"]), **extra)
-    model = BertForPreTraining(self.cfg, rngs=nnx.Rngs(0))
-    self.parts, _ = S.split_model(model)
-    del model
+    # the variant's graph without initialising its parameters (they are the same for every
+    # variant: host_params), with the concrete rng state of the base model (reseeded per step)
+    abstract = nnx.eval_shape(lambda: BertForPreTraining(self.cfg, rngs=nnx.Rngs(0)))
+    graphdef, _, _, rest = nnx.split(abstract, nnx.Param, nnx.RngState, ...)
+    self.parts = S.ModelParts(graphdef, rng_state, rest)
     self.tx, schedule = opt.make_optimizer(learning_rate=1e-4, warmup_steps=10, total_steps=10_000,
                                            flat=v.flat_lamb)
     attention = None if _has_config_field("attention") else v.attention
@@ -214,7 +216,7 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
   model = BertForPreTraining(config_for(s["size"], vocab_size=30522,
                                         **{k: s[k] for k in ("num_layers",) if k in s}),
                              rngs=nnx.Rngs(0))
-  _, params = S.split_model(model)
+  base_parts, params = S.split_model(model)
   host_params = S.to_host(params)
   del model, params
   n_params = metrics.non_embedding_params(host_params)
@@ -226,7 +228,7 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
       row(f"{v.name} {v.label}", "absent", "", "", why=absent)
       continue
     try:
-      prog = _Program(v, s, host_params, mesh, batches)
+      prog = _Program(v, s, host_params, base_parts.rng_state, mesh, batches)
       low = {"step": prog.lower_step()}
     except Exception as e:  # noqa: BLE001  (a variant that cannot be built is reported, not fatal)
       row(f"{v.name} {v.label}", "failed", "", "", why=f"{type(e).__name__}: {e}"[:500])
