@@ -12,7 +12,8 @@ figures/*.png and report.html. Thin entry point over ``heads_jax.pipelines.ablat
 from __future__ import annotations
 
 import dataclasses
-
+from heads_jax.cli import add_redo
+from heads_jax.pipelines import names
 
 
 def add_args(p):
@@ -72,10 +73,7 @@ def add_args(p):
   p.add_argument("--batch-size", type=int, default=64, help="examples per device step (default 64)")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="compute dtype override")
   p.add_argument("--title", default=None, help="report title")
-  p.add_argument("--redo", default=None, metavar="STAGE",
-                 help="rerun a stage and what reads it although its inputs did not change: baseline, "
-                      "ablation, segment_ablation, importance, pruning, paper_tables, report, or all "
-                      "(default: a rerun reuses every part whose inputs and settings are unchanged)")
+  add_redo(p, names.ABLATE)
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 

@@ -6,6 +6,8 @@ of Kovaleva et al. 2019). Thin entry point over ``heads_jax.pipelines.compare.ru
 """
 
 from __future__ import annotations
+from heads_jax.cli import add_redo
+from heads_jax.pipelines import names
 
 
 def add_args(p):
@@ -22,9 +24,7 @@ def add_args(p):
   p.add_argument("--max-examples", type=int, default=500,
                  help="sequences for the attention similarity (default 500)")
   p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
-  p.add_argument("--redo", default=None, metavar="STAGE",
-                 help="rerun a stage and what reads it although its inputs did not change: "
-                      "comparison, similarity, report, or all (default: a rerun reuses what is done)")
+  add_redo(p, names.COMPARE)
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 

@@ -8,6 +8,9 @@ Re-running in the same --out reruns exactly the stages whose settings or inputs 
 ``heads_jax.pipelines.demo.run_demo``.
 """
 
+from heads_jax.cli import add_redo
+from heads_jax.pipelines import names
+
 
 def add_args(p):
   p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
@@ -16,7 +19,7 @@ def add_args(p):
   p.add_argument("--model", default=None,
                  help="the real pre-trained model: a Hugging Face BERT directory or a heads_jax "
                       "model directory (default: the installed all-MiniLM-L6-v2)")
-  p.add_argument("--redo", action="store_true", help="recompute every stage instead of reusing earlier results")
+  add_redo(p, names.DEMO)
   p.add_argument("--finetune-steps", type=int, default=250,
                  help="SST-2 fine-tuning steps of the real model (default 250)")
   p.add_argument("--pretrain-steps", type=int, default=400,

@@ -18,6 +18,8 @@ def _tau(s: str):
     return float(s)
   except ValueError:
     raise argparse.ArgumentTypeError(f"must be a number or 'auto', got {s!r}") from None
+from heads_jax.cli import add_redo
+from heads_jax.pipelines import names
 
 
 def add_args(p):
@@ -68,7 +70,13 @@ def add_args(p):
   p.add_argument("--no-report", dest="report", action="store_false", help="skip figures and report.html")
   p.add_argument("--examples", type=int, default=3, metavar="N",
                  help="example sequences per head for the report's head view (examples.json; default 3, 0: none)")
-  p.add_argument("--overwrite", action="store_true", help="replace another run's results in --out")
+  add_redo(p, names.ANALYZE, default_note="a rerun reuses scores.npz while the model, the data "
+           "and the device pass's settings are the same, and recomputes only what a changed "
+           "setting reaches")
+  p.add_argument("--overwrite", action="store_true",
+                 help="an alias of --redo scores: the device pass and every stage after it "
+                      "run again, replacing what --out holds (another run's results or a "
+                      "damaged file, which are refused without it)")
   g = p.add_argument_group("several host processes (a TPU pod slice, several GPU hosts)",
                            "each process runs its devices' rows of every batch; process 0 "
                            "writes --out. Unset values are auto-detected on Cloud TPU pods and "
@@ -101,4 +109,4 @@ def main(args):
                        robustness=args.robustness)
   distributed = {"enabled": args.distributed, "coordinator_address": args.coordinator_address,
                  "num_processes": args.num_processes, "process_id": args.process_id}
-  run_analysis(cfg, overwrite=args.overwrite, distributed=distributed)
+  run_analysis(cfg, overwrite=args.overwrite, redo=args.redo, distributed=distributed)

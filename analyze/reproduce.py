@@ -24,13 +24,16 @@ DEFAULT_CONFIG = "configs/reproduce.py:cpu"
 # config.pipeline -> the function that runs it (imported when chosen)
 PIPELINES = {"pande": "heads_jax.pipelines.reproduce:run_reproduce",
              "guan": "heads_jax.pipelines.guan:run_guan"}
+from heads_jax.pipelines import names
 
 
 def add_args(p):
   configlib.add_config_args(p, DEFAULT_CONFIG)
   p.add_argument("--redo", default=None, metavar="STAGE",
-                 help="do this stage again (data, pretrained, finetune, analysis, compare, report; "
-                      "guan has its own); later stages that read it follow")
+                 help="run STAGE again, and every later stage that reads it: "
+                      f"{', '.join(names.REPRODUCE)}, or all; Guan et al.'s pipeline: "
+                      f"{', '.join(names.GUAN)}, or all (default: a rerun reuses every part "
+                      "whose settings and inputs are unchanged)")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 

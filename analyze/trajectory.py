@@ -6,7 +6,8 @@ and trajectory.png/.svg into --out. Thin entry point over
 """
 
 from __future__ import annotations
-
+from heads_jax.cli import add_redo
+from heads_jax.pipelines import names
 
 
 def add_args(p):
@@ -21,9 +22,8 @@ def add_args(p):
   p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
   p.add_argument("--batch-size", type=int, default=32, help="sequences per device step (default 32)")
   p.add_argument("--roles", default=None, help="comma-separated roles (default: all)")
-  p.add_argument("--redo", default=None, metavar="STAGE",
-                 help="rerun a stage and what reads it: checkpoints (every checkpoint again), table, "
-                      "or all (default: a rerun analyses only checkpoints not analysed before)")
+  add_redo(p, names.TRAJECTORY, default_note="a rerun analyses only checkpoints not analysed "
+           "before")
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 

@@ -84,7 +84,9 @@ def _glue_dir_default() -> str:
 GLUE_DIR = _glue_dir_default()
 TASKS = ("mrpc", "qqp", "sst2", "qnli")
 MORE_TASKS = ("mnli", "rte", "cola", "stsb", "wnli")   # configs/finetune.py has their presets
-STAGES = ("data", "pretrained", "finetune", "analysis", "compare", "report")
+# The pipeline's stages (heads_jax.pipelines.names.REPRODUCE, which configs may not import).
+STAGES = ("data", "pretrained", "finetune", "scores", "analysis", "similarity", "compare",
+          "report")
 PRESETS = ("paper", "colab", "cpu", "toy")
 
 

@@ -102,6 +102,17 @@ def _presets_epilog(config_file: str) -> str:
   return "\n".join(out)
 
 
+def add_redo(p, stages, *, default_note: str = "a rerun reuses every part whose settings and "
+             "inputs are unchanged") -> None:
+  """The ``--redo STAGE|all`` flag of a job whose stages are ``stages`` (in pipeline order,
+  `heads_jax.pipelines.names`), listed in its help; the job refuses another name in one line
+  (``--redo 'x': one of ...``) before it writes anything."""
+  p.add_argument("--redo", default=None, metavar="STAGE",
+                 help="run STAGE again, and every later stage that reads it, although its "
+                      f"settings and inputs did not change: {', '.join(stages)}, or all "
+                      f"(default: {default_note})")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
   """The ``heads-jax`` parser. Every command is listed; only ``command``'s entry module is
   imported and its flags added (every command's when ``command`` is None, none when it is

@@ -497,8 +497,8 @@ def _stages(config: AblationConfig, run: AblationRun, jobs) -> list:
   def part(job):
     def stage_run(ctx):
       key = unit_key({f: getattr(config, f) for f in job.fields}, inputs={
-          "baseline": ctx.upstream("baseline", "baseline").finished,
-          "reads": [ctx.upstream(r, r).finished for r in job.reads],
+          "baseline": ctx.results["baseline"].finished,
+          "reads": [ctx.results[r].finished for r in job.reads],
           "analysis": _analysis_files(ctx, config) if job.uses_analysis else None,
           "importance_data": (ctx.data(config.importance_data)
                               if job.name == "importance" and config.importance_data else None)})
@@ -522,8 +522,8 @@ def _stages(config: AblationConfig, run: AblationRun, jobs) -> list:
   names = tuple(j.name for j in jobs)
 
   def report(ctx):
-    base = ctx.upstream("baseline", "baseline")
-    parts = {n: ctx.upstream(n, n) for n in names}
+    base = ctx.results["baseline"]
+    parts = {n: ctx.results[n] for n in names}
     key = unit_key({}, inputs={"baseline": base.finished,
                                "parts": {n: p.finished for n, p in parts.items()},
                                "title": config.title})   # the title: cosmetic for a result, not here

@@ -8,81 +8,26 @@ With --before-model and --after-model it also computes the cosine similarity of 
 attention under the two models on the same inputs (Kovaleva et al. 2019):
 attention_similarity.csv, a heatmap and a report section.
 
-On the stage engine (`heads_jax.pipelines.engine`): ``comparison`` (keyed by the content of the
-two analyses' files it reads), ``similarity`` (with the models: keyed by the models' and the
-data's content and its settings) and ``report``; a rerun with the same inputs reuses every
+The comparison's stages (`heads_jax.pipelines.comparison`, composed by
+`heads_jax.pipelines.stages`) on the stage engine: ``comparison`` (host, keyed by the content
+of the two analyses' files it reads), ``similarity`` (device, with the models: keyed by the
+models' and the data's content and its settings) and ``report``; a rerun with the same inputs reuses every
 stage, a changed analysis or model reruns what reads it, ``redo=STAGE`` (``--redo``) reruns one
 and what reads it; --out is locked while the job runs and says what it is.
 """
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
 from heads_jax import contract, runfiles
-from heads_jax.ablation.similarity import similarity_on_spec, similarity_table
 from heads_jax.errors import UserError
-from heads_jax.hoststats.compare import compare_runs
-from heads_jax.model.loading import load_model
-from heads_jax.pipelines import engine
-from heads_jax.pipelines.keys import unit_key
-from heads_jax.report.compare import similarity_section, write_compare_report
+from heads_jax.pipelines import engine, names, stages
+from heads_jax.pipelines.comparison import (  # noqa: F401 (the comparison's names, as before)
+    ANALYSIS_FILES, COMPARISON_FILES, REPORT_FILES, SIMILARITY, SIMILARITY_FILE,
+    attention_similarity, attention_similarity_section, read_similarity, similarity_data)
 
-SIMILARITY = "attention_similarity"   # its table's stem
-# The files of an analysis directory that the comparison and its report read.
-ANALYSIS_FILES = (contract.SCORES_FILE, contract.TESTS_CSV, contract.SETTINGS_JSON,
-                  contract.CLUSTERS_CSV, contract.SUMMARY_JSON)
-
-
-def similarity_data(data, after) -> str:
-  """The inputs of the attention similarity: ``data``, else the first data set of the ``after``
-  analysis (its run file)."""
-  if data is None and after is not None:
-    try:
-      run = contract.read_run(after)
-    except ValueError as e:
-      raise UserError(str(e)) from None
-    specs = ((run or {}).get("device") or {}).get("data") or []
-    data = specs[0] if specs else None
-  if data is None:
-    raise UserError("the attention similarity needs inputs: pass --data SPEC")
-  return data
-
-
-def attention_similarity(before_model, after_model, out, *, data, max_examples=500,
-                         max_length=128, log=print) -> dict:
-  """Computes the per-head attention similarity of two models (Kovaleva et al. 2019) on
-  ``data``, writes ``attention_similarity.csv`` into ``out``; returns ``{"sequences", "data",
-  "mean", "layer_means"}``."""
-  model_a, _ = load_model(before_model, with_tokenizer=False)
-  model_b, tokenizer = load_model(after_model)
-  sim, n = similarity_on_spec(model_a, model_b, tokenizer, data, max_examples=max_examples,
-                              max_length=max_length)
-  runfiles.write_table(out, SIMILARITY, similarity_table(sim))
-  log(f"attention similarity before/after over {n} sequences of {data}: mean cosine "
-      f"{sim.mean():.3f}; per layer " + ", ".join(f"{v:.3f}" for v in sim.mean(1)))
-  return {"sequences": int(n), "data": data, "mean": float(sim.mean()),
-          "layer_means": [float(v) for v in sim.mean(1)]}
-
-
-def read_similarity(out) -> np.ndarray:
-  """``[l, h]`` cosine similarity from ``out/attention_similarity.csv``."""
-  t = pd.read_csv(Path(out) / f"{SIMILARITY}.csv")
-  return t.pivot(index="layer", columns="head", values="cosine").to_numpy(float)
-
-
-def attention_similarity_section(before_model, after_model, out, *, data=None, after=None,
-                                 max_examples=500, max_length=128, log=print) -> dict:
-  """`attention_similarity` and its report section (figure drawn into ``out/figures``)."""
-  data = similarity_data(data, after)
-  info = attention_similarity(before_model, after_model, out, data=data,
-                              max_examples=max_examples, max_length=max_length, log=log)
-  return similarity_section(read_similarity(out), num_sequences=info["sequences"], data=data,
-                            fig_dir=Path(out) / "figures")
+STAGES = names.COMPARE
 
 
 def _check(before, after, out, before_model, after_model) -> None:
@@ -112,7 +57,7 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
   and ``after_model``, adds the per-head attention similarity of the two models on ``data``
   (default: the first data set of the ``after`` analysis). ``redo``: a stage (``comparison``,
   ``similarity``, ``report``) to rerun with what reads it, or ``"all"``. ``progress=False``: no
-  line per stage (a comparison inside another job's stage)."""
+  line per stage."""
   _check(before, after, out, before_model, after_model)
   out = Path(out)
   with_models = bool(before_model and after_model)
@@ -120,90 +65,34 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
     data = similarity_data(data, after)
 
   def comparison(ctx):
-    key = unit_key({}, inputs={"before": _analysis_key(ctx, before),
-                               "after": _analysis_key(ctx, after)})
-
-    def fn():
-      with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # they come back in comparison.warnings
-        try:
-          result = compare_runs(before, after)
-        except ValueError as e:
-          raise UserError(str(e)) from None
-      contract.write_comparison(result, out)
-      return {"warnings": list(result.warnings)}
-
-    res = engine.run_unit(ctx, "comparison", "comparison", key, fn,
-                          clean=[out / n for n in (contract.COMPARE_SIEVE_BIAS_CSV,
-                                                   contract.COMPARE_ROLES_CSV,
-                                                   contract.COMPARE_CLUSTERS_CSV,
-                                                   contract.COMPARE_JSON)])
-    for w in res.outputs["warnings"]:
-      ctx.sub(f"warning: {w}")
-    return res
+    return stages.comparison(ctx, "comparison", "comparison", before, after, out, inputs={
+        "before": _analysis_key(ctx, before), "after": _analysis_key(ctx, after)})
 
   def similarity(ctx):
-    key = unit_key({"max_examples": max_examples, "max_length": max_length}, inputs={
-        "before_model": ctx.model(before_model), "after_model": ctx.model(after_model),
-        "data": ctx.data(data)})
-    return engine.run_unit(
-        ctx, "similarity", "similarity", key,
-        lambda: attention_similarity(before_model, after_model, out, data=data,
-                                     max_examples=max_examples, max_length=max_length,
-                                     log=ctx.sub),
-        clean=[out / f"{SIMILARITY}.csv"])
-
-  stages = [engine.Stage("comparison", "sieve bias, roles and clusters before vs after",
-                         comparison, outputs=(contract.COMPARE_SIEVE_BIAS_CSV,
-                                              contract.COMPARE_ROLES_CSV,
-                                              contract.COMPARE_CLUSTERS_CSV, contract.COMPARE_JSON))]
-  if with_models:
-    stages.append(engine.Stage("similarity", "per-head attention similarity of the two models",
-                               similarity, outputs=(f"{SIMILARITY}.csv",)))
-  read = tuple(s.name for s in stages)
+    return stages.similarity(ctx, "similarity", "similarity", out, before_model=before_model,
+                             after_model=after_model, data=data, max_examples=max_examples,
+                             max_length=max_length, inputs={
+                                 "before_model": ctx.model(before_model),
+                                 "after_model": ctx.model(after_model)})
 
   def report(ctx):
-    key = unit_key({}, inputs={
-        "reads": {n: ctx.upstream(n, n).finished for n in read}, "title": title,
-        "summaries": {"before": _analysis_key(ctx, before).get(contract.SUMMARY_JSON),
-                      "after": _analysis_key(ctx, after).get(contract.SUMMARY_JSON)}})
-    result = contract.read_comparison(out)
+    return stages.compare_report(
+        ctx, "report", "report", before, after, ctx.results["comparison"], title=title,
+        similarity=ctx.results.get("similarity"),
+        inputs={"summaries": {"before": _analysis_key(ctx, before).get(contract.SUMMARY_JSON),
+                              "after": _analysis_key(ctx, after).get(contract.SUMMARY_JSON)}})
 
-    def fn():
-      extra = []
-      if with_models:
-        info = ctx.upstream("similarity", "similarity").outputs
-        extra.append(similarity_section(read_similarity(out), num_sequences=info["sequences"],
-                                        data=info["data"], fig_dir=out / "figures"))
-      summaries = [getattr(contract.load_summary(d, missing_ok=True), "figures", None)
-                   for d in (before, after)]
-      path = write_compare_report(
-          out, compare_df=result.sieve_bias, heads_df=result.roles,
-          cluster_changes_df=result.clusters,
-          title=title or f"Attention heads: {Path(before).name} vs {Path(after).name}",
-          settings={"before": result.settings_before, "after": result.settings_after},
-          summary_before=summaries[0], summary_after=summaries[1], warnings=result.warnings,
-          extra_sections=extra)
-      return {"report": str(path)}
-
-    res = engine.run_unit(ctx, "report", "report", key, fn,
-                          clean=[out / contract.REPORT_HTML, out / "figures"])
-    table = result.sieve_bias.pivot(index="role", columns="layer_group", values="delta")
-    table = table[[c for c in ("initial", "middle", "final") if c in table.columns]]
-    ctx.sub("change of mean sieve bias (after - before) by layer group:\n"
-            + table.round(3).to_string())
-    gained = (result.roles["gained"].fillna("") != "").sum()
-    lost = (result.roles["lost"].fillna("") != "").sum()
-    ctx.sub(f"heads that gained a role: {gained}, lost a role: {lost}")
-    ctx.sub(f"report: {res.outputs['report']}")
-    return res
-
-  stages.append(engine.Stage("report", "the report", report, reads=read,
-                             outputs=(contract.REPORT_HTML, "figures")))
+  plan = [engine.Stage("comparison", "sieve bias, roles and clusters before vs after",
+                       comparison, outputs=COMPARISON_FILES)]
+  if with_models:
+    plan.append(engine.Stage("similarity", "per-head attention similarity of the two models",
+                             similarity, outputs=(SIMILARITY_FILE,)))
+  plan.append(engine.Stage("report", "the report", report,
+                           reads=tuple(s.name for s in plan), outputs=REPORT_FILES))
   claim = {"kind": "comparison", "flag": "--out",
            "model": [str(before_model), str(after_model)] if with_models else None,
            "data": [str(before), str(after)],
            "settings": {"data": data, "max_examples": max_examples, "max_length": max_length}}
-  results = engine.run_pipeline(stages, out, redo=redo, log=log, what="a comparison", claim=claim,
+  results = engine.run_pipeline(plan, out, redo=redo, log=log, what="a comparison", claim=claim,
                                 progress=progress)
-  return Path(results["report"].outputs["report"])
+  return Path(results["report"].report)

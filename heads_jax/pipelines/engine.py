@@ -5,10 +5,12 @@ analysis), each run through `run_unit(ctx, stage, unit, key, fn, clean)`:
 
 * the key holds everything the unit's result depends on: its settings and the identity of its
   inputs (for a file or folder its content fingerprint, `fingerprint`; for another unit's result
-  that unit's finish marker, `Context.upstream`);
-* a unit whose finish marker holds the current key is skipped (reused);
-* a unit started or finished with another key, or never started, has its outputs (``clean``)
-  removed, then runs (outputs without a marker have unknown settings: never reused);
+  that unit's finish time, read from the typed result of its stage in ``ctx.results``);
+* a unit whose finish marker holds the current key, and whose outputs are intact (``intact``),
+  is skipped (reused);
+* a unit started or finished with another key, never started, or whose outputs are missing or
+  damaged, has its outputs (``clean``) removed, then runs (outputs without a marker have unknown
+  settings: never reused);
 * a unit started with the same key and not finished runs again over what it left (fine-tuning
   resumes from its checkpoints);
 * ``RUN/stages/<stage>/<unit>.started.json`` is written before ``fn`` runs and the finish marker
@@ -65,6 +67,8 @@ class Context:
   tasks: tuple[str, ...] = ()
   counts: dict = dataclasses.field(default_factory=lambda: {"ran": 0, "reused": 0})
   results: dict = dataclasses.field(default_factory=dict)  # the earlier stages' results, this run
+  finished: dict = dataclasses.field(default_factory=dict)  # {stage: its units' latest finish time}
+  seconds: dict = dataclasses.field(default_factory=dict)   # {stage: seconds of its last run}
 
   def sub(self, message: str) -> None:
     """Logs an indented line under the current stage's."""
@@ -82,12 +86,12 @@ class Context:
     """`runfiles.data_identity` of a data spec."""
     return runfiles.data_identity(spec, cache=self.markers.root)
 
-  def upstream(self, stage: str, unit: str) -> UnitResult:
-    """The finish marker of ``unit`` of an earlier ``stage`` (which must have finished)."""
-    m = self.markers.read_unit(stage, unit)
-    if m is None:
-      raise RuntimeError(f"stage {stage} has no finished unit {unit!r} (run it first)")
-    return UnitResult.from_marker(m, reused=True)
+
+def unit_markers(workdir, stage: str, unit: str) -> tuple[dict | None, dict | None]:
+  """``(finish marker, start marker)`` of ``unit`` of ``stage`` in ``workdir`` (None: absent),
+  for a job that checks, before it takes the lock and writes anything, what a directory holds."""
+  markers = Markers(workdir)
+  return markers.read_unit(stage, unit), markers.read_unit(stage, unit, started=True)
 
 
 def _remove(path) -> None:
@@ -96,18 +100,28 @@ def _remove(path) -> None:
 
 
 def run_unit(ctx: Context, stage: str, unit: str, key, fn: Callable[[], Any],
-             clean=()) -> UnitResult:
-  """Runs ``fn() -> outputs`` (JSON-able) unless ``unit`` of ``stage`` finished with ``key``;
-  returns its `UnitResult`. ``clean``: paths removed before a run when the unit was last
-  started or finished with another key, or has no marker at all."""
+             clean=(), *, intact: Callable[[], str | None] | None = None) -> UnitResult:
+  """Runs ``fn() -> outputs`` (JSON-able) unless ``unit`` of ``stage`` finished with ``key``
+  and its outputs are intact; returns its `UnitResult`.
+
+  ``clean``: paths removed before a run when the unit was last started or finished with another
+  key, has no marker at all, or its outputs are not intact. ``intact() -> None | why``: whether a
+  finished unit's outputs are there and readable (a missing or damaged one: it runs again, and
+  says why)."""
   done = ctx.markers.read_unit(stage, unit)
+  damaged = None
   if done is not None and canonical(done.get("key")) == canonical(key):
-    ctx.counts["reused"] += 1
-    return UnitResult.from_marker(done, reused=True)
+    damaged = intact() if intact is not None else None
+    if damaged is None:
+      ctx.counts["reused"] += 1
+      _stamp(ctx, stage, done.get("finished"))
+      return UnitResult.from_marker(done, reused=True)
   started = ctx.markers.read_unit(stage, unit, started=True)
   last = started or done
-  if last is None or canonical(last.get("key")) != canonical(key):
-    for p in clean:  # left by a run with other settings, or by one that wrote no marker
+  if damaged is not None or last is None or canonical(last.get("key")) != canonical(key):
+    if damaged is not None:
+      ctx.sub(f"{unit}: {damaged}; running it again")
+    for p in clean:  # left by a run with other settings, by one that wrote no marker, or damaged
       _remove(p)
   t0 = time.time()
   t_start = now()
@@ -117,7 +131,15 @@ def run_unit(ctx: Context, stage: str, unit: str, key, fn: Callable[[], Any],
                       seconds=round(time.time() - t0, 3))
   ctx.markers.write_unit(stage, unit, result.marker())  # last: the unit is done
   ctx.counts["ran"] += 1
+  _stamp(ctx, stage, result.finished)
   return result
+
+
+def _stamp(ctx: Context, stage: str, finished) -> None:
+  """Keeps the latest finish time of ``stage``'s units (``ctx.finished``: a later stage's key
+  holds it)."""
+  if finished and str(finished) > str(ctx.finished.get(stage) or ""):
+    ctx.finished[stage] = finished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,10 +219,13 @@ def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after
   markers = Markers(workdir)
   for stage in stages if redo == "all" else [stages[names.index(redo)]] if redo else []:
     reset_stage(workdir, stage)
-  results = {}
+  results, finished = {}, {}
+  took = {s.name: float((markers.read_stage(s.name) or {}).get("seconds") or 0.0)
+          for s in stages}
   n = len(stages)
   for i, stage in enumerate(stages, 1):
-    ctx = Context(config, workdir, markers, log, tuple(tasks), results=results)
+    ctx = Context(config, workdir, markers, log, tuple(tasks), results=results,
+                  finished=finished, seconds=took)
     say(f"[{i}/{n}] {stage.name}: {stage.text}")
     t0 = time.time()
     results[stage.name] = stage.run(ctx)
@@ -214,6 +239,7 @@ def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after
       state = f"{ran} part(s) run" + (f", {reused} reused" if reused else "")
     say(f"[{i}/{n}] {stage.name}: {state}; {minutes(seconds)}")
     if ran or markers.read_stage(stage.name) is None:
+      took[stage.name] = round(seconds, 3)
       markers.write_stage(stage.name, {"stage": stage.name, "finished": now(),
                                        "seconds": round(seconds, 3), "ran": ran, "reused": reused})
     if stop_after == stage.name:

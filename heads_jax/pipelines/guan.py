@@ -6,7 +6,7 @@ reuses every finished unit whose settings and inputs did not change, the inputs 
 SQuAD file's, each model's files or, for a hub id, the snapshot its ref names; ``--redo STAGE``
 reruns one and what reads it):
 
-1. ``analysis``: the SQuAD model (``config.squad_model``: a path or a hub id, default
+1. ``scores`` and ``analysis``, the device pass and the host statistics of: the SQuAD model (``config.squad_model``: a path or a hub id, default
    ``bert-large-uncased-whole-word-masking-finetuned-squad``, resolved through
    `heads_jax.hub`'s cache) analysed on ``config.samples`` random SQuAD questions ("the distance
    features are averaged over 1,000 SQuAD samples"), clustered into ``config.clusters`` = 4
@@ -37,13 +37,13 @@ from heads_jax import contract, hub
 from heads_jax.errors import UserError
 from heads_jax.pipelines import engine
 from heads_jax.pipelines.ablate import AblationConfig, run_ablation
-from heads_jax.pipelines.analyze import AnalysisConfig
-from heads_jax.pipelines import stages
+from heads_jax.pipelines.analysis import AnalysisConfig
+from heads_jax.pipelines import names, stages
 from heads_jax.pipelines.keys import ANALYSIS_PATHS, unit_key
 from heads_jax.report.guan import MODEL_LABELS  # the analyses, SQuAD first (Table 1's columns)
 
 DEFAULT_SQUAD_MODEL = "bert-large-uncased-whole-word-masking-finetuned-squad"
-STAGES = ("analysis", "ablation", "report")
+STAGES = names.GUAN
 
 
 def _resolve(name: str, what: str) -> Path:
@@ -94,18 +94,36 @@ def _analysis_config(config, item: dict, model_dir: Path, out: Path) -> Analysis
       title=f"Guan et al. analysis: {item['label']} model ({item['model']})")
 
 
-def _stage_analysis(ctx: engine.Context) -> dict:
-  """``{label: `stages.Analysis`}`` of each model of the plan."""
+def planned_analyses(ctx: engine.Context) -> list[tuple[dict, AnalysisConfig]]:
+  """``[(item, AnalysisConfig)]`` of each model of the plan (`plan_models`)."""
   config = ctx.config
-  out = {}
+  out = []
   for item in plan_models(config):
     model_dir = _resolve(item["model"], f"config.models.{item['label']}"
                          if item["label"] != "squad" else "config.squad_model")
-    cfg = _analysis_config(config, item, model_dir, ctx.workdir / "analysis" / item["label"])
-    ctx.sub(f"the {item['label']} model {item['model']} on {item['data']}")
-    out[item["label"]] = stages.analysis(ctx, "analysis", item["label"], cfg,
-                                         model=ctx.model(item["model"]))
+    out.append((item, _analysis_config(config, item, model_dir,
+                                       ctx.workdir / "analysis" / item["label"])))
   return out
+
+
+def _stage_scores(ctx: engine.Context) -> dict:
+  """``{label: `stages.Scores`}``: the device pass of each model's analysis (keyed by the
+  model's content, the data's and the device-side settings)."""
+  out = {}
+  for item, cfg in planned_analyses(ctx):
+    ctx.sub(f"the {item['label']} model {item['model']} on {item['data']}")
+    out[item["label"]] = stages.scores(ctx, "scores", item["label"], cfg,
+                                       model=ctx.model(item["model"]))
+  return out
+
+
+def _stage_analysis(ctx: engine.Context) -> dict:
+  """``{label: `stages.Analysis`}``: the host statistics (distance clusters, tests, report) of
+  each model's analysis, keyed by its device pass and the host settings."""
+  device = ctx.results["scores"]
+  return {item["label"]: stages.statistics(ctx, "analysis", item["label"], cfg,
+                                           device[item["label"]])
+          for item, cfg in planned_analyses(ctx)}
 
 
 def _stage_ablation(ctx: engine.Context) -> dict:
@@ -122,7 +140,10 @@ def _stage_ablation(ctx: engine.Context) -> dict:
                         batch_size=int(ab.batch_size), seed=int(config.seed),
                         title="Guan et al. Tables 2-3 on the SQuAD model")
   key = unit_key(dataclasses.asdict(acfg), paths=ANALYSIS_PATHS + ("analysis",),
-                 inputs={"analysis": squad.finished, "data": ctx.data(eval_data),
+                 # what it reads of the analysis: the cluster types (a host-only change that
+                 # leaves them as they were, such as tau, does not repeat the evaluations)
+                 inputs={"clusters": ctx.files(Path(squad.out) / contract.CLUSTERS_CSV),
+                         "data": ctx.data(eval_data),
                          "model": ctx.model(config.squad_model or DEFAULT_SQUAD_MODEL)})
 
   def fn():
@@ -170,8 +191,10 @@ def _stage_report(ctx: engine.Context) -> dict:
 
 def pipeline_stages() -> tuple[engine.Stage, ...]:
   return (
-      engine.Stage("analysis", "analyses (distance features, K-means clusters) of each model",
-                   _stage_analysis, outputs=("analysis",)),
+      engine.Stage("scores", "the device pass (distance features, sieve bias) of each model",
+                   _stage_scores, outputs=("analysis",)),
+      engine.Stage("analysis", "K-means clusters, tests and report of each model (host)",
+                   _stage_analysis, reads=("scores",)),
       engine.Stage("ablation", "Guan et al. Tables 2-3 on the SQuAD model (EM/F1)",
                    _stage_ablation, reads=("analysis",), outputs=("ablation",)),
       engine.Stage("report", "report beside the paper's values", _stage_report,

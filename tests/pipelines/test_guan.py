@@ -98,7 +98,7 @@ def test_guan_end_to_end_and_rerun(models, tmp_path):
   # the same command again reuses every stage
   again = []
   guan.run_guan(_config(models), tmp_path / "run", log=again.append)
-  assert sum("done earlier, reused" in line for line in again) == 3, again
+  assert sum("done earlier, reused" in line for line in again) == 4, again
 
 
 @pytest.fixture
@@ -108,14 +108,15 @@ def recorded_guan(tmp_path, monkeypatch):
   from heads_jax.pipelines import engine, stages
   tables = tmp_path / "tables.csv"
   tables.write_text("id\n1\n")
-  canned = {"analysis": {"out": str(tmp_path), "model": "m", "data": "d", "stability": 0.5},
+  canned = {"scores": {"out": str(tmp_path), "model": "m", "data": ["d"], "data_info": []},
+            "analysis": {"out": str(tmp_path), "model": "m", "data": "d", "stability": 0.5},
             "ablation": {"out": str(tmp_path), "paper_tables": str(tables),
                          "baseline": {"exact_match": 0.1, "f1": 0.2}},
             "report": {"report": "report.html", "table1": [], "claims": "c.csv", "verdicts": {}}}
   calls = []
   real = engine.run_unit
 
-  def run_unit(ctx, stage, unit, key, fn, clean=()):
+  def run_unit(ctx, stage, unit, key, fn, clean=(), intact=None):
     return real(ctx, stage, unit, key, lambda: calls.append((stage, unit)) or canned[stage], clean)
   monkeypatch.setattr(engine, "run_unit", run_unit)
   monkeypatch.setattr(stages, "run_unit", run_unit)
@@ -143,11 +144,17 @@ def test_guan_a_replaced_input_reruns_exactly_its_readers(recorded_guan, tmp_pat
     (models / name / "params.safetensors").write_bytes(b"weights")
   mrpc = models / "mrpc"
   c = _config(models, squad_data=f"squad:{squad_file}:v1")
-  everything = [("analysis", "squad"), ("analysis", "mrpc"), ("ablation", "squad"),
-                ("report", "report")]
+  everything = [("scores", "squad"), ("scores", "mrpc"), ("analysis", "squad"),
+                ("analysis", "mrpc"), ("ablation", "squad"), ("report", "report")]
   assert recorded_guan(c) == everything
   assert recorded_guan(c) == []
   swap_bytes_keep_stat(mrpc / "heads_jax.json")
-  assert recorded_guan(c) == [("analysis", "mrpc"), ("report", "report")]
+  assert recorded_guan(c) == [("scores", "mrpc"), ("analysis", "mrpc"), ("report", "report")]
   swap_bytes_keep_stat(squad_file)
-  assert recorded_guan(c) == [("analysis", "squad"), ("ablation", "squad"), ("report", "report")]
+  assert recorded_guan(c) == [("scores", "squad"), ("analysis", "squad"), ("ablation", "squad"),
+                              ("report", "report")]
+  # a host-only change (tau): the host statistics and the report; no device pass, and the
+  # ablation (evaluations on the device) keeps its result while the cluster types it reads are
+  # the same
+  c.analysis.tau = 4.0
+  assert recorded_guan(c) == [("analysis", "squad"), ("analysis", "mrpc"), ("report", "report")]

@@ -18,6 +18,8 @@ from heads_jax.errors import UserError
 from heads_jax.hoststats import paper
 from heads_jax.training import configlib
 from tests.test_runfiles import swap_bytes_keep_stat
+from tests.pipelines.recorders import record_stage_work
+from heads_jax.pipelines import analysis as analysis_lib
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -191,16 +193,15 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
   # 1. stopped after fine-tuning (as a run killed there)
   rp.run_reproduce(toy_config(small_glue, stop_after="finetune"), wd)
   out = capsys.readouterr().out
-  assert "stopped after finetune" in out and "[4/6]" not in out
+  assert "stopped after finetune" in out and "[4/8]" not in out
   assert (wd / "finetune" / "sst2" / "best.json").is_file() and not (wd / "analysis").exists()
   run_dir = wd / "finetune" / "sst2" / "bs8_lr0.01"
   assert (run_dir / "best_model").is_dir() and not (run_dir / "checkpoints").exists()
   before = {s: _finished(wd, s) for s in ("data", "pretrained", "finetune")}
   assert len(before["finetune"]) == 4
 
-  # 2. killed in the middle of the analysis (the third analysis fails)
-  analysis_mod = stages  # the analysis stage kind's binding of run_analysis
-  real = analysis_mod.run_analysis
+  # 2. killed in the middle of the device passes (the third one fails)
+  real = analysis_lib.device_work
   calls = []
 
   def flaky(cfg, **kw):
@@ -208,11 +209,11 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
     if len(calls) == 3:
       raise KeyboardInterrupt("killed")
     return real(cfg, **kw)
-  monkeypatch.setattr(analysis_mod, "run_analysis", flaky)
+  monkeypatch.setattr(analysis_lib, "device_work", flaky)
   with pytest.raises(KeyboardInterrupt):
     rp.run_reproduce(toy_config(small_glue), wd)
-  monkeypatch.setattr(analysis_mod, "run_analysis", real)
-  done_two = _finished(wd, "analysis")
+  monkeypatch.setattr(analysis_lib, "device_work", real)
+  done_two = _finished(wd, "scores")
   assert len(done_two) == 2
 
   # 3. started again: finishes without redoing what was done
@@ -220,11 +221,11 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
   out = capsys.readouterr().out
   for i, s in enumerate(("data", "pretrained", "finetune"), 1):
     assert _finished(wd, s) == before[s], s
-    assert f"[{i}/6] {s}: all" in out and "reused" in out
-  after = _finished(wd, "analysis")
-  assert {k: after[k] for k in done_two} == done_two
+    assert f"[{i}/8] {s}: all" in out and "reused" in out
+  device = _finished(wd, "scores")
+  assert {k: device[k] for k in done_two} == done_two
   # pretrained + fine-tuned per task, and the UD EWT fallback (no parser) for 1 + 4 models
-  assert len(after) == 4 * 2 + 5
+  assert len(device) == len(_finished(wd, "analysis")) == 4 * 2 + 5
   assert "done in" in out and Path(results["report"]["report"]).is_file()
 
   # 4. the paper table: one row per claim, judged on the fine-tuned analyses (the paper's model
@@ -244,7 +245,8 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
   assert rows.loc["block_heads_sst2", "verdict"] == paper.NOT_COMPUTABLE
   assert "by construction" in rows.loc["block_heads_sst2", "detail"]
   for k in ("mean_sieve_score", "share_p_between", "share_delimiter", "share_unskilled", "tau"):
-    assert rows.loc[k, "verdict"] in (paper.HOLDS, paper.FAILS), k
+    # computed (judged, or shown as not comparable for a model other than the paper's)
+    assert rows.loc[k, "verdict"] != paper.NOT_COMPUTABLE and rows.loc[k, "this_run"] != "", k
   assert rows.loc["guan_table2_row3", "verdict"] == paper.NOT_COMPUTABLE
   # the share of delimiter heads: the delimiter test of each fine-tuned analysis, by hand
   shares = []
@@ -292,6 +294,21 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
   assert _finished(wd, "analysis") == after
   assert all(_finished(wd, "compare")[k] > v for k, v in compared.items())
   assert _finished(wd, "report")["report.json"] > reported["report.json"]
+
+  # 7. another tau (a host setting): the host statistics, comparisons and report run again; no
+  # device pass runs and no scores.npz is rewritten (issue 42)
+  device = _finished(wd, "scores")
+  stamps = {p: p.stat().st_mtime_ns for p in (wd / "analysis").rglob("scores.npz")}
+  assert len(stamps) == 13
+  analysed = _finished(wd, "analysis")
+  c = toy_config(small_glue, test_sequences=12)
+  c.analysis.tau = 4.0
+  rp.run_reproduce(c, wd)
+  out = capsys.readouterr().out
+  assert "[4/8] scores: all 13 part(s) done earlier, reused" in out
+  assert _finished(wd, "scores") == device
+  assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+  assert all(_finished(wd, "analysis")[k] > v for k, v in analysed.items())
 
 
 @pytest.mark.slow
@@ -437,14 +454,14 @@ def recorded_reproduce(small_glue, tmp_path, monkeypatch):
             "exports": {"heads_jax": str(Path(wd) / "best_model")}, "select_metric": "f1",
             "final_eval": {}, "final_step": c.num_train_steps, "data": note}
 
-  def analysis(cfg, **kw):
+  def analysis(cfg):
     calls.append(("analysis", Path(cfg.out).parent.name, cfg.max_examples))
-    return {"summary": {}}
   monkeypatch.setattr(stages, "random_model", random_model)
   monkeypatch.setattr(stages, "finetune_lib", types.SimpleNamespace(train_and_evaluate=train))
-  monkeypatch.setattr(stages, "run_analysis", analysis)
+  record_stage_work(monkeypatch, device=analysis,
+                    host=lambda cfg: calls.append(("statistics", Path(cfg.out).parent.name)),
+                    compare=lambda: calls.append(("compare",)))
   monkeypatch.setattr(rp, "headline", lambda s: "")
-  monkeypatch.setattr(stages, "run_compare", lambda *a, **kw: calls.append(("compare",)) or "r.html")
   monkeypatch.setattr(rp, "write_reproduce_report",
                       lambda wd, **kw: calls.append(("report",)) or {"report": str(wd / "report.html")})
 
@@ -453,11 +470,13 @@ def recorded_reproduce(small_glue, tmp_path, monkeypatch):
 
   def run(model=None, **overrides):
     calls.clear()
+    overrides.setdefault("analysis.tau", 3.0)
     c = toy_config(glue_copy, tasks="mrpc", **overrides)
     c.pretrained.kind, c.pretrained.path = ("init", str(model)) if model else ("random", "")
     c.analysis.syntax_fallback = ""
     rp.run_reproduce(c, tmp_path / "run", log=lambda m: None)
-    return list(calls)
+    return [c for c in calls if c[0] != "statistics"]  # a device pass reruns its statistics
+  run.calls = calls
   run.glue = glue_copy
   return run
 
@@ -466,6 +485,15 @@ def test_reproduce_rerun_with_the_same_settings_reuses_everything(recorded_repro
   first = recorded_reproduce()
   assert first[0] == ("pretrained",) and ("report",) in first
   assert recorded_reproduce() == []
+
+
+def test_reproduce_a_host_only_change_reruns_no_device_pass(recorded_reproduce):
+  """Another tau: the host statistics, the comparison and the report run again; no device pass
+  and no training (issue 42: before, every analysis of the run was repeated)."""
+  recorded_reproduce()
+  assert recorded_reproduce(**{"analysis.tau": 4.0}) == [("compare",), ("report",)]
+  assert [c for c in recorded_reproduce.calls if c[0] == "statistics"] == [
+      ("statistics", "pretrained"), ("statistics", "finetuned")]
 
 
 def test_reproduce_new_finetune_steps_rerun_finetuning_and_what_reads_it(recorded_reproduce):
