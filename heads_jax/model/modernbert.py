@@ -44,6 +44,7 @@ from heads_jax.model.config import ALL_FAMILIES
 
 FAMILY = "modernbert"
 _ACTS = {"gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu"}
+_PATHS = tuple(p for p in ATTENTION_PATHS if p != "flash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,7 @@ class ModernBertConfig:
   cls_token_id: int = 50281
   sep_token_id: int = 50282
   dtype: str = "float32"
+  attention: str = "auto"            # the default attention path (not a Hugging Face field)
   family: str = FAMILY
 
   def __post_init__(self):
@@ -92,6 +94,9 @@ class ModernBertConfig:
         raise ValueError(f"{name} {getattr(self, name)!r} is not supported; use one of {sorted(_ACTS)}")
     if self.classifier_pooling not in ("cls", "mean"):
       raise ValueError(f"classifier_pooling must be 'cls' or 'mean', got {self.classifier_pooling!r}")
+    if self.attention not in _PATHS:
+      raise ValueError(f"attention must be one of {_PATHS} for ModernBERT (the flash kernel has "
+                       f"no sliding window), got {self.attention!r}")
     if self.global_every < 1 or self.local_attention < 2:
       raise ValueError("global_every must be >= 1 and local_attention >= 2")
 
@@ -412,11 +417,13 @@ class ModernBertModel(nnx.Module):
                gate_mode: str = "remove", return_attentions: bool = False,
                return_hidden_states: bool = False, deterministic: bool = True,
                segment_removal=None, renormalise_segments: bool = False,
-               attention: str = "auto", attention_reduce=None) -> dict:
-    """Encodes ``input_ids`` ``[b, q]``; see ``BertModel.__call__``. ``hidden_states``
+               attention: str | None = None, attention_reduce=None) -> dict:
+    """Encodes ``input_ids`` ``[b, q]``; see ``BertModel.__call__`` (``attention`` None: the
+    config's). ``hidden_states``
     ``[l + 1, b, q, d]`` are the embeddings and each layer's output (before the final norm:
     entry ``i`` is layer ``i``'s input); ``last_hidden_state`` is after the final norm."""
     cfg = self.config
+    attention = cfg.attention if attention is None else attention
     if gate_mode not in GATE_MODES:
       raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
     if attention not in ATTENTION_PATHS:
