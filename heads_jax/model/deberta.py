@@ -310,9 +310,11 @@ class DisentangledAttention(nnx.Module):
 
   def __call__(self, x, mask, rel, rows, *, gate, gate_mode: str, deterministic: bool,
                attention: str = "auto", need_probs: bool = False, reduce=None, layer: int = 0,
-               term_shares: bool = False):
+               term_shares: bool = False, segment_removal=None, segments=None,
+               renormalise_segments: bool = False):
     """x ``[b, q, d]``, mask ``[b, k]``, rel ``[2 span, d]`` (None without relative
-    attention), rows ``[q, k]``, gate ``[h]`` or None.
+    attention), rows ``[q, k]``, gate ``[h]`` or None; ``segment_removal`` ``[h, 2]`` with
+    ``segments`` ``[b, k]`` as in ``bert.SelfAttention``.
 
     Returns the new hidden state ``[b, q, d]``, the attention ``[b, h, q, k]`` float32 (None on
     the fused path), the reduction's output (None without ``reduce``) and, with
@@ -326,7 +328,7 @@ class DisentangledAttention(nnx.Module):
                        "this per-layer reduction recomputes them from the query and key vectors "
                        "and cannot serve DeBERTa; use the 'layerwise' or 'stacked' statistics "
                        "path")
-    edits = gate is not None and gate_mode == "uniform"
+    edits = (gate is not None and gate_mode == "uniform") or segment_removal is not None
     dropout_active = not deterministic and self.attention_dropout.rate > 0
     path = attention_path(attention, needs_probs=need_probs or edits or reduce is not None,
                           dropout_active=dropout_active, dtype=qh.dtype, head_dim=cfg.head_dim)
@@ -351,11 +353,18 @@ class DisentangledAttention(nnx.Module):
       scores = jnp.where(key_real, scores, jnp.finfo(jnp.float32).min)
       probs = jax.nn.softmax(scores, axis=-1)
       probs = jnp.where(key_real, probs, 0.0)
-      if edits:
+      if gate is not None and gate_mode == "uniform":
         n = jnp.maximum(mask.sum(-1), 1).astype(jnp.float32)
         uniform = key_real.astype(jnp.float32) / n[:, None, None, None]
         g = gate.astype(jnp.float32)[None, :, None, None]
         probs = g * probs + (1.0 - g) * uniform
+      if segment_removal is not None:  # as bert.SelfAttention (Guan et al. 2020, Table 3)
+        same = segments[:, None, :, None] == segments[:, None, None, :]       # [b, 1, q, k]
+        r = segment_removal.astype(jnp.float32)                               # [h, 2]
+        probs = probs * jnp.where(same, 1.0 - r[None, :, 0, None, None], 1.0 - r[None, :, 1, None, None])
+        if renormalise_segments:
+          total = jnp.sum(probs, axis=-1, keepdims=True)
+          probs = jnp.where(total > 0, probs / jnp.where(total > 0, total, 1.0), 0.0)
       dropped = self.attention_dropout(probs, deterministic=deterministic)
       ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
     else:
@@ -419,7 +428,7 @@ class Layer(nnx.Module):
 
 class DebertaModel(nnx.Module):
   """The DeBERTa-v2/v3 encoder (``transformers.DebertaV2Model``), with ``BertModel``'s call
-  interface (its docstring; ``segment_removal`` is not offered).
+  interface (its docstring).
 
   ``rel_embeddings`` ``[2 span, d]`` and ``rel_norm`` are transformers' encoder-level
   ``rel_embeddings`` and ``LayerNorm``; ``pooler`` is None (the classifier's ``ContextPooler``
@@ -459,8 +468,7 @@ class DebertaModel(nnx.Module):
                attention: str | None = None, attention_reduce=None,
                return_term_shares: bool = False) -> dict:
     """Encodes ``input_ids`` ``[b, q]``; arguments and outputs as ``BertModel.__call__``
-    (``segment_removal`` must be None; ``attention`` None: the config's ``attention`` where it
-    has one, else ``"auto"``), plus ``return_term_shares``: add ``term_shares`` float32
+    (``attention`` None: the config's ``attention`` where it has one, else ``"auto"``), plus ``return_term_shares``: add ``term_shares`` float32
     ``[b, l, h, 3]`` (``TERMS``; module docstring)."""
     cfg = self.config
     if attention is None:
@@ -470,9 +478,6 @@ class DebertaModel(nnx.Module):
     if attention not in ATTENTION_PATHS:
       raise ValueError(f"attention must be one of {ATTENTION_PATHS} for DeBERTa (cuDNN's flash "
                        f"attention takes no relative-position bias here), got {attention!r}")
-    if segment_removal is not None:
-      raise ValueError("segment_removal is not supported for DeBERTa models")
-    del renormalise_segments
     input_ids = jnp.asarray(input_ids, jnp.int32)
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -487,6 +492,11 @@ class DebertaModel(nnx.Module):
       if head_gate.shape != (cfg.num_layers, cfg.num_heads):
         raise ValueError(f"head_gate must have shape [layers, heads] = "
                          f"{(cfg.num_layers, cfg.num_heads)}, got {head_gate.shape}")
+    if segment_removal is not None:
+      segment_removal = jnp.asarray(segment_removal)
+      if segment_removal.shape != (cfg.num_layers, cfg.num_heads, 2):
+        raise ValueError(f"segment_removal must have shape [layers, heads, 2] = "
+                         f"{(cfg.num_layers, cfg.num_heads, 2)}, got {segment_removal.shape}")
 
     x = self.embeddings(input_ids, types, mask, deterministic=deterministic)
     rel = self.relative_embeddings(deterministic)
@@ -494,10 +504,14 @@ class DebertaModel(nnx.Module):
     hidden, attentions, reduced, shares = [x], [], [], []
     for i, layer in enumerate(self.layers):
       gate = None if head_gate is None else head_gate[i]
+      attention_kw = {}
+      if segment_removal is not None:
+        attention_kw = dict(segment_removal=segment_removal[i], segments=types,
+                            renormalise_segments=renormalise_segments)
       x, probs, layer_reduced, layer_shares = layer(
           x, mask, rel, rows, gate=gate, gate_mode=gate_mode, deterministic=deterministic,
           attention=attention, need_probs=return_attentions, reduce=attention_reduce, layer=i,
-          term_shares=return_term_shares)
+          term_shares=return_term_shares, **attention_kw)
       hidden.append(x)
       if return_attentions:
         attentions.append(probs)

@@ -333,8 +333,8 @@ def test_clear_errors():
   reduce.needs_probs = False  # a reduction that recomputes the logits from query and key
   with pytest.raises(ValueError, match="not query . key"):
     model(ids, attention_reduce=reduce)
-  with pytest.raises(ValueError, match="segment_removal"):
-    model(ids, segment_removal=np.zeros((2, 4, 2)))
+  with pytest.raises(ValueError, match="segment_removal must have shape"):
+    model(ids, segment_removal=np.zeros((2, 4)))
 
 
 def test_gates_and_bfloat16():
@@ -353,6 +353,14 @@ def test_gates_and_bfloat16():
   base = model(ids, mask, return_attentions=True)
   removed = model(ids, mask, head_gate=gate, gate_mode="remove")
   assert not np.allclose(np.asarray(removed["last_hidden_state"]), np.asarray(base["last_hidden_state"]))
+  # Guan et al.'s segment removal: a pair's intra-segment attention of head (0, 1) removed.
+  segments = (np.arange(20)[None] >= 8).astype(np.int32).repeat(2, 0) * mask
+  removal = np.zeros((cfg.num_layers, cfg.num_heads, 2), np.float32)
+  removal[0, 1, 0] = 1.0
+  cut = np.asarray(model(ids, mask, segments, segment_removal=removal, return_attentions=True)["attentions"])
+  same = segments[:, :, None] == segments[:, None, :]
+  assert np.all(cut[:, 0, 1][same] == 0)
+  np.testing.assert_allclose(cut[:, 0, 1][~same], np.asarray(base["attentions"])[:, 0, 1][~same], atol=1e-7)
   from heads_jax.stats.step import with_compute_dtype
   low = with_compute_dtype(model, "bfloat16")(ids, mask, return_attentions=True)
   np.testing.assert_allclose(np.asarray(low["attentions"]), np.asarray(base["attentions"]), atol=3e-2)
