@@ -4,7 +4,8 @@ A head is ``(layer, head)``, both numbered from 0 as in the analysis CSV files. 
 
 * the head clusters of an analysis (``clusters.csv``: one group per cluster type, Guan et al.
   2020 Table 2 rows 2-5 and 8-11; the types as `heads_jax.hoststats.clustering` names them by
-  Guan et al.'s definitions, outlier heads joined to their nearest type): ``cluster_groups``; unions of two types (Table 2 rows 6-7:
+  Guan et al.'s definitions, outlier heads joined to their nearest type; a cluster that meets
+  no definition is "cluster K", never a Guan type): ``cluster_groups``; unions of two types (Table 2 rows 6-7:
   "we further prune two types together with diagonal type always remained",
   guan2020_how_far_does_bert_look_at.txt section 5.1): ``type_union_groups``, ``--by
   cluster-pairs``; every type but one (Table 3 rows 16-19: "ablating all type but remaining one
@@ -32,6 +33,7 @@ import pandas as pd
 
 from heads_jax import contract
 from heads_jax.errors import UserError
+from heads_jax.hoststats.clustering import closest_type
 from heads_jax.hoststats.paper import CLUSTER_TYPES as CLUSTER_ORDER  # Guan et al.'s four types
 from heads_jax.hoststats.roles import COARSE_ROLES, UNSKILLED, assignment_array, coarse_roles, role_order
 
@@ -99,17 +101,30 @@ def parse_heads(text: str, num_layers: int | None = None,
 
 
 def cluster_groups(clusters: pd.DataFrame, *, name_column: str = "cluster_name") -> list[HeadGroup]:
-  """One group per cluster type of a ``clusters.csv`` table (columns layer, head, cluster_name),
-  in the order dense, diagonal, dense+vertical, vertical, then other names."""
+  """One group per cluster of a ``clusters.csv`` table (columns layer, head, cluster_name and,
+  if present, cluster), in the order dense, diagonal, dense+vertical, vertical, then other
+  names. A cluster that does not meet its closest type's definition ("unnamed (closest: X,
+  margin m)", `heads_jax.hoststats.clustering`) is never ablated under a Guan name: its group is
+  "cluster K" (K = its cluster id + 1), so Guan et al.'s Tables 2-3 (`heads_jax.ablation.guan`)
+  find that type missing."""
   missing = [c for c in ("layer", "head", name_column) if c not in clusters.columns]
   if missing:
     raise UserError(f"the clusters table lacks the columns {missing}; pass the clusters.csv of "
                     f"`heads-jax analyze` (has {list(clusters.columns)})")
   names = clusters[name_column].astype(str)
-  order = [c for c in CLUSTER_ORDER if c in set(names)] + sorted(set(names) - set(CLUSTER_ORDER))
+  shown = names.copy()
+  unnamed = names.map(lambda n: closest_type(n) is not None)
+  if unnamed.any():
+    if "cluster" in clusters.columns:
+      ids = clusters["cluster"].astype(int)
+    else:
+      ids = names.map({n: i for i, n in enumerate(dict.fromkeys(names))})
+    shown[unnamed] = [f"cluster {int(i) + 1}" for i in ids[unnamed]]
+  order = ([c for c in CLUSTER_ORDER if c in set(shown)]
+           + sorted(set(shown) - set(CLUSTER_ORDER)))
   groups = []
   for name in order:
-    rows = clusters[names == name]
+    rows = clusters[shown == name]
     groups.append(HeadGroup(name, "cluster", _sorted_unique(zip(rows["layer"], rows["head"]))))
   return groups
 

@@ -8,10 +8,13 @@ converted here to percent, the paper's unit) with the number of questions evalua
 SQuAD model's name.
 
 * `guan_run_figures`: the run as `heads_jax.hoststats.paper.evaluate` reads it. The setting is
-  "guan" when the SQuAD model is Guan et al.'s (`GUAN_MODEL`: "We use
-  bert-large-uncased-whole-word-masking-finetuned-squad", footnote 1), else "guan_other" (their
-  statements judged, their numbers "not comparable"). The pre-trained model was analysed on the
-  SQuAD samples; every fine-tuned model is set against that analysis for Fig. 4's claims.
+  "guan" when the SQuAD model is Guan et al.'s by name (`GUAN_MODEL`: "We use
+  bert-large-uncased-whole-word-masking-finetuned-squad", footnote 1) and by shape (its
+  analysis has 24 layers x 16 heads, `paper.GUAN_SHAPE`: a local copy under that name with
+  another shape is not theirs), else "guan_other" (their statements judged, their numbers "not
+  comparable"). The pre-trained model was analysed on the SQuAD samples, so Fig. 4's claims
+  (changes after fine-tuning) set it against the SQuAD model only; the MRPC and MNLI models,
+  analysed on their own data, are not set against it (`paper._change`).
 * `claims_table`: one row per claim of Guan et al. with this run's value and the verdict.
 * `table1`: Table 1 (stability per model) beside the paper's.
 * `naming_table`: per model and type, the centroid's near / far / special mass, the name's margin
@@ -45,11 +48,19 @@ def is_guans_model(model: str) -> bool:
 
 
 def squad_rows(tables: pd.DataFrame | None) -> dict:
-  """``{id: {"exact_match", "f1"}}`` in percent from a ``paper_tables.csv`` table (fractions)."""
+  """``{id: {"exact_match", "f1", "missing"}}`` from a ``paper_tables.csv`` table: EM and F1 in
+  percent (the table's fractions), ``missing`` the types the row needs that the clustering left
+  without heads (unnamed: its definition not met; "" when none)."""
   if tables is None or not len(tables):
     return {}
   em = "exact_match" if "exact_match" in tables.columns else "accuracy"
-  return {int(r["id"]): {"exact_match": 100.0 * float(r[em]), "f1": 100.0 * float(r["f1"])}
+
+  def missing(r):
+    v = r.get("missing_types", "")
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v).strip()
+
+  return {int(r["id"]): {"exact_match": 100.0 * float(r[em]), "f1": 100.0 * float(r["f1"]),
+                         "missing": missing(r)}
           for _, r in tables.iterrows()}
 
 
@@ -69,11 +80,12 @@ def guan_run_figures(analyses: dict, *, squad_model: str, tables: pd.DataFrame |
   pretrained = ({"squad": analysis_of(analyses["pretrained"])} if "pretrained" in analyses
                 else {})
   rows = squad_rows(tables)
+  shape = tuple(int(x) for x in finetuned["squad"].assigned.shape[:2])
   return paper.RunFigures(
       tasks=tuple(dict.fromkeys(list(finetuned) + list(pretrained))),
       analyses={"finetuned": finetuned, "pretrained": pretrained},
-      setting="guan" if is_guans_model(squad_model) else "guan_other",
-      squad={"rows": rows, "n": questions} if rows else None)
+      setting="guan" if is_guans_model(squad_model) and shape == paper.GUAN_SHAPE else "guan_other",
+      squad={"rows": rows, "n": questions} if rows else None, model=str(squad_model))
 
 
 def _shown(c: paper.Claim, value) -> str:
@@ -120,9 +132,10 @@ def table1(analyses: dict) -> pd.DataFrame:
 
 
 def naming_table(analyses: dict) -> pd.DataFrame:
-  """Per model and cluster: heads, the centroid's near / far / special mass, the name's margin
-  (attention mass by which Guan et al.'s definition of the type holds; negative: not met) and
-  its check, and the outlier heads that joined it."""
+  """Per model and cluster: heads, the members' near / far / special mass, the name's margin (in
+  units of the clusters' spread, by which Guan et al.'s definition of the type holds; not
+  positive: not met, and the cluster is "unnamed (closest: X, margin m)") and its check, and
+  the outlier heads that joined it."""
   rows = []
   for label in MODEL_LABELS:
     if label not in analyses:
@@ -184,10 +197,11 @@ def write_guan_report(workdir, *, analyses: dict, squad_model: str,
   figs = [
       (guan_figures.plot_type_masses(squad_df, fig_dir / "types_masses.png", info=squad_info),
        "The names and their check: near, far and special mass per type (SQuAD model)",
-       "Each type is named by Guan et al.'s definition (section 4): dense the highest far mass "
-       "and little special, diagonal the highest near mass and medium special, dense+vertical "
-       "far and special both large, vertical the highest special; the margin is the attention "
-       "mass by which the definition holds (negative: not met)."),
+       "Each type is named by Guan et al.'s definition (section 4), between the types and "
+       "against uniform attention at the data's lengths: dense the highest far mass and little "
+       "special, diagonal the highest near mass and medium special, dense+vertical far and "
+       "special both large, vertical the highest special; the margin is in units of the "
+       "clusters' spread (not positive: not met, and the cluster is unnamed)."),
       (guan_figures.plot_cluster_features(squad_df, fig_dir / "fig1_features.png"),
        "Fig. 1: distance features per type (SQuAD model)", ""),
       (guan_figures.plot_cluster_layers(squad_df, fig_dir / "fig3_layers.png"),
@@ -210,7 +224,8 @@ def write_guan_report(workdir, *, analyses: dict, squad_model: str,
       {"title": "Guan et al.'s claims judged in their setting",
        "html": (f"<p>This run: {setting_text}. {counts[paper.HOLDS]} hold, "
                 f"{counts[paper.FAILS]} do not hold, {counts[paper.NOT_COMPUTABLE]} are not "
-                f"computable here, {counts[paper.NOT_COMPARABLE]} not comparable. Shares and "
+                f"computable here (a type whose definition is not met among them), "
+                f"{counts[paper.NOT_COMPARABLE]} not comparable. Shares and "
                 "EM are judged by the 95% Wilson interval of this run's value over its heads or "
                 "questions (DESIGN.md section 3, \"Verdicts\"); EM and F1 in percent, as the "
                 f"paper; every rule and quoted sentence in {CLAIMS_CSV}.</p>"
@@ -218,14 +233,18 @@ def write_guan_report(workdir, *, analyses: dict, squad_model: str,
                                           "difference", "detail"]],
                                   table_id="table-guan-claims"))},
       {"title": "Table 1: stability of the clustering",
-       "html": ("<p>Share of heads (percent) whose cluster is the same in every fit on random "
-                "halves (Von Luxburg 2010, as Guan et al.), per model; the paper's values are "
-                "BERT-large's. Models this run did not analyse are blank.</p>"
+       "html": ("<p>Share of heads (percent) two fits on random halves label alike, averaged "
+                "over all pairs of the 10 fits (Von Luxburg 2010, as Guan et al.), per model; "
+                "the paper's values are BERT-large's. Models this run did not analyse are "
+                "blank.</p>"
                 + page.table_html(t1, table_id="table-guan-table1", float_format="{:.2f}"))},
       {"title": "The types and how they were named",
        "html": ("<p>Per model, each cluster's near / far / special attention mass, the margin of "
-                "its name (flagged below 0.02) and the outlier heads (a cluster under 3% of the "
-                "heads is set aside and K-means refit; its heads join their nearest type).</p>"
+                "its name in units of the clusters' spread (not positive: the definition is "
+                "not met and the cluster is unnamed; flagged below 1) and the outlier heads "
+                "(heads beyond Tukey's far-out fence of the distances to their centroids, and "
+                "clusters under 5% of the heads, are set aside and K-means refit; they join "
+                "their nearest cluster).</p>"
                 + page.table_html(naming_table(analyses), table_id="table-guan-naming")
                 + "".join(page.figure_html(p, t, c) for p, t, c in figs))},
       {"title": "Fig. 4: attention types per layer, per model", "html": fig4},

@@ -82,8 +82,16 @@ def _analysis(assigned: dict, num_layers=6, num_heads=4, means=None, clusters=No
                         features=features)
 
 
+# Classifiers that beat their majority class (the fine-tuning verdicts need one).
+TRAINED = {t: {"accuracy": 0.85, "majority": 0.6, "n": 400} for t in paper.TASKS}
+
+
 def _run(finetuned: dict, pretrained: dict | None = None, **kw):
+  """A run of BERT-base (``bert_base=True`` unless given: the rules are tested on small shapes)
+  whose classifiers beat their majority class (unless ``finetune`` is given)."""
   tasks = tuple(finetuned)
+  kw.setdefault("bert_base", True)
+  kw.setdefault("finetune", TRAINED)
   return paper.RunFigures(tasks=tasks, analyses={"finetuned": finetuned,
                                                  "pretrained": pretrained or {}}, **kw)
 
@@ -169,13 +177,18 @@ def test_average_rule_against_the_test():
   means[0, 0, ROLES.index("local")] = 3.5       # mean above tau, test not rejected
   means[1, 1, ROLES.index("local")] = 4.0       # and a head the test assigns
   means[2, 2, ROLES.index("cls")] = 5.0         # cls is not one of the four roles: not counted
-  means[3, 3, ROLES.index("block")] = 3.1       # above tau, not significant, but not skewed
+  means[3, 3, ROLES.index("block")] = 3.6       # above tau, not significant, but not skewed
   medians = np.full_like(means, 1.0)
   medians[3, 3, ROLES.index("block")] = 3.05
   medians[2, 2, ROLES.index("cls")] = 1.0
   run = _run({"mrpc": _analysis({"local": [(1, 1)]}, means=means, medians=medians)})
   e = paper.evaluate(paper.claim("average_vs_test"), run)
   assert e.value == 1 and e.verdict == paper.HOLDS and "1 more" in e.detail
+  # the gap around tau: a mean within 0.5 of tau, or a median within 0.5 of it, is not Fig. 2's
+  for mean, median, n in ((3.5, 2.5, 1), (3.49, 2.5, 0), (3.5, 2.51, 0)):
+    means[0, 0, ROLES.index("local")], medians[0, 0, ROLES.index("local")] = mean, median
+    run = _run({"mrpc": _analysis({"local": [(1, 1)]}, means=means, medians=medians)})
+    assert paper.evaluate(paper.claim("average_vs_test"), run).value == n, (mean, median)
   # without the medians the Fig. 2 claim cannot be judged
   run = _run({"mrpc": _analysis({"local": [(1, 1)]}, means=means)})
   assert paper.evaluate(paper.claim("average_vs_test"), run).verdict == paper.NOT_COMPUTABLE
@@ -208,7 +221,7 @@ def test_every_claim_is_evaluated_without_error():
   run = _run({t: random_analysis() for t in tasks}, {t: random_analysis() for t in tasks},
              pooled={s: {"mean_sieve_score": 2.7, "auto_tau": 3.0, "share_p_between": 0.02,
                          "num_p_values": 2000} for s in ("finetuned", "pretrained")},
-             finetune={"mrpc": {"accuracy": 0.85}, "sst2": {"accuracy": 0.91}})
+             finetune={t: {"accuracy": 0.9, "majority": 0.5, "n": 200} for t in tasks})
   results = paper.evaluate_all(run)
   assert len(results) == len(paper.CLAIMS)
   for c, e in results:
@@ -219,3 +232,105 @@ def test_every_claim_is_evaluated_without_error():
       assert e.verdict != paper.NOT_COMPUTABLE, (c.key, e.detail)
     if c.paper == paper.GUAN and e.verdict != paper.NOT_COMPUTABLE:   # a GLUE run
       assert e.verdict == paper.NOT_COMPARABLE and e.value is not None
+
+
+def _minilm_run(**kw):
+  """A GLUE run of a 6 x 12 model (not BERT-base) with roles on every head."""
+  heads = [(l, h) for l in range(6) for h in range(12)]
+  a = {t: _analysis({"delimiter": heads[:50], "local": heads[40:60], "nsubj": heads[40:44],
+                     "next_local": heads[40:43]}, 6, 12) for t in paper.TASKS}
+  return paper.RunFigures(tasks=paper.TASKS, analyses={"finetuned": a, "pretrained": a},
+                          model="all-MiniLM-L6-v2", **kw)
+
+
+def test_pandes_numbers_on_another_model_are_not_comparable():
+  """Issue 41 item 3: a number or a layer placement of BERT-base reads "not comparable (other
+  model)" on MiniLM, its value shown; statements about the method are judged and say on what."""
+  run = _minilm_run(finetune={"mrpc": {"accuracy": 0.86}})
+  for key in ("share_delimiter", "spearman_mrpc", "delimiter_all_layers", "finetune_at_par",
+              "blog_sep_later", "block_layer0"):
+    e = paper.evaluate(paper.claim(key), run)
+    assert e.verdict in (paper.NOT_COMPARABLE_MODEL, paper.NOT_COMPUTABLE), key
+  e = paper.evaluate(paper.claim("share_delimiter"), run)
+  assert e.verdict == paper.NOT_COMPARABLE_MODEL and e.value == pytest.approx(50 / 72)
+  assert "6 layers x 12 heads" in e.detail and "all-MiniLM-L6-v2" in e.detail
+  assert paper.evaluate(paper.claim("finetune_at_par"), run).verdict == paper.NOT_COMPARABLE_MODEL
+  for key in ("delimiter_intersect", "nsubj_next_local", "multi_functional"):
+    e = paper.evaluate(paper.claim(key), run)
+    assert e.verdict in (paper.HOLDS, paper.FAILS), key
+    assert e.detail.startswith("a statement about the method, judged on all-MiniLM-L6-v2 (6 layers")
+  # the same run declared BERT-base is judged
+  e = paper.evaluate(paper.claim("share_delimiter"), _minilm_run(bert_base=True))
+  assert e.verdict in (paper.HOLDS, paper.FAILS)
+
+
+def test_fine_tuning_of_a_constant_classifier_is_not_computable():
+  """A classifier that does not beat its majority class with 95% confidence (MRPC: 68.5% accuracy
+  on 408 dev pairs, 68.4% of them paraphrases) leaves its task out of the fine-tuning verdicts;
+  all tasks out: "not computable (classifier at the majority-class baseline)"."""
+  const = {"accuracy": 0.685, "majority": 0.684, "n": 408}
+  ok, why = paper.beats_majority(const)
+  assert ok is False and "68.4%" in why
+  assert paper.beats_majority({"accuracy": 0.74, "majority": 0.684, "n": 408})[0] is True
+  # the bar: the one-sided exact binomial test at 5% (k = 294 of 408 vs 0.684: p just under)
+  from scipy import stats
+  k = next(k for k in range(279, 408)
+           if stats.binomtest(k, 408, 0.684, alternative="greater").pvalue < 0.05)
+  assert paper.beats_majority({"accuracy": k / 408, "majority": 0.684, "n": 408})[0] is True
+  assert paper.beats_majority({"accuracy": (k - 1) / 408, "majority": 0.684, "n": 408})[0] is False
+  assert paper.beats_majority({"accuracy": 0.9})[0] is None          # no baseline recorded
+  run = _minilm_run(finetune={t: const for t in paper.TASKS})
+  for key in ("finetune_delimiter_heads_drop", "finetune_sep_not_cls",
+              "guan_same_cluster_after_finetuning"):
+    e = paper.evaluate(paper.claim(key), run)
+    assert e.verdict == paper.NOT_COMPUTABLE and "majority-class baseline" in e.detail, key
+
+
+def test_guans_table1_passes_guans_stability_claims():
+  """Guan et al.'s Table 1 read by this module's stability (pairs of 10 fits): the printed values
+  are not multiples of 1/384 (not "the share identical in all fits") but are pair averages (45
+  pairs x 384 heads), and the table passes both stability statements at one bar (95%)."""
+  table1 = {"pretrained": 0.9598, "squad": 0.9626, "mrpc": 0.9598, "mnli": 0.9437}
+  for v in table1.values():
+    assert abs(v * 384 - round(v * 384)) > 0.005 * 384 / 100     # not k / 384 at 2 decimals
+    assert abs(v * 384 * 45 - round(v * 384 * 45)) <= 0.00005 * 384 * 45
+  run = paper.RunFigures(
+      tasks=("squad", "mrpc", "mnli"), setting="guan",
+      analyses={"finetuned": {t: _analysis({}, stability=table1[t]) for t in ("squad", "mrpc", "mnli")},
+                "pretrained": {"squad": _analysis({}, stability=table1["pretrained"])}})
+  e = paper.evaluate(paper.claim("guan_stability_over_95"), run)
+  assert e.verdict == paper.HOLDS and e.value == "95.6%"
+  assert paper.STABLE_BAR == 0.95 and "95%" in paper.claim("guan_stable_3_5").rule
+
+
+def test_a_type_whose_definition_is_not_met_gets_no_verdict():
+  """Issue 41 item 2: a Guan share, layer or fine-tuning verdict on an unnamed type, and a Table
+  2-3 row whose type has no heads, are "not computable (type X: definition not met)"."""
+  names = np.array(["dense"] * 6 + ["diagonal"] * 6 + ["unnamed (closest: dense+vertical, margin -0.17)"] * 8
+                   + ["vertical"] * 4, dtype=object).reshape(6, 4)
+  a = _analysis({}, clusters=names, stability=0.9)
+  run = paper.RunFigures(tasks=("squad",), setting="guan", analyses={"finetuned": {"squad": a},
+                                                                    "pretrained": {"squad": a}})
+  for key in ("guan_share_dense_vertical", "guan_layers_dense_vertical",
+              "guan_similar_after_finetuning", "guan_same_cluster_after_finetuning"):
+    e = paper.evaluate(paper.claim(key), run)
+    assert e.verdict == paper.NOT_COMPUTABLE, key
+    assert e.detail.startswith("type dense+vertical: definition not met"), (key, e.detail)
+    assert "margin -0.17" in e.detail
+  assert paper.evaluate(paper.claim("guan_share_dense"), run).verdict in (paper.HOLDS, paper.FAILS)
+  rows = {i: {"exact_match": em, "f1": em, "missing": "dense+vertical" if i in (4, 7, 10) else ""}
+          for i, _, em, _ in paper.GUAN_TABLE2 + paper.GUAN_TABLE3}
+  run = paper.RunFigures(tasks=(), analyses={}, setting="guan", squad={"rows": rows, "n": 1000})
+  for key in ("guan_table2_row4", "guan_keep_dense_vertical", "guan_uniform_dense_vertical"):
+    e = paper.evaluate(paper.claim(key), run)
+    assert e.verdict == paper.NOT_COMPUTABLE and "type dense+vertical: definition not met" in e.detail
+  assert paper.evaluate(paper.claim("guan_table2_row3"), run).verdict == paper.HOLDS
+
+
+def test_wilson_n_counts_each_head_once_over_tasks():
+  """A share averaged over four tasks of a 72-head model is a share of 72 heads, not 288."""
+  heads = [(l, h) for l in range(6) for h in range(12)]
+  run = _run({t: _analysis({"delimiter": heads[:k]}, 6, 12) for t, k in
+              zip(paper.TASKS, (52, 54, 53, 53))})
+  e = paper.evaluate(paper.claim("share_delimiter"), run)
+  assert "95% interval over 72:" in e.detail

@@ -1,0 +1,263 @@
+"""Mutation check of the verdict rules (issue 41 item 5): do the rule tests notice a wrong rule?
+
+The target is the rule code of `heads_jax/hoststats/paper.py`: every evaluator (the functions of
+`EVALUATORS` and the parametrised ones), the number judge, the comparability and majority-class
+gates, the layer scaling, and the module's bars (`STABLE_BAR`, `FIG2_GAP`, `ALPHA`) and the
+claims' tolerances. The mutants, as the issue asks:
+
+* *turned*: a comparison reversed (``<`` -> ``>``, ``<=`` -> ``>=``, ``>`` -> ``<``, ``>=`` ->
+  ``<=``, ``==`` <-> ``!=``);
+* *doubled* / *halved*: a number inside a comparison (a threshold), a bar or a tolerance, times
+  2 and times 1/2 (0 has neither);
+* *swapped*: a conjunction swapped (``and`` <-> ``or``, ``&`` <-> ``|``, ``all`` <-> ``any``).
+
+Also reported, apart from the score the issue sets (90%): *boundary* mutants (``<`` <-> ``<=``,
+``>`` <-> ``>=``), which only a pair exactly at a bar can kill.
+
+Each mutant is the module's source with one change (`ast`), executed into the live module
+``heads_jax.hoststats.paper`` (so the tests, which call ``paper.evaluate``, see it); the rule
+tests (tests/hoststats/test_paper_rules.py and test_paper.py, called in-process: no pytest run
+per mutant) then run until one fails (*killed*) or all pass (*survived*). The module is restored
+after each mutant. Survivors are printed with their line, to be killed by a test or written down
+as equivalent.
+
+    python scripts/mutation_rules.py                 # every mutant; the kill rate
+    python scripts/mutation_rules.py --list          # the mutants, nothing run
+    python scripts/mutation_rules.py --kinds turned swapped --json out.json
+
+Runs serially on the host (no jax): about a minute on 2 cores. Not part of CI; the measured
+figure is in docs/TESTING.md's mutation table and the issue's report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import inspect
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TARGET = REPO / "heads_jax" / "hoststats" / "paper.py"
+# The rule code of paper.py (module docstring).
+RULE_FUNCTIONS = (
+    "_from_summary", "_average_vs_test", "_fine_overlap", "_delimiter_intersect",
+    "_multi_functional", "_block_marginal", "_multi_skilled_middle", "_multi_skilled_qqp_early",
+    "_delimiter_all_layers", "_delimiter_only_last_three", "_delimiter_layer0_few",
+    "_block_layer0", "_block_layers_1_4", "_block_qqp", "_qnli_layer7", "_block_mrpc_all",
+    "_syntactic_every_layer", "_syntactic_layers_6_8", "_last_two_few", "_change",
+    "_finetune_final", "_finetune_sep_not_cls", "_finetune_stable", "_finetune_delimiter_heads",
+    "_finetune_at_par", "_half", "_cluster_layers", "_stability_over_95", "_cluster_similar",
+    "_cluster_kept", "_stable_3_5", "_squad_row", "_squad_statement", "_judge_number",
+    "bert_base_layers", "pande_setting", "unnamed_types", "_need_types", "beats_majority",
+    "_one_sided_two_proportions", "evaluate", "wilson_interval", "_mass_change")
+RULE_CONSTANTS = ("STABLE_BAR", "FIG2_GAP", "ALPHA")
+KINDS = ("turned", "doubled", "halved", "swapped", "boundary")
+SCORED = ("turned", "doubled", "halved", "swapped")   # the issue's mutants
+
+_TURN = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE, ast.Eq: ast.NotEq,
+         ast.NotEq: ast.Eq}
+_BOUNDARY = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
+_SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+
+
+def _is_number(node) -> bool:
+  return (isinstance(node, ast.Constant) and isinstance(node.value, (int, float))
+          and not isinstance(node.value, bool) and node.value != 0)
+
+
+def _skipped(tree) -> set[int]:
+  """ids of nodes never mutated: f-strings and subscripts' slices (indices, not thresholds)."""
+  skip = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.JoinedStr):
+      skip |= {id(n) for n in ast.walk(node)}
+    if isinstance(node, ast.Subscript):
+      skip |= {id(n) for n in ast.walk(node.slice)}
+  return skip
+
+
+def sites(tree) -> list[dict]:
+  """Every mutation site of the rule code: ``{kind, path, line, what}`` (path: the node's
+  position in `ast.walk` order, stable for one source)."""
+  skip = _skipped(tree)
+  nodes = list(ast.walk(tree))
+  index = {id(n): i for i, n in enumerate(nodes)}
+  out = []
+
+  def add(kind, node, what):
+    out.append({"kind": kind, "path": index[id(node)], "line": node.lineno, "what": what})
+
+  def in_rules(node_list):
+    for node in node_list:
+      if id(node) in skip:
+        continue
+      if isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+          if type(op) in _TURN:
+            add("turned", node, f"{_SYMBOL[type(op)]} -> {_SYMBOL[_TURN[type(op)]]} (#{i})")
+          if type(op) in _BOUNDARY:
+            add("boundary", node, f"{_SYMBOL[type(op)]} -> {_SYMBOL[_BOUNDARY[type(op)]]} (#{i})")
+        for sub in ast.walk(node):
+          if _is_number(sub) and id(sub) not in skip:
+            add("doubled", sub, f"{sub.value!r} -> {sub.value * 2!r}")
+            add("halved", sub, f"{sub.value!r} -> {sub.value / 2!r}")
+      elif isinstance(node, ast.BoolOp):
+        add("swapped", node, "and -> or" if isinstance(node.op, ast.And) else "or -> and")
+      elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr)):
+        add("swapped", node, "& -> |" if isinstance(node.op, ast.BitAnd) else "| -> &")
+      elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("all", "any")):
+        add("swapped", node, f"{node.func.id} -> {'any' if node.func.id == 'all' else 'all'}")
+
+  for top in tree.body:
+    if isinstance(top, ast.FunctionDef) and top.name in RULE_FUNCTIONS:
+      in_rules(list(ast.walk(top)))
+    elif (isinstance(top, ast.Assign) and len(top.targets) == 1
+          and isinstance(top.targets[0], ast.Name) and top.targets[0].id in RULE_CONSTANTS
+          and _is_number(top.value)):
+      add("doubled", top.value, f"{top.targets[0].id} {top.value.value!r} -> x2")
+      add("halved", top.value, f"{top.targets[0].id} {top.value.value!r} -> x1/2")
+  # the claims' tolerances (Claim(..., tolerance=x))
+  for node in ast.walk(tree):
+    if isinstance(node, ast.keyword) and node.arg == "tolerance" and _is_number(node.value):
+      add("doubled", node.value, f"tolerance {node.value.value!r} -> x2")
+      add("halved", node.value, f"tolerance {node.value.value!r} -> x1/2")
+  return out
+
+
+def mutate(tree, site: dict) -> ast.AST:
+  """A copy of ``tree`` with the one change of ``site``."""
+  new = copy.deepcopy(tree)
+  node = list(ast.walk(new))[site["path"]]
+  kind = site["kind"]
+  if kind in ("turned", "boundary"):
+    i = int(site["what"].split("#")[1].rstrip(")"))
+    table = _TURN if kind == "turned" else _BOUNDARY
+    node.ops[i] = table[type(node.ops[i])]()
+  elif kind in ("doubled", "halved"):
+    node.value = node.value * 2 if kind == "doubled" else node.value / 2
+  elif isinstance(node, ast.BoolOp):
+    node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+  elif isinstance(node, ast.BinOp):
+    node.op = ast.BitOr() if isinstance(node.op, ast.BitAnd) else ast.BitAnd()
+  else:
+    node.func.id = "any" if node.func.id == "all" else "all"
+  return ast.fix_missing_locations(new)
+
+
+def rule_tests() -> list[tuple[str, callable]]:
+  """The rule tests, called in-process: every test function of the two test modules that
+  takes no fixture, and test_rule_holds_and_fails once per claim."""
+  import importlib
+  out = []
+  for name in ("tests.hoststats.test_paper_rules", "tests.hoststats.test_paper"):
+    mod = importlib.import_module(name)
+    for fname, fn in vars(mod).items():
+      if not fname.startswith("test_") or not callable(fn):
+        continue
+      params = inspect.signature(fn).parameters
+      if fname == "test_rule_holds_and_fails":
+        out += [(f"{name}::{fname}[{k}]", (lambda fn=fn, k=k: fn(k))) for k in sorted(mod.PAIRS)]
+      elif not params:
+        out.append((f"{name}::{fname}", fn))
+  # cheap tests first: the ones that run a clustering last
+  out.sort(key=lambda t: ("stable_3_5" in t[0] or "every_claim_is_evaluated" in t[0]))
+  return out
+
+
+# The one slow rule test (it clusters: k = 3 and 5, 5 half-sample fits each) reads only these of
+# paper.py's rule code; it runs for the mutants in them and is skipped for the others, whose
+# change cannot reach it.
+SLOW = "test_rule_holds_and_fails[guan_stable_3_5]"
+SLOW_REACH = ("_stable_3_5", "evaluate", "_runs") + RULE_CONSTANTS
+
+
+def function_of(tree, line: int) -> str:
+  """The top-level function or constant of ``tree`` that holds ``line``."""
+  for top in tree.body:
+    if top.lineno <= line <= top.end_lineno:
+      if isinstance(top, ast.FunctionDef):
+        return top.name
+      if isinstance(top, ast.Assign) and isinstance(top.targets[0], ast.Name):
+        return top.targets[0].id
+  return ""
+
+
+def run_tests(tests, slow: bool = True) -> str | None:
+  """The first failing test's name, or None when all pass (``slow``: run `SLOW` too)."""
+  import warnings
+  for name, fn in tests:
+    if not slow and name.endswith(SLOW):
+      continue
+    try:
+      with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn()
+    except BaseException as e:  # noqa: BLE001 - any failure kills the mutant
+      if isinstance(e, KeyboardInterrupt):
+        raise
+      return name
+  return None
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+  p.add_argument("--list", action="store_true", help="list the mutants and exit")
+  p.add_argument("--json", help="write every result to this file")
+  args = p.parse_args(argv)
+  source = TARGET.read_text()
+  tree = ast.parse(source)
+  all_sites = [s for s in sites(tree) if s["kind"] in args.kinds]
+  if args.list:
+    for s in all_sites:
+      print(f"{s['kind']:9s} line {s['line']:5d}  {s['what']}")
+    print(f"{len(all_sites)} mutants")
+    return 0
+  from heads_jax.hoststats import paper
+  namespace = paper.__dict__
+  original = compile(tree, str(TARGET), "exec")
+  tests = rule_tests()
+  if run_tests(tests) is not None:
+    print(f"the rule tests fail on the unmutated module ({run_tests(tests)}): fix them first")
+    return 2
+  results, start = [], time.time()
+  for i, s in enumerate(all_sites, 1):
+    try:
+      exec(compile(mutate(tree, s), str(TARGET), "exec"), namespace)
+      killer = run_tests(tests, slow=function_of(tree, s["line"]) in SLOW_REACH)
+    except Exception:  # noqa: BLE001 - a mutant that does not even load is killed
+      killer = "load: " + traceback.format_exc(limit=1).splitlines()[-1]
+    finally:
+      exec(original, namespace)
+    results.append({**s, "killed": killer is not None, "by": killer})
+    mark = "killed" if killer else "SURVIVED"
+    print(f"[{i}/{len(all_sites)}] {mark:8s} {s['kind']:9s} line {s['line']:5d} {s['what']}",
+          flush=True)
+  print(f"\n{len(results)} mutants in {time.time() - start:.0f} s")
+  for kinds, label in ((SCORED, "the issue's mutants (turned, doubled, halved, swapped)"),
+                       (("boundary",), "boundary mutants (< vs <=, > vs >=)")):
+    part = [r for r in results if r["kind"] in kinds]
+    if part:
+      k = sum(r["killed"] for r in part)
+      print(f"{label}: {k} of {len(part)} killed = {100 * k / len(part):.1f}%")
+  survivors = [r for r in results if not r["killed"]]
+  if survivors:
+    print("\nsurvivors:")
+    for r in survivors:
+      line = source.splitlines()[r["line"] - 1].strip()
+      print(f"  {r['kind']:9s} line {r['line']:5d} {r['what']:30s} | {line}")
+  if args.json:
+    Path(args.json).write_text(json.dumps(results, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
