@@ -4,7 +4,7 @@ Hugging Face transformers' ``BertForPreTraining``, bf16 autocast (on CUDA), SDPA
 AdamW (on CUDA), MLM logits at the masked positions only plus NSP: the same work as heads_jax's
 pre-training step. Eager, or under ``torch.compile``. Tokens/s and MFU with heads_jax's FLOP
 convention (6N + 12 l d q, N = non-embedding parameters). From
-``/work/shared/measurements/gpu-2026-11-26/torch_peer.py`` (the issue's figures: 460,334 tokens/s
+``../shared/measurements/gpu-2026-11-26/torch_peer.py`` (the issue's figures: 460,334 tokens/s
 eager, 612,854 compiled on one H200), as a function for ``bench/accelerator.py``.
 
     python bench/torch_peer.py --batch 256 --seq 128 --preds 20 [--compile] [--out FILE.json]

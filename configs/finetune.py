@@ -12,7 +12,7 @@ best checkpoint by dev F1 (MRPC, QQP) or accuracy (SST-2, QNLI). Defaults: batch
 weight decay 0.01, dropout 0.1, bfloat16 compute.
 
 Data: ``data.source = "tsv"`` reads GLUE TSV folders under ``data.glue_dir`` (default
-``$HEADS_JAX_GLUE_DIR`` or ``/work/shared/data/glue``); ``"tfds"`` reads prepared TFDS
+``$HEADS_JAX_GLUE_DIR`` or ``../shared/data/glue`` beside the checkout); ``"tfds"`` reads prepared TFDS
 ``glue/<task>``. A task without a train split there (QNLI here: dev and test only; QQP: only
 ``train_subset``) is an error unless ``data.fallback_train_split`` names the split to train on
 instead: then the run trains on 90% of it and evaluates on the other 10%

@@ -27,7 +27,7 @@ Data sources (``data.sources``): ``;``-separated; each a prepared corpus directo
 corpus; ``HEADS_JAX_CORPUS``, default ``corpus/paper``, for the ``bert_base`` presets), ``tfds:NAME``
 (a prepared TFDS text data set) or comma-separated text paths (files, directories of ``*.txt``,
 globs). Any of them may be a ``gs://`` URL. ``HEADS_JAX_GUTENBERG`` points to a Gutenberg folder
-(default: ``/work/shared/data/corpus/gutenberg``).
+(default: ``../shared/data/corpus/gutenberg`` beside the checkout).
 
 Held-out evaluation text is never trained on: unless ``data.eval_sources`` names other text, the
 evaluation stream reads the held-out side of ``data.sources`` and the training stream the rest
