@@ -10,6 +10,14 @@ From the second pass of ``heads_jax.stats.norms`` (per sequence ``[N, l, h]``):
   heads whose mean first-token attention exceeds ``SINK_THRESHOLD`` = 0.3 (their epsilon).
 * The norm ratio: how much of what a head could move it does move; a head that puts its mass on
   tokens whose transformed values are small (Kobayashi et al. 2020) has a small ratio.
+* Massive activations (Sun et al. 2024, "Massive activations in large language models"): the
+  hidden state's L2 norm at the sink positions against the other tokens', per layer
+  (``hidden_norms`` ``[N, l + 1, 3]``: the first token, the mean over the ``[SEP]`` positions,
+  the median over the other real tokens; entry 0 is the embeddings, entry ``i`` layer ``i``'s
+  output, before any final norm). A post-LN model (BERT) renormalises every layer's output, so
+  its ratios stay near 1; a pre-norm model (ModernBERT) keeps an un-normalised residual stream,
+  where a sink token's state can grow to many times the others': ``activation_summary`` gives
+  the ratios by layer so the two kinds of model can be put side by side.
 """
 
 from __future__ import annotations
@@ -69,4 +77,31 @@ def sink_summary(first_attention, sep_attention, norm_ratio,
       "first_attention_by_layer": [float(x) for x in by_layer["first_attention"].mean()],
       "sep_attention_by_layer": [float(x) for x in sep_both.groupby(heads["layer"]).mean()],
       "norm_ratio_by_layer": [float(x) for x in by_layer["norm_ratio"].mean()],
+  }
+
+
+HIDDEN_NORM_PARTS = ("first", "sep", "other")
+
+
+def activation_summary(hidden_norms) -> dict:
+  """``summary.json`` keys from ``hidden_norms`` float ``[N, l + 1, 3]`` (module docstring):
+  ``hidden_norm_by_layer`` ({part: l + 1 means over the sequences}), ``first_norm_ratio_by_layer``
+  and ``sep_norm_ratio_by_layer`` (the mean over sequences of first / other and [SEP] / other,
+  l + 1 numbers; NaN where a sequence has no other token or no [SEP]), and
+  ``max_first_norm_ratio`` (the largest of the first-token ratios)."""
+  x = np.asarray(hidden_norms, np.float64)
+  if x.ndim != 3 or x.shape[2] != len(HIDDEN_NORM_PARTS):
+    raise ValueError(f"hidden_norms must be [N, l + 1, {len(HIDDEN_NORM_PARTS)}]; got {x.shape}")
+  other = np.where(x[..., 2] > 0, x[..., 2], np.nan)
+  with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns (no [SEP] anywhere)
+    means = np.nanmean(x, axis=0)                                     # [l + 1, 3]
+    first = np.nanmean(x[..., 0] / other, axis=0)
+    sep = np.nanmean(x[..., 1] / other, axis=0)
+  as_list = lambda a: [None if np.isnan(v) else float(v) for v in a]  # noqa: E731
+  return {
+      "hidden_norm_by_layer": {p: as_list(means[:, j]) for j, p in enumerate(HIDDEN_NORM_PARTS)},
+      "first_norm_ratio_by_layer": as_list(first),
+      "sep_norm_ratio_by_layer": as_list(sep),
+      "max_first_norm_ratio": None if np.all(np.isnan(first)) else float(np.nanmax(first)),
   }

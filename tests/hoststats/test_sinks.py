@@ -34,3 +34,15 @@ def test_sink_rate_and_layer_means_by_hand():
 def test_shapes_are_checked():
   with pytest.raises(ValueError, match="sep_attention"):
     head_sinks(np.zeros((2, 1, 1)), np.zeros((2, 1, 1)), np.zeros((2, 1, 1)))
+
+
+def test_massive_activation_ratios_by_hand():
+  from heads_jax.hoststats.sinks import activation_summary
+  x = np.array([[[2.0, 1.0, 1.0], [40.0, 2.0, 2.0]],        # sequence 0: first 20x the others
+                [[2.0, np.nan, 1.0], [20.0, np.nan, 4.0]]])  # sequence 1: no [SEP], first 5x
+  s = activation_summary(x)
+  assert s["first_norm_ratio_by_layer"] == [2.0, 12.5]
+  assert s["sep_norm_ratio_by_layer"] == [1.0, 1.0]          # NaN-aware: sequence 0 only
+  assert s["hidden_norm_by_layer"]["first"] == [2.0, 30.0] and s["max_first_norm_ratio"] == 12.5
+  with pytest.raises(ValueError, match=r"\[N, l \+ 1, 3\]"):
+    activation_summary(np.ones((2, 3)))
