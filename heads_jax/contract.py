@@ -531,14 +531,16 @@ def read_parser(out_dir) -> pd.DataFrame | None:
 
 def write_robustness(out_dir, arrays: Mapping, arcs: pd.DataFrame | None = None) -> Path:
   """Writes robustness.npz: `ROBUSTNESS_KEYS` float32 ``[b, l, h(, 2)]``, ``parse_pred`` int16
-  ``[b, l, h, w]`` when given, and the arcs table (sequence, dependent, head, relation) as
-  ``arc_*`` arrays."""
+  ``[b, l, h, w]`` and ``hidden_norms`` float32 ``[b, l + 1, 3]`` when given, and the arcs table
+  (sequence, dependent, head, relation) as ``arc_*`` arrays."""
   missing = [k for k in ROBUSTNESS_KEYS if k not in arrays]
   if missing:
     raise ValueError(f"the second pass's arrays lack {missing}")
   out = {k: np.asarray(arrays[k], np.float32) for k in ROBUSTNESS_KEYS}
   if arrays.get("parse_pred") is not None:
     out["parse_pred"] = np.asarray(arrays["parse_pred"], np.int16)
+  if arrays.get("hidden_norms") is not None:  # optional: hoststats.sinks.activation_summary
+    out["hidden_norms"] = np.asarray(arrays["hidden_norms"], np.float32)
   if arcs is not None:
     for c in ("sequence", "dependent", "head"):
       out[f"arc_{c}"] = arcs[c].to_numpy(np.int32)
