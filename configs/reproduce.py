@@ -72,13 +72,12 @@ from heads_jax import env
 
 
 def _glue_dir_default() -> str:
-  """``$HEADS_JAX_GLUE_DIR`` when set; else ``../shared/data/glue`` beside the checkout when it
-  exists; else "" (module docstring, "Data")."""
-  if env.is_set("HEADS_JAX_GLUE_DIR"):
+  """``$HEADS_JAX_GLUE_DIR`` (`heads_jax.env`: when unset, ``../shared/data/glue`` beside the
+  checkout or the working directory); "" when that folder is absent (module docstring,
+  "Data"); a set value as it is (a missing folder is said where it is read)."""
+  if env.is_set("HEADS_JAX_GLUE_DIR") or not env.missing_shared("HEADS_JAX_GLUE_DIR"):
     return env.get("HEADS_JAX_GLUE_DIR")
-  beside = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
-                        "shared", "data", "glue")
-  return os.path.normpath(beside) if os.path.isdir(beside) else ""
+  return ""
 
 
 GLUE_DIR = _glue_dir_default()

@@ -94,7 +94,11 @@ def load_task_splits(task: str, *, source: str = "tsv", glue_dir=None, tfds_data
     order = np.random.default_rng(holdout_seed).permutation(n)
     k = int(round(holdout * n))
     if k == 0 or k == n:
-      raise ValueError(f"holdout_fraction {holdout} leaves no train or eval rows of {n}")
+      raise UserError(
+          f"data.holdout_fraction={holdout} of the {n} rows of GLUE {info.name} {used_split} "
+          f"under {glue_dir} leaves {'no eval' if k == 0 else 'no train'} rows: "
+          + ("the split is empty: check the file" if n == 0 else
+             f"choose a fraction between {1 / n:.2g} and {1 - 1 / n:.2g}"))
     ev = [train[i] for i in sorted(order[:k].tolist())]
     train = [train[i] for i in sorted(order[k:].tolist())]
     note.update(eval_split=f"holdout of {used_split}", holdout_fraction=holdout,

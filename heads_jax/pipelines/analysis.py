@@ -34,8 +34,8 @@ from heads_jax.hoststats.calibration import DEFAULT_RULE, NEAR_UNIFORM_NATS, RUL
 from heads_jax.hoststats.clustering import cluster_heads
 from heads_jax.hoststats.hypothesis import hypothesis_tests
 from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, format_roles_by_layer
-from heads_jax.hoststats.summary import summary_figures
-from heads_jax.model.loading import load_model
+from heads_jax.hoststats.summary import computed_roles, summary_figures
+from heads_jax.model.loading import layer_windows, load_model
 from heads_jax.pipelines.device_pass import compute_scores, write_scores
 from heads_jax.pipelines.robustness import ensure_robustness_pass, robustness_host
 from heads_jax.report.analysis import build_analysis_report
@@ -79,6 +79,8 @@ class AnalysisConfig:
   examples: int = DEFAULT_PER_HEAD   # sequences per head in the report's head view (examples.json); 0: none
   robustness: bool = False           # second pass: norm-weighted roles, sinks, heads as parsers
                                      # (pipelines/robustness.py); `heads-jax analyze` turns it on
+  pack: bool = True                  # several sequences per row in the device pass (same scores;
+                                     # False: one sequence per row, padded to 32/64/128)
 
   @classmethod
   def from_config(cls, block, **fields) -> "AnalysisConfig":
@@ -161,7 +163,7 @@ HOST_FILES = (contract.TESTS_CSV, contract.TESTS_JSON, contract.SETTINGS_JSON,
               contract.CLUSTERS_CSV, contract.CLUSTERS_JSON, contract.SUMMARY_JSON,
               contract.PARSER_CSV)
 # Settings of the device pass that do not change scores.npz (how it batches): in neither key.
-BATCHING = ("batch_size", "sort_window")
+BATCHING = ("batch_size", "sort_window", "pack")
 
 
 def host_settings(cfg: AnalysisConfig) -> dict:
@@ -236,7 +238,8 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
   passthrough = {"direction": cfg.direction, "model": str(cfg.model),
                  "data": " + ".join(cfg.data), "max_length": cfg.max_length,
                  "max_examples": cfg.max_examples,
-                 "arcs": ", ".join(str(d.get("arcs")) for d in data_info),
+                 "arcs": "; ".join(f"{name}: {d.get('arcs') or 'none (no parse)'}"
+                                   for name, d in zip(cfg.data, data_info)),
                  "syntax": cfg.syntax}
   for key, name in (("num_truncated", "sequences_truncated"),
                     ("num_empty_dropped", "sequences_empty_dropped"),
@@ -260,7 +263,8 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
       entropy = m["entropy"]
   tests, settings = apply_rule(tests, settings, scores.sieve_bias, scores.roles, scores.lengths,
                                rule=cfg.rule, entropy=entropy,
-                               near_uniform_nats=cfg.near_uniform_nats)
+                               near_uniform_nats=cfg.near_uniform_nats,
+                               windows=layer_windows(local_copy(cfg.model)))
   contract.write_tests(tests, settings, out)
   summary = summary_figures(scores.sieve_bias, scores.roles, tests, rule=cfg.rule,
                             near_uniform_computed=entropy is not None, tau=settings["tau"])
@@ -291,7 +295,9 @@ def host_work(cfg: AnalysisConfig, data_info: list, *, model=None, tokenizer=Non
   if robust:
     host["robustness"] = robustness_host(out, host, log=log)
   assigned, roles = assignment_array(host["tests"], scores.roles, scores.num_layers, scores.num_heads)
-  table = coarse_roles_by_layer(assigned, roles)
+  done = computed_roles(scores.sieve_bias, scores.roles)  # a role not computed is left out
+  keep = [list(roles).index(r) for r in done if r in roles]
+  table = coarse_roles_by_layer(assigned[..., keep], tuple(roles[i] for i in keep))
   log(f"\n{scores.num_sequences} sequences, {scores.num_layers} layers x {scores.num_heads} heads, "
       f"tau = {host['settings']['tau']:g}, alpha = {cfg.alpha:g}, test = {cfg.test}, "
       f"correction = {cfg.correction}, rule = {cfg.rule}")
@@ -299,6 +305,9 @@ def host_work(cfg: AnalysisConfig, data_info: list, *, model=None, tokenizer=Non
     log(f"near-uniform heads (no role under the calibrated rule): "
         f"{', '.join(host['settings']['near_uniform_heads'])}")
   log(f"heads per role and layer ({cfg.rule} rule):\n" + format_roles_by_layer(table))
+  missing = (host["summary"] or {}).get("not_computed") or {}
+  if missing:
+    log("not computed: " + "; ".join(f"{r} ({why})" for r, why in missing.items()))
   log(headline(host["summary"]))
   if cfg.examples > 0:  # the head view: a second, small forward pass (stats/examples.py)
     load = ((lambda: (model, tokenizer)) if model is not None

@@ -124,5 +124,5 @@ def report_lines(out) -> list[str]:
   gained = (result.roles["gained"].fillna("") != "").sum()
   lost = (result.roles["lost"].fillna("") != "").sum()
   return ["change of mean sieve bias (after - before) by layer group:\n"
-          + table.round(3).to_string(),
+          + table.round(3).to_string(na_rep="n/a"),
           f"heads that gained a role: {gained}, lost a role: {lost}"]

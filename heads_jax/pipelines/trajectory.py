@@ -53,7 +53,7 @@ from heads_jax.hoststats.calibration import DEFAULT_RULE, apply_rule
 from heads_jax.hoststats.hypothesis import hypothesis_tests
 from heads_jax.hoststats.roles import assignment_array, coarse_roles
 from heads_jax.hoststats.sinks import SINK_THRESHOLD
-from heads_jax.model.loading import load_model
+from heads_jax.model.loading import layer_windows, load_model
 from heads_jax.pipelines import engine
 from heads_jax.pipelines.keys import unit_key
 from heads_jax.report.figures.robustness import plot_trajectory
@@ -232,13 +232,16 @@ def _first_line(error: BaseException) -> str:
 
 
 def checkpoint_row(sieve_bias, token_attention, lengths, roles, *, entropy=None, tau=3.0,
-                   alpha=0.05, rule: str = DEFAULT_RULE, threshold: float = SINK_THRESHOLD) -> dict:
+                   alpha=0.05, rule: str = DEFAULT_RULE, threshold: float = SINK_THRESHOLD,
+                   windows=None) -> dict:
   """One checkpoint's row: ``share_<coarse role>`` (the run's rule, default test settings; with
   ``entropy`` ``[N, l, h]`` near-uniform heads get no role under the calibrated rule, as in an
   analysis), ``bias_<role>`` (mean over heads and sequences, NaN-aware) and ``sink_rate``.
+  ``windows``: `model.loading.layer_windows` (ModernBERT's local layers; None for BERT).
   ``sieve_bias`` ``[N, l, h, r]``, ``token_attention`` ``[N, l, h, 5]`` (index 0: [CLS])."""
   tests, settings = hypothesis_tests(sieve_bias, roles, tau=tau, alpha=alpha)
-  tests, _ = apply_rule(tests, settings, sieve_bias, roles, lengths, rule=rule, entropy=entropy)
+  tests, _ = apply_rule(tests, settings, sieve_bias, roles, lengths, rule=rule, entropy=entropy,
+                        windows=windows)
   assigned, names = assignment_array(tests, roles)
   coarse, coarse_names = coarse_roles(assigned, names)
   row = {f"share_{c}": float(coarse[..., j].mean()) for j, c in enumerate(coarse_names)}
@@ -309,7 +312,7 @@ def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | Non
            for k in ("sieve_bias", "token_attention", "lengths", "entropy")}
     return {"step": int(s), **checkpoint_row(cat["sieve_bias"], cat["token_attention"],
                                              cat["lengths"], roles, entropy=cat["entropy"],
-                                             rule=rule)}
+                                             rule=rule, windows=layer_windows(model_dir))}
 
   def checkpoints(ctx):
     common = {"model": ctx.model(model_dir), "data": [ctx.data(d) for d in data]}

@@ -50,3 +50,15 @@ def test_plan_needs_partition_for_shared_splits_and_rows_for_each_role():
   separate = _plan(splits={"train": "dev", "eval": "test", "analysis": "test"})
   assert separate["train"] == ("dev", list(range(90)))
   assert separate["eval"] == ("test", list(range(10, 30)))
+
+
+def test_a_holdout_that_leaves_no_rows_names_the_setting_and_the_file(tmp_path):
+  # Before: "holdout_fraction 0.2 leaves no train or eval rows of 0", naming neither.
+  (tmp_path / "SST-2").mkdir()
+  (tmp_path / "SST-2" / "train.tsv").write_text("sentence\tlabel\na fine film\t1\nbad\t0\n")
+  with pytest.raises(UserError) as e:
+    glue_splits.load_task_splits("sst2", glue_dir=tmp_path, holdout_fraction=0.2)
+  msg = str(e.value)
+  assert "data.holdout_fraction=0.2 of the 2 rows of GLUE sst2 train" in msg
+  assert str(tmp_path) in msg and "leaves no eval rows" in msg
+  assert "choose a fraction between 0.5 and 0.5" in msg

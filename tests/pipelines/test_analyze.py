@@ -65,6 +65,12 @@ def test_empty_and_duplicated_sequences(tmp_path, model_dir):
   assert "7 read, 1 with no wordpiece dropped, 1 duplicate(s) of an earlier example (kept)" in log
   settings = json.loads((tmp_path / "o" / contract.SETTINGS_JSON).read_text())
   assert (settings["sequences_empty_dropped"], settings["sequences_duplicated"]) == (1, 1)
+  # roles this run could not compute (single sentences: no block; no arcs): said, not counted
+  # as 0 heads in the console's table (issue 43 item 1); the settings name each data set's arcs
+  assert "not computed: " in log and "block (no sequence pairs" in log
+  table = log.split("heads per role and layer")[1].split("not computed")[0]
+  assert "block" not in table
+  assert settings["arcs"] == f"text:{data}: none (no parse)"
   twice = dataclasses.replace(_cfg(model_dir, data, tmp_path / "o2"),
                               data=(f"text:{data}", f"text:{data}"))
   with pytest.raises(UserError, match="names the same data as .* counted twice"):
