@@ -116,11 +116,11 @@ def test_classifier_matches_transformers(tmp_path):
 
 
 def test_convert_both_ways_round_trips_through_transformers(model_dir, tmp_path):
+  from heads_jax.cli import main as cli_main
   d, hf, tok = model_dir
-  kind, _ = convert_dir(d, tmp_path / "hj")
-  assert kind == "heads_jax" and (tmp_path / "hj" / "heads_jax.json").is_file()
-  kind, _ = convert_dir(tmp_path / "hj", tmp_path / "hf")
-  assert kind == "Hugging Face"
+  assert cli_main(["convert", str(d), str(tmp_path / "hj")]) == 0        # heads-jax convert
+  assert (tmp_path / "hj" / "heads_jax.json").is_file()
+  assert cli_main(["convert", str(tmp_path / "hj"), str(tmp_path / "hf")]) == 0
   cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
   assert cfg["architectures"] == ["ModernBertModel"] and cfg["model_type"] == "modernbert"
   again = transformers.AutoModel.from_pretrained(str(tmp_path / "hf"), attn_implementation="eager")
