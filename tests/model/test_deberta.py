@@ -364,3 +364,18 @@ def test_gates_and_bfloat16():
   from heads_jax.stats.step import with_compute_dtype
   low = with_compute_dtype(model, "bfloat16")(ids, mask, return_attentions=True)
   np.testing.assert_allclose(np.asarray(low["attentions"]), np.asarray(base["attentions"]), atol=3e-2)
+
+
+def test_term_share_summary():
+  """summary.json's term_shares: means over the sequences that have shares (a one-token
+  sequence's NaN left out), per layer, and the heads whose positional terms carry most."""
+  from heads_jax.hoststats.terms import term_share_summary
+  shares = np.array([[[[0.2, 0.5, 0.3], [0.9, 0.05, 0.05]]],
+                     [[[0.4, 0.3, 0.3], [np.nan, np.nan, np.nan]]]], np.float32)  # [2, 1, 2, 3]
+  s = term_share_summary(shares, TERMS)
+  assert s["terms"] == ["c2c", "c2p", "p2c"] and s["num_sequences"] == 2
+  np.testing.assert_allclose(np.array(s["per_head"], float),
+                             [[[0.3, 0.4, 0.3], [0.9, 0.05, 0.05]]], atol=1e-4)
+  np.testing.assert_allclose(np.array(s["per_layer"], float), [[0.6, 0.225, 0.175]], atol=1e-4)
+  assert s["positional_heads"] == ["0:0"] and s["content_heads"] == ["0:1"]
+  json.dumps(s, allow_nan=False)
