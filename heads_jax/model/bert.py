@@ -81,7 +81,20 @@ query rows 0, the attention actually used) or None on the fused path; ``query``/
 ``[b, q, h, e]`` in the compute dtype before the ``1/sqrt(e)`` scaling and ``mask`` is ``[b, k]``.
 If ``fn.needs_probs`` is true (the default when the attribute is missing) the model takes the
 explicit path and passes the probabilities. The outputs of all layers come back as
-``attention_reduced``, each leaf stacked on a new axis 1 (``[b, l, ...]``).
+``attention_reduced``, each leaf stacked on a new axis 1 (``[b, l, ...]``). Two optional
+attributes of ``fn`` ask the explicit path for more, passed as keywords:
+
+* ``fn.value_columns``: float ``[b, k, c]`` key-column features ``E``; the model passes
+  ``columns=`` float32 ``[b, h, q, c]`` = ``P @ E`` per head (padding query rows 0). Under
+  float32 compute without dropout it rides in the value product (``P @ [V | E]``); otherwise a
+  separate float32 product over the probabilities.
+* ``fn.wants_entropy``: the model passes ``entropy=`` float32 ``[b, h, q]``, each row's
+  natural-log entropy over its visible keys from the softmax's own reductions
+  (``H = ln Z - sum_k p_k (s_k - m)``), 0 on padding query rows; None when a "uniform" gate or
+  segment removal edits the probabilities.
+
+**Long sequences**: the ``"xla"`` path runs in chunks of 512 queries (``lax.map``) once
+``b * h * q * k`` exceeds 2^26, so that memory grows linearly in the length.
 """
 
 from __future__ import annotations
@@ -221,15 +234,17 @@ class Embeddings(nnx.Module):
     self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
     self.projection = dense(cfg, e, cfg.hidden_size, rngs) if cfg.embedding_projection else None
 
-  def __call__(self, input_ids, token_type_ids, *, deterministic: bool):
+  def __call__(self, input_ids, token_type_ids, *, deterministic: bool, position_ids=None):
     """ids ``[b, q]`` -> ``[b, q, d]`` (LayerNorm's output dtype, ``layer_norm_dtype``, or the
     compute dtype after a projection).
 
     ``token_type_ids`` index the type table when it has two or more rows; a one-row table
     (RoBERTa) adds its row everywhere, and a model without one (DistilBERT) ignores them."""
     q = input_ids.shape[1]
-    positions = jnp.arange(q) + self.cfg.position_offset
-    x = self.word(input_ids) + self.position(positions)[None]
+    if position_ids is None:
+      x = self.word(input_ids) + self.position(jnp.arange(q) + self.cfg.position_offset)[None]
+    else:  # packed rows: each token's position inside its own sequence
+      x = self.word(input_ids) + self.position(position_ids + self.cfg.position_offset)
     if self.token_type is not None:
       if self.cfg.type_vocab_size == 1:
         x = x + self.token_type.embedding[...][0]
@@ -239,6 +254,45 @@ class Embeddings(nnx.Module):
     if self.projection is not None:
       x = self.projection(x)
     return x
+
+
+def visible(mask, segment_ids=None):
+  """bool ``[b, 1, 1, k]`` (the real keys) or, with packed ``segment_ids`` ``[b, q]``,
+  ``[b, 1, q, k]``: key ``k`` is visible to query ``q`` iff it is real and has the query's
+  nonzero id (padding positions have id 0 and see nothing)."""
+  real = mask[:, None, None, :] > 0
+  if segment_ids is None:
+    return real
+  seg = segment_ids
+  return real & (seg[:, None, :, None] == seg[:, None, None, :]) & (seg[:, None, None, :] > 0)
+
+
+CHUNK_ELEMENTS = 2 ** 26  # b * h * q * k above which the XLA path runs in query chunks
+QUERY_CHUNK = 512
+
+
+def xla_attention(qh, kh, vh, key_real):
+  """``jax.nn.dot_product_attention`` (XLA) with the boolean ``key_real`` ``[b, 1, q|1, k]``;
+  in chunks of ``QUERY_CHUNK`` queries (``lax.map``) when ``b * h * q * k`` exceeds
+  ``CHUNK_ELEMENTS``, so that memory grows linearly in the length (same numbers: the softmax is
+  per query row)."""
+  b, q, h, _ = qh.shape
+  k = kh.shape[1]
+  if b * h * q * k <= CHUNK_ELEMENTS or q <= QUERY_CHUNK:
+    return jax.nn.dot_product_attention(qh, kh, vh, mask=key_real, implementation="xla")
+  n = -(-q // QUERY_CHUNK)
+  pad = n * QUERY_CHUNK - q
+  qc = jnp.pad(qh, ((0, 0), (0, pad), (0, 0), (0, 0)))
+  qc = jnp.moveaxis(qc.reshape(b, n, QUERY_CHUNK, h, qh.shape[-1]), 1, 0)
+  if key_real.shape[2] == 1:
+    ctx = jax.lax.map(lambda qb: jax.nn.dot_product_attention(qb, kh, vh, mask=key_real,
+                                                              implementation="xla"), qc)
+  else:
+    mc = jnp.pad(key_real, ((0, 0), (0, 0), (0, pad), (0, 0)))
+    mc = jnp.moveaxis(mc.reshape(b, 1, n, QUERY_CHUNK, k), 2, 0)
+    ctx = jax.lax.map(lambda a: jax.nn.dot_product_attention(a[0], kh, vh, mask=a[1],
+                                                             implementation="xla"), (qc, mc))
+  return jnp.moveaxis(ctx, 0, 1).reshape(b, n * QUERY_CHUNK, h, vh.shape[-1])[:, :q]
 
 
 class SelfAttention(nnx.Module):
@@ -257,11 +311,13 @@ class SelfAttention(nnx.Module):
 
   def __call__(self, x, mask, *, gate, gate_mode: str, deterministic: bool,
                segment_removal=None, segments=None, renormalise_segments: bool = False,
-               attention: str = "auto", need_probs: bool = False, reduce=None, layer: int = 0):
+               attention: str = "auto", need_probs: bool = False, reduce=None, layer: int = 0,
+               segment_ids=None):
     """x ``[b, q, d]``, mask ``[b, k]`` (1 real) , gate ``[h]`` or None; ``segment_removal``
     ``[h, 2]`` or None with ``segments`` ``[b, k]`` (token types; see the module docstring);
     ``attention`` the path setting, ``need_probs`` whether the caller reads the probabilities,
-    ``reduce`` the per-layer reduction (called with ``layer``).
+    ``reduce`` the per-layer reduction (called with ``layer``); ``segment_ids`` ``[b, q]`` or
+    None: packed sequences (a query attends only the real keys of its own nonzero id).
 
     Returns the new hidden state ``[b, q, d]``, the attention ``[b, h, q, k]`` float32 (None on
     the fused path) and the reduction's output (None without ``reduce``).
@@ -276,19 +332,32 @@ class SelfAttention(nnx.Module):
     path = attention_path(attention, needs_probs=need_probs or edits or reduce_probs,
                           dropout_active=dropout_active, dtype=qh.dtype, head_dim=cfg.head_dim,
                           supports_flash=True)
-    key_real = mask[:, None, None, :].astype(bool)
+    key_real = visible(mask, segment_ids)                                    # [b, 1, q|1, k]
     h = cfg.num_heads
     keep = attention_keep(self.attention_dropout, (b, h, q, q)) if dropout_active else None
-    probs = None
+    columns_in = None if reduce is None else getattr(reduce, "value_columns", None)
+    wants_entropy = reduce is not None and getattr(reduce, "wants_entropy", False)
+    probs = columns = entropy = None
     if path == "explicit":
       scale = 1.0 / jnp.sqrt(jnp.float32(cfg.head_dim))
       scores = jnp.einsum("bqhe,bkhe->bhqk", qh, kh, preferred_element_type=jnp.float32) * scale
       scores = jnp.where(key_real, scores, jnp.finfo(jnp.float32).min)
-      probs = jax.nn.softmax(scores, axis=-1)
+      if wants_entropy and not edits:
+        # jax.nn.softmax's own steps (same bits), keeping its reductions for the entropy:
+        # H = ln Z - sum_k p_k (s_k - m), natural log, over the visible keys
+        centred = scores - jnp.max(scores, axis=-1, keepdims=True)
+        unnormalised = jnp.exp(centred)
+        total = jnp.sum(unnormalised, axis=-1, keepdims=True)
+        probs = unnormalised / total
+        entropy = jnp.log(total[..., 0]) - jnp.sum(jnp.where(key_real, probs * centred, 0.0), -1)
+        entropy = entropy * mask[:, None, :].astype(entropy.dtype)          # padding queries 0
+      else:
+        probs = jax.nn.softmax(scores, axis=-1)
       probs = jnp.where(key_real, probs, 0.0)  # exact zeros on padding keys
       if gate is not None and gate_mode == "uniform":
-        n = jnp.maximum(mask.sum(-1), 1).astype(jnp.float32)
-        uniform = key_real.astype(jnp.float32) / n[:, None, None, None]
+        # uniform over the keys the query may attend (its segment's real keys when packed)
+        n = jnp.maximum(jnp.sum(key_real, axis=-1, keepdims=True), 1).astype(jnp.float32)
+        uniform = key_real.astype(jnp.float32) / n
         g = gate.astype(jnp.float32)[None, :, None, None]
         probs = g * probs + (1.0 - g) * uniform
       if segment_removal is not None:
@@ -302,24 +371,44 @@ class SelfAttention(nnx.Module):
       if keep is not None:  # as nnx.Dropout: select(keep, x / (1 - rate), 0)
         dropped = (jax.lax.select(keep, probs / (1.0 - rate), jnp.zeros_like(probs)) if rate < 1
                    else jnp.zeros_like(probs))
-      ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
+      if columns_in is not None and vh.dtype == jnp.float32 and keep is None:
+        # P @ [V | E]: the extra columns ride in the same product as the values
+        cols = jnp.broadcast_to(columns_in[:, :, None, :].astype(vh.dtype),
+                                (b, q, h, columns_in.shape[-1]))
+        both = jnp.einsum("bhqk,bkhf->bqhf", dropped, jnp.concatenate([vh, cols], axis=-1))
+        ctx, columns = both[..., :cfg.head_dim], jnp.transpose(both[..., cfg.head_dim:], (0, 2, 1, 3))
+      else:
+        ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
+        if columns_in is not None:  # float32 columns under bfloat16 compute (or dropout)
+          columns = jnp.einsum("bhqk,bkc->bhqc", probs, columns_in.astype(jnp.float32))
+      if columns is not None:
+        columns = columns * mask[:, None, :, None].astype(columns.dtype)    # padding queries 0
     elif path == "flash":
-      # a query attends the real keys of its row (padding queries too, as on the explicit path)
-      ctx = flash_attention(qh, kh, vh, jnp.ones_like(mask), mask, keep,
-                            rate=self.attention_dropout.rate)
-    elif path == "cudnn":
+      if segment_ids is None:
+        # a query attends the real keys of its row (padding queries too, as the explicit path)
+        q_ids, kv_ids = jnp.ones_like(mask), mask
+      else:
+        q_ids = segment_ids
+        kv_ids = jnp.where((mask > 0) & (segment_ids > 0), segment_ids, -1)
+      ctx = flash_attention(qh, kh, vh, q_ids, kv_ids, keep, rate=self.attention_dropout.rate)
+    elif path == "cudnn" and segment_ids is None:
       # right-padded batches: key lengths; at least 1 so that a filler row stays finite
       lengths = jnp.maximum(jnp.sum(mask > 0, axis=-1), 1).astype(jnp.int32)
       ctx = jax.nn.dot_product_attention(qh, kh, vh, key_value_seq_lengths=lengths,
                                          implementation="cudnn")
-    else:
-      ctx = jax.nn.dot_product_attention(qh, kh, vh, mask=key_real, implementation="xla")
+    else:  # "xla" (and "cudnn" with packed segments, which key lengths cannot express)
+      ctx = xla_attention(qh, kh, vh, key_real)
     reduced = None
     if reduce is not None:
       shown = None
       if probs is not None:
         shown = probs * mask[:, None, :, None].astype(probs.dtype)           # padding queries 0
-      reduced = reduce(layer, shown, qh, kh, mask)
+      extra = {}
+      if columns_in is not None:
+        extra["columns"] = columns
+      if wants_entropy:
+        extra["entropy"] = entropy
+      reduced = reduce(layer, shown, qh, kh, mask, **extra)
     if gate is not None and gate_mode == "remove":
       ctx = ctx * gate.astype(ctx.dtype)[None, None, :, None]
     out = self.dropout(self.output(ctx.reshape(b, q, cfg.hidden_size)), deterministic=deterministic)
@@ -366,7 +455,8 @@ class BertModel(nnx.Module):
                gate_mode: str = "remove", return_attentions: bool = False,
                return_hidden_states: bool = False, deterministic: bool = True,
                segment_removal=None, renormalise_segments: bool = False,
-               attention: str | None = None, attention_reduce=None) -> dict:
+               attention: str | None = None, attention_reduce=None, position_ids=None,
+               segment_ids=None) -> dict:
     """Encodes ``input_ids`` ``[b, q]``.
 
     Args:
@@ -387,6 +477,13 @@ class BertModel(nnx.Module):
         ``attention`` (``"auto"`` by default).
       attention_reduce: optional per-layer reduction ``fn(layer, probs, query, key, mask)``
         (module docstring); its outputs come back as ``attention_reduced``.
+      position_ids: optional int ``[b, q]``: each token's position inside its own sequence,
+        0-based, before the family's ``position_offset`` (default ``arange(q)``).
+      segment_ids: optional int ``[b, q]``: packed rows, ``1, 2, ...`` per sequence of the
+        row and 0 on padding; a query attends only the real keys of its own id (block-diagonal
+        attention; a "uniform" gate is uniform over those keys). ``attention_mask`` stays the
+        real-position mask (what ``attention_reduce`` receives). ``"cudnn"`` falls back to
+        ``"xla"`` here.
 
     Returns:
       dict with ``last_hidden_state`` ``[b, q, d]`` and, where the family has a pooler, ``pooled``
@@ -420,13 +517,21 @@ class BertModel(nnx.Module):
         raise ValueError(f"segment_removal must have shape [layers, heads, 2] = "
                          f"{(cfg.num_layers, cfg.num_heads, 2)}, got {segment_removal.shape}")
 
-    x = self.embeddings(input_ids, types, deterministic=deterministic)
+    for name, ids in (("position_ids", position_ids), ("segment_ids", segment_ids)):
+      if ids is not None and jnp.shape(ids) != input_ids.shape:
+        raise ValueError(f"{name} must have the shape of input_ids {input_ids.shape}, "
+                         f"got {jnp.shape(ids)}")
+    if position_ids is not None:
+      position_ids = jnp.asarray(position_ids, jnp.int32)
+    x = self.embeddings(input_ids, types, deterministic=deterministic, position_ids=position_ids)
     hidden, attentions, reduced = [x], [], []
     for i, which in enumerate(cfg.layer_schedule):
       layer = self.layers[which]
       gate = None if head_gate is None else head_gate[i]
       attention_kw = {"attention": attention, "need_probs": return_attentions,
                       "reduce": attention_reduce, "layer": i}
+      if segment_ids is not None:
+        attention_kw["segment_ids"] = jnp.asarray(segment_ids, jnp.int32)
       if segment_removal is not None:
         attention_kw.update(segment_removal=segment_removal[i], segments=types,
                             renormalise_segments=renormalise_segments)
