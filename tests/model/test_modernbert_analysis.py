@@ -111,3 +111,9 @@ def test_analyze_end_to_end_matches_transformers_attention(tmp_path):
   for role in ("cls", "sep", "delimiter"):
     assert not np.isnan(z["sieve_bias"][..., ROLES.index(role)]).any(), role
   assert not np.isnan(z["sieve_bias"][6:, ..., ROLES.index("block")]).any()
+  # The windowed layers are named, and their heads judged against uniform attention over the
+  # window: the random heads of the local layers are near-uniform, not block or local heads.
+  import json
+  settings = json.loads((out / "tests.json").read_text())["settings"]
+  assert settings["windowed_layers"] == [1, 2] and settings["window"] == 4
+  assert {f"{l}:{h}" for l in (1, 2) for h in range(4)} <= set(settings["near_uniform_heads"])
