@@ -14,7 +14,8 @@
 2. **Checks**, on a tiny random BERT (2 layers x 4 heads, attention sharpened so that the
    statistics are not those of uniform rows) and 8 UD EWT sentences (embedded; gold arcs):
    every attention path (``explicit``, ``xla``; ``cudnn`` on a GPU, in bfloat16) and every
-   analysis path (``stats_impl`` ``layerwise``, ``fused``, ``stacked``) on the user's devices,
+   analysis path (``stats_impl`` ``layerwise``, ``fused``, ``stacked``, ``kernel``: statistics
+   kernel v2, whose check on a GPU or TPU is what lets ``auto`` take it there) on the user's devices,
    each against the float32 reference computed on the host CPU at the highest matmul precision
    (explicit attention; the stand-alone statistics). The error of each, ``max |got - ref| /
    max(1, |ref|)`` over every output (hidden states; sieve bias, distance features, entropies,
@@ -197,11 +198,14 @@ def analysis_checks(model, batch: dict, platform: str) -> list[Check]:
   with jax.default_matmul_precision("highest"):
     want = make_analysis_step(model, measures=True, stats_impl="stacked", mesh=cpu_mesh)(batch)
   out = []
-  for impl in ("layerwise", "fused", "stacked"):
+  for impl in ("layerwise", "fused", "stacked", "kernel"):
     for dtype in ("float32", "bfloat16"):
       name = f"analysis {impl}"
       note = "Pallas interpret mode: the kernel compiles on GPUs only" if (
           impl == "fused" and platform != "gpu") else ""
+      if impl == "kernel":
+        note = {"gpu": "kernel v2: Pallas (Triton)", "tpu": "kernel v2: Pallas (Mosaic)"}.get(
+            platform, "kernel v2: the tile under lax.map (Pallas on GPUs and TPUs)")
       try:
         step = make_analysis_step(model, measures=True, stats_impl=impl, compute_dtype=dtype)
         err = _max_error(step(batch), want, ANALYSIS_OUTPUTS)

@@ -101,18 +101,21 @@ def target_platform(platform: str | None = None) -> str:
 
 
 def channel_weights(batch, roles: Sequence[str], direction: str = "dep2head",
-                    measures: bool = False):
+                    measures: bool = False, sizes=None):
   """Each output channel's per-query weight (the channels of ``num_channels``) as float32
   ``[b, c, q]``, and the sieve count ``[b, r]``: the weights of ``heads_jax.stats.layerwise``
   (``n / (|S(t)| V)`` per role, ``1/n`` per distance feature and mean measure, the ``[CLS]``
   row for ``cls_entropy``, ``1/(n-1)`` for the previous/next token). Shared by this kernel and
-  kernel v2 (``heads_jax.stats.kernel``)."""
+  kernel v2 (``heads_jax.stats.kernel``), which passes the sieve sizes ``|S(t)|`` ``[b, r, q]``
+  (``kernel.sieve_sizes``, linear in the length) instead of building the ``[b, r, q, k]`` sieves."""
   mask = jnp.asarray(batch["attention_mask"])
   real = mask > 0
   realf = real.astype(jnp.float32)
   n = jnp.sum(realf, axis=-1)                                              # [b]
   pos = jnp.arange(mask.shape[1])
-  weight, count = role_weights(build_sieves(batch, roles, direction), mask)  # [b, r, q]
+  if sizes is None:
+    sizes = jnp.sum(build_sieves(batch, roles, direction), axis=-1)        # [b, r, q]
+  weight, count = role_weights(sizes[..., None], mask)                     # [b, r, q]
   over_n = realf / jnp.maximum(n, 1.0)[:, None]                           # [b, q]
   rows = [weight[:, j] for j in range(len(roles))] + [over_n] * NUM_DISTANCE_FEATURES
   if measures:

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
+from heads_jax.data import vocabulary as vocab
 from heads_jax.data.vocabulary import (TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PAD, TOKEN_PERIOD,
                                        TOKEN_SEP)
 from heads_jax.parallel import DATA_AXIS
@@ -76,6 +77,68 @@ def padded_length(k: int, wrapper: str, block_q: int) -> int:
   if wrapper == "triton":
     return max(_next_pow2(k), block_q, 16)
   return -(-k // block_q) * block_q
+
+
+def _count_equal(keys, valid, queries):
+  """``#{s : valid[s], keys[s] == queries[t]}`` per row t, int32 ``[b, q]`` from ``[b, k]`` keys
+  (sorted and searched: O(k log k), no ``[q, k]`` comparison)."""
+  sentinel = jnp.iinfo(jnp.int32).max
+  ordered = jnp.sort(jnp.where(valid, keys, sentinel), axis=-1)
+  search = jax.vmap(lambda a, v, side: jnp.searchsorted(a, v, side=side), in_axes=(0, 0, None))
+  return (search(ordered, queries, "right") - search(ordered, queries, "left")).astype(jnp.int32)
+
+
+def sieve_sizes(batch, roles: Sequence[str], direction: str = "dep2head"):
+  """``|S(t)|`` of every role's sieve, int32 ``[b, r, q]``, equal to
+  ``heads_jax.sieves.build_sieves(batch, roles, direction).sum(-1)`` but in memory linear in the
+  length (counts, cumulative sums and sorted searches; no ``[q, k]`` mask), so that the per-query
+  weights of a long sequence need no map-sized buffer. Unpacked batches (no ``segment_ids``)."""
+  if batch.get("segment_ids") is not None:
+    raise ValueError("sieve_sizes takes unpacked batches (stats_impl='kernel' does not pack yet)")
+  mask = jnp.asarray(batch["attention_mask"])
+  b, k = mask.shape
+  real = mask > 0
+  tc = jnp.asarray(batch["token_class"]).astype(jnp.int32)
+  tt = jnp.asarray(batch["token_type_ids"]).astype(jnp.int32)
+  word = jnp.asarray(batch["word_ids"]).astype(jnp.int32)
+  head = jnp.asarray(batch["dep_head"]).astype(jnp.int32)
+  rel = jnp.asarray(batch["dep_rel"]).astype(jnp.int32)
+  pos = jnp.arange(k)
+  cum = jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
+                         jnp.cumsum(real.astype(jnp.int32), axis=-1)], axis=-1)  # [b, k + 1]
+  at = lambda i: jnp.take_along_axis(cum, jnp.clip(i, 0, k)[None].repeat(b, 0), axis=-1)  # noqa: E731
+  block = block_columns(batch)                                              # [b, k, 2]
+  per_type = jnp.sum(block, axis=1).astype(jnp.int32)                       # [b, 2]
+  is_pair = jnp.any(real & (tt == 1), axis=-1)
+  key_sets = {vocab.KEY_POSITION0: real & (pos[None] == 0), vocab.KEY_SEP: real & (tc == TOKEN_SEP)}
+  word_real = real & (word >= 0)
+  sizes = []
+  for name in roles:
+    role = vocab.role(name)
+    if role.sieve == vocab.SIEVE_OFFSETS:
+      lo, hi = role.offsets
+      size = at(pos + hi + 1) - at(pos + lo)
+    elif role.sieve == vocab.SIEVE_BLOCK:
+      size = jnp.where(tt == 0, per_type[:, :1], per_type[:, 1:]) * is_pair[:, None]
+    elif role.sieve == vocab.SIEVE_KEYS:
+      union = functools.reduce(jnp.logical_or, [key_sets[kind] for kind in role.keys])
+      size = jnp.broadcast_to(jnp.sum(union, axis=-1, keepdims=True), (b, k)).astype(jnp.int32)
+    elif role.sieve == vocab.SIEVE_RELATION:
+      has_rel = functools.reduce(jnp.logical_or, [rel == r for r in role.relations])
+      dep_of = has_rel & (head >= 0)                              # t's word -> its head word
+      size = jnp.where(dep_of, _count_equal(word, word_real, head), 0)
+      if direction == "both":
+        head_of = real & has_rel & (head >= 0)                    # s's word depends on another
+        dependents = _count_equal(head, head_of, word)            # ... on t's word
+        pair_key = lambda w, h: w * (k + 1) + h                   # noqa: E731
+        both_ways = _count_equal(pair_key(word, head), head_of & (word >= 0),
+                                 pair_key(head, word))           # s in t's head word, heading t
+        size = size + jnp.where(word >= 0, dependents, 0) - jnp.where(
+            dep_of & (word >= 0), both_ways, 0)
+    else:  # pragma: no cover - Role validates its kind
+      raise ValueError(f"role {name!r} has sieve kind {role.sieve!r}")
+    sizes.append(jnp.where(real, size, 0))
+  return jnp.stack(sizes, axis=1).astype(jnp.int32)
 
 
 def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", measures: bool = False,
@@ -121,7 +184,8 @@ def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", meas
                        col(tc == TOKEN_COMMA), col(tc == TOKEN_PERIOD), block[..., 0],
                        block[..., 1], col(tc == TOKEN_CLS), col(pos0 | (tc == TOKEN_SEP))], axis=-1)
   e_table = jnp.pad(e_table, ((0, 0), (0, 0), (0, tile.E_COLS - e_table.shape[-1])))
-  weights, count = channel_weights(batch, roles, direction, measures)     # [b, c, q]
+  weights, count = channel_weights(batch, roles, direction, measures,
+                                   sizes=sieve_sizes(batch, roles, direction))  # [b, c, q]
   weights = jnp.transpose(weights, (0, 2, 1))                              # [b, q, c]
   c = weights.shape[-1]
   cp = _next_pow2(c) if channels is None else int(channels)

@@ -16,21 +16,28 @@ add over the rows. The arithmetic on the ``[T, K]`` tile:
 * entropy ``H = ln Z - sum ex x / Z`` (float32, no logarithm per element; absolute error about
   5e-7 where ``ln Z + m - sum p s`` cancels to 4e-5, plan section 2.3), so ``block`` needs no
   extra pass;
-* one contraction ``ex @ E`` with ``E [K, 32]``: the key-column features (row mass, [CLS]
-  position, [SEP], ``,``, ``.``, the two block columns, [CLS] class, delimiter) in columns 0..8
-  and the block-uniform window one-hot of each non-special key in columns 16..31. ``ex`` enters
-  the contraction as two bfloat16 halves (``hi + lo``, E exact in bfloat16): 1.8e-6 where bf16
-  alone misses 1e-3 (plan section 2.3); ``contraction="float32"`` takes one float32 dot instead;
-* the 16 distance windows ``min(15, floor(16 |s - t| / n))`` as that base contraction plus
-  ``J(n) = min(15, ceil(16 (T - 1) / n))`` threshold corrections ``(ex * [r >= theta_j(s)]) @ D_j``
-  (``window_masks``; exact, ``tests/stats/test_kernel.py`` checks the decomposition against the
-  direct windows to 1e-14): within T rows a key's window moves by at most J steps, always the
-  same way, so each correction is one compare and one select per element;
-* the offsets ``-2..2`` (local, prev/next local, self, prev/next token) from the band
-  ``|s - t| <= 2``: ``(ex * band) @ onehot(s mod 16)`` puts each band key of a row in its own
-  column, then a ``[T, 16]`` pick per offset;
+* one contraction ``ex @ E`` with ``E [K, 64]``, built once per block for all its heads
+  (``block_setup``): the key-column features (row mass, [CLS] position, [SEP], ``,``, ``.``, the
+  two block columns, [CLS] class, delimiter) in columns 0..8, each non-special key's window at
+  its nearest row of the block in columns 16..31, and the near keys ``t0 - 2 .. t0 + T + 1``
+  each in its own column (32..63). ``ex`` enters the contraction as two bfloat16 halves
+  (``hi + lo``, E exact in bfloat16): 1.8e-6 where bf16 alone misses 1e-3 (plan section 2.3);
+  ``contraction="float32"`` takes one float32 dot instead;
+* the 16 distance windows ``min(15, floor(16 |s - t| / n))`` as that base plus
+  ``J(n) = min(15, ceil(16 (T - 1) / n))`` threshold corrections ``(ex * [|s - t| >=
+  theta_j(s)]) @ D_j`` (``window_masks``; exact, ``tests/stats/test_kernel.py`` checks the
+  decomposition against the direct windows): over T rows a key's window only grows from its
+  nearest row's, by at most J steps, so each correction is one compare and a select per half;
+  the first ``STATIC_CORRECTIONS`` are built once per block and skipped past J(n), further ones
+  (sequences shorter than ``16 (T - 1) / 4``) are built in a loop;
+* the offsets ``-2..2`` (local, prev/next local, self, prev/next token): ``p[t, t + o]`` is the
+  near column ``t - t0 + o + 2`` of row t, a pick on the small ``[T, 64]`` result;
 * the dependency roles: one mask ``word(s) == head(t)`` shared by the relations and
   ``syntactic`` (``dep2head``); ``both`` adds one union mask per role.
+
+Per attention element that is 16 tile operations plus 3 per window correction (22 for a
+128-position sequence at T = 16; the first kernel had 83 plus 26 row reductions;
+``tests/stats/test_kernel.py`` counts them in the jaxpr).
 
 Definitions are those of ``heads_jax.stats.sieve_bias``, ``distance`` and ``measures`` (DESIGN.md
 section 3), value for value the same channels as the first fused kernel

@@ -56,6 +56,10 @@ SHARDED = NamedSharding(MESH, P(DATA_AXIS))
 # lowers a Pallas (Triton) call without a GPU only for an abstract GPU device.
 GPU_MESH = MESH.update(abstract_device=jax.sharding.AbstractDevice(
     device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu"))
+# Mosaic (TPU Pallas) lowers only for a TPU device kind: kernel v2's TPU wrapper is exported on an
+# abstract TPU mesh.
+TPU_MESH = MESH.update(abstract_device=jax.sharding.AbstractDevice(
+    device_kind="TPU v5 lite", num_cores=1, platform="tpu"))
 # The kernel's Triton call: a custom call without a compatibility guarantee (allowed here; the
 # exported artifact is never stored).
 TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
@@ -177,8 +181,8 @@ ANALYSIS_B, ANALYSIS_K = 64, 128   # 8 sequences per device, the analysis's defa
 
 
 @functools.lru_cache(maxsize=None)
-def bert_base_encoder():
-  cfg = config_for("base", vocab_size=30522, dtype="bfloat16")
+def bert_base_encoder(positions: int = 512):
+  cfg = config_for("base", vocab_size=30522, dtype="bfloat16", max_position_embeddings=positions)
   model = nnx.eval_shape(lambda: build_model("BertModel", cfg, seed=0))
   graphdef, state = nnx.split(model)
   return graphdef, abstract(state)
@@ -188,11 +192,12 @@ def analysis_batch():
   return {f: S((ANALYSIS_B, ANALYSIS_K), jnp.int32, sharding=SHARDED) for f in BATCH_FIELDS}
 
 
-def analysis_exported(stats_impl, platform, measures=True):
-  mesh = GPU_MESH if platform == "cuda" else MESH
-  graphdef, state = bert_base_encoder()
+def analysis_exported(stats_impl, platform, measures=True, length=None):
+  mesh = GPU_MESH if platform == "cuda" else (TPU_MESH if stats_impl == "kernel" else MESH)
+  graphdef, state = bert_base_encoder(max(512, length or 0))
   state = abstract(state, NamedSharding(mesh, P()))
-  batch = {f: S(x.shape, x.dtype, sharding=NamedSharding(mesh, P(DATA_AXIS)))
+  batch = {f: S(x.shape[:1] + (length or x.shape[1],), x.dtype,
+                sharding=NamedSharding(mesh, P(DATA_AXIS)))
            for f, x in analysis_batch().items()}
   run = analysis.analysis_program(
       graphdef, roles=ROLES, direction="dep2head", gate_mode="remove", measures=measures,
@@ -217,6 +222,31 @@ def test_fused_analysis_lowers_for_gpu_with_triton():
   # one Triton kernel per layer, each under shard_map (a Pallas call is not partitioned by XLA)
   assert text.count("__gpu$xla.gpu.triton") == 12
   assert "sdy.manual_computation" in text
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_kernel_v2_analysis_lowers(platform):
+  """Statistics kernel v2 (``stats_impl="kernel"``): one Pallas call per layer, Triton for
+  ``cuda`` (power-of-two loads), Mosaic for ``tpu`` (blocks whole or (8, 128)-aligned), each
+  under shard_map over the data axis."""
+  exp = analysis_exported("kernel", platform)
+  text = check_exported(exp, platform)
+  call = "__gpu$xla.gpu.triton" if platform == "cuda" else "tpu_custom_call"
+  assert text.count(call) == 12
+  assert "sdy.manual_computation" in text
+  out = jax.tree.unflatten(exp.out_tree, exp.out_avals)
+  assert out["sieve_bias"].shape == (ANALYSIS_B, 12, 12, len(ROLES))
+  assert out["distance"].shape == (ANALYSIS_B, 12, 12, 21)
+
+
+def test_kernel_v2_past_the_pallas_length_lowers_without_a_custom_call():
+  """Past ``kernel.MAX_KEYS`` (a Triton program holds all keys) the step takes the tile under
+  lax.map: plain XLA, memory linear in the length."""
+  from heads_jax.stats import kernel
+  length = 2 * kernel.MAX_KEYS["triton"]
+  exp = analysis_exported("kernel", "cuda", length=length)
+  text = check_exported(exp, "cuda")
+  assert "__gpu$xla.gpu.triton" not in text
 
 
 def test_fused_kernel_does_not_lower_for_tpu_and_auto_never_picks_it_there():

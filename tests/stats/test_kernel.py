@@ -1,0 +1,250 @@
+"""Statistics kernel v2 (heads_jax.stats.tile, heads_jax.stats.kernel) on the CPU: the window
+decomposition exact, the tile against the stand-alone ("stacked") statistics in float32 and
+bfloat16, singles and pairs, padding, arcs both ways, the 32/64/128 buckets at their lower edge
+(the most window corrections), the NaN pattern; both Pallas wrappers in interpret mode (the TPU
+one also under ``pltpu.InterpretParams``); the tile's operation count; and memory linear in the
+sequence length (no ``h * q * k`` buffer at 8,192 positions)."""
+
+import collections
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests import reference_impl as ref
+from heads_jax.data import vocabulary as B
+from heads_jax.doctor import relative_error
+from heads_jax.sieves import build_sieves, distance_bins, NUM_WINDOWS
+from heads_jax.stats import kernel, layerwise, tile
+from heads_jax.stats.distance import distance_features
+from heads_jax.stats.measures import all_measures
+from heads_jax.stats.sieve_bias import sieve_bias
+
+OUTPUTS = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention")
+
+
+# -- the window decomposition ---------------------------------------------------------------------
+
+def test_window_decomposition_is_exact():
+  """onehot(window(t, s)) = E0[s] + sum_j [|s - t| >= theta_j(s)] D_j[s] for every row of the
+  first, a middle and the last block and every key, and so A @ onehot equals the decomposed
+  contraction on any A (to float64 rounding)."""
+  rng = np.random.default_rng(0)
+  for rows, n in [(8, 17), (8, 100), (16, 37), (16, 64), (16, 128), (28, 37), (28, 128)]:
+    keys = -(-n // rows) * rows
+    for t0 in sorted({0, (keys // rows // 2) * rows, keys - rows}):
+      e0, terms = tile.window_masks(t0, n, rows, keys)
+      assert len(terms) == int(tile.corrections(n, rows))
+      got = np.broadcast_to(np.asarray(e0)[None], (rows, keys, NUM_WINDOWS)).astype(np.float64)
+      for mask, d in terms:
+        got = got + np.asarray(mask)[..., None] * np.asarray(d)[None]
+      t = t0 + np.arange(rows)[:, None]
+      dist = np.abs(np.arange(keys)[None, :] - t)
+      want = np.minimum(15, (16 * dist) // n)
+      np.testing.assert_array_equal(got, np.eye(NUM_WINDOWS)[want])
+      a = rng.random((rows, keys))
+      direct = np.einsum("tk,tkw->tw", a, np.eye(NUM_WINDOWS)[want])
+      decomposed = a @ np.asarray(e0, np.float64) + sum(
+          (a * np.asarray(m)) @ np.asarray(d, np.float64) for m, d in terms)
+      assert np.max(np.abs(decomposed - direct)) < 1e-13
+
+
+def test_windows_match_the_sieves_bins():
+  """window_of is the window of heads_jax.sieves.distance_bins (float arithmetic, integer result)."""
+  for n in (1, 7, 16, 17, 64, 100, 128, 8192):
+    d = np.arange(1, min(n, 600) + 1)
+    np.testing.assert_array_equal(np.asarray(tile.window_of(d, n)), np.minimum(15, 16 * d // n))
+  mask = np.ones((1, 40), np.int32)
+  bins = np.asarray(distance_bins(np.zeros((1, 40), np.int32), mask))[0]
+  d = np.abs(np.arange(40)[None] - np.arange(40)[:, None])
+  np.testing.assert_array_equal(np.where(d > 0, bins, 0), np.where(d > 0, tile.window_of(d, 40), 0))
+
+
+# -- the tile against the stand-alone statistics --------------------------------------------------
+
+def _case(seed, b, k, h, e, min_len, dtype):
+  """A reference batch (singles and pairs, padding, arcs) with random queries and keys in
+  ``dtype`` and the float64 probabilities of their masked softmax ``[b, h, q, k]``."""
+  rng = np.random.default_rng(seed)
+  batch = ref.random_batch(rng, b, k, min_len=min_len)
+  q = jnp.asarray(2.0 * rng.normal(size=(b, k, h, e)), dtype)
+  kk = jnp.asarray(2.0 * rng.normal(size=(b, k, h, e)), dtype)
+  mask = batch["attention_mask"] > 0
+  s = np.einsum("bqhe,bkhe->bhqk", np.asarray(q, np.float64), np.asarray(kk, np.float64)) / np.sqrt(e)
+  s = np.where(mask[:, None, None, :], s, -np.inf)
+  m = np.max(s, axis=-1, keepdims=True)
+  ex = np.where(mask[:, None, None, :], np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
+  p = ex / np.maximum(ex.sum(-1, keepdims=True), 1e-300)
+  return batch, q, kk, p * mask[:, None, :, None]
+
+
+def _stacked(batch, p, direction):
+  """The stand-alone functions (the definitions, what ``stacked`` computes) on ``p`` as one layer."""
+  attn = jnp.asarray(p[:, None], jnp.float32)                             # [b, 1, h, q, k]
+  mask, tc = batch["attention_mask"], batch["token_class"]
+  out = {"sieve_bias": sieve_bias(attn, build_sieves(batch, B.ROLES, direction), mask, B.ROLES),
+         "distance": distance_features(attn, tc, mask)}
+  out.update(all_measures(attn, tc, mask))
+  return {key: np.asarray(v)[:, 0] for key, v in out.items()}
+
+
+def _kernel(batch, q, kk, direction, wrapper="xla", **kw):
+  tables = kernel.kernel_program_tables(batch, B.ROLES, direction, True, wrapper=wrapper)
+  out = kernel.kernel_layer_stats(q, kk, tables, B.ROLES, direction, True, wrapper=wrapper, **kw)
+  out = layerwise.finish({key: v[:, None] for key, v in out.items()}, tables)
+  return {key: np.asarray(v)[:, 0] for key, v in out.items()}
+
+
+def _check(got, want, tol):
+  for key in OUTPUTS:
+    assert np.array_equal(np.isnan(got[key]), np.isnan(want[key])), key
+    assert relative_error(got[key], want[key]) <= tol, (key, relative_error(got[key], want[key]))
+
+
+@pytest.mark.parametrize("k, min_len, dtype, direction", [
+    (32, 17, jnp.float32, "dep2head"),        # 32 bucket at its lower edge
+    (64, 33, jnp.bfloat16, "dep2head"),       # 64 bucket, bf16 inputs
+    (128, 65, jnp.bfloat16, "both"),          # 128 bucket (J(n) up to 4 corrections), both ways
+    (24, 1, jnp.float32, "both"),             # any length down to 1, J(n) past the unrolled 4
+])
+def test_tile_equals_stacked(k, min_len, dtype, direction):
+  seed = k + min_len
+  while True:   # the first seed whose batch has a pair, a single text, padding and arcs
+    batch, q, kk, p = _case(seed, b=5, k=k, h=2, e=16, min_len=min_len, dtype=dtype)
+    types = batch["token_type_ids"].max(axis=1)
+    if (types.max() == 1 and types.min() == 0 and (batch["attention_mask"] == 0).any()
+        and (batch["dep_head"] >= 0).any()):
+      break
+    seed += 100
+  # the reference from the same (rounded) inputs: bf16 inputs, float32 products as the kernel's
+  _check(_kernel(batch, q, kk, direction), _stacked(batch, p, direction), 1e-5)
+
+
+def test_float32_contraction_and_filler_rows():
+  """contraction="float32" gives the same numbers; an all-padding row gives NaN sieve bias and
+  zeros elsewhere, as the other paths."""
+  batch, q, kk, p = _case(3, b=4, k=16, h=2, e=8, min_len=2, dtype=jnp.float32)
+  batch["attention_mask"][3] = 0
+  p[3] = 0.0
+  want = _stacked(batch, p, "dep2head")
+  got = _kernel(batch, q, kk, "dep2head", contraction="float32")
+  _check(got, want, 1e-5)
+  assert np.isnan(got["sieve_bias"][3]).all()
+  for key in OUTPUTS[1:]:
+    assert np.all(got[key][3] == 0), key
+
+
+# -- the Pallas wrappers in interpret mode --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_case():
+  batch, q, kk, p = _case(11, b=3, k=20, h=2, e=16, min_len=10, dtype=jnp.bfloat16)
+  return batch, q, kk, _stacked(batch, p, "both")
+
+
+@pytest.mark.parametrize("wrapper", ["triton", "mosaic"])
+def test_pallas_wrappers_in_interpret_mode(small_case, wrapper):
+  batch, q, kk, want = small_case
+  _check(_kernel(batch, q, kk, "both", wrapper=wrapper, interpret=True), want, 1e-5)
+
+
+def test_mosaic_wrapper_under_tpu_interpret_params(small_case):
+  """pltpu.InterpretParams simulates the TPU's blocks and memory (out-of-bounds reads raise,
+  uninitialised memory is NaN), so the Mosaic wrapper's indexing is checked too."""
+  from jax.experimental.pallas import tpu as pltpu
+  batch, q, kk, want = small_case
+  _check(_kernel(batch, q, kk, "both", wrapper="mosaic", interpret=pltpu.InterpretParams()),
+         want, 1e-5)
+
+
+# -- the operation count --------------------------------------------------------------------------
+
+_FREE = {"broadcast_in_dim", "dot_general", "iota", "pjit", "jit", "reshape", "cond", "while"}
+
+
+def _tile_ops(jaxpr, rows, keys, counts):
+  """Equations with a ``[rows, keys]`` output or reducing one (MMAs, broadcasts, iotas free),
+  in ``counts["tile"]``, each cond branch's in ``counts["branch"]`` (the taken branch of each
+  correction) and each loop body's in ``counts["loop"]``."""
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "cond":
+      branch = collections.Counter()
+      for br in eqn.params["branches"]:
+        c = {"tile": collections.Counter(), "branch": [], "loop": collections.Counter()}
+        _tile_ops(br.jaxpr, rows, keys, c)
+        if sum(c["tile"].values()) > sum(branch.values()):
+          branch = c["tile"]
+      counts["branch"].append(branch)
+      continue
+    if name == "while":
+      c = {"tile": collections.Counter(), "branch": [], "loop": collections.Counter()}
+      _tile_ops(eqn.params["body_jaxpr"].jaxpr, rows, keys, c)
+      counts["loop"].update(c["tile"])
+      continue
+    for v in eqn.params.values():
+      if isinstance(v, jax.extend.core.ClosedJaxpr):
+        _tile_ops(v.jaxpr, rows, keys, counts)
+    if name in _FREE:
+      continue
+    tile_out = any(getattr(o.aval, "shape", None) == (rows, keys) for o in eqn.outvars)
+    tile_in = any(getattr(getattr(i, "aval", None), "shape", None) == (rows, keys)
+                  for i in eqn.invars)
+    if tile_out or (tile_in and name.startswith("reduce")):
+      counts["tile"][name] += 1
+
+
+def test_operation_count_per_tile_element():
+  """About 20 ALU operations per attention element (the first kernel: 83 tile equations and 26
+  row reductions): BERT-base's head size, bf16, all 13 roles and the measures, a 128-position
+  sequence (n = 128: J = 2 window corrections at T = 16)."""
+  rows, keys, e = 16, 128, 64
+  S = jax.ShapeDtypeStruct
+  args = (S((rows, e), jnp.bfloat16), S((keys, e), jnp.bfloat16),
+          tuple(S((rows, 1), jnp.int32) for _ in range(tile.Q_COLS)),
+          tuple(S((1, keys), jnp.int32) for _ in range(tile.K_ROWS)),
+          tuple(S((keys, 1), jnp.int32) for _ in range(tile.K_ROWS)),
+          S((keys, tile.E_COLS), jnp.float32), S((), jnp.int32), S((), jnp.int32))
+  fn = lambda *a: tile.tile_values(*a, roles=tile.tile_roles(B.ROLES), direction="dep2head",  # noqa: E731
+                                   measures=True, scale=e ** -0.5)
+  counts = {"tile": collections.Counter(), "branch": [], "loop": collections.Counter()}
+  _tile_ops(jax.make_jaxpr(fn)(*args).jaxpr, rows, keys, counts)
+  j = int(tile.corrections(128, rows))
+  assert j == 2 and len(counts["branch"]) == tile.STATIC_CORRECTIONS
+  per_correction = sum(counts["branch"][0].values())
+  total = sum(counts["tile"].values()) + j * per_correction
+  assert per_correction <= 3, counts["branch"][0]          # one compare, two selects (hi, lo)
+  assert sum(counts["loop"].values()) <= 3, counts["loop"]
+  assert total <= 25, (total, counts)
+
+
+# -- any length ------------------------------------------------------------------------------------
+
+def test_memory_is_linear_in_the_sequence_length():
+  """The statistics of one 8,192-position sequence (8 heads) compile with no buffer of
+  ``h * q * k`` elements: the largest temporaries are ``[h, T, k]`` tiles."""
+  b, k, h, e = 1, 8192, 8, 16
+  S = jax.ShapeDtypeStruct
+  batch = {f: S((b, k), jnp.int32) for f in B.BATCH_FIELDS}
+
+  def stats(q, kk, bt):
+    tables = kernel.kernel_program_tables(bt, B.ROLES, "dep2head", True, wrapper="xla")
+    return kernel.kernel_layer_stats(q, kk, tables, B.ROLES, "dep2head", True, wrapper="xla")
+
+  qk = S((b, k, h, e), jnp.float32)
+  compiled = jax.jit(stats).lower(qk, qk, batch).compile()
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  map_bytes = 4 * h * k * k                                                # 2.1 GB
+  assert temp < map_bytes / 16, (temp, map_bytes)
+
+
+@pytest.mark.parametrize("direction", ["dep2head", "both"])
+def test_sieve_sizes_without_the_sieves(direction):
+  """kernel.sieve_sizes (linear in the length) is |S(t)| of heads_jax.sieves.build_sieves."""
+  for seed in range(4):
+    batch = ref.random_batch(np.random.default_rng(seed), 6, 24, min_len=1)
+    want = np.asarray(build_sieves(batch, B.ROLES, direction)).sum(-1)
+    np.testing.assert_array_equal(np.asarray(kernel.sieve_sizes(batch, B.ROLES, direction)), want)
