@@ -25,8 +25,9 @@ HEADS_JAX_STORAGE_PROGRESS seconds of waiting on storage before a progress line 
 HEADS_JAX_XLA_FLAGS        ``off`` keeps heads_jax's default XLA flags out of ``XLA_FLAGS``
                            (``heads_jax.xla_flags``)
 HEADS_JAX_STATS_IMPL       forces the analysis step's statistics path where ``stats_impl`` is
-                           ``auto``: ``layerwise`` (per-layer XLA), ``fused`` (Pallas kernel,
-                           GPUs) or ``stacked`` (unset: the platform's default,
+                           ``auto``: ``layerwise`` (per-layer XLA), ``fused`` (the first Pallas
+                           kernel, GPUs), ``kernel`` (statistics kernel v2: Triton on GPUs,
+                           Mosaic on TPUs) or ``stacked`` (unset: the platform's default,
                            ``heads_jax.stats.step``)
 HEADS_JAX_GLUE_DIR         the GLUE TSV folders of the fine-tuning and reproduce configs
                            (``../shared/data/glue``, see "Shared data" below)
@@ -78,7 +79,7 @@ VARIABLES = {
     "HEADS_JAX_STORAGE_TIMEOUT": ("300", "seconds a storage call may wait before exit 2"),
     "HEADS_JAX_STORAGE_PROGRESS": ("30", "seconds of waiting on storage before a progress line"),
     "HEADS_JAX_XLA_FLAGS": ("", "off: do not add heads_jax's default XLA flags"),
-    "HEADS_JAX_STATS_IMPL": ("", "force the analysis statistics path (layerwise, fused, stacked)"),
+    "HEADS_JAX_STATS_IMPL": ("", "force the analysis statistics path (layerwise, fused, kernel, stacked)"),
     "HEADS_JAX_GLUE_DIR": (_SHARED + "data/glue", "GLUE TSV folders of the configs"),
     "HEADS_JAX_SQUAD_FILE": (_SHARED + "data/squad/dev-v2.0-first5.json",
                              "SQuAD 2.0 JSON of the fine-tuning configs"),
@@ -147,7 +148,7 @@ FORMS = {
     "HEADS_JAX_STORAGE_TIMEOUT": _positive_seconds,
     "HEADS_JAX_STORAGE_PROGRESS": _positive_seconds,
     "HEADS_JAX_XLA_FLAGS": _one_of(*_SWITCH),
-    "HEADS_JAX_STATS_IMPL": _one_of("", "layerwise", "fused", "stacked"),
+    "HEADS_JAX_STATS_IMPL": _one_of("", "layerwise", "fused", "stacked", "kernel"),
     "HEADS_JAX_GLUE_DIR": _directory(),
     "JAX_PLATFORMS": _platforms,
     "TOKENIZERS_PARALLELISM": _one_of(*_SWITCH),
