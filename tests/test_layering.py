@@ -5,7 +5,9 @@ installed: heads_jax.train, heads_jax.analyze, heads_jax.configs) is read with `
 ones inside functions included. A module may import only from its own stage or a lower one:
 
     errors (+ xla_flags) < data (+ hub) < contract < sieves < model (+ parallel) < stats < hoststats < report
-      < training (+ configs) < ablation < jobs (pipelines, doctor, the package facade
+      < training (+ configs) < ablation < stages (the engine, the key rule, the stage names and
+        the stage kinds the jobs compose: the analysis's two stages, the comparison's, the
+        device pass) < jobs (the pipelines a user runs, doctor, the package facade
         heads_jax/__init__) < entry (cli, heads_jax.train, heads_jax.analyze)
 
 and furthermore: no import cycles between modules, no library module imports an entry module or
@@ -45,6 +47,11 @@ STAGES = [
     ("report", ("heads_jax.report",)),
     ("training", ("heads_jax.training", "heads_jax.configs")),  # configs: training's presets
     ("ablation", ("heads_jax.ablation",)),
+    # the parts every job composes: no stage contains a job (issue 42)
+    ("stages", ("heads_jax.pipelines.engine", "heads_jax.pipelines.keys", "heads_jax.pipelines.names",
+                "heads_jax.pipelines.stages", "heads_jax.pipelines.analysis",
+                "heads_jax.pipelines.comparison", "heads_jax.pipelines.device_pass",
+                "heads_jax.pipelines.robustness")),
     ("jobs", ("heads_jax.doctor", "heads_jax.pipelines", "heads_jax")),
     ("entry", ("heads_jax.cli", "heads_jax.__main__", "heads_jax.train", "heads_jax.analyze")),
 ]

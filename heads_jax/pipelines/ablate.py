@@ -111,13 +111,13 @@ def _task_name(config: AblationConfig) -> str:
   return config.task or spec.task or "?"
 
 
-def _analysis_files(ctx: engine.Context, config: AblationConfig) -> object:
-  """The content identity of the analysis files the groups are read from."""
-  if not config.analysis:
+def _analysis_files(ctx: engine.Context, config: AblationConfig, names) -> object:
+  """The content identity of the analysis files ``names`` the groups are read from (a
+  host-only change of the analysis that leaves them as they were reruns nothing here)."""
+  if not config.analysis or not names:
     return None
   folder = Path(config.analysis)
-  return {name: ctx.files(folder / name)
-          for name in (contract.CLUSTERS_CSV, contract.TESTS_CSV) if (folder / name).is_file()}
+  return {name: ctx.files(folder / name) for name in names if (folder / name).is_file()}
 
 
 def _same_model(analysed, model) -> bool | None:
@@ -337,24 +337,24 @@ class SubJob:
   fields: tuple[str, ...]
   stems: tuple[str, ...]
   reads: tuple[str, ...] = ()
-  uses_analysis: bool = False
+  analysis_files: tuple[str, ...] = ()   # the files of --analysis it reads (its key: their content)
 
 
 # In order; pruning reads the importance sub-job's estimator.
 SUB_JOBS = (
     SubJob("ablation", "groups of heads ablated", lambda c: bool(c.by), _by_groups,
            ("by", "role_level", "mode", "random_groups", "heads", "random_seeds", "seed"),
-           ("ablation", "causal"), uses_analysis=True),
+           ("ablation", "causal"), analysis_files=(contract.CLUSTERS_CSV, contract.TESTS_CSV)),
     SubJob("segment_ablation", "intra-/inter-sentence attention removed", lambda c: bool(c.cross), _segments,
            ("cross", "cluster", "heads", "renormalise", "random_seeds", "seed"),
-           ("segment_ablation",), uses_analysis=True),
+           ("segment_ablation",), analysis_files=(contract.CLUSTERS_CSV,)),
     SubJob("importance", "head importance (Michel et al.)", lambda c: bool(c.importance or c.prune), _importance,
            ("importance_per_batch", "layer_norm"), ("importance",)),
     SubJob("pruning", "the pruning curve", lambda c: bool(c.prune), _pruning,
            ("prune_step", "prune_max", "prune_once", "random_seeds", "seed"),
            ("pruning", "pruning_summary"), reads=("importance",)),
     SubJob("paper_tables", "Guan et al. Tables 2-3", lambda c: bool(c.paper_tables), _paper_tables, (), ("paper_tables",),
-           uses_analysis=True),
+           analysis_files=(contract.CLUSTERS_CSV,)),
 )
 # The settings of the unablated model's evaluation (every part reads it).
 EVAL_FIELDS = ("task", "max_examples", "max_length", "doc_stride", "batch_size", "dtype")
@@ -469,9 +469,15 @@ def _check_inputs(config: AblationConfig, log) -> None:
   check_analysis_model(config, log)
 
 
-def _stages(config: AblationConfig, run: AblationRun, jobs) -> list:
-  """The engine's stages: ``baseline``, one per sub-job of ``jobs``, ``report``."""
+def ablation_stages(config: AblationConfig, run: AblationRun, jobs, prefix: str = "",
+                    under: str = "") -> list:
+  """The engine's stages: ``baseline``, one per sub-job of ``jobs``, ``report``, each named
+  with ``prefix`` (a pipeline that composes them beside its own stages, e.g. Guan et al.'s);
+  their files go into ``config.out``, which is the folder ``under`` of the pipeline's run
+  directory ("": the run directory itself; ``redo`` removes the stages' outputs there)."""
   out = Path(config.out)
+  at = (lambda name: f"{under}/{name}") if under else (lambda name: name)  # noqa: E731
+  base_name, report_name = prefix + "baseline", prefix + REPORT
   def baseline(ctx):
     key = unit_key({f: getattr(config, f) for f in EVAL_FIELDS}, inputs={
         "model": ctx.model(config.model), "data": ctx.data(config.data),
@@ -485,7 +491,7 @@ def _stages(config: AblationConfig, run: AblationRun, jobs) -> list:
               "evaluation set": data.name, "examples": len(data), "layers": ev.num_layers,
               "heads": ev.num_heads}
 
-    res = engine.run_unit(ctx, "baseline", "baseline", key, fn)
+    res = engine.run_unit(ctx, base_name, "baseline", key, fn)
     o = res.outputs
     run.base = o["metrics"]
     ctx.sub(f"{o['task']}: {o['examples']} examples ({o['evaluation set']}); {o['layers']} layers "
@@ -497,9 +503,9 @@ def _stages(config: AblationConfig, run: AblationRun, jobs) -> list:
   def part(job):
     def stage_run(ctx):
       key = unit_key({f: getattr(config, f) for f in job.fields}, inputs={
-          "baseline": ctx.results["baseline"].finished,
-          "reads": [ctx.results[r].finished for r in job.reads],
-          "analysis": _analysis_files(ctx, config) if job.uses_analysis else None,
+          "baseline": ctx.results[base_name].finished,
+          "reads": [ctx.results[prefix + r].finished for r in job.reads],
+          "analysis": _analysis_files(ctx, config, job.analysis_files),
           "importance_data": (ctx.data(config.importance_data)
                               if job.name == "importance" and config.importance_data else None)})
 
@@ -510,34 +516,36 @@ def _stages(config: AblationConfig, run: AblationRun, jobs) -> list:
           runfiles.write_array(out, stem, array)
         return {"files": files, "record": r.record, "lines": r.log_lines, "notes": r.notes}
 
-      res = engine.run_unit(ctx, job.name, job.name, key, fn,
+      res = engine.run_unit(ctx, prefix + job.name, job.name, key, fn,
                             clean=[out / f"{s}.{e}" for s in job.stems for e in ("csv", "npy")])
       for line in res.outputs["lines"]:
         ctx.sub(line)
       return res
-    return engine.Stage(job.name, job.text, stage_run,
-                        reads=("baseline", *job.reads),
-                        outputs=tuple(f"{s}.{e}" for s in job.stems for e in ("csv", "npy")))
+    return engine.Stage(prefix + job.name, job.text, stage_run,
+                        reads=(base_name, *(prefix + r for r in job.reads)),
+                        outputs=tuple(at(f"{s}.{e}") for s in job.stems for e in ("csv", "npy")))
 
   names = tuple(j.name for j in jobs)
 
   def report(ctx):
-    base = ctx.results["baseline"]
-    parts = {n: ctx.results[n] for n in names}
+    base = ctx.results[base_name]
+    parts = {n: ctx.results[prefix + n] for n in names}
     key = unit_key({}, inputs={"baseline": base.finished,
                                "parts": {n: p.finished for n, p in parts.items()},
                                "title": config.title})   # the title: cosmetic for a result, not here
-    res = engine.run_unit(ctx, REPORT, REPORT, key,
+    res = engine.run_unit(ctx, report_name, REPORT, key,
                           lambda: _write_report(config, base.outputs, parts),
                           clean=[out / contract.REPORT_HTML, out / runfiles.ABLATION_JSON])
     ctx.sub(f"report: {res.outputs['report']}")
     return res
 
-  return [engine.Stage("baseline", "the unablated model on the evaluation set", baseline,
+  return [engine.Stage(base_name, "the unablated model on the evaluation set", baseline,
                        outputs=()),
           *(part(j) for j in jobs),
-          engine.Stage(REPORT, "the report and ablation.json", report, reads=("baseline", *names),
-                       outputs=(contract.REPORT_HTML, runfiles.ABLATION_JSON, "figures"))]
+          engine.Stage(report_name, "the report and ablation.json", report,
+                       reads=(base_name, *(prefix + n for n in names)),
+                       outputs=tuple(at(n) for n in (contract.REPORT_HTML,
+                                                     runfiles.ABLATION_JSON, "figures")))]
 
 
 def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
@@ -618,6 +626,6 @@ def run_ablation(config: AblationConfig, log=print, *, redo: str | None = None,
            "task": _task_name(config),
            "settings": {"by": config.by, "cross": config.cross, "mode": config.mode,
                         "importance": config.importance, "prune": config.prune}}
-  results = engine.run_pipeline(_stages(config, run, jobs), config.out, redo=redo, log=log,
+  results = engine.run_pipeline(ablation_stages(config, run, jobs), config.out, redo=redo, log=log,
                                 what="an ablation", claim=claim, progress=progress)
   return results[REPORT].outputs

@@ -15,9 +15,12 @@ reruns one and what reads it):
    out) on its data (``config.model_data``; the pre-trained model on the same SQuAD samples), for
    Table 1 (the stability of each model's clustering) and Fig. 4 (the types per layer of every
    model).
-2. ``ablation``: Tables 2 and 3 row by row on the SQuAD model (`heads_jax.ablation.guan`, scored
-   in exact match and F1 on ``config.eval_data``, the SQuAD v1.1 dev set in the paper), the types
-   from the SQuAD model's clustering.
+2. ``ablation_baseline``, ``ablation_paper_tables``, ``ablation_report``: Tables 2 and 3 row by
+   row on the SQuAD model (`heads_jax.ablation.guan` through the ablate job's stages,
+   `heads_jax.pipelines.ablate.ablation_stages`, in this run's lock and claim), scored in exact
+   match and F1 on ``config.eval_data`` (the SQuAD v1.1 dev set in the paper), the types from
+   the SQuAD model's clustering (keyed by clusters.csv's content: a host-only change that leaves
+   the types as they were repeats no evaluation).
 3. ``report``: ``DIR/report.html`` and ``DIR/guan_claims.csv`` (`heads_jax.report.guan`):
    Guan et al.'s claims judged in their setting, Table 1 and Tables 2-3 beside the paper's
    values, the figures, and links to each analysis report.
@@ -28,7 +31,6 @@ outputs, ``paper_tables.csv``), ``DIR/report.html``, ``DIR/guan_claims.csv``.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -36,10 +38,10 @@ import pandas as pd
 from heads_jax import contract, hub
 from heads_jax.errors import UserError
 from heads_jax.pipelines import engine
-from heads_jax.pipelines.ablate import AblationConfig, run_ablation
+from heads_jax.pipelines.ablate import (REPORT, SUB_JOBS, AblationConfig, AblationRun,
+                                        ablation_stages)
 from heads_jax.pipelines.analysis import AnalysisConfig
 from heads_jax.pipelines import names, stages
-from heads_jax.pipelines.keys import ANALYSIS_PATHS, unit_key
 from heads_jax.report.guan import MODEL_LABELS  # the analyses, SQuAD first (Table 1's columns)
 
 DEFAULT_SQUAD_MODEL = "bert-large-uncased-whole-word-masking-finetuned-squad"
@@ -126,34 +128,20 @@ def _stage_analysis(ctx: engine.Context) -> dict:
           for item, cfg in planned_analyses(ctx)}
 
 
-def _stage_ablation(ctx: engine.Context) -> dict:
-  config = ctx.config
-  squad: stages.Analysis = ctx.results["analysis"]["squad"]
+ABLATION = "ablation_"   # the prefix of the ablation's stages in this pipeline
+
+
+def ablation_config(config, workdir: Path) -> AblationConfig:
+  """Guan et al.'s Tables 2-3 on the SQuAD model (`heads_jax.pipelines.ablate`), the types
+  from the SQuAD model's analysis in this run (``analysis/squad``), into ``ablation/``."""
   model_dir = _resolve(config.squad_model or DEFAULT_SQUAD_MODEL, "config.squad_model")
-  target = ctx.workdir / "ablation"
   ab = config.ablation
-  eval_data = config.eval_data or config.squad_data
-  acfg = AblationConfig(model=str(model_dir), data=eval_data, out=str(target),
-                        analysis=squad.out, paper_tables=True,
+  return AblationConfig(model=str(model_dir), data=config.eval_data or config.squad_data,
+                        out=str(Path(workdir) / "ablation"),
+                        analysis=str(Path(workdir) / "analysis" / "squad"), paper_tables=True,
                         max_examples=int(ab.max_examples) or None, max_length=int(ab.max_length),
-                        doc_stride=int(ab.doc_stride),
-                        batch_size=int(ab.batch_size), seed=int(config.seed),
-                        title="Guan et al. Tables 2-3 on the SQuAD model")
-  key = unit_key(dataclasses.asdict(acfg), paths=ANALYSIS_PATHS + ("analysis",),
-                 # what it reads of the analysis: the cluster types (a host-only change that
-                 # leaves them as they were, such as tau, does not repeat the evaluations)
-                 inputs={"clusters": ctx.files(Path(squad.out) / contract.CLUSTERS_CSV),
-                         "data": ctx.data(eval_data),
-                         "model": ctx.model(config.squad_model or DEFAULT_SQUAD_MODEL)})
-
-  def fn():
-    ctx.sub(f"Tables 2-3 on {eval_data}")
-    res = run_ablation(acfg, log=ctx.sub)
-    return {"out": str(target), "baseline": res["baseline"],
-            "paper_tables": res["files"]["paper_tables"]}
-
-  r = engine.run_unit(ctx, "ablation", "squad", key, fn, clean=(target,))
-  return dict(r.outputs, finished=r.finished)
+                        doc_stride=int(ab.doc_stride), batch_size=int(ab.batch_size),
+                        seed=int(config.seed), title="Guan et al. Tables 2-3 on the SQuAD model")
 
 
 def _stage_report(ctx: engine.Context) -> dict:
@@ -163,13 +151,13 @@ def _stage_report(ctx: engine.Context) -> dict:
   results = ctx.results["analysis"]
   analyses = {item["label"]: dict(results[item["label"]].to_json(), model=item["model"],
                                   data=item["data"]) for item in plan_models(config)}
-  ablation = ctx.results["ablation"]
-  tables = pd.read_csv(ablation["paper_tables"])
+  ablation = ctx.results[ABLATION + REPORT]   # ablation.json's content
+  tables = pd.read_csv(ablation.outputs["files"]["paper_tables"])
   key = {"analysis": {k: results[k].finished for k in analyses},
-         "ablation": ablation["finished"]}
+         "ablation": ablation.finished}
 
   def fn():
-    base = ablation["baseline"]
+    base = ablation.outputs["baseline"]
     settings = {"SQuAD model": config.squad_model, "SQuAD samples": config.samples,
                 "clusters (K)": config.clusters, "seed": config.seed,
                 "Tables 2-3 data": config.eval_data or config.squad_data,
@@ -189,16 +177,22 @@ def _stage_report(ctx: engine.Context) -> dict:
                                 ctx.workdir / guan_report.CLAIMS_CSV)).outputs
 
 
-def pipeline_stages() -> tuple[engine.Stage, ...]:
+def pipeline_stages(config, workdir, log=print) -> tuple[engine.Stage, ...]:
+  """The analyses' two stages, the ablation's stages (`ablate.ablation_stages`, prefixed
+  ``ablation_``: its unablated baseline, Tables 2-3, its report) and the report."""
+  acfg = ablation_config(config, workdir)
+  jobs = [j for j in SUB_JOBS if j.wanted(acfg)]
+  run = AblationRun(acfg, lambda line: log("  " + str(line)))
+  ablation = ablation_stages(acfg, run, jobs, prefix=ABLATION, under="ablation")
   return (
       engine.Stage("scores", "the device pass (distance features, sieve bias) of each model",
                    _stage_scores, outputs=("analysis",)),
       engine.Stage("analysis", "K-means clusters, tests and report of each model (host)",
                    _stage_analysis, reads=("scores",)),
-      engine.Stage("ablation", "Guan et al. Tables 2-3 on the SQuAD model (EM/F1)",
-                   _stage_ablation, reads=("analysis",), outputs=("ablation",)),
+      *ablation,
       engine.Stage("report", "report beside the paper's values", _stage_report,
-                   reads=("analysis", "ablation"), outputs=(contract.REPORT_HTML, "figures")),
+                   reads=("analysis", ablation[-1].name),
+                   outputs=(contract.REPORT_HTML, "figures")),
   )
 
 
@@ -208,7 +202,7 @@ def run_guan(config, workdir, *, redo: str | None = None, log=print) -> dict:
   workdir = Path(workdir)
   log(f"heads-jax reproduce (guan): {config.squad_model} in {workdir}")
   return engine.run_pipeline(
-      pipeline_stages(), workdir, config=config, redo=redo, log=log,
+      pipeline_stages(config, workdir, log), workdir, config=config, redo=redo, log=log,
       what="heads-jax reproduce (guan)",
       claim={"kind": "reproduce", "flag": "--workdir", "model": config.squad_model or None,
              "data": [config.squad_data], "settings": {"preset": config.preset}})

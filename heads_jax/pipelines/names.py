@@ -13,7 +13,8 @@ ABLATE = ("baseline", "ablation", "segment_ablation", "importance", "pruning", "
 TRAJECTORY = ("checkpoints", "table")
 REPRODUCE = ("data", "pretrained", "finetune", "scores", "analysis", "similarity", "compare",
              "report")
-GUAN = ("scores", "analysis", "ablation", "report")
+GUAN = ("scores", "analysis", "ablation_baseline", "ablation_paper_tables", "ablation_report",
+        "report")
 DEMO = ("scores_pretrained", "analysis_pretrained", "finetune", "scores_finetuned",
         "analysis_finetuned", "compare", "pretrain", "scores_scratch", "analysis_scratch",
         "report")

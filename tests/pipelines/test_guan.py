@@ -98,7 +98,7 @@ def test_guan_end_to_end_and_rerun(models, tmp_path):
   # the same command again reuses every stage
   again = []
   guan.run_guan(_config(models), tmp_path / "run", log=again.append)
-  assert sum("done earlier, reused" in line for line in again) == 4, again
+  assert sum("done earlier, reused" in line for line in again) == 6, again
 
 
 @pytest.fixture
@@ -110,8 +110,13 @@ def recorded_guan(tmp_path, monkeypatch):
   tables.write_text("id\n1\n")
   canned = {"scores": {"out": str(tmp_path), "model": "m", "data": ["d"], "data_info": []},
             "analysis": {"out": str(tmp_path), "model": "m", "data": "d", "stability": 0.5},
-            "ablation": {"out": str(tmp_path), "paper_tables": str(tables),
-                         "baseline": {"exact_match": 0.1, "f1": 0.2}},
+            "ablation_baseline": {"metrics": {"exact_match": 0.1, "f1": 0.2}, "metric_names":
+                                  ["exact_match", "f1"], "task": "squad", "evaluation set": "s",
+                                  "examples": 1, "layers": 1, "heads": 1},
+            "ablation_paper_tables": {"files": [str(tables)], "record": [], "lines": [],
+                                      "notes": {}},
+            "ablation_report": {"baseline": {"exact_match": 0.1, "f1": 0.2},
+                                "files": {"paper_tables": str(tables)}, "report": "r.html"},
             "report": {"report": "report.html", "table1": [], "claims": "c.csv", "verdicts": {}}}
   calls = []
   real = engine.run_unit
@@ -144,14 +149,16 @@ def test_guan_a_replaced_input_reruns_exactly_its_readers(recorded_guan, tmp_pat
     (models / name / "params.safetensors").write_bytes(b"weights")
   mrpc = models / "mrpc"
   c = _config(models, squad_data=f"squad:{squad_file}:v1")
+  ablation = [("ablation_baseline", "baseline"), ("ablation_paper_tables", "paper_tables"),
+              ("ablation_report", "report")]
   everything = [("scores", "squad"), ("scores", "mrpc"), ("analysis", "squad"),
-                ("analysis", "mrpc"), ("ablation", "squad"), ("report", "report")]
+                ("analysis", "mrpc"), *ablation, ("report", "report")]
   assert recorded_guan(c) == everything
   assert recorded_guan(c) == []
   swap_bytes_keep_stat(mrpc / "heads_jax.json")
   assert recorded_guan(c) == [("scores", "mrpc"), ("analysis", "mrpc"), ("report", "report")]
   swap_bytes_keep_stat(squad_file)
-  assert recorded_guan(c) == [("scores", "squad"), ("analysis", "squad"), ("ablation", "squad"),
+  assert recorded_guan(c) == [("scores", "squad"), ("analysis", "squad"), *ablation,
                               ("report", "report")]
   # a host-only change (tau): the host statistics and the report; no device pass, and the
   # ablation (evaluations on the device) keeps its result while the cluster types it reads are

@@ -10,9 +10,12 @@ from heads_jax.pipelines import ablate, demo, guan, names
 from heads_jax.pipelines import reproduce as rp
 
 
-def test_the_pipelines_are_built_from_the_names():
+def test_the_pipelines_are_built_from_the_names(tmp_path):
+  from heads_jax.training.configlib import load_config
   assert tuple(s.name for s in rp.PIPELINE) == names.REPRODUCE
-  assert tuple(s.name for s in guan.pipeline_stages()) == names.GUAN
+  c = load_config("configs/reproduce.py:guan_toy")
+  c.squad_model = str(tmp_path)   # an existing path: no hub look-up
+  assert tuple(s.name for s in guan.pipeline_stages(c, tmp_path / "run")) == names.GUAN
   settings = demo.DemoSettings(out=Path("o"), real=Path("m"), name="m", quick=False, n=4,
                                finetune_steps=1, pretrain_steps=1, scratch_examples=2)
   assert tuple(s.name for s in demo.demo_stages(settings)) == names.DEMO
