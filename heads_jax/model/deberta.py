@@ -194,7 +194,8 @@ class DebertaConfig(BertConfig):
                share_att_key=bool(d.get("share_att_key", False)),
                position_biased_input=bool(d.get("position_biased_input", True)),
                norm_rel_ebd=d.get("norm_rel_ebd", "none") or "none",
-               pooler_hidden_size=d.get("pooler_hidden_size", hidden),
+               pooler_hidden_size=0 if d.get("pooler_hidden_size", hidden) == hidden
+               else d["pooler_hidden_size"],
                pooler_hidden_act=d.get("pooler_hidden_act", "gelu"),
                pooler_dropout=d.get("pooler_dropout", 0.0),
                classifier_dropout=d.get("cls_dropout"))

@@ -317,6 +317,38 @@ def test_spm_tokenizer_and_pairs_through_the_model(tmp_path):
   compare(ours, _hf_run(hf, enc["input_ids"], enc["attention_mask"]), mask)
 
 
+# microsoft/deberta-v3-base's config.json as published (the fields it sets).
+DEBERTA_V3_BASE = {"model_type": "deberta-v2", "attention_probs_dropout_prob": 0.1,
+                   "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
+                   "initializer_range": 0.02, "intermediate_size": 3072,
+                   "max_position_embeddings": 512, "relative_attention": True,
+                   "position_buckets": 256, "norm_rel_ebd": "layer_norm", "share_att_key": True,
+                   "pos_att_type": "p2c|c2p", "layer_norm_eps": 1e-7,
+                   "max_relative_positions": -1, "position_biased_input": False,
+                   "num_attention_heads": 12, "num_hidden_layers": 12, "type_vocab_size": 0,
+                   "vocab_size": 128100}
+
+
+def test_deberta_v3_base_config():
+  """The released model's config reads as the defaults say, and its shapes are transformers'."""
+  from heads_jax.model.config import config_from_hf_dict
+  cfg = config_from_hf_dict(DEBERTA_V3_BASE)
+  assert cfg == DebertaConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072)
+  assert (cfg.span, cfg.relative_max, cfg.scale_factor) == (256, 512, 3)
+  model = nnx.eval_shape(lambda: DebertaModel(cfg, rngs=nnx.Rngs(0)))
+  hf = transformers.DebertaV2Config(**DEBERTA_V3_BASE)
+  with torch.device("meta"):
+    theirs = transformers.DebertaV2Model(hf)
+  shapes = {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
+  from heads_jax.model.deberta import hf_key
+  flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+  ours = {"/".join(map(str, p)): v.shape for p, v in flat}
+  assert len(ours) == len([k for k in shapes if "position_ids" not in k])
+  for path, shape in ours.items():
+    key, transpose = hf_key(path, cfg)
+    assert shapes[key] == (tuple(reversed(shape)) if transpose else tuple(shape)), key
+
+
 def test_clear_errors():
   with pytest.raises(ValueError, match="conv_kernel_size"):
     DebertaConfig.from_hf_dict({**hf_config(50).to_dict(), "conv_kernel_size": 3})
