@@ -127,3 +127,22 @@ def test_type_unions_and_all_but_one_type(tmp_path):
     assert not set(g.heads) & set(rest[f"all but {g.name}"])
   with pytest.raises(UserError, match="at least two"):
     groups.all_but_one_type_groups(types[:1])
+
+
+def test_an_unnamed_cluster_is_never_ablated_under_a_guan_name(tmp_path):
+  """Issue 41 item 2: a cluster whose definition is not met ("unnamed (closest: X, margin m)")
+  is the group "cluster K" (K = its id + 1), so Guan et al.'s Tables 2-3 find its type missing."""
+  from heads_jax.ablation import guan as guan_ablation
+  from heads_jax.hoststats.clustering import unnamed_name
+  names = ["dense", "diagonal", unnamed_name("dense+vertical", -0.17), "vertical"] * 2
+  _clusters_csv(tmp_path, names)
+  table = pd.read_csv(tmp_path / "clusters.csv")
+  table["cluster"] = [0, 1, 2, 3] * 2
+  table.to_csv(tmp_path / "clusters.csv", index=False)
+  gs = groups.load_groups("cluster", num_layers=2, num_heads=4, analysis=tmp_path)
+  assert [g.name for g in gs] == ["dense", "diagonal", "vertical", "cluster 3"]
+  assert dict((g.name, g.heads) for g in gs)["cluster 3"] == ((0, 2), (1, 2))
+  heads = guan_ablation._heads_by_type(gs)
+  assert heads["dense+vertical"] == () and heads["dense"] == ((0, 0), (1, 0))
+  pairs = groups.load_groups("cluster-pairs", num_layers=2, num_heads=4, analysis=tmp_path)
+  assert not any("dense+vertical" in g.name for g in pairs)
