@@ -13,6 +13,10 @@ Presets (``--config configs/pretrain.py:PRESET``):
   2019's value for batch 512, kept for 256 as a safe choice), 10K linear warm-up steps (BERT's)
   then linear decay to 0, weight decay 0.01,
   bfloat16 compute (float32 master weights).
+* ``bert_base_b512``: phase 1 at batch 512 (issue 39: larger GEMM tiles and half the per-step
+  fixed costs per token; LAMB is made for large batches): 150K steps (the same 9.8 G tokens as
+  300K x 256), 5K warm-up steps (the same share), peak learning rate 6.25e-4 (You et al. 2019's
+  value for batch 512). Fits one 80 GB GPU at sequence 128 without accumulation.
 * ``bert_base_phase2``: sequence length 512, 80 predictions, 1K steps, batch 256, peak 4e-4
   with 100 warm-up steps. It starts from the *parameters* of phase 1 (``init_checkpoint`` =
   the phase-1 run's ``checkpoints`` folder); optimizer state and schedule start afresh, as in
@@ -110,9 +114,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.short_seq_prob = 0.1
   c.data.random_next_prob = 0.5
   c.data.whole_word_mask = False
-  # processes building batches (0: one background thread). One process makes ~400-800
-  # examples/s at length 128 and ~150-300 at 512; a TPU v3-8 VM has 96 vCPUs.
-  c.data.num_workers = 16
+  # processes building batches (0: one background thread; -1: all but 2 of the host's cores,
+  # at most 32: heads_jax.data.prefetch.auto_workers). One process makes ~400-900 examples/s at
+  # length 128 (a 256 x 128 batch: 0.28 CPU-s) and ~150-300 at 512, so BERT-base at 35-45 ms a
+  # step needs 7-8; a 16-core GPU host gets 14, a TPU v3-8 VM (96 vCPUs) 32. The run's log says
+  # when the input starves the device (heads_jax.training.loop).
+  c.data.num_workers = -1
   c.data.prefetch = 8
   c.data.eval_sources = ""  # other held-out text; "" = the held-out side of data.sources
   c.data.heldout_fraction = 0.005  # text / TFDS sources: share of documents held out (never trained on)
@@ -161,6 +168,12 @@ def get_config(arg: str = "bert_base") -> ml_collections.ConfigDict:
   c.preset = arg
   if arg in ("bert_base", "bert_base_phase1"):
     pass
+  elif arg == "bert_base_b512":
+    c.batch_size = 512
+    c.num_train_steps = 150_000
+    c.optimizer.warmup_steps = 5_000
+    c.checkpoint.every_steps = 2_500
+    c.eval_every = 5_000
   elif arg == "bert_base_phase2":
     c.data.max_seq_length = 512
     c.data.max_predictions = 80
@@ -215,5 +228,5 @@ def get_config(arg: str = "bert_base") -> ml_collections.ConfigDict:
       c.init_checkpoint = "PHASE1_WORKDIR/checkpoints"
   else:
     raise ValueError(f"unknown pre-training preset {arg!r}: bert_base, bert_base_phase1, "
-                     f"bert_base_phase2, small, small_phase2, tiny, tiny_phase2")
+                     f"bert_base_b512, bert_base_phase2, small, small_phase2, tiny, tiny_phase2")
   return c

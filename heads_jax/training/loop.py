@@ -19,6 +19,13 @@ Ctrl-C: ``StopFlag``, read after the step's host work, so the step a signal land
 and returns the per-step history of the logged metrics. A failed asynchronous save
 (``checkpointing.SaveFailed``) stops the run before the next step.
 
+The input pipeline is measured at each log: ``input_wait_fraction`` is the share of the
+interval the loop spent waiting for the next batch (the first batch of a run segment, when the
+workers start, not counted): while the device computes a step the loop waits for nothing, so
+any waiting is time the device sat idle. A batch stream with ``take_stats``
+(``heads_jax.data.prefetch.BatchStream``) adds ``batch_build_s`` and
+``input_capacity_per_s``. Above ``STARVED`` (5%) the log says so in one line, with what to change.
+
 A loss or gradient norm that is not finite stops the run with ``NonFiniteLoss`` (a
 ``UserError``). The loop checks the metrics of every step at each log and before each save, so
 no checkpoint is written after such a step; the state saved just before the first non-finite
@@ -111,6 +118,23 @@ def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_che
   state = steps.place_state(steps.init_train_state(params, tx), mesh)
   log.info("starting from %s", origin)
   return parts, state, 0, origin
+
+
+STARVED = 0.05   # the share of a logging interval spent waiting for batches that is reported
+
+
+def starved_line(avg: dict, steps: int, workers: int | None) -> str:
+  """The log's line when the input pipeline starves the device (``avg``: a log's scalars)."""
+  line = (f"input pipeline starves the device: the loop waited {100 * avg['input_wait_fraction']:.0f}% "
+          f"of the last {steps} steps for batches")
+  if "batch_build_s" in avg and "input_capacity_per_s" in avg:
+    line += (f"; a batch takes {avg['batch_build_s']:.2f} s to build, so "
+             f"{'one thread' if not workers else f'{workers} worker process(es)'} make at most "
+             f"{avg['input_capacity_per_s']:.1f} batches/s")
+  if "steps_per_s" in avg:
+    line += f" for {avg['steps_per_s']:.1f} steps/s"
+  return line + ("; raise data.num_workers (-1 picks them from the host's cores) or run on a host "
+                 "with more cores")
 
 
 class StopFlag:
@@ -219,6 +243,9 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
   if throughput is not None:
     throughput.reset(step)
   is_main = jax.process_index() == 0
+  waited = [0.0, time.perf_counter()]   # seconds waited for batches, start of the interval
+  take_stats = getattr(batches, "take_stats", None)
+  workers = getattr(batches, "workers", None)
 
   def flush():
     """Logs the metrics of the steps not logged yet (their average); stops on a non-finite one."""
@@ -228,12 +255,22 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
     avg = {k: float(np.mean([h[k] for h in host])) for k in host[0]}
     if throughput is not None:
       avg.update(throughput.update(step))
+    interval = (len(host) / avg["steps_per_s"] if avg.get("steps_per_s")
+                else time.perf_counter() - waited[1])
+    if interval > 0:
+      avg["input_wait_fraction"] = min(1.0, waited[0] / interval)
+    if take_stats is not None:
+      stats = take_stats()
+      avg.update({k: stats[k] for k in ("batch_build_s", "input_capacity_per_s") if k in stats})
+    waited[0], waited[1] = 0.0, time.perf_counter()
     avg["step"] = step
     history.append(avg)
     if writer is not None:
       writer.write(step, {k: v for k, v in avg.items() if k != "step"}, "train")
     if print_fn is not None and is_main:
       print_fn(metrics_lib.progress_line(step, total_steps, avg))
+      if avg.get("input_wait_fraction", 0.0) > STARVED:
+        print_fn(starved_line(avg, len(host), workers))
     if bad is not None:
       _stop_non_finite(bad, ckpts)
 
@@ -249,7 +286,10 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
     while step < last:
       if ckpts is not None:
         ckpts.check()  # a failed asynchronous save stops the run before another step
+      t_wait = time.perf_counter()
       batch = next(batches)
+      if step > start_step:  # the first batch waits for the workers to start
+        waited[0] += time.perf_counter() - t_wait
       state, m = train_step(state, shard_batch(batch, mesh))
       pending.append(m)
       step += 1

@@ -23,6 +23,7 @@ import os
 import numpy as np
 
 from heads_jax.data.corpora import PreparedCorpus, make_corpus
+from heads_jax.data.prefetch import available_cores
 from heads_jax.data.pretraining import PretrainingExamples, PretrainingSpec
 from heads_jax.storage import local_copy
 from heads_jax.data.tokenizer import load_tokenizer
@@ -117,6 +118,11 @@ def train_and_evaluate(config, workdir) -> dict:
   batches = examples.batches(job.start_step, config.batch_size, process_index=pid,
                              process_count=pcount, prefetch=config.data.prefetch,
                              num_workers=config.data.num_workers)
+  workers = getattr(batches, "workers", None)
+  auto = (f" (data.num_workers={config.data.num_workers}: all but 2 of this host's "
+          f"{available_cores()} cores)" if config.data.num_workers < 0 else "")
+  job.print(f"input pipeline: {f'{workers} worker processes' if workers else 'one background thread'}"
+            f"{auto}; the log says when it starves the device")
   job.print(f"pre-training {cfg.num_layers}x{cfg.num_heads} hidden {cfg.hidden_size} from "
             f"{job.origin} at step {job.start_step}/{config.num_train_steps}; "
             f"{loop.device_phrase()}")
