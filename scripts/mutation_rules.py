@@ -68,18 +68,28 @@ _SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
 
 
 def _is_number(node) -> bool:
+  """A threshold: a number other than 0 (which doubling and halving leave alone) and other than
+  a float tolerance below 1e-6 (1e-9, 1e-12: the slack of an exact comparison, not a bar)."""
   return (isinstance(node, ast.Constant) and isinstance(node.value, (int, float))
-          and not isinstance(node.value, bool) and node.value != 0)
+          and not isinstance(node.value, bool) and node.value != 0 and abs(node.value) >= 1e-6)
 
 
 def _skipped(tree) -> set[int]:
-  """ids of nodes never mutated: f-strings and subscripts' slices (indices, not thresholds)."""
+  """ids of nodes never mutated: f-strings, subscripts' slices (indices, not thresholds), type
+  annotations (``X | None``), and ``text or "none"`` (a detail's words, not a rule)."""
   skip = set()
   for node in ast.walk(tree):
     if isinstance(node, ast.JoinedStr):
       skip |= {id(n) for n in ast.walk(node)}
     if isinstance(node, ast.Subscript):
       skip |= {id(n) for n in ast.walk(node.slice)}
+    if isinstance(node, ast.FunctionDef):
+      for ann in [node.returns] + [a.annotation for a in node.args.args + node.args.kwonlyargs]:
+        if ann is not None:
+          skip |= {id(n) for n in ast.walk(ann)}
+    if isinstance(node, ast.BoolOp) and any(
+        isinstance(v, ast.Constant) and isinstance(v.value, str) for v in node.values):
+      skip.add(id(node))
   return skip
 
 
