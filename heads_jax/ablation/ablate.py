@@ -92,7 +92,7 @@ def ablate_groups(evaluator, groups: list[HeadGroup], *, mode: str = "remove",
   if mode not in ABLATION_MODES:
     raise UserError(f"--mode must be one of {ABLATION_MODES}, got {mode!r}")
   L, H = evaluator.num_layers, evaluator.num_heads
-  cols, first = metric_columns(evaluator), metric_columns(evaluator)[0]
+  cols = metric_columns(evaluator)
   log = log or (lambda *_: None)
   base = base or evaluator.evaluate()
 
@@ -105,12 +105,29 @@ def ablate_groups(evaluator, groups: list[HeadGroup], *, mode: str = "remove",
     def evaluate(heads):
       return evaluator.evaluate(gate_for(heads, L, H), gate_mode=mode)
 
-  rows = [dict(group="none (unablated)", kind="baseline", num_heads=0, ablation="none",
-               **_metrics_row(base, base, columns=cols), random_seeds=0, heads="")]
-  cache = {}
+  rows = [_baseline_row(base, cols)]
+  rows += _group_rows(evaluate, groups, base, ablation=mode, cols=cols, shape=(L, H),
+                      random_seeds=random_seeds, seed=seed, log=log,
+                      say=lambda g: f"{mode} {g.kind} {g.name!r} ({len(g)} heads)")
+  return pd.DataFrame(rows)
+
+
+def _baseline_row(base: dict, cols, **extra) -> dict:
+  """The unablated row of a group table (``extra``: columns after ``ablation``)."""
+  return dict(group="none (unablated)", kind="baseline", num_heads=0, ablation="none", **extra,
+              **_metrics_row(base, base, columns=cols), random_seeds=0, heads="")
+
+
+def _group_rows(evaluate, groups, base: dict, *, ablation: str, cols, shape, random_seeds: int,
+                seed: int, log, say, **extra) -> list[dict]:
+  """One row per group: ``evaluate(heads)``'s metrics against ``base``, the mean of random
+  groups of the same size (``random_seeds`` of them, computed once per size) and their change;
+  logs ``say(group)`` with the first metric. ``extra``: columns after ``ablation``."""
+  (L, H), first, pct = shape, cols[0], is_percent(cols)
+  rows, cache = [], {}
   for g in groups:
     metrics = evaluate(g.heads) if len(g) else base
-    row = dict(group=g.name, kind=g.kind, num_heads=len(g), ablation=mode,
+    row = dict(group=g.name, kind=g.kind, num_heads=len(g), ablation=ablation, **extra,
                **_metrics_row(metrics, base, columns=cols))
     if len(g) not in cache:
       cache[len(g)] = _random_rows(evaluate, len(g), L, H, random_seeds, seed, cols)
@@ -118,10 +135,9 @@ def ablate_groups(evaluator, groups: list[HeadGroup], *, mode: str = "remove",
     row["random_seeds"] = random_seeds if len(g) else 0
     row["heads"] = format_heads(g.heads)
     rows.append(_with_random_change(row, base, cols))
-    pct = is_percent(cols)
-    log(f"{mode} {g.kind} {g.name!r} ({len(g)} heads): {first} {shown(metrics[first], pct)} "
+    log(f"{say(g)}: {first} {shown(metrics[first], pct)} "
         f"({shown(metrics[first] - base[first], pct, signed=True)})")
-  return pd.DataFrame(rows)
+  return rows
 
 
 def ablate_segments(evaluator, groups: list[HeadGroup], *, parts=SEGMENT_PARTS,
@@ -137,30 +153,18 @@ def ablate_segments(evaluator, groups: list[HeadGroup], *, parts=SEGMENT_PARTS,
   if bad:
     raise UserError(f"--cross must be intra, inter or both; got {bad}")
   L, H = evaluator.num_layers, evaluator.num_heads
-  cols, first = metric_columns(evaluator), metric_columns(evaluator)[0]
+  cols = metric_columns(evaluator)
   log = log or (lambda *_: None)
   base = base or evaluator.evaluate()
-  rows = [dict(group="none (unablated)", kind="baseline", num_heads=0, ablation="none",
-               renormalised=bool(renormalise), **_metrics_row(base, base, columns=cols),
-               random_seeds=0, heads="")]
+  rows = [_baseline_row(base, cols, renormalised=bool(renormalise))]
   for part in parts:
 
     def evaluate(heads, part=part):
       return evaluator.evaluate(segment_removal=segment_removal_for(heads, L, H, part),
                                 renormalise=renormalise)
-
-    cache = {}
-    for g in groups:
-      metrics = evaluate(g.heads) if len(g) else base
-      row = dict(group=g.name, kind=g.kind, num_heads=len(g), ablation=part,
-                 renormalised=bool(renormalise), **_metrics_row(metrics, base, columns=cols))
-      if len(g) not in cache:
-        cache[len(g)] = _random_rows(evaluate, len(g), L, H, random_seeds, seed, cols)
-      row.update(cache[len(g)])
-      row["random_seeds"] = random_seeds if len(g) else 0
-      row["heads"] = format_heads(g.heads)
-      rows.append(_with_random_change(row, base, cols))
-      pct = is_percent(cols)
-      log(f"remove {part}-sentence attention of {g.kind} {g.name!r} ({len(g)} heads): {first} "
-          f"{shown(metrics[first], pct)} ({shown(metrics[first] - base[first], pct, signed=True)})")
+    rows += _group_rows(
+        evaluate, groups, base, ablation=part, cols=cols, shape=(L, H),
+        random_seeds=random_seeds, seed=seed, log=log, renormalised=bool(renormalise),
+        say=lambda g, part=part: f"remove {part}-sentence attention of {g.kind} {g.name!r} "
+                                 f"({len(g)} heads)")
   return pd.DataFrame(rows)
