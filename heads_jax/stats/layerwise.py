@@ -158,10 +158,11 @@ def reduce_layer(probs, tables: dict, roles: Sequence[str], attention_mask,
     sums = jnp.matmul(probs.reshape(b, h, q * k), tables["weights"], precision=_HIGHEST)  # [b, h, C]
     per_sequence = lambda x, w: jnp.sum(x * w[:, None, :], axis=-1)      # noqa: E731  [b, h]
   else:
-    # per query, then per slot: the FLOPs of the unpacked matmul, no S-fold weight table
-    per_query = jnp.einsum("bhqk,bqkc->bhqc", probs, tables["weights"].reshape(b, q, k, -1),
+    # per query, then per slot: the FLOPs of the unpacked matmul, no S-fold weight table (the
+    # [b, q, h, C] order runs about 1.5x faster on XLA:CPU than [b, h, q, C])
+    per_query = jnp.einsum("bhqk,bqkc->bqhc", probs, tables["weights"].reshape(b, q, k, -1),
                            precision=_HIGHEST)
-    sums = jnp.einsum("bhqc,bqs->bhsc", per_query, slots, precision=_HIGHEST)  # [b, h, S, C]
+    sums = jnp.einsum("bqhc,bqs->bhsc", per_query, slots, precision=_HIGHEST)  # [b, h, S, C]
     per_sequence = lambda x, w: jnp.einsum("bhq,bqs->bhs", x, w[:, :, None] * slots,  # noqa: E731
                                            precision=_HIGHEST)
   out = {"sieve_bias": sums[..., :r],

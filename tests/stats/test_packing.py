@@ -15,6 +15,10 @@ from heads_jax.sieves import build_sieves, distance_bins, segment_positions
 from heads_jax.stats import layerwise
 
 ALL = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention")
+_stack = jax.jit(layerwise.reduce_stack, static_argnums=(2, 3),
+                 static_argnames=("measures", "js", "slots"))
+_sieves = jax.jit(build_sieves, static_argnums=(1, 2))
+_bins = jax.jit(distance_bins)
 
 
 def _packed(batch, length=40, rows=4, slots=4):
@@ -78,12 +82,11 @@ def test_pack_batches_keeps_every_field_and_numbers_segments():
 def test_packed_sieves_and_bins_are_each_sequences_own(direction):
   rng = np.random.default_rng(1)
   batch = ref.random_batch(rng, 9, 10, min_len=1)
-  sieves = np.asarray(build_sieves(batch, B.ROLES, direction))
-  bins = np.asarray(distance_bins(batch["token_class"], batch["attention_mask"]))
+  sieves = np.asarray(_sieves(batch, B.ROLES, direction))
+  bins = np.asarray(_bins(batch["token_class"], batch["attention_mask"]))
   for indices, packed in _packed(batch, length=24):
-    ps = np.asarray(build_sieves(packed, B.ROLES, direction))
-    pb = np.asarray(distance_bins(packed["token_class"], packed["attention_mask"],
-                                  packed["segment_ids"]))
+    ps = np.asarray(_sieves(packed, B.ROLES, direction))
+    pb = np.asarray(_bins(packed["token_class"], packed["attention_mask"], packed["segment_ids"]))
     for pos, i in enumerate(indices):
       if i < 0:
         continue
@@ -102,11 +105,11 @@ def test_packed_statistics_equal_unpacked(direction):
   rng = np.random.default_rng(2)
   batch = ref.random_batch(rng, 13, 12, min_len=1)
   attn = ref.random_attention(rng, batch["attention_mask"], 2, 3, junk=False)   # [b, l, h, q, k]
-  want = layerwise.reduce_stack(attn, batch, B.ROLES, direction, measures=True)
+  want = _stack(attn, batch, B.ROLES, direction, measures=True)
   per_layer = jax.jit(lambda p, t: layerwise.reduce_layer(p, t, B.ROLES, t["mask"], True))
   for indices, packed in _packed(batch):
     pattn = _packed_attention(attn, indices, packed, 4)
-    got = layerwise.reduce_stack(pattn, packed, B.ROLES, direction, measures=True, slots=4)
+    got = _stack(pattn, packed, B.ROLES, direction, measures=True, slots=4)
     # the per-layer path: reduce_layer per layer, stacked on axis 1, then finish
     tables = layerwise.batch_tables(packed, B.ROLES, direction, True, slots=4)
     layers = [per_layer(pattn[:, l], {**tables, "mask": packed["attention_mask"]})
@@ -130,7 +133,7 @@ def test_reduce_stack_equals_loop_reference():
   rng = np.random.default_rng(3)
   batch = ref.random_batch(rng, 6, 11, min_len=1)
   attn = ref.random_attention(rng, batch["attention_mask"], 2, 2)
-  got = layerwise.reduce_stack(attn, batch, B.ROLES)
+  got = _stack(attn, batch, B.ROLES, "dep2head")
   np.testing.assert_allclose(np.asarray(got["sieve_bias"]), ref.sieve_bias(attn, batch, B.ROLES),
                              rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(got["distance"]), ref.distance_features(attn, batch),
