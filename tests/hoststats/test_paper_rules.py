@@ -611,3 +611,22 @@ def test_bert_base_is_judged_by_its_shape():
     assert (e.verdict in (paper.HOLDS, paper.FAILS)) == judged, (L, H, e.verdict)
   assert paper.bert_base_layers(0, 0, 5) == ()          # 0.42 of layer 0 of 5: not half
   assert paper.bert_base_layers(0, 1, 5) == (0,)
+
+
+def test_details_say_what_was_measured():
+  """The detail names the measure: a range over tasks, a median layer or a count of layers, the
+  setting a Guan row was not comparable in; a value that is not a number is not computable."""
+  run = _run({t: _syn_local(k) for t, k in zip(TASKS4, (20, 30, 28, 28))})
+  assert "range" in paper.evaluate(paper.claim("share_syntactic_also_local"), run).detail
+  assert "median layer of the" in paper.evaluate(paper.claim("guan_layers_dense"),
+                                                 _type_layers("dense", [1, 2])()).detail
+  assert "layers with a diagonal head" in paper.evaluate(
+      paper.claim("guan_layers_diagonal"), _type_layers("diagonal", range(8), L=10)()).detail
+  glue = _run({"mrpc": _a(L=12, H=12, clusters=_clusters(GUAN_COUNTS))})
+  assert "GLUE tasks of its own models" in paper.evaluate(paper.claim("guan_share_dense"), glue).detail
+  e = paper.evaluate(paper.claim("mean_sieve_score"), _pooled(mean_sieve_score=float("nan"))())
+  assert e.verdict == paper.NOT_COMPUTABLE
+  # the stability with 3 and 5 clusters needs the SQuAD model's head features
+  no_features = _guan({"squad": _a(L=5, H=8, clusters=np.full((5, 8), "dense", object))})
+  e = paper.evaluate(paper.claim("guan_stable_3_5"), no_features)
+  assert e.verdict == paper.NOT_COMPUTABLE and "features" in e.detail
