@@ -43,6 +43,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from heads_jax.data import vocabulary as vocab
+from heads_jax.hoststats import intervals
 from heads_jax.hoststats import roles as roles_lib
 
 PANDE = "Pande et al. 2021 (AAAI; arXiv 2101.09115)"
@@ -237,14 +238,13 @@ def _wilson_rule(of: str = "heads") -> str:
 
 def wilson_interval(share: float, n: int, z: float = Z95) -> tuple[float, float]:
   """The Wilson score interval of a binomial share observed over ``n`` trials (two-sided, 95%
-  by default). ``n`` = 0 gives (0, 1)."""
+  by default; `heads_jax.hoststats.intervals.wilson_interval` of ``share * n`` successes, the
+  share clipped to [0, 1]). ``n`` = 0 gives (0, 1)."""
   if n <= 0:
     return 0.0, 1.0
   p = min(max(float(share), 0.0), 1.0)
-  denom = 1 + z * z / n
-  centre = (p + z * z / (2 * n)) / denom
-  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-  return max(0.0, centre - half), min(1.0, centre + half)
+  lo, hi = intervals.wilson_interval(p * n, n, z)
+  return max(0.0, lo), min(1.0, hi)
 
 
 _FT = "each task's fine-tuned model on its own task's analysed sequences"
