@@ -397,7 +397,9 @@ PAIRS = {
     "multi_skilled_middle": [(_per_task(MULTI, {t: MID_UP for t in ("mrpc", "qnli", "sst2")}),
                               _per_task(MULTI, {"mrpc": MID_UP, "qnli": MID_UP, "sst2": MID_EVEN}))],
     "multi_skilled_qqp_early": [(_per_task(MULTI, {"qqp": [3, 2, 2, 2, 2, 2]}),
-                                 _per_task(MULTI, {"qqp": [2, 2, 2, 2, 3, 2]}))],
+                                 _per_task(MULTI, {"qqp": [2, 2, 2, 2, 3, 2]})),
+                                (_per_task(MULTI, {"qqp": [3, 2, 2, 2, 2, 2]}),
+                                 _per_task(MULTI, {"qqp": [2] * 6}))],
     # every layer but 0 at least a quarter (3 of 12) in every task; layer 0 has none
     "delimiter_all_layers": [(_per_task("cls", {"mrpc": [0] + [3] * 5, "qnli": [0] + [3] * 5}),
                               _per_task("cls", {"mrpc": [0] + [3] * 5, "qnli": [0, 3, 3, 2, 3, 3]}))],
@@ -431,6 +433,8 @@ PAIRS = {
                                                                [3, 3, 3, 3, 2, 3], [3] * 6))}),
          lambda: _run({t: _fig5_syn(p) for t, p in zip(TASKS4, ([3, 2, 3, 3, 3, 3], [3] * 6,
                                                                [3, 3, 3, 3, 2, 3], [2] + [3] * 5))}))],
+    # exactly 10%: 1 of 10 (task, layer) pairs under 3 holds, 2 of 10 do not
+    "syntactic_every_layer_exact": None,
     "syntactic_layers_6_8": [(lambda: _run({"mrpc": _fig5_syn([3, 3, 3, 4, 3, 3])}),
                               lambda: _run({"mrpc": _fig5_syn([3, 3, 4, 3, 3, 3])})),
                              (lambda: _run({"mrpc": _fig5_syn([3, 3, 3, 3, 4, 3])}),
@@ -460,10 +464,14 @@ PAIRS = {
                               _fig6(PAIR3, sep=-0.1, cls=(0.049, -0.051, 0.2))),
                              (_fig6(PAIR3, sep=(-0.1, -0.1, 0.1), cls=0.0),
                               _fig6(PAIR3, sep=(-0.1, 0.1, 0.1), cls=0.0))],
-    "finetune_initial_middle_stable": [(_fig6(PAIR3, thirds=(0.49, 0.49, 1.0)),
+    "finetune_initial_middle_stable": [(_fig6(PAIR3, thirds=(0.5, 0.5, 1.0)),
+                                        _fig6(PAIR3, thirds=(0.5, 0.51, 1.0))),
+                                       (_fig6(PAIR3, thirds=(0.49, 0.49, 1.0)),
                                         _fig6(PAIR3, thirds=(0.51, 0.49, 1.0))),
                                        (_fig6(PAIR3, thirds=(0.49, 0.49, 1.0)),
                                         _fig6(PAIR3, thirds=(0.49, 0.51, 1.0)))],
+    # one of two tasks is not more than half
+    "finetune_two_tasks": None,
     # "drops sharply": at least a third fewer (21 -> 14) in two of three tasks; 21 -> 15 does not
     "finetune_delimiter_heads_drop": [
         (_fig6(PAIR3, delim_heads=((21, 14), (21, 14), (21, 21))),
@@ -492,14 +500,16 @@ PAIRS = {
     "guan_stability_mrpc": [_stability_pair("mrpc", "guan_stability_mrpc")],
     "guan_stability_mnli": [_stability_pair("mnli", "guan_stability_mnli")],
     # the mean over the four models at least 95%
-    "guan_stability_over_95": [(_over_95(0.9505, 0.94, 0.96, 0.95), _over_95(0.9495, 0.94, 0.96, 0.95))],
+    "guan_stability_over_95": [(_over_95(0.9505, 0.94, 0.96, 0.95), _over_95(0.9495, 0.94, 0.96, 0.95)),
+                               (_over_95(0.95, 0.95, 0.95, 0.95), _over_95(0.9499, 0.95, 0.95, 0.95))],
     "guan_stable_3_5": [(_stable_3_5(True), _stable_3_5(False))],
     "guan_similar_after_finetuning": [_similar_pair()],
     # more than half keep their type (36 of 72 changed: half; 35 holds) and the final third has
     # the most changes; with the most changes in the middle third it fails
     "guan_same_cluster_after_finetuning": [(_kept(11), _kept(12)), (_kept(11), _kept(12, 8))],
     **{f"guan_table{2 if i <= 11 else 3}_row{i}": [_row_pair(i)] for i in PAPER_EM},
-    "guan_prune_diagonal": [(_em(row3=8.28), _em(row3=8.29)), (_em(row3=8.28), _em(row3=8.28, row4=0.0))],
+    "guan_prune_diagonal": [(_em(row3=8.28), _em(row3=8.29)), (_em(row3=8.28), _em(row3=8.28, row4=0.0)),
+                            (_em(row3=0.1 * PAPER_EM[1]), _em(row3=8.28, row2=8.28))],
     "guan_prune_vertical": [(_em(row5=81.36), _em(row5=81.34))],
     "guan_keep_dense_vertical": [(_em(row6=56.88, row7=56.87), _em(row6=56.87, row7=56.87))],
     "guan_uniform_dense": [(_em(row8=72.86), _em(row8=72.84))],
@@ -508,6 +518,17 @@ PAIRS = {
     "guan_diagonal_intra": [(_em(row12=41.42), _em(row12=41.43)), (_em(row13=81.36), _em(row13=81.34))],
     "guan_dense_vertical_inter": [(_em(row19=10.12, row17=10.11), _em(row19=10.11, row17=10.11))],
 }
+del PAIRS["syntactic_every_layer_exact"], PAIRS["finetune_two_tasks"]
+PAIRS["syntactic_every_layer"].append(
+    (lambda: _run({"mrpc": _fig5_syn([3] * 9 + [2])}), lambda: _run({"mrpc": _fig5_syn([3] * 8 + [2, 2])})))
+PAIR2 = ("mrpc", "qnli")
+PAIRS["finetune_delimiter_final_drop"].append(
+    (_fig6(PAIR2, delim_t=(_t_at(0.049), _t_at(0.049))), _fig6(PAIR2, delim_t=(_t_at(0.049), -3.0))))
+PAIRS["finetune_sep_not_cls"].append(
+    (_fig6(PAIR2, sep=-0.1, cls=0.0), _fig6(PAIR2, sep=(-0.1, 0.1), cls=0.0)))
+PAIRS["finetune_delimiter_heads_drop"].append(
+    (_fig6(PAIR2, delim_heads=(21, 14)), _fig6(PAIR2, delim_heads=((21, 14), (21, 21)))))
+
 # Not a verdict rule: it holds by construction, so the run never judges it.
 NEVER_JUDGED = {"block_heads_sst2"}
 
