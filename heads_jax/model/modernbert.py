@@ -250,11 +250,12 @@ def _norm(cfg, rngs: nnx.Rngs) -> nnx.LayerNorm:
                        dtype=jnp.float32, param_dtype=jnp.float32, rngs=rngs)
 
 
-def rotary_tables(length: int, head_dim: int, theta: float):
-  """RoPE's ``cos``, ``sin`` float32 ``[q, e]`` for positions ``0..length-1`` (the two halves of
-  the head dimension share the frequencies ``theta^(-2i/e)``, as transformers' ``rotate_half``)."""
+def rotary_tables(positions, head_dim: int, theta: float):
+  """RoPE's ``cos``, ``sin`` float32 ``[b, q, e]`` for int ``positions`` ``[b, q]`` (the two
+  halves of the head dimension share the frequencies ``theta^(-2i/e)``, as transformers'
+  ``rotate_half``)."""
   inv = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  freqs = jnp.arange(length, dtype=jnp.float32)[:, None] * inv[None]
+  freqs = jnp.asarray(positions, jnp.float32)[..., None] * inv
   emb = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(emb), jnp.sin(emb)
 
@@ -264,19 +265,24 @@ def apply_rotary(x, cos, sin):
   x = x.astype(jnp.float32)
   half = x.shape[-1] // 2
   rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  return x * cos[None, :, None] + rotated * sin[None, :, None]
+  return x * cos[:, :, None] + rotated * sin[:, :, None]
 
 
-def visible_keys(mask, window: int | None):
+def visible_keys(mask, window: int | None, segment_ids=None):
   """Which keys each query sees, bool ``[b, 1, q, k]``: the real keys (``mask`` ``[b, k]``),
-  within ``|i - j| <= window`` when ``window`` is not None (a local layer)."""
-  real = jnp.asarray(mask)[:, None, None, :] > 0
+  of the query's own sequence in a packed row (``segment_ids`` ``[b, q]``: ``1, 2, ...`` per
+  sequence, 0 on padding), within ``|i - j| <= window`` when ``window`` is not None (a local
+  layer; a packed sequence's positions are contiguous, so row offsets are its token offsets)."""
+  mask = jnp.asarray(mask)
+  k = mask.shape[-1]
+  seen = jnp.broadcast_to(mask[:, None, None, :] > 0, (mask.shape[0], 1, k, k))
+  if segment_ids is not None:
+    seg = jnp.asarray(segment_ids)
+    seen = seen & (seg[:, None, :, None] == seg[:, None, None, :]) & (seg[:, None, None, :] > 0)
   if window is None:
-    return real
-  k = real.shape[-1]
+    return seen
   pos = jnp.arange(k)
-  near = jnp.abs(pos[:, None] - pos[None, :]) <= window
-  return real & near[None, None]
+  return seen & (jnp.abs(pos[:, None] - pos[None, :]) <= window)[None, None]
 
 
 class Attention(nnx.Module):
@@ -301,14 +307,18 @@ class Attention(nnx.Module):
 
   def __call__(self, x, mask, *, gate, gate_mode: str, deterministic: bool,
                segment_removal=None, segments=None, renormalise_segments: bool = False,
-               attention: str = "auto", need_probs: bool = False, reduce=None, layer: int = 0):
+               attention: str = "auto", need_probs: bool = False, reduce=None, layer: int = 0,
+               positions=None, segment_ids=None):
     """x ``[b, q, d]`` (already normed) -> the attention block's output ``[b, q, d]`` (before the
     residual), the attention ``[b, h, q, k]`` float32 (None on the fused path) and the
-    reduction's output; the arguments as ``heads_jax.model.bert.SelfAttention``."""
+    reduction's output; the arguments as ``heads_jax.model.bert.SelfAttention``, ``positions``
+    int ``[b, q]`` (RoPE's) and packed ``segment_ids`` ``[b, q]`` or None."""
     cfg = self.cfg
     b, q, _ = x.shape
     qh, kh, vh = self.split(x)
-    cos, sin = rotary_tables(q, cfg.head_dim, self.theta)
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(q), (b, q))
+    cos, sin = rotary_tables(positions, cfg.head_dim, self.theta)
     dt = vh.dtype
     qh, kh = apply_rotary(qh, cos, sin).astype(dt), apply_rotary(kh, cos, sin).astype(dt)
     reduce_probs = reduce is not None and getattr(reduce, "needs_probs", True)
@@ -320,7 +330,7 @@ class Attention(nnx.Module):
     dropout_active = not deterministic and self.attention_dropout.rate > 0
     path = attention_path(attention, needs_probs=need_probs or edits or reduce_probs,
                           dropout_active=dropout_active, dtype=qh.dtype, head_dim=cfg.head_dim)
-    seen = visible_keys(mask, self.window)                                  # [b, 1, q, k]
+    seen = visible_keys(mask, self.window, segment_ids)                     # [b, 1, q, k]
     probs = None
     if path == "explicit":
       scale = 1.0 / jnp.sqrt(jnp.float32(cfg.head_dim))
@@ -342,7 +352,7 @@ class Attention(nnx.Module):
       ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
     else:
       local = None if self.window is None else (self.window, self.window)
-      if path == "cudnn":
+      if path == "cudnn" and segment_ids is None:
         lengths = jnp.maximum(jnp.sum(mask > 0, axis=-1), 1).astype(jnp.int32)
         ctx = jax.nn.dot_product_attention(qh, kh, vh, key_value_seq_lengths=lengths,
                                            local_window_size=local, implementation="cudnn")
@@ -417,9 +427,11 @@ class ModernBertModel(nnx.Module):
                gate_mode: str = "remove", return_attentions: bool = False,
                return_hidden_states: bool = False, deterministic: bool = True,
                segment_removal=None, renormalise_segments: bool = False,
-               attention: str | None = None, attention_reduce=None) -> dict:
+               attention: str | None = None, attention_reduce=None, position_ids=None,
+               segment_ids=None) -> dict:
     """Encodes ``input_ids`` ``[b, q]``; see ``BertModel.__call__`` (``attention`` None: the
-    config's). ``hidden_states``
+    config's; packed rows: ``position_ids`` restart RoPE's positions and ``segment_ids`` keep
+    attention inside each sequence, within its window in local layers). ``hidden_states``
     ``[l + 1, b, q, d]`` are the embeddings and each layer's output (before the final norm:
     entry ``i`` is layer ``i``'s input); ``last_hidden_state`` is after the final norm."""
     cfg = self.config
@@ -446,11 +458,16 @@ class ModernBertModel(nnx.Module):
       if segment_removal.shape != shape + (2,):
         raise ValueError(f"segment_removal must have shape [layers, heads, 2] = {shape + (2,)}, "
                          f"got {segment_removal.shape}")
+    for name, ids in (("position_ids", position_ids), ("segment_ids", segment_ids)):
+      if ids is not None and jnp.shape(ids) != input_ids.shape:
+        raise ValueError(f"{name} must have the shape of input_ids {input_ids.shape}, got "
+                         f"{jnp.shape(ids)}")
     x = self.embeddings(input_ids, deterministic=deterministic)
     hidden, attentions, reduced = [x], [], []
     for i, layer in enumerate(self.layers):
       kw = {"attention": attention, "need_probs": return_attentions, "reduce": attention_reduce,
-            "layer": i}
+            "layer": i, "positions": None if position_ids is None else jnp.asarray(position_ids, jnp.int32),
+            "segment_ids": None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)}
       if segment_removal is not None:
         kw.update(segment_removal=segment_removal[i], segments=types,
                   renormalise_segments=renormalise_segments)

@@ -176,3 +176,30 @@ def test_weights_beyond_the_configs_layers_are_refused(tmp_path, family):
   with pytest.raises(UserError, match=f"num_hidden_layers={n - 1} but the weights hold layer "
                                       f"{n - 1} too .*fix config.json or the weights"):
     load_model(tmp_path, with_tokenizer=False)
+
+
+def test_packed_rows_equal_the_sequences_alone(model_dir):
+  """Two sequences packed in one row (segment_ids 1, 2; positions restarting) give each
+  sequence's own attention maps and hidden states, local windows included; the analysis step
+  takes packed batches from ModernBERT (stats.step.accepts_packing)."""
+  from heads_jax.stats.step import accepts_packing
+  d, _, _ = model_dir
+  model, _ = load_model(d, with_tokenizer=False)
+  assert accepts_packing(model)
+  rng = np.random.default_rng(8)
+  a, b = rng.integers(7, VOCAB, 12), rng.integers(7, VOCAB, 9)
+  ids = np.concatenate([a, b, [5, 5, 5]])[None].astype(np.int32)
+  mask = (np.arange(24) < 21).astype(np.int32)[None]
+  seg = np.concatenate([np.ones(12), 2 * np.ones(9), np.zeros(3)]).astype(np.int32)[None]
+  pos = np.concatenate([np.arange(12), np.arange(9), np.zeros(3)]).astype(np.int32)[None]
+  packed = model(ids, attention_mask=mask, segment_ids=seg, position_ids=pos,
+                 return_attentions=True)
+  for x, span in ((a, slice(0, 12)), (b, slice(12, 21))):
+    alone = model(x[None].astype(np.int32), return_attentions=True)
+    np.testing.assert_allclose(np.asarray(packed["attentions"])[0][:, :, span, span],
+                               np.asarray(alone["attentions"])[0], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(packed["last_hidden_state"])[0, span],
+                               np.asarray(alone["last_hidden_state"])[0], atol=1e-5)
+  fused = model(ids, attention_mask=mask, segment_ids=seg, position_ids=pos, attention="xla")
+  np.testing.assert_allclose(np.asarray(fused["last_hidden_state"])[0, :21],
+                             np.asarray(packed["last_hidden_state"])[0, :21], atol=1e-5)
