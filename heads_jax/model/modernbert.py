@@ -323,9 +323,9 @@ class Attention(nnx.Module):
     qh, kh = apply_rotary(qh, cos, sin).astype(dt), apply_rotary(kh, cos, sin).astype(dt)
     reduce_probs = reduce is not None and getattr(reduce, "needs_probs", True)
     if reduce is not None and not reduce_probs and self.window is not None:
-      raise ValueError("this statistics path recomputes attention from queries and keys without "
-                       "the sliding window of ModernBERT's local layers; use stats_impl "
-                       "'layerwise' or 'stacked'")
+      raise ValueError("the fused statistics kernel (stats_impl 'fused', HEADS_JAX_STATS_IMPL=fused) "
+                       "recomputes attention without the sliding window of ModernBERT's local "
+                       "layers: use 'layerwise' or 'stacked' (the default 'auto' does)")
     edits = (gate is not None and gate_mode == "uniform") or segment_removal is not None
     dropout_active = not deterministic and self.attention_dropout.rate > 0
     path = attention_path(attention, needs_probs=need_probs or edits or reduce_probs,
