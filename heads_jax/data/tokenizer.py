@@ -1,5 +1,6 @@
 """Tokenizer loading, checked to really work: WordPiece (BERT, DistilBERT, ELECTRA), byte-level
-BPE (RoBERTa) and SentencePiece (XLM-RoBERTa, ALBERT).
+BPE (RoBERTa; ModernBERT, whose ``tokenizer.json`` carries BERT's ``[CLS] A [SEP] B [SEP]``
+template) and SentencePiece (XLM-RoBERTa, ALBERT, DeBERTa-v3).
 
 A WordPiece folder or a ``vocab.txt`` file gives a ``transformers.BertTokenizerFast``; any other
 tokenizer folder (``tokenizer_config.json`` naming another class, or ``vocab.json`` +

@@ -32,6 +32,11 @@ family           token types    positions  embedding size  pooler      layers   
 
 Field names follow the paper/JAX world; ``from_hf_dict`` / ``to_hf_dict`` translate to and from a
 Hugging Face ``config.json`` of any of the families.
+
+Families with an encoder of their own, ModernBERT (``heads_jax.model.modernbert``) and DeBERTa-v3
+(``heads_jax.model.deberta``), are ``OWN_FAMILIES``: each module defines its config, classes and
+Hugging Face names ("The registry" below); ``config_from_hf_dict`` / ``config_from_dict`` read
+the config of any family.
 """
 
 from __future__ import annotations
