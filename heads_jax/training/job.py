@@ -154,7 +154,7 @@ class TrainingJob:
     if not self.is_main:
       return
     file = self.dir.data_identity_file
-    old = json.loads(read_text(file)) if storage_exists(file) else None
+    old = _read_identity(file) if storage_exists(file) else None
     if old == identity:
       return
     resumable = any(checkpointing.is_orbax_run_dir(d) for d in (self.dir.checkpoints,
@@ -343,6 +343,20 @@ class TrainingJob:
     exports = (self.export(params, tokenizer, "best_model", "best_hf", id2label=id2label)
                if self.is_main else {})
     return exports, best
+
+
+def _read_identity(file) -> dict:
+  """``data_identity.json`` (local or a URL); a damaged one is one line naming it and the fix."""
+  try:
+    old = json.loads(read_text(file))
+  except (ValueError, UnicodeDecodeError) as e:
+    raise UserError(f"{display(file)} is not valid JSON ({e}); it records the data this run was "
+                    f"trained on: restore it, or remove it to record the current data (the "
+                    f"check is then skipped once)") from None
+  if not isinstance(old, dict):
+    raise UserError(f"{display(file)} does not hold a data identity (a JSON object); restore it, "
+                    f"or remove it to record the current data") from None
+  return old
 
 
 def rows_identity(**parts) -> dict:

@@ -248,3 +248,18 @@ def test_reproduce_refuses_a_bad_grid_before_any_stage(tmp_path, monkeypatch):
   c.finetune.batch_sizes, c.finetune.learning_rates = (8,), (-1e-3,)
   with pytest.raises(UserError, match="optimizer.learning_rate must be a finite number >= 0"):
     reproduce.run_reproduce(c, tmp_path / "rep")
+
+
+def test_a_damaged_data_identity_is_one_line_naming_it(tmp_path):
+  wd = tmp_path / "run"
+  j = job_lib.TrainingJob(_tiny(), wd)
+  j.create_dir()
+  (wd / "data_identity.json").write_text("")
+  with pytest.raises(UserError, match=r"data_identity.json is not valid JSON .*remove it"):
+    j.check_data({"a": "1 bytes, sha256 0"})
+  (wd / "data_identity.json").write_text("[1]")
+  with pytest.raises(UserError, match="does not hold a data identity"):
+    j.check_data({"a": "1 bytes, sha256 0"})
+  (wd / "data_identity.json").unlink()
+  j.check_data({"a": "1 bytes, sha256 0"})      # removed: the current data is recorded
+  j.close()
