@@ -24,7 +24,10 @@ peak; ``bench_training.flops_per_token``), step ms, and the loss after ``loss_st
 the same initial parameters (finite, and close across variants: the changes keep the
 arithmetic). The first and the last variant also get the breakdown: forward (the loss alone,
 dropout on), backward (forward+backward minus forward), optimizer (in the step: step minus
-forward+backward; alone: ``tx.update`` + ``apply_updates``).
+forward+backward; alone: ``tx.update`` + ``apply_updates``). A last row says whether the input
+pipeline (``data.num_workers=-1``: all but 2 of this host's cores) can build real batches as fast
+as the fastest variant of that batch consumes them (one batch built here, timed; the workers'
+rate estimated as workers / seconds per batch).
 
 Programs are lowered in the main thread, then compiled in parallel (``ThreadPoolExecutor`` over
 ``lowered.compile()``; XLA releases the GIL) after the baseline alone (so the GEMM autotuner's
@@ -211,7 +214,7 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
   mesh = data_mesh(jax.devices()[:1])
   chosen = variants()
   sizes = sorted({s["batch"] * v.batch_factor for v, absent in chosen if absent is None})
-  host_batch, _, _ = pretraining_batch(max(sizes), s["seq"], s["preds"], host_batches=1)
+  host_batch, _, build = pretraining_batch(max(sizes), s["seq"], s["preds"], host_batches=1)
   batches = {b: shard_batch({k: x[:b] for k, x in host_batch.items()}, mesh) for b in sizes}
   model = BertForPreTraining(config_for(s["size"], vocab_size=30522,
                                         **{k: s[k] for k in ("num_layers",) if k in s}),
@@ -293,6 +296,20 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
                                            if "breakdown_ms" in res else {}))
     results.append(res)
     del holder
+  if results:
+    # the input pipeline on this host: can data.num_workers=-1 keep up with the fastest step?
+    from heads_jax.data.prefetch import auto_workers, available_cores
+    workers, cores = auto_workers(), available_cores()
+    rows_ = max(sizes)
+    capacity = max(1, workers) / build["median_s"]          # batches of `rows_` per second
+    fastest = max((r for r in results if r["batch"] == rows_), key=lambda r: r["tokens_per_s"],
+                  default=None)
+    need = None if fastest is None else 1e3 / fastest["step_ms"]
+    verdict = "" if need is None else ("keeps up" if capacity >= need else "STARVES the device")
+    row(f"input pipeline: one real batch of {rows_} x {s['seq']} built on the host",
+        build["median_s"], "s", f"{workers} workers ({cores} cores): ~{capacity:.1f} batches/s "
+        f"vs {need or 0:.1f} steps/s: {verdict}".rstrip(": "), cpu_s=build.get("cpu_median_s"),
+        workers=workers, cores=cores, estimate="workers / seconds per batch (linear scaling)")
   row("pretrain_ab wall time", time.perf_counter() - t_start, "s", "", peak=peak.get("how"))
   return results
 
