@@ -47,8 +47,6 @@ WRAPPERS = ("triton", "mosaic", "xla")
 # Query rows per tile (at most tile.MAX_ROWS): 16 is the smallest Triton MMA and keeps J(n) = 2
 # window corrections for n > 120 (plan section 2.1).
 BLOCK_Q = {"triton": 16, "mosaic": 16, "xla": 16}
-# Channel axis of the outputs: a power of two for Triton, a lane row (128) for Mosaic.
-_MOSAIC_LANES = 128
 
 
 def default_wrapper(platform: str | None = None) -> str:
@@ -206,59 +204,75 @@ def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", meas
           "e_table": e_table, "weights": weights, "n": n, "count": count}
 
 
-def _head_fn(roles, direction, measures, scale):
-  return functools.partial(tile.head_values, roles=tile.tile_roles(roles), direction=direction,
-                           measures=measures, scale=scale)
+def _row_fns(roles, direction, measures, scale):
+  roles = tile.tile_roles(roles)
+  rows = functools.partial(tile.head_rows, roles=roles, direction=direction, scale=scale)
+  channels = functools.partial(tile.channel_values, roles=roles, direction=direction,
+                               measures=measures)
+  return rows, channels
+
+
+def _weighted(raw, q_info, weights, channels_fn, block_q, channels):
+  """``sum_t weights[t, c] * channel_c(raw)[t]``: raw ``[b, h, t, E_COLS]``, q_info
+  ``[b, t, Q_COLS]``, weights ``[b, t, cp]`` -> ``[b, h, c]`` (XLA, on the kernel's rows)."""
+  t = raw.shape[2]
+  qi = tuple(q_info[:, None, :, j:j + 1] for j in range(tile.Q_COLS))      # [b, 1, t, 1]
+  row = (jnp.arange(t, dtype=jnp.int32) % block_q)[None, None, :, None]
+  vals = jnp.concatenate(channels_fn(raw, qi, row), axis=-1)               # [b, h, t, c]
+  return jnp.einsum("bhtc,btc->bhc", vals, weights[..., :channels],
+                    precision=jax.lax.Precision.HIGHEST)
 
 
 # ------------------------------------------------------------------------------------------------
-# The three wrappers: each returns the weighted sums [b, h, c] (c: the channels)
+# The three wrappers: each returns the per-row results [b, h, kp, E_COLS] of every head (the
+# Pallas ones), or directly the weighted sums [b, h, c] (XLA, block by block)
 
-def _xla_sums(query, key, tables, head, block_q, contraction, channels):
-  """``lax.scan`` over query blocks of the tile, vectorised over sequences and heads."""
+def _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, channels,
+              blocks_per_step: int = 1):
+  """``lax.scan`` over groups of query blocks, each block's tile vectorised over sequences and
+  heads; the channels and their weighted sums per group, so nothing of size k x k is kept."""
   b, kp, h, e = query.shape
   nq = kp // block_q
+  group = max(1, min(int(blocks_per_step), nq))
+  while nq % group:
+    group -= 1
   q_info, k_rows, k_cols = tables["q_info"], tables["k_rows"], tables["k_cols"]
   e_table, weights, n = tables["e_table"], tables["weights"], tables["n"]
   kr = tuple(k_rows[:, j:j + 1, :] for j in range(tile.K_ROWS))            # [b, 1, kp]
   kc = tuple(k_cols[:, :, j:j + 1] for j in range(tile.K_ROWS))            # [b, kp, 1]
   keys = jnp.transpose(key, (0, 2, 1, 3))                                  # [b, h, kp, e]
 
-  def one_sequence(qb, kk, qi, kr_, kc_, et, w, nn, t0):
+  def one_block(qb, kk, qi, kr_, kc_, et, nn, t0):
     setup = tile.block_setup(kr_, kc_, et, nn, t0, block_q, contraction)
-    vals = jax.vmap(lambda q_, k_: jnp.concatenate(head(q_, k_, setup, qi, kr_), axis=1))(qb, kk)
-    return jnp.sum(vals * w[None, :, :channels], axis=1)                   # [h, c]
+    return jax.vmap(lambda q_, k_: rows_fn(q_, k_, setup, qi, kr_))(qb, kk)  # [h, T, E]
 
-  per_seq = jax.vmap(one_sequence, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None))
+  per_seq = jax.vmap(one_block, in_axes=(0, 0, 0, 0, 0, 0, 0, None))
+  per_group = jax.vmap(per_seq, in_axes=(1, None, 1, None, None, None, None, 0), out_axes=2)
 
   def step(acc, i):
-    t0 = i * block_q
-    qb = jax.lax.dynamic_slice_in_dim(query, t0, block_q, axis=1)           # [b, T, h, e]
-    qb = jnp.transpose(qb, (0, 2, 1, 3))                                    # [b, h, T, e]
-    qi = jax.lax.dynamic_slice_in_dim(q_info, t0, block_q, axis=1)
-    qi = tuple(qi[:, :, j:j + 1] for j in range(tile.Q_COLS))              # [b, T, 1]
-    w = jax.lax.dynamic_slice_in_dim(weights, t0, block_q, axis=1)          # [b, T, cp]
-    return acc + per_seq(qb, keys, qi, kr, kc, e_table, w, n, t0), None
+    t0 = i * (group * block_q)
+    span = group * block_q
+    qb = jax.lax.dynamic_slice_in_dim(query, t0, span, axis=1)              # [b, G T, h, e]
+    qb = jnp.transpose(qb.reshape(b, group, block_q, h, e), (0, 1, 3, 2, 4))  # [b, G, h, T, e]
+    qi_all = jax.lax.dynamic_slice_in_dim(q_info, t0, span, axis=1)         # [b, G T, Q]
+    qi = tuple(qi_all.reshape(b, group, block_q, tile.Q_COLS)[..., j:j + 1]
+               for j in range(tile.Q_COLS))                                 # [b, G, T, 1]
+    starts = t0 + block_q * jnp.arange(group)
+    raw = per_group(qb, keys, qi, kr, kc, e_table, n, starts)               # [b, h, G, T, E]
+    raw = raw.reshape(b, h, span, tile.E_COLS)
+    w = jax.lax.dynamic_slice_in_dim(weights, t0, span, axis=1)
+    return acc + _weighted(raw, qi_all, w, channels_fn, block_q, channels), None
 
-  sums, _ = jax.lax.scan(step, jnp.zeros((b, h, channels), jnp.float32), jnp.arange(nq))
+  sums, _ = jax.lax.scan(step, jnp.zeros((b, h, channels), jnp.float32), jnp.arange(nq // group))
   return sums
 
 
-def _store_sums(o_ref, hd, vals, weight, accumulate: bool):
-  """Channel c of head ``hd``: ``sum_t weight(c) * vals[c]`` into ``o_ref[hd, c]``."""
-  for c, v in enumerate(vals):
-    total = jnp.sum(weight(c) * v, axis=0, keepdims=True)                  # [1, 1]
-    at = (pl.ds(hd, 1), pl.ds(c, 1))
-    o_ref[at] = o_ref[at] + total if accumulate else total
-
-
-def _triton_sums(query, key, tables, head, block_q, contraction, channels, interpret):
+def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps):
   from jax.experimental.pallas import triton as pl_triton
   b, kp, h, e = query.shape
   nq = kp // block_q
-  cp = tables["weights"].shape[-1]
 
-  def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, w_ref, o_ref):
+  def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, o_ref):
     qi = tuple(qi_ref[:, pl.ds(j, 1)] for j in range(tile.Q_COLS))
     kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
     kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
@@ -267,15 +281,14 @@ def _triton_sums(query, key, tables, head, block_q, contraction, channels, inter
     setup = tile.block_setup(kr, kc, e_ref[...], n, t0, block_q, contraction)
 
     def one_head(hd, carry):
-      vals = head(q_ref[:, hd, :], k_ref[:, hd, :], setup, qi, kr)
-      _store_sums(o_ref, hd, vals, lambda c: w_ref[:, pl.ds(c, 1)], accumulate=False)
+      o_ref[hd, :, :] = rows_fn(q_ref[:, hd, :], k_ref[:, hd, :], setup, qi, kr)
       return carry
 
     jax.lax.fori_loop(0, h, one_head, 0)
 
-  sums = pl.pallas_call(
+  return pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((b, nq, h, channels), jnp.float32),
+      out_shape=jax.ShapeDtypeStruct((b, h, kp, tile.E_COLS), jnp.float32),
       grid=(b, nq),
       in_specs=[
           pl.BlockSpec((None, block_q, h, e), lambda bi, qi: (bi, qi, 0, 0)),
@@ -284,31 +297,26 @@ def _triton_sums(query, key, tables, head, block_q, contraction, channels, inter
           pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi, qi: (bi, 0, 0)),
           pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi, qi: (bi, 0, 0)),
           pl.BlockSpec((None, kp, tile.E_COLS), lambda bi, qi: (bi, 0, 0)),
-          pl.BlockSpec((None, block_q, cp), lambda bi, qi: (bi, qi, 0)),
       ],
-      out_specs=pl.BlockSpec((None, None, h, channels), lambda bi, qi: (bi, qi, 0, 0)),
+      out_specs=pl.BlockSpec((None, h, block_q, tile.E_COLS), lambda bi, qi: (bi, 0, qi, 0)),
       interpret=interpret,
-      compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=4),
+      compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=num_warps),
       name="heads_jax_statistics_v2",
-  )(query, key, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"],
-    tables["weights"])
-  return jnp.sum(sums, axis=1)                                             # [b, h, c]
+  )(query, key, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"])
 
 
-def _mosaic_sums(query, key, tables, head, block_q, contraction, channels, interpret):
+def _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret):
   from jax.experimental.pallas import tpu as pltpu
   b, kp, h, e = query.shape
   nq = kp // block_q
-  cp = tables["weights"].shape[-1]
   qt = jnp.transpose(query, (0, 2, 1, 3))                                  # [b, h, kp, e]
   kt = jnp.transpose(key, (0, 2, 1, 3))
 
-  def kernel(n_ref, q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, w_ref, o_ref):
+  def kernel(n_ref, q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, o_ref):
     n = n_ref[pl.program_id(0)]
     kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
     kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
     e_tab = e_ref[...]
-    o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
 
     def one_block(i, carry):
       t0 = pl.multiple_of(i * block_q, block_q)
@@ -317,17 +325,16 @@ def _mosaic_sums(query, key, tables, head, block_q, contraction, channels, inter
       setup = tile.block_setup(kr, kc, e_tab, n, t0, block_q, contraction)
 
       def one_head(hd, carry):
-        vals = head(q_ref[hd, rows, :], k_ref[hd], setup, qi, kr)
-        _store_sums(o_ref, hd, vals, lambda c: w_ref[rows, pl.ds(c, 1)], accumulate=True)
+        o_ref[hd, rows, :] = rows_fn(q_ref[hd, rows, :], k_ref[hd], setup, qi, kr)
         return carry
 
       return jax.lax.fori_loop(0, h, one_head, carry)
 
     jax.lax.fori_loop(0, nq, one_block, 0)
 
-  sums = pl.pallas_call(
+  return pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((b, h, cp), jnp.float32),
+      out_shape=jax.ShapeDtypeStruct((b, h, kp, tile.E_COLS), jnp.float32),
       grid=(b,),
       in_specs=[
           pl.BlockSpec(memory_space=pltpu.SMEM),
@@ -337,22 +344,20 @@ def _mosaic_sums(query, key, tables, head, block_q, contraction, channels, inter
           pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi: (bi, 0, 0)),
           pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi: (bi, 0, 0)),
           pl.BlockSpec((None, kp, tile.E_COLS), lambda bi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, cp), lambda bi: (bi, 0, 0)),
       ],
-      out_specs=pl.BlockSpec((None, h, cp), lambda bi: (bi, 0, 0)),
+      out_specs=pl.BlockSpec((None, h, kp, tile.E_COLS), lambda bi: (bi, 0, 0, 0)),
       interpret=interpret,
       compiler_params=None if interpret else pltpu.CompilerParams(
           dimension_semantics=("parallel",)),
       name="heads_jax_statistics_v2",
-  )(tables["n"], qt, kt, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"],
-    tables["weights"])
-  return sums[..., :channels]
+  )(tables["n"], qt, kt, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"])
 
 
 def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
                        measures: bool = False, *, wrapper: str | None = None,
                        block_q: int | None = None, interpret=None, contraction: str = "hilo",
-                       platform: str | None = None) -> dict:
+                       platform: str | None = None, num_warps: int = 4,
+                       blocks_per_step: int | None = None) -> dict:
   """One layer's statistics from its queries and keys ``[b, k, h, e]`` (before the ``1/sqrt(e)``
   scaling; any float dtype), with ``tables = kernel_tables(batch, roles, direction, measures,
   keys=kp)`` of the batch (kp: ``padded_length(k, wrapper, block_q)``, or k).
@@ -363,6 +368,9 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
     interpret: run a Pallas wrapper in the interpreter (``True``, or for ``"mosaic"`` a
       ``pltpu.InterpretParams()``); default: when ``platform`` is not the wrapper's.
     contraction: ``"hilo"`` (bf16 halves, the default) or ``"float32"`` (``tile.tile_values``).
+    num_warps: the Triton programs' warps.
+    blocks_per_step: query blocks per ``lax.scan`` step of the ``"xla"`` wrapper (default 1 on
+      CPUs, 32 elsewhere: fewer, larger steps; memory ``[b, h, 16 G, k]``).
 
   Returns:
     what ``heads_jax.stats.layerwise.reduce_layer`` returns: ``sieve_bias`` ``[b, h, r]`` (0
@@ -383,17 +391,20 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
   if kp != k:
     pad = ((0, 0), (0, kp - k), (0, 0), (0, 0))
     query, key = jnp.pad(query, pad), jnp.pad(key, pad)
-  head = _head_fn(roles, direction, measures, float(1.0 / e ** 0.5))
+  rows_fn, channels_fn = _row_fns(roles, direction, measures, float(1.0 / e ** 0.5))
   channels = num_channels(roles, measures)
   native = {"triton": "gpu", "mosaic": "tpu"}.get(wrapper)
   if interpret is None:
     interpret = native is not None and target_platform(platform) != native
   if wrapper == "xla":
-    sums = _xla_sums(query, key, tables, head, block_q, contraction, channels)
-  elif wrapper == "triton":
-    sums = _triton_sums(query, key, tables, head, block_q, contraction, channels, interpret)
+    sums = _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, channels,
+                     blocks_per_step or (1 if target_platform(platform) == "cpu" else 32))
   else:
-    sums = _mosaic_sums(query, key, tables, head, block_q, contraction, channels, interpret)
+    if wrapper == "triton":
+      raw = _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps)
+    else:
+      raw = _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret)
+    sums = _weighted(raw, tables["q_info"], tables["weights"], channels_fn, block_q, channels)
   r = len(roles)
   out = {"sieve_bias": sums[..., :r], "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
   if measures:
@@ -410,17 +421,14 @@ def kernel_program_tables(batch, roles, direction, measures, *, wrapper: str,
   k = jnp.asarray(batch["attention_mask"]).shape[1]
   bq = block_q or BLOCK_Q[wrapper]
   kp = padded_length(k, wrapper, min(bq, k) if wrapper == "xla" else bq)
-  channels = _MOSAIC_LANES if wrapper == "mosaic" else None
-  c = num_channels(roles, measures)
-  if channels is not None and c > channels:
-    channels = -(-c // _MOSAIC_LANES) * _MOSAIC_LANES
-  return kernel_tables(batch, roles, direction, measures, keys=kp, channels=channels)
+  return kernel_tables(batch, roles, direction, measures, keys=kp)
 
 
 def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head",
                    measures: bool = False, *, wrapper: str, block_q: int | None = None,
                    interpret=None, mesh=None, platform: str | None = None,
-                   contraction: str = "hilo"):
+                   contraction: str = "hilo", num_warps: int = 4,
+                   blocks_per_step: int | None = None):
   """The model's ``attention_reduce`` hook for kernel v2 (needs no probabilities: the model keeps
   its fast attention and the tile recomputes the scores from the queries and keys).
 
@@ -430,7 +438,8 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
   roles = check_roles(roles)
   stats = functools.partial(kernel_layer_stats, roles=roles, direction=direction,
                             measures=measures, wrapper=wrapper, block_q=block_q,
-                            interpret=interpret, contraction=contraction, platform=platform)
+                            interpret=interpret, contraction=contraction, platform=platform,
+                            num_warps=num_warps, blocks_per_step=blocks_per_step)
   if wrapper != "xla" and mesh is not None and mesh.size > 1:
     spec = P(DATA_AXIS)
     stats = jax.shard_map(stats, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,

@@ -77,6 +77,10 @@ K_ROWS = 8
 # have their own column (NEAR0 + s - t0 + BAND), so a block has at most NEAR_COLS - 2 BAND rows.
 BAND = 2
 MAX_ROWS = NEAR_COLS - 2 * BAND
+# Columns of a head's per-row results (``head_rows``) free in E: the row entropy, the
+# dependency sums (one for dep2head, one per relation role for both).
+R_ENTROPY = 9
+R_RELATION = 10
 # Window corrections unrolled (each skipped where J(n) is smaller); more run in a loop that
 # builds its right-hand side per head (sequences shorter than 16 (T - 1) / STATIC_CORRECTIONS).
 STATIC_CORRECTIONS = 4
@@ -185,8 +189,7 @@ def block_setup(k_rows, k_cols, e_table, n, t0, rows: int, contraction: str = "h
   in_near = (near >= 0) & (near < rows + 2 * BAND)
   rhs = (e_table + ((lane == WIN0 + base_c) & other_c).astype(f32)
          + ((lane == NEAR0 + near) & in_near).astype(f32))
-  win_lane = jax.lax.broadcasted_iota(i32, (keys, NUM_WINDOWS), 1)
-  onehot = lambda w: ((win_lane == w) & other_c).astype(f32)             # noqa: E731 [K, 16]
+  onehot = lambda w: ((lane == WIN0 + w) & other_c).astype(f32)          # noqa: E731 [K, 64]
   static = []
   for j in range(1, STATIC_CORRECTIONS + 1):
     static.append((window_threshold(base_r, j, n),
@@ -196,16 +199,17 @@ def block_setup(k_rows, k_cols, e_table, n, t0, rows: int, contraction: str = "h
           "rows": rows, "contraction": contraction, "jn": corrections(n, rows)}
 
 
-def head_values(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str,
-                measures: bool, scale: float) -> list:
-  """One head's channel values per query row of a block (``tile_values``), with the block's
-  ``setup`` (``block_setup``)."""
+def head_rows(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str,
+              scale: float):
+  """One head's per-row results of a block, float32 ``[T, E_COLS]``: the contraction divided by
+  Z (key features, windows with their corrections, near keys), the row entropy in column
+  ``R_ENTROPY`` and the dependency sums in ``R_RELATION..`` (one for ``dep2head``, one per
+  relation role for ``both``). ``channel_values`` turns them into the output channels."""
   f32 = jnp.float32
-  rows, keys = q.shape[0], k.shape[0]
-  n, t0, contraction = setup["n"], setup["t0"], setup["contraction"]
+  rows = q.shape[0]
+  n, contraction = setup["n"], setup["contraction"]
   exact = jnp.dtype(q.dtype) == jnp.float32
-  mantissa, exponent = math.frexp(scale)
-  if mantissa == 0.5:                 # a power of two: exact in q's dtype, no pass over the tile
+  if math.frexp(scale)[0] == 0.5:     # a power of two: exact in q's dtype, no pass over the tile
     q, scale = q * jnp.asarray(scale, q.dtype), None
   s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=f32,
                           precision=jax.lax.Precision.HIGHEST if exact else None)
@@ -241,63 +245,74 @@ def head_values(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: s
   # the window corrections: those a block of this sequence needs (J(n)) of the static ones,
   # then any further ones with their right-hand side built here
   dist, jn = setup["dist"], setup["jn"]
-  windows = jnp.zeros((rows, NUM_WINDOWS), f32)
   for j, (threshold, rhs_j) in enumerate(setup["static"], start=1):
-    windows = jax.lax.cond(j <= jn, lambda w, t=threshold, r=rhs_j: w + contract(dist >= t, r),
-                           lambda w: w, windows)
+    feats = jax.lax.cond(j <= jn, lambda w, t=threshold, r=rhs_j: w + contract(dist >= t, r),
+                         lambda w: w, feats)
   base_c, base_r, onehot = setup["base_c"], setup["base_r"], setup["onehot"]
 
   def correct(j, w):
     rhs_j = (onehot(base_c + j) - onehot(base_c + j - 1)).astype(halves[0].dtype)
     return w + contract(dist >= window_threshold(base_r, j, n), rhs_j)
 
-  windows = jax.lax.fori_loop(STATIC_CORRECTIONS + 1, jn + 1, correct, windows)
-  col = jnp.split(feats, E_COLS, axis=1)                                   # [T, 1] each
-  win = jnp.split(windows, NUM_WINDOWS, axis=1)
-
-  # offsets -2..2: p[t, t + o] is the near column t - t0 + o + BAND of row t
-  row = jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0)
+  feats = jax.lax.fori_loop(STATIC_CORRECTIONS + 1, jn + 1, correct, feats)
   lane = jax.lax.broadcasted_iota(jnp.int32, (rows, E_COLS), 1)
+  out = jnp.where(lane == R_ENTROPY, entropy, feats * inv_z)
+
+  # dependency roles (registry kind SIEVE_RELATION: the union of the role's relations)
+  relation_roles = [r for r in roles if r.kernel == vocab.KERNEL_RELATION]
+  if relation_roles:
+    head_piece = krow(K_WORD) == qcol(Q_HEAD)                              # s in t's head word
+    masked = lambda where: jnp.sum(jnp.where(where, ex, 0.0), axis=1, keepdims=True) * inv_z  # noqa: E731
+    if direction == "dep2head":
+      out = jnp.where(lane == R_RELATION, masked(head_piece), out)
+    else:
+      dependent = krow(K_HEAD) == qcol(Q_WORD)                             # s's word depends on t's
+      for i, r in enumerate(relation_roles):
+        fwd, rev = _is_rel(qcol(Q_REL), r.relations), _is_rel(krow(K_REL), r.relations)
+        out = jnp.where(lane == R_RELATION + i,
+                        masked((head_piece & fwd) | (dependent & rev)), out)
+  return out
+
+
+def _is_rel(x, rels):
+  return functools.reduce(jnp.logical_or, [x == r for r in rels])
+
+
+def channel_values(raw, q_info, row, *, roles: tuple, direction: str, measures: bool) -> list:
+  """The output channels per row from ``head_rows``' results ``raw`` ``[..., T, E_COLS]``, the
+  rows' query table ``q_info`` (int32 ``[..., T, 1]`` each) and each row's index in its block
+  ``row`` (int32 ``[..., T, 1]``): a list of float32 ``[..., T, 1]`` in the order of
+  ``heads_jax.stats.fused.num_channels`` (``tile_values``). Plain arithmetic on small arrays:
+  it runs in a kernel or, on the kernel's output rows, in XLA."""
+  f32 = jnp.float32
+  col = jnp.split(raw, E_COLS, axis=-1)                                    # [..., T, 1] each
+  lane = jax.lax.broadcasted_iota(jnp.int32, raw.shape, raw.ndim - 1)
 
   @functools.lru_cache(maxsize=None)
   def diag(o):
-    """``p[t, t + o]`` ``[T, 1]`` (0 where t + o is no key: its column holds no key)."""
+    """``p[t, t + o]`` (0 where t + o is no key: its near column holds no key)."""
     pick = lane == NEAR0 + row + (o + BAND)
-    return jnp.sum(jnp.where(pick, feats, 0.0), axis=1, keepdims=True) * inv_z
+    return jnp.sum(jnp.where(pick, raw, 0.0), axis=-1, keepdims=True)
 
-  c_ = lambda j: col[j] * inv_z                                            # noqa: E731
-  total = c_(E_REAL)
+  qcls, qtype = q_info[Q_CLASS], q_info[Q_TYPE]
+  total = col[E_REAL]
   inv_total = 1.0 / jnp.where(total > 0, total, 1.0)
-  qcls, qtype = qcol(Q_CLASS), qcol(Q_TYPE)
-
-  # dependency roles (registry kind SIEVE_RELATION: the union of the role's relations)
-  is_rel = lambda x, rels: functools.reduce(jnp.logical_or, [x == r for r in rels])  # noqa: E731
+  entropy = col[R_ENTROPY]
   relation_roles = [r for r in roles if r.kernel == vocab.KERNEL_RELATION]
-  rel_values = {}
-  if relation_roles:
-    head_piece = setup.get("head_piece")
-    if head_piece is None:
-      head_piece = krow(K_WORD) == qcol(Q_HEAD)                            # s in t's head word
-    masked = lambda where: jnp.sum(jnp.where(where, ex, 0.0), axis=1, keepdims=True) * inv_z  # noqa: E731
-    if direction == "dep2head":
-      to_head = masked(head_piece)
-      rel_values = {r.name: to_head * is_rel(qcol(Q_REL), r.relations).astype(f32)
-                    for r in relation_roles}
-    else:
-      dependent = krow(K_HEAD) == qcol(Q_WORD)                             # s's word depends on t's
-      for r in relation_roles:
-        fwd, rev = is_rel(qcol(Q_REL), r.relations), is_rel(krow(K_REL), r.relations)
-        rel_values[r.name] = masked((head_piece & fwd) | (dependent & rev))
-
+  if direction == "dep2head":
+    rel_values = {r.name: col[R_RELATION] * _is_rel(q_info[Q_REL], r.relations).astype(f32)
+                  for r in relation_roles}
+  else:
+    rel_values = {r.name: col[R_RELATION + i] for i, r in enumerate(relation_roles)}
   values = []
   for r in roles:   # registry rows; dispatch on the kernel code (`tile_roles` checked them)
     if r.kernel == vocab.KERNEL_OFFSETS:
       lo_, hi_ = r.offsets
       v = functools.reduce(lambda a, o: a + diag(o), range(lo_ + 1, hi_ + 1), diag(lo_))
     elif r.kernel == vocab.KERNEL_BLOCK:
-      v = jnp.where(qtype == 0, c_(E_BLOCK0), c_(E_BLOCK1))
+      v = jnp.where(qtype == 0, col[E_BLOCK0], col[E_BLOCK1])
     elif r.kernel == vocab.KERNEL_KEYS:
-      v = c_(KEY_COLUMNS[frozenset(r.keys)])
+      v = col[KEY_COLUMNS[frozenset(r.keys)]]
     else:
       v = rel_values[r.name]
     if r.entropy_weighted:
@@ -307,14 +322,23 @@ def head_values(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: s
   # 0 of the contraction when it is a window key: taken out), self, then the special keys but t
   d0 = diag(0)
   is_q = lambda c: (qcls == c).astype(f32)                                 # noqa: E731
-  windows = [(col[WIN0 + w] + win[w]) * inv_z for w in range(NUM_WINDOWS)]
+  windows = [col[WIN0 + w] for w in range(NUM_WINDOWS)]
   windows[0] = windows[0] - d0 * is_q(TOKEN_OTHER)
-  c_cls, c_sep, c_comma, c_period = c_(E_CLS), c_(E_SEP), c_(E_COMMA), c_(E_PERIOD)
+  c_cls, c_sep, c_comma, c_period = col[E_CLS], col[E_SEP], col[E_COMMA], col[E_PERIOD]
   values += windows + [d0, c_cls - d0 * is_q(TOKEN_CLS), c_sep - d0 * is_q(TOKEN_SEP),
                        c_comma - d0 * is_q(TOKEN_COMMA), c_period - d0 * is_q(TOKEN_PERIOD)]
   if measures:
     values += [entropy, entropy, c_cls, c_sep, c_comma + c_period, diag(-1), diag(1)]
   return values
+
+
+def head_values(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str,
+                measures: bool, scale: float) -> list:
+  """One head's channel values per query row of a block (``tile_values``), with the block's
+  ``setup`` (``block_setup``): ``channel_values`` of ``head_rows``."""
+  raw = head_rows(q, k, setup, q_info, k_rows, roles=roles, direction=direction, scale=scale)
+  row = jax.lax.broadcasted_iota(jnp.int32, (q.shape[0], 1), 0)
+  return channel_values(raw, q_info, row, roles=roles, direction=direction, measures=measures)
 
 
 def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, direction: str,
@@ -344,14 +368,3 @@ def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, d
   setup = block_setup(k_rows, k_cols, e_table, n, t0, q.shape[0], contraction)
   return head_values(q, k, setup, q_info, k_rows, roles=roles, direction=direction,
                      measures=measures, scale=scale)
-
-
-def weighted_sum(values: list, weight, width: int):
-  """``out[c] = sum_t weight(c)[t] * values[c][t]`` as float32 ``[1, width]`` (channels past
-  ``len(values)`` 0); ``weight(c)`` gives channel c's per-row weights ``[T, 1]`` (a ref load in
-  the kernels)."""
-  lane = jax.lax.broadcasted_iota(jnp.int32, (1, width), 1)
-  out = jnp.zeros((1, width), jnp.float32)
-  for c, v in enumerate(values):
-    out = out + jnp.where(lane == c, jnp.sum(weight(c) * v, axis=0, keepdims=True), 0.0)
-  return out
