@@ -383,39 +383,76 @@ def abstract_like(tree):
   return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
-def restore_params_from_run(directory, abstract_params, step: int | None = None):
+class DamagedCheckpoint(UserError):
+  """A checkpoint whose metadata cannot be read or whose restore fails part-way (a torn or
+  half-deleted step): the caller may set that step aside and go on (``heads-jax trajectory``)."""
+
+
+def _saved_keys(target, saved):
+  """``target`` (a pure dict) cut to the keys ``saved`` (a checkpoint's metadata tree) also has
+  (a layer's key is an int here, a str in the checkpoint)."""
+  if not isinstance(target, dict):
+    return target
+  out = {}
+  for k, v in target.items():
+    key = k if k in saved else str(k)
+    if isinstance(saved, dict) and key in saved:
+      out[k] = _saved_keys(v, saved[key])
+  return out
+
+
+def restore_params_from_run(directory, abstract_params, step: int | None = None, *,
+                            what: str = "init_checkpoint", only_saved: bool = False):
   """The ``params`` of an Orbax checkpoint written by another run (e.g. pre-training phase 1),
-  ignoring its optimizer state. ``directory`` is that run's checkpoint directory;
-  ``abstract_params`` may be a subtree of the saved params (e.g. ``{"bert": ...}`` to take only
-  the encoder of a pre-training run), every other saved leaf is skipped."""
+  ignoring its optimizer state; returns ``(params, step)``. ``directory`` is that run's
+  checkpoint directory; ``abstract_params`` may be a subtree of the saved params (e.g.
+  ``{"bert": ...}`` to take only the encoder of a pre-training run), every other saved leaf is
+  skipped. ``step``: that step (default the latest). ``what`` names the checkpoint in messages
+  (``heads-jax trajectory``: "the checkpoint of step N"). ``only_saved``: first cut
+  ``abstract_params`` to the parameters the checkpoint holds (a span model's encoder has no
+  pooler). Unreadable metadata or a failed restore raise ``DamagedCheckpoint`` (a
+  ``UserError``); the manager is closed however it ends."""
   directory = as_path(directory)
-  with watch("opening the init checkpoint", directory):
+  with watch(f"opening the {what}", directory):
     mngr = ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()},
                                  options=ocp.CheckpointManagerOptions(read_only=True, create=False))
-    step = mngr.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {directory}")
-  where = display(directory / str(step))
   try:
-    with watch(f"reading the init checkpoint of step {step}", directory):
-      saved = mngr.item_metadata(step)["state"]
-    if getattr(saved, "tree", saved) is None:
-      raise ValueError("its state metadata (_METADATA) is missing")
-  except Exception as e:  # noqa: BLE001
-    raise UserError(f"init_checkpoint {where} cannot be read ({_first_line(e)}); pass another "
-                    f"step's folder or that run's exported model") from None
-  check_shapes(saved, {"params": abstract_params}, f"init_checkpoint {where}",
-               "set --config.model.size (and the other model fields) to that run's, or start "
-               "from another run")
-  # Restore only the params subtree (partial restore): the optimizer state is skipped.
-  target = {"params": abstract_params}
-  restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-  with watch(f"restoring the init checkpoint of step {step}", directory):
-    restored = mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)))
+    step = mngr.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {directory}")
+    where = display(directory / str(step))
+    try:
+      with watch(f"reading the {what} of step {step}", directory):
+        saved = mngr.item_metadata(step)["state"]
+      if getattr(saved, "tree", saved) is None:
+        raise ValueError("its state metadata (_METADATA) is missing")
+    except Exception as e:  # noqa: BLE001
+      raise DamagedCheckpoint(f"{what} {where} cannot be read ({_first_line(e)}); pass another "
+                              f"step's folder or that run's exported model") from None
+    if only_saved:
+      tree = getattr(saved, "tree", saved)
+      saved_params = tree.get("params", tree) if isinstance(tree, dict) else tree
+      abstract_params = _saved_keys(abstract_params, saved_params)
+    check_shapes(saved, {"params": abstract_params}, f"{what} {where}",
+                 "set --config.model.size (and the other model fields) to that run's, or start "
+                 "from another run")
+    # Restore only the params subtree (partial restore): the optimizer state is skipped.
+    target = {"params": abstract_params}
+    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    try:
+      with watch(f"restoring the {what} of step {step}", directory):
+        restored = mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
+                                         partial_restore=True)))
+    except (UserError, KeyboardInterrupt):
+      raise
+    except Exception as e:  # noqa: BLE001  (a torn step: files missing or cut short)
+      raise DamagedCheckpoint(f"{what} {where} cannot be restored ({_first_line(e)}); pass "
+                              f"another step's folder or that run's exported model") from None
+  finally:
     mngr.close()
   params = restored.state["params"]
-  check_finite_params(params, f"init_checkpoint {where}")
+  check_finite_params(params, f"{what} {where}")
   return params, step
 
 

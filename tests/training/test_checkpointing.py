@@ -108,6 +108,27 @@ def test_init_from_a_run_of_another_model_size_is_one_line(tmp_path):
   assert step == 2 and float(params["bert"]["w"][0, 0]) == 2.0
 
 
+def test_restore_params_for_trajectory(tmp_path):
+  """``what`` names the checkpoint, ``step`` picks one, ``only_saved`` drops what it lacks, and a
+  damaged step is a ``DamagedCheckpoint`` (the manager closed either way)."""
+  run = _saved_run(tmp_path / "ck")
+  want = checkpointing.abstract_like({"bert": _state()["params"]["bert"],
+                                      "pooler": {"w": jnp.zeros(4)}})
+  with pytest.raises(UserError, match="it has no pooler/w"):
+    checkpointing.restore_params_from_run(run, want, 1)
+  params, step = checkpointing.restore_params_from_run(run, want, 1, only_saved=True,
+                                                       what="the checkpoint of step 1")
+  assert step == 1 and set(params) == {"bert"} and float(params["bert"]["w"][0, 0]) == 1.0
+  _damage(str(run / "2"), "metadata")
+  with pytest.raises(checkpointing.DamagedCheckpoint, match=r"^the checkpoint of step 2 .* cannot be read"):
+    checkpointing.restore_params_from_run(run, want, 2, only_saved=True,
+                                          what="the checkpoint of step 2")
+  _damage(str(run / "1"), "truncated")
+  with pytest.raises(checkpointing.DamagedCheckpoint, match="cannot be (read|restored)"):
+    checkpointing.restore_params_from_run(run, want, 1, only_saved=True)
+  assert issubclass(checkpointing.DamagedCheckpoint, UserError)
+
+
 def test_remove_partial_leaves_complete_checkpoints(tmp_path):
   run = _saved_run(tmp_path / "ck", steps=(1,))
   (run / "2.orbax-checkpoint-tmp-17").mkdir()
