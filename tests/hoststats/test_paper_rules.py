@@ -278,7 +278,12 @@ def _over_95(*values):
 
 def _stable_3_5(structured):
   rng = np.random.default_rng(0)
-  if structured:           # five tight groups in three well-separated pairs/singles
+  if structured == "three":  # three tight groups: k = 3 stable (100%), k = 5 not (71.5%)
+    centres = np.zeros((3, 21))
+    for i, f in enumerate((0, 8, F.index("cls"))):
+      centres[i, f] = 1.0
+    x = np.repeat(centres, [14, 13, 13], 0) + rng.normal(0, 0.002, (40, 21))
+  elif structured:           # five tight groups in three well-separated pairs/singles
     centres = np.zeros((5, 21))
     for i, (f, w) in enumerate([(0, 1.0), (0, 0.9), (8, 1.0), (8, 0.9), (F.index("cls"), 1.0)]):
       centres[i, f] = w
@@ -502,7 +507,7 @@ PAIRS = {
     # the mean over the four models at least 95%
     "guan_stability_over_95": [(_over_95(0.9505, 0.94, 0.96, 0.95), _over_95(0.9495, 0.94, 0.96, 0.95)),
                                (_over_95(0.95, 0.95, 0.95, 0.95), _over_95(0.9499, 0.95, 0.95, 0.95))],
-    "guan_stable_3_5": [(_stable_3_5(True), _stable_3_5(False))],
+    "guan_stable_3_5": [(_stable_3_5(True), _stable_3_5(False)), (_stable_3_5(True), _stable_3_5("three"))],
     "guan_similar_after_finetuning": [_similar_pair()],
     # more than half keep their type (36 of 72 changed: half; 35 holds) and the final third has
     # the most changes; with the most changes in the middle third it fails
@@ -608,6 +613,9 @@ def test_not_computable_where_the_run_cannot_say():
   assert nc("finetune_block_final_rise", _run({"mrpc": _few(6, 4, ("delimiter",))},
                                               {"mrpc": _few(6, 4, ("delimiter",))}))
   assert nc("finetune_sep_not_cls", _run({"mrpc": _few(6, 4)}, {"mrpc": _few(6, 4)}))
+  masses = np.full((6, 4, 21), 1 / 21)                  # one model's masses only: still none
+  assert nc("finetune_sep_not_cls", _run({"mrpc": _few(6, 4)}, {"mrpc": _few(6, 4, features=masses)}))
+  assert nc("finetune_sep_not_cls", _run({"mrpc": _few(6, 4, features=masses)}, {"mrpc": _few(6, 4)}))
   assert nc("finetune_delimiter_final_drop", _run({"mrpc": _few(3, 1)}, {"mrpc": _few(3, 1)}))
   assert nc("finetune_initial_middle_stable", _run({"mrpc": _few(2, 4)}, {"mrpc": _few(2, 4)}))
   # three heads in the final third are enough for the t-test (two are the least)
