@@ -2,10 +2,10 @@
 time goes. Device-agnostic: the same command runs on a GPU, a TPU or (with small settings) a CPU.
 
 For each sequence length (default 128 and 512; 20 and 80 masked positions, BERT's two phases)
-and each attention-dropout setting (default 0.1, BERT's, which trains on the explicit attention
-path, and 0.0, which lets the model use the fused attention: cuDNN on a GPU; see
-``heads_jax/model/bert.py``), on one real pre-training batch from the embedded Gutenberg books
-(kept on the device), it times:
+and each attention-dropout setting (default 0.1, BERT's, and 0.0; the path the model takes is
+in each row: explicit, or fused (cuDNN without dropout, the Pallas flash kernel with it on a
+GPU in bf16; see ``heads_jax/model/bert.py``)), on one real pre-training batch from the
+embedded Gutenberg books (kept on the device), it times:
 
 * **step**: ``heads_jax.training.steps.make_train_step`` (MLM logits at the masked positions
   only, NSP, LAMB or AdamW, gradient clipping, donated state): tokens/s and MFU;
@@ -164,7 +164,7 @@ def run_setting(size: str, seq_len: int, batch_size: int, predictions: int, dtyp
   step_s = timing["step"]["median_s"]
   res = {"size": size, "seq_len": seq_len, "batch_size": batch_size, "predictions": predictions,
          "dtype": dtype, "attention_dropout": attention_dropout,
-         "attention_path": "explicit" if attention_dropout > 0 else "fused",
+         "attention_path": _path_label(cfg, attention_dropout),
          "optimizer": optimizer, "non_embedding_params": n_params, "flops_per_token": fpt,
          "peak": peak, "timing": timing, "loss": loss,
          "tokens_per_s": tokens / step_s, "step_s": step_s}
@@ -176,6 +176,21 @@ def run_setting(size: str, seq_len: int, batch_size: int, predictions: int, dtyp
     res["breakdown_s"] = {"forward": fw, "backward": fb - fw, "optimizer_in_step": step_s - fb,
                           "optimizer_alone": op}
   return res
+
+
+def _path_label(cfg, attention_dropout: float) -> str:
+  """The attention path the training step takes (``heads_jax.model.bert.attention_path``):
+  ``"explicit"``, or ``"fused: <implementation>"`` (``xla``, ``cudnn`` or the ``flash`` kernel,
+  which ``auto`` takes on a GPU for bf16 with attention dropout)."""
+  import jax.numpy as jnp
+  from heads_jax.model import bert
+  kw = dict(needs_probs=False, dropout_active=attention_dropout > 0,
+            dtype=jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32, head_dim=cfg.head_dim)
+  try:
+    path = bert.attention_path(getattr(cfg, "attention", "auto"), supports_flash=True, **kw)
+  except TypeError:  # a bert.py without the flash kernel
+    path = bert.attention_path("auto", **kw)
+  return "explicit" if path == "explicit" else f"fused: {path}"
 
 
 def main(argv=None):
