@@ -183,6 +183,15 @@ def check_windows(windows, layers: int):
   return windows
 
 
+def windows_from_settings(settings: dict, layers: int):
+  """Per layer, the half window or None, from a run's settings (``windowed_layers`` and
+  ``window``, written by `apply_rule`); None when the run has no windowed layer."""
+  windowed = settings.get("windowed_layers") or []
+  if not windowed:
+    return None
+  return tuple(int(settings["window"]) if i in windowed else None for i in range(layers))
+
+
 def divergence_from_uniform(entropy, lengths, windows=None) -> np.ndarray:
   """Mean over sequences of ``U_i - H_i`` (nats), float64 ``[l, h]``, with ``U_i`` the entropy of
   uniform attention over the keys the layer's heads see (``uniform_entropy``: ``ln n_i`` under
