@@ -20,6 +20,11 @@ output is small next to what it could move (a no-op head), 1 for a head that cop
 
 **Parsing** (``heads_jax.stats.parsing``): each head's predicted word per word.
 
+**Massive activations** (Sun et al. 2024; issue 40): ``hidden_norms`` ``[b, l + 1, 3]``, per
+sequence and hidden state (embeddings, then each layer): the L2 norm at position 0, the mean L2
+norm over the real ``[SEP]`` positions (NaN if none) and the median L2 norm over the other real
+positions (not position 0 nor ``[SEP]``; NaN if none) (``hidden_norms``).
+
 ``make_norm_step`` runs all three as one jitted, data-parallel pass: the model returns its
 attentions ``[b, l, h, q, k]`` and hidden states, and each layer's values are recomputed from
 the layer's input with the layer's own value projection. The stack of attentions is the price
@@ -112,6 +117,20 @@ def sink_attention(probs, token_class, attention_mask):
   return first, jnp.stack(seps, axis=-1)
 
 
+def hidden_norms(hidden_states, batch) -> jnp.ndarray:
+  """float32 ``[b, l + 1, 3]`` from ``hidden_states`` ``[l + 1, b, q, d]``: per sequence and hidden
+  state the L2 norm at position 0, the mean over the real ``[SEP]`` positions and the median over
+  the other real positions (NaN where there is none; module docstring)."""
+  norms = jnp.transpose(jnp.linalg.norm(hidden_states.astype(jnp.float32), axis=-1), (1, 0, 2))
+  real = jnp.asarray(batch["attention_mask"]) > 0                         # [b, q]
+  sep = (jnp.asarray(batch["token_class"]) == TOKEN_SEP) & real
+  other = real & ~sep & (jnp.arange(real.shape[1]) > 0)[None]
+  count = jnp.sum(sep, axis=-1)[:, None]                                  # [b, 1]
+  sep_mean = jnp.where(count > 0, jnp.sum(norms * sep[:, None], -1) / jnp.maximum(count, 1), jnp.nan)
+  median = jnp.nanmedian(jnp.where(other[:, None], norms, jnp.nan), axis=-1)
+  return jnp.stack([norms[..., 0], sep_mean, median], axis=-1)
+
+
 def layer_values(layer, x) -> jnp.ndarray:
   """A layer's value vectors ``[b, k, h, e]`` (bias included) from its input ``x`` ``[b, k, d]``;
   a layer with its own ``values(x)`` (ModernBERT, DeBERTa: pre-norm or fused projections) gives them."""
@@ -162,6 +181,7 @@ def norm_program(graphdef, roles: tuple[str, ...], direction: str, parsing: bool
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *per_layer)
     result = finish(stacked, tables)                                  # NaN for empty sieves
     result["norm_sieve_bias"] = result.pop("sieve_bias")
+    result["hidden_norms"] = hidden_norms(out["hidden_states"], batch)
     return result
 
   return jax.jit(norm_pass, out_shardings=batch_sharding(mesh))  # name: compiling.PROGRAM_NAMES
@@ -205,7 +225,8 @@ class NormStep:
   def __call__(self, batch: dict) -> dict:
     """numpy results for the real rows: ``norm_sieve_bias`` float32 ``[b, l, h, r]``,
     ``first_attention`` ``[b, l, h]``, ``sep_attention`` ``[b, l, h, 2]``, ``norm_ratio``
-    ``[b, l, h]`` and with parsing ``parse_pred`` int32 ``[b, l, h, k]``."""
+    ``[b, l, h]``, ``hidden_norms`` ``[b, l + 1, 3]`` and with parsing ``parse_pred`` int32
+    ``[b, l, h, k]``."""
     missing = [f for f in BATCH_FIELDS if f not in batch]
     if missing:
       raise KeyError(f"batch lacks field(s) {missing} (see heads_jax/data/vocabulary.py)")
@@ -230,7 +251,7 @@ def make_norm_step(model, roles: Sequence[str] = ROLES, direction: str = "dep2he
   return NormStep(model, roles=roles, direction=direction, parsing=parsing, mesh=mesh)
 
 
-PASS_KEYS = ("norm_sieve_bias", "first_attention", "sep_attention", "norm_ratio")
+PASS_KEYS = ("norm_sieve_bias", "first_attention", "sep_attention", "norm_ratio", "hidden_norms")
 
 
 def run_norm_pass(step: NormStep, batches, num_sequences: int, max_length: int,

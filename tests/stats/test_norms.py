@@ -93,6 +93,22 @@ def test_norm_pass_matches_a_transformers_loop(tmp_path, family):
   assert got.shape == (b, L, H, len(roles))
   np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
   np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-5, equal_nan=True)
+  # massive activations: the hidden states' norms at position 0, the [SEP]s and the rest
+  with torch.no_grad():
+    kw = {"attention_mask": torch.tensor(batch["attention_mask"], dtype=torch.long)}
+    if family == "bert":
+      kw["token_type_ids"] = torch.tensor(batch["token_type_ids"], dtype=torch.long)
+    states = hf(input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),
+                output_hidden_states=True, **kw).hidden_states
+  norms = np.stack([np.linalg.norm(x.numpy().astype(np.float64), axis=-1) for x in states], 1)
+  assert out["hidden_norms"].shape == (b, L + 1, 3)
+  for s in range(b):
+    n = int(real[s].sum())
+    seps = [t for t in range(n) if batch["token_class"][s, t] == B.TOKEN_SEP]
+    rest = [t for t in range(1, n) if t not in seps]
+    want = np.stack([norms[s, :, 0], norms[s][:, seps].mean(-1) if seps else np.full(L + 1, np.nan),
+                     np.median(norms[s][:, rest], -1) if rest else np.full(L + 1, np.nan)], -1)
+    np.testing.assert_allclose(out["hidden_norms"][s], want, rtol=1e-4)
   # norm weighting changes the scores (a check that the weights are not the attention)
   attention_bias = ref.sieve_bias(np.stack([l[0] for l in layers], 1), batch, roles)
   assert np.nanmax(np.abs(attention_bias - expected)) > 1e-2
