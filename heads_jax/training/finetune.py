@@ -38,7 +38,7 @@ from heads_jax.data import glue
 from heads_jax.data.glue_batches import EpochBatches, encode_labelled, eval_batches, task_metrics
 from heads_jax.data.glue_splits import load_task_splits
 from heads_jax.storage import as_path, is_url, local_copy, write_text
-from heads_jax.data.tokenizer import load_tokenizer
+from heads_jax.data.tokenizer import TOKENIZER_FILES, load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch
 from heads_jax.training import checkpointing, configlib, steps
@@ -79,7 +79,7 @@ def _tokenizer_for(config):
   if config.tokenizer:
     return load_tokenizer(local_copy(config.tokenizer))
   init = as_path(config.init_checkpoint) if config.init_checkpoint else None
-  if init and init.is_dir() and any((init / f).is_file() for f in ("tokenizer.json", "vocab.txt")):
+  if init and init.is_dir() and any((init / f).is_file() for f in TOKENIZER_FILES):
     return load_tokenizer(local_copy(init))
   if config.init_checkpoint and not init.exists() and looks_like_repo_id(str(config.init_checkpoint)):
     return load_tokenizer(str(config.init_checkpoint))  # a hub id: the tokenizer of its cached snapshot

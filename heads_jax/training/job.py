@@ -184,7 +184,8 @@ class TrainingJob:
   def init_model(self, head: str, tokenizer, *, num_labels: int | None = None):
     """The model the run starts from: ``config.init_checkpoint`` when it is a heads_jax or
     Hugging Face model directory (heads it lacks freshly initialised), else a fresh
-    ``config.model`` of the tokenizer's vocabulary. Its vocabulary must match the tokenizer's."""
+    ``config.model`` of the tokenizer's vocabulary. Its embedding table must hold every id of
+    the tokenizer (it may hold more rows)."""
     c = self.config
     model = loop.load_init_model(c.init_checkpoint, head, num_labels=num_labels, dtype=c.model.dtype)
     if model is None:
@@ -193,10 +194,12 @@ class TrainingJob:
                        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
                        max_position_embeddings=m.max_position_embeddings)
       model = build_model(ARCHITECTURES[head], cfg, num_labels, seed=c.seed)
-    if model.config.vocab_size != tokenizer.vocab_size:
+    # A table larger than the tokenizer is common (DeBERTa-v3: 128100 rows for 128001 pieces);
+    # a tokenizer id past the table is what breaks a run.
+    if len(tokenizer) > model.config.vocab_size:
       raise UserError(f"model vocabulary ({model.config.vocab_size}) and tokenizer "
-                      f"({tokenizer.vocab_size}) differ: set config.tokenizer to the model's "
-                      f"tokenizer")
+                      f"({len(tokenizer)}) differ: the tokenizer has ids the model cannot embed; "
+                      f"set config.tokenizer to the model's tokenizer")
     return model
 
   def initial_state(self, model, *, init_subtree: str | None = None):
