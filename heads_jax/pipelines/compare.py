@@ -18,6 +18,7 @@ and what reads it; --out is locked while the job runs and says what it is.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from heads_jax import contract, runfiles
@@ -50,6 +51,63 @@ def _analysis_key(ctx: engine.Context, folder) -> dict:
   return {name: ctx.files(folder / name) for name in ANALYSIS_FILES if (folder / name).is_file()}
 
 
+@dataclasses.dataclass(frozen=True)
+class CompareConfig:
+  """Everything a comparison depends on (`run_compare`'s arguments): the two analysis
+  directories, ``out``, the report's title, and for the attention similarity both models, its
+  data (None: the first data set of ``after``) and sizes."""
+  before: str
+  after: str
+  out: str
+  title: str | None = None
+  before_model: str | None = None
+  after_model: str | None = None
+  data: str | None = None
+  max_examples: int = 500
+  max_length: int = 128
+
+  @property
+  def with_models(self) -> bool:
+    return bool(self.before_model and self.after_model)
+
+
+def _comparison(ctx: engine.Context) -> stages.Comparison:
+  c: CompareConfig = ctx.config
+  return stages.comparison(ctx, "comparison", "comparison", c.before, c.after, Path(c.out),
+                           inputs={"before": _analysis_key(ctx, c.before),
+                                   "after": _analysis_key(ctx, c.after)})
+
+
+def _similarity(ctx: engine.Context) -> stages.Similarity:
+  c: CompareConfig = ctx.config
+  return stages.similarity(ctx, "similarity", "similarity", Path(c.out),
+                           before_model=c.before_model, after_model=c.after_model, data=c.data,
+                           max_examples=c.max_examples, max_length=c.max_length,
+                           inputs={"before_model": ctx.model(c.before_model),
+                                   "after_model": ctx.model(c.after_model)})
+
+
+def _report(ctx: engine.Context) -> stages.Comparison:
+  c: CompareConfig = ctx.config
+  return stages.compare_report(
+      ctx, "report", "report", c.before, c.after, ctx.results["comparison"], title=c.title,
+      similarity=ctx.results.get("similarity"),
+      inputs={"summaries": {"before": _analysis_key(ctx, c.before).get(contract.SUMMARY_JSON),
+                            "after": _analysis_key(ctx, c.after).get(contract.SUMMARY_JSON)}})
+
+
+def compare_stages(c: CompareConfig) -> list[engine.Stage]:
+  """``comparison`` (host), ``similarity`` (device; with both models) and ``report``."""
+  plan = [engine.Stage("comparison", "sieve bias, roles and clusters before vs after",
+                       _comparison, outputs=COMPARISON_FILES)]
+  if c.with_models:
+    plan.append(engine.Stage("similarity", "per-head attention similarity of the two models",
+                             _similarity, outputs=(SIMILARITY_FILE,)))
+  plan.append(engine.Stage("report", "the report", _report,
+                           reads=tuple(s.name for s in plan), outputs=REPORT_FILES))
+  return plan
+
+
 def run_compare(before, after, out, *, title=None, log=print, before_model=None, after_model=None,
                 data=None, max_examples=500, max_length=128, redo: str | None = None,
                 progress: bool = True) -> Path:
@@ -59,40 +117,16 @@ def run_compare(before, after, out, *, title=None, log=print, before_model=None,
   ``similarity``, ``report``) to rerun with what reads it, or ``"all"``. ``progress=False``: no
   line per stage."""
   _check(before, after, out, before_model, after_model)
-  out = Path(out)
-  with_models = bool(before_model and after_model)
-  if with_models:
+  if before_model and after_model:
     data = similarity_data(data, after)
-
-  def comparison(ctx):
-    return stages.comparison(ctx, "comparison", "comparison", before, after, out, inputs={
-        "before": _analysis_key(ctx, before), "after": _analysis_key(ctx, after)})
-
-  def similarity(ctx):
-    return stages.similarity(ctx, "similarity", "similarity", out, before_model=before_model,
-                             after_model=after_model, data=data, max_examples=max_examples,
-                             max_length=max_length, inputs={
-                                 "before_model": ctx.model(before_model),
-                                 "after_model": ctx.model(after_model)})
-
-  def report(ctx):
-    return stages.compare_report(
-        ctx, "report", "report", before, after, ctx.results["comparison"], title=title,
-        similarity=ctx.results.get("similarity"),
-        inputs={"summaries": {"before": _analysis_key(ctx, before).get(contract.SUMMARY_JSON),
-                              "after": _analysis_key(ctx, after).get(contract.SUMMARY_JSON)}})
-
-  plan = [engine.Stage("comparison", "sieve bias, roles and clusters before vs after",
-                       comparison, outputs=COMPARISON_FILES)]
-  if with_models:
-    plan.append(engine.Stage("similarity", "per-head attention similarity of the two models",
-                             similarity, outputs=(SIMILARITY_FILE,)))
-  plan.append(engine.Stage("report", "the report", report,
-                           reads=tuple(s.name for s in plan), outputs=REPORT_FILES))
+  c = CompareConfig(before=str(before), after=str(after), out=str(out), title=title,
+                    before_model=before_model and str(before_model),
+                    after_model=after_model and str(after_model), data=data,
+                    max_examples=max_examples, max_length=max_length)
   claim = {"kind": "comparison", "flag": "--out",
-           "model": [str(before_model), str(after_model)] if with_models else None,
+           "model": [str(before_model), str(after_model)] if c.with_models else None,
            "data": [str(before), str(after)],
            "settings": {"data": data, "max_examples": max_examples, "max_length": max_length}}
-  results = engine.run_pipeline(plan, out, redo=redo, log=log, what="a comparison", claim=claim,
-                                progress=progress)
+  results = engine.run_pipeline(compare_stages(c), out, config=c, redo=redo, log=log,
+                                what="a comparison", claim=claim, progress=progress)
   return Path(results["report"].report)

@@ -29,6 +29,7 @@ reruns when its settings or inputs change, and only then:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 
@@ -109,85 +110,106 @@ class DemoSettings:
   scratch_examples: int
 
 
+def _analysis_config(ctx, which: str) -> AnalysisConfig:
+  """The settings of the analysis ``which`` (pretrained, finetuned, scratch) of the demo
+  ``ctx.config`` (`DemoSettings`), its model from the earlier stages' results."""
+  s: DemoSettings = ctx.config
+  if which == "pretrained":
+    return _analysis_settings(s.real, s.out / "analysis" / _unit(s, which), n=s.n,
+                              title=f"Attention heads of {s.name}" if s.quick
+                              else f"{s.name}, pre-trained")
+  if which == "finetuned":
+    return _analysis_settings(ctx.results["finetune"].model, s.out / "analysis" / "finetuned",
+                              n=s.n, title=f"{s.name}, fine-tuned on SST-2")
+  return _analysis_settings(ctx.results["pretrain"].model, s.out / "analysis" / "scratch",
+                            n=s.scratch_examples,
+                            title=f"Demo BERT pre-trained from scratch for {s.pretrain_steps} "
+                                  "steps (pipeline demonstration)")
+
+
+def _unit(s: DemoSettings, which: str) -> str:
+  return "quick" if which == "pretrained" and s.quick else which
+
+
+def _model_identity(ctx, which: str):
+  """The identity of the model ``which``: its content (the real model), or the finish time of
+  the unit that wrote it."""
+  if which == "pretrained":
+    return ctx.model(ctx.config.real)
+  return ctx.results["finetune" if which == "finetuned" else "pretrain"].finished
+
+
+def _scores(ctx, which: str) -> stages.Scores:
+  return stages.scores(ctx, f"scores_{which}", _unit(ctx.config, which),
+                       _analysis_config(ctx, which), model=_model_identity(ctx, which),
+                       log=_log(ctx))
+
+
+def _statistics(ctx, which: str) -> stages.Analysis:
+  return stages.statistics(ctx, f"analysis_{which}", _unit(ctx.config, which),
+                           _analysis_config(ctx, which), ctx.results[f"scores_{which}"],
+                           log=_log(ctx))
+
+
+def _finetune(ctx) -> stages.Finetuned:
+  s: DemoSettings = ctx.config
+  c = _config(f"finetune,steps={s.finetune_steps}")
+  c.init_checkpoint = str(s.real)
+  return stages.finetune(ctx, "finetune", "sst2", c, s.out / "finetune_sst2",
+                         inputs=training_inputs(c.to_dict(), cache=ctx.markers.root))
+
+
+def _compare(ctx) -> stages.Comparison:
+  s: DemoSettings = ctx.config
+  before, after = ctx.results["analysis_pretrained"], ctx.results["analysis_finetuned"]
+  done = stages.comparison(ctx, "compare", "comparison", before.out, after.out, s.out / "compare",
+                           inputs={"before": before.finished, "after": after.finished})
+  return stages.compare_report(ctx, "compare", "report", before.out, after.out, done,
+                               title=f"{s.name}: before vs after fine-tuning on SST-2")
+
+
+def _pretrain(ctx) -> stages.Pretrained:
+  s: DemoSettings = ctx.config
+  return stages.pretrained(ctx, "pretrain", "demo", kind="pretrain", out=s.out / "pretrain",
+                           configs=[_config(f"pretrain,steps={s.pretrain_steps}")],
+                           run_dirs=[s.out / "pretrain"])
+
+
+def _report(ctx) -> Path:
+  return write_report(ctx.config, ctx.results, ctx.log, seconds=ctx.seconds)
+
+
 def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
-  """The demo's pipeline for settings ``s`` (quick: the real model's analysis and the report)."""
-  out, name, n = s.out, s.name, s.n
-  ft_dir, pre_dir = out / "finetune_sst2", out / "pretrain"
-  sub = "quick" if s.quick else "pretrained"
+  """The demo's pipeline for settings ``s`` (quick: the real model's analysis and the report);
+  every stage reads ``s`` as ``ctx.config``."""
+  name, n = s.name, s.n
 
-  def analysed(which: str):
-    """The analysis settings of ``which`` (pretrained, finetuned, scratch) from the results."""
-    def cfg(ctx) -> AnalysisConfig:
-      if which == "pretrained":
-        return _analysis_settings(s.real, out / "analysis" / sub, n=n,
-                                  title=f"Attention heads of {name}" if s.quick
-                                  else f"{name}, pre-trained")
-      if which == "finetuned":
-        return _analysis_settings(ctx.results["finetune"].model, out / "analysis" / "finetuned",
-                                  n=n, title=f"{name}, fine-tuned on SST-2")
-      return _analysis_settings(ctx.results["pretrain"].model, out / "analysis" / "scratch",
-                                n=s.scratch_examples,
-                                title=f"Demo BERT pre-trained from scratch for {s.pretrain_steps} "
-                                      "steps (pipeline demonstration)")
-    return cfg
-
-  def model_id(which: str):
-    """The identity of the model ``which`` (its content, or the finish time of its unit)."""
-    return {"pretrained": lambda ctx: ctx.model(s.real),
-            "finetuned": lambda ctx: ctx.results["finetune"].finished,
-            "scratch": lambda ctx: ctx.results["pretrain"].finished}[which]
-
-  def analysis_pair(which: str, text: str, reads=()) -> tuple[Stage, Stage]:
+  def pair(which: str, text: str, reads=()) -> tuple[Stage, Stage]:
     """The device pass ``scores_<which>`` and host statistics ``analysis_<which>``."""
-    unit = sub if which == "pretrained" else which
-    cfg, ident = analysed(which), model_id(which)
     return (Stage(f"scores_{which}", f"{text}: the device pass",
-                  lambda ctx: stages.scores(ctx, f"scores_{which}", unit, cfg(ctx),
-                                            model=ident(ctx), log=_log(ctx)),
-                  reads=reads, outputs=(f"analysis/{unit}",)),
+                  functools.partial(_scores, which=which), reads=reads,
+                  outputs=(f"analysis/{_unit(s, which)}",)),
             Stage(f"analysis_{which}", f"{text}: tests, roles, clusters and report",
-                  lambda ctx: stages.statistics(ctx, f"analysis_{which}", unit, cfg(ctx),
-                                                ctx.results[f"scores_{which}"], log=_log(ctx)),
-                  reads=(f"scores_{which}",)))
-
-  def finetune_stage(ctx):
-    c = _config(f"finetune,steps={s.finetune_steps}")
-    c.init_checkpoint = str(s.real)
-    d = c.to_dict()
-    return stages.finetune(ctx, "finetune", "sst2", c, ft_dir,
-                           inputs=training_inputs(d, cache=ctx.markers.root))
-
-  def compare_stage(ctx):
-    before, after = ctx.results["analysis_pretrained"], ctx.results["analysis_finetuned"]
-    dest = out / "compare"
-    done = stages.comparison(ctx, "compare", "comparison", before.out, after.out, dest,
-                             inputs={"before": before.finished, "after": after.finished})
-    return stages.compare_report(ctx, "compare", "report", before.out, after.out, done,
-                                 title=f"{name}: before vs after fine-tuning on SST-2")
-
-  def pretrain_stage(ctx):
-    return stages.pretrained(ctx, "pretrain", "demo", kind="pretrain", out=pre_dir,
-                             configs=[_config(f"pretrain,steps={s.pretrain_steps}")], run_dirs=[pre_dir])
+                  functools.partial(_statistics, which=which), reads=(f"scores_{which}",)))
 
   a_text = f"{name} on {n} UD EWT sentences (gold parses) and {n} MRPC pairs"
   if s.quick:
-    plan = analysis_pair("pretrained", f"analysing {a_text} (about a minute)")
+    plan = pair("pretrained", f"analysing {a_text} (about a minute)")
   else:
-    plan = (*analysis_pair("pretrained", f"analysing {a_text}"),
+    plan = (*pair("pretrained", f"analysing {a_text}"),
             Stage("finetune", f"fine-tuning {name} on SST-2 (embedded dev set: 654 sentences to "
-                  f"train, 218 held out; {s.finetune_steps} steps of 32 x 64)", finetune_stage,
+                  f"train, 218 held out; {s.finetune_steps} steps of 32 x 64)", _finetune,
                   outputs=("finetune_sst2",)),
-            *analysis_pair("finetuned", f"analysing the fine-tuned {name}", reads=("finetune",)),
-            Stage("compare", "comparing before and after fine-tuning", compare_stage,
+            *pair("finetuned", f"analysing the fine-tuned {name}", reads=("finetune",)),
+            Stage("compare", "comparing before and after fine-tuning", _compare,
                   reads=("analysis_pretrained", "analysis_finetuned"), outputs=("compare",)))
     if s.pretrain_steps:
       plan += (Stage("pretrain", "pipeline demonstration: pre-training a 6-layer x 8-head BERT "
                      f"from scratch on the embedded books ({s.pretrain_steps} steps)",
-                     pretrain_stage, outputs=("pretrain",)),
-               *analysis_pair("scratch", "analysing the BERT pre-trained from scratch",
-                              reads=("pretrain",)))
-  report = Stage("report", "writing report.html and demo.json",
-                 lambda ctx: write_report(s, ctx.results, ctx.log, seconds=ctx.seconds),
+                     _pretrain, outputs=("pretrain",)),
+               *pair("scratch", "analysing the BERT pre-trained from scratch",
+                     reads=("pretrain",)))
+  report = Stage("report", "writing report.html and demo.json", _report,
                  reads=tuple(st.name for st in plan))
   return tuple(plan) + (report,)
 
@@ -241,7 +263,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: str | 
         + f"; {cpu / 2:.0f}-{cpu:.0f} minutes on an idle 2-core CPU, {cpu:.1f} CPU-minutes (a "
         "rerun redoes only what changed)")
   t0 = time.time()
-  report = run_pipeline(plan, out, log=log, redo=redo, what="heads-jax demo",
+  report = run_pipeline(plan, out, config=settings, log=log, redo=redo, what="heads-jax demo",
                         claim={"kind": "demo", "model": str(real),
                                "settings": {"quick": quick}})["report"]
   log(f"done in {(time.time() - t0) / 60:.1f} minutes")

@@ -24,6 +24,7 @@ def record_stage_work(monkeypatch, *, device, host=None, compare=None) -> None:
     return {"summary": {}, "cluster_info": {}}
   monkeypatch.setattr(analysis_lib, "device_work", device_work)
   monkeypatch.setattr(analysis_lib, "host_work", host_work)
+  monkeypatch.setattr(analysis_lib, "second_pass", lambda cfg, **kw: False)
   monkeypatch.setattr(analysis_lib, "scores_intact", lambda cfg: None)
   monkeypatch.setattr(analysis_lib, "statistics_intact", lambda cfg: None)
   monkeypatch.setattr(stages, "_missing", lambda *paths: None)

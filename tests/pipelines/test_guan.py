@@ -94,7 +94,7 @@ def test_guan_end_to_end_and_rerun(models, tmp_path):
                "analysis/squad/report.html", "Fig. 4 (MRPC)"):
     assert text in html, text
   t1 = {r["model"]: r for r in res["report"]["table1"]}
-  assert t1["SQuAD"]["this run"] == pytest.approx(100 * analyses["squad"].stability)
+  assert t1["SQuAD"]["this run"] == pytest.approx(100 * analyses["squad"].stability, abs=0.005)
   # the same command again reuses every stage
   again = []
   guan.run_guan(_config(models), tmp_path / "run", log=again.append)
