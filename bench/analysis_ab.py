@@ -18,6 +18,8 @@ roles are timed):
 * the step's paths: ``stacked`` (whichever the step runs), ``layerwise``, ``fused`` (the first
   Pallas kernel), ``kernel`` (kernel v2, ``heads_jax.stats.kernel``; ``absent`` where the step
   does not offer it);
+* kernel v2's variants (``KERNEL_VARIANTS``): Triton's warps, the XLA wrapper, and the kernel on
+  the explicit-attention forward of ``stacked v1`` (its check compares like with like);
 * ``kernel, 8192 positions``: one BERT-base-shaped sequence of 8,192 positions (random weights)
   through the bare forward and kernel v2, with the compiled program's temporary memory.
 
@@ -124,7 +126,47 @@ def _programs(model, batch: dict, mesh):
     step = make_analysis_step(model, measures=True, stats_impl=impl, mesh=mesh)
     progs[name] = (step.program(step.path_for(*batch["input_ids"].shape)),
                    (step._state, device_batch, None))
+  try:
+    from heads_jax.stats import kernel
+  except ImportError:
+    kernel = None
+  for name, options in KERNEL_VARIANTS:
+    progs[name] = None if kernel is None or "kernel" not in STATS_IMPLS else (
+        _kernel_program(graphdef, mesh, **options), (state, device_batch))
   return progs
+
+
+# Kernel v2's settings timed beside the step's choice (each checked like the paths): Triton's
+# warps, the XLA wrapper (the tile under lax.map) at this length, and the kernel on the same
+# explicit-attention forward as stacked v1 (a like-with-like check: the other rows' forward is
+# cuDNN's in bf16, whose hidden states differ from the explicit path's at bf16 rounding).
+KERNEL_VARIANTS = (("kernel, 8 warps", {"num_warps": 8}),
+                   ("kernel, XLA wrapper (tile under lax.map, 8 blocks a step)",
+                    {"wrapper": "xla", "blocks_per_step": 8}),
+                   ("kernel on the explicit forward", {"attention": "explicit"}))
+
+
+def _kernel_program(graphdef, mesh, attention: str = "auto", wrapper: str | None = None,
+                    **options):
+  """The analysis step's kernel branch with ``options`` for ``kernel.kernel_reducer``."""
+  import jax
+  from flax import nnx
+  from heads_jax.data.vocabulary import ROLES
+  from heads_jax.stats import kernel
+  from heads_jax.stats.fused import target_platform
+  from heads_jax.stats.layerwise import finish
+  platform = target_platform(None)
+
+  def run(st, bt):
+    chosen = wrapper or kernel.wrapper_for(platform, bt["input_ids"].shape[1])
+    tables = kernel.kernel_program_tables(bt, ROLES, "dep2head", True, wrapper=chosen)
+    reduce = kernel.kernel_reducer(tables, ROLES, "dep2head", True, wrapper=chosen, mesh=mesh,
+                                   platform=platform, **options)
+    out = nnx.merge(graphdef, st)(bt["input_ids"], attention_mask=bt["attention_mask"],
+                                  token_type_ids=bt["token_type_ids"], deterministic=True,
+                                  attention=attention, attention_reduce=reduce)
+    return finish(out["attention_reduced"], tables)
+  return jax.jit(run)
 
 
 def _compile_all(progs: dict, p) -> dict:

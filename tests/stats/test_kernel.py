@@ -248,3 +248,23 @@ def test_sieve_sizes_without_the_sieves(direction):
     batch = ref.random_batch(np.random.default_rng(seed), 6, 24, min_len=1)
     want = np.asarray(build_sieves(batch, B.ROLES, direction)).sum(-1)
     np.testing.assert_array_equal(np.asarray(kernel.sieve_sizes(batch, B.ROLES, direction)), want)
+
+
+def test_an_8192_position_sequence_analyses_with_no_map_sized_buffer():
+  """Issue 38 item 3 through the analysis step: a tiny BERT with 8,192 positions, one sequence,
+  stats_impl="kernel": the compiled program (forward with the model's query-chunked attention,
+  statistics by query blocks) holds no buffer near ``h * q * k`` elements."""
+  from heads_jax.model.bert import BertModel
+  from heads_jax.model.config import config_for
+  from heads_jax.parallel import data_mesh
+  from heads_jax.stats.step import make_analysis_step
+  k = 8192
+  cfg = config_for("tiny", vocab_size=128, max_position_embeddings=k)
+  step = make_analysis_step(BertModel(cfg, rngs=nnx.Rngs(0)), measures=True,
+                            stats_impl="kernel", mesh=data_mesh(jax.devices()[:1]))
+  spec = jax.ShapeDtypeStruct((1, k), jnp.int32)
+  compiled = step.program("kernel").lower(step._state, {f: spec for f in B.BATCH_FIELDS},
+                                          None).compile()
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  map_bytes = 4 * cfg.num_heads * k * k                                    # 1.07 GB
+  assert temp < map_bytes / 4, (temp, map_bytes)   # 154 MB: the forward's query chunks
