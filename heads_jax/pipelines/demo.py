@@ -35,11 +35,12 @@ from pathlib import Path
 
 from heads_jax import contract, runfiles
 from heads_jax.errors import UserError
-from heads_jax.pipelines.analysis import AnalysisConfig, headline
+from heads_jax.pipelines.analysis import AnalysisConfig
 from heads_jax.pipelines.engine import Stage, run_pipeline
 from heads_jax.pipelines import names, stages
 from heads_jax.pipelines.keys import training_inputs
 from heads_jax.report.demo import front_page_text
+from heads_jax.report.headline import console_table
 from heads_jax.report.index import write_index
 from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
 from heads_jax.training.metrics import read_metrics
@@ -267,6 +268,7 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: str | 
                         claim={"kind": "demo", "model": str(real),
                                "settings": {"quick": quick}})["report"]
   log(f"done in {(time.time() - t0) / 60:.1f} minutes")
+  log(f"report: {Path(report).resolve()}")   # last, also when every stage was reused
   return report
 
 
@@ -297,14 +299,19 @@ def write_report(s: DemoSettings, results: dict, log, seconds: dict | None = Non
   parts["minutes"] = sum(parts["stage_minutes"].values())
   report = write_index(s.out, parts)
   runfiles.write_demo(s.out, _jsonable(parts))
-  log(f"\nreport: {report.resolve()}")
-  for label, d in parts["analyses"].items():
-    log(f"{label}: {headline(contract.read_summary(d))}")
+  short = {f"{name} (pre-trained)": "pre-trained", f"{name} fine-tuned (SST-2)": "fine-tuned",
+           "pre-trained from scratch (demonstration)": "from scratch"}
+  columns = {short.get(label, label): contract.read_summary(d)
+             for label, d in parts["analyses"].items()}
+  rule = next((x.get("rule") for x in columns.values() if x.get("rule")), None)
+  log("\nthe headline figures" + (f" ({rule} rule)" if rule else "") + ":\n"
+      + console_table(columns))
   best = (parts.get("finetune") or {}).get("best") or {}
   if "accuracy" in best:
     log(f"fine-tuned SST-2 accuracy on the {parts['finetune_heldout']} held-out sentences: "
         f"{100 * best['accuracy']:.1f}%")
   return report
+
 
 
 def _jsonable(parts: dict) -> dict:

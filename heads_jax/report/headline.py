@@ -13,6 +13,8 @@ own figure on all-MiniLM-L6-v2 over the first 200 UD EWT test sentences, read fr
 Every view of the headline figures goes through this module:
 
 * `headline_text(summary)`: one line for the console (pipelines' logs);
+* `console_table(summaries)`: several runs side by side for the console, one aligned row per
+  figure (the demo's closing summary);
 * `headline_table(summaries)`: a DataFrame, one row per figure, one column per run (+ paper);
 * `headline_html(summaries, ...)`: the same table as HTML (analysis, compare, demo front page).
 
@@ -189,6 +191,21 @@ def headline_text(summary: dict, rows: tuple[Row, ...] = ROWS) -> str:
   parts = [f"{r.short} {_shown(summary, r)}" for r in rows if present(summary, r.key)]
   rule = f"{summary['rule']} rule: " if (summary or {}).get("rule") else ""
   return rule + "; ".join(parts)
+
+
+def console_table(summaries: dict[str, dict], rows: tuple[Row, ...] = ROWS) -> str:
+  """The headline figures of several runs (``{column: summary}``) as a fixed-width text table:
+  a row per figure that some run has (the rule's rows first), a column per run; a role a run did
+  not compute reads "n/a" (its reason is in that run's own line and report)."""
+  shown = [r for r in rows if any(present(s, r.key) for s in summaries.values())]
+  body = [[r.short] + [(("n/a" if not_computed(s, r) else format_value(lookup(s, r.key), r.kind))
+                        if present(s, r.key) else "-") for s in summaries.values()]
+          for r in shown]
+  header = ["figure", *summaries]
+  widths = [max(len(x) for x in col) for col in zip(header, *body)]
+  line = lambda cells: "  ".join([cells[0].ljust(widths[0])] +    # noqa: E731
+                                 [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
+  return "\n".join([line(header)] + [line(b) for b in body])
 
 
 def headline_table(summaries: dict[str, dict], *, rows: tuple[Row, ...] = ROWS,

@@ -50,6 +50,15 @@ def test_quick_demo_writes_report(tmp_path):
   for name in ("scores.npz", "tests.csv", "tests.json", "clusters.csv", "report.html"):
     assert (sub / name).is_file(), name
   assert any("report:" in m for m in logs) and any("delimiter heads" in m for m in logs)
+  assert logs[-1].startswith("report: ")   # the last line says where the report is
+  # the headline figures as a short aligned table, a line per figure (not one 400-character line)
+  table = next(m for m in logs if m.startswith("\nthe headline figures")).splitlines()[2:]
+  assert table[0].split() == ["figure", "all-MiniLM-L6-v2"] and len(table) >= 8
+  assert max(len(line) for line in table) < 100
+  # the second pass: norm-weighted roles, sinks and parsers are in the analysis report
+  from heads_jax.report.figures.robustness import SECTION
+  assert SECTION in (sub / "report.html").read_text()
+  assert (sub / contract.ROBUSTNESS_FILE).is_file()
   _no_weak_block_heads(sub)
   # Re-running reuses the analysis.
   logs.clear()
