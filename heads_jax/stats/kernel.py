@@ -2,7 +2,8 @@
 every query block of every head of a layer, from the layer's queries and keys; the model keeps
 its fast attention (cuDNN on GPUs, XLA on TPUs and CPUs) and no attention map is ever written.
 
-Three thin wrappers around the same tile function:
+Three thin wrappers around the same tile function (``tile.head_rows``: each head's per-row
+results of a query block, ``[T, 64]``):
 
 * ``"triton"`` (GPU): a Pallas call with grid ``(b, q / T)``, each program looping over the
   heads, so that what the heads of a block share (``tile.block_setup``: the contraction's
@@ -13,10 +14,15 @@ Three thin wrappers around the same tile function:
   much for one small tile), each program looping over its sequence's query blocks and heads; the
   queries and keys are laid out ``[b, h, k, e]`` so that every block's last two dimensions are
   whole or (8, 128)-aligned (Mosaic's rule), ``n`` comes through SMEM.
-* ``"xla"`` (CPU, and the reference of the other two): ``lax.map`` over query blocks of the tile
-  vectorised over sequences and heads: the largest temporary is ``[b, h, T, k]``, so memory is
-  linear in the sequence length (``tests/stats/test_kernel.py`` checks the compiled program's
-  buffers at 8,192 positions).
+* ``"xla"`` (CPU, sequences longer than a Pallas program holds, and the reference of the other
+  two): ``lax.scan`` over groups of query blocks of the tile vectorised over sequences and heads:
+  the largest temporary is ``[b, h, G T, k]``, so memory is linear in the sequence length
+  (``tests/stats/test_kernel.py`` checks the compiled program's buffers at 8,192 positions).
+
+The Pallas programs write the per-row results ``[b, h, k, 64]`` (linear in the length: 50 MB a
+layer for BERT-base at 128 x 128) and XLA turns them into the channels and their per-query
+weighted sums (``tile.channel_values``); in-kernel per-channel reductions cost more (the first
+device run: 47 column splits and cross-thread sums per head).
 
 ``interpret=True`` runs a Pallas wrapper in the Pallas interpreter (on the CPU: the tests); for
 ``"mosaic"`` ``interpret`` may also be a ``pltpu.InterpretParams()``, which simulates the TPU's
