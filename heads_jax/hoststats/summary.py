@@ -123,9 +123,13 @@ def computed_roles(sieve_bias, roles: Sequence[str]) -> tuple[str, ...]:
 
 
 def _reason(role: str) -> str:
-  if role in ("block", "block_plain"):
+  """Why a role (fine, or a coarse group of them) has an empty sieve on every sequence."""
+  sieve = (vocabulary.role(role).sieve if role in vocabulary.ROLES
+           else {vocabulary.COARSE_BLOCK: vocabulary.SIEVE_BLOCK,
+                 vocabulary.COARSE_SYNTACTIC: vocabulary.SIEVE_RELATION}.get(role))
+  if sieve == vocabulary.SIEVE_BLOCK:
     return "no sequence pairs: block heads need two segments"
-  if role == "syntactic" or role in vocabulary.RELATION_LABELS:
+  if sieve == vocabulary.SIEVE_RELATION:
     return "no dependency arcs in the data (--parser none, or no parse)"
   return "its sieve is empty on every sequence"
 
