@@ -173,27 +173,11 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, redo, pro
     return {"out": out, "process_index": jax.process_index(),
             "num_sequences": None if scores is None else int(len(scores["lengths"]))}
   new = not out.exists()
-  loaded = (lambda: (model, tokenizer)) if model is not None else None
-
-  def device(ctx) -> stages.Scores:
-    result = stages.scores(ctx, DEVICE_STAGE, DEVICE_UNIT, cfg, model=identity["model"], loaded=loaded,
-                           log=log, progress=progress)
-    return result
-
-  def host(ctx) -> stages.Analysis:
-    result = stages.statistics(ctx, HOST_STAGE, HOST_UNIT, cfg, ctx.results[DEVICE_STAGE],
-                               loaded=loaded, log=log)
-    if ctx.counts["reused"] and result.summary is not None:
-      log(headline(result.summary))  # what a run prints, for the same settings
-      if result.report:
-        log(f"report: {result.report}")
-    return result
-
-  plan = (engine.Stage(DEVICE_STAGE, "the device pass (scores.npz)", device),
-          engine.Stage(HOST_STAGE, "tests, roles, summary, clusters and report", host,
-                       reads=(DEVICE_STAGE,)))
+  run = AnalyzeRun(settings=cfg, model=identity["model"], progress=progress,
+                   loaded=(lambda: (model, tokenizer)) if model is not None else None)
   try:
-    done = engine.run_pipeline(plan, out, redo=redo, log=log, progress=False, what="an analysis",
+    done = engine.run_pipeline(PLAN, out, config=run, redo=redo, log=log, progress=False,
+                               what="an analysis",
                                claim={"kind": "analysis", "model": cfg.model,
                                       "data": list(cfg.data),
                                       "settings": cfg.device_settings()})[HOST_STAGE]
@@ -203,6 +187,39 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, redo, pro
       shutil.rmtree(out, ignore_errors=True)  # an early error leaves no empty --out
     raise
   return analysis_result(out, done)
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalyzeRun:
+  """What the analyze job's stages read (``ctx.config``): the analysis settings, the model's
+  identity (its content), whether to show progress, and a model already in memory
+  (``loaded() -> (model, tokenizer)``; None: load ``settings.model``)."""
+  settings: AnalysisConfig
+  model: dict
+  progress: bool = True
+  loaded: object = None
+
+
+def _device(ctx: engine.Context) -> stages.Scores:
+  run: AnalyzeRun = ctx.config
+  return stages.scores(ctx, DEVICE_STAGE, DEVICE_UNIT, run.settings, model=run.model,
+                       loaded=run.loaded, log=ctx.log, progress=run.progress)
+
+
+def _host(ctx: engine.Context) -> stages.Analysis:
+  run: AnalyzeRun = ctx.config
+  result = stages.statistics(ctx, HOST_STAGE, HOST_UNIT, run.settings,
+                             ctx.results[DEVICE_STAGE], loaded=run.loaded, log=ctx.log)
+  if ctx.counts["reused"] and result.summary is not None:
+    ctx.log(headline(result.summary))  # what a run prints, for the same settings
+    if result.report:
+      ctx.log(f"report: {result.report}")
+  return result
+
+
+PLAN = (engine.Stage(DEVICE_STAGE, "the device pass (scores.npz)", _device),
+        engine.Stage(HOST_STAGE, "tests, roles, summary, clusters and report", _host,
+                     reads=(DEVICE_STAGE,)))
 
 
 def analysis_result(out: Path, done: stages.Analysis) -> dict:
