@@ -213,10 +213,10 @@ def _rules_section(tests_df: pd.DataFrame, settings: dict, summary: dict) -> str
           "(assigned_paper, assigned_calibrated).</p>"
           + table_html(pd.DataFrame(rows), table_id="table-rules")
           + f'<p class="note">{esc(near)}</p>')
-  df = tests_df[tests_df["role"] == "block"]
+  df = tests_df[tests_df["role"] == vocabulary.COARSE_BLOCK]
   if len(df) and (df["assigned_paper"].astype(bool) | df["assigned_calibrated"].astype(bool)).any():
     sel = df[df["assigned_paper"].astype(bool) | df["assigned_calibrated"].astype(bool)]
-    plain = tests_df[tests_df["role"] == "block_plain"].set_index(["layer", "head"])["mean"]
+    plain = tests_df[tests_df["role"] == vocabulary.PLAIN_TWINS[vocabulary.COARSE_BLOCK]].set_index(["layer", "head"])["mean"]
     table = pd.DataFrame({
         "head": [f"{l}:{h}" for l, h in zip(sel["layer"], sel["head"])],
         "block mean": sel["mean"].to_numpy(),
@@ -248,7 +248,7 @@ def _overlaps_section(overlaps: dict, settings: dict) -> str:
 def write_report(out_dir, *, title: str, settings: dict, summary: dict, tests_df: pd.DataFrame,
                  clusters_df: pd.DataFrame | None = None, cluster_info: dict | None = None,
                  figures: dict | None = None, extra_sections=None,
-                 filename: str = "report.html") -> Path:
+                 filename: str = contract.REPORT_HTML) -> Path:
   """Write the self-contained analysis report ``out_dir/report.html``; returns its path.
 
   Args:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from heads_jax import contract
 from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report import headline, spec, tables
 from heads_jax.report.figures.common import DEFAULT_DPI
@@ -93,7 +94,7 @@ def write_compare_report(out_dir, *, compare_df: pd.DataFrame, heads_df: pd.Data
                          title: str = "Attention heads before and after fine-tuning",
                          settings: dict | None = None, summary_before: dict | None = None,
                          summary_after: dict | None = None, figures: dict | None = None,
-                         warnings=None, extra_sections=None, filename: str = "report.html",
+                         warnings=None, extra_sections=None, filename: str = contract.REPORT_HTML,
                          dpi: int = DEFAULT_DPI) -> Path:
   """Write the self-contained before/after fine-tuning report ``out_dir/report.html``.
 

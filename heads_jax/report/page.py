@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from heads_jax import storage
+from heads_jax import contract, storage
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -276,7 +276,7 @@ def _write(out_dir, filename: str, text: str) -> Path:
 
 
 def write_page(out_dir, *, title: str, sections, settings: dict | None = None,
-               subtitle: str = "", filename: str = "report.html") -> Path:
+               subtitle: str = "", filename: str = contract.REPORT_HTML) -> Path:
   """Writes the self-contained page ``out_dir/filename`` and returns its path.
 
   Args:

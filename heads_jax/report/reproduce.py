@@ -88,7 +88,7 @@ def overlap_figures(tests: pd.DataFrame) -> dict:
   """The fine-role overlaps the paper discusses: of the heads with ``nsubj``, how many also have
   ``next_local``; of those with ``obj``, how many also ``prev_local`` (None where not tested)."""
   out = {}
-  for role, other in (("nsubj", "next_local"), ("obj", "prev_local")):
+  for role, other in vocabulary.FINE_OVERLAPS:
     tested = set(tests["role"].astype(str))
     if role not in tested or other not in tested:
       out[f"{role}_{other}"] = None
@@ -630,9 +630,9 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
   ]
   for t in results["tasks"]:
     name = paper.TASK_NAMES[t]
-    links = [_link(workdir, Path(results["per_task"][k][t]["out"]) / "report.html", f"{k} analysis report")
+    links = [_link(workdir, Path(results["per_task"][k][t]["out"]) / contract.REPORT_HTML, f"{k} analysis report")
              for k in ("pretrained", "finetuned") if t in results["per_task"][k]]
-    links.append(_link(workdir, workdir / "compare" / t / "report.html", "comparison report"))
+    links.append(_link(workdir, workdir / "compare" / t / contract.REPORT_HTML, "comparison report"))
     links = [x for x in links if x]
     body = (f"<p>{' | '.join(links)}</p>" if links else "")
     body += "".join(_fig(figs, f"{p}_{t}_{k}") for p in ("venn", "upset", "grid")
