@@ -104,12 +104,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from heads_jax.model.config import BertConfig
+from heads_jax.model.config import ATTENTION_SETTINGS, LAYER_NORM_DTYPES, BertConfig
 from heads_jax.model.flash_attention import flash_attention
 
 GATE_MODES = ("remove", "uniform")
-ATTENTION_PATHS = ("auto", "explicit", "xla", "cudnn", "flash")
-LAYER_NORM_DTYPES = ("compute", "float32")
+ATTENTION_PATHS = ATTENTION_SETTINGS  # ("auto", "explicit", "xla", "cudnn", "flash")
 
 
 def fused_implementation(dtype, head_dim: int) -> str:
