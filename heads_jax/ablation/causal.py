@@ -114,6 +114,10 @@ class GroupEvaluator:
       if len(set(schedule)) != len(schedule):
         raise UserError("--mode mean shifts each layer's output bias, but this model's layers "
                         "share parameters (ALBERT); use --mode remove or uniform")
+      if any(getattr(model.bert.layers[i].attention.output, "bias", None) is None
+             for i in set(schedule)):
+        raise UserError("--mode mean shifts each layer's output bias, but this model's attention "
+                        "output has no bias (ModernBERT); use --mode remove or uniform")
       self.means = head_output_means(evaluator) if means is None else np.asarray(means, np.float32)
       expected = (self.num_layers, self.num_heads, model.bert.config.head_dim)
       if self.means.shape != expected:

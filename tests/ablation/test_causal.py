@@ -130,3 +130,17 @@ def test_mean_ablation_keeps_a_constant_head_and_differs_from_removal():
   assert table["loss_change"].iloc[1] == pytest.approx(0.0, abs=1e-5)
   # the evaluator's own state is back after a mean ablation
   assert ev.evaluate()["loss"] == pytest.approx(base["loss"], abs=1e-7)
+
+
+def test_mean_ablation_refuses_a_model_without_an_output_bias():
+  """ModernBERT's attention output has no bias (as transformers'): --mode mean, which shifts that
+  bias, is refused in one line before any work, naming the modes that do run."""
+  import types
+  from heads_jax.errors import UserError
+  from heads_jax.model.modernbert import ModernBertConfig, ModernBertForSequenceClassification
+  cfg = ModernBertConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2,
+                         intermediate_size=48, max_position_embeddings=64)
+  graphdef, state = nnx.split(ModernBertForSequenceClassification(cfg, rngs=nnx.Rngs(0)))
+  fake = types.SimpleNamespace(graphdef=graphdef, state=state, num_layers=3, num_heads=2)
+  with pytest.raises(UserError, match=r"no bias \(ModernBERT\); use --mode remove or uniform$"):
+    GroupEvaluator(fake, mode="mean")
