@@ -165,10 +165,13 @@ def from_flat(flat, layout: FlatLayout) -> list:
 
 class FlatLambState(NamedTuple):
   """``count`` int32 (updates done), first and second moments ``mu``, ``nu`` float32
-  ``[R, FLAT_ROW]`` in the flat layout of the parameters."""
+  ``[R, FLAT_ROW]`` in the flat layout of the parameters, and ``grad_norm`` float32 ``[]``: the
+  global norm of the last update's gradients (before clipping; the train step's ``grad_norm``
+  metric reads it instead of a second pass over the gradients)."""
   count: jax.Array
   mu: jax.Array
   nu: jax.Array
+  grad_norm: jax.Array
 
 
 def flat_lamb(learning_rate: float | optax.Schedule, *, weight_decay: float = 0.01,
@@ -180,7 +183,7 @@ def flat_lamb(learning_rate: float | optax.Schedule, *, weight_decay: float = 0.
   def init_fn(params):
     lay = flat_layout(params, mask)
     zeros = jnp.zeros((lay.rows, FLAT_ROW), jnp.float32)
-    return FlatLambState(jnp.zeros([], jnp.int32), zeros, zeros)
+    return FlatLambState(jnp.zeros([], jnp.int32), zeros, zeros, jnp.zeros([], jnp.float32))
 
   def update_fn(updates, state, params=None):
     if params is None:
@@ -189,8 +192,8 @@ def flat_lamb(learning_rate: float | optax.Schedule, *, weight_decay: float = 0.
     leaves, treedef = jax.tree.flatten(updates)
     g = to_flat(leaves, lay)                                          # [R, C]
     w = to_flat(treedef.flatten_up_to(params), lay)
+    g_norm = jnp.sqrt(jnp.sum(g * g))
     if clip_norm:
-      g_norm = jnp.sqrt(jnp.sum(g * g))
       g = jnp.where(g_norm < clip_norm, g, (g / g_norm) * clip_norm)
     mu = (1 - b1) * g + b1 * state.mu
     nu = (1 - b2) * (g ** 2) + b2 * state.nu
@@ -211,7 +214,7 @@ def flat_lamb(learning_rate: float | optax.Schedule, *, weight_decay: float = 0.
     step_size = -1 * schedule(state.count)
     out = (u * ratio[row_leaf][:, None]) * step_size
     return (jax.tree.unflatten(treedef, from_flat(out, lay)),
-            FlatLambState(count, mu, nu))
+            FlatLambState(count, mu, nu, g_norm))
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -182,7 +182,9 @@ def make_train_step(parts: ModelParts, tx: optax.GradientTransformation, loss_fn
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics = dict(metrics)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    # the flat LAMB has the norm already (optimizer.FlatLambState): no second pass over grads
+    norm = getattr(opt_state, "grad_norm", None)
+    metrics["grad_norm"] = optax.global_norm(grads) if norm is None else norm
     if schedule is not None:
       metrics["learning_rate"] = schedule(step // max(1, accumulate_steps))
     return {"step": step + 1, "params": params, "opt_state": opt_state}, metrics

@@ -118,7 +118,7 @@ def test_padded_logits_are_masked_and_never_win():
 def test_the_flat_lamb_step_equals_the_chain_step():
   parts, params = _setup()
   mesh = data_mesh(jax.devices()[:1])
-  out = {}
+  out, norms = {}, {}
   for flat in (False, True):
     tx, sched = optimizer.make_optimizer(learning_rate=1e-2, warmup_steps=0, total_steps=10,
                                          flat=flat)
@@ -128,5 +128,7 @@ def test_the_flat_lamb_step_equals_the_chain_step():
     for i in range(3):
       state, m = step(state, shard_batch(_batch(i), mesh))
     out[flat] = steps.to_host(state["params"])
+    norms[flat] = float(m["grad_norm"])     # the flat LAMB's own norm, not a second pass
+  np.testing.assert_allclose(norms[True], norms[False], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(out[True]), jax.tree.leaves(out[False])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -60,6 +60,7 @@ def test_flat_lamb_equals_the_chain(clip):
       params, state, up = step(g, state, params)
       ups.append(up)
     runs[name] = (params, ups)
+  np.testing.assert_allclose(state.grad_norm, optax.global_norm(grads[-1]), rtol=1e-6)
   for a, b in zip(jax.tree.leaves(runs["flat"][0]), jax.tree.leaves(runs["chain"][0])):
     np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
   for ua, ub in zip(runs["flat"][1], runs["chain"][1]):
