@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 
 from heads_jax.data.specs import encode_spec  # noqa: E402
 from heads_jax.data.vocabulary import ROLES  # noqa: E402
-from heads_jax.hoststats.calibration import apply_rule, uniform_entropy, uniform_values  # noqa: E402
+from heads_jax.hoststats.calibration import (apply_rule, uniform_entropy, uniform_values,  # noqa: E402
+                                             windows_from_settings)
 from heads_jax.hoststats.hypothesis import hypothesis_tests  # noqa: E402
 from heads_jax.model.loading import layer_windows, load_model  # noqa: E402
 from heads_jax.stats.step import make_analysis_step  # noqa: E402
@@ -64,6 +65,7 @@ def test_planted_uniform_head_in_a_windowed_layer_is_near_uniform_not_local(tmp_
   assert f"{LAYER}:{HEAD}" in new_settings["near_uniform_heads"]      # ... but it is uniform
   assert not new.loc[(new["layer"] == LAYER) & (new["head"] == HEAD), "assigned"].any()
   assert new.loc[row, "uniform"].iloc[0] > 2 and new_settings["windowed_layers"] == [1, 2]
+  assert windows_from_settings(new_settings, 4) == windows                # read back from tests.json
 
 
 @pytest.mark.slow
