@@ -48,6 +48,10 @@ from jax.experimental.pallas import triton as plgpu
 LOG2E = math.log2(math.e)
 MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: exp2(MASKED - m) is exactly 0
 BLOCK = 128  # query and key block of every kernel (BERT's 128 and 512 need no padding)
+# The backward kernels' inner loops step through 32 rows (queries for dK/dV, keys for dQ) against
+# an outer block of 128, as Triton's fused-attention tutorial (BLOCK_M1, BLOCK_N1, BLOCK_M2,
+# BLOCK_N2 = 32, 128, 128, 32): [128, 32] float32 tiles keep the registers of 4 warps.
+INNER = 32
 PAD_QUERY, PAD_KEY = -2, -1  # segment ids of padded positions: they attend nothing
 
 
@@ -228,7 +232,7 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
   inv_keep = _inv_keep(rate)
   # [b, h, q] float32: sum_c dO O (one elementwise-and-reduce fusion, not a dot)
   delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
-  warps = 4 if max(e, c) <= 64 else 8
+  warps = 4
   args = [q, k, v, do, lse, delta, qseg, kseg] + ([keep] if dropout else [])
 
   # dK, dV: grid over key blocks; full query rows
@@ -243,7 +247,8 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
       pl.BlockSpec((None, block_k), lambda i, j, n: (j, i)),
   ] + ([pl.BlockSpec((None, None, sq, block_k), lambda i, j, n: (j, n, 0, i))] if dropout else [])
   dk, dv = _call(
-      functools.partial(_dkdv_kernel, scale=scale, inv_keep=inv_keep, block_q=block_q,
+      functools.partial(_dkdv_kernel, scale=scale, inv_keep=inv_keep,
+                        block_q=min(INNER, block_q),
                         dropout=dropout), *args,
       grid=(sk // block_k, b, h),
       in_specs=specs,
@@ -267,7 +272,7 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
       pl.BlockSpec((None, sk), lambda i, j, n: (j, 0)),
   ] + ([pl.BlockSpec((None, None, block_q, sk), lambda i, j, n: (j, n, i, 0))] if dropout else [])
   dq = _call(
-      functools.partial(_dq_kernel, scale=scale, inv_keep=inv_keep, block_k=block_k,
+      functools.partial(_dq_kernel, scale=scale, inv_keep=inv_keep, block_k=min(INNER, block_k),
                         dropout=dropout), *args,
       grid=(sq // block_q, b, h),
       in_specs=specs,

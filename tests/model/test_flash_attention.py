@@ -61,16 +61,20 @@ def test_kernel_equals_reference(dropout):
 
 def test_kernel_dropout_is_the_mask_it_is_given():
   """Rate 0.5: the output equals the oracle's for this mask and differs from the one without
-  dropout and from the one with another mask (the mask is read, not redrawn)."""
-  q, k, v = _inputs(b=1, s=16, h=2)
-  seg = jnp.ones((1, 16), jnp.int32)
-  keep_a = jax.random.bernoulli(jax.random.key(1), 0.5, (1, 2, 16, 16))
-  keep_b = jax.random.bernoulli(jax.random.key(2), 0.5, (1, 2, 16, 16))
+  dropout and from the one with another mask (the mask is read, not redrawn). 64 positions: one
+  block of 64 whose backward loops take two inner steps of 32."""
+  q, k, v = _inputs(b=1, s=64, h=2)
+  seg = jnp.ones((1, 64), jnp.int32)
+  keep_a = jax.random.bernoulli(jax.random.key(1), 0.5, (1, 2, 64, 64))
+  keep_b = jax.random.bernoulli(jax.random.key(2), 0.5, (1, 2, 64, 64))
   a = flash_attention(q, k, v, seg, seg, keep_a, rate=0.5)
   b = flash_attention(q, k, v, seg, seg, keep_b, rate=0.5)
   none = flash_attention(q, k, v, seg, seg)
   _close(a, reference_attention(q, k, v, seg, seg, keep_a, rate=0.5), 2e-6)
   assert float(jnp.max(jnp.abs(a - b))) > 0.1 and float(jnp.max(jnp.abs(a - none))) > 0.1
+  w = jax.random.normal(jax.random.key(7), a.shape)
+  _close(_grads(flash_attention, q, k, v, w, seg, seg, keep_a, rate=0.5),
+         _grads(reference_attention, q, k, v, w, seg, seg, keep_a, rate=0.5), 2e-6)
 
 
 def test_kernel_bfloat16_close_to_reference():
