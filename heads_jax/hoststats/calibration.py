@@ -353,3 +353,38 @@ def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[
     settings["windowed_layers"] = [i for i, w in enumerate(windows) if w is not None]
     settings["window"] = max(w for w in windows if w is not None)
   return out, settings
+
+
+def shares_by_layer_kind(tests: pd.DataFrame, settings: dict, view: str = roles_lib.TESTS) -> dict | None:
+  """Role shares of the windowed (local) and the full-attention (global) layers apart, for a run
+  with windowed layers (ModernBERT; ``settings`` of `apply_rule`, ``windowed_layers``); None for
+  a run without them.
+
+  Returns ``{"local": {...}, "global": {...}}``, each with ``layers`` (their indices),
+  ``num_heads``, ``share_<coarse role>`` (of ``view``'s coarse roles: the fraction of the kind's
+  heads with that role, by the run's ``assigned``), ``share_unskilled`` and
+  ``share_near_uniform`` (heads in ``near_uniform_heads``). Only the attention-weighted rows of a
+  table that also holds norm-weighted ones are read.
+  """
+  windowed = set(settings.get("windowed_layers") or [])
+  if not windowed:
+    return None
+  if "weighting" in tests.columns:
+    tests = tests[tests["weighting"] == "attention"]
+  assigned, roles = roles_lib.assignment_array(tests)
+  coarse, names = roles_lib.coarse_roles(assigned, roles, view)
+  l, h = assigned.shape[:2]
+  flat = np.zeros((l, h), bool)
+  for spec in settings.get("near_uniform_heads") or []:
+    i, j = (int(x) for x in spec.split(":"))
+    flat[i, j] = True
+  out = {}
+  for kind, layers in (("local", sorted(windowed)), ("global", [i for i in range(l) if i not in windowed])):
+    n = len(layers) * h
+    part = {"layers": layers, "num_heads": n}
+    for c_i, c in enumerate(names):
+      part[f"share_{c}"] = float(coarse[layers, :, c_i].sum() / n) if n else None
+    part["share_unskilled"] = float((~coarse[layers].any(-1)).sum() / n) if n else None
+    part["share_near_uniform"] = float(flat[layers].sum() / n) if n else None
+    out[kind] = part
+  return out

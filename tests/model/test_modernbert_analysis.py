@@ -119,3 +119,19 @@ def test_analyze_end_to_end_matches_transformers_attention(tmp_path):
   settings = json.loads((out / "tests.json").read_text())["settings"]
   assert settings["windowed_layers"] == [1, 2] and settings["window"] == 4
   assert {f"{l}:{h}" for l in (1, 2) for h in range(4)} <= set(settings["near_uniform_heads"])
+
+
+def test_role_shares_of_local_and_global_layers_by_hand():
+  import pandas as pd
+
+  from heads_jax.hoststats.calibration import shares_by_layer_kind
+  rows = [dict(layer=l, head=h, role=r, weighting=w,
+               assigned=w == "attention" and ((l == 1 and r == "local") or (l, h, r) == (0, 0, "delimiter")))
+          for w in ("attention", "norm") for l in range(3) for h in range(2)
+          for r in ("local", "delimiter", "cls", "sep", "block", "block_plain")]
+  settings = {"windowed_layers": [1, 2], "near_uniform_heads": ["2:0", "2:1", "0:1"]}
+  s = shares_by_layer_kind(pd.DataFrame(rows), settings)
+  assert s["local"]["layers"] == [1, 2] and s["local"]["num_heads"] == 4
+  assert (s["local"]["share_local"], s["local"]["share_near_uniform"], s["local"]["share_unskilled"]) == (0.5, 0.5, 0.5)
+  assert (s["global"]["share_delimiter"], s["global"]["share_local"], s["global"]["share_near_uniform"]) == (0.5, 0.0, 0.5)
+  assert shares_by_layer_kind(pd.DataFrame(rows), {}) is None
