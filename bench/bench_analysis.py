@@ -152,7 +152,11 @@ def _max_diff(a: dict, b: dict) -> dict:
   for key in ("sieve_bias", "distance"):
     x, y = np.asarray(a[key], np.float64), np.asarray(b[key], np.float64)
     both = ~np.isnan(x) & ~np.isnan(y)
-    out[key] = {"max_abs_diff": float(np.abs(x - y)[both].max()) if both.any() else 0.0,
+    diff = np.abs(x - y)[both]
+    out[key] = {"max_abs_diff": float(diff.max()) if both.any() else 0.0,
+                # relative to the value (sieve biases reach tens): |x - y| / max(|y|, 1)
+                "max_rel_diff": float((diff / np.maximum(np.abs(y[both]), 1.0)).max())
+                if both.any() else 0.0,
                 "nan_pattern_equal": bool(np.array_equal(np.isnan(x), np.isnan(y)))}
   return out
 
@@ -552,7 +556,8 @@ def main(argv=None):
              f"{len(unpad['shapes'])} shape(s) {unpad['shapes']}" if tp["packed"] else " (unpacked)"))
     if tp["packed_vs_unpacked"]:
       print("packed vs unpacked scores: " + "; ".join(
-          f"{k}: max abs diff {v['max_abs_diff']:.1e}, NaN pattern equal {v['nan_pattern_equal']}"
+          f"{k}: max abs diff {v['max_abs_diff']:.1e} (relative to max(|value|, 1): "
+          f"{v['max_rel_diff']:.1e}), NaN pattern equal {v['nan_pattern_equal']}"
           for k, v in tp["packed_vs_unpacked"].items()))
     if "bfloat16_error" in tp:
       print("bfloat16 forward vs float32: " + "; ".join(
