@@ -29,7 +29,7 @@ from heads_jax.errors import UserError
 from heads_jax.pipelines import analysis as analysis_lib
 from heads_jax.pipelines import comparison as comparison_lib
 from heads_jax.pipelines.engine import Context, UnitResult, run_unit
-from heads_jax.pipelines.keys import ANALYSIS_PATHS, TRAINING_PATHS, training_inputs, unit_key
+from heads_jax.pipelines.keys import TRAINING_PATHS, training_inputs, unit_key
 from heads_jax.training import finetune as finetune_lib
 from heads_jax.training import pretrain as pretrain_lib
 

@@ -4,14 +4,16 @@
 For each Orbax checkpoint in ``WORKDIR/checkpoints`` (``heads_jax.training.rundir``), the encoder's
 parameters (the ``bert`` subtree of the saved train state) are restored into the run's exported
 model (``WORKDIR/model``, ``best_model`` or ``hf``: it gives the architecture and the tokenizer)
-and analysed on the same data with **one compiled analysis program**: the checkpoints share the
-encoder's graph, and ``heads_jax.stats.step.analysis_program`` caches the jitted program per graph
-and settings (its state is an argument), so every checkpoint after the first runs without
-recompiling.
-Per checkpoint: the hypothesis tests and the run's role rule (``hoststats.hypothesis`` /
-``hoststats.calibration``), the share of heads with each coarse role, the mean sieve bias of each
-role over heads and sequences, and the sink rate (the share of heads whose mean attention on the
-first token exceeds 0.3, from the step's token measures: ``[CLS]`` is position 0).
+and analysed by the analysis's own device stage (`heads_jax.pipelines.stages.scores`, the same
+pass as ``analyze``: ``OUT/checkpoints/step_<s>/scores.npz`` and ``measures.npz``), with **one
+compiled analysis program**: the checkpoints share the encoder's graph, and
+``heads_jax.stats.step.analysis_program`` caches the jitted program per graph and settings (its
+state is an argument), so every checkpoint after the first runs without recompiling.
+Per checkpoint, on the host (the ``table`` stage): the hypothesis tests and the run's role rule
+(``hoststats.hypothesis`` / ``hoststats.calibration``), the share of heads with each coarse role,
+the mean sieve bias of each role over heads and sequences, and the sink rate (the share of heads
+whose mean attention on the first token exceeds 0.3, from the step's token measures: ``[CLS]``
+is position 0).
 
 Writes ``trajectory.csv`` (one row per checkpoint: step, ``share_<coarse role>``,
 ``bias_<role>``, ``sink_rate``) and ``trajectory.png`` / ``.svg``
@@ -22,17 +24,20 @@ pre-training preset does; others keep the newest ``checkpoint.keep``).
 Every run kind: pre-training, GLUE fine-tuning (classification and regression) and SQuAD (whose
 span model has no pooler): only the encoder parameters that the checkpoint holds are restored.
 
-On the stage engine (`heads_jax.pipelines.engine`): one unit per checkpoint (keyed by the
-checkpoint's content, the exported model's, the data's and the settings), then the ``table``;
-a rerun reuses every checkpoint analysed before and analyses only new ones; ``redo=STAGE``
-(``--redo``) reruns one stage and what reads it. ``--out`` is checked (a file, a directory of
-another job, not writable) before the first checkpoint, locked while the job runs and claimed.
-A checkpoint that cannot be read (damaged) is set aside with one line: left out of the table,
-the run's files untouched; the other checkpoints go on.
+On the stage engine (`heads_jax.pipelines.engine`, one typed config, `TrajectoryConfig`):
+``checkpoints``, one device unit per checkpoint (keyed by the checkpoint's content, the exported
+model's, the data's and the settings), then the ``table`` (host; keyed by their finish times and
+the rule); a rerun reuses every checkpoint analysed before and analyses only new ones;
+``redo=STAGE`` (``--redo``) reruns one stage and what reads it. ``--out`` is checked (a file, a
+directory of another job, not writable) before the first checkpoint, locked while the job runs
+and claimed. A checkpoint that cannot be read (damaged) is set aside with one line: left out of
+the table, the run's files untouched; the other checkpoints go on.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -45,20 +50,19 @@ import orbax.checkpoint as ocp
 import pandas as pd
 from flax import nnx
 
-from heads_jax import runfiles
-from heads_jax.data.specs import encode_spec, parse_spec
+from heads_jax import contract, runfiles
+from heads_jax.data.specs import parse_spec
 from heads_jax.data.vocabulary import ROLES, SYNTACTIC_ROLES
 from heads_jax.errors import UserError
 from heads_jax.hoststats.calibration import DEFAULT_RULE, apply_rule
 from heads_jax.hoststats.hypothesis import hypothesis_tests
 from heads_jax.hoststats.roles import assignment_array, coarse_roles
 from heads_jax.hoststats.sinks import SINK_THRESHOLD
-from heads_jax.model.loading import layer_windows, load_model
-from heads_jax.pipelines import engine
+from heads_jax.model.loading import layer_windows, load_model, model_config
+from heads_jax.pipelines import engine, stages
+from heads_jax.pipelines.analysis import AnalysisConfig
 from heads_jax.pipelines.keys import unit_key
 from heads_jax.report.figures.robustness import plot_trajectory
-from heads_jax.stats.collector import collect
-from heads_jax.stats.step import make_analysis_step
 from heads_jax.training.checkpointing import Checkpoints, check_shapes
 from heads_jax.training.rundir import RunDir
 
@@ -280,91 +284,141 @@ def run_trajectory(run, out, *, data=("ud-ewt", "mrpc"), max_examples: int | Non
   model_dir = exported_model_dir(run)
   roles = tuple(r for r in roles if syntax or r not in SYNTACTIC_ROLES)
   ckpt_dir = Path(str(RunDir(run).checkpoints))
-  settings = {"max_examples": max_examples, "max_length": max_length, "batch_size": batch_size,
-              "roles": list(roles), "syntax": syntax, "rule": rule}
-  state = {}
-
-  def loaded():
-    """The exported encoder, its parameters' tree and the encoded data (once, on first use)."""
-    if not state:
-      model, tokenizer = load_model(model_dir)
-      encoder = getattr(model, "bert", model)
-      length = min(max_length, encoder.config.max_positions)
-      encoded = []   # the data is encoded once; every checkpoint sees the same batches
-      for spec in data:
-        gold = syntax and parse_spec(spec).kind == "conllu"   # text data: no parser, no arcs
-        _, batches, n = encode_spec(spec, tokenizer, max_length=length, batch_size=batch_size,
-                                    max_examples=max_examples, syntax=gold, pad_to_batch_size=True)
-        encoded.append((list(batches), n))
-      _, abstract = nnx.split(encoder, nnx.Param, ...)[:2]
-      state.update(encoder=encoder, params=nnx.to_pure_dict(abstract), encoded=encoded,
-                   reader=RunCheckpoints(run))
-    return state
-
-  def analyse(s: int) -> dict:
-    st = loaded()
-    restored = st["reader"].encoder(s, st["params"])
-    # the same graph: the cached analysis program, no recompilation
-    step = make_analysis_step(with_params(st["encoder"], restored), roles=roles, measures=True)
-    parts = [collect(step, iter(b), n, roles=roles, progress=progress, desc=f"step {s}")
-             for b, n in st["encoded"]]
-    cat = {k: np.concatenate([p[k] for p in parts])
-           for k in ("sieve_bias", "token_attention", "lengths", "entropy")}
-    return {"step": int(s), **checkpoint_row(cat["sieve_bias"], cat["token_attention"],
-                                             cat["lengths"], roles, entropy=cat["entropy"],
-                                             rule=rule, windows=layer_windows(model_dir))}
-
-  def checkpoints(ctx):
-    common = {"model": ctx.model(model_dir), "data": [ctx.data(d) for d in data]}
-    done = {}
-    for s in steps:
-      key = unit_key(settings, inputs={"checkpoint": ctx.files(ckpt_dir / str(s)), **common})
-      try:
-        res = engine.run_unit(ctx, "checkpoints", f"step_{s}", key, lambda s=s: analyse(s))
-      except DamagedCheckpoint as e:
-        ctx.sub(f"step {s}: the checkpoint cannot be read ({e}); set aside (left out of the "
-                "trajectory, the run's files untouched), going on with the rest")
-        continue
-      row = res.outputs
-      done[s] = res
-      ctx.sub(f"step {s}: " + ", ".join(f"{k[6:]} {100 * v:.0f}%" for k, v in row.items()
-                                        if k.startswith("share_"))
-              + f", sinks {100 * row['sink_rate']:.0f}%" + (" (analysed earlier)"
-                                                             if res.reused else ""))
-    if not done:
-      raise UserError(f"no checkpoint in {ckpt_dir} could be read; nothing to draw")
-    return done
-
-  def table(ctx):
-    done = ctx.results["checkpoints"]   # {step: its unit's result}
-    key = unit_key({}, inputs={str(s): r.finished for s, r in done.items()})
-
-    def fn():
-      rows = [r.outputs for r in done.values()]
-      frame = pd.DataFrame(rows)
-      out.mkdir(parents=True, exist_ok=True)
-      tmp = out / (TRAJECTORY_CSV + ".tmp")
-      frame.to_csv(tmp, index=False)
-      tmp.replace(out / TRAJECTORY_CSV)
-      plot_trajectory(frame, out / TRAJECTORY_PNG, dpi=110)
-      return {"csv": str(out / TRAJECTORY_CSV), "figure": str(out / TRAJECTORY_PNG)}
-
-    res = engine.run_unit(ctx, "table", "table", key, fn,
-                          clean=[out / TRAJECTORY_CSV, out / TRAJECTORY_PNG,
-                                 (out / TRAJECTORY_PNG).with_suffix(".svg")])
-    ctx.sub(f"wrote {res.outputs['csv']} and {res.outputs['figure']}")
-    return res
-
-  stages = [engine.Stage("checkpoints", f"{len(steps)} checkpoint(s) of {run} analysed on "
-                         + ", ".join(data), checkpoints),
-            engine.Stage("table", "trajectory.csv and its figure", table, reads=("checkpoints",),
-                         outputs=(TRAJECTORY_CSV, TRAJECTORY_PNG, "trajectory.svg"))]
+  length = min(max_length, model_config(model_dir).max_positions)
+  job = TrajectoryConfig(run=str(run), out=str(out), model_dir=str(model_dir),
+                         checkpoints=str(ckpt_dir), steps=tuple(steps), data=tuple(data),
+                         max_examples=max_examples, max_length=length, batch_size=batch_size,
+                         roles=roles, syntax=syntax, rule=rule, progress=progress)
   claim = {"kind": "trajectory", "flag": "--out", "model": str(run), "data": list(data),
-           "settings": settings}
+           "settings": {"max_examples": max_examples, "max_length": max_length,
+                        "batch_size": batch_size, "roles": list(roles), "syntax": syntax,
+                        "rule": rule}}
+  reader = _Reader(job)
   with held_back_loop_errors():
     try:
-      engine.run_pipeline(stages, out, redo=redo, log=log, what="a trajectory", claim=claim)
+      engine.run_pipeline(trajectory_stages(job, reader), out, config=job, redo=redo, log=log,
+                          what="a trajectory", claim=claim)
     finally:
-      if "reader" in state:
-        state["reader"].close()
+      reader.close()
   return pd.read_csv(out / TRAJECTORY_CSV)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectoryConfig:
+  """Everything a trajectory depends on (`run_trajectory`'s arguments, checked): the run, its
+  exported model and checkpoints, the data and the analysis settings of every checkpoint."""
+  run: str
+  out: str
+  model_dir: str
+  checkpoints: str
+  steps: tuple
+  data: tuple
+  max_examples: int | None
+  max_length: int
+  batch_size: int
+  roles: tuple
+  syntax: bool
+  rule: str
+  progress: bool = False
+
+  def analysis(self, step: int) -> AnalysisConfig:
+    """The analysis of checkpoint ``step`` (its device pass, `stages.scores`): the exported
+    model's architecture with the checkpoint's encoder, into ``OUT/checkpoints/step_<s>``;
+    gold arcs only (text data without a parser)."""
+    return AnalysisConfig(model=self.model_dir, data=self.data,
+                          out=str(Path(self.out) / "checkpoints" / f"step_{step}"),
+                          max_examples=self.max_examples, max_length=self.max_length,
+                          batch_size=self.batch_size, roles=self.roles, syntax=self.syntax,
+                          parser="none", measures=True, clusters=1, rule=self.rule,
+                          report=False, examples=0)
+
+
+class _Reader:
+  """The exported encoder and the run's checkpoints, opened on first use (a rerun that reuses
+  every checkpoint loads nothing); ``model(step)`` is the encoder with that step's parameters
+  (`RunCheckpoints.encoder`: `DamagedCheckpoint` for one that cannot be read)."""
+
+  def __init__(self, job: TrajectoryConfig):
+    self.job, self.state = job, {}
+
+  def model(self, step: int):
+    if not self.state:
+      model, tokenizer = load_model(self.job.model_dir)
+      encoder = getattr(model, "bert", model)
+      _, abstract = nnx.split(encoder, nnx.Param, ...)[:2]
+      self.state.update(encoder=encoder, tokenizer=tokenizer,
+                        params=nnx.to_pure_dict(abstract), reader=RunCheckpoints(self.job.run))
+    st = self.state
+    # the same graph: the cached analysis program, no recompilation
+    return with_params(st["encoder"], st["reader"].encoder(step, st["params"])), st["tokenizer"]
+
+  def close(self) -> None:
+    if "reader" in self.state:
+      self.state["reader"].close()
+
+
+def _checkpoints(ctx: engine.Context, reader: _Reader) -> dict:
+  """``{step: `stages.Scores`}``: the device pass of every readable checkpoint (keyed by the
+  checkpoint's content, the exported model's, the data's and the settings); a damaged one is
+  set aside with one line."""
+  job: TrajectoryConfig = ctx.config
+  export = ctx.model(job.model_dir)
+  done = {}
+  for s in job.steps:
+    identity = {"checkpoint": ctx.files(Path(job.checkpoints) / str(s)), "export": export}
+    try:
+      done[s] = stages.scores(ctx, "checkpoints", f"step_{s}", job.analysis(s), model=identity,
+                              loaded=lambda s=s: reader.model(s), log=lambda m: None,
+                              progress=job.progress)
+    except DamagedCheckpoint as e:
+      ctx.sub(f"step {s}: the checkpoint cannot be read ({e}); set aside (left out of the "
+              "trajectory, the run's files untouched), going on with the rest")
+  if not done:
+    raise UserError(f"no checkpoint in {job.checkpoints} could be read; nothing to draw")
+  return done
+
+
+def _table(ctx: engine.Context):
+  """trajectory.csv and its figure: a row per checkpoint from its device pass's files (host
+  statistics: `checkpoint_row`); keyed by their finish times and the rule."""
+  job: TrajectoryConfig = ctx.config
+  done = ctx.results["checkpoints"]   # {step: its device pass}
+  out = Path(job.out)
+  key = unit_key({"rule": job.rule}, inputs={str(s): r.finished for s, r in done.items()})
+  windows = layer_windows(job.model_dir)
+
+  def fn():
+    rows = []
+    for s, r in done.items():
+      scores, m = contract.read_scores(r.out), contract.read_measures(r.out)
+      rows.append({"step": int(s), **checkpoint_row(
+          scores.sieve_bias, m["token_attention"], scores.lengths, scores.roles,
+          entropy=m["entropy"], rule=job.rule, windows=windows)})
+    frame = pd.DataFrame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (TRAJECTORY_CSV + ".tmp")
+    frame.to_csv(tmp, index=False)
+    tmp.replace(out / TRAJECTORY_CSV)
+    plot_trajectory(frame, out / TRAJECTORY_PNG, dpi=110)
+    return {"csv": str(out / TRAJECTORY_CSV), "figure": str(out / TRAJECTORY_PNG)}
+
+  res = engine.run_unit(ctx, "table", "table", key, fn,
+                        clean=[out / TRAJECTORY_CSV, out / TRAJECTORY_PNG,
+                               (out / TRAJECTORY_PNG).with_suffix(".svg")],
+                        intact=lambda: None if (out / TRAJECTORY_CSV).is_file()
+                        else f"{out / TRAJECTORY_CSV} is missing")
+  for row in pd.read_csv(out / TRAJECTORY_CSV).to_dict("records"):
+    ctx.sub(f"step {row['step']}: " + ", ".join(f"{k[6:]} {100 * v:.0f}%" for k, v in row.items()
+                                                if k.startswith("share_"))
+            + f", sinks {100 * row['sink_rate']:.0f}%")
+  ctx.sub(f"wrote {res.outputs['csv']} and {res.outputs['figure']}")
+  return res
+
+
+def trajectory_stages(job: TrajectoryConfig, reader: _Reader) -> list[engine.Stage]:
+  """``checkpoints`` (the device pass of each, `stages.scores`) and ``table`` (host)."""
+  return [engine.Stage("checkpoints", f"{len(job.steps)} checkpoint(s) of {job.run} analysed "
+                       "on " + ", ".join(job.data), functools.partial(_checkpoints, reader=reader),
+                       outputs=("checkpoints",)),
+          engine.Stage("table", "trajectory.csv and its figure", _table, reads=("checkpoints",),
+                       outputs=(TRAJECTORY_CSV, TRAJECTORY_PNG, "trajectory.svg"))]
