@@ -177,6 +177,12 @@ DATA_PATHS = ("data.sources", "data.glue_dir", "squad.train_file", "squad.eval_f
 FIXED = ("task", "model.size", "model.max_position_embeddings", "tokenizer")
 
 
+# the values of heads_jax.training.steps.DROPOUT_RNGS and heads_jax.model.heads.MLM_LOGITS
+# (here without importing jax: the settings are checked before anything heavy is loaded)
+DROPOUT_RNGS = ("threefry2x32", "rbg", "unsafe_rbg")
+MLM_LOGITS = ("float32", "padded")
+
+
 def check_training_config(config) -> None:
   """Refuses values no training run can use, before any data is read or device work done:
   ``batch_size`` and ``num_train_steps`` must be positive integers, the learning rate a finite
@@ -198,6 +204,14 @@ def check_training_config(config) -> None:
   if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
     raise UserError(f"optimizer.learning_rate must be a finite number >= 0, got {lr!r}: e.g. "
                     f"--config.optimizer.learning_rate=1e-4")
+  for name, value, allowed in (("dropout_rng", config.get("dropout_rng"), DROPOUT_RNGS),
+                               ("mlm_logits", config.get("mlm_logits"), MLM_LOGITS)):
+    if value is not None and value not in allowed:
+      raise UserError(f"{name} must be one of {', '.join(allowed)}, got {value!r}: e.g. "
+                      f"--config.{name}={allowed[0]}")
+  if o.get("flat", False) and o.get("name", "lamb") != "lamb":
+    raise UserError(f"optimizer.flat exists for LAMB only (optimizer.name is {o.name!r}): set "
+                    f"--config.optimizer.flat=false")
 
 
 def flat(d: dict, prefix: str = "") -> dict:

@@ -67,3 +67,17 @@ def test_the_loop_says_when_the_input_starves_the_device(capsys):
 def test_no_line_when_the_input_keeps_up(capsys):
   out = _run(0.0, capsys)
   assert "step 6/6" in out and "starves" not in out
+
+
+def test_the_new_settings_are_checked_before_device_work():
+  from heads_jax.errors import UserError
+  from heads_jax.model.heads import MLM_LOGITS
+  from heads_jax.training import steps
+  assert configlib.DROPOUT_RNGS == steps.DROPOUT_RNGS and configlib.MLM_LOGITS == MLM_LOGITS
+  for override, message in (("dropout_rng=philox", "dropout_rng must be one of"),
+                            ("mlm_logits=bf16", "mlm_logits must be one of"),
+                            ("optimizer.name=adamw", "optimizer.flat exists for LAMB only")):
+    c = configlib.load_config("configs/pretrain.py:bert_base", [override])
+    with pytest.raises(UserError, match=message):
+      configlib.check_training_config(c)
+  configlib.check_training_config(configlib.load_config("configs/pretrain.py:bert_base"))
