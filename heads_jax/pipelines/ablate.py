@@ -517,7 +517,8 @@ def ablation_stages(config: AblationConfig, run: AblationRun, jobs, prefix: str 
         return {"files": files, "record": r.record, "lines": r.log_lines, "notes": r.notes}
 
       res = engine.run_unit(ctx, prefix + job.name, job.name, key, fn,
-                            clean=[out / f"{s}.{e}" for s in job.stems for e in ("csv", "npy")])
+                            clean=[out / f"{s}.{e}" for s in job.stems for e in ("csv", "npy")],
+                            intact=lambda: _missing([out / f"{job.stems[0]}.csv"]))
       for line in res.outputs["lines"]:
         ctx.sub(line)
       return res
@@ -535,7 +536,9 @@ def ablation_stages(config: AblationConfig, run: AblationRun, jobs, prefix: str 
                                "title": config.title})   # the title: cosmetic for a result, not here
     res = engine.run_unit(ctx, report_name, REPORT, key,
                           lambda: _write_report(config, base.outputs, parts),
-                          clean=[out / contract.REPORT_HTML, out / runfiles.ABLATION_JSON])
+                          clean=[out / contract.REPORT_HTML, out / runfiles.ABLATION_JSON],
+                          intact=lambda: _missing([out / contract.REPORT_HTML,
+                                                   out / runfiles.ABLATION_JSON]))
     ctx.sub(f"report: {res.outputs['report']}")
     return res
 
@@ -599,6 +602,13 @@ def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
          **{n: p.outputs["record"] for n, p in parts.items()}, "report": str(report)}
   runfiles.write_ablation_json(out, doc)
   return doc
+
+
+def _missing(paths) -> str | None:
+  """None when every path exists, else which is missing (`engine.run_unit`'s ``intact``: a
+  part whose file was deleted runs again instead of being reused over nothing)."""
+  gone = [str(p) for p in paths if not Path(p).exists()]
+  return f"{gone[0]} is missing" if gone else None
 
 
 def _grid(table: pd.DataFrame, column: str) -> np.ndarray:

@@ -223,6 +223,16 @@ def test_rerun_reuses_and_a_changed_input_reruns_its_readers(tiny_dir, tmp_path,
   # --redo one stage: it (and what reads it) reruns, the others are reused
   _, states, _ = run(redo="report")
   assert states == {"baseline": "reused", "ablation": "reused", "report": "run"}
+  # a deleted output: its unit runs again and says which file (before: "done earlier,
+  # reused" over nothing; issue 43 item 6)
+  (out / "report.html").unlink()
+  _, states, lines = run()
+  assert states == {"baseline": "reused", "ablation": "reused", "report": "run"}
+  assert any("report.html is missing; running it again" in line for line in lines)
+  assert (out / "report.html").is_file()
+  (out / "ablation.csv").unlink()
+  _, states, _ = run()
+  assert states == {"baseline": "reused", "ablation": "run", "report": "run"}
   # the model replaced by another behind the same path (its analysis too): everything reruns
   import shutil
   shutil.rmtree(model)
