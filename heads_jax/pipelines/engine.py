@@ -25,6 +25,7 @@ that reads it (`dependents`). Each stage prints one line when it starts and one 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import time
 from pathlib import Path
@@ -170,10 +171,25 @@ def dependents(stages, name: str) -> tuple[str, ...]:
 
 
 def reset_stage(workdir, stage: Stage) -> None:
-  """Removes ``stage``'s markers and outputs, so that it runs again from nothing."""
-  Markers(workdir).clear(stage.name)
+  """Removes ``stage``'s markers and outputs, so that it runs again from nothing. A path that
+  cannot be removed (a folder not writable) stops with one line before anything is removed, and
+  one left behind after the removal stops too: the stage is never "reused" over a half removal."""
+  markers = Markers(workdir)
+  paths = [markers.root / stage.name, markers.root / f"{stage.name}.json",
+           *(Path(workdir) / rel for rel in stage.outputs)]
+  present = [p for p in paths if p.exists() or p.is_symlink()]
+  blocked = [p for p in present
+             if not os.access(p.parent, os.W_OK) or (p.is_dir() and not os.access(p, os.W_OK))]
+  if blocked:
+    raise UserError(f"--redo {stage.name}: {blocked[0]} cannot be removed (its folder is not "
+                    "writable); make it writable and run the command again (nothing was removed)")
+  markers.clear(stage.name)
   for rel in stage.outputs:
     _remove(Path(workdir) / rel)
+  left = [p for p in present if p.exists()]
+  if left:
+    raise UserError(f"--redo {stage.name}: {left[0]} could not be removed; remove it by hand "
+                    "(or make it writable) and run the command again")
 
 
 def minutes(seconds: float) -> str:
@@ -217,8 +233,9 @@ def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after
   """`run_pipeline` under its work directory's lock."""
   say = log if progress else (lambda m: None)
   markers = Markers(workdir)
-  for stage in stages if redo == "all" else [stages[names.index(redo)]] if redo else []:
-    reset_stage(workdir, stage)
+  # each stage to redo is reset just before it runs: a stage that fails on its inputs (a model
+  # path that does not exist) leaves the later stages' results as they were
+  again = set(names) if redo == "all" else {redo} if redo else set()
   results, finished = {}, {}
   took = {s.name: float((markers.read_stage(s.name) or {}).get("seconds") or 0.0)
           for s in stages}
@@ -227,6 +244,8 @@ def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after
     ctx = Context(config, workdir, markers, log, tuple(tasks), results=results,
                   finished=finished, seconds=took)
     say(f"[{i}/{n}] {stage.name}: {stage.text}")
+    if stage.name in again:
+      reset_stage(workdir, stage)
     t0 = time.time()
     results[stage.name] = stage.run(ctx)
     seconds = time.time() - t0

@@ -219,3 +219,24 @@ def test_a_unit_whose_outputs_are_missing_runs_again(tmp_path):
   again = run_unit(ctx, "s", "u", {"k": 1}, fn, clean=[out], intact=intact)
   assert not again.reused and out.read_text() == "x"
   assert any(f"{out} is missing; running it again" in line for line in lines)
+
+
+def test_redo_removes_a_stage_only_when_it_runs(tmp_path):
+  """``--redo all`` whose first stage fails on its input (a model path that does not exist)
+  leaves every later stage's results as they were (issue 43 item 6: before, everything was
+  removed first, then the error came)."""
+  out = tmp_path / "later.txt"
+
+  def first(ctx):
+    if ctx.config == "typo":
+      raise UserError("--model typo does not exist")
+    return run_unit(ctx, "first", "u", {}, lambda: 1)
+
+  def later(ctx):
+    return run_unit(ctx, "later", "u", {}, lambda: out.write_text("result") and 2, clean=[out])
+  plan = (Stage("first", "", first), Stage("later", "", later, reads=("first",),
+                                           outputs=("later.txt",)))
+  run_pipeline(plan, tmp_path, config="ok", log=lambda m: None)
+  with pytest.raises(UserError, match="typo"):
+    run_pipeline(plan, tmp_path, config="typo", redo="all", log=lambda m: None)
+  assert out.read_text() == "result"
