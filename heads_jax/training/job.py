@@ -17,9 +17,10 @@
 6. ``train``: the loop with its throughput meter (tokens/s, MFU) and metrics writer, closing
    the checkpoint manager, the writer and the batch stream however it ends: SIGTERM and Ctrl-C
    are flags the loop reads after each step's host work, so the step they land in is saved, then
-   the run exits with 143 (SIGTERM) or 130 (Ctrl-C; a second one stops at once after the save in
-   flight is finished); a failed save, asynchronous or not (a full disk), stops the run at once
-   with one line naming the checkpoint (the partial save removed, the previous one intact);
+   the run exits with 143 (SIGTERM) or 130 (Ctrl-C); a second signal of either stops at once,
+   also in a long evaluation, after the save in flight is finished; a failed save,
+   asynchronous or not (a full disk), stops the run at once with one line naming the checkpoint
+   (the partial save removed, the previous one intact);
    in cloud storage the writer's uploads wait for Orbax's finalisation (never concurrent on one
    filesystem object: the hang of issue 28);
 7. ``export``: the final model as a heads_jax and a Hugging Face directory (written locally and
@@ -261,11 +262,13 @@ class TrainingJob:
         raise UserError(f"{e}; lower the learning rate (now {lr:g}, e.g. "
                         f"--config.optimizer.learning_rate={lr / 4:g}) or lengthen the warm-up "
                         f"(--config.optimizer.warmup_steps), or check the data") from None
-      except KeyboardInterrupt:  # a second Ctrl-C
+      except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM
         # Finish the save in flight (an abandoned one ends in asyncio tracebacks at exit).
         self._close_all(batches, writer)
-        self._stop(130, f"interrupted (Ctrl-C); {self.ckpts.note()}; run the same command again "
-                        f"to resume")
+        term = flag.second == "SIGTERM"
+        self._stop(143 if term else 130,
+                   f"{'stopped by a second SIGTERM' if term else 'interrupted (Ctrl-C)'}; "
+                   f"{self.ckpts.note()}; run the same command again to resume")
       except Exception as e:
         self._close_all(batches, writer)
         self._save_failed(e)

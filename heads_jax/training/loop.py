@@ -142,7 +142,8 @@ class StopFlag:
   its checkpoint and returns; the caller reads ``stop`` and ``signal`` (``"SIGTERM"`` or
   ``"SIGINT"``, the first one received) afterwards (``heads_jax.training.job`` then exits with
   143 or 130). No exception is raised inside the step, so none lands in Orbax's threads; a second
-  Ctrl-C raises ``KeyboardInterrupt`` (to stop at once). Re-entrant: the job holds it over the
+  signal (Ctrl-C or SIGTERM) raises ``KeyboardInterrupt`` in the main thread (to stop at once,
+  e.g. during a long evaluation; ``second`` names it). Re-entrant: the job holds it over the
   loop and the closing of the checkpoints, the loop enters it again."""
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -150,6 +151,7 @@ class StopFlag:
   def __init__(self):
     self.stop = False
     self.signal: str | None = None
+    self.second: str | None = None
     self._old: dict = {}
     self._depth = 0
 
@@ -164,7 +166,8 @@ class StopFlag:
     return self
 
   def _handle(self, signum, _frame):
-    if self.stop and signum == signal.SIGINT:
+    if self.stop:  # a second signal: stop now (in a long evaluation too); ``second`` says which
+      self.second = signal.Signals(signum).name
       raise KeyboardInterrupt
     self.stop = True
     self.signal = self.signal or signal.Signals(signum).name

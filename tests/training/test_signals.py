@@ -123,3 +123,34 @@ def test_a_failed_async_save_stops_at_once_with_one_line(tmp_path, mode, why):
   assert steps == [2]
   assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["2"]
   assert lines == ["heads-jax fake: error: " + why.format(run=run, ck=run / "checkpoints")]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_stops_a_long_evaluation_within_seconds(tmp_path, signum):
+  """The first signal waits for the step's host work; a second one (Ctrl-C or SIGTERM) during a
+  long evaluation stops at once, the last checkpoint intact."""
+  import time
+  ckpts = checkpointing.Checkpoints(tmp_path / "checkpoints", save_interval_steps=2)
+
+  def train_step(state, batch):
+    k = int(state["step"]) + 1
+    return ({"step": np.int32(k), "params": {"w": state["params"]["w"] + 1}},
+            {"loss": np.float32(1.0), "grad_norm": np.float32(1.0)})
+
+  def eval_fn(state, step):
+    os.kill(os.getpid(), signum)
+    os.kill(os.getpid(), signum)
+    time.sleep(60)   # a long evaluation the second signal cuts short
+    return {}
+
+  flag = loop.StopFlag()
+  state = {"step": np.int32(0), "params": {"w": np.zeros((4,), np.float32)}}
+  t0 = time.perf_counter()
+  with pytest.raises(KeyboardInterrupt):
+    loop.train_loop(state=state, train_step=train_step, batches=iter(lambda: {"x": np.zeros(8)}, None),
+                    mesh=data_mesh(), start_step=0, total_steps=8, ckpts=ckpts, writer=None,
+                    throughput=None, log_every=1, eval_every=3, eval_fn=eval_fn, print_fn=None,
+                    stop_flag=flag)
+  ckpts.close()
+  assert time.perf_counter() - t0 < 30
+  assert flag.second == signal.Signals(signum).name and ckpts.all_steps() == [2]
