@@ -35,6 +35,7 @@ from heads_jax.hoststats.clustering import cluster_heads
 from heads_jax.hoststats.hypothesis import hypothesis_tests
 from heads_jax.hoststats.roles import assignment_array, coarse_roles_by_layer, format_roles_by_layer
 from heads_jax.hoststats.summary import computed_roles, summary_figures
+from heads_jax.hoststats.terms import term_share_summary
 from heads_jax.model.loading import layer_windows, load_model
 from heads_jax.pipelines.device_pass import compute_scores, write_scores
 from heads_jax.pipelines.robustness import ensure_robustness_pass, robustness_host
@@ -256,11 +257,13 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
   if scores.lengths is None:
     raise UserError(f"{out / contract.SCORES_FILE} holds no lengths (an old file?): re-run the "
                     "analysis with --overwrite")
-  entropy = None
+  entropy = term_shares = None
   if (out / contract.MEASURES_FILE).is_file():  # the row entropy: near-uniform heads
     m = contract.read_measures(out)
     if np.array_equal(m["lengths"], scores.lengths):  # not a stale file of another run
       entropy = m["entropy"]
+      if "term_shares" in m:  # DeBERTa: each head's c2c / c2p / p2c share
+        term_shares = term_share_summary(m["term_shares"], m["term_names"])
   tests, settings = apply_rule(tests, settings, scores.sieve_bias, scores.roles, scores.lengths,
                                rule=cfg.rule, entropy=entropy,
                                near_uniform_nats=cfg.near_uniform_nats,
@@ -268,6 +271,8 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
   contract.write_tests(tests, settings, out)
   summary = summary_figures(scores.sieve_bias, scores.roles, tests, rule=cfg.rule,
                             near_uniform_computed=entropy is not None, tau=settings["tau"])
+  if term_shares is not None:
+    summary["term_shares"] = term_shares
   contract.write_summary(summary, out)
   clusters, info = cluster_heads(scores.distance, k=cfg.clusters, method=cfg.cluster_method, seed=cfg.seed)
   contract.write_clusters(clusters, info, out)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from heads_jax import contract
+from heads_jax.hoststats.terms import mean_term_shares
 from heads_jax.report.figures import clark
 from heads_jax.report.figures.common import DEFAULT_DPI
 from heads_jax.report import spec
@@ -30,9 +31,12 @@ def measures_sections(measures: dict | str | Path, fig_dir, *, num_layers: int |
   names = tuple(m.get("token_measures", clark.TOKEN_MEASURE_LABELS))
   mean_len = float(np.mean(m["lengths"])) if "lengths" in m and len(m["lengths"]) else None
   js = np.asarray(m["js"], float) if "js" in m else None
+  # DeBERTa: each head's share of its logits' variance from the c2c, c2p and p2c terms
+  shares = mean_term_shares(m["term_shares"]) if "term_shares" in m else None
   drawn = spec.draw("measures", spec.Inputs(
       entropy=entropy, cls_entropy=cls_ent, mean_length=mean_len, token_attention=token,
-      token_names=names, js=js, num_layers=num_layers or L, num_heads=num_heads or H),
+      token_names=names, js=js, num_layers=num_layers or L, num_heads=num_heads or H,
+      term_shares=shares, term_names=m.get("term_names")),
       fig_dir, dpi=dpi)
   figure = {name: spec.figures_html({name: path}) for name, path in drawn.items()}
   per_layer = pd.DataFrame({"layer": np.arange(L), "entropy (mean over heads)": entropy.mean(1),

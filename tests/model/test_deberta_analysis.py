@@ -106,3 +106,10 @@ def test_term_shares_in_the_measures(run):
                                             return_term_shares=True)["term_shares"])
                            for b in batches])
   np.testing.assert_allclose(shares, expect, atol=1e-5)
+  # summary.json: the means over the sequences, and the report's figure of them.
+  summary = json.loads((out / "summary.json").read_text())["term_shares"]
+  assert summary["terms"] == ["c2c", "c2p", "p2c"] and summary["num_sequences"] == n
+  np.testing.assert_allclose(np.array(summary["per_head"], float), shares.mean(0), atol=1e-4)
+  assert len(summary["positional_heads"]) + len(summary["content_heads"]) == layers * heads
+  assert (out / "figures" / "measures_term_shares.png").is_file()
+  assert "One panel per term; each cell is one head" in (out / "report.html").read_text()

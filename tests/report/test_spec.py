@@ -25,7 +25,10 @@ def fixture():
                   "cls_entropy": rng.uniform(0.5, 2.5, (4, L, H)),
                   "token_attention": rng.dirichlet(np.ones(5), (4, L, H)),
                   "lengths": np.array([8, 9, 10, 11]),
-                  "js": (lambda a: (a + a.T) / 2 * (1 - np.eye(L * H)))(rng.uniform(0.1, 0.6, (L * H,) * 2))}
+                  "js": (lambda a: (a + a.T) / 2 * (1 - np.eye(L * H)))(rng.uniform(0.1, 0.6, (L * H,) * 2)),
+                  # a DeBERTa analysis' term shares (c2c, c2p, p2c)
+                  "term_shares": rng.dirichlet(np.ones(3), (4, L, H)),
+                  "term_names": ("c2c", "c2p", "p2c")}
   groups = pd.DataFrame({"group": ["none", "dense", "vertical"],
                          "kind": ["baseline", "cluster", "cluster"], "num_heads": [0, 2, 1],
                          "ablation": ["none", "remove", "remove"], "accuracy": [0.9, 0.8, 0.85],
