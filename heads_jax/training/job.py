@@ -328,10 +328,20 @@ class TrainingJob:
     """Writes the model with ``params`` to ``workdir/model_dir`` (heads_jax) and
     ``workdir/hf_dir`` (Hugging Face); returns both paths."""
     model = steps.merge_model(self.parts, steps.to_host(params))
-    with staged_output(self.dir.sub(model_dir), fetch_existing=False) as local:
-      save_model(model, local, tokenizer, id2label=id2label)
-    with staged_output(self.dir.sub(hf_dir), fetch_existing=False) as local:
-      export_hf(model, tokenizer, local, id2label=id2label)
+    for what, sub, write in (("heads_jax model", model_dir, save_model), ("Hugging Face model",
+                                                                          hf_dir, export_hf)):
+      target = self.dir.sub(sub)
+      try:
+        with staged_output(target, fetch_existing=False) as local:
+          write(model, local, tokenizer, id2label=id2label)
+      except Exception as e:  # a full disk (safetensors says it in a SafetensorError): one line
+        if not _no_space(e):
+          raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise UserError(f"no space left on the device while writing the {what} to "
+                        f"{display(target)} ({first}); the run's checkpoints are intact: free "
+                        f"some space and run the same command again (it exports without "
+                        f"training again)") from None
     return {"heads_jax": display(self.dir.sub(model_dir)), "hf": display(self.dir.sub(hf_dir))}
 
   def export_best(self, state, best_ckpts, best: dict, tokenizer, *,
@@ -399,7 +409,7 @@ def _no_space(error: BaseException) -> bool:
     seen.add(id(error))
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
       return True
-    if "No space left on device" in str(error):
+    if any(t in str(error) for t in ("No space left on device", "StorageFull", "os error 28")):
       return True
     error = error.__cause__ or error.__context__
   return False

@@ -263,3 +263,30 @@ def test_a_damaged_data_identity_is_one_line_naming_it(tmp_path):
   (wd / "data_identity.json").unlink()
   j.check_data({"a": "1 bytes, sha256 0"})      # removed: the current data is recorded
   j.close()
+
+
+def test_a_full_disk_during_the_export_is_one_line(tmp_path, monkeypatch):
+  """safetensors reports a full disk as a SafetensorError (not an OSError): one UserError line
+  naming what was being written, not a traceback."""
+  class SafetensorError(Exception):
+    pass
+
+  def no_space(model, local, tokenizer, id2label=None):
+    raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                          'message: "No space left on device" })')
+
+  wd = tmp_path / "run"
+  j = job_lib.TrainingJob(_tiny(), wd)
+  monkeypatch.setattr(job_lib.steps, "merge_model", lambda parts, params: object())
+  monkeypatch.setattr(job_lib, "save_model", lambda model, local, tok, id2label=None:
+                      (local / "written").write_text("ok"))
+  monkeypatch.setattr(job_lib, "export_hf", no_space)
+  with pytest.raises(UserError) as e:
+    j.export({"w": 1.0}, None, "model", "hf")
+  text = str(e.value)
+  assert "\n" not in text and text.startswith("no space left on the device while writing the "
+                                              f"Hugging Face model to {wd / 'hf'} (Error while")
+  assert "run the same command again" in text and (wd / "model" / "written").exists()
+  monkeypatch.setattr(job_lib, "export_hf", lambda *a, **k: (_ for _ in ()).throw(ValueError("x")))
+  with pytest.raises(ValueError):   # anything else is not a disk problem: raised as it is
+    j.export({"w": 1.0}, None, "model", "hf")
