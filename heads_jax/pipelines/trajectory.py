@@ -60,7 +60,7 @@ from heads_jax.hoststats.roles import assignment_array, coarse_roles
 from heads_jax.hoststats.sinks import SINK_THRESHOLD
 from heads_jax.model.loading import layer_windows, load_model, model_config
 from heads_jax.pipelines import engine, stages
-from heads_jax.pipelines.analysis import AnalysisConfig
+from heads_jax.pipelines.analysis import AnalysisConfig, few_sequences_warning
 from heads_jax.pipelines.keys import unit_key
 from heads_jax.report.figures.robustness import plot_trajectory
 from heads_jax.training.checkpointing import Checkpoints, check_shapes
@@ -402,6 +402,9 @@ def _table(ctx: engine.Context):
     plot_trajectory(frame, out / TRAJECTORY_PNG, dpi=110)
     return {"csv": str(out / TRAJECTORY_CSV), "figure": str(out / TRAJECTORY_PNG)}
 
+  n = min(contract.read_scores(r.out).num_sequences for r in done.values())
+  if n < 2:  # the shares would read as 0% roles, 100% sinks
+    ctx.sub(f"warning: {few_sequences_warning(n)}")
   res = engine.run_unit(ctx, "table", "table", key, fn,
                         clean=[out / TRAJECTORY_CSV, out / TRAJECTORY_PNG,
                                (out / TRAJECTORY_PNG).with_suffix(".svg")],

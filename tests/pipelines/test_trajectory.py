@@ -238,3 +238,12 @@ def test_a_real_squad_run(tmp_path):
   assert table["step"].tolist() == [1, 2]
   assert [line.strip().split(":")[0] for line in logs if line.strip().startswith("step ")] == [
       "step 1", "step 2"]
+
+
+def test_one_sequence_says_no_test_can_run(tmp_path):
+  # Before (issue 43 item 6): 0% roles and 100% sinks without a word.
+  run = tmp_path / "run"
+  _run_with_checkpoints(run)
+  logs = []
+  run_trajectory(run, tmp_path / "out", log=logs.append, **dict(KW, max_examples=1))
+  assert any("only 1 sequence(s): no test can run" in line for line in logs)
