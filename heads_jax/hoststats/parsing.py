@@ -28,10 +28,13 @@ import pandas as pd
 from scipy import stats
 
 from heads_jax import contract
+from heads_jax.data import vocabulary
 from heads_jax.errors import UserError
 
 DIRECTIONS = ("dep2head", "head2dep")
-DEFAULT_RELATIONS = ("nsubj", "obj", "amod", "advmod")
+# the registry's one-relation roles, in its order: nsubj, obj, amod, advmod
+DEFAULT_RELATIONS = tuple(r.name for r in vocabulary.REGISTRY
+                          if r.sieve == vocabulary.SIEVE_RELATION and len(r.relations) == 1)
 MIN_ARCS = 100
 OFFSETS = (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)
 PARSER_COLUMNS = contract.PARSER_COLUMNS
