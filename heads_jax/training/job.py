@@ -151,7 +151,9 @@ class TrainingJob:
     `rows_identity` or `files_identity`) with the one this run was trained on
     (``data_identity.json``) and writes it. Other data on a resume is refused (one line naming
     the changed parts) unless ``config.allow_changes``, when the change is appended to
-    ``config_changes.jsonl``. Call it after ``create_dir``, before any device work."""
+    ``config_changes.jsonl``. Every process first checks that it reads the same data as
+    process 0 (``same_data_on_every_process``). Call it after ``create_dir``."""
+    self.same_data_on_every_process(identity)
     if not self.is_main:
       return
     file = self.dir.data_identity_file
@@ -176,6 +178,25 @@ class TrainingJob:
       self.print(f"resuming on changed data (recorded in {display(self.dir.config_changes_file)}"
                  f"): {what}")
     write_text(file, json.dumps(identity, indent=2))
+
+  def same_data_on_every_process(self, identity: dict) -> None:
+    """On several host processes: refuses (on all of them, one line naming the processes) a run
+    whose hosts read different training data (the digests of ``identity``'s contents differ
+    from process 0's), which would train every host on other examples without a word."""
+    if self.process_count == 1:
+      return
+    import numpy as np
+    from jax.experimental import multihost_utils
+    digest = np.frombuffer(hashlib.sha256(json.dumps(sorted(map(str, identity.values())))
+                                          .encode()).digest(), np.uint8)
+    main = np.asarray(multihost_utils.broadcast_one_to_all(digest))
+    agree = np.asarray(multihost_utils.process_allgather(np.asarray(np.array_equal(main, digest))))
+    bad = [i for i, ok in enumerate(np.ravel(agree)) if not ok]
+    if bad:
+      self.close()
+      raise UserError(f"the training data differ between the hosts: process(es) "
+                      f"{', '.join(map(str, bad))} read other files than process 0; give every "
+                      f"host the same data (the same paths with the same content)")
 
   def close(self) -> None:
     """Releases the work directory (the lock of ``create_dir``)."""

@@ -290,3 +290,20 @@ def test_a_full_disk_during_the_export_is_one_line(tmp_path, monkeypatch):
   monkeypatch.setattr(job_lib, "export_hf", lambda *a, **k: (_ for _ in ()).throw(ValueError("x")))
   with pytest.raises(ValueError):   # anything else is not a disk problem: raised as it is
     j.export({"w": 1.0}, None, "model", "hf")
+
+
+def test_every_process_checks_it_reads_the_same_data(tmp_path, monkeypatch):
+  """Several hosts: each compares its data's digest with process 0's (broadcast) and all refuse
+  when one differs (simulated: one process, the collectives stubbed)."""
+  import numpy as np
+  from jax.experimental import multihost_utils
+  j = job_lib.TrainingJob(_tiny(), tmp_path / "run")
+  j.same_data_on_every_process({"a": "x"})          # one process: nothing to compare
+  j.process_count = 3
+  monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", lambda x: x)
+  monkeypatch.setattr(multihost_utils, "process_allgather",
+                      lambda ok: np.array([True, bool(ok), False]))
+  with pytest.raises(UserError, match=r"process\(es\) 2 read other files than process 0"):
+    j.same_data_on_every_process({"a": "x"})
+  monkeypatch.setattr(multihost_utils, "process_allgather", lambda ok: np.array([True, True, True]))
+  j.same_data_on_every_process({"a": "x"})
