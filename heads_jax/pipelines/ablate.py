@@ -33,6 +33,7 @@ from heads_jax.data import glue
 from heads_jax.data.specs import parse_spec
 from heads_jax.errors import UserError
 from heads_jax.pipelines import engine
+from heads_jax.pipelines.comparison import same_model
 from heads_jax.pipelines.keys import unit_key
 from heads_jax.report import ablation as rep
 from heads_jax.report.page import write_page
@@ -120,20 +121,6 @@ def _analysis_files(ctx: engine.Context, config: AblationConfig, names) -> objec
   return {name: ctx.files(folder / name) for name in names if (folder / name).is_file()}
 
 
-def _same_model(analysed, model) -> bool | None:
-  """Whether an analysis's run-file model key ``analysed`` is the identity of ``model``
-  (`runfiles.model_identity`); None when it cannot tell (a key of an older form)."""
-  if isinstance(analysed, str):   # a URL
-    analysed = {"url": analysed}
-  elif isinstance(analysed, list):   # [[file, size, hash]] of a local model
-    analysed = {"files": analysed}
-  files = analysed.get("files") if isinstance(analysed, dict) else None
-  if files and not all(isinstance(f, list) and len(f) == 3 and isinstance(f[2], str)
-                       for f in files):
-    return None   # size and mtime (before content keys): says nothing of another copy
-  return runfiles.canonical(analysed) == runfiles.canonical(runfiles.model_identity(model))
-
-
 def check_analysis_model(config: AblationConfig, log=print) -> None:
   """Refuses (UserError) an ``--analysis`` directory whose run file says it analysed another
   model than ``--model`` (its roles or cluster types would be that model's); one line when the
@@ -149,7 +136,7 @@ def check_analysis_model(config: AblationConfig, log=print) -> None:
   except ValueError as e:
     raise UserError(f"--analysis {folder}: {e}") from None
   analysed = ((run or {}).get("inputs") or {}).get("model")
-  same = None if analysed is None else _same_model(analysed, config.model)
+  same = None if analysed is None else same_model(analysed, config.model)
   if same is None:
     log(f"note: --analysis {folder} does not record which model it analysed (no content key "
         f"of the model in its {contract.RUN_FILE}); make sure it is an analysis of {config.model}")

@@ -26,7 +26,8 @@ from heads_jax.errors import UserError
 from heads_jax.pipelines import engine, names, stages
 from heads_jax.pipelines.comparison import (  # noqa: F401 (the comparison's names, as before)
     ANALYSIS_FILES, COMPARISON_FILES, REPORT_FILES, SIMILARITY, SIMILARITY_FILE,
-    attention_similarity, attention_similarity_section, read_similarity, similarity_data)
+    attention_similarity, attention_similarity_section, check_models, read_similarity,
+    similarity_data)
 
 STAGES = names.COMPARE
 
@@ -39,6 +40,8 @@ def _check(before, after, out, before_model, after_model) -> None:
                       f"run `heads-jax analyze --out {d}` first")
   if bool(before_model) != bool(after_model):
     raise UserError("the attention similarity needs both --before-model and --after-model")
+  if before_model and after_model:
+    check_models(before, after, before_model, after_model)
   # a file, or another job's directory (an analysis: its report.html would be replaced)
   runfiles.check_dir(out, "comparison", flag="--out")
   for d in (before, after):

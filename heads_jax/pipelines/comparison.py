@@ -82,6 +82,37 @@ def attention_similarity_section(before_model, after_model, out, *, data=None, a
                             fig_dir=Path(out) / "figures")
 
 
+def same_model(analysed, model) -> bool | None:
+  """Whether an analysis's run-file model key ``analysed`` is the identity of ``model``
+  (`runfiles.model_identity`); None when it cannot tell (a key of an older form)."""
+  if isinstance(analysed, str):   # a URL
+    analysed = {"url": analysed}
+  elif isinstance(analysed, list):   # [[file, size, hash]] of a local model
+    analysed = {"files": analysed}
+  files = analysed.get("files") if isinstance(analysed, dict) else None
+  if files and not all(isinstance(f, list) and len(f) == 3 and isinstance(f[2], str)
+                       for f in files):
+    return None   # size and mtime (before content keys): says nothing of another copy
+  return runfiles.canonical(analysed) == runfiles.canonical(runfiles.model_identity(model))
+
+
+def check_models(before, after, before_model, after_model) -> None:
+  """Refuses (UserError) a ``before_model`` or ``after_model`` that is not the model its
+  analysis (``before``, ``after``: their run files) analysed: the similarity of two models would
+  be reported beside another model's role changes. Silent when an analysis does not record its
+  model's content."""
+  for flag, folder, model in (("--before-model", before, before_model),
+                              ("--after-model", after, after_model)):
+    try:
+      run = contract.read_run(folder)
+    except ValueError as e:
+      raise UserError(str(e)) from None
+    analysed = ((run or {}).get("inputs") or {}).get("model")
+    if analysed is not None and same_model(analysed, model) is False:
+      raise UserError(f"{flag} {model} is not the model the analysis {folder} analysed (the "
+                      f"model files differ): pass the model of that analysis, or analyse {model}")
+
+
 def comparison_work(before, after, out) -> list[str]:
   """Compares the analyses ``before`` and ``after`` into ``out`` (`COMPARISON_FILES`); returns
   the comparison's warnings."""

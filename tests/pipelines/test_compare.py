@@ -70,3 +70,20 @@ def test_rerun_reuses_and_a_changed_analysis_reruns(tmp_path):
   assert runfiles.read_job(out)["kind"] == "comparison"
   with pytest.raises(UserError, match="--redo 'bogus'"):
     run(redo="bogus")
+
+
+def test_a_model_that_is_not_the_analysed_one_is_refused(tiny_dir, tmp_path):
+  # Before (issue 43 item 6): accepted; its similarity reported beside the other model's roles.
+  from heads_jax import contract
+  before, after = _pair(tmp_path)
+  for d in (before, after):
+    contract.write_run(d, {"model": str(tiny_dir), "data": ["mrpc"]}, [],
+                       inputs={"model": runfiles.model_identity(tiny_dir), "data": []})
+  tok = load_tokenizer(None)
+  cfg = config_for("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64)
+  other = tmp_path / "other"
+  save_model(BertForSequenceClassification(cfg, 2, rngs=nnx.Rngs(5)), other, tok)
+  with pytest.raises(UserError, match="--after-model .* is not the model the analysis"):
+    run_compare(before, after, tmp_path / "cmp", before_model=tiny_dir, after_model=other,
+                data="mrpc", log=lambda m: None)
+  assert not (tmp_path / "cmp").exists()
