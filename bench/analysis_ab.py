@@ -270,7 +270,7 @@ def _long_row(p, s: dict, extra: dict, steps: int, reps: int, mesh) -> None:
     if name not in compiled:
       continue
     fn = compiled[name]
-    secs = _median_seconds(lambda: fn(*prog[1]), max(1, steps // 2), reps)
+    secs = _median_seconds(lambda: fn(*prog[1]), max(1, steps // 2), min(reps, 2))
     bare = bare or secs
     mem = fn.memory_analysis()
     temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None

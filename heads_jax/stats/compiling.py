@@ -25,6 +25,7 @@ the compile-count test counts.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import itertools
 import queue
@@ -46,10 +47,26 @@ _COMPILER: list = []              # the background compile thread, started on fi
 _START = threading.Lock()
 
 
+_STOP = threading.Event()         # set at interpreter exit: queued compilations are dropped
+
+
 def _compile_loop():
   while True:
     _, _, build = _QUEUE.get()
+    if _STOP.is_set() or build is None:
+      return
     build()
+
+
+def _stop_compiling(timeout: float = 300.0) -> None:
+  """At interpreter exit: drop the queued compilations and wait for the one under way. A daemon
+  thread still inside XLA when Python finalises is unwound by force, which XLA's C++ turns into
+  "FATAL: exception not rethrown" (e.g. after a run stopped on an error while the second pass's
+  programs were still queued)."""
+  _STOP.set()
+  if _COMPILER:
+    _QUEUE.put((float("-inf"), -1, None))
+    _COMPILER[0].join(timeout)
 
 
 def _in_background(build, priority: int) -> None:
@@ -58,6 +75,7 @@ def _in_background(build, priority: int) -> None:
       thread = threading.Thread(target=_compile_loop, name="heads_jax-compile", daemon=True)
       thread.start()
       _COMPILER.append(thread)
+      atexit.register(_stop_compiling)
   _QUEUE.put((priority, next(_ORDER), build))
 
 
