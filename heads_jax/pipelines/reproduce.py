@@ -320,6 +320,19 @@ def rows_key(task_data: dict, role: str) -> dict:
   return {"split": r["split"], "idx": r["idx"], "content": task_data["files"][r["split"]]}
 
 
+def majority_share(rows) -> dict:
+  """``{"majority": share of the most frequent label, "n": rows}`` of the evaluation rows the
+  best dev score was measured on: the bar a classifier must beat for a fine-tuning verdict
+  (`heads_jax.hoststats.paper.beats_majority`); majority None for a regression task."""
+  labels = [r.label for r in rows if r.label is not None]
+  if not labels or any(isinstance(x, float) and not float(x).is_integer() for x in labels):
+    return {"majority": None, "n": len(labels)}
+  counts: dict = {}
+  for x in labels:
+    counts[x] = counts.get(x, 0) + 1
+  return {"majority": max(counts.values()) / len(labels), "n": len(labels)}
+
+
 def pick_best(results: dict) -> tuple[str, object]:
   """The grid point with the highest best-dev score (first one on ties): ``(name, result)``."""
   if not results:
@@ -353,6 +366,7 @@ def stage_finetune(ctx: Context) -> dict:
     runfiles.write_best(ctx.workdir, task, {
         "task": task, "best_run": best_name, "model": best.model, "metric": best.metric,
         "score": best.score, "best": best.best,
+        "eval_labels": majority_share(task_rows(config, task, task_data)[1]),
         "grid": {k: {"batch_size": v.batch_size, "learning_rate": v.learning_rate,
                      "score": v.score, "metric": v.metric} for k, v in results.items()},
         "finished": {k: v.finished for k, v in results.items()}})

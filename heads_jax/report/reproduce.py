@@ -256,8 +256,22 @@ def run_figures(results: dict, rule: str = RULE) -> paper.RunFigures:
   for t, best in (results.get("finetune") or {}).items():
     if best and best.get("best"):
       finetune[t] = {k: v for k, v in best["best"].items() if isinstance(v, (int, float))}
+      labels = best.get("eval_labels") or {}   # the bar a fine-tuning verdict needs
+      finetune[t].update({k: labels[k] for k in ("majority", "n") if labels.get(k) is not None})
   return paper.RunFigures(tasks=tuple(results["tasks"]), analyses=analyses, pooled=pooled,
-                          finetune=finetune)
+                          finetune=finetune, model=_model_words(results))
+
+
+def _model_words(results: dict) -> str:
+  """The analysed model in words for the verdicts' details: its name and shape."""
+  for per in (results.get("per_task") or {}).values():
+    for fig in per.values():
+      a = fig.get("analysis") if isinstance(fig, dict) else None
+      if a is not None:
+        l, h = np.shape(a.assigned)[:2]
+        name = Path(str((results.get("pretrained") or {}).get("model") or "")).name
+        return f"{name or 'the model'} ({l} layers x {h} heads)"
+  return ""
 
 
 def _shown(c: paper.Claim, value) -> str:
@@ -602,7 +616,10 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
        "tau) and the paper's four coarse tests. Verdicts follow the rules of DESIGN.md section 3 "
        f"(\"Verdicts\"): {counts[paper.HOLDS]} hold, {counts[paper.FAILS]} do not hold, "
        f"{counts[paper.NOT_COMPUTABLE]} are not computable here (the reason is in "
-       f"<i>detail</i>) and {counts[paper.NOT_COMPARABLE]} are not comparable: Guan et al. "
+       f"<i>detail</i>), {counts[paper.NOT_COMPARABLE_MODEL]} are not comparable because "
+       "this is not Pande et al.'s model (BERT-base: their numbers and layer placements are "
+       "shown beside this run's without a verdict; statements about the method are still "
+       f"judged) and {counts[paper.NOT_COMPARABLE]} are not comparable: Guan et al. "
        "analysed BERT-large fine-tuned on SQuAD, so their rows show this run's value without a "
        "verdict (the guan pipeline, <code>configs/reproduce.py:guan</code>, judges them in their "
        "setting).</p>"
