@@ -429,6 +429,11 @@ def _check_inputs(config: AblationConfig, log) -> None:
   classifier's task, the analysis's model."""
   check_config(config)
   runfiles.check_dir(config.out, "ablation", flag="--out")  # a file, another job's directory
+  job = runfiles.read_job(config.out) if Path(config.out).is_dir() else None
+  if job and job.get("model") not in (None, str(config.model)):
+    raise UserError(f"--out {config.out} holds the ablation of {job['model']}, not of --model "
+                    f"{config.model}: its files would be mixed with this model's; choose "
+                    "another --out")
   if evaluate.is_squad_spec(config.data):
     if config.importance or config.prune or config.finetune_data:
       raise UserError("--importance, --prune and --finetune-data are for GLUE classifiers; a "

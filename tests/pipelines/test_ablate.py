@@ -337,3 +337,14 @@ def test_squad_scores_are_shown_in_percent(tmp_path):
   assert table["f1"].max() <= 1   # fractions in the file
   row = table.iloc[1]
   assert f"exact_match {100 * row['exact_match']:.2f} ({100 * row['exact_match_change']:+.2f})" in text
+
+
+def test_out_of_another_models_ablation_is_refused_before_loading(tmp_path, monkeypatch):
+  # Before (issue 43 item 6): the first model's importance files stayed beside the second's.
+  import heads_jax.pipelines.ablate as ablate_mod
+  monkeypatch.setattr(ablate_mod, "_load", lambda config: pytest.fail("loaded the model"))
+  out = tmp_path / "out"
+  runfiles.claim_dir(out, "ablation", model=str(tmp_path / "model_a"), data="mrpc")
+  cfg = AblationConfig(model=str(tmp_path / "model_b"), data="mrpc", out=str(out), by="layer")
+  with pytest.raises(UserError, match="holds the ablation of .*model_a, not of --model"):
+    run_ablation(cfg, log=lambda m: None)
