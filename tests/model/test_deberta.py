@@ -411,3 +411,22 @@ def test_term_share_summary():
   np.testing.assert_allclose(np.array(s["per_layer"], float), [[0.6, 0.225, 0.175]], atol=1e-4)
   assert s["positional_heads"] == ["0:0"] and s["content_heads"] == ["0:1"]
   json.dumps(s, allow_nan=False)
+
+
+def test_hub_id_loads_from_the_cache(tmp_path, monkeypatch):
+  """A hub id in the local Hugging Face cache (HF_HOME, offline) whose snapshot is laid out as
+  microsoft/deberta-v3-base's (config.json, weights, spm.model, tokenizer_config.json) loads with
+  its tokenizer."""
+  monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+  monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  repo = tmp_path / "hf_home" / "hub" / "models--microsoft--deberta-v3-tiny"
+  hf, tok = save_deberta_dir(repo / "snapshots" / commit, seed=8)
+  (repo / "refs").mkdir(parents=True)
+  (repo / "refs" / "main").write_text(commit)
+  assert not (repo / "snapshots" / commit / "tokenizer.json").exists()
+  model, loaded = load_model("microsoft/deberta-v3-tiny")
+  assert type(model) is DebertaModel and loaded("a text").input_ids == tok("a text").input_ids
+  ids, mask, _ = random_inputs(np.random.default_rng(4), b=2, k=16, vocab=len(tok))
+  compare(model(ids, mask, return_attentions=True), _hf_run(hf, ids, mask), mask, hidden=False)
