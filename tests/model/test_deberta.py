@@ -430,3 +430,22 @@ def test_hub_id_loads_from_the_cache(tmp_path, monkeypatch):
   assert type(model) is DebertaModel and loaded("a text").input_ids == tok("a text").input_ids
   ids, mask, _ = random_inputs(np.random.default_rng(4), b=2, k=16, vocab=len(tok))
   compare(model(ids, mask, return_attentions=True), _hf_run(hf, ids, mask), mask, hidden=False)
+
+
+def test_every_statistics_path_serves_deberta(tmp_path):
+  """The analysis step on DeBERTa: the stacked path (the model's attention maps) and the
+  layerwise one give the same statistics and term shares; the kernels that recompute logits
+  from query . key ("fused", "kernel") hand DeBERTa to the layerwise path instead of failing."""
+  from heads_jax.stats.step import make_analysis_step
+  _, tok = save_deberta_dir(tmp_path, seed=9)
+  model, tok = load_model(tmp_path)
+  texts = [("The quick brown fox jumps over the lazy dog.", "It was not amused."),
+           ("Heads differ, and so do their terms.", "Yes.")]
+  batch = encode_batch([AnalysisExample(Segment.from_text(a), Segment.from_text(b)) for a, b in texts],
+                       tok, max_length=32)
+  outs = {impl: make_analysis_step(model, measures=True, stats_impl=impl)(batch)
+          for impl in ("stacked", "layerwise", "fused")}
+  for impl in ("layerwise", "fused"):
+    for key in ("sieve_bias", "distance", "entropy", "term_shares"):
+      np.testing.assert_allclose(outs[impl][key], outs["stacked"][key], atol=1e-5, err_msg=(impl, key))
+  assert outs["stacked"]["term_shares"].shape == (2, 2, 4, 3)
