@@ -27,7 +27,8 @@ from heads_jax.data.specs import analysis_examples, input_counts, load_spec, par
 from heads_jax.data import syntax as syn
 from heads_jax.data.vocabulary import SYNTACTIC_ROLES
 from heads_jax.hoststats.parsing import arcs_table, best_heads, parsing_table, role_agreement
-from heads_jax.hoststats.sinks import SINK_THRESHOLD, head_sinks, sink_summary
+from heads_jax.hoststats.sinks import (SINK_THRESHOLD, activation_summary, head_sinks,
+                                      sink_summary)
 from heads_jax.hoststats.weighting import (norm_tests, role_changes, weighting_summary,
                                            with_weighting)
 from heads_jax.stats.compiling import pass_batches, pass_lengths
@@ -111,6 +112,8 @@ def robustness_statistics(result: dict, tests: pd.DataFrame, test_settings: dict
                             result["norm_ratio"], settings.sink_threshold)}
   coarse = changes[changes["kind"] == "coarse"].set_index("role")
   summary["norm_lost_roles"] = {r: int(coarse.loc[r, "lost"]) for r in coarse.index}
+  if result.get("hidden_norms") is not None:  # massive activations (Sun et al. 2024)
+    summary.update(activation_summary(result["hidden_norms"]))
   out = {"norm_tests": nt, "role_changes": changes, "sinks": sinks, "parser": None,
          "best_parsers": None, "parser_agreement": None, "summary": summary}
   arcs = result.get("arcs")

@@ -60,5 +60,5 @@ def test_one_analysis_of_2000_sentences_compiles_each_pass_at_most_three_times(t
   per = Counter(log.names)
   assert 1 <= per["analysis_pass"] <= MAX_SHAPES_PER_PASS, per
   assert 1 <= per["norm_pass"] <= MAX_SHAPES_PER_PASS, per
-  assert per["analysis_pass"] == per["norm_pass"]        # the second pass on the first's shapes
+  assert per["analysis_pass"] <= 2, per   # packed rows: [batch, max_length] and the tail's [batch / 4, max_length]
   assert host["robustness"] is not None
