@@ -19,6 +19,8 @@ fine-tuning (`heads_jax.training.finetune`), the reproduce pipeline and the abla
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import numpy as np
 
@@ -203,3 +205,70 @@ def check_disjoint(task: str, plan: dict) -> None:
     for b in ROLES[i + 1:]:
       if plan[a][0] == plan[b][0] and set(plan[a][1]) & set(plan[b][1]):
         raise AssertionError(f"{task}: {a} and {b} overlap in split {plan[a][0]}")
+
+
+def _clean_text(s: str) -> str:
+  return re.sub(r"[\t\r\n]+", " ", s)
+
+
+def write_glue_tsv(path: Path, task: str, examples) -> Path:
+  """Writes ``examples`` as a GLUE TSV that `glue.load_glue_tsv` reads back (label column only
+  when every row has a label)."""
+  info = glue.task_info(task)
+  labelled = all(e.label is not None for e in examples)
+  header = ([info.tsv_label_column] if labelled else []) + list(info.tsv_text_columns)
+  lines = ["\t".join(header)]
+  for e in examples:
+    texts = [e.text_a] + ([e.text_b] if info.is_pair else [])
+    row = ([info.tsv_label_values[e.label]] if labelled else []) + [_clean_text(t) for t in texts]
+    lines.append("\t".join(row))
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  return path
+
+
+def cut_task(task: str, rows: dict, plan: dict, folder: Path, *, source: str,
+             origin: str) -> dict:
+  """The rows of each role of ``task`` as ``plan`` (`plan_rows`) cuts ``rows`` (``{split:
+  examples}``): writes the analysis rows as a GLUE TSV (``folder/analysis.tsv``, a data spec the
+  analysis reads) and returns where every role's rows come from (``roles``: split, row count,
+  ``idx`` ranges, ``labelled``; ``shared_splits``; ``describe``: one sentence)."""
+  folder = Path(folder)
+  out = {"task": task, "source": source, "dir": str(folder), "origin": origin, "roles": {}}
+  for role in ROLES:
+    split, positions = plan[role]
+    examples = [rows[split][i] for i in positions]
+    if role != "analysis" and any(e.label is None for e in examples):
+      raise UserError(f"GLUE {task}: the {split} split has no labels; it cannot be used for "
+                      f"{role} (set config.data.{task}.{role} to a labelled split)")
+    total = len(rows[split])
+    out["roles"][role] = {
+        "split": split, "rows": len(examples), "split_rows": total,
+        "whole_split": len(examples) == total,
+        "idx": row_ranges(e.idx for e in examples),
+        "labelled": all(e.label is not None for e in examples)}
+    if role == "analysis":
+      out["roles"][role]["file"] = str(write_glue_tsv(folder / "analysis.tsv", task, examples))
+  shared = {}
+  for role in ROLES:
+    shared.setdefault(plan[role][0], []).append(role)
+  out["shared_splits"] = {s: r for s, r in shared.items() if len(r) > 1}
+  out["describe"] = describe_splits(out)
+  return out
+
+
+def describe_splits(task_out: dict) -> str:
+  """One sentence per task: which rows each stage used (``task_out``: `cut_task`'s)."""
+  r = task_out["roles"]
+  src = "TFDS" if task_out["source"] == "tfds" else "local GLUE TSV"
+
+  def part(role, verb):
+    x = r[role]
+    whole = "all" if x["whole_split"] else f"{x['rows']:,} of the {x['split_rows']:,}"
+    return f"{verb} {whole} rows of {x['split']}"
+  text = (f"{src}: {part('train', 'fine-tuned on')}, {part('eval', 'evaluated on')}, "
+          f"{part('analysis', 'analysed the first')}".replace("analysed the first all", "analysed all"))
+  if task_out["shared_splits"]:
+    text += ("; " + "; ".join(f"{' / '.join(v)} share {k} with disjoint rows"
+                              for k, v in task_out["shared_splits"].items()))
+  return text

@@ -47,7 +47,6 @@ stage. Each stage prints one line when it starts and one with its time when it e
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -117,8 +116,6 @@ def _load_split(config, task: str, source: str, split: str) -> list:
         f"the rest)") from None
 
 
-expand_ranges = glue_splits.expand_ranges
-check_disjoint = glue_splits.check_disjoint
 
 
 def plan_task(config, task: str, split_rows: dict) -> dict:
@@ -132,26 +129,6 @@ def plan_task(config, task: str, split_rows: dict) -> dict:
       partition_shared=bool(d.partition_shared_splits))
 
 
-def _clean_text(s: str) -> str:
-  return re.sub(r"[\t\r\n]+", " ", s)
-
-
-def write_glue_tsv(path: Path, task: str, examples) -> Path:
-  """Writes ``examples`` as a GLUE TSV that `glue.load_glue_tsv` reads back (label column only
-  when every row has a label)."""
-  info = glue.task_info(task)
-  labelled = all(e.label is not None for e in examples)
-  header = ([info.tsv_label_column] if labelled else []) + list(info.tsv_text_columns)
-  lines = ["\t".join(header)]
-  for e in examples:
-    texts = [e.text_a] + ([e.text_b] if info.is_pair else [])
-    row = ([info.tsv_label_values[e.label]] if labelled else []) + [_clean_text(t) for t in texts]
-    lines.append("\t".join(row))
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-  return path
-
-
 def materialize_task(config, task: str, out_root: Path) -> dict:
   """Loads the task's splits and cuts them (`plan_task`); writes the analysis rows as a GLUE TSV
   (``<TASK>/analysis.tsv``, the analysis reads it as a data spec) and returns where every role's
@@ -162,31 +139,10 @@ def materialize_task(config, task: str, out_root: Path) -> dict:
   names = dict.fromkeys([td.train, td.eval, td.analysis])
   rows = {s: _load_split(config, task, source, s) for s in names}
   plan = plan_task(config, task, {s: len(r) for s, r in rows.items()})
-  folder = out_root / info.dir_name
-  out = {"task": task, "source": source, "dir": str(folder),
-         "origin": (str(config.data.glue_dir) if source == "tsv"
-                    else f"tfds glue/{task} ({config.data.tfds_data_dir or 'default data dir'})"),
-         "roles": {}}
-  for role in ROLES:
-    split, positions = plan[role]
-    examples = [rows[split][i] for i in positions]
-    if role != "analysis" and any(e.label is None for e in examples):
-      raise UserError(f"GLUE {task}: the {split} split has no labels; it cannot be used for "
-                      f"{role} (set config.data.{task}.{role} to a labelled split)")
-    total = len(rows[split])
-    out["roles"][role] = {
-        "split": split, "rows": len(examples), "split_rows": total,
-        "whole_split": len(examples) == total,
-        "idx": glue_splits.row_ranges(e.idx for e in examples),
-        "labelled": all(e.label is not None for e in examples)}
-    if role == "analysis":
-      out["roles"][role]["file"] = str(write_glue_tsv(folder / "analysis.tsv", task, examples))
-  shared = {}
-  for role in ROLES:
-    shared.setdefault(plan[role][0], []).append(role)
-  out["shared_splits"] = {s: r for s, r in shared.items() if len(r) > 1}
-  out["describe"] = describe_splits(out)
-  return out
+  origin = (str(config.data.glue_dir) if source == "tsv"
+            else f"tfds glue/{task} ({config.data.tfds_data_dir or 'default data dir'})")
+  return glue_splits.cut_task(task, rows, plan, out_root / info.dir_name, source=source,
+                              origin=origin)
 
 
 def task_rows(config, task: str, data_outputs: dict) -> tuple[list, list, dict]:
@@ -198,29 +154,12 @@ def task_rows(config, task: str, data_outputs: dict) -> tuple[list, list, dict]:
   for role in ("train", "eval"):
     split = roles[role]["split"]
     got[role] = glue_splits.select_rows(_load_split(config, task, source, split),
-                                        expand_ranges(roles[role]["idx"]))
+                                        glue_splits.expand_ranges(roles[role]["idx"]))
   note = {"task": task, "source": source, "origin": data_outputs["origin"],
           "train_split": roles["train"]["split"], "eval_split": roles["eval"]["split"],
           "num_train": len(got["train"]), "num_eval": len(got["eval"]),
           "eval_idx": [e.idx for e in got["eval"]]}
   return got["train"], got["eval"], note
-
-
-def describe_splits(task_out: dict) -> str:
-  """One sentence per task: which rows each stage used."""
-  r = task_out["roles"]
-  src = "TFDS" if task_out["source"] == "tfds" else "local GLUE TSV"
-
-  def part(role, verb):
-    x = r[role]
-    whole = "all" if x["whole_split"] else f"{x['rows']:,} of the {x['split_rows']:,}"
-    return f"{verb} {whole} rows of {x['split']}"
-  text = (f"{src}: {part('train', 'fine-tuned on')}, {part('eval', 'evaluated on')}, "
-          f"{part('analysis', 'analysed the first')}".replace("analysed the first all", "analysed all"))
-  if task_out["shared_splits"]:
-    text += ("; " + "; ".join(f"{' / '.join(v)} share {k} with disjoint rows"
-                              for k, v in task_out["shared_splits"].items()))
-  return text
 
 
 def split_files(ctx: Context, config, task: str, source: str) -> dict:

@@ -12,7 +12,7 @@ import pytest
 from heads_jax import cli
 from heads_jax.pipelines import stages
 from heads_jax.pipelines import reproduce as rp
-from heads_jax.data import glue
+from heads_jax.data import glue, glue_splits
 from heads_jax.data.assets import glue_dir as embedded_glue_dir
 from heads_jax.errors import UserError
 from heads_jax.hoststats import paper
@@ -147,7 +147,7 @@ def test_tfds_source_when_the_glue_folder_has_no_train_split(small_glue, tmp_pat
 
 def test_check_disjoint_catches_an_overlap():
   with pytest.raises(AssertionError, match="overlap"):
-    rp.check_disjoint("qqp", {"train": ("s", [1, 2]), "eval": ("s", [2, 3]), "analysis": ("t", [1])})
+    glue_splits.check_disjoint("qqp", {"train": ("s", [1, 2]), "eval": ("s", [2, 3]), "analysis": ("t", [1])})
 
 
 def test_planned_rows_read_back_and_never_overlap(small_glue, tmp_path):
@@ -163,14 +163,14 @@ def test_planned_rows_read_back_and_never_overlap(small_glue, tmp_path):
       assert len(got[role]) == r["rows"]
       if role != "analysis":
         assert all(e.label is not None for e in got[role])
-        assert sorted(e.idx for e in got[role]) == sorted(rp.expand_ranges(r["idx"]))
+        assert sorted(e.idx for e in got[role]) == sorted(glue_splits.expand_ranges(r["idx"]))
     assert (note["num_train"], note["num_eval"]) == (len(train), len(ev))
     assert not (tmp_path / glue.task_info(task).dir_name / "train.tsv").exists()
     assert roles["analysis"]["rows"] == 12
     for a in rp.ROLES:
       for b in rp.ROLES:
         if a < b and roles[a]["split"] == roles[b]["split"]:
-          assert not rp.expand_ranges(roles[a]["idx"]) & rp.expand_ranges(roles[b]["idx"])
+          assert not glue_splits.expand_ranges(roles[a]["idx"]) & glue_splits.expand_ranges(roles[b]["idx"])
   # the analysis rows are the first rows of the split, text unchanged
   first = glue.load_glue_tsv(small_glue, "mrpc", "test", max_examples=12)
   again = glue.load_glue_tsv(tmp_path, "mrpc", "analysis")
