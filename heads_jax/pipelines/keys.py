@@ -6,7 +6,8 @@ A unit's key is
                   - the paths (outputs, and inputs whose content the key holds instead)
                   + the identity of every input: the content of a file or folder
                     (`runfiles.fingerprint`, `runfiles.model_identity`, `runfiles.data_identity`),
-                    or the finish time of the unit that wrote it (`engine.Context.upstream`),
+                    or the finish time of the unit that wrote it (from its stage's typed result in
+                    `engine.Context.results`),
 
 so a unit reruns when a setting that changes its result changes, or when what it reads changes
 behind the same path (a replaced model, an edited TSV, another SQuAD file, a moved hub ref), and
