@@ -33,7 +33,7 @@ def test_window_decomposition_is_exact():
   first, a middle and the last block and every key, and so A @ onehot equals the decomposed
   contraction on any A (to float64 rounding)."""
   rng = np.random.default_rng(0)
-  for rows, n in [(8, 17), (8, 100), (16, 37), (16, 64), (16, 128), (28, 37), (28, 128)]:
+  for rows, n in [(8, 17), (16, 37), (16, 128), (28, 100)]:
     keys = -(-n // rows) * rows
     for t0 in sorted({0, (keys // rows // 2) * rows, keys - rows}):
       e0, terms = tile.window_masks(t0, n, rows, keys)
@@ -54,8 +54,8 @@ def test_window_decomposition_is_exact():
 
 def test_windows_match_the_sieves_bins():
   """window_of is the window of heads_jax.sieves.distance_bins (float arithmetic, integer result)."""
-  for n in (1, 7, 16, 17, 64, 100, 128, 8192):
-    d = np.arange(1, min(n, 600) + 1)
+  for n in (1, 7, 17, 100, 8192):
+    d = np.arange(1, min(n, 300) + 1)
     np.testing.assert_array_equal(np.asarray(tile.window_of(d, n)), np.minimum(15, 16 * d // n))
   mask = np.ones((1, 40), np.int32)
   bins = np.asarray(distance_bins(np.zeros((1, 40), np.int32), mask))[0]
@@ -119,22 +119,17 @@ def test_tile_equals_stacked(k, min_len, dtype, direction):
         and (batch["dep_head"] >= 0).any()):
       break
     seed += 100
+  filler = min_len == 1          # an all-padding row (a batch padded to the devices)
+  if filler:
+    batch["attention_mask"][-1] = 0
+    p[-1] = 0.0
   # the reference from the same (rounded) inputs: bf16 inputs, float32 products as the kernel's
-  _check(_kernel(batch, q, kk, direction), _stacked(batch, p, direction), 1e-5)
-
-
-def test_float32_contraction_and_filler_rows():
-  """contraction="float32" gives the same numbers; an all-padding row gives NaN sieve bias and
-  zeros elsewhere, as the other paths."""
-  batch, q, kk, p = _case(3, b=4, k=16, h=2, e=8, min_len=2, dtype=jnp.float32)
-  batch["attention_mask"][3] = 0
-  p[3] = 0.0
-  want = _stacked(batch, p, "dep2head")
-  got = _kernel(batch, q, kk, "dep2head", contraction="float32")
-  _check(got, want, 1e-5)
-  assert np.isnan(got["sieve_bias"][3]).all()
-  for key in OUTPUTS[1:]:
-    assert np.all(got[key][3] == 0), key
+  got = _kernel(batch, q, kk, direction)
+  _check(got, _stacked(batch, p, direction), 1e-5)
+  if filler:   # NaN sieve bias and zeros elsewhere, as the other paths
+    assert np.isnan(got["sieve_bias"][-1]).all()
+    for key in OUTPUTS[1:]:
+      assert np.all(got[key][-1] == 0), key
 
 
 # -- the Pallas wrappers in interpret mode --------------------------------------------------------
@@ -153,11 +148,12 @@ def test_pallas_wrappers_in_interpret_mode(small_case, wrapper):
 
 def test_mosaic_wrapper_under_tpu_interpret_params(small_case):
   """pltpu.InterpretParams simulates the TPU's blocks and memory (out-of-bounds reads raise,
-  uninitialised memory is NaN), so the Mosaic wrapper's indexing is checked too."""
+  uninitialised memory is NaN), so the Mosaic wrapper's indexing is checked too; here with the
+  float32 contraction (one float32 dot instead of the bf16 halves): the same numbers."""
   from jax.experimental.pallas import tpu as pltpu
   batch, q, kk, want = small_case
-  _check(_kernel(batch, q, kk, "both", wrapper="mosaic", interpret=pltpu.InterpretParams()),
-         want, 1e-5)
+  _check(_kernel(batch, q, kk, "both", wrapper="mosaic", interpret=pltpu.InterpretParams(),
+                 contraction="float32"), want, 1e-5)
 
 
 # -- the operation count --------------------------------------------------------------------------
@@ -244,8 +240,8 @@ def test_memory_is_linear_in_the_sequence_length():
 @pytest.mark.parametrize("direction", ["dep2head", "both"])
 def test_sieve_sizes_without_the_sieves(direction):
   """kernel.sieve_sizes (linear in the length) is |S(t)| of heads_jax.sieves.build_sieves."""
-  for seed in range(4):
-    batch = ref.random_batch(np.random.default_rng(seed), 6, 24, min_len=1)
+  for seed in range(2):
+    batch = ref.random_batch(np.random.default_rng(seed), 8, 24, min_len=1)
     want = np.asarray(build_sieves(batch, B.ROLES, direction)).sum(-1)
     np.testing.assert_array_equal(np.asarray(kernel.sieve_sizes(batch, B.ROLES, direction)), want)
 
