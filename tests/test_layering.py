@@ -394,8 +394,6 @@ PENDING_ROLE_NAMES = {
     ("heads_jax.report.analysis", "block_plain"),
     ("heads_jax.report.reproduce", "nsubj"), ("heads_jax.report.reproduce", "next_local"),
     ("heads_jax.report.reproduce", "prev_local"),
-    ("heads_jax.hoststats.parsing", "nsubj"), ("heads_jax.hoststats.parsing", "amod"),
-    ("heads_jax.hoststats.parsing", "advmod"),
 }
 
 
