@@ -264,3 +264,26 @@ def test_an_8192_position_sequence_analyses_with_no_map_sized_buffer():
   temp = compiled.memory_analysis().temp_size_in_bytes
   map_bytes = 4 * cfg.num_heads * k * k                                    # 1.07 GB
   assert temp < map_bytes / 4, (temp, map_bytes)   # 154 MB: the forward's query chunks
+
+
+def test_analysis_step_kernel_equals_stacked_on_8_devices():
+  """stats_impl="kernel" through the analysis step on a tiny BERT (attention sharpened), batch
+  split over the 8 emulated devices; a "uniform" head gate falls back to layerwise."""
+  from heads_jax.model.bert import BertModel
+  from heads_jax.model.config import config_for
+  from heads_jax.stats.step import make_analysis_step
+  assert len(jax.devices()) == 8
+  model = BertModel(config_for("tiny", vocab_size=2048, max_position_embeddings=32),
+                    rngs=nnx.Rngs(1))
+  for layer in model.layers:
+    layer.attention.query.kernel[...] = layer.attention.query.kernel[...] * 40
+  batch = ref.random_batch(np.random.default_rng(5), 6, 16, min_len=2)
+  want = make_analysis_step(model, measures=True, stats_impl="stacked")(batch)
+  step = make_analysis_step(model, measures=True, stats_impl="kernel")
+  assert step.stats_impl == "kernel"
+  _check(step(batch), want, 1e-5)
+  gate = np.ones((2, 4), np.float32)
+  gate[1, 2] = 0.0
+  gated = make_analysis_step(model, measures=True, stats_impl="stacked", gate_mode="uniform")
+  kernel_gated = make_analysis_step(model, measures=True, stats_impl="kernel", gate_mode="uniform")
+  _check(kernel_gated(batch, head_gate=gate), gated(batch, head_gate=gate), 1e-5)
