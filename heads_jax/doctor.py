@@ -13,7 +13,8 @@
    variables that are set (``heads_jax.env``).
 2. **Checks**, on a tiny random BERT (2 layers x 4 heads, attention sharpened so that the
    statistics are not those of uniform rows) and 8 UD EWT sentences (embedded; gold arcs):
-   every attention path (``explicit``, ``xla``; ``cudnn`` on a GPU, in bfloat16) and every
+   every attention path (``explicit``, ``xla``; ``cudnn`` and the Pallas ``flash`` kernel on a
+   GPU, in bfloat16) and every
    analysis path (``stats_impl`` ``layerwise``, ``fused``, ``stacked``, ``kernel``: statistics
    kernel v2, whose check on a GPU or TPU is what lets ``auto`` take it there) on the user's devices,
    each against the float32 reference computed on the host CPU at the highest matmul precision
@@ -174,12 +175,14 @@ def attention_checks(model, batch: dict, platform: str) -> list[Check]:
   ref_fn, state = forward(model, "explicit")
   want = _on_cpu(ref_fn, state, ids, mask, types)
   paths = [("explicit", "float32"), ("xla", "float32"), ("explicit", "bfloat16"),
-           ("xla", "bfloat16"), ("cudnn", "bfloat16")]
+           ("xla", "bfloat16"), ("cudnn", "bfloat16"), ("flash", "bfloat16")]
+  gpu_only = {"cudnn": "cuDNN: GPUs only",
+              "flash": "Pallas flash kernel (auto's for dropout in bf16 training): GPUs only"}
   out = []
   for attention, dtype in paths:
     name = f"attention {attention}"
-    if attention == "cudnn" and platform != "gpu":
-      out.append(Check(name, dtype, None, TOLERANCE[dtype], "cuDNN: GPUs only", skipped=True))
+    if attention in gpu_only and platform != "gpu":
+      out.append(Check(name, dtype, None, TOLERANCE[dtype], gpu_only[attention], skipped=True))
       continue
     try:
       fn, st = forward(with_compute_dtype(model, dtype), attention)
