@@ -71,7 +71,7 @@ def test_relative_error_by_hand():
     ("HEADS_JAX_STORAGE_TIMEOUT", "abc", "environment: HEADS_JAX_STORAGE_TIMEOUT must be a "
                                          "positive number of seconds (e.g. 300), got 'abc'"),
     ("HEADS_JAX_STATS_IMPL", "bogus", "environment: HEADS_JAX_STATS_IMPL must be one of "
-                                      "layerwise, fused, stacked (or empty), got 'bogus'"),
+                                      "layerwise, fused, stacked, kernel (or empty), got 'bogus'"),
     ("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_no_such_flag=1",
      "environment: XLA_FLAGS holds a flag this XLA does not know: --xla_no_such_flag=1 (XLA would "
      "end every job on it); remove it from XLA_FLAGS"),
