@@ -349,12 +349,15 @@ class TrainingJob:
     """Writes the model with ``params`` to ``workdir/model_dir`` (heads_jax) and
     ``workdir/hf_dir`` (Hugging Face); returns both paths."""
     model = steps.merge_model(self.parts, steps.to_host(params))
-    for what, sub, write in (("heads_jax model", model_dir, save_model), ("Hugging Face model",
-                                                                          hf_dir, export_hf)):
+    writers = (("heads_jax model", model_dir,
+                lambda out: save_model(model, out, tokenizer, id2label=id2label)),
+               ("Hugging Face model", hf_dir,
+                lambda out: export_hf(model, tokenizer, out, id2label=id2label)))
+    for what, sub, write in writers:
       target = self.dir.sub(sub)
       try:
         with staged_output(target, fetch_existing=False) as local:
-          write(model, local, tokenizer, id2label=id2label)
+          write(local)
       except Exception as e:  # a full disk (safetensors says it in a SafetensorError): one line
         if not _no_space(e):
           raise
