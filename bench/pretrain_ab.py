@@ -31,7 +31,9 @@ rate estimated as workers / seconds per batch).
 
 Programs are lowered in the main thread, then compiled in parallel (``ThreadPoolExecutor`` over
 ``lowered.compile()``; XLA releases the GIL) after the baseline alone (so the GEMM autotuner's
-cache fills without contention); they are timed one after another, each alone. Timing: after the
+cache fills without contention); they are timed one after another, each alone. Every variant's
+step comes first, the breakdown programs after them (a part cut by its time limit keeps every
+variant's figure). Timing: after the
 ``loss_steps`` steps (which also warm up), ``repeats`` runs of ``steps`` steps, median.
 """
 
@@ -181,9 +183,14 @@ class _Program:
             "fwd_bwd": jax.jit(jax.value_and_grad(loss)).lower(ps, self.abstract_batch),
             "optimizer": jax.jit(update).lower(ps, os_, ps)}
 
-  def fresh_state(self):
+  def fresh_state(self, device_params):
+    """A new train state on the device from ``device_params`` (copied: the step donates it)."""
+    import jax
     from heads_jax.training import steps as S
-    return S.place_state(S.init_train_state(self.host_params, self.tx), self.mesh)
+    rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    init = jax.jit(lambda p: S.init_train_state(jax.tree.map(lambda x: x * 1, p), self.tx),
+                   out_shardings=rep)
+    return init(device_params)
 
 
 def _median_s(fn, steps: int, repeats: int) -> float:
@@ -225,6 +232,8 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
   n_params = metrics.non_embedding_params(host_params)
   peak = common.peak_flops(s["dtype"])
 
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  device_params = jax.device_put(host_params, rep)
   programs, lowered = [], []
   for v, absent in chosen:
     if absent is not None:
@@ -232,42 +241,36 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
       continue
     try:
       prog = _Program(v, s, host_params, base_parts.rng_state, mesh, batches)
-      low = {"step": prog.lower_step()}
+      low = prog.lower_step()
     except Exception as e:  # noqa: BLE001  (a variant that cannot be built is reported, not fatal)
       row(f"{v.name} {v.label}", "failed", "", "", why=f"{type(e).__name__}: {e}"[:500])
       continue
     programs.append(prog)
     lowered.append(low)
-  for i in {0, len(programs) - 1}:
-    lowered[i].update(programs[i].lower_breakdown())
+  if not programs:
+    return []
 
-  # compile: the baseline's step alone first (autotuning without contention), then the rest
+  # The steps first (every variant's figure comes before any breakdown, so a part cut by its
+  # limit keeps them): the baseline alone (autotuning without contention), then the rest in
+  # parallel; timed one after another.
   t0 = time.perf_counter()
-  compiled = [dict() for _ in lowered]
-  compiled[0]["step"] = lowered[0]["step"].compile()
-  jobs = [(i, k, low) for i, lows in enumerate(lowered) for k, low in lows.items()
-          if not (i == 0 and k == "step")]
-  with cf.ThreadPoolExecutor(threads) as pool:
-    futures = {pool.submit(low.compile): (i, k) for i, k, low in jobs}
-    for f in cf.as_completed(futures):
-      i, k = futures[f]
-      try:
-        compiled[i][k] = f.result()
-      except Exception as e:  # noqa: BLE001
-        compiled[i][k] = e
-  compile_s = time.perf_counter() - t0
-  row("compiling every program (baseline first, then in parallel)", compile_s, "s", "",
-      programs=sum(len(c) for c in compiled), threads=threads)
+  try:
+    first = lowered[0].compile()
+  except Exception as e:  # noqa: BLE001
+    first = e
+  compiled = [first] + _compile_all(lowered[1:], threads)
+  row("compiling the variants' steps (baseline first, then in parallel)",
+      time.perf_counter() - t0, "s", "", programs=len(compiled), threads=threads)
 
-  results = []
+  results, kept = [], {}
   base = None
-  for prog, comp in zip(programs, compiled):
+  ends = {0, len(programs) - 1}
+  for i, (prog, step) in enumerate(zip(programs, compiled)):
     v = prog.v
-    if isinstance(comp["step"], Exception):
-      row(f"{v.name} {v.label}", "failed", "", "", why=f"{comp['step']}"[:500])
+    if isinstance(step, Exception):
+      row(f"{v.name} {v.label}", "failed", "", "", why=f"{step}"[:500])
       continue
-    step = comp["step"]
-    holder = {"state": prog.fresh_state()}
+    holder = {"state": prog.fresh_state(device_params)}
 
     def one():
       holder["state"], m = step(holder["state"], prog.batch)
@@ -285,17 +288,35 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
            "mfu": mfu, "loss_after": loss, "loss_steps": s["loss_steps"],
            "batch": s["batch"] * v.batch_factor, "settings": dataclasses.asdict(v)}
     base = base or res
-    if "forward" in comp:
-      res["breakdown_ms"] = _breakdown(prog, comp, holder["state"], step_s, s)
     ratio = f"{tps / base['tokens_per_s']:.2f}x V0"
     if mfu is not None:
       ratio = f"MFU {100 * mfu:.1f}%, " + ratio
     row(f"{v.name} {v.label}, seq {s['seq']} batch {res['batch']}", tps, "tokens/s", ratio,
         step_ms=res["step_ms"], loss_after_steps=loss, loss_steps=s["loss_steps"],
-        finite=bool(np.isfinite(loss)), **({"breakdown_ms": res["breakdown_ms"]}
-                                           if "breakdown_ms" in res else {}))
+        finite=bool(np.isfinite(loss)))
     results.append(res)
-    del holder
+    if i in ends:
+      kept[i] = (holder["state"], res)
+    del holder, one
+
+  # The breakdown of the first and the last variant: forward, forward+backward, optimizer alone.
+  t0 = time.perf_counter()
+  order = sorted(kept)
+  lows = [programs[i].lower_breakdown() for i in order]
+  flat = [low for lw in lows for low in lw.values()]
+  done = iter(_compile_all(flat, threads))
+  comps = [{k: next(done) for k in lw} for lw in lows]
+  row("compiling the breakdown programs (in parallel)", time.perf_counter() - t0, "s", "",
+      programs=len(flat))
+  for i, comp in zip(order, comps):
+    state, res = kept.pop(i)
+    b = _breakdown(programs[i], comp, state, res["step_ms"] / 1e3, s)
+    res["breakdown_ms"] = b
+    text = (" / ".join(f"{b[k]:.1f}" for k in ("forward", "backward", "optimizer_in_step"))
+            + f" ({b['optimizer_alone']:.1f})" if "forward" in b else "failed")
+    row(f"{programs[i].v.name} breakdown: forward / backward / optimizer in the step (alone)",
+        text, "ms", f"step {res['step_ms']:.1f} ms", breakdown_ms=b)
+    del state
   if results:
     # the input pipeline on this host: can data.num_workers=-1 keep up with the fastest step?
     from heads_jax.data.prefetch import auto_workers, available_cores
@@ -312,6 +333,22 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
         workers=workers, cores=cores, estimate="workers / seconds per batch (linear scaling)")
   row("pretrain_ab wall time", time.perf_counter() - t_start, "s", "", peak=peak.get("how"))
   return results
+
+
+def _compile_all(lowered: list, threads: int) -> list:
+  """``lowered[i].compile()`` for every i, in a thread pool (XLA releases the GIL); an exception
+  in place of a program that failed."""
+  out = [None] * len(lowered)
+  if not lowered:
+    return out
+  with cf.ThreadPoolExecutor(threads) as pool:
+    futures = {pool.submit(low.compile): i for i, low in enumerate(lowered)}
+    for f in cf.as_completed(futures):
+      try:
+        out[futures[f]] = f.result()
+      except Exception as e:  # noqa: BLE001
+        out[futures[f]] = e
+  return out
 
 
 def _breakdown(prog: _Program, comp: dict, state, step_s: float, s: dict) -> dict:
