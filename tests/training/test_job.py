@@ -271,7 +271,8 @@ def test_a_full_disk_during_the_export_is_one_line(tmp_path, monkeypatch):
   class SafetensorError(Exception):
     pass
 
-  def no_space(model, local, tokenizer, id2label=None):
+  def no_space(model, tokenizer, local, id2label=None):   # export_hf's order of arguments
+    assert tokenizer == "TOKENIZER" and isinstance(local, os.PathLike)
     raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
                           'message: "No space left on device" })')
 
@@ -279,17 +280,18 @@ def test_a_full_disk_during_the_export_is_one_line(tmp_path, monkeypatch):
   j = job_lib.TrainingJob(_tiny(), wd)
   monkeypatch.setattr(job_lib.steps, "merge_model", lambda parts, params: object())
   monkeypatch.setattr(job_lib, "save_model", lambda model, local, tok, id2label=None:
-                      (local / "written").write_text("ok"))
+                      (local / "written").write_text(tok))
   monkeypatch.setattr(job_lib, "export_hf", no_space)
   with pytest.raises(UserError) as e:
-    j.export({"w": 1.0}, None, "model", "hf")
+    j.export({"w": 1.0}, "TOKENIZER", "model", "hf")
   text = str(e.value)
   assert "\n" not in text and text.startswith("no space left on the device while writing the "
                                               f"Hugging Face model to {wd / 'hf'} (Error while")
-  assert "run the same command again" in text and (wd / "model" / "written").exists()
+  assert "run the same command again" in text
+  assert (wd / "model" / "written").read_text() == "TOKENIZER"   # each writer its own arguments
   monkeypatch.setattr(job_lib, "export_hf", lambda *a, **k: (_ for _ in ()).throw(ValueError("x")))
   with pytest.raises(ValueError):   # anything else is not a disk problem: raised as it is
-    j.export({"w": 1.0}, None, "model", "hf")
+    j.export({"w": 1.0}, "TOKENIZER", "model", "hf")
 
 
 def test_every_process_checks_it_reads_the_same_data(tmp_path, monkeypatch):
