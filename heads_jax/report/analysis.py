@@ -38,6 +38,7 @@ import pandas as pd
 
 from heads_jax import contract
 from heads_jax.data import vocabulary
+from heads_jax.hoststats.calibration import shares_by_layer_kind
 from heads_jax.report import spec, style, tables, views
 from heads_jax.report.figures import guan
 from heads_jax.report.figures.common import DEFAULT_DPI
@@ -212,7 +213,8 @@ def _rules_section(tests_df: pd.DataFrame, settings: dict, summary: dict) -> str
           f"report show the <b>{esc(rule)}</b> rule; tests.csv holds both decisions "
           "(assigned_paper, assigned_calibrated).</p>"
           + table_html(pd.DataFrame(rows), table_id="table-rules")
-          + f'<p class="note">{esc(near)}</p>')
+          + f'<p class="note">{esc(near)}</p>'
+          + _layer_kinds_html(tests_df, settings))
   df = tests_df[tests_df["role"] == vocabulary.COARSE_BLOCK]
   if len(df) and (df["assigned_paper"].astype(bool) | df["assigned_calibrated"].astype(bool)).any():
     sel = df[df["assigned_paper"].astype(bool) | df["assigned_calibrated"].astype(bool)]
@@ -230,6 +232,28 @@ def _rules_section(tests_df: pd.DataFrame, settings: dict, summary: dict) -> str
              "and 1 on block_plain.</p>"
              + table_html(table, table_id="table-block-rules", float_format="{:.3f}"))
   return body
+
+
+def _layer_kinds_html(tests_df: pd.DataFrame, settings: dict) -> str:
+  """For a model with windowed layers (ModernBERT): the role shares of its local (windowed) and
+  global layers apart, by the run's rule; "" for every other model."""
+  kinds = shares_by_layer_kind(tests_df, settings)
+  if kinds is None:
+    return ""
+  labels = [("share_delimiter", "delimiter"), ("share_local", "local"),
+            ("share_syntactic", "syntactic"), ("share_block", "block"),
+            ("share_unskilled", "no role"), ("share_near_uniform", "near-uniform")]
+  rows = [{"heads with the role": label,
+           **{f"{kind} layers ({len(part['layers'])} x {part['num_heads'] // max(1, len(part['layers']))}"
+              " heads)": format_value(part.get(key), "share") for kind, part in kinds.items()}}
+          for key, label in labels]
+  window = settings.get("window")
+  return ("<h3>Local (windowed) and global layers apart</h3>"
+          f'<p class="note">In the windowed layers ({esc(", ".join(map(str, kinds["local"]["layers"])))}) '
+          f"a head sees only the keys within {esc(window)} positions of its query; its uniform "
+          "baseline is uniform attention over those keys (DESIGN.md, ModernBERT). Shares by the "
+          f"run's rule ({esc(settings.get('rule', 'calibrated'))}).</p>"
+          + table_html(pd.DataFrame(rows), table_id="table-layer-kinds"))
 
 
 def _overlaps_section(overlaps: dict, settings: dict) -> str:

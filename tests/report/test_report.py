@@ -503,3 +503,23 @@ def test_a_full_disk_while_drawing_names_the_figure(tmp_path, monkeypatch):
     save_figure(new_figure(2, 2), tmp_path / "f.png", dpi=50)
   line = user_message(e.value)
   assert line.startswith(f"{tmp_path / 'f.png'}: no space left on the device; free some space")
+
+
+def test_the_rules_section_shows_windowed_and_global_layers_apart():
+  """A ModernBERT-style run (settings name its windowed layers): the role shares of its local and
+  global layers in a table of their own; a BERT run's section has none."""
+  from heads_jax.report.analysis import _rules_section
+  rows = [dict(layer=l, head=h, role=r, mean=1.0, n=3, std=0.0, p_value=0.5, p_adjusted=0.5,
+               assigned=(l == 1 and r == "local"), assigned_paper=(l == 1 and r == "local"),
+               assigned_calibrated=(l == 1 and r == "local"), mean_minus_uniform=0.0)
+          for l in range(3) for h in range(2) for r in ("local", "delimiter")]
+  tests_df = pd.DataFrame(rows)
+  settings = {"rule": "calibrated", "windowed_layers": [1, 2], "window": 64,
+              "near_uniform_heads": ["2:0"]}
+  html = _rules_section(tests_df, settings, {})
+  table = html.split('id="table-layer-kinds"')[1].split("</table>")[0]
+  assert "local layers (2 x 2 heads)" in table and "global layers (1 x 2 heads)" in table
+  local_row = table.split("<td>local</td>")[1].split("</tr>")[0]
+  assert ">50.0%<" in local_row and ">0.0%<" in local_row   # local layers 2 of 4, global 0 of 2
+  assert "within 64 positions" in html
+  assert "table-layer-kinds" not in _rules_section(tests_df, {"rule": "calibrated"}, {})
