@@ -58,7 +58,8 @@ def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau:
                      alpha: float | None = None, clusters_df: pd.DataFrame | None = None,
                      mean_score: float | None = None, p_band=(0.05, 0.95),
                      rule: str | None = None, examples: dict | None = None,
-                     cluster_info: dict | None = None, dpi: int = DEFAULT_DPI) -> dict[str, Path]:
+                     cluster_info: dict | None = None, windowed_layers=(),
+                     dpi: int = DEFAULT_DPI) -> dict[str, Path]:
   """Draw every figure the registry lists for the analysis report (`heads_jax.report.spec`:
   Pande et al. and Guan et al.) into ``fig_dir``; returns ``{name: png path}``.
 
@@ -72,12 +73,15 @@ def analysis_figures(fig_dir, *, sieve_bias, roles, tests_df: pd.DataFrame, tau:
       drawn from the role decisions.
     examples: examples.json (the head view's maps) or None; Guan et al. Fig. 5 is drawn from it.
     cluster_info: clusters.json (the type names' margins, drawn in the type-mass figure) or None.
+    windowed_layers: the layers whose heads see only a window of keys (ModernBERT's local
+      layers; settings "windowed_layers"), marked in the role grid (Fig. 5).
   Figures whose inputs are absent (Fig. 5 without examples; the second pass's figures, drawn by
   `heads_jax.report.robustness`) are left out.
   """
   inputs = spec.Inputs(sieve_bias=sieve_bias, roles=roles, tests_df=tables.check_tests_df(tests_df),
                        tau=tau, alpha=alpha, clusters_df=clusters_df, mean_score=mean_score,
-                       p_band=p_band, rule=rule, examples=examples, cluster_info=cluster_info)
+                       p_band=p_band, rule=rule, examples=examples, cluster_info=cluster_info,
+                       windowed_layers=tuple(windowed_layers or ()))
   return spec.draw("analysis", inputs, fig_dir, dpi=dpi)
 
 
@@ -360,7 +364,8 @@ def build_analysis_report(out_dir, *, title: str | None = None,
       out_dir / "figures", sieve_bias=scores.sieve_bias, roles=scores.roles, tests_df=tests_df,
       tau=float(settings["tau"]), alpha=float(settings["alpha"]) if "alpha" in settings else None,
       clusters_df=clusters_df, mean_score=float(mean_score) if is_number(mean_score) else None,
-      p_band=band, rule=settings.get("rule"), examples=examples, cluster_info=cluster_info, dpi=dpi)
+      p_band=band, rule=settings.get("rule"), examples=examples, cluster_info=cluster_info,
+      windowed_layers=settings.get("windowed_layers") or (), dpi=dpi)
   if title is None:
     parts = [short_name(settings[k]) for k in ("model", "data") if settings.get(k)]
     title = "Attention heads: " + " on ".join(parts) if parts else "Attention-head analysis"

@@ -523,3 +523,25 @@ def test_the_rules_section_shows_windowed_and_global_layers_apart():
   assert ">50.0%<" in local_row and ">0.0%<" in local_row   # local layers 2 of 4, global 0 of 2
   assert "within 64 positions" in html
   assert "table-layer-kinds" not in _rules_section(tests_df, {"rule": "calibrated"}, {})
+
+
+def test_the_role_grid_marks_windowed_layers(tmp_path, data):
+  """Fig. 5 of a model with windowed layers labels each layer local or global; BERT's keeps plain
+  layer numbers."""
+  import matplotlib.axes
+  from heads_jax.report.figures import pande
+  labels = []
+  real = matplotlib.axes.Axes.set_yticks
+
+  def spy(self, ticks, tick_labels=None, **kw):
+    labels.append(list(tick_labels or []))
+    return real(self, ticks, tick_labels, **kw)
+
+  matplotlib.axes.Axes.set_yticks = spy
+  try:
+    pande.plot_role_grid(data["tests"], tmp_path / "w.png", windowed_layers=(1,), dpi=DPI)
+    pande.plot_role_grid(data["tests"], tmp_path / "p.png", dpi=DPI)
+  finally:
+    matplotlib.axes.Axes.set_yticks = real
+  assert labels[0][:2] == ["0 (global)", "1 (local)"]
+  assert labels[1][:2] == ["0", "1"]

@@ -425,15 +425,18 @@ def sorted_heads(assigned: np.ndarray) -> np.ndarray:
 
 
 def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, title: str | None = None,
-                   dpi: int = DEFAULT_DPI) -> Path:
+                   windowed_layers=(), dpi: int = DEFAULT_DPI) -> Path:
   """Layer x head grid, one cell per head with a marker per assigned fine role.
 
   Args:
     tests_df: ``tests.csv`` (layer, head, role, assigned).
     roles: the fine roles drawn, each at a fixed place of a 3-column sub-grid in the cell.
+    windowed_layers: layers whose heads see only a window of keys (ModernBERT's local layers):
+      labelled "L (local)" and shaded, the others "L (global)"; none: plain layer numbers.
   """
   df = tables.check_tests_df(tests_df)
   roles = list(roles)
+  windowed = {int(x) for x in windowed_layers or ()}
   tested = set(tables.tested_roles(df))
   num_layers, num_heads = tables.grid_shape(df)
   assigned = tables.assigned_matrix(df, roles)  # [l, h, r]
@@ -451,7 +454,8 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
     for col in range(num_heads):
       head = order[layer, col]
       ax.add_patch(mpatches.Rectangle((col - 0.46, layer - 0.46), 0.92, 0.92, fill=True,
-                                      facecolor="#fafafa", edgecolor="#cccccc", lw=0.6))
+                                      facecolor="#eef3f8" if layer in windowed else "#fafafa",
+                                      edgecolor="#cccccc", lw=0.6))
       ax.text(col - 0.43, layer - 0.43, str(head), fontsize=5.5, color="#777777",
               ha="left", va="top")
       for i, role in enumerate(roles):
@@ -467,7 +471,9 @@ def plot_role_grid(tests_df: pd.DataFrame, path, *, roles=style.GRID_ROLES, titl
   ax.set_xlim(-0.55, num_heads - 0.45)
   ax.set_ylim(num_layers - 0.5, -0.55)
   ax.set_xticks(np.arange(num_heads), [str(i + 1) for i in range(num_heads)], fontsize=8)
-  ax.set_yticks(np.arange(num_layers), [str(i) for i in range(num_layers)], fontsize=8)
+  ax.set_yticks(np.arange(num_layers),
+                [f"{i} ({'local' if i in windowed else 'global'})" if windowed else str(i)
+                 for i in range(num_layers)], fontsize=8)
   ax.set_xlabel(textwrap.fill("rank of the head within its layer by number of roles "
                               "(small grey number: head index)", width=int(13 * width)))
   ax.set_ylabel("layer")
@@ -657,7 +663,8 @@ def _draw_role_venn(i, path, *, title, dpi):
 
 
 def _draw_role_grid(i, path, *, title, dpi):
-  return None if i.tests_df is None else plot_role_grid(i.tests_df, path, title=title, dpi=dpi)
+  return None if i.tests_df is None else plot_role_grid(i.tests_df, path, title=title, dpi=dpi,
+                                                        windowed_layers=i.windowed_layers or ())
 
 
 def _draw_role_heatmaps(i, path, *, title, dpi):
