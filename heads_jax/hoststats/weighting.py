@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from heads_jax.hoststats.calibration import apply_rule
+from heads_jax.hoststats.calibration import apply_rule, windows_from_settings
 from heads_jax.hoststats.hypothesis import hypothesis_tests
 from heads_jax.hoststats.roles import assignment_array, coarse_roles
 
@@ -22,12 +22,15 @@ WEIGHTINGS = ("attention", "norm")
 
 def norm_tests(norm_sieve_bias, roles, settings: dict, lengths) -> pd.DataFrame:
   """The tests table of the norm-weighted scores with the run's ``settings`` (tau used, alpha, test,
-  correction, rule) and a ``weighting`` column = "norm"."""
+  correction, rule; the windowed layers of a ModernBERT run) and a ``weighting`` column = "norm"."""
   tests, s = hypothesis_tests(norm_sieve_bias, roles, tau=float(settings["tau"]),
                               alpha=float(settings["alpha"]), test=settings["test"],
                               correction=settings["correction"])
+  # windowed layers (ModernBERT): the same uniform baseline over the visible keys as the
+  # attention-weighted tests (None for every other model)
+  windows = windows_from_settings(settings, np.shape(norm_sieve_bias)[1])
   tests, _ = apply_rule(tests, s, norm_sieve_bias, roles, lengths,
-                        rule=settings.get("rule", "calibrated"))
+                        rule=settings.get("rule", "calibrated"), windows=windows)
   tests["weighting"] = "norm"
   return tests
 

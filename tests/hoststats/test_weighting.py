@@ -43,3 +43,21 @@ def test_norm_rows_use_the_same_tests_and_show_the_lost_role():
   summary = weighting_summary(tests, nt)
   assert summary["attention"]["delimiter"] == 0.5 and summary["norm"]["delimiter"] == 0.0
   assert summary["attention"]["local"] == summary["norm"]["local"] == 0.5
+
+
+def test_norm_rows_of_a_windowed_run_use_the_windowed_baseline():
+  """A ModernBERT-style run (windowed layers in its settings): the norm-weighted tests judge each
+  head against uniform attention over the keys it sees, as the attention-weighted ones do."""
+  rng = np.random.default_rng(1)
+  roles = ("local", "delimiter", "cls")
+  lengths = np.full(40, 20)
+  norm = np.stack([_scores(rng, False)[:, 0]] * 2, axis=1)     # [40, 2 layers, 2 heads, 3]
+  tests, s = hypothesis_tests(norm, roles)
+  windows = (None, 2)
+  _, settings = apply_rule(tests, s, norm, roles, lengths, windows=windows)
+  assert settings["windowed_layers"] == [1]
+  nt = norm_tests(norm, roles, settings, lengths)
+  expected, _ = apply_rule(*hypothesis_tests(norm, roles), norm, roles, lengths, windows=windows)
+  np.testing.assert_array_equal(nt["uniform"].to_numpy(), expected["uniform"].to_numpy())
+  plain, _ = apply_rule(*hypothesis_tests(norm, roles), norm, roles, lengths)
+  assert not np.array_equal(nt["uniform"].to_numpy(), plain["uniform"].to_numpy())
