@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from heads_jax import contract
 from heads_jax.hoststats.parsing import best_heads, role_agreement
 from heads_jax.hoststats.sinks import SINK_THRESHOLD, head_sinks
@@ -17,6 +19,26 @@ from heads_jax.report import spec
 from heads_jax.report.figures.common import DEFAULT_DPI
 from heads_jax.report.figures.robustness import SECTION
 from heads_jax.report.page import esc, table_html
+
+
+def _activations_html(summary: dict) -> str:
+  """The hidden-state norms at the sink positions per layer (summary's
+  ``first_norm_ratio_by_layer``, ``sep_norm_ratio_by_layer``; `hoststats.sinks.activation_summary`):
+  a pre-norm model's sink tokens can carry states many times the others' ("massive activations"),
+  a post-LayerNorm BERT's stay near 1; "" when the run has none."""
+  first = summary.get("first_norm_ratio_by_layer")
+  if not first:
+    return ""
+  sep = summary.get("sep_norm_ratio_by_layer") or [None] * len(first)
+  table = pd.DataFrame({"layer": ["embeddings"] + [str(i) for i in range(len(first) - 1)],
+                        "first token / other tokens": first, "[SEP] / other tokens": sep})
+  return ("<h3>Hidden-state norms at the sink positions</h3><p>" + esc(
+      "The L2 norm of each layer's output at the first token and at [SEP], over the median norm "
+      "of the other tokens (mean over the sequences). Attention sinks in pre-norm models such as "
+      "ModernBERT come with states many times larger than the others' (massive activations); "
+      "after a post-LayerNorm layer (BERT) the ratio stays near 1. Compare two models' tables "
+      "to see which kind a model is.") + "</p>"
+          + table_html(table, table_id="table-hidden-norms", float_format="{:.2f}"))
 
 
 def robustness_sections(out_dir, *, dpi: int = DEFAULT_DPI) -> list[dict]:
@@ -48,6 +70,7 @@ def robustness_sections(out_dir, *, dpi: int = DEFAULT_DPI) -> list[dict]:
     html += (f"<p>Sink rate: {100 * rate:.0f}% of the heads put more than {threshold:g} of their "
              f"attention on the first token on average (Gu et al.); mean norm ratio "
              f"{summary.get('mean_norm_ratio', float('nan')):.2f}.</p>")
+  html += _activations_html(summary)
   if best is not None and len(best):
     html += figures.get("robustness_parsing", "")
     html += "<h3>Best head per relation and direction</h3>" + table_html(

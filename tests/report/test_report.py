@@ -545,3 +545,14 @@ def test_the_role_grid_marks_windowed_layers(tmp_path, data):
     matplotlib.axes.Axes.set_yticks = real
   assert labels[0][:2] == ["0 (global)", "1 (local)"]
   assert labels[1][:2] == ["0", "1"]
+
+
+def test_hidden_state_norms_at_the_sinks_in_a_table():
+  """The second pass's hidden-state norm ratios per layer (massive activations) as a table; none
+  without them."""
+  from heads_jax.report.robustness import _activations_html
+  html = _activations_html({"first_norm_ratio_by_layer": [0.7, 0.68, 12.5],
+                            "sep_norm_ratio_by_layer": [1.1, None, 0.9]})
+  assert 'id="table-hidden-norms"' in html and "<td>embeddings</td>" in html
+  assert '<td class="num">12.500</td>' in html or ">12.50<" in html
+  assert _activations_html({}) == ""
