@@ -39,7 +39,7 @@ MNLI evaluates on ``dev_matched``; ``--config.data.eval_split=dev_mismatched`` f
 import ml_collections
 
 from heads_jax import env
-from heads_jax.training.configlib import distributed_config
+from heads_jax.training.configlib import distributed_config, optimizer_config
 
 GLUE_DIR = env.get("HEADS_JAX_GLUE_DIR")
 TASKS = ("mrpc", "qqp", "sst2", "qnli")
@@ -99,18 +99,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_batch_size = 128
   c.num_train_steps = 20_000
 
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = "lamb"
-  c.optimizer.learning_rate = 1e-4
-  c.optimizer.warmup_steps = 10_000
-  c.optimizer.end_learning_rate = 0.0
-  c.optimizer.power = 1.0
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-6
-  c.optimizer.clip_norm = 1.0
-  c.optimizer.accumulate_steps = 1
+  c.optimizer = optimizer_config(learning_rate=1e-4, warmup_steps=10_000)
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 1_000

@@ -64,7 +64,7 @@ not implemented.
 import ml_collections
 
 from heads_jax import env
-from heads_jax.training.configlib import distributed_config
+from heads_jax.training.configlib import distributed_config, optimizer_config
 
 GUTENBERG = env.get("HEADS_JAX_GUTENBERG")
 CORPUS = env.get("HEADS_JAX_CORPUS")  # heads-jax prepare-corpus --out ...
@@ -129,18 +129,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.batch_size = 256      # global batch size (all devices and hosts)
   c.num_train_steps = 300_000
 
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = "lamb"
-  c.optimizer.learning_rate = 6.25e-4
-  c.optimizer.warmup_steps = 10_000
-  c.optimizer.end_learning_rate = 0.0
-  c.optimizer.power = 1.0
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-6
-  c.optimizer.clip_norm = 1.0
-  c.optimizer.accumulate_steps = 1  # micro-batches per update (optax.MultiSteps)
+  c.optimizer = optimizer_config(learning_rate=6.25e-4, warmup_steps=10_000)
   # LAMB over one flat vector (heads_jax.training.optimizer.flat_lamb; the same update as the
   # optax chain in a few passes instead of ~2,200 kernels); False: the chain (runs started
   # before 2026-11-27: their checkpoints hold its state)

@@ -145,6 +145,25 @@ def save_config(config: ml_collections.ConfigDict, path) -> None:
   write_text(path, json.dumps(config.to_dict(), indent=2, default=str))
 
 
+def optimizer_config(learning_rate: float, warmup_steps: int) -> ml_collections.ConfigDict:
+  """``config.optimizer`` of the training configs: LAMB with BERT's settings
+  (``heads_jax.training.optimizer``: weight decay 0.01, betas 0.9/0.999, eps 1e-6, clipping at
+  1.0, linear warm-up then linear decay to 0), one micro-batch per update."""
+  o = ml_collections.ConfigDict()
+  o.name = "lamb"
+  o.learning_rate = learning_rate
+  o.warmup_steps = warmup_steps
+  o.end_learning_rate = 0.0
+  o.power = 1.0
+  o.weight_decay = 0.01
+  o.b1 = 0.9
+  o.b2 = 0.999
+  o.eps = 1e-6
+  o.clip_norm = 1.0
+  o.accumulate_steps = 1  # micro-batches per update (optax.MultiSteps)
+  return o
+
+
 def distributed_config() -> ml_collections.ConfigDict:
   """Several host processes (a TPU pod slice, several GPU hosts, several processes of one
   machine): ``jax.distributed`` joins them when any field is set. Unset fields are discovered
