@@ -41,7 +41,7 @@ from heads_jax.storage import as_path, is_url, local_copy, write_text
 from heads_jax.data.tokenizer import TOKENIZER_FILES, load_tokenizer
 from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch
-from heads_jax.training import checkpointing, configlib, steps
+from heads_jax.training import configlib, steps
 from heads_jax.training.job import TrainingJob, rows_identity
 
 
@@ -137,12 +137,7 @@ def train_and_evaluate(config, workdir, rows=None) -> dict:
   train_step = job.train_step(loss_of(info))
   eval_step = job.eval_step(loss_of(info), with_predictions=True)
 
-  best_ckpts = checkpointing.Checkpoints(job.dir.best, save_interval_steps=1, max_to_keep=1,
-                                         async_save=False)
-  best = {"score": -np.inf}
-  if best_ckpts.latest_step() is not None:
-    _, meta = best_ckpts.restore({"params": checkpointing.abstract_like(state["params"])})
-    best = meta.get("best", best)
+  best_ckpts, best = job.best_checkpoints(state)
   select = config.select_metric or info.metrics[-1]
 
   def evaluate(params) -> dict:

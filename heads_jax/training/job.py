@@ -368,6 +368,18 @@ class TrainingJob:
                         f"training again)") from None
     return {"heads_jax": display(self.dir.sub(model_dir)), "hf": display(self.dir.sub(hf_dir))}
 
+  def best_checkpoints(self, state):
+    """``(best_ckpts, best)``: the manager of ``workdir/best`` (the best evaluation's parameters,
+    one kept) and the record of that evaluation (``{"score": -inf}`` when none is kept yet; read
+    back on a resume)."""
+    best_ckpts = checkpointing.Checkpoints(self.dir.best, save_interval_steps=1, max_to_keep=1,
+                                           async_save=False)
+    best = {"score": -float("inf")}
+    if best_ckpts.latest_step() is not None:
+      _, meta = best_ckpts.restore({"params": checkpointing.abstract_like(state["params"])})
+      best = meta.get("best", best)
+    return best_ckpts, best
+
   def export_best(self, state, best_ckpts, best: dict, tokenizer, *,
                   id2label: dict | None = None) -> tuple[dict, dict]:
     """After a finished run (``config.export``): the best checkpoint's parameters (or the last

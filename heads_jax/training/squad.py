@@ -41,7 +41,7 @@ from heads_jax.data.glue_batches import EpochBatches
 from heads_jax.errors import UserError
 from heads_jax.parallel import shard_batch
 from heads_jax.storage import local_copy, staged_output
-from heads_jax.training import checkpointing, steps
+from heads_jax.training import steps
 from heads_jax.training.job import TrainingJob, rows_identity
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -221,12 +221,7 @@ def train_and_evaluate(config, workdir, tokenizer) -> dict:
   train_step = job.train_step(span_loss)
   eval_step = job.eval_step(span_loss, with_predictions=True)
 
-  best_ckpts = checkpointing.Checkpoints(job.dir.best, save_interval_steps=1, max_to_keep=1,
-                                         async_save=False)
-  best = {"score": -np.inf}
-  if best_ckpts.latest_step() is not None:
-    _, meta = best_ckpts.restore({"params": checkpointing.abstract_like(state["params"])})
-    best = meta.get("best", best)
+  best_ckpts, best = job.best_checkpoints(state)
   select = config.select_metric or "f1"
   last_eval = {}
 
