@@ -133,7 +133,15 @@ def _programs(model, batch: dict, mesh):
   for name, options in KERNEL_VARIANTS:
     progs[name] = None if kernel is None or "kernel" not in STATS_IMPLS else (
         _kernel_program(graphdef, mesh, **options), (state, device_batch))
+  progs[SAME_PROGRAM] = None if kernel is None or "kernel" not in STATS_IMPLS else (
+      _kernel_program(graphdef, mesh, beside_stacked=True), (state, device_batch))
   return progs
+
+
+# One program computing both the stand-alone statistics from the maps and kernel v2 from the same
+# layer's q and k: its check compares the kernel with stacked on identical inputs (separately
+# compiled bf16 programs may round their matmuls differently, which no cross-program check separates).
+SAME_PROGRAM = "kernel beside stacked v1 in one program"
 
 
 # Kernel v2's settings timed beside the step's choice (each checked like the paths): Triton's
@@ -147,14 +155,18 @@ KERNEL_VARIANTS = (("kernel, 8 warps", {"num_warps": 8}),
 
 
 def _kernel_program(graphdef, mesh, attention: str = "auto", wrapper: str | None = None,
-                    **options):
+                    beside_stacked: bool = False, **options):
   """The analysis step's kernel branch with ``options`` for ``kernel.kernel_reducer``."""
   import jax
   from flax import nnx
   from heads_jax.data.vocabulary import ROLES
   from heads_jax.stats import kernel
   from heads_jax.stats.fused import target_platform
+  from heads_jax.sieves import build_sieves
+  from heads_jax.stats.distance import distance_features
   from heads_jax.stats.layerwise import finish
+  from heads_jax.stats.measures import all_measures
+  from heads_jax.stats.sieve_bias import sieve_bias
   platform = target_platform(None)
 
   def run(st, bt):
@@ -164,8 +176,16 @@ def _kernel_program(graphdef, mesh, attention: str = "auto", wrapper: str | None
                                    platform=platform, **options)
     out = nnx.merge(graphdef, st)(bt["input_ids"], attention_mask=bt["attention_mask"],
                                   token_type_ids=bt["token_type_ids"], deterministic=True,
-                                  attention=attention, attention_reduce=reduce)
-    return finish(out["attention_reduced"], tables)
+                                  attention=attention, attention_reduce=reduce,
+                                  return_attentions=beside_stacked)
+    got = finish(out["attention_reduced"], tables)
+    if not beside_stacked:
+      return got
+    attn, mask, tc = out["attentions"], bt["attention_mask"], bt["token_class"]
+    want = {"sieve_bias": sieve_bias(attn, build_sieves(bt, ROLES), mask, ROLES),
+            "distance": distance_features(attn, tc, mask)}
+    want.update(all_measures(attn, tc, mask))
+    return {"kernel": got, "stacked": want}
   return jax.jit(run)
 
 
@@ -237,7 +257,13 @@ def part_analysis_ab(p, s: dict, tiny: bool) -> None:
   want = {k: np.asarray(v) for k, v in outputs.get("stacked v1 (stand-alone functions)",
                                                      {}).items()}
   for name, out in outputs.items():
-    if isinstance(out, dict) and want and name != "stacked v1 (stand-alone functions)":
+    if name == SAME_PROGRAM:
+      e = _errors(out["kernel"], {k: np.asarray(v) for k, v in out["stacked"].items()})
+      p.row(f"check {name}: kernel against the stand-alone statistics of the same maps",
+            e["max_rel_error"], "max rel. error",
+            "NaN pattern equal" if e["nan_pattern_equal"] else "NaN PATTERN DIFFERS",
+            per_output=e["per_output"])
+    elif isinstance(out, dict) and want and name != "stacked v1 (stand-alone functions)":
       e = _errors(out, want)
       p.row(f"check {name} against stacked v1", e["max_rel_error"], "max rel. error",
             "NaN pattern equal" if e["nan_pattern_equal"] else "NaN PATTERN DIFFERS",
