@@ -130,10 +130,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_train_steps = 300_000
 
   c.optimizer = optimizer_config(learning_rate=6.25e-4, warmup_steps=10_000)
-  # LAMB over one flat vector (heads_jax.training.optimizer.flat_lamb; the same update as the
-  # optax chain in a few passes instead of ~2,200 kernels); False: the chain (runs started
-  # before 2026-11-27: their checkpoints hold its state)
-  c.optimizer.flat = True
+  # LAMB as the optax chain (optimizer.lamb). True: over one flat vector
+  # (heads_jax.training.optimizer.flat_lamb; the same update in a few passes instead of ~2,200
+  # CPU kernels), but measured slower on a GPU: BERT-base seq 128 batch 256 on an H200,
+  # 94.1 ms a step against 58.4 (bench/accelerator.py --parts pretrain_ab, 2026-11-27,
+  # BENCHMARKS.md), so it is not the default
+  c.optimizer.flat = False
 
   c.init_checkpoint = ""  # run checkpoints dir (params only), heads_jax dir or HF dir
 

@@ -26,7 +26,8 @@ Two implementations of the same update:
 
 * ``lamb``: the optax chain above, one small program per parameter leaf at every stage
   (compiled for BERT-base on the CPU: 2,237 fusions);
-* ``flat_lamb`` (``make_optimizer(..., flat=True)``, pre-training's default): the moments live
+* ``flat_lamb`` (``make_optimizer(..., flat=True)``; not the default: 1.61x slower a step than
+  the chain on an H200, BENCHMARKS.md issue 39): the moments live
   in one flat float32 vector, each leaf a segment padded to whole rows of ``FLAT_ROW`` elements
   (``[R, FLAT_ROW]``). The update is a few passes over it: the gradients' global norm; the
   moments, the Adam direction, the decay and each row's ``||w||^2`` and ``||u||^2``; the

@@ -74,10 +74,11 @@ def test_the_new_settings_are_checked_before_device_work():
   from heads_jax.model.heads import MLM_LOGITS
   from heads_jax.training import steps
   assert configlib.DROPOUT_RNGS == steps.DROPOUT_RNGS and configlib.MLM_LOGITS == MLM_LOGITS
-  for override, message in (("dropout_rng=philox", "dropout_rng must be one of"),
-                            ("mlm_logits=bf16", "mlm_logits must be one of"),
-                            ("optimizer.name=adamw", "optimizer.flat exists for LAMB only")):
-    c = configlib.load_config("configs/pretrain.py:bert_base", [override])
+  for overrides, message in ((["dropout_rng=philox"], "dropout_rng must be one of"),
+                             (["mlm_logits=bf16"], "mlm_logits must be one of"),
+                             (["optimizer.flat=true", "optimizer.name=adamw"],
+                              "optimizer.flat exists for LAMB only")):
+    c = configlib.load_config("configs/pretrain.py:bert_base", overrides)
     with pytest.raises(UserError, match=message):
       configlib.check_training_config(c)
   configlib.check_training_config(configlib.load_config("configs/pretrain.py:bert_base"))
