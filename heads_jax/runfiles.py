@@ -66,7 +66,7 @@ def write_json(path, data) -> Path:
   """Writes ``data`` as JSON to ``path`` atomically (parents created); returns ``path``."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
+  tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")   # processes writing at once: their own
   tmp.write_text(json.dumps(data, indent=2, default=str))
   tmp.replace(path)
   return path
@@ -203,7 +203,7 @@ def write_table(out, stem: str, table) -> Path:
   """A pandas table as ``out/<stem>.csv`` (no index), written atomically."""
   path = Path(out) / f"{stem}.csv"
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
+  tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")   # processes writing at once: their own
   table.to_csv(tmp, index=False)
   tmp.replace(path)
   return path

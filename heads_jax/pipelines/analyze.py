@@ -145,7 +145,12 @@ def run_analysis(cfg: AnalysisConfig, *, model=None, tokenizer=None, overwrite: 
                    shown_out=cfg.out)
     remote = as_path(cfg.out)
     if host.get("report") is not None:
-      host["report"] = remote / Path(host["report"]).relative_to(local).as_posix()
+      # a reused stage's result names the folder of the run that wrote it (an earlier staging
+      # folder): the report's place inside the run folder is what carries over
+      report = Path(host["report"])
+      inside = (report.relative_to(local) if report.is_relative_to(local)
+                else Path(contract.REPORT_HTML))
+      host["report"] = remote / inside.as_posix()
     host["out"] = remote
   if main:
     log(f"copied to {cfg.out}")

@@ -166,7 +166,7 @@ def test_analyze_writes_its_files_to_a_bucket(pretrained, tmp_path):
   # a second run into the bucket finds the first run's scores there and reuses them
   lines = []
   run_analysis(cfg(f"{pretrained['url']}/model", url), progress=False, log=lines.append)
-  assert any(str(line).startswith("reusing") for line in lines), lines
+  assert any(str(line).lstrip().startswith("reusing") for line in lines), lines
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
