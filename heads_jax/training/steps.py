@@ -179,12 +179,14 @@ def make_train_step(parts: ModelParts, tx: optax.GradientTransformation, loss_fn
       return loss_fn(model, batch, deterministic=False)
 
     (_, metrics), grads = jax.value_and_grad(f, has_aux=True)(state["params"])
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    metrics = dict(metrics)
-    # the flat LAMB has the norm already (optimizer.FlatLambState): no second pass over grads
-    norm = getattr(opt_state, "grad_norm", None)
-    metrics["grad_norm"] = optax.global_norm(grads) if norm is None else norm
+    # the scope names the update's ops in the HLO metadata (bench/profiling.py's phase)
+    with jax.named_scope("optimizer"):
+      updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+      params = optax.apply_updates(state["params"], updates)
+      metrics = dict(metrics)
+      # the flat LAMB has the norm already (optimizer.FlatLambState): no second pass over grads
+      norm = getattr(opt_state, "grad_norm", None)
+      metrics["grad_norm"] = optax.global_norm(grads) if norm is None else norm
     if schedule is not None:
       metrics["learning_rate"] = schedule(step // max(1, accumulate_steps))
     return {"step": step + 1, "params": params, "opt_state": opt_state}, metrics
