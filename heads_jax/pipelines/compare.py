@@ -57,17 +57,17 @@ def _analysis_key(ctx: engine.Context, folder) -> dict:
 @dataclasses.dataclass(frozen=True)
 class CompareConfig:
   """Everything a comparison depends on (`run_compare`'s arguments): the two analysis
-  directories, ``out``, the report's title, and for the attention similarity both models, its
-  data (None: the first data set of ``after``) and sizes."""
+  directories, ``out``, the report's title, and for the attention similarity its data (None:
+  the first data set of ``after``), sizes and both models."""
   before: str
   after: str
   out: str
   title: str | None = None
-  before_model: str | None = None
-  after_model: str | None = None
   data: str | None = None
   max_examples: int = 500
   max_length: int = 128
+  before_model: str | None = None
+  after_model: str | None = None
 
   @property
   def with_models(self) -> bool:
