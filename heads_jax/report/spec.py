@@ -5,17 +5,22 @@ the report(s) and section it belongs to, and which paper / figure it reproduces.
 under `heads_jax.report.figures` holds a `Registry` (``FIGURES``) and registers its figures there
 once; the reports (analysis, compare, ablation, measures, reproduce, index) ask `figures_for`
 which figures they show and `draw` them, the way big_vision lists ``config.evals.<name>.type`` and
-builds each evaluator in ``evaluators/common.py``. Adding a figure is one `Registry.register` call.
+builds each evaluator in ``evaluators/common.py``. A paper module declares its figures as one table
+(`Registry.register_all`: ``{name: {field: value}}``, the fields of `Figure`); adding a figure is one
+entry there.
 A `Section` (``Registry.section``) gives a section that holds registered figures its paragraph.
 
 A draw function is ``draw(inputs, path, *, title, dpi) -> Path | None``: `Inputs` holds what the
 report has (missing entries read as None); it draws a PNG at ``path`` and returns it, or returns
-None when the inputs lack what the figure needs (the report leaves the figure out). No jax.
+None when the inputs lack what the figure needs (the report leaves the figure out). Inputs a figure
+cannot do without are its spec's ``needs``: its ``draw`` returns None when any of them is missing,
+before the draw function is called. No jax.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -43,6 +48,8 @@ class Figure:
     reports: the reports (`REPORTS`) that show it.
     section: the section of those reports it appears in.
     reproduces: the paper's figure it reproduces ("Fig. 3a"), "" when none.
+    needs: inputs the figure cannot be drawn without: ``draw`` returns None, without calling the
+      draw function, when any of them is missing (None).
     rule_in_title: the drawn title names the role rule (``inputs.rule``), for figures drawn from
       the role decisions.
     paper: the paper (filled in by the `Registry`).
@@ -56,6 +63,7 @@ class Figure:
   section: str = "Figures"
   reproduces: str = ""
   rule_in_title: bool = False
+  needs: tuple[str, ...] = ()
   paper: str = ""
 
   def __post_init__(self):
@@ -63,6 +71,8 @@ class Figure:
     if unknown or not self.reports:
       raise ValueError(f"figure {self.name!r}: reports must be some of {REPORTS}, got "
                        f"{self.reports!r}")
+    if self.needs:
+      object.__setattr__(self, "draw", _when_given(self.draw, tuple(self.needs)))
 
   @property
   def text(self) -> tuple[str, str, str]:
@@ -72,6 +82,16 @@ class Figure:
   def drawn_title(self, inputs: Inputs) -> str:
     rule = inputs.get("rule") if self.rule_in_title else None
     return self.title + (f" ({rule} rule)" if rule else "")
+
+
+def _when_given(draw, needs: tuple[str, ...]):
+  """``draw`` that returns None when an input of ``needs`` is missing."""
+  @functools.wraps(draw)
+  def drawn(inputs, path, **kw):
+    if any(inputs.get(name) is None for name in needs):
+      return None
+    return draw(inputs, path, **kw)
+  return drawn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +131,11 @@ class Registry:
     fig = Figure(name=name, paper=self.paper, **fields)
     self._figures[name] = fig
     return fig
+
+  def register_all(self, table: dict[str, dict]) -> None:
+    """Registers every figure of ``table`` (``{name: {field: value}}``, `register`), in order."""
+    for name, fields in table.items():
+      self.register(name, **fields)
 
   def unregister(self, name: str) -> None:
     self._figures.pop(name)

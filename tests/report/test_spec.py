@@ -160,3 +160,14 @@ def test_importance_figure_takes_its_colour_bar_label_from_the_inputs(tmp_path, 
   assert seen["label"] == "E|dL/dgate|"
   draw(spec.Inputs(importance=np.ones((2, 4))), tmp_path / "b.png", title="", dpi=50)
   assert seen["label"] == "importance"
+
+
+def test_a_figure_without_an_input_it_needs_is_left_out_before_its_draw_runs(tmp_path):
+  calls = []
+  fig = spec.Figure(name="f", title="t", caption="c", how="h", reports=("analysis",),
+                    draw=lambda i, path, **kw: calls.append(i.table) or path, needs=("table",))
+  assert fig.draw(spec.Inputs(), tmp_path / "f.png", title="t", dpi=50) is None
+  assert fig.draw(spec.Inputs(table=None, other=1), tmp_path / "f.png", title="t", dpi=50) is None
+  assert calls == []
+  assert fig.draw(spec.Inputs(table=[]), tmp_path / "f.png", title="t", dpi=50) == tmp_path / "f.png"
+  assert calls == [[]]

@@ -125,15 +125,11 @@ def plot_js_mds(js, num_layers: int, num_heads: int, path, *, seed: int = 0,
 
 def _draw_entropy(i, path, *, title, dpi):
   """Inputs: ``entropy`` and ``cls_entropy`` ``[l, h]`` (means over the sequences), ``mean_length``."""
-  if i.entropy is None:
-    return None
   return plot_entropy(i.entropy, i.cls_entropy, path, mean_length=i.mean_length, dpi=dpi)
 
 
 def _draw_tokens(i, path, *, title, dpi):
   """Inputs: ``token_attention`` ``[l, h, m]`` (mean over the sequences), ``token_names``."""
-  if i.token_attention is None:
-    return None
   return plot_token_attention(i.token_attention, path, names=i.token_names, dpi=dpi)
 
 
@@ -160,38 +156,37 @@ FIGURES.section("measures", "Heads by Jensen-Shannon distance", (
     "multidimensional scaling (Clark et al. 2019, Fig. 6).</p>"))
 
 # name, title, caption (what is drawn), how (how to read it), how each report draws it
-FIGURES.register(
-    'measures_entropy',
-    title='Attention entropy per head',
-    caption=('Each dot is one head; the line is the layer mean.'),
-    how=('Heads near the dotted line attend broadly (a bag of words); heads near 0 '
-         'attend to one token.'),
-    draw=_draw_entropy,
-    reports=("measures",),
-    section="Attention entropy (Clark et al. 2019)",
-    reproduces="Fig. 4",
-)
-
-FIGURES.register(
-    'measures_tokens',
-    title='Where heads attend',
-    caption=('One panel per target; each dot is one head.'),
-    how=("Middle layers attending heavily to [SEP] is the 'no-op' pattern Clark et "
-         'al. describe; heads near 1 on previous / next are positional heads.'),
-    draw=_draw_tokens,
-    reports=("measures",),
-    section="Attention to special tokens and neighbours",
-    reproduces="Figs. 1-2",
-)
-
-FIGURES.register(
-    'measures_js_mds',
-    title='Heads embedded by Jensen-Shannon distance',
-    caption=('Each dot is one head, coloured by layer and labelled layer-head.'),
-    how=('Heads close together attend alike; Clark et al. find heads of the same '
-         'layer tend to cluster.'),
-    draw=_draw_js_mds,
-    reports=("measures",),
-    section="Heads by Jensen-Shannon distance",
-    reproduces="Fig. 6",
-)
+FIGURES.register_all({
+    'measures_entropy': {
+        "title": 'Attention entropy per head',
+        "caption": 'Each dot is one head; the line is the layer mean.',
+        "how": ('Heads near the dotted line attend broadly (a bag of words); heads near 0 '
+                'attend to one token.'),
+        "draw": _draw_entropy,
+        "needs": ("entropy",),
+        "reports": ("measures",),
+        "section": "Attention entropy (Clark et al. 2019)",
+        "reproduces": "Fig. 4",
+    },
+    'measures_tokens': {
+        "title": 'Where heads attend',
+        "caption": 'One panel per target; each dot is one head.',
+        "how": ("Middle layers attending heavily to [SEP] is the 'no-op' pattern Clark et "
+                'al. describe; heads near 1 on previous / next are positional heads.'),
+        "draw": _draw_tokens,
+        "needs": ("token_attention",),
+        "reports": ("measures",),
+        "section": "Attention to special tokens and neighbours",
+        "reproduces": "Figs. 1-2",
+    },
+    'measures_js_mds': {
+        "title": 'Heads embedded by Jensen-Shannon distance',
+        "caption": 'Each dot is one head, coloured by layer and labelled layer-head.',
+        "how": ('Heads close together attend alike; Clark et al. find heads of the same '
+                'layer tend to cluster.'),
+        "draw": _draw_js_mds,
+        "reports": ("measures",),
+        "section": "Heads by Jensen-Shannon distance",
+        "reproduces": "Fig. 6",
+    },
+})

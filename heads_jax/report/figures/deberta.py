@@ -34,8 +34,6 @@ def plot_term_shares(term_shares, path, *, names=tuple(TERM_LABELS), dpi: int = 
 
 def _draw_term_shares(i, path, *, title, dpi):
   """Inputs: ``term_shares`` ``[l, h, 3]`` (means over the sequences) and ``term_names``."""
-  if i.term_shares is None:
-    return None
   return plot_term_shares(i.term_shares, path, names=tuple(i.term_names or TERM_LABELS), dpi=dpi)
 
 
@@ -49,14 +47,16 @@ FIGURES.section("measures", "DeBERTa's attention terms: content or position", (
     "large content-to-position plus position-to-content share is positional; one with a large "
     "content-to-content share reads content. No BERT-style model can make this split.</p>"))
 
-FIGURES.register(
-    "measures_term_shares",
-    title="Where DeBERTa's attention logits vary: content or position",
-    caption="One panel per term; each cell is one head's share (mean over the sequences).",
-    how=("Bright c2c and dark c2p/p2c: the head attends by content; the reverse: by position "
-         "(its pattern follows token offsets)."),
-    draw=_draw_term_shares,
-    reports=("measures",),
-    section="DeBERTa's attention terms: content or position",
-    reproduces="",
-)
+FIGURES.register_all({
+    "measures_term_shares": {
+        "title": "Where DeBERTa's attention logits vary: content or position",
+        "caption": "One panel per term; each cell is one head's share (mean over the sequences).",
+        "how": ("Bright c2c and dark c2p/p2c: the head attends by content; the reverse: by position "
+                "(its pattern follows token offsets)."),
+        "draw": _draw_term_shares,
+        "needs": ("term_shares",),
+        "reports": ("measures",),
+        "section": "DeBERTa's attention terms: content or position",
+        "reproduces": "",
+    },
+})

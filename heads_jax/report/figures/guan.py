@@ -322,15 +322,11 @@ def _draw_cluster_changes(i, path, *, title, dpi):
 
 
 def _draw_group_ablation(i, path, *, title, dpi):
-  if i.group_table is None:
-    return None
   # the drawn title names the metric (the plot's own); the report's heading is the spec's
   return plot_group_ablation(i.group_table, path, metric=i.metric or "accuracy", dpi=dpi)
 
 
 def _draw_segment_ablation(i, path, *, title, dpi):
-  if i.segment_table is None:
-    return None
   return plot_segment_ablation(i.segment_table, path, metric=i.metric or "accuracy", dpi=dpi)
 
 
@@ -427,104 +423,93 @@ def _draw_all_maps(i, path, *, title, dpi):
   return plot_all_maps(i.examples, i.clusters_df, path, title=title, dpi=dpi)
 
 
-FIGURES.register(
-    'all_maps',
-    title='Every head\'s attention map of one input, by type',
-    caption=('The attention maps of all heads (rows: layers, columns: heads) for one input, the '
-             'frame coloured by the head\'s attention type (Guan et al. Fig. 5: "We visualize all '
-             'attention matrices with a same randomly selected input sample"). The maps are the '
-             'head view\'s (examples.json): the input is the one most heads hold; grey heads lack '
-             'its map.'),
-    how=('A dark diagonal is a diagonal head, dark columns a vertical head ([CLS], [SEP], '
-         'punctuation), an even grey a dense head.'),
-    draw=_draw_all_maps,
-    reports=("analysis", "reproduce"),
-    reproduces="Fig. 5",
-)
-
-FIGURES.register(
-    'cluster_tsne',
-    title='t-SNE of heads by distance features',
-    caption=('Every head placed by t-SNE of its 21 distance features, coloured by '
-             'K-means cluster (Guan et al. Fig. 2); the number at each point is its '
-             'layer.'),
-    how=('Nearby points attend similarly; t-SNE distances between far-apart groups '
-         'are not meaningful, only the grouping is.'),
-    draw=_draw_cluster_tsne,
-    reports=("analysis",),
-    reproduces="Fig. 2",
-)
-
-FIGURES.register(
-    'cluster_layers',
-    title='Attention type per layer',
-    caption=('Number of heads of each attention type (cluster) in every layer (Guan '
-             'et al. Fig. 3).'),
-    how=('Read a bar bottom-up to see how many heads of the layer are of each type; '
-         'compare bars to see types moving through the depth.'),
-    draw=_draw_cluster_layers,
-    reports=("analysis",),
-    reproduces="Fig. 3",
-)
-
-FIGURES.register(
-    'cluster_features',
-    title='Distance features per attention type',
-    caption=('Box plots of the 21 distance features of the heads in each cluster '
-             '(Guan et al. Fig. 1): attention mass in 16 relative-distance windows, '
-             "to itself, [CLS], [SEP], ',' and '.'."),
-    how=('Boxes span the middle half of the heads, the line is the median; a cluster '
-         "with high 'self' and 'w0' is diagonal, high [CLS]/[SEP] vertical, spread "
-         'over windows dense.'),
-    draw=_draw_cluster_features,
-    reports=("analysis",),
-    reproduces="Fig. 1",
-)
-
-FIGURES.register(
-    'type_masses',
-    title='The masses each attention type is named by',
-    caption=("Per named type (cluster), box plots of its heads' near (self and the nearest "
-             "windows), far (the other windows) and special ([CLS], [SEP], comma, period) "
-             "attention mass: the quantities Guan et al.'s definitions of diagonal, dense and "
-             "vertical heads read; each panel's title gives the name's margin (clusters.json)."),
-    how=('A diagonal type has most of its mass near, a vertical type on the special tokens, a '
-         'dense type spread far; a small margin means the name was a close call.'),
-    draw=_draw_type_masses,
-    reports=("analysis",),
-)
-
-FIGURES.register(
-    'cluster_changes',
-    title='Attention type before and after fine-tuning',
-    caption=('Number of heads with each pair (type before, type after fine-tuning).'),
-    how=('The diagonal holds heads that kept their type; every off-diagonal count is '
-         'heads that changed type (row: before, column: after).'),
-    draw=_draw_cluster_changes,
-    reports=("compare",),
-)
-
-FIGURES.register(
-    'group_ablation',
-    title='Ablation by head group',
-    caption=('Change of {metric} per ablated group (bars) and for random groups of '
-             'the same size (black markers).'),
-    how=('Bars left of 0: the model got worse without the group; a bar far beyond its'
-         ' black marker means the group matters more than as many random heads.'),
-    draw=_draw_group_ablation,
-    reports=("ablation",),
-    section="Ablation by head group",
-    reproduces="Table 2",
-)
-
-FIGURES.register(
-    'segment_ablation',
-    title='Intra- and inter-sentence attention removed',
-    caption=('Change of {metric} when the intra- or inter-sentence attention of each '
-             'group is removed.'),
-    how=('Bars below 0: the model needs that kind of attention in those heads.'),
-    draw=_draw_segment_ablation,
-    reports=("ablation",),
-    section="Intra- and inter-sentence attention removed",
-    reproduces="Table 3",
-)
+FIGURES.register_all({
+    'all_maps': {
+        "title": 'Every head\'s attention map of one input, by type',
+        "caption": ('The attention maps of all heads (rows: layers, columns: heads) for one input, the '
+                    'frame coloured by the head\'s attention type (Guan et al. Fig. 5: "We visualize all '
+                    'attention matrices with a same randomly selected input sample"). The maps are the '
+                    'head view\'s (examples.json): the input is the one most heads hold; grey heads lack '
+                    'its map.'),
+        "how": ('A dark diagonal is a diagonal head, dark columns a vertical head ([CLS], [SEP], '
+                'punctuation), an even grey a dense head.'),
+        "draw": _draw_all_maps,
+        "reports": ("analysis", "reproduce"),
+        "reproduces": "Fig. 5",
+    },
+    'cluster_tsne': {
+        "title": 't-SNE of heads by distance features',
+        "caption": ('Every head placed by t-SNE of its 21 distance features, coloured by '
+                    'K-means cluster (Guan et al. Fig. 2); the number at each point is its '
+                    'layer.'),
+        "how": ('Nearby points attend similarly; t-SNE distances between far-apart groups '
+                'are not meaningful, only the grouping is.'),
+        "draw": _draw_cluster_tsne,
+        "reports": ("analysis",),
+        "reproduces": "Fig. 2",
+    },
+    'cluster_layers': {
+        "title": 'Attention type per layer',
+        "caption": ('Number of heads of each attention type (cluster) in every layer (Guan '
+                    'et al. Fig. 3).'),
+        "how": ('Read a bar bottom-up to see how many heads of the layer are of each type; '
+                'compare bars to see types moving through the depth.'),
+        "draw": _draw_cluster_layers,
+        "reports": ("analysis",),
+        "reproduces": "Fig. 3",
+    },
+    'cluster_features': {
+        "title": 'Distance features per attention type',
+        "caption": ('Box plots of the 21 distance features of the heads in each cluster '
+                    '(Guan et al. Fig. 1): attention mass in 16 relative-distance windows, '
+                    "to itself, [CLS], [SEP], ',' and '.'."),
+        "how": ('Boxes span the middle half of the heads, the line is the median; a cluster '
+                "with high 'self' and 'w0' is diagonal, high [CLS]/[SEP] vertical, spread "
+                'over windows dense.'),
+        "draw": _draw_cluster_features,
+        "reports": ("analysis",),
+        "reproduces": "Fig. 1",
+    },
+    'type_masses': {
+        "title": 'The masses each attention type is named by',
+        "caption": ("Per named type (cluster), box plots of its heads' near (self and the nearest "
+                    "windows), far (the other windows) and special ([CLS], [SEP], comma, period) "
+                    "attention mass: the quantities Guan et al.'s definitions of diagonal, dense and "
+                    "vertical heads read; each panel's title gives the name's margin (clusters.json)."),
+        "how": ('A diagonal type has most of its mass near, a vertical type on the special tokens, a '
+                'dense type spread far; a small margin means the name was a close call.'),
+        "draw": _draw_type_masses,
+        "reports": ("analysis",),
+    },
+    'cluster_changes': {
+        "title": 'Attention type before and after fine-tuning',
+        "caption": 'Number of heads with each pair (type before, type after fine-tuning).',
+        "how": ('The diagonal holds heads that kept their type; every off-diagonal count is '
+                'heads that changed type (row: before, column: after).'),
+        "draw": _draw_cluster_changes,
+        "reports": ("compare",),
+    },
+    'group_ablation': {
+        "title": 'Ablation by head group',
+        "caption": ('Change of {metric} per ablated group (bars) and for random groups of '
+                    'the same size (black markers).'),
+        "how": ('Bars left of 0: the model got worse without the group; a bar far beyond its'
+                ' black marker means the group matters more than as many random heads.'),
+        "draw": _draw_group_ablation,
+        "needs": ("group_table",),
+        "reports": ("ablation",),
+        "section": "Ablation by head group",
+        "reproduces": "Table 2",
+    },
+    'segment_ablation': {
+        "title": 'Intra- and inter-sentence attention removed',
+        "caption": ('Change of {metric} when the intra- or inter-sentence attention of each '
+                    'group is removed.'),
+        "how": 'Bars below 0: the model needs that kind of attention in those heads.',
+        "draw": _draw_segment_ablation,
+        "needs": ("segment_table",),
+        "reports": ("ablation",),
+        "section": "Intra- and inter-sentence attention removed",
+        "reproduces": "Table 3",
+    },
+})

@@ -34,18 +34,20 @@ def plot_similarity(similarity, path, *, title: str | None = None, dpi: int = DE
 
 def _draw_similarity(i, path, *, title, dpi):
   """Inputs: ``similarity`` ``[l, h]``."""
-  return None if i.similarity is None else plot_similarity(i.similarity, path, dpi=dpi)
+  return plot_similarity(i.similarity, path, dpi=dpi)
 
 
 # name, title, caption (what is drawn), how (how to read it), how each report draws it
-FIGURES.register(
-    'attention_similarity',
-    title='Attention similarity before and after fine-tuning',
-    caption=('Per-head cosine similarity (rows: layers, columns: heads).'),
-    how=("1 = fine-tuning left the head's attention as it was; lower values mark the "
-         'heads fine-tuning changed most (usually the last layers).'),
-    draw=_draw_similarity,
-    reports=("compare",),
-    section="Attention similarity before and after fine-tuning",
-    reproduces="Fig. 5",
-)
+FIGURES.register_all({
+    'attention_similarity': {
+        "title": 'Attention similarity before and after fine-tuning',
+        "caption": 'Per-head cosine similarity (rows: layers, columns: heads).',
+        "how": ("1 = fine-tuning left the head's attention as it was; lower values mark the "
+                'heads fine-tuning changed most (usually the last layers).'),
+        "draw": _draw_similarity,
+        "needs": ("similarity",),
+        "reports": ("compare",),
+        "section": "Attention similarity before and after fine-tuning",
+        "reproduces": "Fig. 5",
+    },
+})

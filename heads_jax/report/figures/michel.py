@@ -69,38 +69,35 @@ def plot_pruning_curve(curve: pd.DataFrame, path, *, metric: str = "accuracy",
 def _draw_importance(i, path, *, title, dpi):
   """Inputs: ``importance`` ``[l, h]``, ``importance_label`` (the colour bar's; default
   "importance")."""
-  if i.importance is None:
-    return None
   return plot_importance(i.importance, path, label=i.importance_label or "importance", dpi=dpi)
 
 
 def _draw_pruning(i, path, *, title, dpi):
   """Inputs: ``pruning_curve`` (pruning.csv), ``metric``."""
-  if i.pruning_curve is None:
-    return None
   return plot_pruning_curve(i.pruning_curve, path, metric=i.metric or "accuracy", dpi=dpi)
 
 
 # name, title, caption (what is drawn), how (how to read it), how each report draws it
-FIGURES.register(
-    'importance',
-    title='Head importance',
-    caption=('Importance of every head (rows: layers, columns: heads).'),
-    how=('Bright heads change the loss most when scaled down; dark heads can be '
-         'pruned first.'),
-    draw=_draw_importance,
-    reports=("ablation",),
-    section="Head importance",
-)
-
-FIGURES.register(
-    'pruning',
-    title='Pruning curve',
-    caption=('{metric} of the classifier vs the share of heads pruned.'),
-    how=('The longer the green line stays flat above the red one, the more heads can '
-         'go without loss, and the better importance picks them.'),
-    draw=_draw_pruning,
-    reports=("ablation",),
-    section="Pruning curve",
-    reproduces="Fig. 3",
-)
+FIGURES.register_all({
+    'importance': {
+        "title": 'Head importance',
+        "caption": 'Importance of every head (rows: layers, columns: heads).',
+        "how": ('Bright heads change the loss most when scaled down; dark heads can be '
+                'pruned first.'),
+        "draw": _draw_importance,
+        "needs": ("importance",),
+        "reports": ("ablation",),
+        "section": "Head importance",
+    },
+    'pruning': {
+        "title": 'Pruning curve',
+        "caption": '{metric} of the classifier vs the share of heads pruned.',
+        "how": ('The longer the green line stays flat above the red one, the more heads can '
+                'go without loss, and the better importance picks them.'),
+        "draw": _draw_pruning,
+        "needs": ("pruning_curve",),
+        "reports": ("ablation",),
+        "section": "Pruning curve",
+        "reproduces": "Fig. 3",
+    },
+})

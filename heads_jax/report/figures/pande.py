@@ -655,16 +655,16 @@ def _draw_tau_sweep(i, path, *, title, dpi):
 
 
 def _draw_role_upset(i, path, *, title, dpi):
-  return None if i.tests_df is None else plot_role_upset(i.tests_df, path, title=title, dpi=dpi)
+  return plot_role_upset(i.tests_df, path, title=title, dpi=dpi)
 
 
 def _draw_role_venn(i, path, *, title, dpi):
-  return None if i.tests_df is None else plot_role_venn(i.tests_df, path, title=title, dpi=dpi)
+  return plot_role_venn(i.tests_df, path, title=title, dpi=dpi)
 
 
 def _draw_role_grid(i, path, *, title, dpi):
-  return None if i.tests_df is None else plot_role_grid(i.tests_df, path, title=title, dpi=dpi,
-                                                        windowed_layers=i.windowed_layers or ())
+  return plot_role_grid(i.tests_df, path, title=title, dpi=dpi,
+                        windowed_layers=i.windowed_layers or ())
 
 
 def _draw_role_heatmaps(i, path, *, title, dpi):
@@ -688,124 +688,112 @@ def _draw_finetune_delta(i, path, *, title, dpi):
 
 
 # name, title, caption (what is drawn), how (how to read it), how each report draws it
-FIGURES.register(
-    'score_cdf',
-    title='Distribution of all sieve bias scores',
-    caption=('Cumulative distribution of every per-sequence sieve bias score (all '
-             'heads, roles and sequences), with their mean and the threshold tau '
-             '(Pande et al. Fig. 3a).'),
-    how=('A point (x, y) means a share y of all scores is at most x; 1 = the head '
-         'attends to the sieve as much as to an average position; scores right of tau'
-         ' are what a role needs on average.'),
-    draw=_draw_score_cdf,
-    reports=("analysis",),
-    reproduces="Fig. 3a",
-)
-
-FIGURES.register(
-    'pvalue_hist',
-    title='Histogram of p-values',
-    caption=('p-values of the one-sided tests (mean sieve bias > tau) over all heads '
-             'and roles, with the band (0.05, 0.95) shaded (Pande et al. Fig. 3b).'),
-    how=('Few p-values inside the band means almost every test is clear-cut (far '
-         'above or far below tau), so the role assignment is not sensitive to the '
-         'choice of alpha.'),
-    draw=_draw_pvalue_hist,
-    reports=("analysis",),
-    reproduces="Fig. 3b",
-)
-
-FIGURES.register(
-    'role_upset',
-    title='Overlap of coarse roles (UpSet)',
-    caption=('Number of heads for every combination of the coarse roles local, '
-             'syntactic, block and delimiter (Pande et al. Fig. 4).'),
-    how=('Each column is one combination: the dots below mark which roles it has and '
-         'the bar above counts heads with exactly that combination; the bars on the '
-         'left count all heads with each role.'),
-    draw=_draw_role_upset,
-    reports=("analysis",),
-    reproduces="Fig. 4",
-    rule_in_title=True,
-)
-
-FIGURES.register(
-    'role_venn',
-    title='Overlap of coarse roles (Venn)',
-    caption=('Heads with each of the four coarse roles (local, syntactic, block, delimiter: '
-             'the paper\'s four tests), as a Venn diagram of four ellipses (Pande et al. '
-             'Fig. 4); areas are not proportional.'),
-    how=('Numbers are head counts in each region; a head counted in an overlap has '
-         'all roles whose ellipses contain it; heads with none of these roles are '
-         'counted in the corner.'),
-    draw=_draw_role_venn,
-    reports=("analysis",),
-    reproduces="Fig. 4",
-    rule_in_title=True,
-)
-
-FIGURES.register(
-    'role_grid',
-    title='Roles of every head',
-    caption=('Layer x head grid with one marker per assigned fine role (Pande et al. '
-             'Fig. 5); within a layer, heads are sorted by their number of roles.'),
-    how=('Each cell is one head (its index in the corner); a coloured marker at a '
-         'fixed place means that role is assigned, a grey dot that it is not; read '
-         'rows to see how roles move through the layers.'),
-    draw=_draw_role_grid,
-    reports=("analysis",),
-    reproduces="Fig. 5",
-    rule_in_title=True,
-)
-
-FIGURES.register(
-    'role_heatmaps',
-    title='Mean sieve bias per head, one panel per role',
-    caption=('Mean sieve bias of every head (rows = layers, columns = heads) for each'
-             ' role, on one shared logarithmic colour scale centred at tau.'),
-    how=('Red cells are above tau, blue below, white near tau; a dot marks heads '
-         'where the role is assigned (significant); grey cells have no defined score.'),
-    draw=_draw_role_heatmaps,
-    reports=("analysis",),
-    reproduces="Fig. 5",
-    rule_in_title=True,
-)
-
-FIGURES.register(
-    'finetune_delta',
-    title='Change of sieve bias after fine-tuning',
-    caption=('Change in mean sieve bias (after - before fine-tuning) per role, for '
-             'the initial, middle and final layers (Pande et al. Fig. 6).'),
-    how=('Bars above zero mean the heads of that layer group attend more to the '
-         "role's sieve after fine-tuning; below zero, less."),
-    draw=_draw_finetune_delta,
-    reports=("compare",),
-    reproduces="Fig. 6",
-)
-
-FIGURES.register(
-    'score_distribution',
-    title='One head\'s sieve bias across sequences',
-    caption=('The per-sequence sieve bias of one head and role (of local, syntactic, block, '
-             'delimiter): preferably one whose mean is above tau while the one-sided test of "mean '
-             '> tau" does not reject, else the most skewed one with a mean near tau (Pande et al. '
-             'Fig. 2: "the distributions can be skewed and broad").'),
-    how=('When the mean (dashed) is right of tau but the lower confidence bound (dotted) is left '
-         'of it, an average would assign the role and the test does not: the paper\'s argument '
-         'for the test.'),
-    draw=_draw_score_distribution,
-    reports=("analysis",),
-    reproduces="Fig. 2",
-)
-
-FIGURES.register(
-    'tau_sweep',
-    title='Heads per coarse role as tau varies',
-    caption=('Share of heads with each coarse role (the four tests) and with none, for tau = 1, '
-             '1.5, ..., 3.5 (the range the authors\' notebook explores), under the paper\'s rule '
-             '(one-sided test at alpha, solid) and the average rule (mean above tau, dashed).'),
-    how=('The gap between a solid and a dashed line of one colour is the heads an average would '
-         'give the role without a significant test; the red line is this run\'s tau.'),
-    draw=_draw_tau_sweep,
-    reports=("analysis",),
-)
+FIGURES.register_all({
+    'score_cdf': {
+        "title": 'Distribution of all sieve bias scores',
+        "caption": ('Cumulative distribution of every per-sequence sieve bias score (all '
+                    'heads, roles and sequences), with their mean and the threshold tau '
+                    '(Pande et al. Fig. 3a).'),
+        "how": ('A point (x, y) means a share y of all scores is at most x; 1 = the head '
+                'attends to the sieve as much as to an average position; scores right of tau'
+                ' are what a role needs on average.'),
+        "draw": _draw_score_cdf,
+        "reports": ("analysis",),
+        "reproduces": "Fig. 3a",
+    },
+    'pvalue_hist': {
+        "title": 'Histogram of p-values',
+        "caption": ('p-values of the one-sided tests (mean sieve bias > tau) over all heads '
+                    'and roles, with the band (0.05, 0.95) shaded (Pande et al. Fig. 3b).'),
+        "how": ('Few p-values inside the band means almost every test is clear-cut (far '
+                'above or far below tau), so the role assignment is not sensitive to the '
+                'choice of alpha.'),
+        "draw": _draw_pvalue_hist,
+        "reports": ("analysis",),
+        "reproduces": "Fig. 3b",
+    },
+    'role_upset': {
+        "title": 'Overlap of coarse roles (UpSet)',
+        "caption": ('Number of heads for every combination of the coarse roles local, '
+                    'syntactic, block and delimiter (Pande et al. Fig. 4).'),
+        "how": ('Each column is one combination: the dots below mark which roles it has and '
+                'the bar above counts heads with exactly that combination; the bars on the '
+                'left count all heads with each role.'),
+        "draw": _draw_role_upset,
+        "needs": ("tests_df",),
+        "reports": ("analysis",),
+        "reproduces": "Fig. 4",
+        "rule_in_title": True,
+    },
+    'role_venn': {
+        "title": 'Overlap of coarse roles (Venn)',
+        "caption": ('Heads with each of the four coarse roles (local, syntactic, block, delimiter: '
+                    'the paper\'s four tests), as a Venn diagram of four ellipses (Pande et al. '
+                    'Fig. 4); areas are not proportional.'),
+        "how": ('Numbers are head counts in each region; a head counted in an overlap has '
+                'all roles whose ellipses contain it; heads with none of these roles are '
+                'counted in the corner.'),
+        "draw": _draw_role_venn,
+        "needs": ("tests_df",),
+        "reports": ("analysis",),
+        "reproduces": "Fig. 4",
+        "rule_in_title": True,
+    },
+    'role_grid': {
+        "title": 'Roles of every head',
+        "caption": ('Layer x head grid with one marker per assigned fine role (Pande et al. '
+                    'Fig. 5); within a layer, heads are sorted by their number of roles.'),
+        "how": ('Each cell is one head (its index in the corner); a coloured marker at a '
+                'fixed place means that role is assigned, a grey dot that it is not; read '
+                'rows to see how roles move through the layers.'),
+        "draw": _draw_role_grid,
+        "needs": ("tests_df",),
+        "reports": ("analysis",),
+        "reproduces": "Fig. 5",
+        "rule_in_title": True,
+    },
+    'role_heatmaps': {
+        "title": 'Mean sieve bias per head, one panel per role',
+        "caption": ('Mean sieve bias of every head (rows = layers, columns = heads) for each'
+                    ' role, on one shared logarithmic colour scale centred at tau.'),
+        "how": ('Red cells are above tau, blue below, white near tau; a dot marks heads '
+                'where the role is assigned (significant); grey cells have no defined score.'),
+        "draw": _draw_role_heatmaps,
+        "reports": ("analysis",),
+        "reproduces": "Fig. 5",
+        "rule_in_title": True,
+    },
+    'finetune_delta': {
+        "title": 'Change of sieve bias after fine-tuning',
+        "caption": ('Change in mean sieve bias (after - before fine-tuning) per role, for '
+                    'the initial, middle and final layers (Pande et al. Fig. 6).'),
+        "how": ('Bars above zero mean the heads of that layer group attend more to the '
+                "role's sieve after fine-tuning; below zero, less."),
+        "draw": _draw_finetune_delta,
+        "reports": ("compare",),
+        "reproduces": "Fig. 6",
+    },
+    'score_distribution': {
+        "title": 'One head\'s sieve bias across sequences',
+        "caption": ('The per-sequence sieve bias of one head and role (of local, syntactic, block, '
+                    'delimiter): preferably one whose mean is above tau while the one-sided test of "mean '
+                    '> tau" does not reject, else the most skewed one with a mean near tau (Pande et al. '
+                    'Fig. 2: "the distributions can be skewed and broad").'),
+        "how": ('When the mean (dashed) is right of tau but the lower confidence bound (dotted) is left '
+                'of it, an average would assign the role and the test does not: the paper\'s argument '
+                'for the test.'),
+        "draw": _draw_score_distribution,
+        "reports": ("analysis",),
+        "reproduces": "Fig. 2",
+    },
+    'tau_sweep': {
+        "title": 'Heads per coarse role as tau varies',
+        "caption": ('Share of heads with each coarse role (the four tests) and with none, for tau = 1, '
+                    '1.5, ..., 3.5 (the range the authors\' notebook explores), under the paper\'s rule '
+                    '(one-sided test at alpha, solid) and the average rule (mean above tau, dashed).'),
+        "how": ('The gap between a solid and a dashed line of one colour is the heads an average would '
+                'give the role without a significant test; the red line is this run\'s tau.'),
+        "draw": _draw_tau_sweep,
+        "reports": ("analysis",),
+    },
+})

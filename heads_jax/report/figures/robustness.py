@@ -205,39 +205,46 @@ def _draw_causal(inputs, path, *, title, dpi):
   return plot_causal(t, inputs.causal_random, path, title=title, dpi=dpi)
 
 
-FIGURES.register(
-    "robustness_weighting",
-    title="Roles under attention and norm weights",
-    caption=("Share of heads with each coarse role when the sieve bias is computed on the "
-             "attention a[q, k] and on the norm weights ||a[q, k] f(x_k)|| (Kobayashi et al. 2020)."),
-    how=("A role that drops under norm weights is carried by attention to tokens whose "
-         "transformed values are small: the head attends there but moves little from there."),
-    draw=_draw_weighting, reports=("analysis",), section=SECTION,
-    rule_in_title=True)
-
-FIGURES.register(
-    "robustness_sinks",
-    title="Attention sinks and no-op heads",
-    caption=("Each dot is one head: its mean attention on the first token and on the [SEP]s, and "
-             "its norm ratio; the line is the layer mean."),
-    how=("Heads above the dotted line are sink heads (Gu et al. 2025). A small norm ratio means "
-         "the head's output is small next to what it could move: a no-op."),
-    draw=_draw_sinks, reports=("analysis",), section=SECTION)
-
-FIGURES.register(
-    "robustness_parsing",
-    title="Heads as dependency parsers",
-    caption=("Per relation and direction: the most accurate head (layer-head) and the best fixed "
-             "offset, with bootstrap 95% intervals over sentences (Clark et al. 2019, section 4)."),
-    how=("A head parses a relation when its interval lies above the offset's bar; the offset "
-         "alone already gets many amod and advmod arcs."),
-    draw=_draw_parsing, reports=("analysis",), section=SECTION,
-    reproduces="Table 1 (per relation)")
-
-FIGURES.register(
-    "robustness_causal",
-    title="Causal test of the roles",
-    caption=("Each role group's metric change when its heads are ablated (dot) and the changes of "
-             "random groups with the same number of heads per layer, with the permutation p-value."),
-    how="A role matters when its dot lies beyond the random groups (small p).",
-    draw=_draw_causal, reports=("ablation",), section="Causal test of the roles")
+FIGURES.register_all({
+    "robustness_weighting": {
+        "title": "Roles under attention and norm weights",
+        "caption": ("Share of heads with each coarse role when the sieve bias is computed on the "
+                    "attention a[q, k] and on the norm weights ||a[q, k] f(x_k)|| (Kobayashi et al. 2020)."),
+        "how": ("A role that drops under norm weights is carried by attention to tokens whose "
+                "transformed values are small: the head attends there but moves little from there."),
+        "draw": _draw_weighting,
+        "reports": ("analysis",),
+        "section": SECTION,
+        "rule_in_title": True,
+    },
+    "robustness_sinks": {
+        "title": "Attention sinks and no-op heads",
+        "caption": ("Each dot is one head: its mean attention on the first token and on the [SEP]s, and "
+                    "its norm ratio; the line is the layer mean."),
+        "how": ("Heads above the dotted line are sink heads (Gu et al. 2025). A small norm ratio means "
+                "the head's output is small next to what it could move: a no-op."),
+        "draw": _draw_sinks,
+        "reports": ("analysis",),
+        "section": SECTION,
+    },
+    "robustness_parsing": {
+        "title": "Heads as dependency parsers",
+        "caption": ("Per relation and direction: the most accurate head (layer-head) and the best fixed "
+                    "offset, with bootstrap 95% intervals over sentences (Clark et al. 2019, section 4)."),
+        "how": ("A head parses a relation when its interval lies above the offset's bar; the offset "
+                "alone already gets many amod and advmod arcs."),
+        "draw": _draw_parsing,
+        "reports": ("analysis",),
+        "section": SECTION,
+        "reproduces": "Table 1 (per relation)",
+    },
+    "robustness_causal": {
+        "title": "Causal test of the roles",
+        "caption": ("Each role group's metric change when its heads are ablated (dot) and the changes of "
+                    "random groups with the same number of heads per layer, with the permutation p-value."),
+        "how": "A role matters when its dot lies beyond the random groups (small p).",
+        "draw": _draw_causal,
+        "reports": ("ablation",),
+        "section": "Causal test of the roles",
+    },
+})
