@@ -157,20 +157,16 @@ def base_config() -> ml_collections.ConfigDict:
   # checkpoints (BERT-base: about 2.5 GB of train state per grid point).
   c.finetune.keep_checkpoints = False
 
-  c.analysis = ml_collections.ConfigDict()
-  c.analysis.parser = "en_core_web_sm"  # a spaCy pipeline; "auto": it if installed, else none; "none"
-  c.analysis.syntax_fallback = ""       # e.g. "ud-ewt": syntactic roles from this data when no parser
-  c.analysis.batch_size = 32
-  c.analysis.max_length = 128
-  c.analysis.tau = 3.0
-  c.analysis.alpha = 0.05
-  c.analysis.test = "t"
-  c.analysis.correction = "none"
-  c.analysis.measures = False
-  c.analysis.report = True               # each analysis's own report.html as well
-  c.analysis.rule = "paper"              # each analysis report leads with the paper's rule (the
-  #                                        calibrated one stays in tests.csv's rule columns)
-  c.analysis.similarity_examples = 0     # > 0: attention similarity before/after in compare
+  c.analysis = ml_collections.ConfigDict({
+      "parser": "en_core_web_sm",   # a spaCy pipeline; "auto": it if installed, else none; "none"
+      "syntax_fallback": "",        # e.g. "ud-ewt": syntactic roles from this data when no parser
+      "batch_size": 32, "max_length": 128,
+      "tau": 3.0, "alpha": 0.05, "test": "t", "correction": "none",
+      "measures": False,
+      "report": True,               # each analysis's own report.html as well
+      "rule": "paper",              # each analysis report leads with the paper's rule (the
+      #                               calibrated one stays in tests.csv's rule columns)
+      "similarity_examples": 0})    # > 0: attention similarity before/after in compare
   return c
 
 
