@@ -32,21 +32,21 @@ from heads_jax.pipelines.comparison import (  # noqa: F401 (the comparison's nam
 STAGES = names.COMPARE
 
 
-def _check(before, after, out, before_model, after_model) -> None:
+def _check(c: "CompareConfig") -> None:
   """Every check before the work: the analyses exist, both models or none, --out."""
-  for d in (before, after):
+  for d in (c.before, c.after):
     if not (Path(d) / contract.SCORES_FILE).is_file():
       raise UserError(f"{d} is not an analysis output directory (no {contract.SCORES_FILE}); "
                       f"run `heads-jax analyze --out {d}` first")
-  if bool(before_model) != bool(after_model):
+  if bool(c.before_model) != bool(c.after_model):
     raise UserError("the attention similarity needs both --before-model and --after-model")
-  if before_model and after_model:
-    check_models(before, after, before_model, after_model)
+  if c.with_models:
+    check_models(c.before, c.after, c.before_model, c.after_model)
   # a file, or another job's directory (an analysis: its report.html would be replaced)
-  runfiles.check_dir(out, "comparison", flag="--out")
-  for d in (before, after):
-    if Path(out).resolve() == Path(d).resolve():
-      raise UserError(f"--out {out} is one of the analyses compared; choose another --out")
+  runfiles.check_dir(c.out, "comparison", flag="--out")
+  for d in (c.before, c.after):
+    if Path(c.out).resolve() == Path(d).resolve():
+      raise UserError(f"--out {c.out} is one of the analyses compared; choose another --out")
 
 
 def _analysis_key(ctx: engine.Context, folder) -> dict:
@@ -56,7 +56,7 @@ def _analysis_key(ctx: engine.Context, folder) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class CompareConfig:
-  """Everything a comparison depends on (`run_compare`'s arguments): the two analysis
+  """Everything a comparison depends on (the engine's ``config``): the two analysis
   directories, ``out``, the report's title, and for the attention similarity its data (None:
   the first data set of ``after``), sizes and both models."""
   before: str
@@ -72,6 +72,14 @@ class CompareConfig:
   @property
   def with_models(self) -> bool:
     return bool(self.before_model and self.after_model)
+
+  def claim(self) -> dict:
+    """`runfiles.claim_dir`'s arguments for ``out``."""
+    return {"kind": "comparison", "flag": "--out",
+            "model": [self.before_model, self.after_model] if self.with_models else None,
+            "data": [self.before, self.after],
+            "settings": {"data": self.data, "max_examples": self.max_examples,
+                         "max_length": self.max_length}}
 
 
 def _comparison(ctx: engine.Context) -> stages.Comparison:
@@ -111,25 +119,19 @@ def compare_stages(c: CompareConfig) -> list[engine.Stage]:
   return plan
 
 
-def run_compare(before, after, out, *, title=None, log=print, before_model=None, after_model=None,
-                data=None, max_examples=500, max_length=128, redo: str | None = None,
-                progress: bool = True) -> Path:
-  """Compares two analysis directories; returns the path of the report. With ``before_model``
-  and ``after_model``, adds the per-head attention similarity of the two models on ``data``
-  (default: the first data set of the ``after`` analysis). ``redo``: a stage (``comparison``,
-  ``similarity``, ``report``) to rerun with what reads it, or ``"all"``. ``progress=False``: no
-  line per stage."""
-  _check(before, after, out, before_model, after_model)
-  if before_model and after_model:
-    data = similarity_data(data, after)
-  c = CompareConfig(before=str(before), after=str(after), out=str(out), title=title,
-                    before_model=before_model and str(before_model),
-                    after_model=after_model and str(after_model), data=data,
-                    max_examples=max_examples, max_length=max_length)
-  claim = {"kind": "comparison", "flag": "--out",
-           "model": [str(before_model), str(after_model)] if c.with_models else None,
-           "data": [str(before), str(after)],
-           "settings": {"data": data, "max_examples": max_examples, "max_length": max_length}}
-  results = engine.run_pipeline(compare_stages(c), out, config=c, redo=redo, log=log,
-                                what="a comparison", claim=claim, progress=progress)
+def run_compare(before, after, out, *, log=print, redo: str | None = None,
+                progress: bool = True, **settings) -> Path:
+  """Compares two analysis directories; returns the path of the report. ``settings``: the
+  other fields of `CompareConfig` (title; with ``before_model`` and ``after_model`` the per-head
+  attention similarity of the two models on ``data``, default the first data set of the
+  ``after`` analysis). ``redo``: a stage (``comparison``, ``similarity``, ``report``) to rerun
+  with what reads it, or ``"all"``. ``progress=False``: no line per stage."""
+  models = {k: str(settings[k]) if settings.get(k) else None
+            for k in ("before_model", "after_model")}
+  c = CompareConfig(before=str(before), after=str(after), out=str(out), **{**settings, **models})
+  _check(c)
+  if c.with_models:
+    c = dataclasses.replace(c, data=similarity_data(c.data, c.after))
+  results = engine.run_pipeline(compare_stages(c), c.out, config=c, redo=redo, log=log,
+                                what="a comparison", claim=c.claim(), progress=progress)
   return Path(results["report"].report)
