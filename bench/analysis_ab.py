@@ -77,7 +77,8 @@ def _median_seconds(fn, steps: int, repeats: int) -> float:
 
 
 def _programs(model, batch: dict, mesh):
-  """``{name: (jitted, args) or None}`` of every path (None: absent here)."""
+  """``{name: (jitted, args) or None}`` of every path (None: absent here). A float32 model has
+  no separate float32 reference (``F32_REFERENCE``, ``KERNEL_F32``: stacked v1 and kernel are)."""
   import jax
   from flax import nnx
   from heads_jax.data.vocabulary import ROLES
@@ -101,13 +102,20 @@ def _programs(model, batch: dict, mesh):
       return out["attentions"] if maps else out["last_hidden_state"]
     return jax.jit(run), (state, device_batch)
 
-  def stacked_v1(st, bt):
-    attn = nnx.merge(graphdef, st)(*(bt[f] for f in text), deterministic=True,
-                                   return_attentions=True)["attentions"]
-    out = {"sieve_bias": sieve_bias(attn, build_sieves(bt, ROLES), bt["attention_mask"], ROLES),
-           "distance": distance_features(attn, bt["token_class"], bt["attention_mask"])}
-    out.update(all_measures(attn, bt["token_class"], bt["attention_mask"]))
-    return out
+  float32 = model.config.dtype == "float32"
+  graphdef_f32 = None if float32 else float32_graphdef(model)
+
+  def stacked_v1_of(gd, highest: bool = False):
+    def stacked_v1(st, bt):
+      with _precision(highest):
+        attn = nnx.merge(gd, st)(*(bt[f] for f in text), deterministic=True,
+                                 return_attentions=True)["attentions"]
+        out = {"sieve_bias": sieve_bias(attn, build_sieves(bt, ROLES), bt["attention_mask"],
+                                        ROLES),
+               "distance": distance_features(attn, bt["token_class"], bt["attention_mask"])}
+        out.update(all_measures(attn, bt["token_class"], bt["attention_mask"]))
+        return out
+    return stacked_v1
 
   def stacked_v2(st, bt):
     attn = nnx.merge(graphdef, st)(*(bt[f] for f in text), deterministic=True,
@@ -115,7 +123,11 @@ def _programs(model, batch: dict, mesh):
     return layerwise.reduce_stack(attn, bt, ROLES, "dep2head", measures=True)
 
   progs = {"bare forward": forward(False), "forward returning maps": forward(True),
-           "stacked v1 (stand-alone functions)": (jax.jit(stacked_v1), (state, device_batch)),
+           "stacked v1 (stand-alone functions)": (jax.jit(stacked_v1_of(graphdef)),
+                                                  (state, device_batch)),
+           F32_REFERENCE: None if float32 else (jax.jit(stacked_v1_of(graphdef_f32,
+                                                                      highest=True)),
+                                                 (state, device_batch)),
            "stacked v2 (layerwise.reduce_stack)": ((jax.jit(stacked_v2), (state, device_batch))
                                                    if hasattr(layerwise, "reduce_stack") else None)}
   for impl in ("stacked", "layerwise", "fused", "kernel"):
@@ -135,7 +147,35 @@ def _programs(model, batch: dict, mesh):
         _kernel_program(graphdef, mesh, **options), (state, device_batch))
   progs[SAME_PROGRAM] = None if kernel is None or "kernel" not in STATS_IMPLS else (
       _kernel_program(graphdef, mesh, beside_stacked=True), (state, device_batch))
+  progs[KERNEL_F32] = None if kernel is None or "kernel" not in STATS_IMPLS or float32 else (
+      _kernel_program(graphdef_f32, mesh, highest=True), (state, device_batch))
   return progs
+
+
+def float32_graphdef(model):
+  """The graph of ``model`` computing in float32 (its parameters are float32 in either dtype:
+  the bf16 model's state runs through it unchanged), for the float32 reference."""
+  import dataclasses
+  from flax import nnx
+  from heads_jax.model.bert import BertModel
+  cfg = dataclasses.replace(model.config, dtype="float32")
+  return nnx.split(BertModel(cfg, rngs=nnx.Rngs(0)))[0]
+
+
+def _precision(highest: bool):
+  """``jax.default_matmul_precision("highest")`` while tracing a float32 reference (GPUs take
+  TF32 for float32 matmuls by default), else nothing."""
+  import contextlib
+  import jax
+  return jax.default_matmul_precision("highest") if highest else contextlib.nullcontext()
+
+
+# The float32 reference: stacked v1 on the float32 forward of the same parameters and batch, all
+# matmuls at "highest" precision; every path is also checked against it, so the bf16 rounding of
+# the forward (which both stacked and the kernel inherit) is told apart from the kernel's own.
+F32_REFERENCE = "stacked v1 on the float32 forward (float32 reference)"
+# Kernel v2 on that float32 forward: its distance from the reference is the kernel's own error.
+KERNEL_F32 = "kernel on the float32 forward"
 
 
 # One program computing both the stand-alone statistics from the maps and kernel v2 from the same
@@ -144,18 +184,17 @@ def _programs(model, batch: dict, mesh):
 SAME_PROGRAM = "kernel beside stacked v1 in one program"
 
 
-# Kernel v2's settings timed beside the step's choice (each checked like the paths): Triton's
-# warps, the XLA wrapper (the tile under lax.map) at this length, and the kernel on the same
+# Kernel v2's settings timed beside the step's choice (each checked like the paths): the XLA
+# wrapper (the tile under lax.scan) at this length, and the kernel on the same
 # explicit-attention forward as stacked v1 (a like-with-like check: the other rows' forward is
 # cuDNN's in bf16, whose hidden states differ from the explicit path's at bf16 rounding).
-KERNEL_VARIANTS = (("kernel, 8 warps", {"num_warps": 8}),
-                   ("kernel, XLA wrapper (tile under lax.map, 8 blocks a step)",
+KERNEL_VARIANTS = (("kernel, XLA wrapper (tile under lax.map, 8 blocks a step)",
                     {"wrapper": "xla", "blocks_per_step": 8}),
                    ("kernel on the explicit forward", {"attention": "explicit"}))
 
 
 def _kernel_program(graphdef, mesh, attention: str = "auto", wrapper: str | None = None,
-                    beside_stacked: bool = False, **options):
+                    beside_stacked: bool = False, highest: bool = False, **options):
   """The analysis step's kernel branch with ``options`` for ``kernel.kernel_reducer``."""
   import jax
   from flax import nnx
@@ -170,6 +209,10 @@ def _kernel_program(graphdef, mesh, attention: str = "auto", wrapper: str | None
   platform = target_platform(None)
 
   def run(st, bt):
+    with _precision(highest):
+      return body(st, bt)
+
+  def body(st, bt):
     chosen = wrapper or kernel.wrapper_for(platform, bt["input_ids"].shape[1])
     tables = kernel.kernel_program_tables(bt, ROLES, "dep2head", True, wrapper=chosen)
     reduce = kernel.kernel_reducer(tables, ROLES, "dep2head", True, wrapper=chosen, mesh=mesh,
@@ -189,8 +232,8 @@ def _kernel_program(graphdef, mesh, attention: str = "auto", wrapper: str | None
   return jax.jit(run)
 
 
-def _compile_all(progs: dict, p) -> dict:
-  """Lowers every program here, compiles the bare forward alone, then the rest in parallel."""
+def _compile_all(progs: dict, p, first: str | None = "bare forward") -> dict:
+  """Lowers every program here, compiles ``first`` alone, then the rest in parallel."""
   lowered, compiled = {}, {}
   for name, prog in progs.items():
     if prog is None:
@@ -200,8 +243,8 @@ def _compile_all(progs: dict, p) -> dict:
     except Exception as e:  # noqa: BLE001  a path that does not lower here is a finding
       p.row(f"{name}: does not lower", f"{type(e).__name__}: {str(e)[:200]}")
   t0 = time.perf_counter()
-  first = "bare forward"
-  compiled[first] = lowered.pop(first).compile()
+  if first is not None:
+    compiled[first] = lowered.pop(first).compile()
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
     futures = {name: pool.submit(low.compile) for name, low in lowered.items()}
     for name, fut in futures.items():
@@ -209,7 +252,7 @@ def _compile_all(progs: dict, p) -> dict:
         compiled[name] = fut.result()
       except Exception as e:  # noqa: BLE001
         p.row(f"{name}: does not compile", f"{type(e).__name__}: {str(e)[:200]}")
-  p.row("compiling every program (bare forward first, the rest in parallel)",
+  p.row(f"compiling every program ({first + ' first, ' if first else ''}in parallel)",
         time.perf_counter() - t0, "s")
   return compiled
 
@@ -256,6 +299,8 @@ def part_analysis_ab(p, s: dict, tiny: bool) -> None:
           f"{secs / bare:.2f}")
   want = {k: np.asarray(v) for k, v in outputs.get("stacked v1 (stand-alone functions)",
                                                      {}).items()}
+  same = s["dtype"] == "float32"       # stacked v1 is the float32 reference, kernel KERNEL_F32
+  ref32 = want if same else {k: np.asarray(v) for k, v in outputs.get(F32_REFERENCE, {}).items()}
   for name, out in outputs.items():
     if name == SAME_PROGRAM:
       e = _errors(out["kernel"], {k: np.asarray(v) for k, v in out["stacked"].items()})
@@ -263,13 +308,207 @@ def part_analysis_ab(p, s: dict, tiny: bool) -> None:
             e["max_rel_error"], "max rel. error",
             "NaN pattern equal" if e["nan_pattern_equal"] else "NaN PATTERN DIFFERS",
             per_output=e["per_output"])
-    elif isinstance(out, dict) and want and name != "stacked v1 (stand-alone functions)":
+    elif isinstance(out, dict) and want and name not in ("stacked v1 (stand-alone functions)",
+                                                          F32_REFERENCE):
       e = _errors(out, want)
       p.row(f"check {name} against stacked v1", e["max_rel_error"], "max rel. error",
             "NaN pattern equal" if e["nan_pattern_equal"] else "NaN PATTERN DIFFERS",
             per_output=e["per_output"])
-  del outputs, compiled, progs
+  far = _float32_checks(p, outputs, ref32,
+                        "stacked v1 (stand-alone functions)" if same else F32_REFERENCE)
+  if same and "kernel" in far:
+    far[KERNEL_F32] = far["kernel"]
+  _precision_verdict(p, far)
+  del outputs
+  _alone_rows(p, model, batch, mesh, steps, reps, bare)
+  _profile_rows(p, {name: (compiled[name], progs[name][1]) for name in PROFILED[2 if tiny else 0:]
+                    if name in compiled}, steps)
+  del compiled, progs
   _long_row(p, s, extra, steps, reps, mesh)
+
+
+def _float32_checks(p, outputs: dict, ref32: dict, reference: str = F32_REFERENCE) -> dict:
+  """Every path's distance from the float32 reference (the outputs ``ref32`` of the program
+  ``reference``, 0 from itself): ``{name: max rel. error}``; a row each."""
+  far = {reference: 0.0}
+  if not ref32:
+    p.row("checks against the float32 reference", "absent")
+    return far
+  for name, out in outputs.items():
+    if name in (F32_REFERENCE, reference) or not isinstance(out, dict):
+      continue
+    got = out["kernel"] if name == SAME_PROGRAM else out
+    e = _errors(got, ref32)
+    far[name] = e["max_rel_error"]
+    p.row(f"check {name} against the float32 reference", e["max_rel_error"], "max rel. error",
+          "NaN pattern equal" if e["nan_pattern_equal"] else "NaN PATTERN DIFFERS",
+          per_output=e["per_output"])
+  return far
+
+
+def precision_verdict(stacked: float, kernel: float, kernel_own: float | None) -> str:
+  """Whose rounding the kernel's distance from stacked bf16 is, from the distances to the float32
+  reference of ``stacked`` (bf16), ``kernel`` (bf16) and ``kernel_own`` (the kernel on the float32
+  forward: its own arithmetic; None where absent). The kernel is "as close" as stacked when its
+  distance is at most 1.5 times stacked's (the two bf16 forwards round differently)."""
+  own = "" if kernel_own is None else f"; the kernel's own error (float32 forward) {kernel_own:.2g}"
+  head = f"from the float32 reference: stacked {stacked:.2g}, kernel {kernel:.2g}{own}: "
+  if max(stacked, kernel) <= 1e-4:
+    return head + "every path within 1e-4 of float32: no bf16 rounding to tell apart"
+  if kernel <= 1.5 * stacked and (kernel_own is None or kernel_own <= 1e-4):
+    return head + ("the kernel's distance from stacked is the bf16 forward's rounding "
+                   "(the kernel is as close to float32 as stacked)")
+  if kernel_own is not None and kernel_own > 1e-4:
+    return head + "the kernel's own arithmetic adds error (on the float32 forward too)"
+  return head + "the kernel is farther from float32 than stacked: its bf16 inputs' rounding"
+
+
+def _precision_verdict(p, far: dict) -> None:
+  stacked, kernel = far.get("stacked v1 (stand-alone functions)"), far.get("kernel")
+  if stacked is None or kernel is None:
+    p.row("precision verdict (kernel vs stacked, against float32)", "absent")
+    return
+  p.row("precision verdict (kernel vs stacked, against float32)",
+        precision_verdict(stacked, kernel, far.get(KERNEL_F32)))
+
+
+def capture_qk(model):
+  """A jitted ``fn(state, batch) -> {"q", "k"}``: every layer's queries and keys ``[b, l, k, h,
+  e]`` from the model's own forward (its fast attention; the kernel's inputs), for timing the
+  statistics alone."""
+  import jax
+  from flax import nnx
+  graphdef, _ = nnx.split(model)
+
+  def keep(layer, probs, query, key, mask):
+    del layer, probs, mask
+    return {"q": query, "k": key}
+  keep.needs_probs = False
+
+  def run(st, bt):
+    out = nnx.merge(graphdef, st)(bt["input_ids"], attention_mask=bt["attention_mask"],
+                                  token_type_ids=bt["token_type_ids"], deterministic=True,
+                                  attention_reduce=keep)
+    return out["attention_reduced"]
+  return jax.jit(run)
+
+
+# The statistics alone, on the forward's own queries and keys and the batch's tables already on
+# the device (computed once, outside the timed function), every layer in one program: the Pallas
+# call by itself, with XLA's channel sums (kernel_layer_stats: what the step runs), one more
+# Triton setting, and the XLA wrapper.
+ALONE = (("statistics kernel alone: the Pallas call, every layer", {"rows_only": True}),
+         ("statistics kernel alone: Pallas call + channel sums (kernel_layer_stats), every layer",
+          {}),
+         ("statistics kernel alone: the Pallas call, 2 warps", {"rows_only": True,
+                                                                "num_warps": 2}),
+         ("statistics alone: XLA wrapper (lax.scan, 8 blocks a step), every layer",
+          {"wrapper": "xla", "blocks_per_step": 8}))
+
+
+def alone_program(layers: int, platform: str, *, rows_only: bool = False,
+                  wrapper: str | None = None, **options):
+  """``fn(qs, ks, tables)``: the statistics of every layer from ``qs, ks [b, l, k, h, e]``
+  (``capture_qk``) with ``tables = kernel.kernel_program_tables(...)``; ``rows_only``: the
+  Pallas call alone (``kernel.kernel_layer_rows``: ``[l, b, h, kp, 64]``)."""
+  import jax
+  import jax.numpy as jnp
+  from heads_jax.data.vocabulary import ROLES
+  from heads_jax.stats import kernel
+  wrapper = wrapper or kernel.default_wrapper(platform)
+
+  def run(qs, ks, tables):
+    outs = []
+    for layer in range(layers):
+      if rows_only:
+        outs.append(kernel.kernel_layer_rows(qs[:, layer], ks[:, layer], tables, ROLES,
+                                             "dep2head", wrapper=wrapper, platform=platform,
+                                             **options))
+      else:
+        outs.append(kernel.kernel_layer_stats(qs[:, layer], ks[:, layer], tables, ROLES,
+                                              "dep2head", True, wrapper=wrapper,
+                                              platform=platform, **options))
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+  return jax.jit(run)
+
+
+def _alone_rows(p, model, batch: dict, mesh, steps: int, reps: int, bare: float | None) -> None:
+  """The ``ALONE`` rows (ratios to the bare forward of this part): kernel time against the rest
+  of the kernel step."""
+  import jax
+  from flax import nnx
+  from heads_jax.data.vocabulary import ROLES
+  from heads_jax.parallel import replicate, shard_batch
+  from heads_jax.stats import kernel
+  from heads_jax.stats.fused import target_platform
+  platform = target_platform(None)
+  native = kernel.default_wrapper(platform)
+  try:
+    _, state = nnx.split(model)
+    device_batch = shard_batch(batch, mesh)
+    qk = capture_qk(model)(replicate(state, mesh), device_batch)
+    jax.block_until_ready(qk)
+  except Exception as e:  # noqa: BLE001
+    p.row("statistics alone: capturing the forward's q and k", "absent",
+          note=f"{type(e).__name__}: {str(e)[:200]}")
+    return
+  b, layers, k = qk["q"].shape[:3]
+  make_tables = jax.jit(lambda bt, w: kernel.kernel_program_tables(bt, ROLES, "dep2head", True,
+                                                                   wrapper=w),
+                        static_argnums=1)
+  progs = {}
+  for name, options in ALONE:
+    wrapper = options.get("wrapper", native)
+    opts = {key: v for key, v in options.items() if key != "wrapper"}
+    if wrapper == "xla" and "wrapper" not in options:
+      p.row(name, "absent", note=f"no Pallas wrapper on {platform}")
+      continue
+    if "num_warps" in opts and wrapper != "triton":
+      p.row(name, "absent", note=f"a Triton setting; the wrapper here is {wrapper}")
+      continue
+    args = (qk["q"], qk["k"], make_tables(device_batch, wrapper))
+    progs[name] = (alone_program(layers, platform, wrapper=wrapper, **opts), args)
+  compiled = _compile_all(progs, p, first=None)
+  for name, prog in progs.items():
+    if name not in compiled:
+      continue
+    fn, args = compiled[name], prog[1]
+    secs = _median_seconds(lambda: fn(*args), steps, reps)
+    p.row(f"{name}, batch {b} x {k}", 1e3 * secs, "ms/step",
+          f"{secs / bare:.2f}" if bare else "")
+
+
+# The profile's categories: (category, regex on an event's label, ``bench/profiling.py``:
+# ``k:<kernel> op:<hlo op> opc:<opcodes> tgt:<custom-call target> ...``), first match wins.
+PROFILE_CATEGORIES = (("statistics kernel", r"heads_jax_statistics"),
+                      ("cuDNN attention", r"fmha|sdpa|flash|tgt:\S*fmha"),
+                      ("GEMMs", r"gemm|cutlass|cublas|matmul|xmma|nvjet|cudnn"
+                                r"|opc:(dot|convolution)\b"),
+                      ("other fusions", r"."))
+# The programs profiled (tiny: the kernel step only, the CPU is shared)
+PROFILED = ("bare forward", "stacked (the step's)", "kernel")
+
+
+def _profile_rows(p, programs: dict, steps: int) -> None:
+  """Per-kernel device time of each of ``programs`` (``{name: (compiled, args)}``) by
+  ``PROFILE_CATEGORIES`` (``bench/profiling.py``), or "absent"."""
+  try:
+    import profiling
+    categorize = profiling.profile_categories
+  except (ImportError, AttributeError):
+    p.row("profiles", "absent", note="bench/profiling.py not there")
+    return
+  for name, (fn, args) in programs.items():
+    what = f"profile of {name}"
+    try:
+      ms = categorize(fn, args, steps=steps, categories=PROFILE_CATEGORIES)
+    except Exception as e:  # noqa: BLE001  a profile that fails is a finding, not a crash
+      p.row(what, "absent", note=f"{type(e).__name__}: {str(e)[:200]}")
+      continue
+    busy = sum(v for k, v in ms.items() if k != "idle")
+    for category, value in ms.items():
+      p.row(f"{what}: {category}", value, "ms/step",
+            f"{value / busy:.1%} of busy" if busy and category != "idle" else "")
 
 
 def _long_row(p, s: dict, extra: dict, steps: int, reps: int, mesh) -> None:

@@ -273,7 +273,8 @@ def _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, ch
   return sums
 
 
-def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps):
+def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
+                num_stages=None):
   from jax.experimental.pallas import triton as pl_triton
   b, kp, h, e = query.shape
   nq = kp // block_q
@@ -306,7 +307,8 @@ def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, n
       ],
       out_specs=pl.BlockSpec((None, h, block_q, tile.E_COLS), lambda bi, qi: (bi, 0, qi, 0)),
       interpret=interpret,
-      compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=num_warps),
+      compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=num_warps,
+                                                                       num_stages=num_stages),
       name="heads_jax_statistics_v2",
   )(query, key, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"])
 
@@ -359,32 +361,9 @@ def _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret):
   )(tables["n"], qt, kt, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"])
 
 
-def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
-                       measures: bool = False, *, wrapper: str | None = None,
-                       block_q: int | None = None, interpret=None, contraction: str = "hilo",
-                       platform: str | None = None, num_warps: int = 4,
-                       blocks_per_step: int | None = None) -> dict:
-  """One layer's statistics from its queries and keys ``[b, k, h, e]`` (before the ``1/sqrt(e)``
-  scaling; any float dtype), with ``tables = kernel_tables(batch, roles, direction, measures,
-  keys=kp)`` of the batch (kp: ``padded_length(k, wrapper, block_q)``, or k).
-
-  Args:
-    wrapper: ``"triton"``, ``"mosaic"`` or ``"xla"`` (default: ``default_wrapper(platform)``).
-    block_q: query rows per tile (default ``BLOCK_Q[wrapper]``, at most the padded length).
-    interpret: run a Pallas wrapper in the interpreter (``True``, or for ``"mosaic"`` a
-      ``pltpu.InterpretParams()``); default: when ``platform`` is not the wrapper's.
-    contraction: ``"hilo"`` (bf16 halves, the default) or ``"float32"`` (``tile.tile_values``).
-    num_warps: the Triton programs' warps.
-    blocks_per_step: query blocks per ``lax.scan`` step of the ``"xla"`` wrapper (default 1 on
-      CPUs, 32 elsewhere: fewer, larger steps; memory ``[b, h, 16 G, k]``).
-
-  Returns:
-    what ``heads_jax.stats.layerwise.reduce_layer`` returns: ``sieve_bias`` ``[b, h, r]`` (0
-    where a sieve is empty), ``distance`` ``[b, h, 21]`` and with ``measures`` ``entropy``,
-    ``cls_entropy`` ``[b, h]`` and ``token_attention`` ``[b, h, 5]``.
-  """
-  roles = check_roles(roles)
-  direction = check_direction(direction)
+def _prepare(query, key, tables, wrapper, block_q, platform, interpret):
+  """The checked settings of ``kernel_layer_stats`` / ``kernel_layer_rows``: the queries and keys
+  padded to the tables' length, the wrapper, the block, whether to interpret."""
   wrapper = wrapper or default_wrapper(platform)
   if wrapper not in WRAPPERS:
     raise ValueError(f"wrapper must be one of {WRAPPERS}, got {wrapper!r}")
@@ -397,19 +376,70 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
   if kp != k:
     pad = ((0, 0), (0, kp - k), (0, 0), (0, 0))
     query, key = jnp.pad(query, pad), jnp.pad(key, pad)
-  rows_fn, channels_fn = _row_fns(roles, direction, measures, float(1.0 / e ** 0.5))
-  channels = num_channels(roles, measures)
   native = {"triton": "gpu", "mosaic": "tpu"}.get(wrapper)
   if interpret is None:
     interpret = native is not None and target_platform(platform) != native
+  return query, key, wrapper, block_q, interpret
+
+
+def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
+                      *, wrapper: str | None = None, block_q: int | None = None, interpret=None,
+                      contraction: str = "hilo", platform: str | None = None, num_warps: int = 4,
+                      num_stages: int | None = None):
+  """The Pallas program alone: every head's per-row results ``[b, h, kp, E_COLS]``
+  (``tile.head_rows``) of one layer; arguments as ``kernel_layer_stats`` (``"triton"`` or
+  ``"mosaic"``; ``num_stages``: Triton's pipeline stages, default Triton's). What
+  ``kernel_layer_stats`` adds is XLA's channel sums over these rows (``bench/analysis_ab.py``
+  times the two apart)."""
+  rows_fn, _ = _row_fns(check_roles(roles), check_direction(direction), False,
+                       float(1.0 / query.shape[-1] ** 0.5))
+  query, key, wrapper, block_q, interpret = _prepare(query, key, tables, wrapper, block_q,
+                                                     platform, interpret)
+  if wrapper == "triton":
+    return _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
+                        num_stages)
+  if wrapper == "mosaic":
+    return _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret)
+  raise ValueError(f"kernel_layer_rows runs a Pallas wrapper ('triton', 'mosaic'), got {wrapper!r}")
+
+
+def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
+                       measures: bool = False, *, wrapper: str | None = None,
+                       block_q: int | None = None, interpret=None, contraction: str = "hilo",
+                       platform: str | None = None, num_warps: int = 4,
+                       num_stages: int | None = None, blocks_per_step: int | None = None) -> dict:
+  """One layer's statistics from its queries and keys ``[b, k, h, e]`` (before the ``1/sqrt(e)``
+  scaling; any float dtype), with ``tables = kernel_tables(batch, roles, direction, measures,
+  keys=kp)`` of the batch (kp: ``padded_length(k, wrapper, block_q)``, or k).
+
+  Args:
+    wrapper: ``"triton"``, ``"mosaic"`` or ``"xla"`` (default: ``default_wrapper(platform)``).
+    block_q: query rows per tile (default ``BLOCK_Q[wrapper]``, at most the padded length).
+    interpret: run a Pallas wrapper in the interpreter (``True``, or for ``"mosaic"`` a
+      ``pltpu.InterpretParams()``); default: when ``platform`` is not the wrapper's.
+    contraction: ``"hilo"`` (bf16 halves, the default) or ``"float32"`` (``tile.tile_values``).
+    num_warps, num_stages: the Triton programs' warps and pipeline stages.
+    blocks_per_step: query blocks per ``lax.scan`` step of the ``"xla"`` wrapper (default 1 on
+      CPUs, 32 elsewhere: fewer, larger steps; memory ``[b, h, 16 G, k]``).
+
+  Returns:
+    what ``heads_jax.stats.layerwise.reduce_layer`` returns: ``sieve_bias`` ``[b, h, r]`` (0
+    where a sieve is empty), ``distance`` ``[b, h, 21]`` and with ``measures`` ``entropy``,
+    ``cls_entropy`` ``[b, h]`` and ``token_attention`` ``[b, h, 5]``.
+  """
+  roles = check_roles(roles)
+  direction = check_direction(direction)
+  channels = num_channels(roles, measures)
+  rows_fn, channels_fn = _row_fns(roles, direction, measures, float(1.0 / query.shape[-1] ** 0.5))
+  query, key, wrapper, block_q, _ = _prepare(query, key, tables, wrapper, block_q, platform,
+                                             interpret)
   if wrapper == "xla":
     sums = _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, channels,
                      blocks_per_step or (1 if target_platform(platform) == "cpu" else 32))
   else:
-    if wrapper == "triton":
-      raw = _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps)
-    else:
-      raw = _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret)
+    raw = kernel_layer_rows(query, key, tables, roles, direction, wrapper=wrapper,
+                            block_q=block_q, interpret=interpret, contraction=contraction,
+                            platform=platform, num_warps=num_warps, num_stages=num_stages)
     sums = _weighted(raw, tables["q_info"], tables["weights"], channels_fn, block_q, channels)
   r = len(roles)
   out = {"sieve_bias": sums[..., :r], "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
@@ -434,7 +464,7 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
                    measures: bool = False, *, wrapper: str, block_q: int | None = None,
                    interpret=None, mesh=None, platform: str | None = None,
                    contraction: str = "hilo", num_warps: int = 4,
-                   blocks_per_step: int | None = None):
+                   num_stages: int | None = None, blocks_per_step: int | None = None):
   """The model's ``attention_reduce`` hook for kernel v2 (needs no probabilities: the model keeps
   its fast attention and the tile recomputes the scores from the queries and keys).
 
@@ -445,7 +475,8 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
   stats = functools.partial(kernel_layer_stats, roles=roles, direction=direction,
                             measures=measures, wrapper=wrapper, block_q=block_q,
                             interpret=interpret, contraction=contraction, platform=platform,
-                            num_warps=num_warps, blocks_per_step=blocks_per_step)
+                            num_warps=num_warps, num_stages=num_stages,
+                            blocks_per_step=blocks_per_step)
   if wrapper != "xla" and mesh is not None and mesh.size > 1:
     spec = P(DATA_AXIS)
     stats = jax.shard_map(stats, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
