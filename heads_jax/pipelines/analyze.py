@@ -205,13 +205,13 @@ class AnalyzeRun:
   loaded: object = None
 
 
-def _device(ctx: engine.Context) -> stages.Scores:
+def _device(ctx: engine.Context[AnalyzeRun]) -> stages.Scores:
   run: AnalyzeRun = ctx.config
   return stages.scores(ctx, DEVICE_STAGE, DEVICE_UNIT, run.settings, model=run.model,
                        loaded=run.loaded, log=ctx.log, progress=run.progress)
 
 
-def _host(ctx: engine.Context) -> stages.Analysis:
+def _host(ctx: engine.Context[AnalyzeRun]) -> stages.Analysis:
   run: AnalyzeRun = ctx.config
   result = stages.statistics(ctx, HOST_STAGE, HOST_UNIT, run.settings,
                              ctx.results[DEVICE_STAGE], loaded=run.loaded, log=ctx.log)

@@ -82,14 +82,14 @@ class CompareConfig:
                          "max_length": self.max_length}}
 
 
-def _comparison(ctx: engine.Context) -> stages.Comparison:
+def _comparison(ctx: engine.Context[CompareConfig]) -> stages.Comparison:
   c: CompareConfig = ctx.config
   return stages.comparison(ctx, "comparison", "comparison", c.before, c.after, Path(c.out),
                            inputs={"before": _analysis_key(ctx, c.before),
                                    "after": _analysis_key(ctx, c.after)})
 
 
-def _similarity(ctx: engine.Context) -> stages.Similarity:
+def _similarity(ctx: engine.Context[CompareConfig]) -> stages.Similarity:
   c: CompareConfig = ctx.config
   return stages.similarity(ctx, "similarity", "similarity", Path(c.out),
                            before_model=c.before_model, after_model=c.after_model, data=c.data,
@@ -98,7 +98,7 @@ def _similarity(ctx: engine.Context) -> stages.Similarity:
                                    "after_model": ctx.model(c.after_model)})
 
 
-def _report(ctx: engine.Context) -> stages.Comparison:
+def _report(ctx: engine.Context[CompareConfig]) -> stages.Comparison:
   c: CompareConfig = ctx.config
   return stages.compare_report(
       ctx, "report", "report", c.before, c.after, ctx.results["comparison"], title=c.title,
@@ -107,7 +107,7 @@ def _report(ctx: engine.Context) -> stages.Comparison:
                             "after": _analysis_key(ctx, c.after).get(contract.SUMMARY_JSON)}})
 
 
-def compare_stages(c: CompareConfig) -> list[engine.Stage]:
+def compare_stages(c: CompareConfig) -> list[engine.Stage[CompareConfig]]:
   """``comparison`` (host), ``similarity`` (device; with both models) and ``report``."""
   plan = [engine.Stage("comparison", "sieve bias, roles and clusters before vs after",
                        _comparison, outputs=COMPARISON_FILES)]

@@ -36,7 +36,7 @@ from pathlib import Path
 from heads_jax import contract, runfiles
 from heads_jax.errors import UserError
 from heads_jax.pipelines.analysis import AnalysisConfig
-from heads_jax.pipelines.engine import Stage, run_pipeline
+from heads_jax.pipelines.engine import Context, Stage, run_pipeline
 from heads_jax.pipelines import names, stages
 from heads_jax.pipelines.keys import training_inputs
 from heads_jax.report.demo import front_page_text
@@ -112,7 +112,7 @@ class DemoSettings:
   scratch_examples: int
 
 
-def _analysis_config(ctx, which: str) -> AnalysisConfig:
+def _analysis_config(ctx: Context[DemoSettings], which: str) -> AnalysisConfig:
   """The settings of the analysis ``which`` (pretrained, finetuned, scratch) of the demo
   ``ctx.config`` (`DemoSettings`), its model from the earlier stages' results."""
   s: DemoSettings = ctx.config
@@ -133,7 +133,7 @@ def _unit(s: DemoSettings, which: str) -> str:
   return "quick" if which == "pretrained" and s.quick else which
 
 
-def _model_identity(ctx, which: str):
+def _model_identity(ctx: Context[DemoSettings], which: str):
   """The identity of the model ``which``: its content (the real model), or the finish time of
   the unit that wrote it."""
   if which == "pretrained":
@@ -141,19 +141,19 @@ def _model_identity(ctx, which: str):
   return ctx.results["finetune" if which == "finetuned" else "pretrain"].finished
 
 
-def _scores(ctx, which: str) -> stages.Scores:
+def _scores(ctx: Context[DemoSettings], which: str) -> stages.Scores:
   return stages.scores(ctx, f"scores_{which}", _unit(ctx.config, which),
                        _analysis_config(ctx, which), model=_model_identity(ctx, which),
                        log=_log(ctx))
 
 
-def _statistics(ctx, which: str) -> stages.Analysis:
+def _statistics(ctx: Context[DemoSettings], which: str) -> stages.Analysis:
   return stages.statistics(ctx, f"analysis_{which}", _unit(ctx.config, which),
                            _analysis_config(ctx, which), ctx.results[f"scores_{which}"],
                            log=_log(ctx))
 
 
-def _finetune(ctx) -> stages.Finetuned:
+def _finetune(ctx: Context[DemoSettings]) -> stages.Finetuned:
   s: DemoSettings = ctx.config
   c = _config(f"finetune,steps={s.finetune_steps}")
   c.init_checkpoint = str(s.real)
@@ -161,7 +161,7 @@ def _finetune(ctx) -> stages.Finetuned:
                          inputs=training_inputs(c.to_dict(), cache=ctx.markers.root))
 
 
-def _compare(ctx) -> stages.Comparison:
+def _compare(ctx: Context[DemoSettings]) -> stages.Comparison:
   s: DemoSettings = ctx.config
   before, after = ctx.results["analysis_pretrained"], ctx.results["analysis_finetuned"]
   done = stages.comparison(ctx, "compare", "comparison", before.out, after.out, s.out / "compare",
@@ -170,18 +170,18 @@ def _compare(ctx) -> stages.Comparison:
                                title=f"{s.name}: before vs after fine-tuning on SST-2")
 
 
-def _pretrain(ctx) -> stages.Pretrained:
+def _pretrain(ctx: Context[DemoSettings]) -> stages.Pretrained:
   s: DemoSettings = ctx.config
   return stages.pretrained(ctx, "pretrain", "demo", kind="pretrain", out=s.out / "pretrain",
                            configs=[_config(f"pretrain,steps={s.pretrain_steps}")],
                            run_dirs=[s.out / "pretrain"])
 
 
-def _report(ctx) -> Path:
+def _report(ctx: Context[DemoSettings]) -> Path:
   return write_report(ctx.config, ctx.results, ctx.log, seconds=ctx.seconds)
 
 
-def demo_stages(s: DemoSettings) -> tuple[Stage, ...]:
+def demo_stages(s: DemoSettings) -> tuple[Stage[DemoSettings], ...]:
   """The demo's pipeline for settings ``s`` (quick: the real model's analysis and the report);
   every stage reads ``s`` as ``ctx.config``."""
   name, n = s.name, s.n

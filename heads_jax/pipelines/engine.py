@@ -29,7 +29,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from heads_jax.errors import UserError
 from heads_jax import runfiles
@@ -57,11 +57,18 @@ class UnitResult:
                finished=m.get("finished"), seconds=m.get("seconds"), reused=reused)
 
 
+# A job's one typed config (a frozen dataclass, or the job's ml_collections config): what
+# `run_pipeline` receives and every stage reads as ``ctx.config``.
+C = TypeVar("C")
+
+
 @dataclasses.dataclass
-class Context:
-  """What a stage function gets: the pipeline's settings, its run directory, its markers, the
-  log, and the counts of units run and reused in the current stage."""
-  config: Any
+class Context(Generic[C]):
+  """What a stage function gets: the job's typed config (``config``: its settings, the only
+  place a stage reads them), its run directory, its markers, the log, the counts of units run
+  and reused in the current stage, and the earlier stages' typed results (``results``: the only
+  place a stage reads what an earlier one made)."""
+  config: C
   workdir: Path
   markers: Markers
   log: Callable[[str], None]
@@ -144,8 +151,9 @@ def _stamp(ctx: Context, stage: str, finished) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Stage:
-  """One stage of a pipeline.
+class Stage(Generic[C]):
+  """One stage of a pipeline (a module-level function of the job's typed config, read from
+  ``ctx.config``, and of the earlier stages' results, read from ``ctx.results``).
 
   Attributes:
     name: its name (``--redo`` takes it).
@@ -156,7 +164,7 @@ class Stage:
   """
   name: str
   text: str
-  run: Callable[[Context], Any]
+  run: Callable[[Context[C]], Any]
   reads: tuple[str, ...] = ()
   outputs: tuple[str, ...] = ()
 
@@ -196,11 +204,12 @@ def minutes(seconds: float) -> str:
   return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-def run_pipeline(stages, workdir, *, config=None, tasks=(), redo: str | None = None,
-                 stop_after: str | None = None, log=print, what: str = "a pipeline",
-                 claim: dict | None = None, progress: bool = True) -> dict:
-  """Runs ``stages`` in order in ``workdir`` under its lock; returns ``{stage name: its
-  result}``.
+def run_pipeline(stages: Sequence[Stage[C]], workdir, *, config: C = None, tasks=(),
+                 redo: str | None = None, stop_after: str | None = None, log=print,
+                 what: str = "a pipeline", claim: dict | None = None,
+                 progress: bool = True) -> dict:
+  """Runs ``stages`` in order in ``workdir`` under its lock, each with ``config`` (the job's one
+  typed config, ``ctx.config``); returns ``{stage name: its result}``.
 
   ``what``: the job, as the lock names it to a second process ("an ablation").
   ``claim``: keyword arguments of `runfiles.claim_dir` (``kind``, ``flag``, ``model``, ``data``,

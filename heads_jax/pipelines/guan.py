@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ml_collections
 import pandas as pd
 
 from heads_jax import contract, hub
@@ -43,6 +44,10 @@ from heads_jax.pipelines.ablate import (REPORT, SUB_JOBS, AblationConfig, Ablati
 from heads_jax.pipelines.analysis import AnalysisConfig
 from heads_jax.pipelines import names, stages
 from heads_jax.report.guan import MODEL_LABELS  # the analyses, SQuAD first (Table 1's columns)
+
+# The job's one typed config: configs/reproduce.py's guan presets (every stage reads it as
+# ctx.config; `_analysis_config` and `ablation_config` derive the units' typed settings).
+GuanConfig = ml_collections.ConfigDict
 
 DEFAULT_SQUAD_MODEL = "bert-large-uncased-whole-word-masking-finetuned-squad"
 STAGES = names.GUAN
@@ -96,7 +101,7 @@ def _analysis_config(config, item: dict, model_dir: Path, out: Path) -> Analysis
       title=f"Guan et al. analysis: {item['label']} model ({item['model']})")
 
 
-def planned_analyses(ctx: engine.Context) -> list[tuple[dict, AnalysisConfig]]:
+def planned_analyses(ctx: engine.Context[GuanConfig]) -> list[tuple[dict, AnalysisConfig]]:
   """``[(item, AnalysisConfig)]`` of each model of the plan (`plan_models`)."""
   config = ctx.config
   out = []
@@ -108,7 +113,7 @@ def planned_analyses(ctx: engine.Context) -> list[tuple[dict, AnalysisConfig]]:
   return out
 
 
-def _stage_scores(ctx: engine.Context) -> dict:
+def _stage_scores(ctx: engine.Context[GuanConfig]) -> dict:
   """``{label: `stages.Scores`}``: the device pass of each model's analysis (keyed by the
   model's content, the data's and the device-side settings)."""
   out = {}
@@ -119,7 +124,7 @@ def _stage_scores(ctx: engine.Context) -> dict:
   return out
 
 
-def _stage_analysis(ctx: engine.Context) -> dict:
+def _stage_analysis(ctx: engine.Context[GuanConfig]) -> dict:
   """``{label: `stages.Analysis`}``: the host statistics (distance clusters, tests, report) of
   each model's analysis, keyed by its device pass and the host settings."""
   device = ctx.results["scores"]
@@ -144,7 +149,7 @@ def ablation_config(config, workdir: Path) -> AblationConfig:
                         seed=int(config.seed), title="Guan et al. Tables 2-3 on the SQuAD model")
 
 
-def _stage_report(ctx: engine.Context) -> dict:
+def _stage_report(ctx: engine.Context[GuanConfig]) -> dict:
   from heads_jax.report import ablation as rep
   from heads_jax.report import guan as guan_report
   config = ctx.config

@@ -50,6 +50,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import ml_collections
+
 from heads_jax.pipelines.analysis import AnalysisConfig, headline
 from heads_jax.data import glue, glue_splits
 from heads_jax.data.syntax import DEFAULT_PARSER, MissingParserError, load_parser
@@ -60,6 +62,11 @@ from heads_jax.pipelines import names, stages
 from heads_jax.runfiles import unit_file_name
 from heads_jax.report.reproduce import write_reproduce_report
 from heads_jax.training import configlib
+
+# The job's one typed config: configs/reproduce.py's (every stage reads it as ctx.config, and
+# derives each unit's typed settings from it: `analysis_config` -> AnalysisConfig,
+# `finetune_config` -> configs/finetune.py's config).
+ReproduceConfig = ml_collections.ConfigDict
 
 STAGES = names.REPRODUCE
 STAGE_TEXT = {
@@ -162,7 +169,7 @@ def task_rows(config, task: str, data_outputs: dict) -> tuple[list, list, dict]:
   return got["train"], got["eval"], note
 
 
-def split_files(ctx: Context, config, task: str, source: str) -> dict:
+def split_files(ctx: Context[ReproduceConfig], config, task: str, source: str) -> dict:
   """``{split: content}`` of the splits ``task`` reads: each GLUE TSV's `fingerprint`; TFDS
   data by its name (a prepared TFDS dataset is versioned)."""
   td = config.data[task]
@@ -178,7 +185,7 @@ def split_files(ctx: Context, config, task: str, source: str) -> dict:
   return out
 
 
-def stage_data(ctx: Context) -> dict:
+def stage_data(ctx: Context[ReproduceConfig]) -> dict:
   config = ctx.config
   runfiles.write_reproduce_config(ctx.workdir, config.to_dict())  # under the lock and claim
   root = ctx.workdir / "data"
@@ -211,7 +218,7 @@ def pretrain_configs(pc) -> list:
           for name in (pc.pretrain_config, pc.pretrain_phase2_config) if name]
 
 
-def stage_pretrained(ctx: Context) -> stages.Pretrained:
+def stage_pretrained(ctx: Context[ReproduceConfig]) -> stages.Pretrained:
   pc = ctx.config.pretrained
   m = stages.pretrained(ctx, "pretrained", "model", kind=pc.kind, out=ctx.workdir / "pretrained",
                         path=pc.path, size=pc.size, seed=int(ctx.config.seed),
@@ -281,7 +288,7 @@ def pick_best(results: dict) -> tuple[str, object]:
   return name, results[name]
 
 
-def stage_finetune(ctx: Context) -> dict:
+def stage_finetune(ctx: Context[ReproduceConfig]) -> dict:
   """``{task: the best grid point's `stages.Finetuned`}``; ``finetune/<task>/best.json`` says
   which and the grid's scores."""
   config = ctx.config
@@ -331,7 +338,7 @@ def available_parser(name: str) -> str:
     return "none"
 
 
-def analysis_units(ctx: Context, parser: str) -> list[dict]:
+def analysis_units(ctx: Context[ReproduceConfig], parser: str) -> list[dict]:
   """Every analysis of the run: ``{"unit", "model_kind", "task", "data", "out", "model",
   "model_id"}`` (``model_id``: the finish time of the unit that wrote the model)."""
   config = ctx.config
@@ -376,14 +383,14 @@ def analysis_config(config, unit: dict, parser: str) -> AnalysisConfig:
       seed=int(config.seed), title=f"Attention heads of the {what} on {unit['data'].split('/')[-1]}")
 
 
-def planned_analyses(ctx: Context) -> list[tuple[dict, AnalysisConfig]]:
+def planned_analyses(ctx: Context[ReproduceConfig]) -> list[tuple[dict, AnalysisConfig]]:
   """Every analysis of the run with its settings: ``[(unit, AnalysisConfig)]``
   (`analysis_units`, `analysis_config`)."""
   parser = available_parser(ctx.config.analysis.parser)
   return [(u, analysis_config(ctx.config, u, parser)) for u in analysis_units(ctx, parser)]
 
 
-def stage_scores(ctx: Context) -> dict:
+def stage_scores(ctx: Context[ReproduceConfig]) -> dict:
   """``{unit: `stages.Scores`}``: the device pass of every analysis (keyed by its model's
   finish time, its data's content and the device-side settings)."""
   plan = planned_analyses(ctx)
@@ -399,7 +406,7 @@ def stage_scores(ctx: Context) -> dict:
   return out
 
 
-def stage_analysis(ctx: Context) -> dict:
+def stage_analysis(ctx: Context[ReproduceConfig]) -> dict:
   """``{unit: `stages.Analysis`}``: the host statistics of every analysis (keyed by its device
   pass and the host settings: a ``tau`` change reruns these only); ``analysis/analyses.json``
   lists them for the report."""
@@ -421,7 +428,7 @@ def stage_analysis(ctx: Context) -> dict:
 # stage 5: comparison
 
 
-def stage_similarity(ctx: Context) -> dict:
+def stage_similarity(ctx: Context[ReproduceConfig]) -> dict:
   """``{task: `stages.Similarity`}`` of the pre-trained and fine-tuned models on the task's
   analysis rows (``config.analysis.similarity_examples`` > 0; keyed by their device passes)."""
   device = ctx.results["scores"]
@@ -437,7 +444,7 @@ def stage_similarity(ctx: Context) -> dict:
   return out
 
 
-def stage_compare(ctx: Context) -> dict:
+def stage_compare(ctx: Context[ReproduceConfig]) -> dict:
   """``{task: `stages.Comparison`}`` of the pre-trained and fine-tuned analyses of each task
   (tables and report; host)."""
   analyses = ctx.results["analysis"]
@@ -461,7 +468,7 @@ def stage_compare(ctx: Context) -> dict:
 # stage 6: report
 
 
-def stage_report(ctx: Context) -> dict:
+def stage_report(ctx: Context[ReproduceConfig]) -> dict:
   key = {"inputs": {s: ctx.finished.get(s) for s in STAGES[:-1]}, "tasks": list(ctx.tasks)}
 
   def fn():
@@ -488,7 +495,7 @@ PIPELINE = (
 assert tuple(s.name for s in PIPELINE) == STAGES
 
 
-def run_reproduce(config, workdir, *, redo: str | None = None, log=print) -> dict:
+def run_reproduce(config: ReproduceConfig, workdir, *, redo: str | None = None, log=print) -> dict:
   """Runs (or continues) the reproduction in ``workdir``; returns ``{stage: its result}`` (the
   report stage's holds ``report``, the path of ``report.html``)."""
   workdir = Path(workdir).absolute()
