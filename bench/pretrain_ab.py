@@ -5,25 +5,32 @@
     python bench/accelerator.py --parts pretrain_ab   # the same, as a part of the device suite
 
 One real pre-training batch (the embedded Gutenberg books, ``bench_training.pretraining_batch``)
-stays on the device. The variants, in this order, each one change on top of the one before
-(from V2 on; a change whose switch does not exist yet prints "absent" and the next builds on
-what is there):
+stays on the device. The variants, in this order:
 
 * V0  explicit attention with dropout 0.1 (the step as of 9125a24: float32 LayerNorm outputs,
   threefry dropout bits, the optax LAMB chain, float32 MLM logits);
 * V1  fused attention without attention dropout (cuDNN on a GPU): the speed BERT's dropout cost;
-* V2  the Pallas flash kernel with exact attention dropout 0.1 (``attention="flash"``);
-* V3  + dropout bits from an ``rbg`` key (``dropout_rng="rbg"``);
-* V4  + LayerNorm outputs and the residual stream in bf16 (``layer_norm_dtype="compute"``);
-* V5  + the flat LAMB (``optimizer.flat``);
-* V6  + the MLM loss on padded bf16 logits with a float32 log-sum-exp (``mlm_logits="padded"``);
-* V7  V6 at twice the batch (512 at sequence 128).
+* V4  the Pallas flash kernel with exact attention dropout 0.1 (``attention="flash"``), dropout
+  bits from an ``rbg`` key (``dropout_rng="rbg"``), LayerNorm outputs and the residual stream in
+  bf16 (``layer_norm_dtype="compute"``): run 2 on the H200 (2026-11-27) measured these one at a
+  time (V2 flash 28.4% MFU, V3 + rbg 28.7%, V4 + bf16 30.2%), so they are one row now (a switch
+  that does not exist is named in the label and left out);
+* V5  V4 + the flat LAMB (``optimizer.flat``): a side row, not in the chain (1.61x slower a
+  step in run 2; its profile says where);
+* V6  V4 + the MLM loss on padded bf16 logits with a float32 log-sum-exp
+  (``mlm_logits="padded"``): the step ``configs/pretrain.py`` trains;
+* V7  V6 at twice the batch (512 at sequence 128; the ``bert_base_b512`` preset).
 
-Each row: tokens/s, MFU (``6N + 12 l d q`` FLOPs per token over the device's data-sheet bf16
-peak; ``bench_training.flops_per_token``), step ms, and the loss after ``loss_steps`` steps from
-the same initial parameters (finite, and close across variants: the changes keep the
-arithmetic). The first and the last variant also get the breakdown: forward (the loss alone,
-dropout on), backward (forward+backward minus forward), optimizer (in the step: step minus
+The last rows are the candidates for the default. Each row: tokens/s, MFU (``6N + 12 l d q``
+FLOPs per token over the device's data-sheet bf16 peak; ``bench_training.flops_per_token``), step
+ms, and the loss after ``loss_steps`` steps from the same initial parameters (finite, and close
+across variants: the changes keep the arithmetic). V0, V4, V5, V6 and V7 are profiled
+(``bench/profiling.py``, ``profile_steps`` steps traced right after the timing): device time per
+step by category (GEMM, attention kernel, optimizer, dropout RNG, copies, reductions,
+elementwise fusions, other, idle) and by phase (forward, backward, optimizer, from the HLO's
+op names; ``training.steps`` scopes the update as ``optimizer``), the table printed in the log.
+V0 and the fastest of V4/V6 also get the breakdown programs: forward (the loss alone, dropout
+on), backward (forward+backward minus forward), optimizer (in the step: step minus
 forward+backward; alone: ``tx.update`` + ``apply_updates``). A last row says whether the input
 pipeline (``data.num_workers=-1``: all but 2 of this host's cores) can build real batches as fast
 as the fastest variant of that batch consumes them (one batch built here, timed; the workers'
@@ -53,11 +60,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 FULL = {"size": "base", "dtype": "bfloat16", "seq": 128, "batch": 256, "preds": 20,
-        "loss_steps": 10, "steps": 10, "repeats": 3}
+        "loss_steps": 10, "steps": 10, "repeats": 3, "profile_steps": 5}
 TINY = {"size": "tiny", "dtype": "float32", "seq": 32, "batch": 4, "preds": 5,
-        "loss_steps": 2, "steps": 2, "repeats": 1, "num_layers": 1}
+        "loss_steps": 2, "steps": 2, "repeats": 1, "num_layers": 1, "profile_steps": 1}
 # --tiny only checks that every variant runs: XLA's CPU backend without its LLVM optimisations
-# compiles the 14 programs several times faster
+# compiles the 12 programs several times faster
 TINY_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
@@ -85,32 +92,34 @@ def _has_config_field(name: str) -> bool:
 
 
 def variants() -> list[tuple[Variant, str | None]]:
-  """``[(variant, why absent or None)]`` in the order of the module docstring."""
+  """``[(variant, why absent or None)]`` in the order of the module docstring: V0, V1, V4 (the
+  chain's merged step), V5 (a side row on V4), V6 on V4, V7 on V6."""
   v0 = Variant("V0", "explicit attention, dropout 0.1 (as of 9125a24)")
   v1 = dataclasses.replace(v0, name="V1", label="fused attention, no attention dropout",
                            attention="auto", attention_dropout=0.0)
-  out = [(v0, None), (v1, None)]
-  flash = _has_flash()
-  v2 = dataclasses.replace(v0, name="V2", label="flash kernel with attention dropout 0.1",
-                           attention="flash")
-  out.append((v2, None if flash else "no 'flash' attention path in heads_jax.model.bert"))
-  base = v2 if flash else v0
-  on = "" if flash else " (on V0: no flash kernel)"
-  steps_ = [
-      ("V3", "+ rbg dropout bits", {"dropout_rng": "rbg"}, None),
-      ("V4", "+ bf16 LayerNorm/residual", {"layer_norm_dtype": "compute"},
-       None if _has_config_field("layer_norm_dtype") else "no BertConfig.layer_norm_dtype"),
-      ("V5", "+ flat LAMB", {"flat_lamb": True}, None),
-      ("V6", "+ padded bf16 MLM logits", {"mlm_logits": "padded"}, None),
-  ]
-  for name, label, change, absent in steps_:
-    v = dataclasses.replace(base, name=name, label=label + on, **change)
-    out.append((v, absent))
-    if absent is None:
-      base = v
-  out.append((dataclasses.replace(base, name="V7", label=f"{base.name} at twice the batch",
-                                  batch_factor=2), None))
-  return out
+  flash, ln = _has_flash(), _has_config_field("layer_norm_dtype")
+  missing = [w for w, ok in (("no flash kernel: explicit attention", flash),
+                             ("no BertConfig.layer_norm_dtype: float32 LayerNorm", ln)) if not ok]
+  v4 = dataclasses.replace(
+      v0, name="V4", label="flash kernel with dropout 0.1 + rbg bits + bf16 LayerNorm/residual"
+      + (f" ({'; '.join(missing)})" if missing else ""),
+      attention="flash" if flash else "explicit", dropout_rng="rbg",
+      layer_norm_dtype="compute" if ln else "float32")
+  v5 = dataclasses.replace(v4, name="V5", label="V4 + flat LAMB (a side row)", flat_lamb=True)
+  v6 = dataclasses.replace(v4, name="V6", label="V4 + padded bf16 MLM logits "
+                           "(configs/pretrain.py's step)", mlm_logits="padded")
+  v7 = dataclasses.replace(v6, name="V7", label="V6 at twice the batch (bert_base_b512)",
+                           batch_factor=2)
+  return [(v, None) for v in (v0, v1, v4, v5, v6, v7)]
+
+
+# variants whose step is profiled (bench/profiling.py) right after it is timed: the baseline, the
+# chain's candidates for the default, and the flat LAMB (why it is slower)
+PROFILED = ("V0", "V4", "V5", "V6", "V7")
+# the breakdown programs (forward, forward+backward, optimizer alone) are compiled for the
+# baseline and for the fastest variant of the default chain at the base batch
+BREAKDOWN = ("V0",)
+DEFAULT_CHAIN = ("V4", "V6")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -264,7 +273,6 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
 
   results, kept = [], {}
   base = None
-  ends = {0, len(programs) - 1}
   for i, (prog, step) in enumerate(zip(programs, compiled)):
     v = prog.v
     if isinstance(step, Exception):
@@ -295,11 +303,20 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
         step_ms=res["step_ms"], loss_after_steps=loss, loss_steps=s["loss_steps"],
         finite=bool(np.isfinite(loss)))
     results.append(res)
-    if i in ends:
+    if v.name in PROFILED:
+      res["profile"] = _profile_row(v, one, step, s, row)
+    if v.name in BREAKDOWN or (v.name in DEFAULT_CHAIN and v.batch_factor == 1):
       kept[i] = (holder["state"], res)
     del holder, one
 
-  # The breakdown of the first and the last variant: forward, forward+backward, optimizer alone.
+  # The breakdown of the baseline and of the fastest of the default chain at the base batch:
+  # forward, forward+backward, optimizer alone (the others' states are let go first)
+  chain = [i for i in kept if programs[i].v.name in DEFAULT_CHAIN]
+  if chain:
+    best = max(chain, key=lambda i: kept[i][1]["tokens_per_s"])
+    for i in chain:
+      if i != best:
+        del kept[i]
   t0 = time.perf_counter()
   order = sorted(kept)
   lows = [programs[i].lower_breakdown() for i in order]
@@ -333,6 +350,26 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
         workers=workers, cores=cores, estimate="workers / seconds per batch (linear scaling)")
   row("pretrain_ab wall time", time.perf_counter() - t_start, "s", "", peak=peak.get("how"))
   return results
+
+
+def _profile_row(v: Variant, one, step, s: dict, row) -> dict | None:
+  """Profiles ``s["profile_steps"]`` calls of the variant's step (``one``; ``bench/profiling.py``):
+  prints its table, records one row (the categories in ms per step, the whole profile in the
+  detail); "absent" with the reason when the trace has nothing to sum."""
+  import profiling
+  try:
+    prof = profiling.profile(one, steps=s["profile_steps"], hlo_text=step.as_text())
+  except Exception as e:  # noqa: BLE001  (no profiler, no device plane: the part goes on)
+    row(f"{v.name} profile", "absent", "", "", why=f"{type(e).__name__}: {e}"[:500])
+    return None
+  print("\n".join("    " + line for line in prof.table(top=12).splitlines()), flush=True)
+  cats = " | ".join(f"{k} {x:.2f}" for k, x in prof.categories.items() if x > 0)
+  phases = " / ".join(f"{prof.phases[k]:.1f}" for k in ("forward", "backward", "optimizer",
+                                                        "idle"))
+  row(f"{v.name} profile, ms per step by category (phases forward / backward / optimizer / "
+      f"idle: {phases})", cats, "ms", f"span {prof.span_ms:.1f} ms, busy {prof.busy_ms:.1f} ms",
+      profile=prof.as_dict())
+  return prof.as_dict()
 
 
 def _compile_all(lowered: list, threads: int) -> list:

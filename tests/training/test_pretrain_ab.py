@@ -1,14 +1,18 @@
 """bench/pretrain_ab.py (issue 39 item 6): the variants' order and what an absent switch does, and
-the part run through bench/accelerator.py with --tiny: every present variant measured with a
-finite loss close to the baseline's, the breakdown for the first and the last."""
+the part run through bench/accelerator.py with --tiny: every variant measured with a finite loss
+close to the baseline's, the profiled variants' profiles (categories and phases summing to the
+span), the breakdown for the baseline and the fastest default."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
@@ -17,18 +21,21 @@ import pretrain_ab  # noqa: E402
 
 
 def test_variants_in_order_and_absent_switches(monkeypatch):
-  names = [v.name for v, _ in pretrain_ab.variants()]
-  assert names == ["V0", "V1", "V2", "V3", "V4", "V5", "V6", "V7"]
+  chosen = {v.name: v for v, _ in pretrain_ab.variants()}
+  assert list(chosen) == ["V0", "V1", "V4", "V5", "V6", "V7"]
+  v0, v1, v4, v5, v6, v7 = chosen.values()
+  assert (v0.attention_dropout, v1.attention_dropout, v4.attention_dropout) == (0.1, 0.0, 0.1)
+  assert (v4.attention, v4.dropout_rng, v4.layer_norm_dtype) == ("flash", "rbg", "compute")
+  # the flat LAMB is a side row on V4; the padded logits and the batch build on V4
+  assert v5.flat_lamb and dataclasses.replace(v5, flat_lamb=False, name="V4", label=v4.label) == v4
+  assert not v6.flat_lamb and v6.mlm_logits == "padded" and v6.attention == "flash"
+  assert v7.batch_factor == 2 and dataclasses.replace(v7, batch_factor=1, name="V6",
+                                                      label=v6.label) == v6
   monkeypatch.setattr(pretrain_ab, "_has_flash", lambda: False)
   monkeypatch.setattr(pretrain_ab, "_has_config_field", lambda name: False)
-  chosen = dict((v.name, (v, absent)) for v, absent in pretrain_ab.variants())
-  assert chosen["V2"][1] and chosen["V4"][1]              # absent, with the reason
-  v3, v5, v7 = chosen["V3"][0], chosen["V5"][0], chosen["V7"][0]
-  assert v3.attention == "explicit" and v3.dropout_rng == "rbg" and "on V0" in v3.label
-  assert v5.flat_lamb and v5.layer_norm_dtype == "float32" and v5.dropout_rng == "rbg"
-  assert v7.batch_factor == 2 and v7.mlm_logits == "padded" and v7.flat_lamb
-  v0, v1 = chosen["V0"][0], chosen["V1"][0]
-  assert (v0.attention_dropout, v1.attention_dropout) == (0.1, 0.0)
+  v4 = {v.name: v for v, _ in pretrain_ab.variants()}["V4"]
+  assert v4.attention == "explicit" and v4.layer_norm_dtype == "float32"
+  assert "no flash kernel" in v4.label and "layer_norm_dtype" in v4.label
 
 
 def test_the_part_runs_tiny_through_the_suite(tmp_path):
@@ -43,20 +50,28 @@ def test_the_part_runs_tiny_through_the_suite(tmp_path):
   assert part["name"] == "pretrain_ab" and part["status"] == "done", part["status"]
   rows = part["rows"]
   measured = [r for r in rows if r["unit"] == "tokens/s"]
-  absent = [r for r in rows if r["value"] == "absent"]
-  assert len(measured) + len(absent) == 8 and measured[-1]["what"].startswith("V7")
-  assert [r["what"][:2] for r in measured[:2]] == ["V0", "V1"] and measured[-1]["what"][:2] == "V7"
+  assert [r["what"][:2] for r in measured] == ["V0", "V1", "V4", "V5", "V6", "V7"]
   base = measured[0]["detail"]["loss_after_steps"]
   for r in measured:
     d = r["detail"]
     assert r["value"] > 0 and d["finite"] and abs(d["loss_after_steps"] - base) < 0.1, r
-  # the breakdowns come after every variant's figure: the first's and the last's
+  # each profiled variant's row follows its figure: categories and phases sum to the span
+  profiles = [r for r in rows if " profile" in r["what"]]
+  assert [r["what"][:2] for r in profiles] == list(pretrain_ab.PROFILED)
+  for r in profiles:
+    prof = r["detail"]["profile"]
+    assert sum(prof["categories"].values()) == pytest.approx(prof["span_ms"], rel=1e-6)
+    assert sum(prof["phases"].values()) == pytest.approx(prof["span_ms"], rel=1e-6)
+    assert prof["categories"]["GEMM"] > 0 and prof["phases"]["optimizer"] > 0
+    assert prof["phases"]["forward"] > 0 and prof["phases"]["backward"] > 0
+  v5 = next(r for r in profiles if r["what"].startswith("V5"))["detail"]["profile"]
+  assert v5["categories"]["optimizer"] > 0
+  # the breakdowns come after every variant's figure: the baseline's and the fastest default's
   breakdowns = [r for r in rows if "breakdown:" in r["what"]]
-  assert [r["what"][:2] for r in breakdowns] == ["V0", "V7"]
+  assert [r["what"][:2] for r in breakdowns][0] == "V0" and len(breakdowns) == 2
+  assert breakdowns[1]["what"][:2] in ("V4", "V6")
   assert rows.index(breakdowns[0]) > rows.index(measured[-1])
   for r in breakdowns:
     b = r["detail"]["breakdown_ms"]
     assert b["forward"] > 0 and b["optimizer_alone"] > 0
-  for r in absent:
-    assert r["detail"]["why"]
   assert "pretrain_ab" in (out / "accelerator.md").read_text()
