@@ -161,12 +161,16 @@ class Stage(Generic[C]):
     run: ``run(ctx) -> result`` (a typed result of the stage).
     reads: the earlier stages whose results it reads (the ``redo`` cascade).
     outputs: paths under the run directory that ``redo`` removes.
+    part: the field of the job's config that is this stage's ``ctx.config`` ("": the whole
+      config); a job that composes another's stages beside its own (guan: the ablation's)
+      holds both configs as fields of its own.
   """
   name: str
   text: str
   run: Callable[[Context[C]], Any]
   reads: tuple[str, ...] = ()
   outputs: tuple[str, ...] = ()
+  part: str = ""
 
 
 def dependents(stages, name: str) -> tuple[str, ...]:
@@ -250,8 +254,8 @@ def _run_stages(stages, names, workdir: Path, *, config, tasks, redo, stop_after
           for s in stages}
   n = len(stages)
   for i, stage in enumerate(stages, 1):
-    ctx = Context(config, workdir, markers, log, tuple(tasks), results=results,
-                  finished=finished, seconds=took)
+    ctx = Context(getattr(config, stage.part) if stage.part else config, workdir, markers, log,
+                  tuple(tasks), results=results, finished=finished, seconds=took)
     say(f"[{i}/{n}] {stage.name}: {stage.text}")
     if stage.name in again:
       reset_stage(workdir, stage)

@@ -240,3 +240,32 @@ def test_redo_removes_a_stage_only_when_it_runs(tmp_path):
   with pytest.raises(UserError, match="typo"):
     run_pipeline(plan, tmp_path, config="typo", redo="all", log=lambda m: None)
   assert out.read_text() == "result"
+
+
+def test_every_stage_reads_the_typed_config_or_its_part(tmp_path):
+  # issue 42 item 2: a stage reads its settings from ctx.config (the job's one config, or the
+  # field `part` names when a job composes another's stages) and earlier results from ctx.results
+  import dataclasses
+
+  @dataclasses.dataclass(frozen=True)
+  class Inner:
+    n: int
+
+  @dataclasses.dataclass(frozen=True)
+  class Outer:
+    name: str
+    inner: Inner
+
+  seen = []
+
+  def outer(ctx):
+    seen.append(("outer", ctx.config.name))
+    return 1
+
+  def inner(ctx):
+    seen.append(("inner", ctx.config.n, ctx.results["a"]))
+    return 2
+  done = run_pipeline([Stage("a", "outer", outer), Stage("b", "inner", inner, reads=("a",),
+                                                         part="inner")],
+                      tmp_path, config=Outer("x", Inner(3)), log=lambda m: None)
+  assert seen == [("outer", "x"), ("inner", 3, 1)] and done == {"a": 1, "b": 2}
