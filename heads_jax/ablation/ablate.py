@@ -4,8 +4,11 @@
 classifier's metrics with the group removed (``mode="remove"``: gate 0, the heads' outputs are
 dropped), replaced by uniform attention over the real tokens (``mode="uniform"``) or by their
 mean output over the data (``mode="mean"``: ``heads_jax.ablation.causal.GroupEvaluator``), the change
-against the unablated model, and for fairness the mean change when the same number of heads,
-drawn at random from all heads, is ablated the same way (``random_seeds`` draws).
+against the unablated model, and for fairness the mean change when random groups with the same
+number of heads in each of the group's layers are ablated the same way (``random_seeds`` draws of
+``heads_jax.ablation.causal.matched_random_groups``, the one random baseline of heads_jax: the
+harm of removing a head depends much on its layer, so a group in given layers is compared with
+heads of those layers; a group of whole layers has none, its random columns empty).
 
 ``ablate_segments``: for each group, the metrics with the group's intra-sentence attention
 (query and key in the same segment, by token type) or inter-sentence attention removed (Guan
@@ -19,10 +22,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from heads_jax.ablation.causal import GroupEvaluator
+from heads_jax.ablation.causal import GroupEvaluator, layer_counts, matched_random_groups
 from heads_jax.ablation.groups import (SEGMENT_PARTS, HeadGroup, format_heads, gate_for,
-                                       random_group, segment_removal_for)
+                                       segment_removal_for)
 from heads_jax.errors import UserError
+from heads_jax.report.ablation import value_text
 
 ABLATION_MODES = ("remove", "uniform", "mean")
 METRIC_COLUMNS = ("accuracy", "f1", "loss")
@@ -34,19 +38,6 @@ def metric_columns(evaluator) -> tuple[str, ...]:
   return tuple(getattr(evaluator, "metric_columns", METRIC_COLUMNS))
 
 
-def shown(value: float, percent: bool, signed: bool = False) -> str:
-  """A metric value for the console: SQuAD's exact match and F1 (``percent``) in percent with 2
-  decimals, as the paper prints them; a classifier's metrics as fractions with 4."""
-  if percent:
-    return f"{100 * value:+.2f}" if signed else f"{100 * value:.2f}"
-  return f"{value:+.4f}" if signed else f"{value:.4f}"
-
-
-def is_percent(columns) -> bool:
-  """Whether metrics ``columns`` are SQuAD's (exact match and F1, shown in percent)."""
-  return "exact_match" in tuple(columns)
-
-
 def _metrics_row(metrics: dict, base: dict, prefix: str = "", columns=METRIC_COLUMNS) -> dict:
   row = {}
   for m in columns:
@@ -55,14 +46,16 @@ def _metrics_row(metrics: dict, base: dict, prefix: str = "", columns=METRIC_COL
   return row
 
 
-def _random_rows(evaluate, size: int, L: int, H: int, seeds: int, seed: int,
+def _random_rows(evaluate, heads, L: int, H: int, seeds: int, seed: int,
                  columns=METRIC_COLUMNS) -> dict:
-  """Mean and standard deviation of each metric's change over random groups of ``size``."""
-  if seeds <= 0 or size == 0:
+  """Mean and standard deviation of each metric over ``seeds`` random groups of the layers of
+  ``heads`` (`causal.matched_random_groups`); {} when there are none (no seeds, no heads, whole
+  layers)."""
+  drawn = matched_random_groups(heads, L, H, seeds, seed)
+  if not drawn:
     return {}
   values = {m: [] for m in columns}
-  for s in range(seeds):
-    group = random_group(size, L, H, np.random.default_rng([seed, size, s]))
+  for group in drawn:
     metrics = evaluate(group.heads)
     for m in columns:
       values[m].append(metrics[m])
@@ -87,7 +80,9 @@ def ablate_groups(evaluator, groups: list[HeadGroup], *, mode: str = "remove",
 
   Columns: group, kind, num_heads, ablation (the mode), accuracy, accuracy_change, f1,
   f1_change, loss, loss_change, random_accuracy, random_accuracy_std, random_accuracy_change
-  (and the same for f1 and loss), random_seeds, heads. The first row is the unablated model.
+  (and the same for f1 and loss; empty for a group of whole layers), random_seeds (the random
+  groups drawn: 0 where there are none), heads; fractions, as every file. The first row is the
+  unablated model.
   """
   if mode not in ABLATION_MODES:
     raise UserError(f"--mode must be one of {ABLATION_MODES}, got {mode!r}")
@@ -121,22 +116,27 @@ def _baseline_row(base: dict, cols, **extra) -> dict:
 def _group_rows(evaluate, groups, base: dict, *, ablation: str, cols, shape, random_seeds: int,
                 seed: int, log, say, **extra) -> list[dict]:
   """One row per group: ``evaluate(heads)``'s metrics against ``base``, the mean of random
-  groups of the same size (``random_seeds`` of them, computed once per size) and their change;
-  logs ``say(group)`` with the first metric. ``extra``: columns after ``ablation``."""
-  (L, H), first, pct = shape, cols[0], is_percent(cols)
+  groups of the same layers (``random_seeds`` of them, computed once per layer distribution)
+  and their change; logs ``say(group)`` with the first metric, in the unit a person reads
+  (`report.ablation.value_text`). ``extra``: columns after ``ablation``."""
+  (L, H), first = shape, cols[0]
   rows, cache = [], {}
+  none = {f"random_{m}{s}": np.nan for m in cols for s in ("", "_std")} if random_seeds else {}
   for g in groups:
     metrics = evaluate(g.heads) if len(g) else base
     row = dict(group=g.name, kind=g.kind, num_heads=len(g), ablation=ablation, **extra,
                **_metrics_row(metrics, base, columns=cols))
-    if len(g) not in cache:
-      cache[len(g)] = _random_rows(evaluate, len(g), L, H, random_seeds, seed, cols)
-    row.update(cache[len(g)])
-    row["random_seeds"] = random_seeds if len(g) else 0
+    key = tuple(layer_counts(g.heads).items())
+    if key not in cache:
+      cache[key] = _random_rows(evaluate, g.heads, L, H, random_seeds, seed, cols)
+    row.update(cache[key] or none)   # none drawn: empty columns, not absent ones
+    row["random_seeds"] = random_seeds if cache[key] else 0
     row["heads"] = format_heads(g.heads)
     rows.append(_with_random_change(row, base, cols))
-    log(f"{say(g)}: {first} {shown(metrics[first], pct)} "
-        f"({shown(metrics[first] - base[first], pct, signed=True)})")
+    random = (f", random {value_text(first, row['random_' + first] - base[first], change=True)}"
+              if cache[key] else ", random n/a (whole layers)" if len(g) and random_seeds else "")
+    log(f"{say(g)}: {first} {value_text(first, metrics[first])} "
+        f"({value_text(first, metrics[first] - base[first], change=True)}{random})")
   return rows
 
 

@@ -7,6 +7,11 @@ there, drawn uniformly without replacement from that layer: a role concentrated 
 layers is compared with heads of the same layers, not with cheap heads of early ones). The
 harm of an ablation is the metric's change in the bad direction (accuracy and F1 down, loss up).
 
+This matched draw (`matched_random_groups`) is the one random baseline of every group ablation
+(``heads_jax.ablation.ablate`` uses it too). A group that holds every head of each of its layers
+(a whole layer) has no other group of its layers: its random columns, rank and p-value are empty
+("n/a": no test), not a p-value of 1.
+
 * ``rank``: 1 + the number of random groups whose harm is at least the group's (1: the role hurts
   most), and the permutation p-value ``p_value = rank / (random_groups + 1)`` (the one-sided
   test of "the role's heads matter no more than random heads of the same layers"; its smallest
@@ -41,6 +46,9 @@ from heads_jax.stats.norms import layer_values
 MODES = ("remove", "uniform", "mean")
 METRICS = ("accuracy", "f1", "loss")
 HARM_SIGN = {"accuracy": -1.0, "f1": -1.0, "loss": 1.0}
+# why a group holding whole layers has no random baseline (a table's n/a, a log line)
+WHOLE_LAYERS = ("the group holds every head of its layers, so the only group of the same layers "
+                "is itself")
 CAUSAL_COLUMNS = ("group", "kind", "num_heads", "layers", "ablation", "metric", "base", "value",
                   "change", "random_mean_change", "random_std_change", "random_groups", "rank",
                   "p_value", "heads")
@@ -66,6 +74,26 @@ def matched_random_group(heads, num_layers: int, num_heads: int, rng: np.random.
       raise ValueError(f"layer {layer} with {count} heads does not fit {num_layers} x {num_heads}")
     picked += [(layer, int(h)) for h in rng.choice(num_heads, size=count, replace=False)]
   return HeadGroup(name, "random", tuple(sorted(picked)))
+
+
+def whole_layers(heads, num_heads: int) -> bool:
+  """Whether ``heads`` holds every head of each layer it touches: then the only group with its
+  layer distribution is itself, and no random group of the same layers can be compared."""
+  return all(count >= num_heads for count in layer_counts(heads).values())
+
+
+def matched_random_groups(heads, num_layers: int, num_heads: int, count: int,
+                          seed: int) -> list[HeadGroup]:
+  """THE random baseline of every group ablation (``ablate_groups``, ``ablate_segments`` and
+  ``causal_tests``): ``count`` groups of `matched_random_group`, drawn from one stream keyed by
+  ``seed`` and the layer distribution of ``heads``. Groups with the same distribution get the
+  same draws, and the first ``n`` of ``count`` draws are the ``n`` draws of a smaller count (a
+  group table's few random groups are the first of the causal test's many). ``[]`` when
+  ``heads`` is empty or holds whole layers (`whole_layers`): there is nothing to compare."""
+  if not len(heads) or whole_layers(heads, num_heads):
+    return []
+  rng = np.random.default_rng([seed, *np.ravel(tuple(layer_counts(heads).items()))])
+  return [matched_random_group(heads, num_layers, num_heads, rng) for _ in range(count)]
 
 
 def head_output_means(evaluator) -> np.ndarray:
@@ -163,9 +191,10 @@ def causal_tests(group_evaluator, groups: Sequence[HeadGroup], *, random_groups:
   Args:
     group_evaluator: a ``GroupEvaluator`` (or anything with ``evaluate(heads) -> metrics``,
       ``num_layers``, ``num_heads``, ``mode``).
-    groups: the groups to test; empty groups get a row with NaN p-value.
-    random_groups: random groups of the same size and layer distribution per group (groups with
-      the same layer distribution share them).
+    groups: the groups to test; empty groups and groups of whole layers get a row with NaN
+      random columns, rank and p-value (and ``random_groups`` 0).
+    random_groups: random groups of the same size and layer distribution per group
+      (`matched_random_groups`: groups with the same layer distribution share them).
     metric: "accuracy", "f1" or "loss".
 
   Returns:
@@ -185,22 +214,26 @@ def causal_tests(group_evaluator, groups: Sequence[HeadGroup], *, random_groups:
   for g in groups:
     row = dict(group=g.name, kind=g.kind, num_heads=len(g), layers=format_layers(g.heads),
                ablation=group_evaluator.mode, metric=metric, base=base[metric],
-               random_groups=random_groups if len(g) else 0, heads=format_heads(g.heads))
+               random_groups=0, heads=format_heads(g.heads))
+    untested = dict(random_mean_change=np.nan, random_std_change=np.nan, rank=np.nan,
+                    p_value=np.nan)
     if not len(g):
-      rows.append(dict(row, value=base[metric], change=0.0, random_mean_change=np.nan,
-                       random_std_change=np.nan, rank=np.nan, p_value=np.nan))
+      rows.append(dict(row, value=base[metric], change=0.0, **untested))
       continue
     value = group_evaluator.evaluate(g.heads)[metric]
+    change = value - base[metric]
+    if whole_layers(g.heads, H):
+      rows.append(dict(row, value=value, change=change, **untested))
+      log(f"{group_evaluator.mode} {g.kind} {g.name!r} ({len(g)} heads, layers {row['layers']}): "
+          f"{metric} {change:+.4f}; no test: {WHOLE_LAYERS}")
+      continue
     key = tuple(layer_counts(g.heads).items())
     if key not in cache:
-      rng = np.random.default_rng([seed, *np.ravel(key)])
-      cache[key] = np.asarray([group_evaluator.evaluate(
-          matched_random_group(g.heads, L, H, rng).heads)[metric] - base[metric]
-          for _ in range(random_groups)])
+      cache[key] = np.asarray([group_evaluator.evaluate(r.heads)[metric] - base[metric]
+                               for r in matched_random_groups(g.heads, L, H, random_groups, seed)])
     random_change = cache[key]
-    change = value - base[metric]
     rank = 1 + int(np.sum(sign * random_change >= sign * change - 1e-12))
-    rows.append(dict(row, value=value, change=change,
+    rows.append(dict(row, value=value, change=change, random_groups=random_groups,
                      random_mean_change=float(random_change.mean()),
                      random_std_change=float(random_change.std()), rank=rank,
                      p_value=rank / (random_groups + 1)))

@@ -155,6 +155,18 @@ def metrics_from_sums(sums) -> dict:
               loss=s["loss"] / n if n else float("nan"), n=int(round(n)))
 
 
+def gated_forward(graphdef, state, batch: dict, gate, removal, gate_mode: str,
+                  renormalise: bool) -> dict:
+  """The model ``nnx.merge(graphdef, state)`` on ``batch`` (``input_ids``, ``attention_mask``,
+  ``token_type_ids`` ``[b, q]``), deterministic, with head gates ``gate`` ``[l, h]`` applied as
+  ``gate_mode`` and the segment removal ``removal`` ``[l, h, 2]`` (rows renormalised or not):
+  its output dict (the evaluators' one forward pass, traced inside their jitted call)."""
+  model = nnx.merge(graphdef, state)
+  return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+               head_gate=gate, gate_mode=gate_mode, segment_removal=removal,
+               renormalise_segments=renormalise, deterministic=True)
+
+
 def check_classifier(model):
   """The model must be a classifier (``BertForSequenceClassification``)."""
   if not hasattr(model, "classifier") or not hasattr(model, "bert"):
@@ -199,10 +211,7 @@ class Evaluator:
     graphdef = self.graphdef
 
     def run(state, batch, gate, removal, gate_mode, renormalise):
-      m = nnx.merge(graphdef, state)
-      out = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-              head_gate=gate, gate_mode=gate_mode, segment_removal=removal,
-              renormalise_segments=renormalise, deterministic=True)
+      out = gated_forward(graphdef, state, batch, gate, removal, gate_mode, renormalise)
       return batch_sums(out["logits"], batch["labels"], batch["weights"])
 
     self._run = jax.jit(run, static_argnames=("gate_mode", "renormalise"))
@@ -363,10 +372,7 @@ class SquadEvaluator:
     graphdef = self.graphdef
 
     def run(state, batch, gate, removal, gate_mode, renormalise):
-      m = nnx.merge(graphdef, state)
-      out = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-              head_gate=gate, gate_mode=gate_mode, segment_removal=removal,
-              renormalise_segments=renormalise, deterministic=True)
+      out = gated_forward(graphdef, state, batch, gate, removal, gate_mode, renormalise)
       return jnp.stack([out["start_logits"], out["end_logits"]], -1).astype(jnp.float32)
 
     self._run = jax.jit(run, static_argnames=("gate_mode", "renormalise"))

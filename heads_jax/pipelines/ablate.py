@@ -175,11 +175,6 @@ class AblationRun:
     return self.data.metric_names
 
   @property
-  def percent(self) -> bool:
-    """SQuAD's exact match and F1 are shown in percent (`ablation.ablate.shown`)."""
-    return ablate.is_percent(self.metrics)
-
-  @property
   def shown(self) -> list[str]:
     """The columns of a group table printed to the log."""
     return ["group", "num_heads", "ablation"] + [c for m in self.metrics for c in (
@@ -223,15 +218,16 @@ def _by_groups(run: AblationRun) -> SubResult:
                                   heads=config.heads, role_level=config.role_level)
   table = ablate.ablate_groups(run.ev, groups, mode=config.mode, random_seeds=config.random_seeds,
                                seed=config.seed, base=run.base, log=run.log)
-  tables, lines = {"ablation": table}, [f"\nablation by {config.by} ({config.mode}):",
-                                        _table_text(table, run.shown, run.percent)]
+  tables = {"ablation": table}
+  lines = [f"\nablation by {config.by} ({config.mode}; random: {rep.RANDOM_SHORT}):",
+           rep.table_text(table, run.shown)]
   if config.by == "role" and config.random_groups > 0:  # issue 26: the causal test of each role
     test = causal.causal_tests(causal.GroupEvaluator(run.ev, config.mode),
                                [g for g in groups if len(g)], random_groups=config.random_groups,
                                metric=run.metrics[0], seed=config.seed, base=run.base, log=run.log)
     tables["causal"] = test
     lines += ["\ncausal test (role vs random groups of the same layers):",
-              _table_text(test, ["group", "num_heads", "layers", "change", "random_mean_change",
+              rep.table_text(test, ["group", "num_heads", "layers", "change", "random_mean_change",
                                  "rank", "p_value"])]
   return SubResult(tables, _records(table), lines)
 
@@ -266,8 +262,8 @@ def _segments(run: AblationRun) -> SubResult:
   how = ("rows renormalised" if config.renormalise else
          "rows not renormalised: Guan et al. do not say; heads_jax default")
   return SubResult({"segment_ablation": table}, _records(table),
-                   [f"\nintra/inter-sentence attention removed ({how}):",
-                    _table_text(table, run.shown, run.percent)])
+                   [f"\nintra/inter-sentence attention removed ({how}; random: {rep.RANDOM_SHORT}):",
+                    rep.table_text(table, run.shown)])
 
 
 def _importance(run: AblationRun) -> SubResult:
@@ -296,7 +292,7 @@ def _pruning(run: AblationRun) -> SubResult:
                     "random orders": config.random_seeds}
   return SubResult({"pruning": curve, "pruning_summary": summary}, _records(summary),
                    ["\npruning curve:",
-                    summary.to_string(index=False, float_format=lambda v: f"{v:.4f}")],
+                    rep.table_text(summary)],
                    notes={"settings": prune_settings})
 
 
@@ -307,8 +303,8 @@ def _paper_tables(run: AblationRun) -> SubResult:
   table = paper_tables(run.ev, cgroups, base=run.base, log=run.log)
   return SubResult({"paper_tables": table}, _records(table),
                    ["\nGuan et al. Tables 2-3 (this run vs the paper):",
-                    _table_text(table, ["table", "id", "setting", *run.metrics,
-                                        "paper_exact_match", "paper_f1"], run.percent)])
+                    rep.table_text(table, ["table", "id", "setting", *run.metrics,
+                                           "paper_exact_match", "paper_f1"])])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,18 +342,6 @@ SUB_JOBS = (
 # The settings of the unablated model's evaluation (every part reads it).
 EVAL_FIELDS = ("task", "max_examples", "max_length", "doc_stride", "batch_size", "dtype")
 REPORT = "report"
-
-
-def _table_text(df, columns, percent: bool = False) -> str:
-  """``columns`` of a table for the console; with ``percent`` (SQuAD) exact match and F1 (and
-  their changes, the paper's) in percent with 2 decimals, as the paper and Guan's rows print them."""
-  cols = [c for c in columns if c in df.columns]
-  t = df[cols].copy()
-  scaled = [c for c in cols if percent and ("exact_match" in c or c == "f1" or "f1_" in c
-                                            or c.endswith("_f1"))]
-  t[scaled] = 100 * t[scaled]
-  return t.to_string(index=False, float_format=lambda v: f"{v:.4f}",
-                     formatters={c: (lambda v: f"{v:.2f}") for c in scaled})
 
 
 def _load(config: AblationConfig):
@@ -488,7 +472,7 @@ def ablation_stages(config: AblationConfig, run: AblationRun, jobs, prefix: str 
     run.base = o["metrics"]
     ctx.sub(f"{o['task']}: {o['examples']} examples ({o['evaluation set']}); {o['layers']} layers "
             f"x {o['heads']} heads; unablated " + ", ".join(
-                f"{m} {ablate.shown(run.base[m], ablate.is_percent(o['metric_names']))}"
+                f"{m} {rep.value_text(m, run.base[m])}"
                 for m in o["metric_names"]))
     return res
 
@@ -506,11 +490,19 @@ def ablation_stages(config: AblationConfig, run: AblationRun, jobs, prefix: str 
         files = [str(runfiles.write_table(out, stem, table)) for stem, table in r.tables.items()]
         for stem, array in r.arrays.items():
           runfiles.write_array(out, stem, array)
-        return {"files": files, "record": r.record, "lines": r.log_lines, "notes": r.notes}
+        written = {**{f"{stem}.csv": _held(t) for stem, t in r.tables.items()},
+                   **{f"{stem}.npy": _held(a) for stem, a in r.arrays.items()}}
+        return {"files": files, "written": written, "record": r.record, "lines": r.log_lines,
+                "notes": r.notes}
+
+      def intact():   # every file the finish marker lists, as written (before: the first only)
+        done = ctx.markers.read_unit(prefix + job.name, job.name) or {}
+        return _damaged(out, (done.get("outputs") or {}).get("written")
+                        or {f"{job.stems[0]}.csv": None})
 
       res = engine.run_unit(ctx, prefix + job.name, job.name, key, fn,
                             clean=[out / f"{s}.{e}" for s in job.stems for e in ("csv", "npy")],
-                            intact=lambda: _missing([out / f"{job.stems[0]}.csv"]))
+                            intact=intact)
       for line in res.outputs["lines"]:
         ctx.sub(line)
       return res
@@ -529,8 +521,8 @@ def ablation_stages(config: AblationConfig, run: AblationRun, jobs, prefix: str 
     res = engine.run_unit(ctx, report_name, REPORT, key,
                           lambda: _write_report(config, base.outputs, parts),
                           clean=[out / contract.REPORT_HTML, out / runfiles.ABLATION_JSON],
-                          intact=lambda: _missing([out / contract.REPORT_HTML,
-                                                   out / runfiles.ABLATION_JSON]))
+                          intact=lambda: _damaged(out, {contract.REPORT_HTML: None,
+                                                        runfiles.ABLATION_JSON: None}))
     ctx.sub(f"report: {res.outputs['report']}")
     return res
 
@@ -596,11 +588,40 @@ def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
   return doc
 
 
-def _missing(paths) -> str | None:
-  """None when every path exists, else which is missing (`engine.run_unit`'s ``intact``: a
-  part whose file was deleted runs again instead of being reused over nothing)."""
-  gone = [str(p) for p in paths if not Path(p).exists()]
-  return f"{gone[0]} is missing" if gone else None
+def _held(value) -> list:
+  """What a written table or array holds, to check it against when it is reused: a table's rows
+  and columns, an array's shape."""
+  if isinstance(value, pd.DataFrame):
+    return [len(value), [str(c) for c in value.columns]]
+  return [list(np.shape(value))]
+
+
+def _damaged(out, written: dict) -> str | None:
+  """None when every file of ``written`` (``{name in out: _held of what was written, or None}``)
+  is there and reads as written, else which is not and why (`engine.run_unit`'s ``intact``: a
+  part whose file was deleted, truncated or replaced runs again instead of being reused over
+  it). Tables are read with pandas, arrays with numpy, JSON with json; an HTML page must not be
+  empty."""
+  for name, held in written.items():
+    path = Path(out) / name
+    if not path.is_file():
+      return f"{path} is missing"
+    try:
+      if name.endswith(".csv"):
+        now = _held(pd.read_csv(path))
+      elif name.endswith(".npy"):
+        now = _held(np.load(path, allow_pickle=False))
+      elif name.endswith(".json"):
+        now, _ = None, json.loads(path.read_text())
+      else:
+        now = None if path.stat().st_size else "empty"
+    except (ValueError, OSError) as e:   # pandas' parser errors and bad UTF-8 are ValueErrors
+      return f"{path} cannot be read ({type(e).__name__})"
+    if now == "empty":
+      return f"{path} is empty"
+    if held is not None and now != held:
+      return f"{path} does not hold what was written (damaged or edited)"
+  return None
 
 
 def _grid(table: pd.DataFrame, column: str) -> np.ndarray:

@@ -22,6 +22,16 @@ into ``fig_dir/<name>.png``. Tables (written by ``heads_jax.ablation``):
 A SQuAD model's tables have ``exact_match`` and ``f1`` (fractions) where a classifier's have
 ``accuracy``, ``f1`` and ``loss``.
 
+**One unit for a reader** (issue 43): the files keep fractions (as every file of heads_jax), and
+everything a person reads of an ablation, the console, the report's tables and its figures, gives
+accuracy, F1 and exact match in percent with 2 decimals and their changes in percentage points
+("pts"), the unit of Guan et al.'s tables; the loss stays in nats. `display_table` (column names
+with their unit, values scaled), `table_text` (the console's tables) and `value_text` (one value)
+are that one formatter. **One random baseline**: every "random" column is the mean over random
+groups with the group's number of heads in each of its layers
+(``heads_jax.ablation.causal.matched_random_groups``, ``RANDOM_BASELINE``); a group of whole
+layers has none ("n/a").
+
 No jax.
 """
 
@@ -34,7 +44,8 @@ import pandas as pd
 
 from heads_jax.report import spec
 from heads_jax.report.figures.common import DEFAULT_DPI
-from heads_jax.report.page import esc, figure_html, kv_table_html, slug, table_html
+from heads_jax.report.page import (esc, figure_html, format_value, is_missing, kv_table_html,
+                                   slug, table_html)
 
 
 def _figure(name: str, figure_path, title: str, metric: str = "accuracy") -> str:
@@ -47,6 +58,91 @@ def _figure(name: str, figure_path, title: str, metric: str = "accuracy") -> str
 
 
 METRICS = ("accuracy", "exact_match", "f1")
+PERCENT_METRICS = METRICS   # shown in percent, their changes in points; the loss in nats
+UNITS = ("Accuracy, F1 and exact match are in percent and their changes in percentage points "
+         "(pts).")
+RANDOM_BASELINE = ("random groups with the same number of heads in each layer as the group, drawn "
+                   "uniformly from those layers' heads")
+RANDOM_SHORT = "the mean over random groups of the same layers, n/a for whole layers"
+WHOLE_LAYERS_NOTE = ("n/a: the group holds every head of its layers, so no other group of the "
+                     "same layers exists to compare with.")
+# a table column -> (its metric, how it reads with the unit); "{m}" is the metric's name
+_COLUMN_FORMS = (("{m}", "{m} (%)", "{m}"), ("{m}_change", "{m} change (pts)", "{m} change"),
+                 ("random_{m}", "random {m} (%)", "random {m}"),
+                 ("random_{m}_change", "random {m} change (pts)", "random {m} change"),
+                 ("random_{m}_std", "random {m} sd (pts)", "random {m} sd"),
+                 ("{m}_importance", "{m}, importance order (%)", "{m}, importance order"),
+                 ("{m}_random", "{m}, random order (%)", "{m}, random order"),
+                 ("{m}_random_std", "{m}, random order sd (pts)", "{m}, random order sd"),
+                 ("paper_{m}", "{m}, paper (%)", "{m}, paper"))
+# the causal test's value columns, of the metric its "metric" column names
+_CAUSAL_FORMS = (("base", "{m} unablated (%)", "{m} unablated"),
+                 ("value", "{m} ablated (%)", "{m} ablated"),
+                 ("change", "change (pts)", "change"),
+                 ("random_mean_change", "random mean change (pts)", "random mean change"),
+                 ("random_std_change", "random sd (pts)", "random sd"))
+
+
+def is_percent(metric: str) -> bool:
+  """Whether ``metric`` reads in percent (accuracy, F1, exact match; not the loss)."""
+  return metric in PERCENT_METRICS
+
+
+def value_text(metric: str, value: float, change: bool = False) -> str:
+  """One value of ``metric`` as a person reads it: ``"58.33%"`` (``change``: ``"-16.67 pts"``)
+  for a percent metric, the loss with 4 decimals (``"+0.0123"``); n/a for NaN."""
+  if value is None or not np.isfinite(value):
+    return "n/a"
+  if is_percent(metric):
+    return f"{100 * value:+.2f} pts" if change else f"{100 * value:.2f}%"
+  return f"{value:+.4f}" if change else f"{value:.4f}"
+
+
+def _column_unit(column: str, metric: str | None) -> tuple[str, bool] | None:
+  """``(shown name, in percent)`` of a table column that holds a metric, else None."""
+  for m in METRICS + ("loss",):
+    for raw, pct, plain in _COLUMN_FORMS:
+      if column == raw.format(m=m):
+        return (pct if is_percent(m) else plain).format(m=m), is_percent(m)
+  if metric is not None:
+    for raw, pct, plain in _CAUSAL_FORMS:
+      if column == raw:
+        return (pct if is_percent(metric) else plain).format(m=metric), is_percent(metric)
+  if column == "share_pruned":
+    return "heads pruned (%)", True
+  return None
+
+
+def display_table(df: pd.DataFrame, columns=None) -> pd.DataFrame:
+  """``columns`` of an ablation table (all: None) as a person reads them: every percent metric
+  column (a group table's, the causal test's of its ``metric``, the pruning summary's, Guan's
+  rows') times 100 and named with its unit ("accuracy (%)", "accuracy change (pts)"), the loss
+  as it is."""
+  cols = [c for c in (df.columns if columns is None else columns) if c in df.columns]
+  metric = str(df["metric"].iloc[0]) if "metric" in df.columns and len(df) else None
+  out = df[cols].copy()
+  names = {}
+  for c in cols:
+    unit = _column_unit(c, metric)
+    if unit is not None:
+      names[c], pct = unit
+      if pct:
+        out[c] = 100 * pd.to_numeric(out[c], errors="coerce")
+  return out.rename(columns=names)
+
+
+def table_text(df: pd.DataFrame, columns=None) -> str:
+  """The console's text of ``columns`` of an ablation table (`display_table`): values in percent
+  and points with 2 decimals, other numbers with 4 (p-values 3), n/a for a missing value."""
+  shown = display_table(df, columns)
+  cells = shown.astype(object)
+  for c in shown.columns:
+    if not pd.api.types.is_float_dtype(shown[c]):
+      continue
+    fmt = ("{:.2f}" if c.endswith(("(%)", "(pts)")) else "{:.3f}" if c == "p_value"
+           else "{:.0f}" if c == "rank" else "{:.4f}")
+    cells[c] = [format_value(v) if is_missing(v) else fmt.format(v) for v in shown[c]]
+  return cells.to_string(index=False)
 
 
 def _metric_columns(df: pd.DataFrame, metrics) -> list[str]:
@@ -63,15 +159,17 @@ def ablation_section(table: pd.DataFrame, figure_path, *, metric: str | None = N
   for m in metrics:
     cols += [m, f"{m}_change"]
     cols += [c for c in (f"random_{m}_change", f"random_{m}_std") if c in table.columns]
-  shown = table[[c for c in cols if c in table.columns]]
   text = ("<p>Metric of the fine-tuned model (a classifier; a SQuAD model in exact match and "
-          "F1) on its evaluation set with each group of heads "
-          "ablated, and the change against the unablated model (first row). For fairness, "
-          "<i>random_*</i> is the mean change (and standard deviation) when the same number of "
-          "heads, drawn at random from all heads, is ablated the same way.</p>")
+          "F1) on its evaluation set with each group of heads ablated, and the change against the "
+          "unablated model (first row). " + esc(UNITS) + " The random baseline: <i>random</i> is "
+          "the mean change (and standard deviation) over " + esc(RANDOM_BASELINE) + ", ablated "
+          "the same way; a random group of the same layers is the fair control for a group that "
+          "sits in given layers, since the effect of removing a head depends much on its layer "
+          "(Michel et al. 2019).</p>" + _whole_layers_note(table))
   if note:
     text += f'<p class="note">{esc(note)}</p>'
-  html = (text + table_html(shown, table_id=f"table-{slug(title)}", float_format="{:.4f}")
+  html = (text + table_html(display_table(table, cols), table_id=f"table-{slug(title)}",
+                            float_format="{:.2f}")
           + _figure("group_ablation", figure_path, title, metric))
   return {"title": title, "html": html}
 
@@ -83,18 +181,33 @@ def segment_section(table: pd.DataFrame, figure_path, *, metric: str | None = No
   metric = metric or (metrics[0] if metrics else "accuracy")  # the figure's: the first reported
   cols = ["group", "kind", "num_heads", "ablation"]
   for m in metrics:
-    cols += [m, f"{m}_change"] + [c for c in (f"random_{m}_change",) if c in table.columns]
+    cols += [m, f"{m}_change"] + [c for c in (f"random_{m}_change", f"random_{m}_std")
+                                  if c in table.columns]
   how = ("rows renormalised: each query's remaining attention was rescaled to sum to 1"
          if renorm else "rows NOT renormalised, as Guan et al.: the removed attention mass is "
                         "simply dropped, so the head's output shrinks")
   html = (f"<p>For each group, the attention between tokens of the same sentence (intra; query and "
           f"key have the same token type, [CLS] and the first [SEP] count as sentence A) or of "
           f"different sentences (inter) is set to zero in those heads (Guan et al. 2020, Table 3); "
-          f"{esc(how)}. On single-sentence tasks all attention is intra-sentence.</p>"
-          + table_html(table[[c for c in cols if c in table.columns]],
-                       table_id=f"table-{slug(title)}", float_format="{:.4f}")
+          f"{esc(how)}. On single-sentence tasks all attention is intra-sentence. {esc(UNITS)} "
+          f"<i>random</i>: the mean change over {esc(RANDOM_BASELINE)}, their attention removed "
+          f"the same way.</p>" + _whole_layers_note(table)
+          + table_html(display_table(table, cols), table_id=f"table-{slug(title)}",
+                       float_format="{:.2f}")
           + _figure("segment_ablation", figure_path, title, metric))
   return {"title": title, "html": html}
+
+
+def _whole_layers_note(table: pd.DataFrame) -> str:
+  """The note under a group table one of whose groups holds whole layers (its random columns
+  empty), else ""."""
+  rand = [c for c in table.columns if c.startswith("random_") and c.endswith("_change")]
+  if not rand or "kind" not in table.columns:
+    return ""
+  groups = table[table["kind"] != "baseline"]
+  if not (groups["num_heads"] > 0).any() or not groups[rand[0]][groups["num_heads"] > 0].isna().any():
+    return ""
+  return f'<p class="note">{esc(WHOLE_LAYERS_NOTE)}</p>'
 
 
 def importance_table(importance, raw=None) -> pd.DataFrame:
@@ -133,8 +246,8 @@ def pruning_section(curve: pd.DataFrame, summary: pd.DataFrame, figure_path, *,
           "model.</p>"
           + (kv_table_html(list(settings.items()), table_id="table-pruning-settings")
              if settings else "")
-          + _figure("pruning", figure_path, title, metric)
-          + table_html(summary, table_id="table-pruning", float_format="{:.4f}"))
+          + _figure("pruning", figure_path, title, metric) + f"<p>{esc(UNITS)}</p>"
+          + table_html(display_table(summary), table_id="table-pruning", float_format="{:.2f}"))
   return {"title": title, "html": html}
 
 
@@ -168,16 +281,22 @@ def causal_html(table: pd.DataFrame | None, figure_path) -> str:
   the registered figure ``robustness_causal`` at ``figure_path`` (None: not drawn) and the
   table."""
   text = ("<h3>Causal test of the roles</h3><p>" + esc(
-      "Each role's heads ablated together against random groups with the same number of heads in "
-      "each layer; rank 1 means no random group hurt more, and the permutation p-value is "
-      "rank / (random groups + 1).") + "</p>")
+      f"Each role's heads ablated together against {RANDOM_BASELINE} (the same random baseline as "
+      "the table above, with more groups); rank 1 means no random group hurt more, and the "
+      "permutation p-value is rank / (random groups + 1). " + UNITS) + "</p>")
   if table is None or not len(table):
     return text + "<p>No role has heads.</p>"
-  shown = table[[c for c in ("group", "num_heads", "layers", "ablation", "metric", "base", "value",
-                             "change", "random_mean_change", "random_std_change", "random_groups",
-                             "rank", "p_value") if c in table.columns]]
+  if (table["num_heads"] > 0).any() and table["p_value"][table["num_heads"] > 0].isna().any():
+    text += f'<p class="note">{esc(WHOLE_LAYERS_NOTE)}</p>'
+  shown = display_table(table, ("group", "num_heads", "layers", "ablation", "metric", "base",
+                                "value", "change", "random_mean_change", "random_std_change",
+                                "random_groups", "rank", "p_value"))
+  for c in ("rank", "p_value"):   # a count and a p-value, not points: formatted here
+    if c in shown.columns:
+      shown[c] = [format_value(v if is_missing(v) or c == "p_value" else int(v),
+                               "p" if c == "p_value" else None) for v in shown[c]]
   fig = spec.figures_html({"robustness_causal": figure_path}) if figure_path else ""
-  return text + fig + table_html(shown, table_id="table-causal", float_format="{:.4f}")
+  return text + fig + table_html(shown, table_id="table-causal", float_format="{:.2f}")
 
 
 @dataclasses.dataclass(frozen=True)

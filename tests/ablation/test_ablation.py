@@ -11,6 +11,7 @@ from flax import nnx
 from scipy.special import erf
 
 from heads_jax.ablation import ablate, evaluate, groups, importance, pruning
+from heads_jax.ablation.causal import matched_random_groups
 from heads_jax.data import glue
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.errors import UserError
@@ -335,10 +336,15 @@ def test_ablate_groups_table(ev):
   want = ev.evaluate(groups.gate_for(gs[1].heads, L, H))
   assert row["num_heads"] == H and row["loss"] == pytest.approx(want["loss"])
   assert row["loss_change"] == pytest.approx(want["loss"] - base["loss"])
-  # random baseline: the mean over the seeds' random groups of the same size
-  rand = [ev.evaluate(groups.gate_for(groups.random_group(H, L, H, np.random.default_rng([3, H, s])).heads,
-                                      L, H))["loss"] for s in range(2)]
-  assert row["random_loss"] == pytest.approx(np.mean(rand))
+  # a whole layer: no other group of its layers, so no random baseline (empty, not the group)
+  assert np.isnan(row["random_loss"]) and np.isnan(row["random_loss_change"])
+  assert row["random_seeds"] == 0
+  # a group in part of its layers: the mean over the seeds' random groups of those layers
+  part = groups.HeadGroup("part", "heads", ((0, 1), (1, 0), (1, 2)))
+  row = ablate.ablate_groups(ev, [part], random_seeds=2, seed=3, base=base).iloc[1]
+  rand = [ev.evaluate(groups.gate_for(g.heads, L, H))["loss"]
+          for g in matched_random_groups(part.heads, L, H, 2, 3)]
+  assert row["random_loss"] == pytest.approx(np.mean(rand)) and row["random_seeds"] == 2
   assert row["random_loss_change"] == pytest.approx(np.mean(rand) - base["loss"])
   empty = table[table["group"] == "none"].iloc[0]
   assert empty["num_heads"] == 0 and empty["loss_change"] == 0

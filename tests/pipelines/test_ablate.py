@@ -318,8 +318,8 @@ def test_cli_says_one_line(capsys, tmp_path):
 
 @requires_shared("squad")
 def test_squad_scores_are_shown_in_percent(tmp_path):
-  # issue 33: one unit for EM/F1 everywhere (percent, as the paper and Guan's rows print them);
-  # the files keep fractions
+  # issue 33 and 43: one unit for accuracy/EM/F1 everywhere a person reads (percent, changes in
+  # points, as the paper and Guan's rows print them); the files keep fractions
   from heads_jax.model.heads import BertForQuestionAnswering
   from tests.ablation.test_squad_ablation import SPEC
   tok = load_tokenizer(None)
@@ -332,11 +332,13 @@ def test_squad_scores_are_shown_in_percent(tmp_path):
                                     batch_size=8), log=lines.append)
   base = res["baseline"]
   text = "\n".join(lines)
-  assert f"unablated exact_match {100 * base['exact_match']:.2f}, f1 {100 * base['f1']:.2f}" in text
+  assert f"unablated exact_match {100 * base['exact_match']:.2f}%, f1 {100 * base['f1']:.2f}%" in text
   table = pd.read_csv(tmp_path / "o" / "ablation.csv")
   assert table["f1"].max() <= 1   # fractions in the file
   row = table.iloc[1]
-  assert f"exact_match {100 * row['exact_match']:.2f} ({100 * row['exact_match_change']:+.2f})" in text
+  assert (f"exact_match {100 * row['exact_match']:.2f}% ({100 * row['exact_match_change']:+.2f} "
+          "pts)") in text
+  assert f"{100 * row['f1']:.2f}" in text and "f1 (%)" in text   # the console's table, in percent
 
 
 def test_out_of_another_models_ablation_is_refused_before_loading(tmp_path, monkeypatch):
