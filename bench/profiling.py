@@ -151,17 +151,25 @@ class HloIndex:
   def __init__(self, text: str | None):
     self.instrs, self.comps, self.module = parse_hlo(text) if text else ({}, {}, "")
     self._memo: dict[str, tuple[str, str]] = {}
+    # CUDA kernel names cannot hold "." or "-": XLA's kernel for fusion "loop_add_fusion.2" is
+    # "loop_add_fusion_2" (what a kernel event without an hlo_op stat is found by)
+    self._alias = {re.sub(r"[.\-]", "_", n): n for n in self.instrs}
+
+  def resolve(self, name: str) -> str:
+    """The instruction named ``name`` or whose kernel is named so ("" if none)."""
+    return name if name in self.instrs else self._alias.get(name, "")
 
   def opcode(self, name: str) -> str:
-    ins = self.instrs.get(name)
+    ins = self.instrs.get(self.resolve(name))
     return ins.opcode if ins else ""
 
   def describe(self, name: str) -> tuple[str, str]:
     """``(label fields, phase)`` of instruction ``name`` (``("", "unknown")`` if not in it)."""
+    name = self.resolve(name)
+    if not name:
+      return "", "unknown"
     if name in self._memo:
       return self._memo[name]
-    if name not in self.instrs:
-      return "", "unknown"
     opcodes, targets, scopes, prims, names, heavy = [], [], set(), [], [], []
     seen, todo = set(), [name]
     while todo:
@@ -221,10 +229,12 @@ def _stats(obj) -> dict:
   return {k: v for k, v in obj.stats if k is not None}
 
 
-def read_events(xplane_path: str, module: str = "") -> tuple[str, list[Event]]:
+def read_events(xplane_path: str, module: str = "",
+                need_device: bool = False) -> tuple[str, list[Event]]:
   """``(plane name, events)`` of a trace file: the first accelerator plane's stream events, or
   on the CPU the XLA op events (with an ``hlo_op`` stat). Events of another module than
-  ``module`` are dropped when some event carries ``module``."""
+  ``module`` are dropped when some event carries ``module``. ``need_device``: a trace without
+  an accelerator plane (no CUPTI on a GPU host) raises instead of reading the host's ops."""
   from jax.profiler import ProfileData
   data = ProfileData.from_file(xplane_path)
   planes = list(data.planes)
@@ -240,6 +250,9 @@ def read_events(xplane_path: str, module: str = "") -> tuple[str, list[Event]]:
         st = _stats(e)
         events.append(Event(e.name, str(st.get("hlo_op", "")), str(st.get("hlo_module", "")),
                             float(e.start_ns), float(e.start_ns + e.duration_ns)))
+  elif need_device:
+    raise ProfileUnavailable(f"no /device:GPU or /device:TPU plane in the trace (planes: "
+                             f"{[p.name for p in planes]}; on a GPU the profiler needs CUPTI)")
   else:
     plane = next((p for p in planes if p.name == "/host:CPU"), None)
     if plane is None:
@@ -330,7 +343,7 @@ def summarize(events: Sequence[Event], *, steps: int, plane: str = "",
   cats = [(c, re.compile(rx)) for c, rx in (DEFAULT_CATEGORIES if categories is None
                                              else categories)]
   index = HloIndex(hlo_text)
-  events = [e for e in events if index.opcode(e.hlo_op) not in _CONTAINERS]
+  events = [e for e in events if index.opcode(e.hlo_op or e.name) not in _CONTAINERS]
   if not events:
     raise ProfileUnavailable("no kernel/op events besides control flow")
   keyed = []
@@ -379,7 +392,8 @@ def trace_events(run: Callable[[], Any], steps: int, module: str = "",
     found = sorted(glob.glob(str(Path(d) / "**" / "*.xplane.pb"), recursive=True))
     if not found:
       raise ProfileUnavailable(f"jax.profiler.trace wrote no .xplane.pb under {d}")
-    plane, events = read_events(found[-1], module)
+    plane, events = read_events(found[-1], module,
+                                need_device=jax.devices()[0].platform != "cpu")
   return plane, events, wall
 
 

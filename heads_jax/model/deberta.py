@@ -56,6 +56,7 @@ from flax import nnx
 from heads_jax.contract import TERM_NAMES
 from heads_jax.model.bert import GATE_MODES, activation, attention_path, dense, layer_norm
 from heads_jax.model.config import BertConfig
+from heads_jax.model.encoder_io import LayerOutputs, check_inputs, remove_segments
 
 TERMS = TERM_NAMES  # the order of term_shares (measures.npz: term_names)
 ATTENTION_PATHS = ("auto", "explicit", "xla")
@@ -359,13 +360,8 @@ class DisentangledAttention(nnx.Module):
         uniform = key_real.astype(jnp.float32) / n[:, None, None, None]
         g = gate.astype(jnp.float32)[None, :, None, None]
         probs = g * probs + (1.0 - g) * uniform
-      if segment_removal is not None:  # as bert.SelfAttention (Guan et al. 2020, Table 3)
-        same = segments[:, None, :, None] == segments[:, None, None, :]       # [b, 1, q, k]
-        r = segment_removal.astype(jnp.float32)                               # [h, 2]
-        probs = probs * jnp.where(same, 1.0 - r[None, :, 0, None, None], 1.0 - r[None, :, 1, None, None])
-        if renormalise_segments:
-          total = jnp.sum(probs, axis=-1, keepdims=True)
-          probs = jnp.where(total > 0, probs / jnp.where(total > 0, total, 1.0), 0.0)
+      if segment_removal is not None:
+        probs = remove_segments(probs, segments, segment_removal, renormalise_segments)
       dropped = self.attention_dropout(probs, deterministic=deterministic)
       ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
     else:
@@ -479,25 +475,10 @@ class DebertaModel(nnx.Module):
     if attention not in ATTENTION_PATHS:
       raise ValueError(f"attention must be one of {ATTENTION_PATHS} for DeBERTa (cuDNN's flash "
                        f"attention takes no relative-position bias here), got {attention!r}")
-    input_ids = jnp.asarray(input_ids, jnp.int32)
-    if input_ids.ndim != 2:
-      raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
+    input_ids, mask, types, head_gate, segment_removal = check_inputs(
+        cfg, input_ids, attention_mask, token_type_ids, head_gate=head_gate,
+        segment_removal=segment_removal)
     q = input_ids.shape[1]
-    if q > cfg.max_positions:
-      raise ValueError(f"sequence length {q} exceeds the model's {cfg.max_positions} positions; "
-                       f"truncate the inputs (e.g. --max-length)")
-    mask = jnp.ones_like(input_ids) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
-    types = jnp.zeros_like(input_ids) if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32)
-    if head_gate is not None:
-      head_gate = jnp.asarray(head_gate)
-      if head_gate.shape != (cfg.num_layers, cfg.num_heads):
-        raise ValueError(f"head_gate must have shape [layers, heads] = "
-                         f"{(cfg.num_layers, cfg.num_heads)}, got {head_gate.shape}")
-    if segment_removal is not None:
-      segment_removal = jnp.asarray(segment_removal)
-      if segment_removal.shape != (cfg.num_layers, cfg.num_heads, 2):
-        raise ValueError(f"segment_removal must have shape [layers, heads, 2] = "
-                         f"{(cfg.num_layers, cfg.num_heads, 2)}, got {segment_removal.shape}")
 
     x = self.embeddings(input_ids, types, mask, deterministic=deterministic)
     rel = self.relative_embeddings(deterministic)
@@ -508,7 +489,10 @@ class DebertaModel(nnx.Module):
       rows = relative_rows(cfg, q)
       lo, hi = int(rows.min()), int(rows.max()) + 1
       rel, rows = rel[lo:hi], rows - lo
-    hidden, attentions, reduced, shares = [x], [], [], []
+    outputs = LayerOutputs(x, return_attentions=return_attentions,
+                           return_hidden_states=return_hidden_states,
+                           attention_reduce=attention_reduce)
+    shares = []
     for i, layer in enumerate(self.layers):
       gate = None if head_gate is None else head_gate[i]
       attention_kw = {}
@@ -519,22 +503,10 @@ class DebertaModel(nnx.Module):
           x, mask, rel, rows, gate=gate, gate_mode=gate_mode, deterministic=deterministic,
           attention=attention, need_probs=return_attentions, reduce=attention_reduce, layer=i,
           term_shares=return_term_shares, **attention_kw)
-      hidden.append(x)
-      if return_attentions:
-        attentions.append(probs)
-      if attention_reduce is not None:
-        reduced.append(layer_reduced)
+      outputs.add(x, probs, layer_reduced)
       if return_term_shares:
         shares.append(layer_shares)
-    x = x.astype(jnp.float32)
-    out = {"last_hidden_state": x}
-    if return_attentions:
-      query_real = mask[:, None, None, :, None].astype(jnp.float32)
-      out["attentions"] = jnp.stack(attentions, axis=1) * query_real       # [b, l, h, q, k]
-    if return_hidden_states:
-      out["hidden_states"] = jnp.stack([h.astype(jnp.float32) for h in hidden])
-    if attention_reduce is not None:
-      out["attention_reduced"] = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *reduced)
+    out = outputs.stacked({"last_hidden_state": x.astype(jnp.float32)}, mask)
     if return_term_shares:
       out["term_shares"] = jnp.stack(shares, axis=1)                     # [b, l, h, 3]
     return out

@@ -41,6 +41,7 @@ from flax import nnx
 from heads_jax.errors import UserError
 from heads_jax.model.bert import GATE_MODES, ATTENTION_PATHS, activation, attention_path
 from heads_jax.model.config import ALL_FAMILIES
+from heads_jax.model.encoder_io import LayerOutputs, check_inputs, remove_segments
 
 FAMILY = "modernbert"
 _ACTS = {"gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu"}
@@ -342,12 +343,7 @@ class Attention(nnx.Module):
         g = gate.astype(jnp.float32)[None, :, None, None]
         probs = g * probs + (1.0 - g) * seen.astype(jnp.float32) / n
       if segment_removal is not None:
-        same = segments[:, None, :, None] == segments[:, None, None, :]     # [b, 1, q, k]
-        r = segment_removal.astype(jnp.float32)                             # [h, 2]
-        probs = probs * jnp.where(same, 1.0 - r[None, :, 0, None, None], 1.0 - r[None, :, 1, None, None])
-        if renormalise_segments:
-          total = jnp.sum(probs, axis=-1, keepdims=True)
-          probs = jnp.where(total > 0, probs / jnp.where(total > 0, total, 1.0), 0.0)
+        probs = remove_segments(probs, segments, segment_removal, renormalise_segments)
       dropped = self.attention_dropout(probs, deterministic=deterministic)
       ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
     else:
@@ -440,30 +436,13 @@ class ModernBertModel(nnx.Module):
       raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
     if attention not in ATTENTION_PATHS:
       raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
-    input_ids = jnp.asarray(input_ids, jnp.int32)
-    if input_ids.ndim != 2:
-      raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
-    if input_ids.shape[1] > cfg.max_positions:
-      raise ValueError(f"sequence length {input_ids.shape[1]} exceeds the model's "
-                       f"{cfg.max_positions} positions; truncate the inputs (e.g. --max-length)")
-    mask = jnp.ones_like(input_ids) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
-    types = jnp.zeros_like(input_ids) if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32)
-    shape = (cfg.num_layers, cfg.num_heads)
-    if head_gate is not None:
-      head_gate = jnp.asarray(head_gate)
-      if head_gate.shape != shape:
-        raise ValueError(f"head_gate must have shape [layers, heads] = {shape}, got {head_gate.shape}")
-    if segment_removal is not None:
-      segment_removal = jnp.asarray(segment_removal)
-      if segment_removal.shape != shape + (2,):
-        raise ValueError(f"segment_removal must have shape [layers, heads, 2] = {shape + (2,)}, "
-                         f"got {segment_removal.shape}")
-    for name, ids in (("position_ids", position_ids), ("segment_ids", segment_ids)):
-      if ids is not None and jnp.shape(ids) != input_ids.shape:
-        raise ValueError(f"{name} must have the shape of input_ids {input_ids.shape}, got "
-                         f"{jnp.shape(ids)}")
+    input_ids, mask, types, head_gate, segment_removal = check_inputs(
+        cfg, input_ids, attention_mask, token_type_ids, head_gate=head_gate,
+        segment_removal=segment_removal, position_ids=position_ids, segment_ids=segment_ids)
     x = self.embeddings(input_ids, deterministic=deterministic)
-    hidden, attentions, reduced = [x], [], []
+    outputs = LayerOutputs(x, return_attentions=return_attentions,
+                           return_hidden_states=return_hidden_states,
+                           attention_reduce=attention_reduce)
     for i, layer in enumerate(self.layers):
       kw = {"attention": attention, "need_probs": return_attentions, "reduce": attention_reduce,
             "layer": i, "positions": None if position_ids is None else jnp.asarray(position_ids, jnp.int32),
@@ -473,20 +452,8 @@ class ModernBertModel(nnx.Module):
                   renormalise_segments=renormalise_segments)
       x, probs, layer_reduced = layer(x, mask, gate=None if head_gate is None else head_gate[i],
                                       gate_mode=gate_mode, deterministic=deterministic, **kw)
-      hidden.append(x)
-      if return_attentions:
-        attentions.append(probs)
-      if attention_reduce is not None:
-        reduced.append(layer_reduced)
-    out = {"last_hidden_state": self.final_norm(x).astype(jnp.float32)}
-    if return_attentions:
-      query_real = mask[:, None, None, :, None].astype(jnp.float32)
-      out["attentions"] = jnp.stack(attentions, axis=1) * query_real      # [b, l, h, q, k]
-    if return_hidden_states:
-      out["hidden_states"] = jnp.stack([h.astype(jnp.float32) for h in hidden])
-    if attention_reduce is not None:
-      out["attention_reduced"] = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *reduced)
-    return out
+      outputs.add(x, probs, layer_reduced)
+    return outputs.stacked({"last_hidden_state": self.final_norm(x).astype(jnp.float32)}, mask)
 
 
 class Embeddings(nnx.Module):

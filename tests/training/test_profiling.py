@@ -73,6 +73,10 @@ def test_hlo_parser_reads_the_compiled_module():
   assert phases == {"forward", "backward"}
   opt = [n for n, i in instrs.items() if any("/optimizer/" in o for o in i.op_names)]
   assert opt and all("scope:optimizer" in index.describe(n)[0] for n in opt)
+  # a GPU kernel without an hlo_op stat is found by its name ("." and "-" made "_")
+  dotted = next(n for n in instrs if "." in n and index.describe(n)[0])
+  assert index.describe(dotted.replace(".", "_").replace("-", "_")) == index.describe(dotted)
+  assert index.describe("no_such_kernel") == ("", "unknown")
 
 
 def test_a_cpu_trace_of_a_known_program():
