@@ -337,8 +337,18 @@ def _close_quietly(manager) -> None:
       pass
 
 
+# TensorStore's status codes in a failed read, in plain words
+_STORE_CODES = (("OUT_OF_RANGE", "a data file is shorter than its index says (truncated)"),
+                ("DATA_LOSS", "a data file is corrupt"), ("NOT_FOUND", "a file is missing"))
+
+
 def _first_line(error: BaseException) -> str:
+  """The error's first line (its type and up to 200 characters), or for a TensorStore status
+  code in it, what the code means and the code."""
   text = str(error).strip().splitlines()
+  for code, what in _STORE_CODES:
+    if text and code in text[0]:
+      return f"{what}: {code}"
   return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
@@ -385,7 +395,13 @@ def abstract_like(tree):
 
 class DamagedCheckpoint(UserError):
   """A checkpoint whose metadata cannot be read or whose restore fails part-way (a torn or
-  half-deleted step): the caller may set that step aside and go on (``heads-jax trajectory``)."""
+  half-deleted step): the caller may set that step aside and go on (``heads-jax trajectory``).
+  ``reason``: what is wrong in a few words (the error's first line, TensorStore's codes in plain
+  words), for a caller that words its own line."""
+
+  def __init__(self, message: str, reason: str = ""):
+    super().__init__(message)
+    self.reason = reason
 
 
 def _saved_keys(target, saved):
@@ -402,7 +418,8 @@ def _saved_keys(target, saved):
 
 
 def restore_params_from_run(directory, abstract_params, step: int | None = None, *,
-                            what: str = "init_checkpoint", only_saved: bool = False):
+                            what: str = "init_checkpoint", only_saved: bool = False,
+                            advice: str | None = None):
   """The ``params`` of an Orbax checkpoint written by another run (e.g. pre-training phase 1),
   ignoring its optimizer state; returns ``(params, step)``. ``directory`` is that run's
   checkpoint directory; ``abstract_params`` may be a subtree of the saved params (e.g.
@@ -411,8 +428,11 @@ def restore_params_from_run(directory, abstract_params, step: int | None = None,
   (``heads-jax trajectory``: "the checkpoint of step N"). ``only_saved``: first cut
   ``abstract_params`` to the parameters the checkpoint holds (a span model's encoder has no
   pooler). Unreadable metadata or a failed restore raise ``DamagedCheckpoint`` (a
-  ``UserError``); the manager is closed however it ends."""
+  ``UserError`` with a ``reason``); the manager is closed however it ends. ``advice``: what to do,
+  in place of the default advice of a shape mismatch and of a damaged checkpoint (the caller's
+  own flags)."""
   directory = as_path(directory)
+  damaged_advice = advice or "pass another step's folder or that run's exported model"
   with watch(f"opening the {what}", directory):
     mngr = ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()},
                                  options=ocp.CheckpointManagerOptions(read_only=True, create=False))
@@ -427,15 +447,16 @@ def restore_params_from_run(directory, abstract_params, step: int | None = None,
       if getattr(saved, "tree", saved) is None:
         raise ValueError("its state metadata (_METADATA) is missing")
     except Exception as e:  # noqa: BLE001
-      raise DamagedCheckpoint(f"{what} {where} cannot be read ({_first_line(e)}); pass another "
-                              f"step's folder or that run's exported model") from None
+      reason = _first_line(e)
+      raise DamagedCheckpoint(f"{what} {where} cannot be read ({reason}); {damaged_advice}",
+                              reason) from None
     if only_saved:
       tree = getattr(saved, "tree", saved)
       saved_params = tree.get("params", tree) if isinstance(tree, dict) else tree
       abstract_params = _saved_keys(abstract_params, saved_params)
     check_shapes(saved, {"params": abstract_params}, f"{what} {where}",
-                 "set --config.model.size (and the other model fields) to that run's, or start "
-                 "from another run")
+                 advice or "set --config.model.size (and the other model fields) to that "
+                 "run's, or start from another run")
     # Restore only the params subtree (partial restore): the optimizer state is skipped.
     target = {"params": abstract_params}
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
@@ -447,8 +468,9 @@ def restore_params_from_run(directory, abstract_params, step: int | None = None,
     except (UserError, KeyboardInterrupt):
       raise
     except Exception as e:  # noqa: BLE001  (a torn step: files missing or cut short)
-      raise DamagedCheckpoint(f"{what} {where} cannot be restored ({_first_line(e)}); pass "
-                              f"another step's folder or that run's exported model") from None
+      reason = _first_line(e)
+      raise DamagedCheckpoint(f"{what} {where} cannot be restored ({reason}); {damaged_advice}",
+                              reason) from None
   finally:
     mngr.close()
   params = restored.state["params"]

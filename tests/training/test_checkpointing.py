@@ -114,8 +114,10 @@ def test_restore_params_for_trajectory(tmp_path):
   run = _saved_run(tmp_path / "ck")
   want = checkpointing.abstract_like({"bert": _state()["params"]["bert"],
                                       "pooler": {"w": jnp.zeros(4)}})
-  with pytest.raises(UserError, match="it has no pooler/w"):
+  with pytest.raises(UserError, match="it has no pooler/w.*set --config.model.size"):
     checkpointing.restore_params_from_run(run, want, 1)
+  with pytest.raises(UserError, match=r"it has no pooler/w\): --run must be"):
+    checkpointing.restore_params_from_run(run, want, 1, advice="--run must be a training run")
   params, step = checkpointing.restore_params_from_run(run, want, 1, only_saved=True,
                                                        what="the checkpoint of step 1")
   assert step == 1 and set(params) == {"bert"} and float(params["bert"]["w"][0, 0]) == 1.0
@@ -124,9 +126,24 @@ def test_restore_params_for_trajectory(tmp_path):
     checkpointing.restore_params_from_run(run, want, 2, only_saved=True,
                                           what="the checkpoint of step 2")
   _damage(str(run / "1"), "truncated")
-  with pytest.raises(checkpointing.DamagedCheckpoint, match="cannot be (read|restored)"):
-    checkpointing.restore_params_from_run(run, want, 1, only_saved=True)
+  with pytest.raises(checkpointing.DamagedCheckpoint, match="cannot be (read|restored)") as info:
+    checkpointing.restore_params_from_run(run, want, 1, only_saved=True,
+                                          advice="--run must be a training run")
+  # the reason in plain words (a cut data file: TensorStore's OUT_OF_RANGE or DATA_LOSS), and
+  # the caller's advice in place of the default
+  assert info.value.reason and info.value.reason in str(info.value)
+  assert str(info.value).endswith("; --run must be a training run")
+  assert "another step's folder" not in str(info.value)
   assert issubclass(checkpointing.DamagedCheckpoint, UserError)
+
+
+def test_first_line_words_tensorstore_codes():
+  first = checkpointing._first_line
+  assert first(ValueError("OUT_OF_RANGE: Error reading x\nmore")) == \
+      "a data file is shorter than its index says (truncated): OUT_OF_RANGE"
+  assert first(OSError("DATA_LOSS: bad")) == "a data file is corrupt: DATA_LOSS"
+  assert first(OSError("NOT_FOUND: gone")) == "a file is missing: NOT_FOUND"
+  assert first(KeyError("other")) == "KeyError: 'other'"
 
 
 def test_remove_partial_leaves_complete_checkpoints(tmp_path):
