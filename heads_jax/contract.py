@@ -60,6 +60,10 @@ file                   content (writer / reader)
 ``compare_*.csv``,     the before/after comparison of `heads_jax.hoststats.compare` (a
 ``compare.json``       `Comparison`, written into the comparison's own output directory).
                        `write_comparison` / `read_comparison`.
+``trajectory.csv``     roles over training (``heads-jax trajectory``, its own output directory):
+                       one row per checkpoint, the columns ``step``, ``share_<coarse role>``,
+                       ``bias_<role>``, ``sink_rate``; its figure ``trajectory.png`` / ``.svg``.
+                       `write_trajectory` / `read_trajectory`.
 =====================  ======================================================================
 
 npz files are written to a temporary name and renamed, so a reader never sees half a file.
@@ -106,6 +110,8 @@ COMPARE_SIEVE_BIAS_CSV = "compare_sieve_bias.csv"
 COMPARE_ROLES_CSV = "compare_roles.csv"
 COMPARE_CLUSTERS_CSV = "compare_clusters.csv"
 COMPARE_JSON = "compare.json"
+TRAJECTORY_CSV = "trajectory.csv"   # roles over training (heads_jax.pipelines.trajectory)
+TRAJECTORY_PNG = "trajectory.png"   # its figure (and .svg beside it)
 
 TEST_COLUMNS = ("layer", "head", "role", "mean", "n", "statistic", "p_value", "p_adjusted",
                 "assigned")
@@ -835,3 +841,28 @@ def read_comparison(out_dir) -> Comparison:
       warnings=list(meta.get("warnings", [])), before_dir=meta.get("before_dir"),
       after_dir=meta.get("after_dir"), settings_before=meta.get("settings_before", {}),
       settings_after=meta.get("settings_after", {}))
+
+
+# ---------------------------------------------------------------------------------------------
+# roles over training
+
+
+def write_trajectory(df: pd.DataFrame, out_dir) -> Path:
+  """Writes the trajectory table (a row per checkpoint: ``step`` first) as trajectory.csv in
+  out_dir, through a temporary file (a reader never sees half a table)."""
+  if "step" not in df.columns:
+    raise ValueError(f"the trajectory table needs a step column; got {list(df.columns)}")
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  tmp = out_dir / (TRAJECTORY_CSV + ".tmp")
+  _write_csv(df, tmp)
+  os.replace(tmp, out_dir / TRAJECTORY_CSV)
+  return out_dir / TRAJECTORY_CSV
+
+
+def read_trajectory(out_dir) -> pd.DataFrame:
+  """Reads what `write_trajectory` wrote."""
+  path = Path(out_dir) / TRAJECTORY_CSV
+  if not path.is_file():
+    raise FileNotFoundError(f"no {TRAJECTORY_CSV} in {out_dir}: run heads-jax trajectory first")
+  return pd.read_csv(path)

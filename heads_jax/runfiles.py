@@ -235,7 +235,7 @@ JOB_KINDS = {"analysis": "heads-jax analyze", "comparison": "heads-jax compare",
 # Directories written before the markers, recognised by their files (first match wins).
 LEGACY_SIGNS = (("reproduce", (REPRODUCE_CONFIG_JSON,)), ("demo", (DEMO_JSON,)),
                 ("ablation", (ABLATION_JSON,)), ("comparison", (contract.COMPARE_JSON,)),
-                ("trajectory", ("trajectory.csv",)),
+                ("trajectory", (contract.TRAJECTORY_CSV,)),
                 ("analysis", (contract.SCORES_FILE, contract.RUN_FILE)),
                 ("model", ("heads_jax.json", "params.safetensors", "model.safetensors",
                            "pytorch_model.bin")),

@@ -10,7 +10,7 @@ ANALYZE = ("scores", "analysis")
 COMPARE = ("comparison", "similarity", "report")
 ABLATE = ("baseline", "ablation", "segment_ablation", "importance", "pruning", "paper_tables",
           "report")
-TRAJECTORY = ("checkpoints", "table")
+TRAJECTORY = ("scores", "analysis", "table")
 REPRODUCE = ("data", "pretrained", "finetune", "scores", "analysis", "similarity", "compare",
              "report")
 GUAN = ("scores", "analysis", "ablation_baseline", "ablation_paper_tables", "ablation_report",

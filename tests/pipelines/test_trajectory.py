@@ -1,5 +1,7 @@
 """Roles over training (heads_jax.pipelines.trajectory) on a hand-made run: two Orbax checkpoints
-of a tiny encoder, analysed with one compiled step, each row equal to a fresh analysis."""
+of a tiny encoder, analysed with one compiled step, each row equal to a fresh analysis (the
+reference: the encoder with the checkpoint's parameters, its statistics collected here and
+tested here with the hypothesis tests and the calibrated rule)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from flax import nnx
 from heads_jax.data.specs import encode_spec
 from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
-from heads_jax.pipelines.trajectory import TRAJECTORY_CSV, checkpoint_row, run_trajectory
+from heads_jax.contract import TRAJECTORY_CSV
+from heads_jax.hoststats.calibration import apply_rule
+from heads_jax.hoststats.hypothesis import hypothesis_tests
+from heads_jax.pipelines.trajectory import checkpoint_row, run_trajectory
 from heads_jax.stats.collector import collect
 from heads_jax.stats.step import make_analysis_step
 from heads_jax.training.checkpointing import Checkpoints
@@ -38,8 +43,16 @@ def _fresh_row(encoder, tokenizer):
     parts.append(collect(step, batches, n, roles=ROLES, progress=False))
   cat = {k: np.concatenate([p[k] for p in parts])
          for k in ("sieve_bias", "token_attention", "lengths", "entropy")}
-  return checkpoint_row(cat["sieve_bias"], cat["token_attention"], cat["lengths"], ROLES,
-                        entropy=cat["entropy"])
+  return _expected_row(cat, ROLES)
+
+
+def _expected_row(p, roles):
+  """The row of statistics ``p`` (collected here): the default tests (tau 3, alpha 0.05) and
+  the calibrated rule with the entropies, as an analysis runs them."""
+  tests, settings = hypothesis_tests(p["sieve_bias"], roles, tau=3.0, alpha=0.05)
+  tests, _ = apply_rule(tests, settings, p["sieve_bias"], roles, p["lengths"], rule="calibrated",
+                        entropy=p["entropy"])
+  return checkpoint_row(tests, p["sieve_bias"], p["token_attention"], roles)
 
 
 def test_every_checkpoint_is_analysed_as_a_fresh_model(tmp_path):
@@ -150,10 +163,10 @@ def test_rerun_analyses_only_new_checkpoints_and_sets_a_damaged_one_aside(tmp_pa
   assert len(damaged) == 1 and "cannot be read" in damaged[0] and "set aside" in damaged[0]
   assert "truncated" in damaged[0] and "\n" not in damaged[0]
   assert data_file.is_file()
-  # --redo checkpoints: every readable checkpoint analysed again
+  # --redo scores: every readable checkpoint analysed again, its statistics and the table too
   logs = []
-  run_trajectory(run, out, log=logs.append, redo="checkpoints", **KW)
-  assert _stage_states(logs) == {"checkpoints": "run", "table": "run"}
+  run_trajectory(run, out, log=logs.append, redo="scores", **KW)
+  assert _stage_states(logs) == {"scores": "run", "analysis": "run", "table": "run"}
 
 
 def test_out_is_checked_before_the_first_checkpoint(tmp_path, monkeypatch):
@@ -212,8 +225,7 @@ def test_every_run_kind(tmp_path, kind, caplog):
   _, batches, n = encode_spec("ud-ewt", tokenizer, max_length=48, batch_size=4, max_examples=4,
                               syntax=True, pad_to_batch_size=True)
   p = collect(step, batches, n, roles=KW["roles"], progress=False)
-  expected = checkpoint_row(p["sieve_bias"], p["token_attention"], p["lengths"], KW["roles"],
-                            entropy=p["entropy"])
+  expected = _expected_row(p, KW["roles"])
   for k, v in expected.items():
     assert table.iloc[0][k] == pytest.approx(v, rel=1e-5, abs=1e-6, nan_ok=True), k
   assert sum(line.strip().startswith("step 10:") for line in logs) == 1   # one line per checkpoint
