@@ -19,7 +19,9 @@ stays on the device. The variants, in this order:
   step in run 2; its profile says where);
 * V6  V4 + the MLM loss on padded bf16 logits with a float32 log-sum-exp
   (``mlm_logits="padded"``): the step ``configs/pretrain.py`` trains;
-* V7  V6 at twice the batch (512 at sequence 128; the ``bert_base_b512`` preset).
+* V7  V6 at twice the batch (512 at sequence 128; the ``bert_base_b512`` preset);
+* V8  V6 at the settings' ``long`` (batch, sequence, predictions), e.g. ``(64, 512, 80)``: the
+  same tokens a step at phase 2's sequence length (only when ``long`` is set).
 
 The last rows are the candidates for the default. Each row: tokens/s, MFU (``6N + 12 l d q``
 FLOPs per token over the device's data-sheet bf16 peak; ``bench_training.flops_per_token``), step
@@ -62,10 +64,10 @@ import common  # noqa: E402
 
 FULL = {"size": "base", "dtype": "bfloat16", "seq": 128, "batch": 256, "preds": 20,
         "loss_steps": 10, "steps": 10, "repeats": 3, "profile_steps": 5,
-        "breakdown_before_s": 150}
+        "breakdown_before_s": 150, "long": None}
 TINY = {"size": "tiny", "dtype": "float32", "seq": 32, "batch": 4, "preds": 5,
         "loss_steps": 2, "steps": 2, "repeats": 1, "num_layers": 1, "profile_steps": 1,
-        "breakdown_before_s": 1e9}
+        "breakdown_before_s": 1e9, "long": (2, 64, 10)}
 # --tiny only checks that every variant runs: XLA's CPU backend without its LLVM optimisations
 # compiles the 12 programs several times faster
 TINY_XLA_FLAGS = "--xla_backend_optimization_level=0"
@@ -82,6 +84,13 @@ class Variant:
   flat_lamb: bool = False
   mlm_logits: str = "float32"
   batch_factor: int = 1
+  long: bool = False          # at the settings' ``long`` (sequence, batch, predictions)
+
+  def shape(self, s: dict) -> tuple[int, int, int]:
+    """``(batch, sequence, predictions)`` of this variant under settings ``s``."""
+    if self.long:
+      return tuple(s["long"])
+    return s["batch"] * self.batch_factor, s["seq"], s["preds"]
 
 
 def _has_flash() -> bool:
@@ -94,9 +103,10 @@ def _has_config_field(name: str) -> bool:
   return name in {f.name for f in dataclasses.fields(BertConfig)}
 
 
-def variants() -> list[tuple[Variant, str | None]]:
+def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
   """``[(variant, why absent or None)]`` in the order of the module docstring: V0, V1, V4 (the
-  chain's merged step), V5 (a side row on V4), V6 on V4, V7 on V6."""
+  chain's merged step), V5 (a side row on V4), V6 on V4, V7 on V6; with ``long``, V8 (V6 at the
+  long sequence)."""
   v0 = Variant("V0", "explicit attention, dropout 0.1 (as of 9125a24)")
   v1 = dataclasses.replace(v0, name="V1", label="fused attention, no attention dropout",
                            attention="auto", attention_dropout=0.0)
@@ -113,7 +123,8 @@ def variants() -> list[tuple[Variant, str | None]]:
                            "(configs/pretrain.py's step)", mlm_logits="padded")
   v7 = dataclasses.replace(v6, name="V7", label="V6 at twice the batch (bert_base_b512)",
                            batch_factor=2)
-  return [(v, None) for v in (v0, v1, v4, v5, v6, v7)]
+  v8 = dataclasses.replace(v6, name="V8", label="V6 at the long sequence (phase 2's)", long=True)
+  return [(v, None) for v in (v0, v1, v4, v5, v6, v7) + ((v8,) if long else ())]
 
 
 # variants whose step is profiled (bench/profiling.py) right after it is timed: the baseline, the
@@ -144,7 +155,7 @@ class _Program:
       extra["num_layers"] = s["num_layers"]
     self.cfg = config_for(s["size"], vocab_size=30522, dtype=s["dtype"],
                           attention_dropout=v.attention_dropout,
-                          max_position_embeddings=max(512, s["seq"]), **extra)
+                          max_position_embeddings=max(512, v.shape(s)[1]), **extra)
     # the variant's graph without initialising its parameters (they are the same for every
     # variant: host_params), with the concrete rng state of the base model (reseeded per step)
     abstract = nnx.eval_shape(lambda: BertForPreTraining(self.cfg, rngs=nnx.Rngs(0)))
@@ -161,8 +172,8 @@ class _Program:
     self.loss_fn = loss_fn
     self.host_params = host_params
     self.mesh = mesh
-    self.batch = batches[s["batch"] * v.batch_factor]
-    self.tokens = s["batch"] * v.batch_factor * s["seq"]
+    self.batch = batches[v.shape(s)]
+    self.tokens = v.shape(s)[0] * v.shape(s)[1]
     self.step = S.make_train_step(self.parts, self.tx, loss_fn, mesh=mesh, schedule=schedule,
                                   dropout_rng=v.dropout_rng)
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -231,10 +242,15 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
 
   t_start = time.perf_counter()
   mesh = data_mesh(jax.devices()[:1])
-  chosen = variants()
-  sizes = sorted({s["batch"] * v.batch_factor for v, absent in chosen if absent is None})
+  chosen = variants(long=bool(s.get("long")))
+  shapes = {v.shape(s) for v, absent in chosen if absent is None}
+  sizes = sorted(b for b, q, _ in shapes if q == s["seq"])
   host_batch, _, build = pretraining_batch(max(sizes), s["seq"], s["preds"], host_batches=1)
-  batches = {b: shard_batch({k: x[:b] for k, x in host_batch.items()}, mesh) for b in sizes}
+  batches = {(b, q, m): shard_batch({k: x[:b] for k, x in host_batch.items()}, mesh)
+             for b, q, m in shapes if q == s["seq"]}
+  for b, q, m in shapes - set(batches):          # the long sequence's batch (not timed)
+    long_batch = pretraining_batch(b, q, m, host_batches=1)[0]
+    batches[(b, q, m)] = shard_batch(long_batch, mesh)
   model = BertForPreTraining(config_for(s["size"], vocab_size=30522,
                                         **{k: s[k] for k in ("num_layers",) if k in s}),
                              rngs=nnx.Rngs(0))
@@ -292,17 +308,18 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
       loss = one()
     loss = float(jax.device_get(loss))
     step_s = _median_s(one, s["steps"], s["repeats"])
-    fpt = flops_per_token(prog.cfg, n_params, s["seq"], s["preds"])["palm_6N_12ldq"]
+    b_, seq_, preds_ = v.shape(s)
+    fpt = flops_per_token(prog.cfg, n_params, seq_, preds_)["palm_6N_12ldq"]
     tps = prog.tokens / step_s
     mfu = tps * fpt / peak["flops"] if peak.get("flops") else None
     res = {"variant": v.name, "label": v.label, "tokens_per_s": tps, "step_ms": 1e3 * step_s,
            "mfu": mfu, "loss_after": loss, "loss_steps": s["loss_steps"],
-           "batch": s["batch"] * v.batch_factor, "settings": dataclasses.asdict(v)}
+           "batch": b_, "seq": seq_, "settings": dataclasses.asdict(v)}
     base = base or res
     ratio = f"{tps / base['tokens_per_s']:.2f}x V0"
     if mfu is not None:
       ratio = f"MFU {100 * mfu:.1f}%, " + ratio
-    row(f"{v.name} {v.label}, seq {s['seq']} batch {res['batch']}", tps, "tokens/s", ratio,
+    row(f"{v.name} {v.label}, seq {seq_} batch {b_}", tps, "tokens/s", ratio,
         step_ms=res["step_ms"], loss_after_steps=loss, loss_steps=s["loss_steps"],
         finite=bool(np.isfinite(loss)))
     results.append(res)
@@ -350,7 +367,8 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
     workers, cores = auto_workers(), available_cores()
     rows_ = max(sizes)
     capacity = max(1, workers) / build["median_s"]          # batches of `rows_` per second
-    fastest = max((r for r in results if r["batch"] == rows_), key=lambda r: r["tokens_per_s"],
+    fastest = max((r for r in results if r["batch"] == rows_ and r["seq"] == s["seq"]),
+                  key=lambda r: r["tokens_per_s"],
                   default=None)
     need = None if fastest is None else 1e3 / fastest["step_ms"]
     verdict = "" if need is None else ("keeps up" if capacity >= need else "STARVES the device")

@@ -31,6 +31,10 @@ def test_variants_in_order_and_absent_switches(monkeypatch):
   assert not v6.flat_lamb and v6.mlm_logits == "padded" and v6.attention == "flash"
   assert v7.batch_factor == 2 and dataclasses.replace(v7, batch_factor=1, name="V6",
                                                       label=v6.label) == v6
+  v8 = {v.name: v for v, _ in pretrain_ab.variants(long=True)}["V8"]
+  assert v8.long and dataclasses.replace(v8, long=False, name="V6", label=v6.label) == v6
+  assert v8.shape({"long": (64, 512, 80)}) == (64, 512, 80)
+  assert v7.shape({"batch": 256, "seq": 128, "preds": 20}) == (512, 128, 20)
   monkeypatch.setattr(pretrain_ab, "_has_flash", lambda: False)
   monkeypatch.setattr(pretrain_ab, "_has_config_field", lambda name: False)
   v4 = {v.name: v for v, _ in pretrain_ab.variants()}["V4"]
@@ -50,7 +54,8 @@ def test_the_part_runs_tiny_through_the_suite(tmp_path):
   assert part["name"] == "pretrain_ab" and part["status"] == "done", part["status"]
   rows = part["rows"]
   measured = [r for r in rows if r["unit"] == "tokens/s"]
-  assert [r["what"][:2] for r in measured] == ["V0", "V1", "V4", "V5", "V6", "V7"]
+  assert [r["what"][:2] for r in measured] == ["V0", "V1", "V4", "V5", "V6", "V7", "V8"]
+  assert "seq 64 batch 2" in measured[-1]["what"]               # TINY's long sequence
   base = measured[0]["detail"]["loss_after_steps"]
   for r in measured:
     d = r["detail"]
