@@ -16,12 +16,16 @@ import pandas as pd
 from heads_jax import contract
 from heads_jax.hoststats import roles as roles_lib
 
-def require_columns(df, columns, what: str):
+def require_columns(df, columns, what: str, file_columns=()):
+  """Refuses a ``df`` that is not a DataFrame (TypeError) or lacks one of ``columns``
+  (ValueError naming ``what``, the missing and the present columns, and ``file_columns``, the
+  columns of the file such a table is read from, when given)."""
   if not isinstance(df, pd.DataFrame):
     raise TypeError(f"{what} must be a pandas DataFrame, got {type(df).__name__}")
   missing = [c for c in columns if c not in df.columns]
   if missing:
-    raise ValueError(f"{what} lacks columns {missing}; it needs {list(columns)}, "
+    written = f" (its file's columns: {list(file_columns)})" if file_columns else ""
+    raise ValueError(f"{what} lacks columns {missing}; it needs {list(columns)}{written}, "
                      f"has {list(df.columns)}")
 
 
@@ -49,12 +53,7 @@ def check_tests_df(tests_df: pd.DataFrame, required=("layer", "head", "role", "a
 
   Returns a copy with int ``layer``/``head``, str ``role`` and bool ``assigned``.
   """
-  if not isinstance(tests_df, pd.DataFrame):
-    raise TypeError(f"tests_df must be a pandas DataFrame (tests.csv), got {type(tests_df).__name__}")
-  missing = [c for c in required if c not in tests_df.columns]
-  if missing:
-    raise ValueError(f"tests table lacks columns {missing}; it needs {list(required)} "
-                     f"(tests.csv columns: {list(contract.TEST_COLUMNS)}), has {list(tests_df.columns)}")
+  require_columns(tests_df, required, "tests table (tests.csv)", contract.TEST_COLUMNS)
   df = tests_df.copy()
   df["layer"] = df["layer"].astype(int)
   df["head"] = df["head"].astype(int)
