@@ -28,8 +28,35 @@ from etils import epath
 from heads_jax.storage import as_path, display, is_url, makedirs
 
 
+class _Under:
+  """A read-only attribute of `RunDir`: the path ``name`` under the run's root."""
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def __set_name__(self, owner, attribute: str):
+    self.attribute = attribute
+
+  def __get__(self, run, owner=None):
+    return self if run is None else run.root / self.name
+
+  def __set__(self, run, value):
+    raise AttributeError(f"RunDir.{self.attribute} is the fixed path {self.name!r} under the root")
+
+
 class RunDir:
-  """The paths of one run's work directory (see the module docstring)."""
+  """The paths of one run's work directory (see the module docstring); each is an
+  ``epath.Path`` under ``root``."""
+
+  config_file = _Under("config.json")
+  config_changes_file = _Under("config_changes.jsonl")
+  data_file = _Under("data.json")
+  data_identity_file = _Under("data_identity.json")
+  summary_file = _Under("summary.json")
+  metrics_file = _Under("metrics.jsonl")
+  tensorboard_dir = _Under("tb")
+  checkpoints = _Under("checkpoints")
+  best = _Under("best")
 
   def __init__(self, root):
     self.root = root.root if isinstance(root, RunDir) else as_path(root)
@@ -52,39 +79,3 @@ class RunDir:
   def sub(self, name: str) -> epath.Path:
     """``workdir/name`` (an export directory, e.g. ``model`` or ``best_hf``)."""
     return self.root / name
-
-  @property
-  def config_file(self) -> epath.Path:
-    return self.root / "config.json"
-
-  @property
-  def config_changes_file(self) -> epath.Path:
-    return self.root / "config_changes.jsonl"
-
-  @property
-  def data_file(self) -> epath.Path:
-    return self.root / "data.json"
-
-  @property
-  def data_identity_file(self) -> epath.Path:
-    return self.root / "data_identity.json"
-
-  @property
-  def summary_file(self) -> epath.Path:
-    return self.root / "summary.json"
-
-  @property
-  def metrics_file(self) -> epath.Path:
-    return self.root / "metrics.jsonl"
-
-  @property
-  def tensorboard_dir(self) -> epath.Path:
-    return self.root / "tb"
-
-  @property
-  def checkpoints(self) -> epath.Path:
-    return self.root / "checkpoints"
-
-  @property
-  def best(self) -> epath.Path:
-    return self.root / "best"
