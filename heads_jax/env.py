@@ -64,35 +64,45 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from heads_jax.errors import UserError
 
 # Defaults of this form are paths in the shared data folder beside the checkout (``shared_default``).
 _SHARED = "../shared/"
 
-# name -> (default or None, one-line description); the table above in data form.
+
+class Variable(NamedTuple):
+  """A documented environment variable: its default (None: none) and one-line description."""
+  default: str | None
+  description: str
+
+
+# name -> Variable; the table above in data form.
 VARIABLES = {
-    "HEADS_JAX_CACHE_DIR": (os.path.join("~", ".cache", "heads_jax", "xla"),
-                            "persistent XLA compilation cache of the heads-jax command; off disables"),
-    "HEADS_JAX_REMOTE_CACHE": (os.path.join("~", ".cache", "heads_jax", "remote"),
-                               "local copies of gs:// inputs"),
-    "HEADS_JAX_STORAGE_TIMEOUT": ("300", "seconds a storage call may wait before exit 2"),
-    "HEADS_JAX_STORAGE_PROGRESS": ("30", "seconds of waiting on storage before a progress line"),
-    "HEADS_JAX_XLA_FLAGS": ("", "off: do not add heads_jax's default XLA flags"),
-    "HEADS_JAX_STATS_IMPL": ("", "force the analysis statistics path (layerwise, fused, kernel, stacked)"),
-    "HEADS_JAX_GLUE_DIR": (_SHARED + "data/glue", "GLUE TSV folders of the configs"),
-    "HEADS_JAX_SQUAD_FILE": (_SHARED + "data/squad/dev-v2.0-first5.json",
-                             "SQuAD 2.0 JSON of the fine-tuning configs"),
-    "HEADS_JAX_GUTENBERG": (_SHARED + "data/corpus/gutenberg", "books of the pre-training configs"),
-    "TFDS_DATA_DIR": (os.path.join("~", "tensorflow_datasets"),
-                      "TensorFlow Datasets' data folder (glue:, squad-tfds: data)"),
-    "HEADS_JAX_CORPUS": ("corpus/paper", "prepared corpus of the bert_base pre-training presets"),
-    "XLA_FLAGS": ("", "XLA flags (heads_jax adds its per-platform defaults; yours win)"),
-    "JAX_PLATFORMS": ("", "JAX's platform choice (read to pick the default XLA flags)"),
-    "TOKENIZERS_PARALLELISM": ("", "tokenizers' thread pool (heads-jax sets false unless set)"),
-    "HF_HUB_OFFLINE": ("", "1: Hugging Face hub ids from the local cache only"),
-    "HF_HUB_CACHE": ("", "the Hugging Face hub cache directory"),
-    "HF_HOME": ("", "the Hugging Face home ($HF_HOME/hub is the hub cache)"),
+    "HEADS_JAX_CACHE_DIR": Variable(
+        os.path.join("~", ".cache", "heads_jax", "xla"),
+        "persistent XLA compilation cache of the heads-jax command; off disables"),
+    "HEADS_JAX_REMOTE_CACHE": Variable(os.path.join("~", ".cache", "heads_jax", "remote"),
+                                       "local copies of gs:// inputs"),
+    "HEADS_JAX_STORAGE_TIMEOUT": Variable("300", "seconds a storage call may wait before exit 2"),
+    "HEADS_JAX_STORAGE_PROGRESS": Variable("30", "seconds of waiting on storage before a progress line"),
+    "HEADS_JAX_XLA_FLAGS": Variable("", "off: do not add heads_jax's default XLA flags"),
+    "HEADS_JAX_STATS_IMPL": Variable(
+        "", "force the analysis statistics path (layerwise, fused, kernel, stacked)"),
+    "HEADS_JAX_GLUE_DIR": Variable(_SHARED + "data/glue", "GLUE TSV folders of the configs"),
+    "HEADS_JAX_SQUAD_FILE": Variable(_SHARED + "data/squad/dev-v2.0-first5.json",
+                                     "SQuAD 2.0 JSON of the fine-tuning configs"),
+    "HEADS_JAX_GUTENBERG": Variable(_SHARED + "data/corpus/gutenberg", "books of the pre-training configs"),
+    "TFDS_DATA_DIR": Variable(os.path.join("~", "tensorflow_datasets"),
+                              "TensorFlow Datasets' data folder (glue:, squad-tfds: data)"),
+    "HEADS_JAX_CORPUS": Variable("corpus/paper", "prepared corpus of the bert_base pre-training presets"),
+    "XLA_FLAGS": Variable("", "XLA flags (heads_jax adds its per-platform defaults; yours win)"),
+    "JAX_PLATFORMS": Variable("", "JAX's platform choice (read to pick the default XLA flags)"),
+    "TOKENIZERS_PARALLELISM": Variable("", "tokenizers' thread pool (heads-jax sets false unless set)"),
+    "HF_HUB_OFFLINE": Variable("", "1: Hugging Face hub ids from the local cache only"),
+    "HF_HUB_CACHE": Variable("", "the Hugging Face hub cache directory"),
+    "HF_HOME": Variable("", "the Hugging Face home ($HF_HOME/hub is the hub cache)"),
 }
 
 class BadValue(UserError, ValueError):
@@ -212,7 +222,7 @@ def get(name: str, environ=None) -> str:
   environ = os.environ if environ is None else environ
   value = environ.get(name)
   if value is None:
-    value = VARIABLES[name][0]
+    value = VARIABLES[name].default
     if value.startswith(_SHARED):
       return shared_default(value[len(_SHARED):])
     if value.startswith("~"):
