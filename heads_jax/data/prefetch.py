@@ -16,12 +16,13 @@ says when the input starves the device.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import multiprocessing as mp
 import os
 import queue
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 AUTO = -1
 _WORKER_FN = None
@@ -135,38 +136,52 @@ def _from_processes(batch_fn, start_step, stop, depth, num_workers):
 
 
 def _from_thread(batch_fn, start_step, stop, depth):
-  q: queue.Queue = queue.Queue(maxsize=max(1, depth))
-  done = threading.Event()
+  steps = itertools.count(start_step) if stop is None else range(start_step, stop)
+  return in_background((_timed(batch_fn, step) for step in steps), depth)
 
-  def put(item) -> bool:
-    while not done.is_set():
+
+_DONE = object()
+
+
+def in_background(items: Iterable, depth: int, *, name: str = "heads_jax-prefetch",
+                  join_s: float = 0.0) -> Iterator:
+  """Yields the items of ``items`` as a daemon thread takes them, up to ``depth`` ahead (the
+  thread runs the iterator: a generator's work happens there). An exception of the iterator is
+  raised here, in the consumer. Closing the generator stops the thread before its next item
+  (waiting up to ``join_s`` seconds for it)."""
+  q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+  stop = threading.Event()
+
+  def put(entry) -> bool:
+    while not stop.is_set():
       try:
-        q.put(item, timeout=0.1)
+        q.put(entry, timeout=0.1)
         return True
       except queue.Full:
         pass
     return False
 
   def produce():
-    step = start_step
+    it = iter(items)
     try:
-      while not done.is_set() and (stop is None or step < stop):
-        if not put(_timed(batch_fn, step)):
+      while not stop.is_set():
+        item = next(it, _DONE)
+        if not put((None, item)) or item is _DONE:
           return
-        step += 1
-      put(None)
-    except BaseException as e:  # surfaced in the consumer
-      put(e)
+    except BaseException as e:  # noqa: BLE001  (raised in the consumer)
+      put((e, None))
 
-  thread = threading.Thread(target=produce, daemon=True)
+  thread = threading.Thread(target=produce, name=name, daemon=True)
   thread.start()
   try:
     while True:
-      item = q.get()
-      if item is None:
+      error, item = q.get()
+      if error is not None:
+        raise error
+      if item is _DONE:
         return
-      if isinstance(item, BaseException):
-        raise item
       yield item
   finally:
-    done.set()
+    stop.set()
+    if join_s:
+      thread.join(timeout=join_s)
