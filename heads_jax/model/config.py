@@ -91,8 +91,65 @@ BERT_MODULE = "heads_jax.model.bert"
 ALL_FAMILIES = {**FAMILIES, **OWN_FAMILIES}
 
 
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu")  # hidden_act
+DTYPES = ("float32", "bfloat16")
+
+
+class ConfigMethods:
+  """What every family's config dataclass shares (``BertConfig``, DeBERTa's and ModernBERT's:
+  "The registry" below): ``replace``, ``to_dict``/``from_dict`` (keys it does not know are left
+  out: older files), ``head_dim`` and ``check_sizes`` for the fields every family has."""
+
+  def check_sizes(self) -> None:
+    """Refuses (ValueError) a ``hidden_size`` that ``num_heads`` does not divide, a ``dtype``
+    other than ``DTYPES`` and a ``hidden_act`` other than ``ACTIVATIONS``."""
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+    if self.dtype not in DTYPES:
+      raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+    check_activation("hidden_act", self.hidden_act)
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  def replace(self, **kw):
+    return dataclasses.replace(self, **kw)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def check_activation(name: str, value: str, allowed=ACTIVATIONS) -> None:
+  """Refuses (ValueError) the activation ``value`` of the field ``name`` unless it is in
+  ``allowed``."""
+  if value not in allowed:
+    raise ValueError(f"{name} {value!r} is not supported; use one of {sorted(allowed)}")
+
+
+def hf_encoder_fields(d: dict, *, type_vocab_size: int, layer_norm_eps: float) -> dict:
+  """The fields of a BERT-style Hugging Face ``config.json`` ``d`` (BERT, RoBERTa, ELECTRA,
+  ALBERT, DeBERTa) that every such config names alike, as config fields (``type_vocab_size``
+  and ``layer_norm_eps``: the family's defaults when ``d`` lacks them)."""
+  return dict(
+      vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], num_layers=d["num_hidden_layers"],
+      num_heads=d["num_attention_heads"], intermediate_size=d["intermediate_size"],
+      max_position_embeddings=d.get("max_position_embeddings", 512),
+      type_vocab_size=d.get("type_vocab_size", type_vocab_size),
+      layer_norm_eps=d.get("layer_norm_eps", layer_norm_eps),
+      hidden_dropout=d.get("hidden_dropout_prob", 0.1),
+      attention_dropout=d.get("attention_probs_dropout_prob", 0.1),
+      initializer_range=d.get("initializer_range", 0.02),
+      hidden_act=d.get("hidden_act", "gelu"), pad_token_id=d.get("pad_token_id", 0) or 0)
+
+
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class BertConfig(ConfigMethods):
   """Hyper-parameters of a post-LN encoder of one of ``FAMILIES`` (defaults: BERT-base uncased)."""
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -123,12 +180,7 @@ class BertConfig:
                                      # (float32 statistics); "float32": float32 outputs
 
   def __post_init__(self):
-    if self.hidden_size % self.num_heads:
-      raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-    if self.dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-    if self.hidden_act not in _ACTS:
-      raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(_ACTS)}")
+    self.check_sizes()
     if self.attention not in ATTENTION_SETTINGS:
       raise ValueError(f"attention must be one of {ATTENTION_SETTINGS}, got {self.attention!r}")
     if self.layer_norm_dtype not in LAYER_NORM_DTYPES:
@@ -152,10 +204,6 @@ class BertConfig:
   @property
   def info(self) -> Family:
     return FAMILIES[self.family]
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
 
   @property
   def embed_dim(self) -> int:
@@ -195,17 +243,6 @@ class BertConfig:
                 if self.position_offset else " (max_position_embeddings)")
       raise UserError(f"--max-length {max_length} exceeds the model's {self.max_positions} "
                       f"positions{offset}; use --max-length {self.max_positions} or less")
-
-  def replace(self, **kw) -> "BertConfig":
-    return dataclasses.replace(self, **kw)
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, d: dict) -> "BertConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in d.items() if k in names})
 
   def to_hf_dict(self) -> dict:
     """The Hugging Face config dictionary (``config.json``) of this family's encoder."""
@@ -265,17 +302,8 @@ class BertConfig:
                  sinusoidal_positions=bool(d.get("sinusoidal_pos_embds", False)), pooler=False,
                  classifier_dropout=d.get("seq_classif_dropout", 0.2))
     hidden = d["hidden_size"]
-    kw = dict(
-        vocab_size=d["vocab_size"], hidden_size=hidden, num_layers=d["num_hidden_layers"],
-        num_heads=d["num_attention_heads"], intermediate_size=d["intermediate_size"],
-        max_position_embeddings=d.get("max_position_embeddings", 512),
-        type_vocab_size=d.get("type_vocab_size", 2),
-        layer_norm_eps=d.get("layer_norm_eps", 1e-12),
-        hidden_dropout=d.get("hidden_dropout_prob", 0.1),
-        attention_dropout=d.get("attention_probs_dropout_prob", 0.1),
-        initializer_range=d.get("initializer_range", 0.02),
-        hidden_act=d.get("hidden_act", "gelu"), pad_token_id=pad, family=family,
-        classifier_dropout=d.get("classifier_dropout"))
+    kw = dict(hf_encoder_fields(d, type_vocab_size=2, layer_norm_eps=1e-12), family=family,
+              classifier_dropout=d.get("classifier_dropout"))
     if family in ("roberta", "xlm-roberta"):
       kw["position_offset"] = pad + 1
     elif family == "electra":
@@ -309,10 +337,11 @@ _MODEL_TYPES = {f.model_type: f for f in ALL_FAMILIES.values()}
 # imported on first use (``family_module``). It defines:
 #
 # * ``Config``: a frozen dataclass with the fields ``family``, ``dtype``, ``num_layers``,
-#   ``num_heads``, ``hidden_size``, ``vocab_size``, ``pad_token_id``; the class methods
-#   ``from_hf_dict`` and ``from_dict``; the methods ``to_hf_dict``, ``to_dict``, ``replace``,
-#   ``check_max_length``; the properties ``info`` (its ``Family``), ``head_dim``,
-#   ``max_positions`` and ``layer_schedule``.
+#   ``num_heads``, ``hidden_size``, ``hidden_act``, ``vocab_size``, ``pad_token_id``; the class
+#   methods ``from_hf_dict`` and ``from_dict``; the methods ``to_hf_dict``, ``to_dict``,
+#   ``replace``, ``check_max_length``; the properties ``info`` (its ``Family``), ``head_dim``,
+#   ``max_positions`` and ``layer_schedule`` (``ConfigMethods`` gives ``from_dict``,
+#   ``to_dict``, ``replace``, ``head_dim`` and the checks of the shared fields).
 # * ``ARCHITECTURES``: heads_jax architecture name (``"BertModel"`` for the encoder,
 #   ``"BertForSequenceClassification"``, ...: the names stay family-neutral in manifests) ->
 #   module class; a task model holds its encoder as ``.bert``.
@@ -369,7 +398,6 @@ def config_from_dict(d: dict):
   """A config from its ``to_dict()`` (a heads_jax manifest), of the family it names."""
   return config_class(d.get("family", "bert")).from_dict(d)
 
-_ACTS = {"gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu"}
 ATTENTION_SETTINGS = ("auto", "explicit", "xla", "cudnn", "flash")
 LAYER_NORM_DTYPES = ("compute", "float32")
 

@@ -55,7 +55,7 @@ from flax import nnx
 
 from heads_jax.contract import TERM_NAMES
 from heads_jax.model.bert import GATE_MODES, activation, attention_path, dense, layer_norm
-from heads_jax.model.config import BertConfig
+from heads_jax.model.config import ACTIVATIONS, BertConfig, check_activation, hf_encoder_fields
 from heads_jax.model.encoder_io import LayerOutputs, check_inputs, remove_segments
 
 TERMS = TERM_NAMES  # the order of term_shares (measures.npz: term_names)
@@ -89,12 +89,7 @@ class DebertaConfig(BertConfig):
     object.__setattr__(self, "pos_att_type", tuple(self.pos_att_type))
     if self.family != "deberta-v2":
       raise ValueError(f"DebertaConfig is the deberta-v2 family's config, got {self.family!r}")
-    if self.hidden_size % self.num_heads:
-      raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-    if self.dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-    if self.hidden_act not in _ACTS:
-      raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(_ACTS)}")
+    self.check_sizes()
     if self.num_hidden_groups or self.inner_group_num != 1 or self.position_offset:
       raise ValueError("DeBERTa has no shared layers nor position offset")
     unknown = [t for t in self.pos_att_type if t not in POS_ATT_TYPES]
@@ -105,9 +100,7 @@ class DebertaConfig(BertConfig):
     if self.embedding_projection:
       raise ValueError("DeBERTa projects embeddings whenever embedding_size differs from "
                        "hidden_size (without a bias); leave embedding_projection False")
-    if self.pooler_hidden_act not in _POOLER_ACTS:
-      raise ValueError(f"pooler_hidden_act {self.pooler_hidden_act!r} is not supported; use one "
-                       f"of {sorted(_POOLER_ACTS)}")
+    check_activation("pooler_hidden_act", self.pooler_hidden_act, _POOLER_ACTS)
 
   @property
   def info(self):
@@ -179,15 +172,7 @@ class DebertaConfig(BertConfig):
     if not d.get("relative_attention", False):
       pos = ()
     e = d.get("embedding_size") or hidden
-    return cls(vocab_size=d["vocab_size"], hidden_size=hidden, num_layers=d["num_hidden_layers"],
-               num_heads=heads, intermediate_size=d["intermediate_size"],
-               max_position_embeddings=d.get("max_position_embeddings", 512),
-               type_vocab_size=d.get("type_vocab_size", 0),
-               layer_norm_eps=d.get("layer_norm_eps", 1e-7),
-               hidden_dropout=d.get("hidden_dropout_prob", 0.1),
-               attention_dropout=d.get("attention_probs_dropout_prob", 0.1),
-               initializer_range=d.get("initializer_range", 0.02),
-               hidden_act=d.get("hidden_act", "gelu"), pad_token_id=d.get("pad_token_id", 0) or 0,
+    return cls(**hf_encoder_fields(d, type_vocab_size=0, layer_norm_eps=1e-7),
                embedding_size=e if e != hidden else 0,
                relative_attention=bool(d.get("relative_attention", False)),
                max_relative_positions=d.get("max_relative_positions", -1),
@@ -202,8 +187,7 @@ class DebertaConfig(BertConfig):
                classifier_dropout=d.get("cls_dropout"))
 
 
-_ACTS = {"gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu"}
-_POOLER_ACTS = _ACTS | {"tanh"}
+_POOLER_ACTS = ACTIVATIONS + ("tanh",)
 
 
 def log_bucket_position(relative: np.ndarray, bucket_size: int, max_position: int) -> np.ndarray:

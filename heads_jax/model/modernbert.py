@@ -40,16 +40,15 @@ from flax import nnx
 
 from heads_jax.errors import UserError
 from heads_jax.model.bert import GATE_MODES, ATTENTION_PATHS, activation, attention_path
-from heads_jax.model.config import ALL_FAMILIES
+from heads_jax.model.config import ALL_FAMILIES, ConfigMethods, check_activation
 from heads_jax.model.encoder_io import LayerOutputs, check_inputs, remove_segments
 
 FAMILY = "modernbert"
-_ACTS = {"gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu"}
 _PATHS = tuple(p for p in ATTENTION_PATHS if p != "flash")
 
 
 @dataclasses.dataclass(frozen=True)
-class ModernBertConfig:
+class ModernBertConfig(ConfigMethods):
   """Hyper-parameters of a ModernBERT encoder (defaults: ModernBERT-base)."""
   vocab_size: int = 50368
   hidden_size: int = 768
@@ -84,15 +83,10 @@ class ModernBertConfig:
   def __post_init__(self):
     if self.family != FAMILY:
       raise ValueError(f"ModernBertConfig is the {FAMILY} family's, not {self.family!r}")
-    if self.hidden_size % self.num_heads:
-      raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+    self.check_sizes()
     if self.head_dim % 2:
       raise ValueError(f"rotary embeddings need an even head dimension, got {self.head_dim}")
-    if self.dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-    for name in ("hidden_act", "classifier_activation"):
-      if getattr(self, name) not in _ACTS:
-        raise ValueError(f"{name} {getattr(self, name)!r} is not supported; use one of {sorted(_ACTS)}")
+    check_activation("classifier_activation", self.classifier_activation)
     if self.classifier_pooling not in ("cls", "mean"):
       raise ValueError(f"classifier_pooling must be 'cls' or 'mean', got {self.classifier_pooling!r}")
     if self.attention not in _PATHS:
@@ -105,10 +99,6 @@ class ModernBertConfig:
   @property
   def info(self):
     return ALL_FAMILIES[self.family]
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
 
   @property
   def max_positions(self) -> int:
@@ -140,17 +130,6 @@ class ModernBertConfig:
       raise UserError(f"--max-length {max_length} exceeds the model's {self.max_positions} "
                       f"positions (max_position_embeddings); use --max-length "
                       f"{self.max_positions} or less")
-
-  def replace(self, **kw) -> "ModernBertConfig":
-    return dataclasses.replace(self, **kw)
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, d: dict) -> "ModernBertConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in d.items() if k in names})
 
   @classmethod
   def from_hf_dict(cls, d: dict) -> "ModernBertConfig":
