@@ -53,12 +53,12 @@ from heads_jax.data.sentences import chop_sentence, split_sentences
 @dataclasses.dataclass(frozen=True)
 class PretrainingSpec:
   """The recipe's parameters (defaults: sequence length 128, 20 predictions)."""
-  max_seq_length: int = 128
-  max_predictions: int = 20
-  masked_lm_prob: float = 0.15
-  short_seq_prob: float = 0.1
-  random_next_prob: float = 0.5
-  whole_word_mask: bool = False
+  max_seq_length: int = 128          # tokens, [CLS] and both [SEP]s included
+  max_predictions: int = 20          # masked positions at most (p of the batches)
+  masked_lm_prob: float = 0.15       # share of a sequence's tokens masked
+  short_seq_prob: float = 0.1        # chance of a random, shorter target length
+  random_next_prob: float = 0.5      # chance segment B comes from another document
+  whole_word_mask: bool = False      # mask every wordpiece of a chosen word
 
   def __post_init__(self):
     if self.max_seq_length < 5:

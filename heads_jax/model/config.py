@@ -153,14 +153,14 @@ class BertConfig(ConfigMethods):
   """Hyper-parameters of a post-LN encoder of one of ``FAMILIES`` (defaults: BERT-base uncased)."""
   vocab_size: int = 30522
   hidden_size: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
+  num_layers: int = 12               # applied layers (ALBERT: num_hidden_layers x inner_group_num)
+  num_heads: int = 12                # Hugging Face: num_attention_heads
   intermediate_size: int = 3072
   max_position_embeddings: int = 512
   type_vocab_size: int = 2
   layer_norm_eps: float = 1e-12
-  hidden_dropout: float = 0.1
-  attention_dropout: float = 0.1
+  hidden_dropout: float = 0.1        # Hugging Face: hidden_dropout_prob
+  attention_dropout: float = 0.1     # Hugging Face: attention_probs_dropout_prob
   initializer_range: float = 0.02
   hidden_act: str = "gelu"  # "gelu" (exact erf, as BERT) or "gelu_new"/"gelu_tanh"
   dtype: str = "float32"    # compute dtype; parameters, softmax and LayerNorm stay float32

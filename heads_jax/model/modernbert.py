@@ -52,8 +52,8 @@ class ModernBertConfig(ConfigMethods):
   """Hyper-parameters of a ModernBERT encoder (defaults: ModernBERT-base)."""
   vocab_size: int = 50368
   hidden_size: int = 768
-  num_layers: int = 22
-  num_heads: int = 12
+  num_layers: int = 22               # Hugging Face: num_hidden_layers
+  num_heads: int = 12                # Hugging Face: num_attention_heads
   intermediate_size: int = 1152
   max_position_embeddings: int = 8192
   norm_eps: float = 1e-5
@@ -63,8 +63,8 @@ class ModernBertConfig(ConfigMethods):
   hidden_act: str = "gelu"
   local_attention: int = 128         # the window's full width: |i - j| <= local_attention // 2
   global_every: int = 3              # layer i is global when i % global_every == 0
-  global_rope_theta: float = 160000.0
-  local_rope_theta: float = 10000.0
+  global_rope_theta: float = 160000.0  # RoPE base of the global layers
+  local_rope_theta: float = 10000.0    # RoPE base of the local layers
   embedding_dropout: float = 0.0
   attention_dropout: float = 0.0
   mlp_dropout: float = 0.0
