@@ -354,14 +354,27 @@ def verdict_counts(table: pd.DataFrame) -> dict:
   return {v: int(counts.get(v, 0)) for v in paper.VERDICTS}
 
 
+def _by_task(results: dict, per_task: dict):
+  """``(task, entry)`` for each task of the run, in order, that has an entry in ``per_task``
+  (``{task: entry}``; an empty entry counts as none)."""
+  for t in results["tasks"]:
+    if per_task.get(t):
+      yield t, per_task[t]
+
+
+def _analyses(results: dict, kinds):
+  """``(kind, task, analysis figures)`` for each model state of ``kinds`` (``"pretrained"``,
+  ``"finetuned"``) and each task analysed in that state, in that order."""
+  for kind in kinds:
+    for t, fig in _by_task(results, results["per_task"][kind]):
+      yield kind, t, fig
+
+
 def finetune_table(results: dict) -> pd.DataFrame:
   """Per task: the best grid point (by the task's selection metric) and, at its best evaluation,
   the metric Devlin et al. report for BERT-base on dev, beside theirs."""
   rows = []
-  for t in results["tasks"]:
-    best = results["finetune"].get(t)
-    if not best:
-      continue
+  for t, best in _by_task(results, results["finetune"]):
     metric = best["metric"]
     dev = paper.devlin_dev(t)
     ref = dev.value if dev is not None else None
@@ -391,69 +404,56 @@ def task_table(results: dict) -> pd.DataFrame:
   paper's four tests, the mean sieve score and the p-values in (0.05, 0.95) over the paper's four
   roles."""
   rows = []
-  for kind in ("finetuned", "pretrained"):
-    for t in results["tasks"]:
-      fig = results["per_task"][kind].get(t)
-      if fig is None:
-        continue
-      shares = fig["analysis"].shares()
-      pool = paper_pool([fig["out"]])
-      row = {"task": paper.TASK_NAMES[t], "model": MODEL_TEXT[kind],
-             "sequences": fig["summary"].get("num_sequences")}
-      for k in ("share_delimiter", "share_local", "share_syntactic", "share_block",
-                "share_unskilled", "share_syntactic_also_local"):
-        row[k] = paper.format_value("share", shares[k])
-      row["spearman_local_syntactic"] = paper.format_value(
-          "corr", fig["summary"].get("spearman_local_syntactic"))
-      row["mean_sieve_score"] = paper.format_value("float", pool["mean_sieve_score"])
-      row["share_p_between"] = paper.format_value("share", pool["share_p_between"])
-      rows.append(row)
+  for kind, t, fig in _analyses(results, ("finetuned", "pretrained")):
+    shares = fig["analysis"].shares()
+    pool = paper_pool([fig["out"]])
+    row = {"task": paper.TASK_NAMES[t], "model": MODEL_TEXT[kind],
+           "sequences": fig["summary"].get("num_sequences")}
+    for k in ("share_delimiter", "share_local", "share_syntactic", "share_block",
+              "share_unskilled", "share_syntactic_also_local"):
+      row[k] = paper.format_value("share", shares[k])
+    row["spearman_local_syntactic"] = paper.format_value(
+        "corr", fig["summary"].get("spearman_local_syntactic"))
+    row["mean_sieve_score"] = paper.format_value("float", pool["mean_sieve_score"])
+    row["share_p_between"] = paper.format_value("share", pool["share_p_between"])
+    rows.append(row)
   return pd.DataFrame(rows)
 
 
 def overlap_table(results: dict) -> pd.DataFrame:
   rows = []
-  for kind in ("finetuned", "pretrained"):
-    for t in results["tasks"]:
-      fig = results["per_task"][kind].get(t)
-      if fig is None:
-        continue
-      row = {"task": paper.TASK_NAMES[t], "model": MODEL_TEXT[kind]}
-      for key, label in (("nsubj_next_local", "nsubj heads also next_local"),
-                         ("obj_prev_local", "obj heads also prev_local")):
-        o = fig["overlaps"].get(key)
-        row[label] = ("not tested (no parse of the task text)" if o is None else
-                      f"{o['also']} of {o['heads']}" + (f" ({100 * o['share']:.0f}%)" if o["share"] is not None else ""))
-      rows.append(row)
+  for kind, t, fig in _analyses(results, ("finetuned", "pretrained")):
+    row = {"task": paper.TASK_NAMES[t], "model": MODEL_TEXT[kind]}
+    for key, label in (("nsubj_next_local", "nsubj heads also next_local"),
+                       ("obj_prev_local", "obj heads also prev_local")):
+      o = fig["overlaps"].get(key)
+      row[label] = ("not tested (no parse of the task text)" if o is None else
+                    f"{o['also']} of {o['heads']}" + (f" ({100 * o['share']:.0f}%)" if o["share"] is not None else ""))
+    rows.append(row)
   return pd.DataFrame(rows)
 
 
 def cluster_table(results: dict) -> pd.DataFrame:
   rows = []
-  for kind in ("pretrained", "finetuned"):
-    for t in results["tasks"]:
-      fig = results["per_task"][kind].get(t)
-      if fig is None or not fig["cluster_shares"]:
-        continue
-      row = {"task": paper.TASK_NAMES[t], "model": kind}
-      row.update({n: paper.format_value("share", v) for n, v in fig["cluster_shares"].items()})
-      row["stability"] = paper.format_value("share", fig["cluster_stability"])
-      info = fig["analysis"].cluster_info or {}
-      margins = dict(zip(info.get("names") or [], info.get("name_margins") or []))
-      row["name margins"] = ", ".join(f"{n} {m:+.3f}" for n, m in margins.items())
-      row["flagged"] = ", ".join(info.get("low_margin") or []) or "none"
-      row["outlier heads"] = ", ".join(f"{o['layer']}:{o['head']} ({o['cluster_name']})"
-                                       for o in info.get("outliers") or []) or "none"
-      rows.append(row)
+  for kind, t, fig in _analyses(results, ("pretrained", "finetuned")):
+    if not fig["cluster_shares"]:
+      continue
+    row = {"task": paper.TASK_NAMES[t], "model": kind}
+    row.update({n: paper.format_value("share", v) for n, v in fig["cluster_shares"].items()})
+    row["stability"] = paper.format_value("share", fig["cluster_stability"])
+    info = fig["analysis"].cluster_info or {}
+    margins = dict(zip(info.get("names") or [], info.get("name_margins") or []))
+    row["name margins"] = ", ".join(f"{n} {m:+.3f}" for n, m in margins.items())
+    row["flagged"] = ", ".join(info.get("low_margin") or []) or "none"
+    row["outlier heads"] = ", ".join(f"{o['layer']}:{o['head']} ({o['cluster_name']})"
+                                     for o in info.get("outliers") or []) or "none"
+    rows.append(row)
   return pd.DataFrame(rows)
 
 
 def splits_table(results: dict) -> pd.DataFrame:
   rows = []
-  for t in results["tasks"]:
-    s = results["splits"].get(t)
-    if not s:
-      continue
+  for t, s in _by_task(results, results["splits"]):
     r = s["roles"]
     rows.append({"task": paper.TASK_NAMES[t], "source": s["source"], "from": s["origin"],
                  "fine-tuning (train)": f"{r['train']['rows']:,} rows of {r['train']['split']}",
