@@ -1342,15 +1342,22 @@ def _per_layer_mean(counts: np.ndarray, layers) -> float:
   return float(counts[layers].mean()) if layers else float("nan")
 
 
+def _multi_skilled_in(c, a, name: str):
+  """Multi-skilled heads per layer of analysis ``a``: ``(layers, mean over the claim's layer range
+  ``name``, mean over the other layers)``; NotComputable when the model's layers do not separate
+  them."""
+  per_layer = _multi_skilled(a).sum(1)
+  inside = _layers(c, name, a.num_layers)
+  rest = [l for l in range(a.num_layers) if l not in inside]
+  if not inside or not rest:
+    raise NotComputable(f"{a.num_layers} layers do not separate the {name} layers")
+  return inside, _per_layer_mean(per_layer, inside), _per_layer_mean(per_layer, rest)
+
+
 def _multi_skilled_middle(c, run, state):
   out, ok = [], True
   for t, a in _runs(run, c, state).items():
-    per_layer = _multi_skilled(a).sum(1)
-    mid = _layers(c, "middle", a.num_layers)
-    rest = [l for l in range(a.num_layers) if l not in mid]
-    if not mid or not rest:
-      raise NotComputable(f"{a.num_layers} layers do not separate the middle layers")
-    m, r = _per_layer_mean(per_layer, mid), _per_layer_mean(per_layer, rest)
+    mid, m, r = _multi_skilled_in(c, a, "middle")
     ok &= m > r
     out.append(f"{TASK_NAMES[t]} {m:.1f} vs {r:.1f}")
   return "; ".join(out), ok, ("multi-skilled heads per layer, middle layers "
@@ -1359,12 +1366,7 @@ def _multi_skilled_middle(c, run, state):
 
 def _multi_skilled_qqp_early(c, run, state):
   a = _runs(run, c, state)["qqp"]
-  per_layer = _multi_skilled(a).sum(1)
-  init = _layers(c, "initial", a.num_layers)
-  rest = [l for l in range(a.num_layers) if l not in init]
-  if not init or not rest:
-    raise NotComputable(f"{a.num_layers} layers do not separate the initial layers")
-  i, r = _per_layer_mean(per_layer, init), _per_layer_mean(per_layer, rest)
+  init, i, r = _multi_skilled_in(c, a, "initial")
   return f"{i:.1f} vs {r:.1f}", i > r, (f"QQP multi-skilled heads per layer, layers {list(init)}"
                                         f"{_scaled(a.num_layers)} vs the others")
 
@@ -1847,6 +1849,11 @@ def _squad_statement(c, run, state, key):
 
 
 Evaluator = Callable[..., tuple]
+# evaluators that take arguments from the check ("half:cls:first": _half(c, run, state, "cls", "first"))
+_WITH_ARGUMENTS = {"fine_overlap": _fine_overlap, "finetune_final": _finetune_final, "half": _half,
+                   "cluster_layers": _cluster_layers, "squad_row": _squad_row,
+                   "squad_statement": _squad_statement}
+
 EVALUATORS: dict[str, Evaluator] = {
     "average_vs_test": _average_vs_test,
     "delimiter_intersect": _delimiter_intersect,
@@ -1881,18 +1888,9 @@ def _evaluator(c: Claim) -> Evaluator | None:
   if not c.check:
     return None
   name, *args = c.check.split(":")
-  if name == "fine_overlap":
-    return lambda c, run, state: _fine_overlap(c, run, state, *args)
-  if name == "finetune_final":
-    return lambda c, run, state: _finetune_final(c, run, state, *args)
-  if name == "half":
-    return lambda c, run, state: _half(c, run, state, *args)
-  if name == "cluster_layers":
-    return lambda c, run, state: _cluster_layers(c, run, state, *args)
-  if name == "squad_row":
-    return lambda c, run, state: _squad_row(c, run, state, *args)
-  if name == "squad_statement":
-    return lambda c, run, state: _squad_statement(c, run, state, *args)
+  if name in _WITH_ARGUMENTS:
+    evaluate = _WITH_ARGUMENTS[name]
+    return lambda c, run, state: evaluate(c, run, state, *args)
   return EVALUATORS[name]
 
 
