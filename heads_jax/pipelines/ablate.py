@@ -19,6 +19,7 @@ directory is locked while the job runs and says what it is (`runfiles.claim_dir`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from collections.abc import Callable
@@ -112,7 +113,7 @@ def _task_name(config: AblationConfig) -> str:
   return config.task or spec.task or "?"
 
 
-def _analysis_files(ctx: engine.Context, config: AblationConfig, names) -> object:
+def _analysis_files(ctx: engine.Context["AblationJob"], config: AblationConfig, names) -> object:
   """The content identity of the analysis files ``names`` the groups are read from (a
   host-only change of the analysis that leaves them as they were reruns nothing here)."""
   if not config.analysis or not names:
@@ -445,94 +446,133 @@ def _check_inputs(config: AblationConfig, log) -> None:
   check_analysis_model(config, log)
 
 
-def ablation_stages(config: AblationConfig, run: AblationRun, jobs, prefix: str = "",
-                    under: str = "") -> list:
-  """The engine's stages: ``baseline``, one per sub-job of ``jobs``, ``report``, each named
-  with ``prefix`` (a pipeline that composes them beside its own stages, e.g. Guan et al.'s);
-  their files go into ``config.out``, which is the folder ``under`` of the pipeline's run
-  directory ("": the run directory itself; ``redo`` removes the stages' outputs there)."""
-  out = Path(config.out)
-  at = (lambda name: f"{under}/{name}") if under else (lambda name: name)  # noqa: E731
-  base_name, report_name = prefix + "baseline", prefix + REPORT
-  def baseline(ctx):
-    key = unit_key({f: getattr(config, f) for f in EVAL_FIELDS}, inputs={
-        "model": ctx.model(config.model), "data": ctx.data(config.data),
-        "finetune_data": (ctx.files(_finetune_data_file(config.finetune_data))
-                          if config.finetune_data else None)})
+@dataclasses.dataclass(frozen=True)
+class AblationJob:
+  """The ablate job's one typed config (the engine's ``config``; in a pipeline that composes
+  the ablation's stages beside its own, the field of its config the stages read, `Stage.part`):
+  the settings, the sub-jobs they ask for (`SUB_JOBS`), the stages' name ``prefix`` ("" in the
+  ablate job; e.g. guan's ``ablation_``), the folder ``under`` of the run directory that
+  ``config.out`` is ("": the run directory itself; ``redo`` removes the stages' outputs
+  there), and ``run``, what the stages share (the model and evaluator loaded once, the
+  importance estimator)."""
+  config: AblationConfig
+  jobs: tuple
+  run: AblationRun
+  prefix: str = ""
+  under: str = ""
 
-    def fn():
-      ev, data = run.ev, run.data
-      base = {k: (int(v) if k == "n" else float(v)) for k, v in ev.evaluate().items()}
-      return {"metrics": base, "metric_names": list(data.metric_names), "task": data.task.name,
-              "evaluation set": data.name, "examples": len(data), "layers": ev.num_layers,
-              "heads": ev.num_heads}
+  def stage(self, name: str) -> str:
+    """The stage name of ``name`` (``baseline``, a sub-job, ``report``) in this pipeline."""
+    return self.prefix + name
 
-    res = engine.run_unit(ctx, base_name, "baseline", key, fn)
-    o = res.outputs
-    run.base = o["metrics"]
-    ctx.sub(f"{o['task']}: {o['examples']} examples ({o['evaluation set']}); {o['layers']} layers "
-            f"x {o['heads']} heads; unablated " + ", ".join(
-                f"{m} {rep.value_text(m, run.base[m])}"
-                for m in o["metric_names"]))
-    return res
+  def at(self, name: str) -> str:
+    """The path of the output ``name`` relative to the run directory."""
+    return f"{self.under}/{name}" if self.under else name
 
-  def part(job):
-    def stage_run(ctx):
-      key = unit_key({f: getattr(config, f) for f in job.fields}, inputs={
-          "baseline": ctx.results[base_name].finished,
-          "reads": [ctx.results[prefix + r].finished for r in job.reads],
-          "analysis": _analysis_files(ctx, config, job.analysis_files),
-          "importance_data": (ctx.data(config.importance_data)
-                              if job.name == "importance" and config.importance_data else None)})
 
-      def fn():
-        r = job.run(run)
-        files = [str(runfiles.write_table(out, stem, table)) for stem, table in r.tables.items()]
-        for stem, array in r.arrays.items():
-          runfiles.write_array(out, stem, array)
-        written = {**{f"{stem}.csv": _held(t) for stem, t in r.tables.items()},
-                   **{f"{stem}.npy": _held(a) for stem, a in r.arrays.items()}}
-        return {"files": files, "written": written, "record": r.record, "lines": r.log_lines,
-                "notes": r.notes}
+def ablation_job(config: AblationConfig, log=print, *, prefix: str = "",
+                 under: str = "") -> AblationJob:
+  """The `AblationJob` of ``config``: the sub-jobs it asks for, its shared run (logging under
+  its stage's line)."""
+  return AblationJob(config=config, jobs=tuple(j for j in SUB_JOBS if j.wanted(config)),
+                     run=AblationRun(config, lambda line: log("  " + str(line))),
+                     prefix=prefix, under=under)
 
-      def intact():   # every file the finish marker lists, as written (before: the first only)
-        done = ctx.markers.read_unit(prefix + job.name, job.name) or {}
-        return _damaged(out, (done.get("outputs") or {}).get("written")
-                        or {f"{job.stems[0]}.csv": None})
 
-      res = engine.run_unit(ctx, prefix + job.name, job.name, key, fn,
-                            clean=[out / f"{s}.{e}" for s in job.stems for e in ("csv", "npy")],
-                            intact=intact)
-      for line in res.outputs["lines"]:
-        ctx.sub(line)
-      return res
-    return engine.Stage(prefix + job.name, job.text, stage_run,
-                        reads=(base_name, *(prefix + r for r in job.reads)),
-                        outputs=tuple(at(f"{s}.{e}") for s in job.stems for e in ("csv", "npy")))
+def _baseline(ctx: engine.Context[AblationJob]) -> engine.UnitResult:
+  """The unablated model on the evaluation set; keyed by the model's and data's content and
+  the evaluation settings."""
+  job = ctx.config
+  config, run = job.config, job.run
+  key = unit_key({f: getattr(config, f) for f in EVAL_FIELDS}, inputs={
+      "model": ctx.model(config.model), "data": ctx.data(config.data),
+      "finetune_data": (ctx.files(_finetune_data_file(config.finetune_data))
+                        if config.finetune_data else None)})
 
-  names = tuple(j.name for j in jobs)
+  def fn():
+    ev, data = run.ev, run.data
+    base = {k: (int(v) if k == "n" else float(v)) for k, v in ev.evaluate().items()}
+    return {"metrics": base, "metric_names": list(data.metric_names), "task": data.task.name,
+            "evaluation set": data.name, "examples": len(data), "layers": ev.num_layers,
+            "heads": ev.num_heads}
 
-  def report(ctx):
-    base = ctx.results[base_name]
-    parts = {n: ctx.results[prefix + n] for n in names}
-    key = unit_key({}, inputs={"baseline": base.finished,
-                               "parts": {n: p.finished for n, p in parts.items()},
-                               "title": config.title})   # the title: cosmetic for a result, not here
-    res = engine.run_unit(ctx, report_name, REPORT, key,
-                          lambda: _write_report(config, base.outputs, parts),
-                          clean=[out / contract.REPORT_HTML, out / runfiles.ABLATION_JSON],
-                          intact=lambda: _damaged(out, {contract.REPORT_HTML: None,
+  res = engine.run_unit(ctx, job.stage("baseline"), "baseline", key, fn)
+  o = res.outputs
+  ctx.sub(f"{o['task']}: {o['examples']} examples ({o['evaluation set']}); {o['layers']} layers "
+          f"x {o['heads']} heads; unablated " + ", ".join(
+              f"{m} {rep.value_text(m, o['metrics'][m])}" for m in o["metric_names"]))
+  return res
+
+
+def _part(ctx: engine.Context[AblationJob], sub: SubJob) -> engine.UnitResult:
+  """The sub-job ``sub``: its tables and arrays into ``config.out``; keyed by its settings, the
+  baseline's and the parts' it reads finish times and the content of the analysis files it
+  reads."""
+  job = ctx.config
+  config, run, out = job.config, job.run, Path(job.config.out)
+  baseline = ctx.results[job.stage("baseline")]
+  key = unit_key({f: getattr(config, f) for f in sub.fields}, inputs={
+      "baseline": baseline.finished,
+      "reads": [ctx.results[job.stage(r)].finished for r in sub.reads],
+      "analysis": _analysis_files(ctx, config, sub.analysis_files),
+      "importance_data": (ctx.data(config.importance_data)
+                          if sub.name == "importance" and config.importance_data else None)})
+
+  def fn():
+    run.base = baseline.outputs["metrics"]   # the unablated scores, from the baseline's result
+    r = sub.run(run)
+    files = [str(runfiles.write_table(out, stem, table)) for stem, table in r.tables.items()]
+    for stem, array in r.arrays.items():
+      runfiles.write_array(out, stem, array)
+    written = {**{f"{stem}.csv": _held(t) for stem, t in r.tables.items()},
+               **{f"{stem}.npy": _held(a) for stem, a in r.arrays.items()}}
+    return {"files": files, "written": written, "record": r.record, "lines": r.log_lines,
+            "notes": r.notes}
+
+  res = engine.run_unit(  # reused while every file it wrote reads as written
+      ctx, job.stage(sub.name), sub.name, key, fn,
+      clean=[out / f"{s}.{e}" for s in sub.stems for e in ("csv", "npy")],
+      intact=lambda done: _damaged(out, (done or {}).get("written")
+                                   or {f"{sub.stems[0]}.csv": None}))
+  for line in res.outputs["lines"]:
+    ctx.sub(line)
+  return res
+
+
+def _report(ctx: engine.Context[AblationJob]) -> engine.UnitResult:
+  """report.html and ablation.json from the baseline's and the parts' results."""
+  job = ctx.config
+  config, out = job.config, Path(job.config.out)
+  base = ctx.results[job.stage("baseline")]
+  parts = {j.name: ctx.results[job.stage(j.name)] for j in job.jobs}
+  key = unit_key({}, inputs={"baseline": base.finished,
+                             "parts": {n: p.finished for n, p in parts.items()},
+                             "title": config.title})   # the title: cosmetic for a result, not here
+  res = engine.run_unit(ctx, job.stage(REPORT), REPORT, key,
+                        lambda: _write_report(config, base.outputs, parts),
+                        clean=[out / contract.REPORT_HTML, out / runfiles.ABLATION_JSON],
+                        intact=lambda _: _damaged(out, {contract.REPORT_HTML: None,
                                                         runfiles.ABLATION_JSON: None}))
-    ctx.sub(f"report: {res.outputs['report']}")
-    return res
+  ctx.sub(f"report: {res.outputs['report']}")
+  return res
 
-  return [engine.Stage(base_name, "the unablated model on the evaluation set", baseline,
-                       outputs=()),
-          *(part(j) for j in jobs),
-          engine.Stage(report_name, "the report and ablation.json", report,
-                       reads=(base_name, *(prefix + n for n in names)),
-                       outputs=tuple(at(n) for n in (contract.REPORT_HTML,
-                                                     runfiles.ABLATION_JSON, "figures")))]
+
+def ablation_stages(job: AblationJob, part: str = "") -> list[engine.Stage[AblationJob]]:
+  """The engine's stages of ``job``: ``baseline``, one per sub-job, ``report`` (each name with
+  ``job.prefix``), module-level functions of ``ctx.config`` (the `AblationJob`: the job's
+  config, or its field ``part`` in a pipeline that composes these stages beside its own)."""
+  base = job.stage("baseline")
+  return [engine.Stage(base, "the unablated model on the evaluation set", _baseline, part=part),
+          *(engine.Stage(job.stage(j.name), j.text, functools.partial(_part, sub=j),
+                         reads=(base, *(job.stage(r) for r in j.reads)),
+                         outputs=tuple(job.at(f"{s}.{e}") for s in j.stems for e in ("csv", "npy")),
+                         part=part)
+            for j in job.jobs),
+          engine.Stage(job.stage(REPORT), "the report and ablation.json", _report,
+                       reads=(base, *(job.stage(j.name) for j in job.jobs)),
+                       outputs=tuple(job.at(n) for n in (contract.REPORT_HTML,
+                                                         runfiles.ABLATION_JSON, "figures")),
+                       part=part)]
 
 
 def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
@@ -643,12 +683,11 @@ def run_ablation(config: AblationConfig, log=print, *, redo: str | None = None,
   record, report). ``redo``: a stage to rerun with every stage reading it (``baseline`` or
   ``"all"``: everything). ``progress=False``: no line per stage (a job inside another's stage)."""
   _check_inputs(config, log)   # before the lock: nothing is written for a bad request
-  jobs = [j for j in SUB_JOBS if j.wanted(config)]
-  run = AblationRun(config, lambda line: log("  " + str(line)))   # under its stage's line
+  job = ablation_job(config, log)
   claim = {"kind": "ablation", "flag": "--out", "model": config.model, "data": config.data,
            "task": _task_name(config),
            "settings": {"by": config.by, "cross": config.cross, "mode": config.mode,
                         "importance": config.importance, "prune": config.prune}}
-  results = engine.run_pipeline(ablation_stages(config, run, jobs), config.out, redo=redo, log=log,
-                                what="an ablation", claim=claim, progress=progress)
+  results = engine.run_pipeline(ablation_stages(job), config.out, config=job, redo=redo,
+                                log=log, what="an ablation", claim=claim, progress=progress)
   return results[REPORT].outputs

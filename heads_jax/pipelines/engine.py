@@ -108,18 +108,18 @@ def _remove(path) -> None:
 
 
 def run_unit(ctx: Context, stage: str, unit: str, key, fn: Callable[[], Any],
-             clean=(), *, intact: Callable[[], str | None] | None = None) -> UnitResult:
+             clean=(), *, intact: Callable[[Any], str | None] | None = None) -> UnitResult:
   """Runs ``fn() -> outputs`` (JSON-able) unless ``unit`` of ``stage`` finished with ``key``
   and its outputs are intact; returns its `UnitResult`.
 
   ``clean``: paths removed before a run when the unit was last started or finished with another
-  key, has no marker at all, or its outputs are not intact. ``intact() -> None | why``: whether a
-  finished unit's outputs are there and readable (a missing or damaged one: it runs again, and
-  says why)."""
+  key, has no marker at all, or its outputs are not intact. ``intact(outputs) -> None | why``:
+  whether a finished unit's files are there and readable, given what its ``fn`` returned (a
+  missing or damaged one: it runs again, and says why)."""
   done = ctx.markers.read_unit(stage, unit)
   damaged = None
   if done is not None and canonical(done.get("key")) == canonical(key):
-    damaged = intact() if intact is not None else None
+    damaged = intact(done.get("outputs")) if intact is not None else None
     if damaged is None:
       ctx.counts["reused"] += 1
       _stamp(ctx, stage, done.get("finished"))

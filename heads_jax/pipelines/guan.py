@@ -31,6 +31,7 @@ outputs, ``paper_tables.csv``), ``DIR/report.html``, ``DIR/guan_claims.csv``.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import ml_collections
@@ -39,7 +40,7 @@ import pandas as pd
 from heads_jax import contract, hub
 from heads_jax.errors import UserError
 from heads_jax.pipelines import engine
-from heads_jax.pipelines.ablate import (REPORT, SUB_JOBS, AblationConfig, AblationRun,
+from heads_jax.pipelines.ablate import (REPORT, AblationConfig, AblationJob, ablation_job,
                                         ablation_stages)
 from heads_jax.pipelines.analysis import AnalysisConfig
 from heads_jax.pipelines import names, stages
@@ -182,32 +183,45 @@ def _stage_report(ctx: engine.Context[GuanConfig]) -> dict:
                                 ctx.workdir / guan_report.CLAIMS_CSV)).outputs
 
 
-def pipeline_stages(config, workdir, log=print) -> tuple[engine.Stage, ...]:
+@dataclasses.dataclass(frozen=True)
+class GuanJob:
+  """The guan job's one typed config (the engine's ``config``): configs/reproduce.py's guan
+  preset (``settings``: its own stages' ``ctx.config``) and its ablation's (``ablation``, an
+  `ablate.AblationJob`: the ablation stages' ``ctx.config``), each a stage's `engine.Stage.part`."""
+  settings: GuanConfig
+  ablation: AblationJob
+
+
+def guan_job(config: GuanConfig, workdir, log=print) -> GuanJob:
+  """The `GuanJob` of ``config`` in ``workdir`` (its ablation: `ablation_config`)."""
+  return GuanJob(settings=config, ablation=ablation_job(ablation_config(config, workdir), log,
+                                                         prefix=ABLATION, under="ablation"))
+
+
+def pipeline_stages(job: GuanJob) -> tuple[engine.Stage[GuanJob], ...]:
   """The analyses' two stages, the ablation's stages (`ablate.ablation_stages`, prefixed
   ``ablation_``: its unablated baseline, Tables 2-3, its report) and the report."""
-  acfg = ablation_config(config, workdir)
-  jobs = [j for j in SUB_JOBS if j.wanted(acfg)]
-  run = AblationRun(acfg, lambda line: log("  " + str(line)))
-  ablation = ablation_stages(acfg, run, jobs, prefix=ABLATION, under="ablation")
+  ablation = ablation_stages(job.ablation, part="ablation")
   return (
       engine.Stage("scores", "the device pass (distance features, sieve bias) of each model",
-                   _stage_scores, outputs=("analysis",)),
+                   _stage_scores, outputs=("analysis",), part="settings"),
       engine.Stage("analysis", "K-means clusters, tests and report of each model (host)",
-                   _stage_analysis, reads=("scores",)),
+                   _stage_analysis, reads=("scores",), part="settings"),
       *ablation,
       engine.Stage("report", "report beside the paper's values", _stage_report,
                    reads=("analysis", ablation[-1].name),
-                   outputs=(contract.REPORT_HTML, "figures")),
+                   outputs=(contract.REPORT_HTML, "figures"), part="settings"),
   )
 
 
-def run_guan(config, workdir, *, redo: str | None = None, log=print) -> dict:
+def run_guan(config: GuanConfig, workdir, *, redo: str | None = None, log=print) -> dict:
   """Runs the Guan et al. pipeline (module docstring) in ``workdir``; returns each stage's
   result."""
   workdir = Path(workdir)
   log(f"heads-jax reproduce (guan): {config.squad_model} in {workdir}")
+  job = guan_job(config, workdir, log)
   return engine.run_pipeline(
-      pipeline_stages(config, workdir, log), workdir, config=config, redo=redo, log=log,
+      pipeline_stages(job), workdir, config=job, redo=redo, log=log,
       what="heads-jax reproduce (guan)",
       claim={"kind": "reproduce", "flag": "--workdir", "model": config.squad_model or None,
              "data": [config.squad_data], "settings": {"preset": config.preset}})

@@ -285,7 +285,7 @@ def scores(ctx: Context, stage: str, unit: str, cfg, *, model, loaded=None, log=
                   data_info=info).to_json()
   unit_result = run_unit(ctx, stage, unit, key, fn,
                          clean=[out / n for n in analysis_lib.DEVICE_FILES],
-                         intact=lambda: analysis_lib.scores_intact(cfg))
+                         intact=lambda _: analysis_lib.scores_intact(cfg))
   analysis_lib.second_pass(cfg, load=loaded, log=log)  # once per scores.npz
   return _reused(ctx, Scores, unit_result, "the device pass in {out}")
 
@@ -316,7 +316,7 @@ def statistics(ctx: Context, stage: str, unit: str, cfg, device: Scores, *, load
                     scores=device.finished).to_json()
   unit_result = run_unit(ctx, stage, unit, key, fn,
                          clean=[out / n for n in analysis_lib.HOST_FILES],
-                         intact=lambda: analysis_lib.statistics_intact(cfg))
+                         intact=lambda _: analysis_lib.statistics_intact(cfg))
   return _reused(ctx, Analysis, unit_result, "the analysis in {out}")
 
 
@@ -336,7 +336,7 @@ def similarity(ctx: Context, stage: str, unit: str, dest: Path, *, before_model,
     return Similarity(out=str(dest), **info).to_json()
   return _reused(ctx, Similarity, run_unit(
       ctx, stage, unit, key, fn, clean=[Path(dest) / comparison_lib.SIMILARITY_FILE],
-      intact=lambda: _missing(Path(dest) / comparison_lib.SIMILARITY_FILE)),
+      intact=lambda _: _missing(Path(dest) / comparison_lib.SIMILARITY_FILE)),
       "the attention similarity in {out}")
 
 
@@ -353,7 +353,7 @@ def comparison(ctx: Context, stage: str, unit: str, before, after, dest: Path, *
                       warnings=comparison_lib.comparison_work(before, after, dest)).to_json()
   res = run_unit(ctx, stage, unit, unit_key({}, inputs=inputs), fn,
                  clean=[dest / n for n in comparison_lib.COMPARISON_FILES],
-                 intact=lambda: _missing(*(dest / n for n in comparison_lib.COMPARISON_FILES)))
+                 intact=lambda _: _missing(*(dest / n for n in comparison_lib.COMPARISON_FILES)))
   result = _reused(ctx, Comparison, res, "the comparison in {out}")
   for w in result.warnings:
     log(f"warning: {w}")
@@ -377,7 +377,7 @@ def compare_report(ctx: Context, stage: str, unit: str, before, after, done: Com
     return Comparison(out=str(dest), report=str(path), warnings=list(done.warnings)).to_json()
   res = run_unit(ctx, stage, unit, key, fn,
                  clean=[dest / n for n in comparison_lib.REPORT_FILES],
-                 intact=lambda: _missing(dest / comparison_lib.REPORT_FILES[0]))
+                 intact=lambda _: _missing(dest / comparison_lib.REPORT_FILES[0]))
   for line in comparison_lib.report_lines(dest):
     log(line)
   result = Comparison.of(res)

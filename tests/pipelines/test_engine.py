@@ -212,9 +212,14 @@ def test_a_unit_whose_outputs_are_missing_runs_again(tmp_path):
   def fn():
     out.write_text("x")
     return "made"
-  intact = lambda: None if out.is_file() else f"{out} is missing"  # noqa: E731
+  seen = []
+
+  def intact(outputs):   # given what fn returned (the finish marker's outputs)
+    seen.append(outputs)
+    return None if out.is_file() else f"{out} is missing"
   assert not run_unit(ctx, "s", "u", {"k": 1}, fn, clean=[out], intact=intact).reused
   assert run_unit(ctx, "s", "u", {"k": 1}, fn, clean=[out], intact=intact).reused
+  assert seen == ["made"]
   out.unlink()
   again = run_unit(ctx, "s", "u", {"k": 1}, fn, clean=[out], intact=intact)
   assert not again.reused and out.read_text() == "x"

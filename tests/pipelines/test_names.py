@@ -15,7 +15,8 @@ def test_the_pipelines_are_built_from_the_names(tmp_path):
   assert tuple(s.name for s in rp.PIPELINE) == names.REPRODUCE
   c = load_config("configs/reproduce.py:guan_toy")
   c.squad_model = str(tmp_path)   # an existing path: no hub look-up
-  assert tuple(s.name for s in guan.pipeline_stages(c, tmp_path / "run")) == names.GUAN
+  assert tuple(s.name for s in guan.pipeline_stages(guan.guan_job(c, tmp_path / "run"))) == \
+      names.GUAN
   settings = demo.DemoSettings(out=Path("o"), real=Path("m"), name="m", quick=False, n=4,
                                finetune_steps=1, pretrain_steps=1, scratch_examples=2)
   assert tuple(s.name for s in demo.demo_stages(settings)) == names.DEMO
