@@ -54,7 +54,8 @@ import numpy as np
 from flax import nnx
 
 from heads_jax.contract import TERM_NAMES
-from heads_jax.model.bert import GATE_MODES, activation, attention_path, dense, layer_norm
+from heads_jax.model.bert import (GATE_MODES, SelfAttention, activation, attention_path, dense,
+                                  layer_norm)
 from heads_jax.model.config import ACTIVATIONS, BertConfig, check_activation, hf_encoder_fields
 from heads_jax.model.encoder_io import LayerOutputs, check_inputs, remove_segments
 
@@ -250,24 +251,18 @@ class Embeddings(nnx.Module):
     return self.dropout(x, deterministic=deterministic)
 
 
-class DisentangledAttention(nnx.Module):
+class DisentangledAttention(SelfAttention):
   """DeBERTa's self-attention (module docstring) with output projection, residual and
-  LayerNorm; parameter names as ``bert.SelfAttention`` (``query``, ``key``, ``value``,
-  ``output``, ``norm``) plus ``pos_key`` / ``pos_query`` without ``share_att_key``."""
+  LayerNorm: ``bert.SelfAttention``'s parameters (``query``, ``key``, ``value``, ``output``,
+  ``norm``) and dropouts, plus ``pos_key`` / ``pos_query`` without ``share_att_key``; its own
+  ``__call__``."""
 
   def __init__(self, cfg: DebertaConfig, *, rngs: nnx.Rngs):
+    super().__init__(cfg, rngs=rngs)
     d = cfg.hidden_size
-    self.cfg = cfg
-    self.query = dense(cfg, d, d, rngs)
-    self.key = dense(cfg, d, d, rngs)
-    self.value = dense(cfg, d, d, rngs)
     separate = cfg.relative_attention and not cfg.share_att_key
     self.pos_key = dense(cfg, d, d, rngs) if separate and "c2p" in cfg.pos_att_type else None
     self.pos_query = dense(cfg, d, d, rngs) if separate and "p2c" in cfg.pos_att_type else None
-    self.output = dense(cfg, d, d, rngs)
-    self.norm = layer_norm(cfg, d, rngs)
-    self.attention_dropout = nnx.Dropout(cfg.attention_dropout, rngs=rngs)
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
 
   def terms(self, qh, kh, rel, rows):
     """The positional terms float32 ``[b, h, q, k]`` each (``c2p``, ``p2c``; None where
