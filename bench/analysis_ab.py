@@ -402,8 +402,13 @@ ALONE = (("statistics kernel alone: the Pallas call, every layer", {"rows_only":
           {}),
          ("statistics kernel alone: the Pallas call, 2 warps", {"rows_only": True,
                                                                 "num_warps": 2}),
+         ("statistics kernel alone: the Pallas call, key blocks of 64 (the two-pass key loop)",
+          {"rows_only": True, "block_k": 64}),
          ("statistics alone: XLA wrapper (lax.scan, 8 blocks a step), every layer",
           {"wrapper": "xla", "blocks_per_step": 8}))
+
+
+TRITON_ONLY = {"num_warps", "num_stages", "block_k"}
 
 
 def alone_program(layers: int, platform: str, *, rows_only: bool = False,
@@ -463,7 +468,7 @@ def _alone_rows(p, model, batch: dict, mesh, steps: int, reps: int, bare: float 
     if wrapper == "xla" and "wrapper" not in options:
       p.row(name, "absent", note=f"no Pallas wrapper on {platform}")
       continue
-    if "num_warps" in opts and wrapper != "triton":
+    if TRITON_ONLY & set(opts) and wrapper != "triton":
       p.row(name, "absent", note=f"a Triton setting; the wrapper here is {wrapper}")
       continue
     args = (qk["q"], qk["k"], make_tables(device_batch, wrapper))
@@ -531,6 +536,7 @@ def _long_row(p, s: dict, extra: dict, steps: int, reps: int, mesh) -> None:
   progs = _programs_long(model, arcs_batch(1, length, seed=1), one)
   compiled = _compile_all(progs, p)
   bare = None
+  results = {}
   for name, prog in progs.items():
     if name not in compiled:
       continue
@@ -540,17 +546,36 @@ def _long_row(p, s: dict, extra: dict, steps: int, reps: int, mesh) -> None:
     mem = fn.memory_analysis()
     temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
     out = fn(*prog[1])
+    if isinstance(out, dict):
+      results[name] = out
     finite = "" if not isinstance(out, dict) else (
         f"finite distance: {bool(np.isfinite(np.asarray(out['distance'])).all())}")
     p.row(f"{name}, one sequence of {length} positions ({extra['long_size']}, {s['dtype']})",
           1e3 * secs, "ms/step", f"{secs / bare:.2f}", temp_bytes=temp,
           map_bytes=4 * cfg.num_heads * length * length, note=finite)
+  reference = LONG_VARIANTS[-1][0]        # the XLA wrapper: the tile under lax.scan
+  for name, out in results.items():
+    if name != reference and reference in results:
+      e = _errors(out, results[reference])
+      p.row(f"check {name} against {reference}, {length} positions", e["max_rel_error"],
+            "max rel. error", "NaN pattern equal" if e["nan_pattern_equal"] else
+            "NaN PATTERN DIFFERS", per_output=e["per_output"])
+
+
+# Kernel v2's settings on the long sequence beside the step's (the Triton key loop on GPUs):
+# larger key blocks, and the XLA wrapper (the path past 1,024 keys before the key loop).
+LONG_VARIANTS = (("kernel, key blocks of 256", {"block_k": 256}),
+                 ("kernel, XLA wrapper (32 blocks a step)", {"wrapper": "xla",
+                                                            "blocks_per_step": 32}))
 
 
 def _programs_long(model, batch: dict, mesh) -> dict:
+  """The bare forward, the analysis step's kernel path and, on GPUs, ``LONG_VARIANTS``."""
   import jax
   from flax import nnx
   from heads_jax.parallel import replicate, shard_batch
+  from heads_jax.stats import kernel
+  from heads_jax.stats.fused import target_platform
   from heads_jax.stats.step import make_analysis_step
   graphdef, state = nnx.split(model)
   state = replicate(state, mesh)
@@ -559,6 +584,10 @@ def _programs_long(model, batch: dict, mesh) -> dict:
   fwd = jax.jit(lambda st, bt: nnx.merge(graphdef, st)(*(bt[f] for f in text),
                                                         deterministic=True)["last_hidden_state"])
   step = make_analysis_step(model, measures=True, stats_impl="kernel", mesh=mesh)
-  return {"bare forward": (fwd, (state, device_batch)),
-          "kernel": (step.program(step.path_for(*batch["input_ids"].shape)),
-                     (step._state, device_batch, None))}
+  progs = {"bare forward": (fwd, (state, device_batch)),
+           "kernel": (step.program(step.path_for(*batch["input_ids"].shape)),
+                      (step._state, device_batch, None))}
+  if kernel.default_wrapper(target_platform(None)) == "triton":
+    for name, options in LONG_VARIANTS:
+      progs[name] = (_kernel_program(graphdef, mesh, **options), (state, device_batch))
+  return progs

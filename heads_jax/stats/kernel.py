@@ -60,10 +60,25 @@ def default_wrapper(platform: str | None = None) -> str:
   return {"gpu": "triton", "tpu": "mosaic"}.get(target_platform(platform), "xla")
 
 
-# The longest key axis a Pallas wrapper takes: a Triton program holds a [T, k] tile in registers
-# and all k keys; a Mosaic program holds its sequence's queries and keys in VMEM. Longer
-# sequences take the "xla" wrapper (query blocks under lax.map; memory linear in k).
-MAX_KEYS = {"triton": 1024, "mosaic": 2048}
+# The longest key axis a Pallas wrapper takes: a Mosaic program holds its sequence's queries and
+# keys in VMEM; longer sequences take the "xla" wrapper (query blocks under lax.scan; memory
+# linear in k). A Triton program takes any length: up to ONE_PASS_KEYS keys it holds a [T, k]
+# tile and all k keys at once, past that it loops over blocks of KEY_BLOCK keys, two passes
+# (tile.head_rows_blocked).
+MAX_KEYS = {"mosaic": 2048}
+ONE_PASS_KEYS = 1024
+KEY_BLOCK = 128
+
+
+def key_block(kp: int, block_k: int | None = None) -> int:
+  """The Triton wrapper's keys per step on a padded key axis ``kp`` (a power of two): all of
+  them up to ``ONE_PASS_KEYS``, else ``block_k`` (default ``KEY_BLOCK``; a power of two)."""
+  if block_k is None:
+    return kp if kp <= ONE_PASS_KEYS else KEY_BLOCK
+  block_k = int(block_k)
+  if block_k < 16 or block_k & (block_k - 1):
+    raise ValueError(f"block_k must be a power of two of at least 16, got {block_k}")
+  return min(block_k, kp)
 
 
 def wrapper_for(platform: str | None, length: int) -> str:
@@ -211,6 +226,7 @@ def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", meas
 
 
 def _row_fns(roles, direction, measures, scale):
+  """The tile's ``head_rows`` and ``channel_values`` for these settings."""
   roles = tile.tile_roles(roles)
   rows = functools.partial(tile.head_rows, roles=roles, direction=direction, scale=scale)
   channels = functools.partial(tile.channel_values, roles=roles, direction=direction,
@@ -274,22 +290,39 @@ def _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, ch
 
 
 def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
-                num_stages=None):
+                num_stages=None, block_k=None):
+  """The Triton program: grid ``(b, q / T)``, each program looping over the heads; all keys at
+  once (``tile.head_rows``) when ``block_k`` is the key axis, else key blocks of ``block_k``
+  in two passes (``tile.head_rows_blocked``, the same ``rows_fn`` settings)."""
   from jax.experimental.pallas import triton as pl_triton
   b, kp, h, e = query.shape
   nq = kp // block_q
+  block_k = kp if block_k is None else block_k
+  blocks = kp // block_k
+  blocked = functools.partial(tile.head_rows_blocked, contraction=contraction,
+                              **rows_fn.keywords)
 
   def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, o_ref):
     qi = tuple(qi_ref[:, pl.ds(j, 1)] for j in range(tile.Q_COLS))
-    kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
-    kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
     n = qi_ref[0, tile.Q_N]
     t0 = pl.program_id(1) * block_q
-    setup = tile.block_setup(kr, kc, e_ref[...], n, t0, block_q, contraction)
+    if blocks == 1:
+      kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
+      kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
+      setup = tile.block_setup(kr, kc, e_ref[...], n, t0, block_q, contraction)
 
-    def one_head(hd, carry):
-      o_ref[hd, :, :] = rows_fn(q_ref[:, hd, :], k_ref[:, hd, :], setup, qi, kr)
-      return carry
+      def one_head(hd, carry):
+        o_ref[hd, :, :] = rows_fn(q_ref[:, hd, :], k_ref[:, hd, :], setup, qi, kr)
+        return carry
+    else:
+      def one_head(hd, carry):
+        def load_keys(i):
+          ks = pl.ds(pl.multiple_of(i * block_k, block_k), block_k)
+          return (k_ref[ks, hd, :], tuple(kr_ref[pl.ds(j, 1), ks] for j in range(tile.K_ROWS)),
+                  tuple(kc_ref[ks, pl.ds(j, 1)] for j in range(tile.K_ROWS)), e_ref[ks, :])
+
+        o_ref[hd, :, :] = blocked(q_ref[:, hd, :], load_keys, blocks, block_k, qi, n, t0)
+        return carry
 
     jax.lax.fori_loop(0, h, one_head, 0)
 
@@ -385,10 +418,10 @@ def _prepare(query, key, tables, wrapper, block_q, platform, interpret):
 def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
                       *, wrapper: str | None = None, block_q: int | None = None, interpret=None,
                       contraction: str = "hilo", platform: str | None = None, num_warps: int = 4,
-                      num_stages: int | None = None):
+                      num_stages: int | None = None, block_k: int | None = None):
   """The Pallas program alone: every head's per-row results ``[b, h, kp, E_COLS]``
   (``tile.head_rows``) of one layer; arguments as ``kernel_layer_stats`` (``"triton"`` or
-  ``"mosaic"``; ``num_stages``: Triton's pipeline stages, default Triton's). What
+  ``"mosaic"``). What
   ``kernel_layer_stats`` adds is XLA's channel sums over these rows (``bench/analysis_ab.py``
   times the two apart)."""
   rows_fn, _ = _row_fns(check_roles(roles), check_direction(direction), False,
@@ -397,7 +430,7 @@ def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction:
                                                      platform, interpret)
   if wrapper == "triton":
     return _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
-                        num_stages)
+                        num_stages, key_block(query.shape[1], block_k))
   if wrapper == "mosaic":
     return _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret)
   raise ValueError(f"kernel_layer_rows runs a Pallas wrapper ('triton', 'mosaic'), got {wrapper!r}")
@@ -407,7 +440,8 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
                        measures: bool = False, *, wrapper: str | None = None,
                        block_q: int | None = None, interpret=None, contraction: str = "hilo",
                        platform: str | None = None, num_warps: int = 4,
-                       num_stages: int | None = None, blocks_per_step: int | None = None) -> dict:
+                       num_stages: int | None = None, block_k: int | None = None,
+                       blocks_per_step: int | None = None) -> dict:
   """One layer's statistics from its queries and keys ``[b, k, h, e]`` (before the ``1/sqrt(e)``
   scaling; any float dtype), with ``tables = kernel_tables(batch, roles, direction, measures,
   keys=kp)`` of the batch (kp: ``padded_length(k, wrapper, block_q)``, or k).
@@ -418,7 +452,9 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
     interpret: run a Pallas wrapper in the interpreter (``True``, or for ``"mosaic"`` a
       ``pltpu.InterpretParams()``); default: when ``platform`` is not the wrapper's.
     contraction: ``"hilo"`` (bf16 halves, the default) or ``"float32"`` (``tile.tile_values``).
-    num_warps, num_stages: the Triton programs' warps and pipeline stages.
+    num_warps, num_stages: the Triton programs' warps and pipeline stages (default Triton's).
+    block_k: the Triton program's keys per step (``key_block``: all keys up to
+      ``ONE_PASS_KEYS``, else ``KEY_BLOCK``; a smaller power of two forces the key loop).
     blocks_per_step: query blocks per ``lax.scan`` step of the ``"xla"`` wrapper (default 1 on
       CPUs, 32 elsewhere: fewer, larger steps; memory ``[b, h, 16 G, k]``).
 
@@ -439,7 +475,8 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
   else:
     raw = kernel_layer_rows(query, key, tables, roles, direction, wrapper=wrapper,
                             block_q=block_q, interpret=interpret, contraction=contraction,
-                            platform=platform, num_warps=num_warps, num_stages=num_stages)
+                            platform=platform, num_warps=num_warps, num_stages=num_stages,
+                            block_k=block_k)
     sums = _weighted(raw, tables["q_info"], tables["weights"], channels_fn, block_q, channels)
   r = len(roles)
   out = {"sieve_bias": sums[..., :r], "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
@@ -464,7 +501,8 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
                    measures: bool = False, *, wrapper: str, block_q: int | None = None,
                    interpret=None, mesh=None, platform: str | None = None,
                    contraction: str = "hilo", num_warps: int = 4,
-                   num_stages: int | None = None, blocks_per_step: int | None = None):
+                   num_stages: int | None = None, block_k: int | None = None,
+                   blocks_per_step: int | None = None):
   """The model's ``attention_reduce`` hook for kernel v2 (needs no probabilities: the model keeps
   its fast attention and the tile recomputes the scores from the queries and keys).
 
@@ -475,7 +513,7 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
   stats = functools.partial(kernel_layer_stats, roles=roles, direction=direction,
                             measures=measures, wrapper=wrapper, block_q=block_q,
                             interpret=interpret, contraction=contraction, platform=platform,
-                            num_warps=num_warps, num_stages=num_stages,
+                            num_warps=num_warps, num_stages=num_stages, block_k=block_k,
                             blocks_per_step=blocks_per_step)
   if wrapper != "xla" and mesh is not None and mesh.size > 1:
     spec = P(DATA_AXIS)

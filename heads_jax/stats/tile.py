@@ -163,13 +163,15 @@ def tile_roles(roles: Sequence[str]) -> tuple:
   return out
 
 
-def block_setup(k_rows, k_cols, e_table, n, t0, rows: int, contraction: str = "hilo") -> dict:
+def block_setup(k_rows, k_cols, e_table, n, t0, rows: int, contraction: str = "hilo", *,
+                s0=0, static: int = STATIC_CORRECTIONS) -> dict:
   """What every head of a query block shares (built once per block, not per head): the
   contraction's right-hand side ``[K, E_COLS]`` (key features, each key's base window, the near
-  keys' own columns), the distances ``|s - t|`` ``[T, K]`` and the first ``STATIC_CORRECTIONS``
-  window corrections (threshold row ``[1, K]``, right-hand side ``[K, 16]``).
+  keys' own columns), the distances ``|s - t|`` ``[T, K]`` and the first ``static`` window
+  corrections (threshold row ``[1, K]``, right-hand side ``[K, 16]``).
 
-  Args as ``tile_values``; ``rows`` the block's query rows T (at most ``MAX_ROWS``)."""
+  Args as ``tile_values``; ``rows`` the block's query rows T (at most ``MAX_ROWS``); the tables
+  may be one block of keys, ``s0 .. s0 + K - 1`` (``head_rows_blocked``; ``s0`` an int32 scalar)."""
   if rows > MAX_ROWS:
     raise ValueError(f"a block has at most {MAX_ROWS} query rows (NEAR_COLS - 2 BAND), got {rows}")
   if contraction not in CONTRACTIONS:
@@ -178,8 +180,8 @@ def block_setup(k_rows, k_cols, e_table, n, t0, rows: int, contraction: str = "h
   dtype = jnp.bfloat16 if contraction == "hilo" else f32
   keys = e_table.shape[0]
   n = jnp.maximum(jnp.asarray(n, i32), 1)
-  kpos_c = jax.lax.broadcasted_iota(i32, (keys, 1), 0)
-  kpos_r = jax.lax.broadcasted_iota(i32, (1, keys), 1)
+  kpos_c = s0 + jax.lax.broadcasted_iota(i32, (keys, 1), 0)
+  kpos_r = s0 + jax.lax.broadcasted_iota(i32, (1, keys), 1)
   qpos = t0 + jax.lax.broadcasted_iota(i32, (rows, 1), 0)
   base_c = window_base(kpos_c, t0, n, rows)                               # [K, 1]
   base_r = window_base(kpos_r, t0, n, rows)                               # [1, K]
@@ -190,40 +192,37 @@ def block_setup(k_rows, k_cols, e_table, n, t0, rows: int, contraction: str = "h
   rhs = (e_table + ((lane == WIN0 + base_c) & other_c).astype(f32)
          + ((lane == NEAR0 + near) & in_near).astype(f32))
   onehot = lambda w: ((lane == WIN0 + w) & other_c).astype(f32)          # noqa: E731 [K, 64]
-  static = []
-  for j in range(1, STATIC_CORRECTIONS + 1):
-    static.append((window_threshold(base_r, j, n),
-                   (onehot(base_c + j) - onehot(base_c + j - 1)).astype(dtype)))
-  return {"rhs": rhs.astype(dtype), "dist": jnp.abs(kpos_r - qpos), "static": static,
+  corrections_ = []
+  for j in range(1, static + 1):
+    corrections_.append((window_threshold(base_r, j, n),
+                         (onehot(base_c + j) - onehot(base_c + j - 1)).astype(dtype)))
+  return {"rhs": rhs.astype(dtype), "dist": jnp.abs(kpos_r - qpos), "static": corrections_,
           "base_c": base_c, "base_r": base_r, "onehot": onehot, "n": n, "t0": t0,
           "rows": rows, "contraction": contraction, "jn": corrections(n, rows)}
 
 
-def head_rows(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str,
-              scale: float):
-  """One head's per-row results of a block, float32 ``[T, E_COLS]``: the contraction divided by
-  Z (key features, windows with their corrections, near keys), the row entropy in column
-  ``R_ENTROPY`` and the dependency sums in ``R_RELATION..`` (one for ``dep2head``, one per
-  relation role for ``both``). ``channel_values`` turns them into the output channels."""
+def scores(q, k, k_real, scale: float):
+  """The block's scores ``q k^T * scale``, float32 ``[T, K]`` (``HIGHEST`` for float32 inputs),
+  keys with ``k_real == 0`` (int32 ``[1, K]``) pushed to ``-1e30``."""
   f32 = jnp.float32
-  rows = q.shape[0]
-  n, contraction = setup["n"], setup["contraction"]
-  exact = jnp.dtype(q.dtype) == jnp.float32
+  exact = jnp.dtype(q.dtype) == f32
   if math.frexp(scale)[0] == 0.5:     # a power of two: exact in q's dtype, no pass over the tile
     q, scale = q * jnp.asarray(scale, q.dtype), None
   s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=f32,
                           precision=jax.lax.Precision.HIGHEST if exact else None)
   if scale is not None:
     s = s * scale
-  krow, qcol = k_rows.__getitem__, q_info.__getitem__
-  s = jnp.where(krow(K_REAL) > 0, s, _NEG)
-  m = jnp.max(s, axis=1, keepdims=True)
-  x = s - m
-  ex = jnp.exp(x)                                                          # [T, K], max 1
-  z = jnp.sum(ex, axis=1, keepdims=True)                                   # >= 1
-  inv_z = 1.0 / z
-  entropy = jnp.log(z) - jnp.sum(ex * x, axis=1, keepdims=True) * inv_z   # [T, 1]
+  return jnp.where(k_real > 0, s, _NEG)
 
+
+def row_sums(ex, x, setup: dict, q_info, k_rows, *, roles: tuple, direction: str):
+  """The sums over the setup's keys that ``head_rows`` divides by Z, float32 ``[T, E_COLS]``:
+  the contraction ``ex @ rhs`` with the window corrections, ``sum ex x`` in column
+  ``R_ENTROPY`` and the dependency sums in ``R_RELATION..``; ``ex = exp(x)`` ``[T, K]`` with
+  ``x`` the scores less the row maximum (over all keys: a sum over key blocks adds up)."""
+  f32 = jnp.float32
+  rows = ex.shape[0]
+  n, contraction = setup["n"], setup["contraction"]
   if contraction == "hilo":
     hi = ex.astype(jnp.bfloat16)
     halves = (hi, (ex - hi.astype(f32)).astype(jnp.bfloat16))
@@ -254,15 +253,16 @@ def head_rows(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str
     rhs_j = (onehot(base_c + j) - onehot(base_c + j - 1)).astype(halves[0].dtype)
     return w + contract(dist >= window_threshold(base_r, j, n), rhs_j)
 
-  feats = jax.lax.fori_loop(STATIC_CORRECTIONS + 1, jn + 1, correct, feats)
+  feats = jax.lax.fori_loop(len(setup["static"]) + 1, jn + 1, correct, feats)
   lane = jax.lax.broadcasted_iota(jnp.int32, (rows, E_COLS), 1)
-  out = jnp.where(lane == R_ENTROPY, entropy, feats * inv_z)
+  out = jnp.where(lane == R_ENTROPY, jnp.sum(ex * x, axis=1, keepdims=True), feats)
 
   # dependency roles (registry kind SIEVE_RELATION: the union of the role's relations)
+  krow, qcol = k_rows.__getitem__, q_info.__getitem__
   relation_roles = [r for r in roles if r.kernel == vocab.KERNEL_RELATION]
   if relation_roles:
     head_piece = krow(K_WORD) == qcol(Q_HEAD)                              # s in t's head word
-    masked = lambda where: jnp.sum(jnp.where(where, ex, 0.0), axis=1, keepdims=True) * inv_z  # noqa: E731
+    masked = lambda where: jnp.sum(jnp.where(where, ex, 0.0), axis=1, keepdims=True)  # noqa: E731
     if direction == "dep2head":
       out = jnp.where(lane == R_RELATION, masked(head_piece), out)
     else:
@@ -272,6 +272,69 @@ def head_rows(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str
         out = jnp.where(lane == R_RELATION + i,
                         masked((head_piece & fwd) | (dependent & rev)), out)
   return out
+
+
+def finish_rows(sums, z):
+  """``row_sums`` (added over key blocks) ``[T, E_COLS]`` and the rows' ``Z = sum exp(x)``
+  ``[T, 1]`` -> ``head_rows``' results: every sum divided by Z, the entropy ``ln Z - sum ex x /
+  Z`` in ``R_ENTROPY``."""
+  inv_z = 1.0 / z
+  lane = jax.lax.broadcasted_iota(jnp.int32, sums.shape, sums.ndim - 1)
+  return jnp.where(lane == R_ENTROPY, jnp.log(z) - sums * inv_z, sums * inv_z)
+
+
+def head_rows(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str,
+              scale: float):
+  """One head's per-row results of a block, float32 ``[T, E_COLS]``: the contraction divided by
+  Z (key features, windows with their corrections, near keys), the row entropy in column
+  ``R_ENTROPY`` and the dependency sums in ``R_RELATION..`` (one for ``dep2head``, one per
+  relation role for ``both``). ``channel_values`` turns them into the output channels. All keys
+  at once (``head_rows_blocked``: block by block)."""
+  s = scores(q, k, k_rows[K_REAL], scale)
+  x = s - jnp.max(s, axis=1, keepdims=True)
+  ex = jnp.exp(x)                                                          # [T, K], max 1
+  z = jnp.sum(ex, axis=1, keepdims=True)                                   # >= 1
+  return finish_rows(row_sums(ex, x, setup, q_info, k_rows, roles=roles, direction=direction), z)
+
+
+def head_rows_blocked(q, load_keys, blocks, block_k: int, q_info, n, t0, *, roles: tuple,
+                      direction: str, scale: float, contraction: str = "hilo"):
+  """``head_rows`` over the keys block by block, for sequences whose keys a program cannot hold
+  at once: every result is a sum over keys divided by Z (the entropy ``ln Z - sum ex x / Z``
+  too), so two passes do it: the row maximum m and ``Z = sum exp(s - m)`` over the key blocks
+  (running maximum, rescaled sum), then ``row_sums`` of each block with that m, added.
+
+  Args:
+    q: ``[T, e]`` the block's queries (rows ``t0 ..``).
+    load_keys: ``load_keys(i) -> (k [BK, e], k_rows, k_cols, e_table [BK, E_COLS])`` of key block
+      i (keys ``i BK .. (i + 1) BK - 1``; tables as ``tile_values``'), i an int32 scalar.
+    blocks: how many key blocks (int or int32 scalar); block_k: BK.
+    q_info, n, t0, roles, direction, scale, contraction: as ``tile_values``.
+
+  Returns:
+    float32 ``[T, E_COLS]``, as ``head_rows`` on all the keys (to float32 rounding).
+  """
+  rows = q.shape[0]
+  f32 = jnp.float32
+
+  def pass1(i, carry):
+    m, z = carry
+    kb, kr, _, _ = load_keys(i)
+    s = scores(q, kb, kr[K_REAL], scale)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    return m_new, z * jnp.exp(m - m_new) + jnp.sum(jnp.exp(s - m_new), axis=1, keepdims=True)
+
+  m, z = jax.lax.fori_loop(0, blocks, pass1, (jnp.full((rows, 1), _NEG, f32),
+                                              jnp.zeros((rows, 1), f32)))
+
+  def pass2(i, acc):
+    kb, kr, kc, et = load_keys(i)
+    setup = block_setup(kr, kc, et, n, t0, rows, contraction, s0=i * block_k, static=0)
+    x = scores(q, kb, kr[K_REAL], scale) - m
+    return acc + row_sums(jnp.exp(x), x, setup, q_info, kr, roles=roles, direction=direction)
+
+  sums = jax.lax.fori_loop(0, blocks, pass2, jnp.zeros((rows, E_COLS), f32))
+  return finish_rows(sums, z)
 
 
 def _is_rel(x, rels):

@@ -1,6 +1,7 @@
 """The accelerator suite's part ``analysis_ab`` (bench/analysis_ab.py, issue 38 item 6) with its
 tiny CPU settings: every path has its row (or says "absent"), each analysis path agrees with the
-stand-alone statistics on the batch with arcs, and the long-sequence rows come out."""
+stand-alone statistics and the float32 reference on the batch with arcs, the statistics-alone
+and profile rows come out (the Pallas ones "absent" on the CPU), and the long-sequence rows."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ def test_analysis_ab_runs_every_path_on_the_cpu(tmp_path):
                                          "check kernel against stacked v1"}
   for c in checks:   # float32 on the CPU: every path is the definitions to float32 rounding
     assert c["value"] < 1e-4 and c["ratio"] == "NaN pattern equal", c
+  assert "check kernel against the float32 reference" in rows
+  verdict = rows["precision verdict (kernel vs stacked, against float32)"]["value"]
+  assert "within 1e-4 of float32" in verdict, verdict          # float32 model: nothing to tell
+  alone = [r for name, r in timed.items() if name.startswith("statistics alone: XLA wrapper")]
+  assert len(alone) == 1 and alone[0]["value"] > 0, alone
+  assert rows["statistics kernel alone: the Pallas call, every layer"]["value"] == "absent"
+  profile = {name: r["value"] for name, r in rows.items() if name.startswith("profile of kernel")}
+  assert profile and all(v == "absent" or v >= 0 for v in profile.values()), profile
   long = [r for name, r in rows.items() if "one sequence of" in name]
   assert [r["what"].split(",")[0] for r in long] == ["bare forward", "kernel"]
   assert long[1]["detail"]["note"] == "finite distance: True"

@@ -239,14 +239,14 @@ def test_kernel_v2_analysis_lowers(platform):
   assert out["distance"].shape == (ANALYSIS_B, 12, 12, 21)
 
 
-def test_kernel_v2_past_the_pallas_length_lowers_without_a_custom_call():
-  """Past ``kernel.MAX_KEYS`` (a Triton program holds all keys) the step takes the tile under
-  lax.map: plain XLA, memory linear in the length."""
+def test_kernel_v2_past_one_pass_lowers_with_the_triton_key_loop():
+  """Past ``kernel.ONE_PASS_KEYS`` the Triton program loops over key blocks
+  (``tile.head_rows_blocked``): any length is one Pallas call per layer, no XLA fallback."""
   from heads_jax.stats import kernel
-  length = 2 * kernel.MAX_KEYS["triton"]
-  exp = analysis_exported("kernel", "cuda", length=length)
+  assert kernel.wrapper_for("gpu", 8192) == "triton" and kernel.wrapper_for("tpu", 8192) == "xla"
+  exp = analysis_exported("kernel", "cuda", length=2 * kernel.ONE_PASS_KEYS)
   text = check_exported(exp, "cuda")
-  assert "__gpu$xla.gpu.triton" not in text
+  assert text.count("__gpu$xla.gpu.triton") == 12
 
 
 def test_fused_kernel_does_not_lower_for_tpu_and_auto_never_picks_it_there():

@@ -146,6 +146,75 @@ def test_pallas_wrappers_in_interpret_mode(small_case, wrapper):
   _check(_kernel(batch, q, kk, "both", wrapper=wrapper, interpret=True), want, 1e-5)
 
 
+def _short_case(k: int):
+  """bf16 ``_case`` with 3 rows: one long, one of at most 16 real positions (its later key blocks
+  all padding), one all padding (a batch padded to the devices), a pair and arcs."""
+  seed = k
+  while True:
+    batch, q, kk, p = _case(seed, b=3, k=k, h=2, e=16, min_len=1, dtype=jnp.bfloat16)
+    n = batch["attention_mask"].sum(1)
+    if (n[0] > k // 2 and n[1] <= 16 and (batch["dep_head"][:2] >= 0).any()
+        and batch["token_type_ids"][:2].max() == 1):
+      break
+    seed += 1
+  batch["attention_mask"][-1] = 0
+  p[-1] = 0.0
+  return batch, q, kk, p
+
+
+def test_key_blocks_add_up_to_the_whole_tile():
+  """tile.head_rows_blocked (two passes over key blocks of 32: row max and Z, then every sum
+  block by block) equals tile.head_rows on all 128 keys at once, for query blocks at the start,
+  middle and end of a sequence and one of a sequence of at most 16 positions (its later key
+  blocks all padding, window corrections past the unrolled ones), both directions."""
+  batch, q, kk, _ = _short_case(128)
+  roles = tile.tile_roles(B.ROLES)
+  rows, bk = 16, 32
+  rows_i, starts = np.array([0, 0, 0, 1]), np.array([0, 48, 112, 0])
+  for direction in ("dep2head", "both"):
+    tables = kernel.kernel_tables(batch, B.ROLES, direction, True)
+
+    def inputs(kr_, kc_, qi_):
+      return (tuple(kr_[j:j + 1, :] for j in range(tile.K_ROWS)),
+              tuple(kc_[:, j:j + 1] for j in range(tile.K_ROWS)),
+              tuple(qi_[:, j:j + 1] for j in range(tile.Q_COLS)))
+
+    def whole(t0, qb, keys, et, n, *tabs):
+      kr, kc, qi = inputs(*tabs)
+      setup = tile.block_setup(kr, kc, et, n, t0, rows)
+      return tile.head_rows(qb, keys, setup, qi, kr, roles=roles, direction=direction,
+                            scale=0.25)
+
+    def blocked(t0, qb, keys, et, n, *tabs):
+      kr, kc, qi = inputs(*tabs)
+
+      def load(b):
+        cut = lambda x, axis: jax.lax.dynamic_slice_in_dim(x, b * bk, bk, axis)  # noqa: E731
+        return (cut(keys, 0), tuple(cut(x, 1) for x in kr), tuple(cut(x, 0) for x in kc),
+                cut(et, 0))
+
+      return tile.head_rows_blocked(qb, load, 128 // bk, bk, qi, n, t0, roles=roles,
+                                    direction=direction, scale=0.25)
+
+    qi_blocks = np.stack([np.asarray(tables["q_info"])[r, t:t + rows]
+                          for r, t in zip(rows_i, starts)])
+    args = (jnp.asarray(starts), jnp.stack([q[r, t:t + rows, 0] for r, t in zip(rows_i, starts)]),
+            kk[rows_i, :, 0], tables["e_table"][rows_i], tables["n"][rows_i],
+            tables["k_rows"][rows_i], tables["k_cols"][rows_i], jnp.asarray(qi_blocks))
+    got, want = jax.jit(jax.vmap(blocked))(*args), jax.jit(jax.vmap(whole))(*args)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-6, atol=2e-6,
+                               err_msg=direction)
+
+
+def test_triton_key_loop_in_interpret_mode():
+  """The Triton program's key loop (past ``kernel.ONE_PASS_KEYS``; forced here: 32 keys in
+  blocks of 16) against the stand-alone statistics, NaN pattern equal."""
+  batch, q, kk, p = _short_case(32)
+  got = _kernel(batch, q, kk, "both", wrapper="triton", interpret=True, block_k=16)
+  _check(got, _stacked(batch, p, "both"), 1e-5)
+  assert np.isnan(got["sieve_bias"][-1]).all()
+
+
 def test_mosaic_wrapper_under_tpu_interpret_params(small_case):
   """pltpu.InterpretParams simulates the TPU's blocks and memory (out-of-bounds reads raise,
   uninitialised memory is NaN), so the Mosaic wrapper's indexing is checked too; here with the
