@@ -320,10 +320,12 @@ def part_analysis_ab(p, s: dict, tiny: bool) -> None:
     far[KERNEL_F32] = far["kernel"]
   _precision_verdict(p, far)
   del outputs
-  _alone_rows(p, model, batch, mesh, steps, reps, bare)
+  # the profiles first: they reuse compiled programs (a new Triton program that fails hard
+  # cannot take them along)
   _profile_rows(p, {name: (compiled[name], progs[name][1]) for name in PROFILED[2 if tiny else 0:]
                     if name in compiled}, steps)
   del compiled, progs
+  _alone_rows(p, model, batch, mesh, steps, reps, bare)
   _long_row(p, s, extra, steps, reps, mesh)
 
 
