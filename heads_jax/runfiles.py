@@ -558,6 +558,10 @@ class WorkdirLock:
         except FileExistsError:
           _refuse_or_take(path, host, self.log)
           continue
+        except PermissionError:  # the directory, not the lock, is what refuses
+          raise UserError(f"{storage.display(path.parent)} is not writable (its lock {LOCK_FILE} "
+                          "cannot be created); make it writable or choose another output "
+                          "directory") from None
         with os.fdopen(fd, "w") as f:
           f.write(text)
         break

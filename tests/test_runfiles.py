@@ -251,3 +251,15 @@ def test_tfds_data_is_keyed_by_the_content_of_its_prepared_split(tmp_path, monke
   (squad / "squad-validation.array_record-00000-of-00001").write_bytes(b"q")
   assert [f.name for f in runfiles.data_files("squad-tfds:v2.0:dev")] == [
       "squad-validation.array_record-00000-of-00001"]
+
+
+def test_a_directory_that_refuses_its_lock_is_named(tmp_path, monkeypatch):
+  # a read-only run directory: the directory is what refuses, not a lock that does not exist
+  def refuse(*a, **k):
+    raise PermissionError(13, "Permission denied")
+  with monkeypatch.context() as m:
+    m.setattr(runfiles.os, "open", refuse)
+    with pytest.raises(UserError) as e:
+      runfiles.WorkdirLock(tmp_path).acquire()
+  assert str(e.value) == (f"{tmp_path} is not writable (its lock {runfiles.LOCK_FILE} cannot be "
+                          "created); make it writable or choose another output directory")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Generic, Sequence, TypeVar
@@ -182,19 +183,43 @@ def dependents(stages, name: str) -> tuple[str, ...]:
   return tuple(s.name for s in stages if s.name in out)
 
 
+def _refuses_writes(folder: Path) -> bool:
+  """Whether a file cannot be created and removed in ``folder`` (a probe, not ``os.access``:
+  root is told "writable" where every write fails, on NFS with root squash or under ACLs)."""
+  try:
+    fd, name = tempfile.mkstemp(dir=folder, prefix=".heads_jax_probe_")
+    os.close(fd)
+    os.unlink(name)
+  except OSError:
+    return True
+  return False
+
+
+def _folders_written(present) -> list[Path]:
+  """The folders a removal of ``present`` writes to: the parent of each path, each directory
+  and every folder below it (in that order, each once)."""
+  out = []
+  for p in present:
+    out.append(p.parent)
+    if p.is_dir() and not p.is_symlink():
+      out += [p, *(Path(root) / d for root, dirs, _ in os.walk(p) for d in dirs)]
+  return list(dict.fromkeys(out))
+
+
 def reset_stage(workdir, stage: Stage) -> None:
-  """Removes ``stage``'s markers and outputs, so that it runs again from nothing. A path that
-  cannot be removed (a folder not writable) stops with one line before anything is removed, and
-  one left behind after the removal stops too: the stage is never "reused" over a half removal."""
+  """Removes ``stage``'s markers and outputs, so that it runs again from nothing. A folder the
+  removal writes to that refuses a write (`_refuses_writes`: a probe file) stops with one line
+  naming it before anything is removed, and a path left behind after the removal stops too: the
+  stage is never "reused" over a half removal."""
   markers = Markers(workdir)
   paths = [markers.root / stage.name, markers.root / f"{stage.name}.json",
            *(Path(workdir) / rel for rel in stage.outputs)]
   present = [p for p in paths if p.exists() or p.is_symlink()]
-  blocked = [p for p in present
-             if not os.access(p.parent, os.W_OK) or (p.is_dir() and not os.access(p, os.W_OK))]
-  if blocked:
-    raise UserError(f"--redo {stage.name}: {blocked[0]} cannot be removed (its folder is not "
-                    "writable); make it writable and run the command again (nothing was removed)")
+  blocked = next((f for f in _folders_written(present) if _refuses_writes(f)), None)
+  if blocked is not None:
+    raise UserError(f"--redo {stage.name}: {blocked} is not writable, so {stage.name}'s outputs "
+                    "cannot be removed; make it writable and run the command again (nothing "
+                    "was removed)")
   markers.clear(stage.name)
   for rel in stage.outputs:
     _remove(Path(workdir) / rel)

@@ -200,8 +200,6 @@ def _writes_refused_but_access_says_yes():
     libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data)
 
 
-@pytest.mark.xfail(strict=True, reason="engine.reset_stage trusts os.access (requested of STAGES: "
-                                       "a write probe of each folder before removing anything)")
 @pytest.mark.parametrize("folder", ["stages", "figures"])
 def test_redo_report_where_access_says_writable_but_writes_fail(finished, folder, capsys,
                                                                tmp_path):

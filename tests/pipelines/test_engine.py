@@ -3,6 +3,7 @@ continues, ``redo`` cascades to the stages that read the redone one, the finish 
 written last, and each stage logs a start line and a timed end line."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -274,3 +275,31 @@ def test_every_stage_reads_the_typed_config_or_its_part(tmp_path):
                                                          part="inner")],
                       tmp_path, config=Outer("x", Inner(3)), log=lambda m: None)
   assert seen == [("outer", "x"), ("inner", 3, 1)] and done == {"a": 1, "b": 2}
+
+
+@pytest.mark.parametrize("refusing", ["figures", "stages"])
+def test_redo_probes_every_folder_it_writes_before_removing_anything(tmp_path, monkeypatch,
+                                                                    refusing):
+  # os.access says "writable" to root where writes fail (NFS root squash, ACLs): reset_stage
+  # creates a probe file in every folder a removal writes to, and names the first that refuses
+  def report(ctx):
+    def fn():
+      (tmp_path / "figures").mkdir(exist_ok=True)
+      (tmp_path / "figures" / "a.png").write_text("png")
+      (tmp_path / "report.html").write_text("html")
+      return 1
+    return run_unit(ctx, "report", "u", {}, fn)
+  plan = (Stage("report", "", report, outputs=("report.html", "figures")),)
+  run_pipeline(plan, tmp_path, log=lambda m: None)
+  before = sorted(str(p) for p in tmp_path.rglob("*") if ".heads_jax" not in p.name)
+  real = engine.tempfile.mkstemp
+
+  def mkstemp(dir=None, **kw):
+    if Path(dir) == tmp_path / refusing:
+      raise PermissionError(13, "Permission denied")
+    return real(dir=dir, **kw)
+  monkeypatch.setattr(engine.tempfile, "mkstemp", mkstemp)
+  with pytest.raises(UserError, match=f"--redo report: {tmp_path / refusing} is not writable.*"
+                                      r"\(nothing was removed\)"):
+    run_pipeline(plan, tmp_path, redo="report", log=lambda m: None)
+  assert sorted(str(p) for p in tmp_path.rglob("*") if ".heads_jax" not in p.name) == before
