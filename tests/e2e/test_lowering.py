@@ -192,16 +192,21 @@ def analysis_batch():
   return {f: S((ANALYSIS_B, ANALYSIS_K), jnp.int32, sharding=SHARDED) for f in BATCH_FIELDS}
 
 
-def analysis_exported(stats_impl, platform, measures=True, length=None):
+def analysis_exported(stats_impl, platform, measures=True, length=None, slots=0):
+  """The analysis program exported for ``platform``; ``slots``: packed rows (``segment_ids``)."""
   mesh = GPU_MESH if platform == "cuda" else (TPU_MESH if stats_impl == "kernel" else MESH)
   graphdef, state = bert_base_encoder(max(512, length or 0))
   state = abstract(state, NamedSharding(mesh, P()))
+  fields = analysis_batch()
+  if slots:
+    fields["segment_ids"] = fields["input_ids"]
   batch = {f: S(x.shape[:1] + (length or x.shape[1],), x.dtype,
                 sharding=NamedSharding(mesh, P(DATA_AXIS)))
-           for f, x in analysis_batch().items()}
+           for f, x in fields.items()}
   run = analysis.analysis_program(
       graphdef, roles=ROLES, direction="dep2head", gate_mode="remove", measures=measures,
-      js=False, stats_impl=stats_impl, mesh=mesh, platform=analysis.target_platform(platform))
+      js=False, stats_impl=stats_impl, mesh=mesh, platform=analysis.target_platform(platform),
+      slots=slots)
   with jax.sharding.use_abstract_mesh(mesh):
     return lower(run, platform, state, batch, None)
 
@@ -214,6 +219,20 @@ def test_analysis_step_lowers(platform, stats_impl):
   out = jax.tree.unflatten(exp.out_tree, exp.out_avals)
   assert out["sieve_bias"].shape == (ANALYSIS_B, 12, 12, len(ROLES))
   assert out["token_attention"].shape == (ANALYSIS_B, 12, 12, 5)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_packed_analysis_lowers(platform, monkeypatch):
+  """The packed program the device pass runs by default (``segment_ids``, positions restarting
+  per segment, ``PACK_SLOTS`` sequences a row; the platform's ``auto`` path) lowers, with one
+  output row per slot."""
+  from heads_jax.pipelines.device_pass import PACK_SLOTS
+  monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
+  exp = analysis_exported(analysis.default_stats_impl(platform), platform, slots=PACK_SLOTS)
+  check_exported(exp, platform)
+  out = jax.tree.unflatten(exp.out_tree, exp.out_avals)
+  assert out["sieve_bias"].shape == (ANALYSIS_B * PACK_SLOTS, 12, 12, len(ROLES))
+  assert out["distance"].shape == (ANALYSIS_B * PACK_SLOTS, 12, 12, 21)
 
 
 def test_fused_analysis_lowers_for_gpu_with_triton():
