@@ -7,7 +7,13 @@ Modules:
 * ``compare``: two analyses side by side (``run_compare``; ``analyze/compare.py``);
 * ``ablate``: head ablation, importance and pruning (``run_ablation``; ``analyze/ablate.py``);
 * ``reproduce``: Pande et al. end to end (``run_reproduce``; ``analyze/reproduce.py``);
-* ``demo``: the paper's findings on a real model, offline (``run_demo``; ``analyze/demo.py``).
+* ``demo``: the paper's findings on a real model, offline (``run_demo``; ``analyze/demo.py``);
+* ``guan``: Guan et al. end to end (``run_guan``; ``reproduce`` with a guan preset);
+* ``trajectory``: roles over training, every kept checkpoint analysed (``run_trajectory``;
+  ``analyze/trajectory.py``).
+
+Each job hands the engine one typed config (``ctx.config``); its stages read it and the earlier
+stages' typed results (``ctx.results``) only.
 
 The files a pipeline writes at run level (stage markers, reproduce's best/analyses files, the
 demo's ``demo.json``) are read and written by ``heads_jax.runfiles`` only.
