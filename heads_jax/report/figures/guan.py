@@ -224,7 +224,8 @@ def plot_cluster_changes(changes_df: pd.DataFrame, path, *, title: str | None = 
 def plot_group_ablation(table: pd.DataFrame, path, *, metric: str = "accuracy",
                         title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
   """Horizontal bars: change of ``metric`` when each group is ablated, with the mean change
-  (and standard deviation) over random groups of the same size as a black marker."""
+  (and standard deviation) over random groups of the group's size and layers (as many heads in
+  each layer) as a black marker."""
   require_columns(table, ("group", "kind", "num_heads", "ablation", f"{metric}_change"),
                   "ablation table")
   df = table[table["kind"] != "baseline"].reset_index(drop=True)
@@ -246,7 +247,7 @@ def plot_group_ablation(table: pd.DataFrame, path, *, metric: str = "accuracy",
     e = 100 * df.get(f"random_{metric}_std", pd.Series(np.zeros(len(df)))).to_numpy(float)
     ok = np.isfinite(r)
     ax.errorbar(r[ok], y[ok], xerr=np.nan_to_num(e[ok]), fmt="D", color="black", markersize=5,
-                capsize=3, label="random heads, same number (mean ± sd)")
+                capsize=3, label="random heads of the same layers (mean ± sd)")
   ax.axvline(0, color="#444444", linewidth=0.8)
   ax.set_yticks(y, labels, fontsize=9)
   ax.set_xlabel(f"change of {metric} (percentage points) vs the unablated model")
@@ -259,7 +260,7 @@ def plot_group_ablation(table: pd.DataFrame, path, *, metric: str = "accuracy",
 def plot_segment_ablation(table: pd.DataFrame, path, *, metric: str = "accuracy",
                           title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
   """Grouped bars: change of ``metric`` when the intra- or inter-sentence attention of each
-  group is removed, with the random-group means as markers."""
+  group is removed, with the means over random groups of the same layers as markers."""
   require_columns(table, ("group", "ablation", f"{metric}_change"), "segment ablation table")
   df = table[table["kind"] != "baseline"]
   groups = list(dict.fromkeys(df["group"].astype(str)))
@@ -276,7 +277,7 @@ def plot_segment_ablation(table: pd.DataFrame, path, *, metric: str = "accuracy"
     if f"random_{metric}_change" in sub.columns:
       r = 100 * sub.reindex(groups)[f"random_{metric}_change"].to_numpy(float)
       ax.plot(x, r, "D", color="black", markersize=4,
-              label="random heads, same number" if i == 0 else None)
+              label="random heads of the same layers" if i == 0 else None)
   ax.axhline(0, color="#444444", linewidth=0.8)
   ax.set_xticks(np.arange(len(groups)), groups, rotation=20)
   ax.set_ylabel(f"change of {metric} (percentage points)")
@@ -491,10 +492,11 @@ FIGURES.register_all({
     },
     'group_ablation': {
         "title": 'Ablation by head group',
-        "caption": ('Change of {metric} per ablated group (bars) and for random groups of '
-                    'the same size (black markers).'),
+        "caption": ('Change of {metric} per ablated group (bars) and for random groups with as '
+                    'many heads in each layer as the group (black markers).'),
         "how": ('Bars left of 0: the model got worse without the group; a bar far beyond its'
-                ' black marker means the group matters more than as many random heads.'),
+                ' black marker means the group matters more than as many random heads of the same'
+                ' layers.'),
         "draw": _draw_group_ablation,
         "needs": ("group_table",),
         "reports": ("ablation",),

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from heads_jax.report.ablation import is_percent
 from heads_jax.report.figures.common import DEFAULT_DPI, heatmap, new_figure, save_figure
 from heads_jax.report.spec import Registry
 from heads_jax.report.tables import require_columns
@@ -34,27 +35,29 @@ def plot_importance(importance, path, *, title: str | None = None, label: str = 
 def plot_pruning_curve(curve: pd.DataFrame, path, *, metric: str = "accuracy",
                        title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
   """Metric vs share of heads pruned: importance order (line) and random order (mean of the
-  seeds, with a ±1 standard deviation band)."""
+  seeds, with a ±1 standard deviation band); accuracy, F1 and exact match in percent."""
   require_columns(curve, ("method", "share_pruned", metric), "pruning table")
+  scale = 100.0 if is_percent(metric) else 1.0   # accuracy, F1, exact match in percent
   fig = new_figure(6.8, 4.4)
   ax = fig.add_subplot()
   imp = curve[curve["method"] == "importance"].sort_values("share_pruned")
   if len(imp):
-    ax.plot(100 * imp["share_pruned"], imp[metric], "o-", color="#1b7837",
+    ax.plot(100 * imp["share_pruned"], scale * imp[metric], "o-", color="#1b7837",
             label="by importance (least important first)")
   rnd = curve[curve["method"] == "random"]
   if len(rnd):
     g = rnd.groupby("share_pruned")[metric]
     x, mean, sd = 100 * g.mean().index.to_numpy(), g.mean().to_numpy(), g.std(ddof=0).to_numpy()
+    mean, sd = scale * mean, scale * sd
     n = rnd["seed"].nunique()
     ax.plot(x, mean, "s--", color="#b2182b", label=f"random order (mean of {n} seeds)")
     ax.fill_between(x, mean - sd, mean + sd, color="#b2182b", alpha=0.15)
   base = curve[curve["share_pruned"] == 0][metric]
   if len(base):
-    ax.axhline(float(base.iloc[0]), color="#777777", linewidth=0.8, linestyle=":",
+    ax.axhline(scale * float(base.iloc[0]), color="#777777", linewidth=0.8, linestyle=":",
                label="unablated")
   ax.set_xlabel("heads pruned (%)")
-  ax.set_ylabel(metric)
+  ax.set_ylabel(f"{metric} (%)" if is_percent(metric) else metric)
   ax.grid(True, alpha=0.3)
   ax.legend(fontsize=8, loc="lower left")
   ax.set_title(title or f"Pruning heads: {metric} vs share pruned")

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from heads_jax.report import style
+from heads_jax.report.ablation import is_percent
 from heads_jax.report.figures.common import DEFAULT_DPI, new_figure, save_figure
 from heads_jax.report.spec import Registry
 
@@ -112,27 +113,31 @@ def plot_parsing(best: pd.DataFrame, path, *, title: str | None = None,
 def plot_causal(table: pd.DataFrame, random_changes: dict | None, path, *,
                 title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
   """Each role group's metric change when ablated (dot) against the random groups of the same
-  layers (box of ``random_changes[group]`` when given, else mean +- sd), with the p-value."""
+  layers (box of ``random_changes[group]`` when given, else mean +- sd), with the p-value;
+  changes of accuracy, F1 and exact match in percentage points, of the loss as they are."""
   t = table[table["num_heads"] > 0].reset_index(drop=True)
+  metric = t["metric"].iloc[0] if len(t) else "metric"
+  scale = 100.0 if is_percent(metric) else 1.0   # accuracy, F1, exact match in points
   fig = new_figure(6.5, max(2.4, 0.9 + 0.38 * len(t)))
   ax = fig.subplots()
   y = np.arange(len(t))[::-1]
   for yi, r in zip(y, t.itertuples()):
     rand = (random_changes or {}).get(r.group)
     if rand is not None and len(rand):
-      ax.boxplot([np.asarray(rand, float)], positions=[yi], vert=False, widths=0.5,
+      ax.boxplot([scale * np.asarray(rand, float)], positions=[yi], vert=False, widths=0.5,
                  showfliers=False)
     else:
-      ax.errorbar(r.random_mean_change, yi, xerr=r.random_std_change, fmt="s", color="#999999",
-                  markersize=4, capsize=2)
-    ax.plot(r.change, yi, "o", color="#d95f0e")
-    ax.text(r.change, yi + 0.2, f"p = {r.p_value:.3f}", fontsize=7, ha="center")
+      ax.errorbar(scale * r.random_mean_change, yi, xerr=scale * r.random_std_change, fmt="s",
+                  color="#999999", markersize=4, capsize=2)
+    ax.plot(scale * r.change, yi, "o", color="#d95f0e")
+    ax.text(scale * r.change, yi + 0.2, f"p = {r.p_value:.3f}", fontsize=7, ha="center")
   ax.axvline(0, color="black", linewidth=0.6)
   ax.set_ylim(-0.7, len(t) - 0.3)
   ax.set_yticks(y)
   ax.set_yticklabels([f"{r.group} ({r.num_heads})" for r in t.itertuples()], fontsize=8)
-  metric = t["metric"].iloc[0] if len(t) else "metric"
-  ax.set_xlabel(f"{metric} change ({t['ablation'].iloc[0] if len(t) else ''} ablation)")
+  ablation = f"{t['ablation'].iloc[0] if len(t) else ''} ablation"
+  ax.set_xlabel(f"change of {metric} (percentage points; {ablation})" if is_percent(metric)
+                else f"{metric} change ({ablation})")
   ax.grid(True, axis="x", alpha=0.3)
   fig.suptitle(title or "Role groups against random groups of the same layers")
   return save_figure(fig, path, dpi)
