@@ -29,6 +29,7 @@ import pandas as pd
 from heads_jax.ablation.groups import SEGMENT_PARTS, HeadGroup, gate_for
 from heads_jax.errors import UserError
 from heads_jax.hoststats import paper
+from heads_jax.report.ablation import value_text
 
 TYPES = paper.CLUSTER_TYPES   # dense, diagonal, dense+vertical, vertical (the tables' columns)
 
@@ -135,6 +136,9 @@ def paper_tables(evaluator, groups, *, base: dict | None = None, log=None) -> pd
 
 
 def _scores(row: dict) -> str:
-  em = row.get("exact_match", row.get("accuracy"))
-  return (f"{100 * em:.2f} / {100 * row.get('f1', float('nan')):.2f} (paper "
-          f"{100 * row['paper_exact_match']:.2f} / {100 * row['paper_f1']:.2f})")
+  """A row's scores for the log, in the one unit of the ablation (`report.ablation.value_text`):
+  "exact_match 12.34%, f1 23.45% (paper 82.85%, 89.68%)"."""
+  em = "exact_match" if "exact_match" in row else "accuracy"
+  return (f"{em} {value_text(em, row[em])}, f1 {value_text('f1', row.get('f1', float('nan')))} "
+          f"(paper {value_text(em, row['paper_exact_match'])}, "
+          f"{value_text('f1', row['paper_f1'])})")

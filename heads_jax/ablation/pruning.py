@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from heads_jax.errors import UserError
+from heads_jax.report.ablation import value_text
 
 CURVE_COLUMNS = ("method", "seed", "step", "share_pruned", "num_pruned", "accuracy", "f1",
                  "loss", "pruned")
@@ -94,7 +95,8 @@ def pruning_curve(evaluator, estimator=None, *, step: float = 0.1, max_share: fl
       metrics = base if count == 0 else evaluator.evaluate((~mask).astype(np.float32),
                                                            gate_mode=gate_mode)
       rows.append(_row("importance", -1, i, count, total, metrics, pruned))
-      log(f"importance pruning: {count}/{total} heads pruned, accuracy {metrics['accuracy']:.4f}")
+      log(f"importance pruning: {count}/{total} heads pruned, accuracy "
+          f"{value_text('accuracy', metrics['accuracy'])}")
   for s in range(random_seeds):
     perm = np.random.default_rng(seed + s).permutation(total)
     order = [(int(j // H), int(j % H)) for j in perm]
