@@ -10,7 +10,7 @@ into ``fig_dir/<name>.png``. Tables (written by ``heads_jax.ablation``):
 
 * group ablation (``ablation.csv``): group, kind, num_heads, ablation, accuracy,
   accuracy_change, f1, f1_change, loss, loss_change, random_* (mean over random groups of the same
-  size), heads;
+  layers; empty for a group of whole layers), random_seeds, heads;
 * segment ablation (``segment_ablation.csv``): the same with ablation intra / inter and
   renormalised;
 * importance (``importance.csv``): layer, head, importance (and importance_raw);
