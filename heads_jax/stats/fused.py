@@ -54,6 +54,7 @@ from heads_jax.parallel import DATA_AXIS
 from heads_jax.sieves import (
     NUM_DISTANCE_FEATURES, NUM_WINDOWS, build_sieves, check_direction, check_roles)
 from heads_jax.stats.layerwise import NUM_TOKEN_MEASURES, block_columns, role_weights
+from heads_jax.stats.tile import kernel_rows, role_values
 
 # rows of the per-position integer table
 _CLASS, _TYPE, _WORD, _HEAD, _REL, _REAL, _N = range(7)
@@ -65,28 +66,33 @@ _E_COLS = 16
 # The role registry's key sets (SIEVE_KEYS roles) -> their column of E.
 _KEY_COLUMNS = {frozenset({vocab.KEY_POSITION0}): _E_POS0, frozenset({vocab.KEY_SEP}): _E_SEP,
                 frozenset({vocab.KEY_POSITION0, vocab.KEY_SEP}): _E_DELIM}
-# The registry's kernel codes this kernel implements.
-KERNEL_CODES = (vocab.KERNEL_OFFSETS, vocab.KERNEL_BLOCK, vocab.KERNEL_KEYS, vocab.KERNEL_RELATION)
 
 
 def kernel_roles(roles: Sequence[str]) -> tuple:
   """The registry rows (`heads_jax.data.vocabulary.Role`) of ``roles``; a clear ValueError for
-  a role whose kernel code (or key set) this kernel does not implement."""
-  out = tuple(vocab.role(r) for r in check_roles(roles))
-  for role in out:
-    if role.kernel not in KERNEL_CODES:
-      raise ValueError(f"role {role.name!r} has kernel code {role.kernel}, which the fused Pallas "
-                       f"kernel does not implement (it knows {KERNEL_CODES}); use "
-                       f"stats_impl='xla' or add the code to heads_jax/stats/fused.py")
-    if role.kernel == vocab.KERNEL_KEYS and frozenset(role.keys) not in _KEY_COLUMNS:
-      raise ValueError(f"role {role.name!r}: the fused kernel has no column for the key set "
-                       f"{sorted(role.keys)}; use stats_impl='xla' or add it to _KEY_COLUMNS")
-  return out
+  a role whose kernel code (or key set) this kernel does not implement (``tile.kernel_rows``)."""
+  return kernel_rows(check_roles(roles), _KEY_COLUMNS, "fused Pallas kernel",
+                     "heads_jax/stats/fused.py _KEY_COLUMNS")
 
 
 def num_channels(roles: Sequence[str], measures: bool) -> int:
   """r + 21 [+ 2 entropies + 5 token measures]: the kernel's output channels."""
   return len(roles) + NUM_DISTANCE_FEATURES + (2 + NUM_TOKEN_MEASURES if measures else 0)
+
+
+def split_channels(sums, roles: Sequence[str], measures: bool) -> dict:
+  """The kernels' per-channel sums ``[..., c]`` (``num_channels`` order) -> what
+  ``heads_jax.stats.layerwise.reduce_layer`` returns: ``sieve_bias`` ``[..., r]``, ``distance``
+  ``[..., 21]`` and with ``measures`` ``entropy``, ``cls_entropy`` ``[...]`` and
+  ``token_attention`` ``[..., 5]``."""
+  r = len(roles)
+  out = {"sieve_bias": sums[..., :r], "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
+  if measures:
+    base = r + NUM_DISTANCE_FEATURES
+    out["entropy"] = sums[..., base]
+    out["cls_entropy"] = sums[..., base + 1]
+    out["token_attention"] = sums[..., base + 2:base + 2 + NUM_TOKEN_MEASURES]
+  return out
 
 
 def _next_pow2(x: int) -> int:
@@ -229,20 +235,8 @@ def _stats_kernel(q_ref, k_ref, qi_ref, ki_ref, e_ref, u_ref, o_ref, *, roles, d
         fwd, rev = is_rel(qrel, r.relations), is_rel(krel, r.relations)
         rel_values[r.name] = masked_sum((head_piece & fwd) | (dependent & rev))
 
-  values = []
-  for r in roles:   # registry rows; dispatch on the kernel code (`kernel_roles` checked them)
-    if r.kernel == vocab.KERNEL_OFFSETS:
-      lo, hi = r.offsets
-      v = functools.reduce(lambda a, o: a + diag(o), range(lo + 1, hi + 1), diag(lo))
-    elif r.kernel == vocab.KERNEL_BLOCK:
-      v = own_block
-    elif r.kernel == vocab.KERNEL_KEYS:
-      v = col(_KEY_COLUMNS[frozenset(r.keys)])
-    else:
-      v = rel_values[r.name]
-    if r.entropy_weighted:
-      v = v * entropy
-    values.append(v * inv_total)
+  values = role_values(roles, diag, own_block, lambda keys: col(_KEY_COLUMNS[keys]), rel_values,
+                       entropy, inv_total)
   # distance features: windows 0..15 over keys that are neither special nor t, then self and
   # the special keys other than t (self wins over special)
   other = (krow(_CLASS) == TOKEN_OTHER) & kreal & (off != 0)
@@ -319,15 +313,7 @@ def fused_layer_stats(query, key, tables: dict, roles: Sequence[str], direction:
       compiler_params=None if interpret or not on_gpu else pl_triton.CompilerParams(),
       name="heads_jax_attention_stats",
   )(query, key, info, info, cols, weights)
-  sums = jnp.sum(partial_sums, axis=2)                                     # [b, h, cp]
-  r = len(roles)
-  out = {"sieve_bias": sums[..., :r], "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
-  if measures:
-    base = r + NUM_DISTANCE_FEATURES
-    out["entropy"] = sums[..., base]
-    out["cls_entropy"] = sums[..., base + 1]
-    out["token_attention"] = sums[..., base + 2:base + 2 + NUM_TOKEN_MEASURES]
-  return out
+  return split_channels(jnp.sum(partial_sums, axis=2), roles, measures)      # [b, h, cp] summed
 
 
 def fused_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head",

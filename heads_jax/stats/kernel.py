@@ -44,10 +44,11 @@ from heads_jax.data import vocabulary as vocab
 from heads_jax.data.vocabulary import (TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PAD, TOKEN_PERIOD,
                                        TOKEN_SEP)
 from heads_jax.parallel import DATA_AXIS
-from heads_jax.sieves import NUM_DISTANCE_FEATURES, check_direction, check_roles
+from heads_jax.sieves import check_direction, check_roles
 from heads_jax.stats import tile
-from heads_jax.stats.fused import channel_weights, num_channels, target_platform
-from heads_jax.stats.layerwise import NUM_TOKEN_MEASURES, block_columns
+from heads_jax.stats.fused import (channel_weights, num_channels, split_channels,
+                                   target_platform)
+from heads_jax.stats.layerwise import block_columns
 
 WRAPPERS = ("triton", "mosaic", "xla")
 # Query rows per tile (at most tile.MAX_ROWS): 16 is the smallest Triton MMA and keeps J(n) = 2
@@ -107,6 +108,14 @@ def _count_equal(keys, valid, queries):
   return (search(ordered, queries, "right") - search(ordered, queries, "left")).astype(jnp.int32)
 
 
+def _fields(batch):
+  """The batch's real positions (bool) and its token class, token type, word id, dependency head
+  and relation (int32), each ``[b, k]``."""
+  i32 = lambda name: jnp.asarray(batch[name]).astype(jnp.int32)             # noqa: E731
+  return (jnp.asarray(batch["attention_mask"]) > 0, i32("token_class"), i32("token_type_ids"),
+          i32("word_ids"), i32("dep_head"), i32("dep_rel"))
+
+
 def sieve_sizes(batch, roles: Sequence[str], direction: str = "dep2head"):
   """``|S(t)|`` of every role's sieve, int32 ``[b, r, q]``, equal to
   ``heads_jax.sieves.build_sieves(batch, roles, direction).sum(-1)`` but in memory linear in the
@@ -114,14 +123,8 @@ def sieve_sizes(batch, roles: Sequence[str], direction: str = "dep2head"):
   weights of a long sequence need no map-sized buffer. Unpacked batches (no ``segment_ids``)."""
   if batch.get("segment_ids") is not None:
     raise ValueError("sieve_sizes takes unpacked batches (stats_impl='kernel' does not pack yet)")
-  mask = jnp.asarray(batch["attention_mask"])
-  b, k = mask.shape
-  real = mask > 0
-  tc = jnp.asarray(batch["token_class"]).astype(jnp.int32)
-  tt = jnp.asarray(batch["token_type_ids"]).astype(jnp.int32)
-  word = jnp.asarray(batch["word_ids"]).astype(jnp.int32)
-  head = jnp.asarray(batch["dep_head"]).astype(jnp.int32)
-  rel = jnp.asarray(batch["dep_rel"]).astype(jnp.int32)
+  real, tc, tt, word, head, rel = _fields(batch)
+  b, k = real.shape
   pos = jnp.arange(k)
   cum = jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
                          jnp.cumsum(real.astype(jnp.int32), axis=-1)], axis=-1)  # [b, k + 1]
@@ -173,18 +176,12 @@ def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", meas
   roles = check_roles(roles)
   tile.tile_roles(roles)                          # fails early on a role the tile lacks
   direction = check_direction(direction)
-  mask = jnp.asarray(batch["attention_mask"])
-  b, k = mask.shape
+  real, tc, tt, word, head, rel = _fields(batch)
+  b, k = real.shape
   kp = k if keys is None else int(keys)
   if kp < k:
     raise ValueError(f"keys {kp} must be at least the batch length {k}")
-  real = mask > 0
   n = jnp.sum(real, axis=-1).astype(jnp.int32)
-  tc = jnp.asarray(batch["token_class"]).astype(jnp.int32)
-  word = jnp.asarray(batch["word_ids"]).astype(jnp.int32)
-  head = jnp.asarray(batch["dep_head"]).astype(jnp.int32)
-  rel = jnp.asarray(batch["dep_rel"]).astype(jnp.int32)
-  tt = jnp.asarray(batch["token_type_ids"]).astype(jnp.int32)
   pos = jnp.arange(k)
   # a query's word / head word (-2 where none) never equals a key's (-3 where none)
   q_word = jnp.where(real & (word >= 0), word, -2)
@@ -478,14 +475,7 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
                             platform=platform, num_warps=num_warps, num_stages=num_stages,
                             block_k=block_k)
     sums = _weighted(raw, tables["q_info"], tables["weights"], channels_fn, block_q, channels)
-  r = len(roles)
-  out = {"sieve_bias": sums[..., :r], "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
-  if measures:
-    base = r + NUM_DISTANCE_FEATURES
-    out["entropy"] = sums[..., base]
-    out["cls_entropy"] = sums[..., base + 1]
-    out["token_attention"] = sums[..., base + 2:base + 2 + NUM_TOKEN_MEASURES]
-  return out
+  return split_channels(sums, roles, measures)
 
 
 def kernel_program_tables(batch, roles, direction, measures, *, wrapper: str,

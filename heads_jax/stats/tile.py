@@ -147,20 +147,25 @@ def window_masks(t0, n, rows: int, keys: int):
   return onehot(base), terms
 
 
-def tile_roles(roles: Sequence[str]) -> tuple:
+def kernel_rows(roles: Sequence[str], key_columns: dict, kernel: str, where: str) -> tuple:
   """The registry rows (``heads_jax.data.vocabulary.Role``) of ``roles``; a clear ValueError for
-  a role whose kernel code (or key set) the tile does not implement."""
+  a role whose kernel code (``KERNEL_CODES``) or key set (a key of ``key_columns``) the
+  ``kernel`` (its name in the message; ``where``: its file) does not implement."""
   out = tuple(vocab.role(r) for r in roles)
   for role in out:
     if role.kernel not in KERNEL_CODES:
-      raise ValueError(f"role {role.name!r} has kernel code {role.kernel}, which the statistics "
-                       f"kernel does not implement (it knows {KERNEL_CODES}); use "
-                       f"stats_impl='layerwise' or add the code to heads_jax/stats/tile.py")
-    if role.kernel == vocab.KERNEL_KEYS and frozenset(role.keys) not in KEY_COLUMNS:
-      raise ValueError(f"role {role.name!r}: the statistics kernel has no column for the key "
-                       f"set {sorted(role.keys)}; use stats_impl='layerwise' or add it to "
-                       f"heads_jax/stats/tile.py KEY_COLUMNS")
+      raise ValueError(f"role {role.name!r} has kernel code {role.kernel}, which the {kernel} "
+                       f"does not implement (it knows {KERNEL_CODES}); use "
+                       f"stats_impl='layerwise' or add the code to {where}")
+    if role.kernel == vocab.KERNEL_KEYS and frozenset(role.keys) not in key_columns:
+      raise ValueError(f"role {role.name!r}: the {kernel} has no column for the key set "
+                       f"{sorted(role.keys)}; use stats_impl='layerwise' or add it to {where}")
   return out
+
+
+def tile_roles(roles: Sequence[str]) -> tuple:
+  """``kernel_rows`` of the tile (its ``KEY_COLUMNS``)."""
+  return kernel_rows(roles, KEY_COLUMNS, "statistics kernel", "heads_jax/stats/tile.py KEY_COLUMNS")
 
 
 def block_setup(k_rows, k_cols, e_table, n, t0, rows: int, contraction: str = "hilo", *,
@@ -341,6 +346,30 @@ def _is_rel(x, rels):
   return functools.reduce(jnp.logical_or, [x == r for r in rels])
 
 
+def role_values(roles: tuple, diag, own_block, key_column, rel_values: dict, entropy,
+                inv_total) -> list:
+  """Each role's channel per row from a kernel's pieces (registry rows, dispatched on the kernel
+  code; ``kernel_rows`` checked them): ``diag(o)`` the row's ``p[t, t + o]``, ``own_block`` its
+  mass on its own segment's block, ``key_column(frozenset(keys))`` its mass on a key set,
+  ``rel_values[name]`` a relation role's sum; times the row entropy for entropy-weighted roles,
+  times ``inv_total`` (1 / the row's mass)."""
+  values = []
+  for r in roles:
+    if r.kernel == vocab.KERNEL_OFFSETS:
+      lo, hi = r.offsets
+      v = functools.reduce(lambda a, o: a + diag(o), range(lo + 1, hi + 1), diag(lo))
+    elif r.kernel == vocab.KERNEL_BLOCK:
+      v = own_block
+    elif r.kernel == vocab.KERNEL_KEYS:
+      v = key_column(frozenset(r.keys))
+    else:
+      v = rel_values[r.name]
+    if r.entropy_weighted:
+      v = v * entropy
+    values.append(v * inv_total)
+  return values
+
+
 def channel_values(raw, q_info, row, *, roles: tuple, direction: str, measures: bool) -> list:
   """The output channels per row from ``head_rows``' results ``raw`` ``[..., T, E_COLS]``, the
   rows' query table ``q_info`` (int32 ``[..., T, 1]`` each) and each row's index in its block
@@ -367,20 +396,8 @@ def channel_values(raw, q_info, row, *, roles: tuple, direction: str, measures: 
                   for r in relation_roles}
   else:
     rel_values = {r.name: col[R_RELATION + i] for i, r in enumerate(relation_roles)}
-  values = []
-  for r in roles:   # registry rows; dispatch on the kernel code (`tile_roles` checked them)
-    if r.kernel == vocab.KERNEL_OFFSETS:
-      lo_, hi_ = r.offsets
-      v = functools.reduce(lambda a, o: a + diag(o), range(lo_ + 1, hi_ + 1), diag(lo_))
-    elif r.kernel == vocab.KERNEL_BLOCK:
-      v = jnp.where(qtype == 0, col[E_BLOCK0], col[E_BLOCK1])
-    elif r.kernel == vocab.KERNEL_KEYS:
-      v = col[KEY_COLUMNS[frozenset(r.keys)]]
-    else:
-      v = rel_values[r.name]
-    if r.entropy_weighted:
-      v = v * entropy
-    values.append(v * inv_total)
+  values = role_values(roles, diag, jnp.where(qtype == 0, col[E_BLOCK0], col[E_BLOCK1]),
+                       lambda keys: col[KEY_COLUMNS[keys]], rel_values, entropy, inv_total)
   # distance features: windows over keys that are neither special nor t (t itself is in window
   # 0 of the contraction when it is a window key: taken out), self, then the special keys but t
   d0 = diag(0)

@@ -277,7 +277,7 @@ def test_kernel_refuses_a_role_it_does_not_implement(monkeypatch):
     fused.fused_tables(batch, ("local", "odd"))
   # a key set without its column of E (as after adding a key kind to the registry only)
   monkeypatch.delitem(fused._KEY_COLUMNS, frozenset({B.KEY_POSITION0, B.KEY_SEP}))
-  with pytest.raises(ValueError, match="fused kernel has no column for the key set"):
+  with pytest.raises(ValueError, match="fused Pallas kernel has no column for the key set"):
     fused.kernel_roles(("delimiter",))
   with pytest.raises(ValueError, match="unknown role"):
     fused.kernel_roles(("nope",))
