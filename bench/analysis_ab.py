@@ -18,10 +18,19 @@ roles are timed):
 * the step's paths: ``stacked`` (whichever the step runs), ``layerwise``, ``fused`` (the first
   Pallas kernel), ``kernel`` (kernel v2, ``heads_jax.stats.kernel``; ``absent`` where the step
   does not offer it);
-* kernel v2's variants (``KERNEL_VARIANTS``): Triton's warps, the XLA wrapper, and the kernel on
-  the explicit-attention forward of ``stacked v1`` (its check compares like with like);
+* kernel v2's variants (``KERNEL_VARIANTS``): the XLA wrapper, and the kernel on the
+  explicit-attention forward of ``stacked v1`` (its check compares like with like);
+* a float32 reference (``F32_REFERENCE``: stacked v1 on the float32 forward of the same
+  parameters, matmuls at ``highest``) against which every path is checked too, the kernel on that
+  forward (``KERNEL_F32``: its own error) and a one-line ``precision verdict``;
+* ``profile of ...``: the bare forward, ``stacked`` and kernel steps' device time by category
+  (``PROFILE_CATEGORIES``, ``bench/profiling.py``);
+* ``statistics ... alone`` (``ALONE``): the kernel (and the XLA wrapper) on the forward's own q
+  and k of every layer and the batch's tables, all on the device before the timing;
 * ``kernel, 8192 positions``: one BERT-base-shaped sequence of 8,192 positions (random weights)
-  through the bare forward and kernel v2, with the compiled program's temporary memory.
+  through the bare forward and kernel v2 (the Triton key loop on GPUs; ``LONG_VARIANTS``: key
+  blocks of 256, the XLA wrapper, each checked against the latter), with the compiled program's
+  temporary memory.
 
 Programs are lowered in the main thread and compiled in parallel (``ThreadPoolExecutor``; the
 bare forward first and alone, so that the GEMM autotuner's cache fills without contention), then

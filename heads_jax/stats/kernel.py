@@ -9,13 +9,15 @@ results of a query block, ``[T, 64]``):
   heads, so that what the heads of a block share (``tile.block_setup``: the contraction's
   right-hand side, the distances, the window corrections) is built once; Triton compiler
   parameters (without them Pallas picks Mosaic GPU). Triton wants power-of-two loads: the key
-  axis is padded to one.
+  axis is padded to one. Any length: up to ``ONE_PASS_KEYS`` keys a program holds all keys,
+  past that it loops over blocks of ``KEY_BLOCK`` keys in two passes (``tile.head_rows_blocked``:
+  the row maximum and Z, then every sum block by block).
 * ``"mosaic"`` (TPU): a Pallas call with grid ``(b,)`` (a TPU grid step costs about 0.35 us, too
   much for one small tile), each program looping over its sequence's query blocks and heads; the
   queries and keys are laid out ``[b, h, k, e]`` so that every block's last two dimensions are
   whole or (8, 128)-aligned (Mosaic's rule), ``n`` comes through SMEM.
-* ``"xla"`` (CPU, sequences longer than a Pallas program holds, and the reference of the other
-  two): ``lax.scan`` over groups of query blocks of the tile vectorised over sequences and heads:
+* ``"xla"`` (CPU, TPU sequences longer than a Mosaic program holds, and the reference of the
+  other two): ``lax.scan`` over groups of query blocks of the tile vectorised over sequences and heads:
   the largest temporary is ``[b, h, G T, k]``, so memory is linear in the sequence length
   (``tests/stats/test_kernel.py`` checks the compiled program's buffers at 8,192 positions).
 

@@ -35,6 +35,10 @@ add over the rows. The arithmetic on the ``[T, K]`` tile:
 * the dependency roles: one mask ``word(s) == head(t)`` shared by the relations and
   ``syntactic`` (``dep2head``); ``both`` adds one union mask per role.
 
+``head_rows_blocked`` runs the same arithmetic over blocks of keys (two passes: the row maximum
+and Z, then every sum with that maximum; every result is a sum over keys divided by Z), for
+sequences whose keys a program cannot hold at once.
+
 Per attention element that is 16 tile operations plus 3 per window correction (22 for a
 128-position sequence at T = 16; the first kernel had 83 plus 26 row reductions;
 ``tests/stats/test_kernel.py`` counts them in the jaxpr).
