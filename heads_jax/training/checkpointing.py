@@ -77,20 +77,31 @@ class SaveFailed(UserError):
 
 class _OrbaxErrors(logging.Filter):
   """Holds back Orbax's error records (tracebacks logged by its save threads) while a
-  ``Checkpoints`` is open: the failure they report is raised as one ``SaveFailed`` line."""
+  ``Checkpoints`` is open: the failure they report is raised as one ``SaveFailed`` line. Also
+  drops the unraisable ``RuntimeError("Event loop is closed")`` that gcsfs/aiohttp objects of a
+  failed save's event loop raise when they are collected (``sys.unraisablehook``; any other
+  unraisable exception goes to the hook that was there)."""
 
   def __init__(self):
     super().__init__()
     self.users = 0
     self.lock = threading.Lock()
+    self.previous_hook = None
 
   def filter(self, record: logging.LogRecord) -> bool:
     return not (record.levelno >= logging.ERROR and "orbax" in record.pathname.replace("\\", "/"))
+
+  def unraisable(self, info) -> None:
+    if isinstance(info.exc_value, RuntimeError) and "Event loop is closed" in str(info.exc_value):
+      return
+    (self.previous_hook or sys.__unraisablehook__)(info)
 
   def open(self) -> None:
     with self.lock:
       self.users += 1
       logging.getLogger("absl").addFilter(self)
+      if self.users == 1:
+        self.previous_hook, sys.unraisablehook = sys.unraisablehook, self.unraisable
 
   def close(self) -> None:
     with self.lock:
@@ -98,6 +109,9 @@ class _OrbaxErrors(logging.Filter):
       if self.users <= 0:
         self.users = 0
         logging.getLogger("absl").removeFilter(self)
+        if sys.unraisablehook == self.unraisable:
+          sys.unraisablehook = self.previous_hook or sys.__unraisablehook__
+        self.previous_hook = None
 
 
 _ORBAX_ERRORS = _OrbaxErrors()
@@ -185,9 +199,10 @@ class Checkpoints:
     ``abstract_like(state)``).
 
     Saved parameters of other shapes (another model size): a ``UserError`` naming the first
-    difference. Without ``step``, a newest step that cannot be read (damaged) is moved aside to
-    ``damaged_checkpoints/`` with one line (``log``, default stderr) and the previous step is
-    restored; none readable: a ``UserError``."""
+    difference. Without ``step``, a newest step that cannot be read (damaged: ``is_damage``) is
+    moved aside to ``damaged_checkpoints/`` with one line (``log``, default stderr) and the
+    previous step is restored; none readable: a ``UserError``. Any other error (e.g. a target
+    Orbax cannot restore into) is raised as it is, and no step is touched."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     steps_ = [step] if step is not None else sorted(self.all_steps(), reverse=True)
     if not steps_:
@@ -198,8 +213,10 @@ class Checkpoints:
         with watch(f"reading the checkpoint of step {s}", self.directory, note=self.note):
           saved = self.manager.item_metadata(s)["state"]
         if getattr(saved, "tree", saved) is None:
-          raise ValueError("its state metadata (_METADATA) is missing")
-      except Exception as e:  # noqa: BLE001 (any unreadable metadata is damage)
+          raise _MissingMetadata("its state metadata (_METADATA) is missing")
+      except Exception as e:  # noqa: BLE001 (unreadable metadata is damage; a bug is raised)
+        if not is_damage(e):
+          raise
         error = e
       else:
         check_shapes(saved, abstract_state, display(self.directory / str(s)),
@@ -213,7 +230,9 @@ class Checkpoints:
           return out.state, dict(out.meta or {})
         except UserError:
           raise
-        except Exception as e:  # noqa: BLE001 (a torn step: any read error)
+        except Exception as e:  # noqa: BLE001 (a torn step: a read error; a bug is raised)
+          if not is_damage(e):
+            raise
           error = e
       if step is not None:
         raise UserError(f"the checkpoint of step {s} in {display(self.directory)} cannot be read "
@@ -233,7 +252,8 @@ class Checkpoints:
   def set_aside(self, step: int, to) -> str:
     """Moves the checkpoint of ``step`` out of the run into ``to/STEP`` (nothing written is lost,
     and a resumed run no longer sees it); returns where it went. Where the store cannot rename a
-    folder, the checkpoint is deleted instead and ``"deleted"`` returned."""
+    folder (a bucket), its files are copied there and the step deleted; only when that copy
+    fails too is the checkpoint deleted without a copy, and ``"deleted"`` returned."""
     if self.pending is not None:
       self.wait()
     src = self.directory / str(int(step))
@@ -243,10 +263,15 @@ class Checkpoints:
       dest, n = as_path(to) / f"{int(step)}.{n}", n + 1
     try:
       dest.parent.mkdir(parents=True, exist_ok=True)
-      src.rename(dest)
-    except OSError:
-      self.manager.delete(int(step))
-      return "deleted"
+      try:
+        _rename(src, dest)
+      except OSError:
+        try:
+          _copy_tree(src, dest)
+        except OSError:
+          self.manager.delete(int(step))
+          return "deleted"
+        self.manager.delete(int(step))
     finally:
       self.manager.reload()
     return str(dest)
@@ -314,6 +339,21 @@ class Checkpoints:
     return removed
 
 
+def _rename(src, dest) -> None:
+  src.rename(dest)
+
+
+def _copy_tree(src, dest) -> None:
+  """Copies every file under ``src`` to the same place under ``dest`` (epath: local or a bucket,
+  where a folder cannot be renamed)."""
+  dest.mkdir(parents=True, exist_ok=True)
+  for f in src.iterdir():            # epath has no recursive glob on buckets: walk
+    if f.is_dir():
+      _copy_tree(f, dest / f.name)
+    else:
+      f.copy(dest / f.name)
+
+
 def _join_orbax_threads(timeout: float = 60.0) -> None:
   """Waits (at most ``timeout`` seconds) for the threads Orbax started for a save to end."""
   import time
@@ -340,6 +380,26 @@ def _close_quietly(manager) -> None:
 # TensorStore's status codes in a failed read, in plain words
 _STORE_CODES = (("OUT_OF_RANGE", "a data file is shorter than its index says (truncated)"),
                 ("DATA_LOSS", "a data file is corrupt"), ("NOT_FOUND", "a file is missing"))
+
+
+class _MissingMetadata(ValueError):
+  """A checkpoint step whose state metadata is missing (damage)."""
+
+
+# TensorStore's status codes of a stored checkpoint that cannot be read (first in its message)
+_READ_ERRORS = ("NOT_FOUND", "OUT_OF_RANGE", "DATA_LOSS", "FAILED_PRECONDITION", "UNAVAILABLE",
+                "PERMISSION_DENIED")
+
+
+def is_damage(error: BaseException) -> bool:
+  """Whether ``error`` (raised reading a checkpoint) says the stored step is damaged (a file
+  missing, cut short or corrupt, its metadata missing or not JSON), as opposed to a caller's
+  error (a target of the wrong type), which must not get the step set aside or deleted."""
+  import json
+  if isinstance(error, (OSError, EOFError, _MissingMetadata, json.JSONDecodeError)):
+    return True
+  first = str(error).lstrip()
+  return first.startswith(_READ_ERRORS)
 
 
 def _first_line(error: BaseException) -> str:

@@ -252,10 +252,20 @@ class TrainingJob:
   def train(self, state, train_step, batches, *, seq_len: int, eval_fn=None, meta: dict):
     """Runs ``loop.train_loop`` from ``start_step`` to ``config.num_train_steps`` (or
     ``stop_at_step``); returns ``(state, history)``. ``meta`` is stored with every checkpoint
-    (with ``step``). Closes the checkpoint manager, the metrics writer and ``batches``.
+    (with ``step``). Closes the checkpoint manager, the metrics writer and ``batches``; on any
+    error (a failed save, a non-finite loss, a signal) it also releases the work directory
+    (``close``) before raising, so no lock waits for the interpreter's exit.
 
     A loss that is not finite raises a UserError naming the last good checkpoint and what to
     change."""
+    try:
+      return self._train(state, train_step, batches, seq_len=seq_len, eval_fn=eval_fn,
+                         meta=meta)
+    except BaseException:
+      self.close()
+      raise
+
+  def _train(self, state, train_step, batches, *, seq_len: int, eval_fn, meta: dict):
     c = self.config
     cfg = self.model_config
     n_params = metrics_lib.non_embedding_params(state["params"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -164,3 +166,65 @@ def test_note_names_the_last_complete_checkpoint(tmp_path):
   ckpts.wait()
   assert ckpts.note() == f"the last complete checkpoint is step 2 in {tmp_path / 'ck'}"
   ckpts.close()
+
+
+def test_open_checkpoints_drop_only_the_closed_event_loop_unraisable(tmp_path, monkeypatch):
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+
+  def info(exc):
+    return types.SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=None,
+                                 err_msg=None, object=None)
+
+  ckpts = checkpointing.Checkpoints(tmp_path / "ck", async_save=False)
+  try:
+    sys.unraisablehook(info(RuntimeError("Event loop is closed")))
+    other = info(ValueError("something else"))
+    sys.unraisablehook(other)
+    assert seen == [other]
+  finally:
+    ckpts.close()
+  assert sys.unraisablehook == seen.append            # the previous hook is back
+
+
+def test_a_callers_error_is_raised_and_sets_no_step_aside(tmp_path):
+  """A target Orbax cannot restore into is the caller's bug, not damage: raised as it is, and the
+  checkpoints stay where they are."""
+  run = _saved_run(tmp_path / "ck")
+  ckpts = checkpointing.Checkpoints(run, save_interval_steps=1, max_to_keep=None)
+  try:
+    bad = checkpointing.abstract_like(_state())
+    bad["step"] = np.int32(0)                          # not an array Orbax restores into
+    with pytest.raises(ValueError, match="Unsupported type") as info:
+      ckpts.restore(bad, log=pytest.fail)
+    assert not checkpointing.is_damage(info.value)
+    assert ckpts.all_steps() == [1, 2]
+  finally:
+    ckpts.close()
+  assert not (tmp_path / "damaged_checkpoints").exists()
+  assert checkpointing.is_damage(ValueError("OUT_OF_RANGE: Error reading x"))
+  assert checkpointing.is_damage(FileNotFoundError("x"))
+  assert not checkpointing.is_damage(ValueError("Unsupported type numpy.int32"))
+
+
+def test_where_a_folder_cannot_be_renamed_a_damaged_step_is_copied_aside(tmp_path, monkeypatch):
+  """A bucket cannot rename a folder: the damaged step's files are copied to
+  damaged_checkpoints/ before the step is deleted (nothing written is lost)."""
+  run = _saved_run(tmp_path / "run" / "checkpoints")
+  _damage(str(run / "2"), "truncated")
+  files = sorted(str(p.relative_to(run / "2")) for p in (run / "2").rglob("*") if p.is_file())
+
+  def no_rename(src, dest):
+    raise OSError("rename is not supported")
+
+  monkeypatch.setattr(checkpointing, "_rename", no_rename)
+  lines = []
+  ckpts = checkpointing.Checkpoints(run, save_interval_steps=1, max_to_keep=None)
+  try:
+    state, meta = ckpts.restore(checkpointing.abstract_like(_state()), log=lines.append)
+    assert meta == {"step": 1} and ckpts.all_steps() == [1]
+  finally:
+    ckpts.close()
+  aside = tmp_path / "run" / "damaged_checkpoints" / "2"
+  assert sorted(str(p.relative_to(aside)) for p in aside.rglob("*") if p.is_file()) == files
+  assert f"moved it to {aside}" in lines[0]

@@ -309,3 +309,23 @@ def test_every_process_checks_it_reads_the_same_data(tmp_path, monkeypatch):
     j.same_data_on_every_process({"a": "x"})
   monkeypatch.setattr(multihost_utils, "process_allgather", lambda ok: np.array([True, True, True]))
   j.same_data_on_every_process({"a": "x"})
+
+
+def test_a_failing_train_releases_the_work_directory(tmp_path, monkeypatch):
+  """An error out of ``train`` (a failed save, a non-finite loss) releases the lock at once, not
+  at the interpreter's exit: another job can take the directory."""
+  wd = tmp_path / "run"
+  j = job_lib.TrainingJob(_tiny(), wd)
+  j.create_dir()
+
+  def fail(*args, **kwargs):
+    raise UserError("the checkpoint of step 4 could not be written")
+
+  monkeypatch.setattr(j, "_train", fail)
+  assert (wd / ".heads_jax.lock").exists()
+  with pytest.raises(UserError, match="step 4"):
+    j.train({}, None, [], seq_len=8, meta={})
+  assert not (wd / ".heads_jax.lock").exists()
+  again = job_lib.TrainingJob(_tiny(), wd)
+  again.create_dir()                      # not refused: the lock was released
+  again.close()
