@@ -46,3 +46,16 @@ def test_causal_changes_in_percentage_points_for_f1_not_for_the_loss(drawn, tmp_
   dot = [line for line in ax.get_lines() if line.get_marker() == "o"][0]
   np.testing.assert_allclose(dot.get_xdata(), [scale * -0.1])
   assert ("percentage points" in ax.get_xlabel()) == (scale == 100)
+
+
+def test_a_group_of_whole_layers_reads_no_test_instead_of_a_p_value(drawn, tmp_path):
+  nan = float("nan")
+  causal = pd.DataFrame([{"group": "delimiter", "num_heads": 5, "change": -0.1, "metric": "accuracy",
+                          "ablation": "remove", "random_mean_change": -0.02,
+                          "random_std_change": 0.01, "p_value": 0.01},
+                         {"group": "local", "num_heads": 24, "change": -0.2, "metric": "accuracy",
+                          "ablation": "remove", "random_mean_change": nan,
+                          "random_std_change": nan, "p_value": nan}])
+  robustness.plot_causal(causal, None, tmp_path / "c.png")
+  texts = [t.get_text() for t in drawn[-1].axes[0].texts]
+  assert texts == ["p = 0.010", "no test (whole layers)"]

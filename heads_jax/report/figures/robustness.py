@@ -113,7 +113,8 @@ def plot_parsing(best: pd.DataFrame, path, *, title: str | None = None,
 def plot_causal(table: pd.DataFrame, random_changes: dict | None, path, *,
                 title: str | None = None, dpi: int = DEFAULT_DPI) -> Path:
   """Each role group's metric change when ablated (dot) against the random groups of the same
-  layers (box of ``random_changes[group]`` when given, else mean +- sd), with the p-value;
+  layers (box of ``random_changes[group]`` when given, else mean +- sd), with the p-value ("no
+  test (whole layers)" for a group that holds every head of its layers: no other group has them);
   changes of accuracy, F1 and exact match in percentage points, of the loss as they are."""
   t = table[table["num_heads"] > 0].reset_index(drop=True)
   metric = t["metric"].iloc[0] if len(t) else "metric"
@@ -123,14 +124,16 @@ def plot_causal(table: pd.DataFrame, random_changes: dict | None, path, *,
   y = np.arange(len(t))[::-1]
   for yi, r in zip(y, t.itertuples()):
     rand = (random_changes or {}).get(r.group)
+    tested = np.isfinite(r.p_value)  # no test for a group of whole layers (ablation.causal)
     if rand is not None and len(rand):
       ax.boxplot([scale * np.asarray(rand, float)], positions=[yi], vert=False, widths=0.5,
                  showfliers=False)
-    else:
+    elif tested:
       ax.errorbar(scale * r.random_mean_change, yi, xerr=scale * r.random_std_change, fmt="s",
                   color="#999999", markersize=4, capsize=2)
     ax.plot(scale * r.change, yi, "o", color="#d95f0e")
-    ax.text(scale * r.change, yi + 0.2, f"p = {r.p_value:.3f}", fontsize=7, ha="center")
+    ax.text(scale * r.change, yi + 0.2, f"p = {r.p_value:.3f}" if tested else "no test (whole layers)",
+            fontsize=7, ha="center")
   ax.axvline(0, color="black", linewidth=0.6)
   ax.set_ylim(-0.7, len(t) - 0.3)
   ax.set_yticks(y)
