@@ -43,3 +43,41 @@ def test_every_job_takes_redo_and_lists_its_stages(command, stages, capsys):
   for stage in stages:
     assert stage in text, (command, stage)
   assert "all" in text
+
+
+def _stage_pipelines(tmp_path):
+  """``(job name, its engine config, its stages)`` of every job, built from small configs."""
+  from heads_jax.pipelines import analyze, compare, trajectory
+  from heads_jax.training.configlib import load_config
+  c = load_config("configs/reproduce.py:guan_toy")
+  c.squad_model = str(tmp_path)   # an existing path: no hub look-up
+  gjob = guan.guan_job(c, tmp_path / "run")
+  settings = demo.DemoSettings(out=Path("o"), real=Path("m"), name="m", quick=False, n=4,
+                               finetune_steps=1, pretrain_steps=1, scratch_examples=2)
+  ajob = ablate.ablation_job(ablate.AblationConfig(model="m", data="mrpc", out="o", by="layer",
+                                                   importance=True, prune=True, cross="both"))
+  cc = compare.CompareConfig(before="b", after="a", out="o", before_model="m", after_model="n")
+  tc = trajectory.TrajectoryConfig(run="r", out="o", model_dir="m", checkpoints="r/c",
+                                   steps=(1,), data=("ud-ewt",), max_examples=2, max_length=8,
+                                   batch_size=2, roles=("local",), syntax=True, rule="paper")
+  run = analyze.AnalyzeRun(settings=None, model={})
+  return [("reproduce", load_config("configs/reproduce.py:toy"), rp.PIPELINE),
+          ("guan", gjob, guan.pipeline_stages(gjob)), ("demo", settings, demo.demo_stages(settings)),
+          ("ablate", ajob, ablate.ablation_stages(ajob)), ("compare", cc, compare.compare_stages(cc)),
+          ("trajectory", tc, trajectory.trajectory_stages(tc)), ("analyze", run, analyze.PLAN)]
+
+
+def test_every_stage_is_typed_by_its_jobs_config(tmp_path):
+  # issue 42 item 2: a walk from each job's config reaches its stages, whose ctx is typed with
+  # that config (or with the field of it that the stage's `part` names), not `Any`
+  import functools
+  import typing
+  from heads_jax.pipelines.engine import Context
+  for job, config, plan in _stage_pipelines(tmp_path):
+    for stage in plan:
+      fn = stage.run.func if isinstance(stage.run, functools.partial) else stage.run
+      hint = typing.get_type_hints(fn)["ctx"]
+      assert typing.get_origin(hint) is Context, (job, stage.name, hint)
+      (want,) = typing.get_args(hint)
+      seen = getattr(config, stage.part) if stage.part else config
+      assert isinstance(seen, want), (job, stage.name, want, type(seen))
