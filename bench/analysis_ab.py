@@ -29,8 +29,8 @@ roles are timed):
   and k of every layer and the batch's tables, all on the device before the timing;
 * ``kernel, 8192 positions``: one BERT-base-shaped sequence of 8,192 positions (random weights)
   through the bare forward and kernel v2 (the Triton key loop on GPUs; ``LONG_VARIANTS``: key
-  blocks of 256, the XLA wrapper, each checked against the latter), with the compiled program's
-  temporary memory.
+  blocks of 256, key blocks outside the heads, the XLA wrapper; each checked against the last),
+  with the compiled program's temporary memory.
 
 Programs are lowered in the main thread and compiled in parallel (``ThreadPoolExecutor``; the
 bare forward first and alone, so that the GEMM autotuner's cache fills without contention), then
@@ -415,11 +415,13 @@ ALONE = (("statistics kernel alone: the Pallas call, every layer", {"rows_only":
                                                                 "num_warps": 2}),
          ("statistics kernel alone: the Pallas call, key blocks of 64 (the two-pass key loop)",
           {"rows_only": True, "block_k": 64}),
+         ("statistics kernel alone: the Pallas call, key blocks of 64 outside the heads",
+          {"rows_only": True, "block_k": 64, "keys_outer": True}),
          ("statistics alone: XLA wrapper (lax.scan, 8 blocks a step), every layer",
           {"wrapper": "xla", "blocks_per_step": 8}))
 
 
-TRITON_ONLY = {"num_warps", "num_stages", "block_k"}
+TRITON_ONLY = {"num_warps", "num_stages", "block_k", "keys_outer"}
 
 
 def alone_program(layers: int, platform: str, *, rows_only: bool = False,
@@ -574,8 +576,11 @@ def _long_row(p, s: dict, extra: dict, steps: int, reps: int, mesh) -> None:
 
 
 # Kernel v2's settings on the long sequence beside the step's (the Triton key loop on GPUs):
-# larger key blocks, and the XLA wrapper (the path past 1,024 keys before the key loop).
+# larger key blocks, key blocks outside the heads, and the XLA wrapper (the path past 1,024 keys
+# before the key loop; last: the others' reference).
 LONG_VARIANTS = (("kernel, key blocks of 256", {"block_k": 256}),
+                 ("kernel, key blocks outside the heads (one setup per block for all heads)",
+                  {"keys_outer": True}),
                  ("kernel, XLA wrapper (32 blocks a step)", {"wrapper": "xla",
                                                             "blocks_per_step": 32}))
 

@@ -289,17 +289,20 @@ def _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, ch
 
 
 def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
-                num_stages=None, block_k=None):
+                num_stages=None, block_k=None, keys_outer=False):
   """The Triton program: grid ``(b, q / T)``, each program looping over the heads; all keys at
   once (``tile.head_rows``) when ``block_k`` is the key axis, else key blocks of ``block_k``
-  in two passes (``tile.head_rows_blocked``, the same ``rows_fn`` settings)."""
+  in two passes (``tile.head_rows_blocked``, the same ``rows_fn`` settings). ``keys_outer``:
+  the second pass loops over key blocks outside the heads, so each block's ``block_setup`` is
+  built once for all heads; each head's sums then wait in its output rows (the log-sum-exp in
+  column ``tile.R_LSE``)."""
   from jax.experimental.pallas import triton as pl_triton
   b, kp, h, e = query.shape
   nq = kp // block_q
   block_k = kp if block_k is None else block_k
   blocks = kp // block_k
-  blocked = functools.partial(tile.head_rows_blocked, contraction=contraction,
-                              **rows_fn.keywords)
+  settings = rows_fn.keywords
+  blocked = functools.partial(tile.head_rows_blocked, contraction=contraction, **settings)
 
   def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, o_ref):
     qi = tuple(qi_ref[:, pl.ds(j, 1)] for j in range(tile.Q_COLS))
@@ -314,13 +317,20 @@ def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, n
         o_ref[hd, :, :] = rows_fn(q_ref[:, hd, :], k_ref[:, hd, :], setup, qi, kr)
         return carry
     else:
-      def one_head(hd, carry):
-        def load_keys(i):
-          ks = pl.ds(pl.multiple_of(i * block_k, block_k), block_k)
-          return (k_ref[ks, hd, :], tuple(kr_ref[pl.ds(j, 1), ks] for j in range(tile.K_ROWS)),
-                  tuple(kc_ref[ks, pl.ds(j, 1)] for j in range(tile.K_ROWS)), e_ref[ks, :])
+      def load_keys(hd, i):
+        ks = pl.ds(pl.multiple_of(i * block_k, block_k), block_k)
+        return (k_ref[ks, hd, :], tuple(kr_ref[pl.ds(j, 1), ks] for j in range(tile.K_ROWS)),
+                tuple(kc_ref[ks, pl.ds(j, 1)] for j in range(tile.K_ROWS)), e_ref[ks, :])
 
-        o_ref[hd, :, :] = blocked(q_ref[:, hd, :], load_keys, blocks, block_k, qi, n, t0)
+      if keys_outer:
+        tile.check_blocked(settings["roles"])
+        _keys_outer(q_ref, o_ref, load_keys, h, blocks, block_k, block_q, qi, n, t0,
+                    contraction, settings)
+        return
+
+      def one_head(hd, carry):
+        o_ref[hd, :, :] = blocked(q_ref[:, hd, :], functools.partial(load_keys, hd), blocks,
+                                  block_k, qi, n, t0)
         return carry
 
     jax.lax.fori_loop(0, h, one_head, 0)
@@ -343,6 +353,42 @@ def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, n
                                                                        num_stages=num_stages),
       name="heads_jax_statistics_v2",
   )(query, key, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"])
+
+
+def _keys_outer(q_ref, o_ref, load_keys, h, blocks, block_k, rows, qi, n, t0, contraction,
+                settings):
+  """The Triton key loop with key blocks outside the heads (``_triton_rows``' ``keys_outer``):
+  every head's log-sum-exp (``tile.key_block_lse``) into its output rows, then per key block one
+  ``block_setup`` and every head's ``tile.key_block_sums`` added to its rows, then
+  ``tile.finish_blocked``."""
+  lane = jax.lax.broadcasted_iota(jnp.int32, (rows, tile.E_COLS), 1)
+
+  def first(hd, carry):
+    lse = tile.key_block_lse(q_ref[:, hd, :], functools.partial(load_keys, hd), blocks,
+                             scale=settings["scale"])
+    o_ref[hd, :, :] = jnp.where(lane == tile.R_LSE, lse, 0.0)
+    return carry
+
+  def second(i, carry):
+    _, kr, kc, et = load_keys(0, i)
+    setup = tile.block_setup(kr, kc, et, n, t0, rows, contraction, s0=i * block_k, static=0)
+
+    def one_head(hd, carry):
+      acc = o_ref[hd, :, :]
+      lse = jnp.sum(jnp.where(lane == tile.R_LSE, acc, 0.0), axis=1, keepdims=True)
+      o_ref[hd, :, :] = acc + tile.key_block_sums(q_ref[:, hd, :], load_keys(hd, i)[0], setup,
+                                                  lse, qi, kr, **settings)
+      return carry
+
+    return jax.lax.fori_loop(0, h, one_head, carry)
+
+  def last(hd, carry):
+    o_ref[hd, :, :] = tile.finish_blocked(o_ref[hd, :, :])
+    return carry
+
+  jax.lax.fori_loop(0, h, first, 0)
+  jax.lax.fori_loop(0, blocks, second, 0)
+  jax.lax.fori_loop(0, h, last, 0)
 
 
 def _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret):
@@ -417,7 +463,8 @@ def _prepare(query, key, tables, wrapper, block_q, platform, interpret):
 def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
                       *, wrapper: str | None = None, block_q: int | None = None, interpret=None,
                       contraction: str = "hilo", platform: str | None = None, num_warps: int = 4,
-                      num_stages: int | None = None, block_k: int | None = None):
+                      num_stages: int | None = None, block_k: int | None = None,
+                      keys_outer: bool = False):
   """The Pallas program alone: every head's per-row results ``[b, h, kp, E_COLS]``
   (``tile.head_rows``) of one layer; arguments as ``kernel_layer_stats`` (``"triton"`` or
   ``"mosaic"``). What
@@ -429,7 +476,7 @@ def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction:
                                                      platform, interpret)
   if wrapper == "triton":
     return _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
-                        num_stages, key_block(query.shape[1], block_k))
+                        num_stages, key_block(query.shape[1], block_k), keys_outer)
   if wrapper == "mosaic":
     return _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret)
   raise ValueError(f"kernel_layer_rows runs a Pallas wrapper ('triton', 'mosaic'), got {wrapper!r}")
@@ -440,7 +487,7 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
                        block_q: int | None = None, interpret=None, contraction: str = "hilo",
                        platform: str | None = None, num_warps: int = 4,
                        num_stages: int | None = None, block_k: int | None = None,
-                       blocks_per_step: int | None = None) -> dict:
+                       keys_outer: bool = False, blocks_per_step: int | None = None) -> dict:
   """One layer's statistics from its queries and keys ``[b, k, h, e]`` (before the ``1/sqrt(e)``
   scaling; any float dtype), with ``tables = kernel_tables(batch, roles, direction, measures,
   keys=kp)`` of the batch (kp: ``padded_length(k, wrapper, block_q)``, or k).
@@ -454,6 +501,8 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
     num_warps, num_stages: the Triton programs' warps and pipeline stages (default Triton's).
     block_k: the Triton program's keys per step (``key_block``: all keys up to
       ``ONE_PASS_KEYS``, else ``KEY_BLOCK``; a smaller power of two forces the key loop).
+    keys_outer: the key loop's second pass with key blocks outside the heads (each block's
+      setup built once for all heads; ``_triton_rows``).
     blocks_per_step: query blocks per ``lax.scan`` step of the ``"xla"`` wrapper (default 1 on
       CPUs, 32 elsewhere: fewer, larger steps; memory ``[b, h, 16 G, k]``).
 
@@ -475,7 +524,7 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
     raw = kernel_layer_rows(query, key, tables, roles, direction, wrapper=wrapper,
                             block_q=block_q, interpret=interpret, contraction=contraction,
                             platform=platform, num_warps=num_warps, num_stages=num_stages,
-                            block_k=block_k)
+                            block_k=block_k, keys_outer=keys_outer)
     sums = _weighted(raw, tables["q_info"], tables["weights"], channels_fn, block_q, channels)
   return split_channels(sums, roles, measures)
 
@@ -494,7 +543,7 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
                    interpret=None, mesh=None, platform: str | None = None,
                    contraction: str = "hilo", num_warps: int = 4,
                    num_stages: int | None = None, block_k: int | None = None,
-                   blocks_per_step: int | None = None):
+                   keys_outer: bool = False, blocks_per_step: int | None = None):
   """The model's ``attention_reduce`` hook for kernel v2 (needs no probabilities: the model keeps
   its fast attention and the tile recomputes the scores from the queries and keys).
 
@@ -506,7 +555,7 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
                             measures=measures, wrapper=wrapper, block_q=block_q,
                             interpret=interpret, contraction=contraction, platform=platform,
                             num_warps=num_warps, num_stages=num_stages, block_k=block_k,
-                            blocks_per_step=blocks_per_step)
+                            keys_outer=keys_outer, blocks_per_step=blocks_per_step)
   if wrapper != "xla" and mesh is not None and mesh.size > 1:
     spec = P(DATA_AXIS)
     stats = jax.shard_map(stats, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,

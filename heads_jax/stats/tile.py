@@ -85,6 +85,9 @@ MAX_ROWS = NEAR_COLS - 2 * BAND
 # dependency sums (one for dep2head, one per relation role for both).
 R_ENTROPY = 9
 R_RELATION = 10
+# The last free column: where the key loop keeps each row's log-sum-exp between its passes
+# (``head_rows_blocked``; the dependency sums stop before it: at most 5 relation roles).
+R_LSE = WIN0 - 1
 # Window corrections unrolled (each skipped where J(n) is smaller); more run in a loop that
 # builds its right-hand side per head (sequences shorter than 16 (T - 1) / STATIC_CORRECTIONS).
 STATIC_CORRECTIONS = 4
@@ -306,12 +309,54 @@ def head_rows(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str
   return finish_rows(row_sums(ex, x, setup, q_info, k_rows, roles=roles, direction=direction), z)
 
 
+def check_blocked(roles: tuple) -> None:
+  """The key loop's column ``R_LSE`` must stay free of dependency sums: a clear ValueError for
+  more relation roles than the columns before it hold."""
+  if sum(r.kernel == vocab.KERNEL_RELATION for r in roles) > R_LSE - R_RELATION:
+    raise ValueError(f"the key loop keeps at most {R_LSE - R_RELATION} relation roles' sums "
+                     f"(columns R_RELATION..R_LSE of heads_jax/stats/tile.py)")
+
+
+def key_block_lse(q, load_keys, blocks, *, scale: float):
+  """The first pass over key blocks: each row's ``ln sum_s exp(s)`` over the real keys, float32
+  ``[T, 1]`` (a running maximum and its rescaled sum); ``load_keys`` as ``head_rows_blocked``."""
+  rows = q.shape[0]
+  f32 = jnp.float32
+
+  def step(i, carry):
+    m, z = carry
+    kb, kr, _, _ = load_keys(i)
+    s = scores(q, kb, kr[K_REAL], scale)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    return m_new, z * jnp.exp(m - m_new) + jnp.sum(jnp.exp(s - m_new), axis=1, keepdims=True)
+
+  m, z = jax.lax.fori_loop(0, blocks, step, (jnp.full((rows, 1), _NEG, f32),
+                                             jnp.zeros((rows, 1), f32)))
+  return m + jnp.log(z)
+
+
+def key_block_sums(q, k, setup: dict, lse, q_info, k_rows, *, roles: tuple, direction: str,
+                   scale: float):
+  """The second pass on one key block (its ``block_setup(..., s0=...)``): ``row_sums`` of the
+  probabilities ``p = exp(x)``, ``x = s - lse`` (already divided by Z), float32 ``[T, E_COLS]``;
+  column ``R_LSE`` stays 0."""
+  x = scores(q, k, k_rows[K_REAL], scale) - lse
+  return row_sums(jnp.exp(x), x, setup, q_info, k_rows, roles=roles, direction=direction)
+
+
+def finish_blocked(sums):
+  """The key blocks' added ``key_block_sums`` -> ``head_rows``' results: the entropy
+  ``-sum p x`` in ``R_ENTROPY``, column ``R_LSE`` 0."""
+  lane = jax.lax.broadcasted_iota(jnp.int32, sums.shape, sums.ndim - 1)
+  return jnp.where(lane == R_ENTROPY, -sums, jnp.where(lane == R_LSE, 0.0, sums))
+
+
 def head_rows_blocked(q, load_keys, blocks, block_k: int, q_info, n, t0, *, roles: tuple,
                       direction: str, scale: float, contraction: str = "hilo"):
   """``head_rows`` over the keys block by block, for sequences whose keys a program cannot hold
   at once: every result is a sum over keys divided by Z (the entropy ``ln Z - sum ex x / Z``
-  too), so two passes do it: the row maximum m and ``Z = sum exp(s - m)`` over the key blocks
-  (running maximum, rescaled sum), then ``row_sums`` of each block with that m, added.
+  too), so two passes do it: each row's log-sum-exp over the key blocks (``key_block_lse``),
+  then ``row_sums`` of each block's probabilities (``key_block_sums``), added.
 
   Args:
     q: ``[T, e]`` the block's queries (rows ``t0 ..``).
@@ -323,27 +368,17 @@ def head_rows_blocked(q, load_keys, blocks, block_k: int, q_info, n, t0, *, role
   Returns:
     float32 ``[T, E_COLS]``, as ``head_rows`` on all the keys (to float32 rounding).
   """
-  rows = q.shape[0]
-  f32 = jnp.float32
+  check_blocked(roles)
+  lse = key_block_lse(q, load_keys, blocks, scale=scale)
 
-  def pass1(i, carry):
-    m, z = carry
-    kb, kr, _, _ = load_keys(i)
-    s = scores(q, kb, kr[K_REAL], scale)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-    return m_new, z * jnp.exp(m - m_new) + jnp.sum(jnp.exp(s - m_new), axis=1, keepdims=True)
-
-  m, z = jax.lax.fori_loop(0, blocks, pass1, (jnp.full((rows, 1), _NEG, f32),
-                                              jnp.zeros((rows, 1), f32)))
-
-  def pass2(i, acc):
+  def step(i, acc):
     kb, kr, kc, et = load_keys(i)
-    setup = block_setup(kr, kc, et, n, t0, rows, contraction, s0=i * block_k, static=0)
-    x = scores(q, kb, kr[K_REAL], scale) - m
-    return acc + row_sums(jnp.exp(x), x, setup, q_info, kr, roles=roles, direction=direction)
+    setup = block_setup(kr, kc, et, n, t0, q.shape[0], contraction, s0=i * block_k, static=0)
+    return acc + key_block_sums(q, kb, setup, lse, q_info, kr, roles=roles, direction=direction,
+                                scale=scale)
 
-  sums = jax.lax.fori_loop(0, blocks, pass2, jnp.zeros((rows, E_COLS), f32))
-  return finish_rows(sums, z)
+  sums = jax.lax.fori_loop(0, blocks, step, jnp.zeros((q.shape[0], E_COLS), jnp.float32))
+  return finish_blocked(sums)
 
 
 def _is_rel(x, rels):
