@@ -4,9 +4,9 @@ Evaluates the classifier on its GLUE dev set with groups of heads removed (gate 
 by uniform attention (--by cluster|role|layer|heads; Guan et al. 2020 Table 2), with the
 intra- or inter-sentence attention of chosen heads removed (--cross; Guan et al. Table 3), and
 computes head importance and the pruning curve (--importance, --prune; Michel et al. 2019).
-Each ablation is compared with random groups of the same size. Writes into --out: ablation.csv,
-segment_ablation.csv, importance.csv, pruning.csv, pruning_summary.csv, ablation.json,
-figures/*.png and report.html.
+Each ablation is compared with random groups of the same layers (none for a group of whole
+layers). Writes into --out: ablation.csv, segment_ablation.csv, importance.csv, pruning.csv,
+pruning_summary.csv, ablation.json, figures/*.png and report.html.
 
 On the stage engine (`heads_jax.pipelines.engine`): the unablated ``baseline``, then one stage
 per sub-job asked for (`SUB_JOBS`), then the ``report``; each is keyed by the content of what it
@@ -583,8 +583,8 @@ def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
   settings = {"model": str(config.model), "data": config.data, "task": base["task"],
               "evaluation set": base["evaluation set"], "examples": base["examples"],
               "layers": base["layers"], "heads": base["heads"], "metrics": ", ".join(metrics),
-              "random seeds": config.random_seeds, "seed": config.seed,
-              "max length": config.max_length}
+              "random baseline": rep.RANDOM_BASELINE, "random seeds": config.random_seeds,
+              "seed": config.seed, "max length": config.max_length}
   if "ablation" in parts:
     settings.update({"grouping": config.by, "ablation mode": config.mode})
   if "segment_ablation" in parts:
