@@ -66,7 +66,8 @@ RANDOM_BASELINE = ("random groups with the same number of heads in each layer as
 RANDOM_SHORT = "the mean over random groups of the same layers, n/a for whole layers"
 WHOLE_LAYERS_NOTE = ("n/a: the group holds every head of its layers, so no other group of the "
                      "same layers exists to compare with.")
-# a table column -> (its metric, how it reads with the unit); "{m}" is the metric's name
+# (a table column, its name for a percent metric, its name for the loss); "{m}" is the metric's
+# name
 _COLUMN_FORMS = (("{m}", "{m} (%)", "{m}"), ("{m}_change", "{m} change (pts)", "{m} change"),
                  ("random_{m}", "random {m} (%)", "random {m}"),
                  ("random_{m}_change", "random {m} change (pts)", "random {m} change"),
