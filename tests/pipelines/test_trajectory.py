@@ -148,6 +148,14 @@ def test_rerun_analyses_only_new_checkpoints_and_sets_a_damaged_one_aside(tmp_pa
   assert set(_stage_states(logs).values()) == {"reused"}
   from heads_jax import runfiles
   assert runfiles.read_job(out)["kind"] == "trajectory"
+  # a host-only change (the rule): the analysis and the table rerun, no device pass, no
+  # scores.npz rewritten (and still no model loaded)
+  npz = sorted(out.rglob("scores.npz"))
+  stamps = [p.stat().st_mtime_ns for p in npz]
+  logs = []
+  run_trajectory(run, out, log=logs.append, rule="paper", **KW)
+  assert _stage_states(logs) == {"scores": "reused", "analysis": "run", "table": "run"}
+  assert len(npz) == 3 and [p.stat().st_mtime_ns for p in npz] == stamps
   monkeypatch.setattr(traj, "load_model", real)
   # a damaged checkpoint (a data file cut short; issue 34: a raw TensorStore OUT_OF_RANGE line
   # ended the job): one line, the others go on, the run's files untouched
