@@ -42,6 +42,8 @@ row gives the largest relative error against ``stacked v1`` (``heads_jax.doctor.
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import re
 import time
 
 import numpy as np
@@ -49,6 +51,16 @@ import numpy as np
 FULL = {"long": 8192, "long_size": "base"}
 TINY = {"long": 512, "long_size": "tiny"}
 OUTPUTS = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention")
+# A regular expression (environment) selecting what runs, for a short device run: the programs
+# whose name it finds (the paths and variants by their row names; "statistics ... alone: ...";
+# "profile of NAME"; "long: NAME" for the long sequence's); the bare forward always runs.
+ONLY = "ANALYSIS_AB_ONLY"
+
+
+def selected(name: str) -> bool:
+  """Whether ``name`` runs under ``ANALYSIS_AB_ONLY`` (everything when it is unset)."""
+  pattern = os.environ.get(ONLY, "")
+  return name == "bare forward" or not pattern or re.search(pattern, name) is not None
 
 
 def arcs_batch(b: int, q: int, seed: int = 0) -> dict:
@@ -151,14 +163,17 @@ def _programs(model, batch: dict, mesh):
     from heads_jax.stats import kernel
   except ImportError:
     kernel = None
+  from heads_jax.stats.fused import target_platform
+  triton = kernel is not None and kernel.default_wrapper(target_platform(None)) == "triton"
   for name, options in KERNEL_VARIANTS:
-    progs[name] = None if kernel is None or "kernel" not in STATS_IMPLS else (
+    progs[name] = None if kernel is None or "kernel" not in STATS_IMPLS or (
+        TRITON_ONLY & set(options) and not triton) else (
         _kernel_program(graphdef, mesh, **options), (state, device_batch))
   progs[SAME_PROGRAM] = None if kernel is None or "kernel" not in STATS_IMPLS else (
       _kernel_program(graphdef, mesh, beside_stacked=True), (state, device_batch))
   progs[KERNEL_F32] = None if kernel is None or "kernel" not in STATS_IMPLS or float32 else (
       _kernel_program(graphdef_f32, mesh, highest=True), (state, device_batch))
-  return progs
+  return {name: prog for name, prog in progs.items() if selected(name)}
 
 
 def float32_graphdef(model):
@@ -199,7 +214,18 @@ SAME_PROGRAM = "kernel beside stacked v1 in one program"
 # cuDNN's in bf16, whose hidden states differ from the explicit path's at bf16 rounding).
 KERNEL_VARIANTS = (("kernel, XLA wrapper (tile under lax.map, 8 blocks a step)",
                     {"wrapper": "xla", "blocks_per_step": 8}),
-                   ("kernel on the explicit forward", {"attention": "explicit"}))
+                   ("kernel on the explicit forward", {"attention": "explicit"}),
+                   # Triton settings against the run-1 profile (kernel 3.3 ms, channel sums and
+                   # the rest +1.9 ms over the bare forward's other fusions)
+                   ("kernel, channel sums as a product and a sum (sums=reduce)",
+                    {"sums": "reduce"}),
+                   ("kernel, 2 window corrections shared by the heads (static=2)",
+                    {"static": 2}),
+                   ("kernel, sums=reduce and static=2", {"sums": "reduce", "static": 2}),
+                   ("kernel, one head per program (heads_per_program=1)",
+                    {"heads_per_program": 1}),
+                   ("kernel, 4 heads per program (heads_per_program=4)",
+                    {"heads_per_program": 4}))
 
 
 def _kernel_program(graphdef, mesh, attention: str = "auto", wrapper: str | None = None,
@@ -332,7 +358,7 @@ def part_analysis_ab(p, s: dict, tiny: bool) -> None:
   # the profiles first: they reuse compiled programs (a new Triton program that fails hard
   # cannot take them along)
   _profile_rows(p, {name: (compiled[name], progs[name][1]) for name in PROFILED[2 if tiny else 0:]
-                    if name in compiled}, steps)
+                    if name in compiled and selected(f"profile of {name}")}, steps)
   del compiled, progs
   _alone_rows(p, model, batch, mesh, steps, reps, bare)
   _long_row(p, s, extra, steps, reps, mesh)
@@ -411,6 +437,18 @@ def capture_qk(model):
 ALONE = (("statistics kernel alone: the Pallas call, every layer", {"rows_only": True}),
          ("statistics kernel alone: Pallas call + channel sums (kernel_layer_stats), every layer",
           {}),
+         ("statistics kernel alone: Pallas call + channel sums as a product and a sum "
+          "(sums=reduce)", {"sums": "reduce"}),
+         ("statistics kernel alone: the Pallas call, 2 window corrections shared (static=2)",
+          {"rows_only": True, "static": 2}),
+         ("statistics kernel alone: the Pallas call, none shared (static=0)",
+          {"rows_only": True, "static": 0}),
+         ("statistics kernel alone: the Pallas call, num_stages 1",
+          {"rows_only": True, "num_stages": 1}),
+         ("statistics kernel alone: the Pallas call, one head per program (heads_per_program=1)",
+          {"rows_only": True, "heads_per_program": 1}),
+         ("statistics kernel alone: the Pallas call, 4 heads per program (heads_per_program=4)",
+          {"rows_only": True, "heads_per_program": 4}),
          ("statistics kernel alone: the Pallas call, 2 warps", {"rows_only": True,
                                                                 "num_warps": 2}),
          ("statistics kernel alone: the Pallas call, key blocks of 64 (the two-pass key loop)",
@@ -421,7 +459,8 @@ ALONE = (("statistics kernel alone: the Pallas call, every layer", {"rows_only":
           {"wrapper": "xla", "blocks_per_step": 8}))
 
 
-TRITON_ONLY = {"num_warps", "num_stages", "block_k", "keys_outer"}
+TRITON_ONLY = {"num_warps", "num_stages", "block_k", "keys_outer", "static", "sums",
+               "heads_per_program"}
 
 
 def alone_program(layers: int, platform: str, *, rows_only: bool = False,
@@ -476,6 +515,8 @@ def _alone_rows(p, model, batch: dict, mesh, steps: int, reps: int, bare: float 
                         static_argnums=1)
   progs = {}
   for name, options in ALONE:
+    if not selected(name):
+      continue
     wrapper = options.get("wrapper", native)
     opts = {key: v for key, v in options.items() if key != "wrapper"}
     if wrapper == "xla" and "wrapper" not in options:
@@ -504,7 +545,8 @@ PROFILE_CATEGORIES = (("statistics kernel", r"heads_jax_statistics"),
                                 r"|opc:(dot|convolution)\b"),
                       ("other fusions", r"."))
 # The programs profiled (tiny: the kernel step only, the CPU is shared)
-PROFILED = ("bare forward", "stacked (the step's)", "kernel")
+PROFILED = ("bare forward", "stacked (the step's)", "kernel",
+            "kernel, channel sums as a product and a sum (sums=reduce)")
 
 
 def _profile_rows(p, programs: dict, steps: int) -> None:
@@ -547,6 +589,8 @@ def _long_row(p, s: dict, extra: dict, steps: int, reps: int, mesh) -> None:
                    max_position_embeddings=length)
   model = BertModel(cfg, rngs=nnx.Rngs(0))
   progs = _programs_long(model, arcs_batch(1, length, seed=1), one)
+  if len(progs) == 1:       # ANALYSIS_AB_ONLY left no long program but the bare forward
+    return
   compiled = _compile_all(progs, p)
   bare = None
   results = {}
@@ -606,4 +650,5 @@ def _programs_long(model, batch: dict, mesh) -> dict:
   if kernel.default_wrapper(target_platform(None)) == "triton":
     for name, options in LONG_VARIANTS:
       progs[name] = (_kernel_program(graphdef, mesh, **options), (state, device_batch))
-  return progs
+  return {name: prog for name, prog in progs.items() if name == "bare forward"
+          or selected(f"long: {name}")}

@@ -17,8 +17,8 @@ results of a query block, ``[T, 64]``):
   queries and keys are laid out ``[b, h, k, e]`` so that every block's last two dimensions are
   whole or (8, 128)-aligned (Mosaic's rule), ``n`` comes through SMEM.
 * ``"xla"`` (CPU, TPU sequences longer than a Mosaic program holds, and the reference of the
-  other two): ``lax.scan`` over groups of query blocks of the tile vectorised over sequences and heads:
-  the largest temporary is ``[b, h, G T, k]``, so memory is linear in the sequence length
+  other two): ``lax.scan`` over groups of query blocks of the tile vectorised over sequences and
+  heads: the largest temporary is ``[b, h, G T, k]``, so memory is linear in the sequence length
   (``tests/stats/test_kernel.py`` checks the compiled program's buffers at 8,192 positions).
 
 The Pallas programs write the per-row results ``[b, h, k, 64]`` (linear in the length: 50 MB a
@@ -233,13 +233,22 @@ def _row_fns(roles, direction, measures, scale):
   return rows, channels
 
 
-def _weighted(raw, q_info, weights, channels_fn, block_q, channels):
+SUMS = ("einsum", "reduce")
+
+
+def _weighted(raw, q_info, weights, channels_fn, block_q, channels, sums: str = "einsum"):
   """``sum_t weights[t, c] * channel_c(raw)[t]``: raw ``[b, h, t, E_COLS]``, q_info
-  ``[b, t, Q_COLS]``, weights ``[b, t, cp]`` -> ``[b, h, c]`` (XLA, on the kernel's rows)."""
+  ``[b, t, Q_COLS]``, weights ``[b, t, cp]`` -> ``[b, h, c]`` (XLA, on the kernel's rows).
+  ``sums``: ``"einsum"`` (a float32 contraction over t of the channels), ``"reduce"`` (a product
+  and a sum over t, which XLA may fuse with the channels' arithmetic: one pass over ``raw``)."""
+  if sums not in SUMS:
+    raise ValueError(f"sums must be one of {SUMS}, got {sums!r}")
   t = raw.shape[2]
   qi = tuple(q_info[:, None, :, j:j + 1] for j in range(tile.Q_COLS))      # [b, 1, t, 1]
   row = (jnp.arange(t, dtype=jnp.int32) % block_q)[None, None, :, None]
   vals = jnp.concatenate(channels_fn(raw, qi, row), axis=-1)               # [b, h, t, c]
+  if sums == "reduce":
+    return jnp.sum(vals * weights[:, None, :, :channels], axis=2)
   return jnp.einsum("bhtc,btc->bhc", vals, weights[..., :channels],
                     precision=jax.lax.Precision.HIGHEST)
 
@@ -289,15 +298,20 @@ def _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, ch
 
 
 def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
-                num_stages=None, block_k=None, keys_outer=False):
-  """The Triton program: grid ``(b, q / T)``, each program looping over the heads; all keys at
-  once (``tile.head_rows``) when ``block_k`` is the key axis, else key blocks of ``block_k``
+                num_stages=None, block_k=None, keys_outer=False,
+                static=tile.STATIC_CORRECTIONS, heads_per_program=None):
+  """The Triton program: grid ``(b, q / T, h / g)``, each program looping over g heads
+  (``heads_per_program``, default all: the block's setup is then built once for all); all keys
+  at once (``tile.head_rows``) when ``block_k`` is the key axis, else key blocks of ``block_k``
   in two passes (``tile.head_rows_blocked``, the same ``rows_fn`` settings). ``keys_outer``:
   the second pass loops over key blocks outside the heads, so each block's ``block_setup`` is
   built once for all heads; each head's sums then wait in its output rows (the log-sum-exp in
   column ``tile.R_LSE``)."""
   from jax.experimental.pallas import triton as pl_triton
-  b, kp, h, e = query.shape
+  b, kp, heads, e = query.shape
+  h = heads if heads_per_program is None else int(heads_per_program)
+  if h < 1 or heads % h:
+    raise ValueError(f"heads_per_program must divide the {heads} heads, got {heads_per_program}")
   nq = kp // block_q
   block_k = kp if block_k is None else block_k
   blocks = kp // block_k
@@ -311,7 +325,7 @@ def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, n
     if blocks == 1:
       kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
       kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
-      setup = tile.block_setup(kr, kc, e_ref[...], n, t0, block_q, contraction)
+      setup = tile.block_setup(kr, kc, e_ref[...], n, t0, block_q, contraction, static=static)
 
       def one_head(hd, carry):
         o_ref[hd, :, :] = rows_fn(q_ref[:, hd, :], k_ref[:, hd, :], setup, qi, kr)
@@ -337,17 +351,18 @@ def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, n
 
   return pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((b, h, kp, tile.E_COLS), jnp.float32),
-      grid=(b, nq),
+      out_shape=jax.ShapeDtypeStruct((b, heads, kp, tile.E_COLS), jnp.float32),
+      grid=(b, nq, heads // h),
       in_specs=[
-          pl.BlockSpec((None, block_q, h, e), lambda bi, qi: (bi, qi, 0, 0)),
-          pl.BlockSpec((None, kp, h, e), lambda bi, qi: (bi, 0, 0, 0)),
-          pl.BlockSpec((None, block_q, tile.Q_COLS), lambda bi, qi: (bi, qi, 0)),
-          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi, qi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi, qi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi, qi: (bi, 0, 0)),
+          pl.BlockSpec((None, block_q, h, e), lambda bi, qi, gi: (bi, qi, gi, 0)),
+          pl.BlockSpec((None, kp, h, e), lambda bi, qi, gi: (bi, 0, gi, 0)),
+          pl.BlockSpec((None, block_q, tile.Q_COLS), lambda bi, qi, gi: (bi, qi, 0)),
+          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi, qi, gi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi, qi, gi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi, qi, gi: (bi, 0, 0)),
       ],
-      out_specs=pl.BlockSpec((None, h, block_q, tile.E_COLS), lambda bi, qi: (bi, 0, qi, 0)),
+      out_specs=pl.BlockSpec((None, h, block_q, tile.E_COLS),
+                             lambda bi, qi, gi: (bi, gi, qi, 0)),
       interpret=interpret,
       compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=num_warps,
                                                                        num_stages=num_stages),
@@ -464,7 +479,8 @@ def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction:
                       *, wrapper: str | None = None, block_q: int | None = None, interpret=None,
                       contraction: str = "hilo", platform: str | None = None, num_warps: int = 4,
                       num_stages: int | None = None, block_k: int | None = None,
-                      keys_outer: bool = False):
+                      keys_outer: bool = False, static: int = tile.STATIC_CORRECTIONS,
+                      heads_per_program: int | None = None):
   """The Pallas program alone: every head's per-row results ``[b, h, kp, E_COLS]``
   (``tile.head_rows``) of one layer; arguments as ``kernel_layer_stats`` (``"triton"`` or
   ``"mosaic"``). What
@@ -476,7 +492,8 @@ def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction:
                                                      platform, interpret)
   if wrapper == "triton":
     return _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
-                        num_stages, key_block(query.shape[1], block_k), keys_outer)
+                        num_stages, key_block(query.shape[1], block_k), keys_outer, static,
+                        heads_per_program)
   if wrapper == "mosaic":
     return _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret)
   raise ValueError(f"kernel_layer_rows runs a Pallas wrapper ('triton', 'mosaic'), got {wrapper!r}")
@@ -487,7 +504,9 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
                        block_q: int | None = None, interpret=None, contraction: str = "hilo",
                        platform: str | None = None, num_warps: int = 4,
                        num_stages: int | None = None, block_k: int | None = None,
-                       keys_outer: bool = False, blocks_per_step: int | None = None) -> dict:
+                       keys_outer: bool = False, static: int = tile.STATIC_CORRECTIONS,
+                       heads_per_program: int | None = None, sums: str = "einsum",
+                       blocks_per_step: int | None = None) -> dict:
   """One layer's statistics from its queries and keys ``[b, k, h, e]`` (before the ``1/sqrt(e)``
   scaling; any float dtype), with ``tables = kernel_tables(batch, roles, direction, measures,
   keys=kp)`` of the batch (kp: ``padded_length(k, wrapper, block_q)``, or k).
@@ -503,6 +522,11 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
       ``ONE_PASS_KEYS``, else ``KEY_BLOCK``; a smaller power of two forces the key loop).
     keys_outer: the key loop's second pass with key blocks outside the heads (each block's
       setup built once for all heads; ``_triton_rows``).
+    static: the Triton one-pass program's window corrections built once per block for all
+      heads (``tile.block_setup``; further ones are built per head where a sequence needs them).
+    heads_per_program: heads per Triton program (default all; fewer: more programs, each
+      building its block's setup).
+    sums: how XLA adds the Pallas rows' channels over the queries (``_weighted``).
     blocks_per_step: query blocks per ``lax.scan`` step of the ``"xla"`` wrapper (default 1 on
       CPUs, 32 elsewhere: fewer, larger steps; memory ``[b, h, 16 G, k]``).
 
@@ -524,8 +548,10 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
     raw = kernel_layer_rows(query, key, tables, roles, direction, wrapper=wrapper,
                             block_q=block_q, interpret=interpret, contraction=contraction,
                             platform=platform, num_warps=num_warps, num_stages=num_stages,
-                            block_k=block_k, keys_outer=keys_outer)
-    sums = _weighted(raw, tables["q_info"], tables["weights"], channels_fn, block_q, channels)
+                            block_k=block_k, keys_outer=keys_outer, static=static,
+                            heads_per_program=heads_per_program)
+    sums = _weighted(raw, tables["q_info"], tables["weights"], channels_fn, block_q, channels,
+                     sums)
   return split_channels(sums, roles, measures)
 
 
@@ -543,7 +569,9 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
                    interpret=None, mesh=None, platform: str | None = None,
                    contraction: str = "hilo", num_warps: int = 4,
                    num_stages: int | None = None, block_k: int | None = None,
-                   keys_outer: bool = False, blocks_per_step: int | None = None):
+                   keys_outer: bool = False, static: int = tile.STATIC_CORRECTIONS,
+                   heads_per_program: int | None = None, sums: str = "einsum",
+                   blocks_per_step: int | None = None):
   """The model's ``attention_reduce`` hook for kernel v2 (needs no probabilities: the model keeps
   its fast attention and the tile recomputes the scores from the queries and keys).
 
@@ -555,7 +583,9 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
                             measures=measures, wrapper=wrapper, block_q=block_q,
                             interpret=interpret, contraction=contraction, platform=platform,
                             num_warps=num_warps, num_stages=num_stages, block_k=block_k,
-                            keys_outer=keys_outer, blocks_per_step=blocks_per_step)
+                            keys_outer=keys_outer, static=static,
+                            heads_per_program=heads_per_program, sums=sums,
+                            blocks_per_step=blocks_per_step)
   if wrapper != "xla" and mesh is not None and mesh.size > 1:
     spec = P(DATA_AXIS)
     stats = jax.shard_map(stats, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,

@@ -146,6 +146,16 @@ def test_pallas_wrappers_in_interpret_mode(small_case, wrapper):
   _check(_kernel(batch, q, kk, "both", wrapper=wrapper, interpret=True), want, 1e-5)
 
 
+def test_triton_settings_in_interpret_mode(small_case):
+  """The Triton program's settings the bench times: no window correction shared by the heads
+  (``static=0``: each built per head), one head per program (a grid over the heads too), and
+  the channel sums as a product and a sum over the queries (``sums="reduce"``): the same
+  numbers."""
+  batch, q, kk, want = small_case
+  _check(_kernel(batch, q, kk, "both", wrapper="triton", interpret=True, static=0,
+                 heads_per_program=1, sums="reduce"), want, 1e-5)
+
+
 def _short_case(k: int):
   """bf16 ``_case`` with 3 rows: one long, one of at most 16 real positions (its later key blocks
   all padding), one all padding (a batch padded to the devices), a pair and arcs."""
