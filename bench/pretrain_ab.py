@@ -21,7 +21,14 @@ stays on the device. The variants, in this order:
   (``mlm_logits="padded"``): the step ``configs/pretrain.py`` trains;
 * V7  V6 at twice the batch (512 at sequence 128; the ``bert_base_b512`` preset);
 * V8  V6 at the settings' ``long`` (batch, sequence, predictions), e.g. ``(64, 512, 80)``: the
-  same tokens a step at phase 2's sequence length (only when ``long`` is set).
+  same tokens a step at phase 2's sequence length (only when ``long`` is set);
+* V9  V6 compiled with ``xla_gpu_enable_cublaslt`` (``Lowered.compile(compiler_options=...)``,
+  per program): bias epilogues fused into the GEMMs;
+* V10, V11  V6 with other launch settings of the flash kernels (``flash_attention.tuned``):
+  the backward in 64-row steps with 8 warps; every kernel pipelined 4 stages deep.
+
+The rows come in the order V0, V1, V4, V5, V6, V9, V10, V11, V7 (V8). ``PRETRAIN_AB_VARIANTS``
+(e.g. ``V6,V9,V10,V11,V7``) runs a subset, in that order; ratios are against the first.
 
 The last rows are the candidates for the default. Each row: tokens/s, MFU (``6N + 12 l d q``
 FLOPs per token over the device's data-sheet bf16 peak; ``bench_training.flops_per_token``), step
@@ -53,6 +60,7 @@ import argparse
 import concurrent.futures as cf
 import dataclasses
 import functools
+import os
 import sys
 import time
 from pathlib import Path
@@ -64,7 +72,7 @@ import common  # noqa: E402
 
 FULL = {"size": "base", "dtype": "bfloat16", "seq": 128, "batch": 256, "preds": 20,
         "loss_steps": 10, "steps": 10, "repeats": 3, "profile_steps": 5,
-        "breakdown_before_s": 150, "long": None}
+        "breakdown_before_s": 120, "long": None}
 TINY = {"size": "tiny", "dtype": "float32", "seq": 32, "batch": 4, "preds": 5,
         "loss_steps": 2, "steps": 2, "repeats": 1, "num_layers": 1, "profile_steps": 1,
         "breakdown_before_s": 1e9, "long": (2, 64, 10)}
@@ -85,6 +93,8 @@ class Variant:
   mlm_logits: str = "float32"
   batch_factor: int = 1
   long: bool = False          # at the settings' ``long`` (sequence, batch, predictions)
+  xla: tuple = ()             # XLA options of this variant's compilation: ((name, value), ...)
+  flash: tuple = ()           # the flash kernels' launch settings (flash_attention.tuned)
 
   def shape(self, s: dict) -> tuple[int, int, int]:
     """``(batch, sequence, predictions)`` of this variant under settings ``s``."""
@@ -124,12 +134,32 @@ def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
   v7 = dataclasses.replace(v6, name="V7", label="V6 at twice the batch (bert_base_b512)",
                            batch_factor=2)
   v8 = dataclasses.replace(v6, name="V8", label="V6 at the long sequence (phase 2's)", long=True)
-  return [(v, None) for v in (v0, v1, v4, v5, v6, v7) + ((v8,) if long else ())]
+  # after run 1 (2026-11-27 08:14, H200): V6's profile has 31 of 56 ms outside the GEMMs, the
+  # flash kernels 6.1 ms (10.8%) for ~0.6 ms of their FLOPs at peak
+  v9 = dataclasses.replace(v6, name="V9", label="V6 compiled with cuBLASLt GEMMs (bias "
+                           "epilogues fused: xla_gpu_enable_cublaslt)",
+                           xla=(("xla_gpu_enable_cublaslt", True),))
+  v10 = dataclasses.replace(v6, name="V10", label="V6 + flash backward in 64-row steps, 8 warps",
+                            flash=(("inner", 64), ("bwd_warps", 8)))
+  v11 = dataclasses.replace(v6, name="V11", label="V6 + flash kernels pipelined 4 stages deep",
+                            flash=(("stages", 4),))
+  chosen = (v0, v1, v4, v5, v6, v9, v10, v11, v7) + ((v8,) if long else ())
+  only = [x.strip() for x in os.environ.get(VARIANTS_ENV, "").split(",") if x.strip()]
+  if only:
+    names = {v.name for v in chosen}
+    unknown = [x for x in only if x not in names]
+    if unknown:
+      raise SystemExit(f"{VARIANTS_ENV}: no variant {', '.join(unknown)}; choose from "
+                       f"{', '.join(v.name for v in chosen)}")
+    chosen = tuple(v for v in chosen if v.name in only)
+  return [(v, None) for v in chosen]
 
 
 # variants whose step is profiled (bench/profiling.py) right after it is timed: the baseline, the
 # chain's candidates for the default, and the flat LAMB (why it is slower)
-PROFILED = ("V0", "V4", "V5", "V6")
+PROFILED = ("V0", "V4", "V5", "V6", "V9", "V10", "V11")
+# a comma-separated subset of the variants to run (in their order), e.g. "V6,V9,V10,V11,V7"
+VARIANTS_ENV = "PRETRAIN_AB_VARIANTS"
 # the breakdown programs (forward, forward+backward, optimizer alone) are compiled for the
 # baseline and for the fastest variant of the default chain at the base batch
 BREAKDOWN = ("V0",)
@@ -183,8 +213,13 @@ class _Program:
     self.abstract_batch = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.batch)
 
+  def _tuned(self):
+    from heads_jax.model import flash_attention
+    return flash_attention.tuned(**dict(self.v.flash))
+
   def lower_step(self):
-    return self.step.lower(self.abstract_state, self.abstract_batch)
+    with self._tuned():
+      return self.step.lower(self.abstract_state, self.abstract_batch)
 
   def lower_breakdown(self) -> dict:
     """The forward, forward+backward and optimizer-alone programs, lowered."""
@@ -202,9 +237,10 @@ class _Program:
       return optax.apply_updates(p, u), o
 
     ps, os_ = self.abstract_state["params"], self.abstract_state["opt_state"]
-    return {"forward": jax.jit(loss).lower(ps, self.abstract_batch),
-            "fwd_bwd": jax.jit(jax.value_and_grad(loss)).lower(ps, self.abstract_batch),
-            "optimizer": jax.jit(update).lower(ps, os_, ps)}
+    with self._tuned():
+      return {"forward": jax.jit(loss).lower(ps, self.abstract_batch),
+              "fwd_bwd": jax.jit(jax.value_and_grad(loss)).lower(ps, self.abstract_batch),
+              "optimizer": jax.jit(update).lower(ps, os_, ps)}
 
   def fresh_state(self, device_params):
     """A new train state on the device from ``device_params`` (copied: the step donates it)."""
@@ -274,7 +310,7 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
       row(f"{v.name} {v.label}", "failed", "", "", why=f"{type(e).__name__}: {e}"[:500])
       continue
     programs.append(prog)
-    lowered.append(low)
+    lowered.append(_WithOptions(low, dict(v.xla)))
   if not programs:
     return []
 
@@ -316,7 +352,7 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
            "mfu": mfu, "loss_after": loss, "loss_steps": s["loss_steps"],
            "batch": b_, "seq": seq_, "settings": dataclasses.asdict(v)}
     base = base or res
-    ratio = f"{tps / base['tokens_per_s']:.2f}x V0"
+    ratio = f"{tps / base['tokens_per_s']:.2f}x {base['variant']}"
     if mfu is not None:
       ratio = f"MFU {100 * mfu:.1f}%, " + ratio
     row(f"{v.name} {v.label}, seq {seq_} batch {b_}", tps, "tokens/s", ratio,
@@ -398,6 +434,17 @@ def _profile_row(v: Variant, one, step, s: dict, row) -> dict | None:
       f"idle: {phases})", cats, "ms", f"span {prof.span_ms:.1f} ms, busy {prof.busy_ms:.1f} ms",
       profile=prof.as_dict())
   return prof.as_dict()
+
+
+class _WithOptions:
+  """A lowered program whose ``compile()`` passes the variant's XLA options
+  (``Lowered.compile(compiler_options=...)``: per program, in one process)."""
+
+  def __init__(self, lowered, options: dict):
+    self.lowered, self.options = lowered, options
+
+  def compile(self):
+    return self.lowered.compile(compiler_options=self.options or None)
 
 
 def _compile_all(lowered: list, threads: int) -> list:

@@ -20,16 +20,24 @@ known (``hlo_text``), and kept when no event carries it.
 Each event gets a label, the text the category patterns search (first match wins, the rest is
 ``other``)::
 
-    k:<kernel name> op:<hlo_op> opc:<opcode> ... tgt:<custom-call target> scope:<s> ... prim:<p> ...
+    k:<kernel name> op:<instruction> opc:<opcode> ... tgt:<custom-call target> scope:<s> ...
+    prim:<p> ...
 
-The ``opc:``/``tgt:``/``scope:``/``prim:`` fields come from the compiled HLO (``hlo_text``, e.g.
-``compiled.as_text()``): the instruction named by ``hlo_op`` (or by the kernel's name) with every
-instruction of the computations it calls (a fusion's body). ``scope:`` are the
+The instruction is the event's ``hlo_op`` when the compiled HLO (``hlo_text``, e.g.
+``compiled.as_text()``) has it, else the one the kernel is named after (XLA names a fusion's
+kernel after the fusion, "." and "-" made "_"): inside a CUDA graph (XLA's command buffers, the
+default on GPUs) every kernel's ``hlo_op`` is the command buffer's thunk (``command_buffer_1``),
+not an instruction. Library kernels (cuBLAS, cuDNN, Pallas calls) have no instruction of their
+name and keep their kernel name. The ``opc:``/``tgt:``/``scope:``/``prim:`` fields: the
+instruction with every instruction of the computations it calls (a fusion's body). ``scope:`` are the
 ``jax.named_scope`` names in the instructions' ``op_name`` metadata (``jit(f)/transpose(jvp(
 optimizer))/mul`` gives scope ``optimizer`` and primitive ``mul``), ``prim:`` the JAX primitives.
 The same metadata gives the phase: ``optimizer`` (a scope ``optimizer``, which
 ``training.steps.make_train_step`` puts around the update), ``backward`` (a ``transpose(...)``
-op name), ``forward`` (any other ``jvp``/``jit`` op name), ``unknown`` (no metadata).
+op name), ``forward`` (any other ``jvp``/``jit`` op name); a kernel without an instruction (a
+cuBLAS GEMM in a CUDA graph) takes the phase of the kernel before it in time (an inference:
+forward GEMMs run between forward fusions, backward ones between backward fusions), and
+``unknown`` is left only where no kernel has a phase (no HLO given).
 
 Attribution: where events overlap (several streams or threads), each elementary interval is
 shared equally among the events running in it, so the categories sum to the busy time (the union
@@ -277,7 +285,8 @@ def read_events(xplane_path: str, module: str = "",
 @dataclasses.dataclass
 class Profile:
   """ms per step: ``categories`` (with ``idle``) and ``phases`` (with ``idle``) each sum to
-  ``span_ms``; ``top``: the kernels that took most, ``(name, category, ms per step)``."""
+  ``span_ms``; ``top``: the kernels that took most, ``(name, category, ms per step, calls per
+  step)``."""
   steps: int
   plane: str
   span_ms: float
@@ -286,7 +295,7 @@ class Profile:
   wall_ms: float
   categories: dict[str, float]
   phases: dict[str, float]
-  top: list[tuple[str, str, float]]
+  top: list[tuple[str, str, float, float]]
   events: int
 
   def as_dict(self) -> dict:
@@ -306,7 +315,8 @@ class Profile:
     lines = [head]
     lines += block("category", list(self.categories.items()))
     lines += block("phase", list(self.phases.items()))
-    lines += block("kernel (category)", [(f"{n[:70]} ({c})", v) for n, c, v in self.top[:top]])
+    lines += block("kernel (category) x calls a step",
+                   [(f"{n[:70]} ({c}) x{k:g}", v) for n, c, v, k in self.top[:top]])
     return "\n".join(lines)
 
 
@@ -343,17 +353,23 @@ def summarize(events: Sequence[Event], *, steps: int, plane: str = "",
   cats = [(c, re.compile(rx)) for c, rx in (DEFAULT_CATEGORIES if categories is None
                                              else categories)]
   index = HloIndex(hlo_text)
-  events = [e for e in events if index.opcode(e.hlo_op or e.name) not in _CONTAINERS]
-  if not events:
+  # the instruction an event ran: its hlo_op, or (inside a CUDA graph, whose kernels all carry
+  # the command buffer's name, e.g. "command_buffer_1") the one its kernel is named after;
+  # library kernels (cuBLAS, cuDNN, Pallas calls) keep their kernel name
+  named = [(e, index.resolve(e.hlo_op) or index.resolve(e.name) or e.name) for e in events]
+  named = [(e, n) for e, n in named if index.opcode(n) not in _CONTAINERS]
+  if not named:
     raise ProfileUnavailable("no kernel/op events besides control flow")
-  keyed = []
-  for e in events:
-    fields, phase = index.describe(e.hlo_op or e.name)
-    if not fields and e.hlo_op and e.name != e.hlo_op:
-      fields, phase = index.describe(e.name)
-    label = f"k:{e.name} op:{e.hlo_op} {fields}".strip()
+  named.sort(key=lambda x: x[0].start_ns)
+  described = [(e, n) + index.describe(n) for e, n in named]
+  phases = _fill_phases([ph for _, _, _, ph in described])
+  keyed, calls = [], defaultdict(int)
+  for (e, name, fields, _), phase in zip(described, phases):
+    label = f"k:{e.name} op:{name} {fields}".strip()
     cat = next((c for c, rx in cats if rx.search(label)), "other")
-    keyed.append((e.start_ns, e.end_ns, (cat, phase, e.hlo_op or e.name)))
+    keyed.append((e.start_ns, e.end_ns, (cat, phase, name)))
+    calls[(name, cat)] += 1
+  events = [e for e, _ in named]
   shares, busy = _share(keyed)
   span = max(e.end_ns for e in events) - min(e.start_ns for e in events)
   per = 1e-6 / steps
@@ -368,10 +384,31 @@ def summarize(events: Sequence[Event], *, steps: int, plane: str = "",
   idle = (span - busy) * per
   by_cat["idle"] = idle
   by_phase["idle"] = idle
-  ranked = sorted(((n, c, v) for (n, c), v in kernels.items()), key=lambda x: -x[2])
+  ranked = sorted(((n, c, v, calls[(n, c)] / steps) for (n, c), v in kernels.items()),
+                  key=lambda x: -x[2])
   return Profile(steps=steps, plane=plane, span_ms=span * per, busy_ms=busy * per, idle_ms=idle,
                  wall_ms=1e3 * wall_s / steps, categories=by_cat, phases=by_phase,
                  top=ranked[:top], events=len(events))
+
+
+def _fill_phases(phases: list[str]) -> list[str]:
+  """Phases in time order with each ``unknown`` (a library kernel without an HLO instruction:
+  a cuBLAS GEMM inside a CUDA graph) given the phase of the kernel before it (the first ones:
+  of the first known after them). All unknown stay unknown."""
+  out, last = list(phases), None
+  for i, ph in enumerate(out):
+    if ph == "unknown":
+      if last is not None:
+        out[i] = last
+    else:
+      last = ph
+  first = next((ph for ph in out if ph != "unknown"), None)
+  if first is not None:
+    for i, ph in enumerate(out):
+      if ph != "unknown":
+        break
+      out[i] = first
+  return out
 
 
 def trace_events(run: Callable[[], Any], steps: int, module: str = "",

@@ -36,6 +36,8 @@ off. The kernels follow the structure of jax's ``jax.experimental.pallas.ops.gpu
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import math
 
@@ -53,6 +55,32 @@ BLOCK = 128  # query and key block of every kernel (BERT's 128 and 512 need no p
 # BLOCK_N2 = 32, 128, 128, 32): [128, 32] float32 tiles keep the registers of 4 warps.
 INNER = 32
 PAD_QUERY, PAD_KEY = -2, -1  # segment ids of padded positions: they attend nothing
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+  """Triton launch settings of the kernels (none changes the arithmetic but ``inner``, which
+  changes only the order of the backward's sums): ``fwd_warps`` (None: 4 for feature widths up
+  to 64, else 8), ``bwd_warps``, ``stages`` (software-pipelining depth of every kernel's loops)
+  and ``inner`` (rows a backward inner-loop step takes: queries for dK/dV, keys for dQ)."""
+  fwd_warps: int | None = None
+  bwd_warps: int = 4
+  stages: int = 2
+  inner: int = INNER
+
+
+_TUNING = [Tuning()]
+
+
+@contextlib.contextmanager
+def tuned(**changes):
+  """Kernels traced inside use ``Tuning(**changes)`` (e.g. ``bench/pretrain_ab.py``'s A/B of
+  launch settings); the settings are read when the program is traced, not when it runs."""
+  _TUNING.append(dataclasses.replace(_TUNING[-1], **changes))
+  try:
+    yield _TUNING[-1]
+  finally:
+    _TUNING.pop()
 
 
 def _block(n: int, block: int) -> int:
@@ -156,7 +184,8 @@ def _forward(q, k, v, qseg, kseg, keep, rate, scale, block_q, block_k, interpret
                  pl.BlockSpec((None, None, block_q), lambda i, j, n: (j, n, i))],
       out_shape=[jax.ShapeDtypeStruct((b, sq, h, c), v.dtype),
                  jax.ShapeDtypeStruct((b, h, sq), jnp.float32)],
-      compiler_params=_params(4 if max(e, c) <= 64 else 8),
+      compiler_params=_params(_TUNING[-1].fwd_warps or (4 if max(e, c) <= 64 else 8),
+                              _TUNING[-1].stages),
       interpret=interpret,
       name="flash_attention_forward",
   )
@@ -232,7 +261,8 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
   inv_keep = _inv_keep(rate)
   # [b, h, q] float32: sum_c dO O (one elementwise-and-reduce fusion, not a dot)
   delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
-  warps = 4
+  tune = _TUNING[-1]
+  warps, inner = tune.bwd_warps, tune.inner
   args = [q, k, v, do, lse, delta, qseg, kseg] + ([keep] if dropout else [])
 
   # dK, dV: grid over key blocks; full query rows
@@ -248,14 +278,14 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
   ] + ([pl.BlockSpec((None, None, sq, block_k), lambda i, j, n: (j, n, 0, i))] if dropout else [])
   dk, dv = _call(
       functools.partial(_dkdv_kernel, scale=scale, inv_keep=inv_keep,
-                        block_q=min(INNER, block_q),
+                        block_q=min(inner, block_q),
                         dropout=dropout), *args,
       grid=(sk // block_k, b, h),
       in_specs=specs,
       out_specs=[pl.BlockSpec((None, block_k, None, e), lambda i, j, n: (j, i, n, 0)),
                  pl.BlockSpec((None, block_k, None, c), lambda i, j, n: (j, i, n, 0))],
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      compiler_params=_params(warps),
+      compiler_params=_params(warps, tune.stages),
       interpret=interpret,
       name="flash_attention_dkdv",
   )
@@ -272,13 +302,13 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
       pl.BlockSpec((None, sk), lambda i, j, n: (j, 0)),
   ] + ([pl.BlockSpec((None, None, block_q, sk), lambda i, j, n: (j, n, i, 0))] if dropout else [])
   dq = _call(
-      functools.partial(_dq_kernel, scale=scale, inv_keep=inv_keep, block_k=min(INNER, block_k),
+      functools.partial(_dq_kernel, scale=scale, inv_keep=inv_keep, block_k=min(inner, block_k),
                         dropout=dropout), *args,
       grid=(sq // block_q, b, h),
       in_specs=specs,
       out_specs=pl.BlockSpec((None, block_q, None, e), lambda i, j, n: (j, i, n, 0)),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      compiler_params=_params(warps),
+      compiler_params=_params(warps, tune.stages),
       interpret=interpret,
       name="flash_attention_dq",
   )

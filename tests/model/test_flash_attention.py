@@ -61,6 +61,26 @@ def test_kernel_equals_reference(dropout):
   assert float(jnp.max(jnp.abs(g[0][1, 17:]))) == 0.0  # ... and no gradient
 
 
+def test_tuned_launch_settings_keep_the_gradients():
+  """``tuned`` (bench/pretrain_ab.py's A/B of launch settings): other warps, stages and a
+  backward inner step of 32 rows instead of 16 (blocks of 32) give the reference's gradients;
+  the settings hold inside the context only."""
+  from heads_jax.model import flash_attention as fa
+  q, k, v = _inputs(s=32)
+  qseg, kseg = jnp.ones((2, 32), jnp.int32), jnp.array([[1] * 25 + [0] * 7, [1] * 32])
+  keep = jax.random.bernoulli(jax.random.key(5), 0.8, (2, 3, 32, 32))
+  w = jax.random.normal(jax.random.key(6), q.shape)
+  g_ref = _grads(reference_attention, q, k, v, w, qseg, kseg, keep, rate=0.2)
+  with fa.tuned(inner=16):
+    g16 = _grads(flash_attention, q, k, v, w, qseg, kseg, keep, rate=0.2, block=32)
+  with fa.tuned(inner=32, bwd_warps=8, fwd_warps=8, stages=3) as t:
+    assert fa._TUNING[-1] == t and t.inner == 32 and t.stages == 3
+    g32 = _grads(flash_attention, q, k, v, w, qseg, kseg, keep, rate=0.2, block=32)
+  assert fa._TUNING[-1] == fa.Tuning()
+  _close(g16, g_ref, 2e-6)
+  _close(g32, g_ref, 2e-6)
+
+
 def test_kernel_dropout_is_the_mask_it_is_given():
   """Rate 0.5: the output equals the oracle's for this mask and differs from the one without
   dropout and from the one with another mask (the mask is read, not redrawn). 64 positions: one

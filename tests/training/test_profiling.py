@@ -31,6 +31,7 @@ def test_overlapping_events_share_their_time_and_sum_to_the_span():
   assert sum(p.categories.values()) == pytest.approx(p.span_ms)
   assert sum(p.phases.values()) == pytest.approx(p.span_ms)
   assert p.top[0][2] == pytest.approx(10 * per) and p.top[0][0] == "copy_c"
+  assert p.top[0][3] == 0.5                          # one call in two steps
   text = p.table()
   assert "GEMM" in text and "idle" in text and "span" in text
 
@@ -95,7 +96,7 @@ def test_a_cpu_trace_of_a_known_program():
   assert sum(p.phases.values()) == pytest.approx(p.span_ms, rel=1e-9)
   # each event's category follows from its HLO: the dots are GEMMs, the optimizer's ops
   # (no dot) the optimizer's, the rotations the RNG's
-  cat_of = {n: c for n, c, _ in p.top}
+  cat_of = {n: c for n, c, *_ in p.top}
   for name, cat in cat_of.items():
     fields, _ = index.describe(name)
     if "opc:dot" in fields:
@@ -114,3 +115,28 @@ def test_profile_categories_is_the_short_form():
   assert out["GEMMs"] > 0 and out["rest"] > 0 and out["other"] == 0
   with pytest.raises(ValueError, match="steps"):
     profiling.profile(lambda: None, steps=0)
+
+
+def test_kernels_in_a_cuda_graph_are_named_and_phased_by_their_kernel():
+  """Inside a command buffer every kernel's hlo_op is the buffer's thunk: the fusions are found
+  by kernel name ("." -> "_"), a library GEMM keeps its kernel name and takes the phase of the
+  kernel before it."""
+  compiled, _ = _program()
+  text = compiled.as_text()
+  index = profiling.HloIndex(text)
+  fwd = next(n for n, i in index.instrs.items() if "." in n and i.opcode == "fusion"
+             and index.describe(n)[1] == "forward")
+  bwd = next(n for n, i in index.instrs.items() if i.opcode not in ("parameter", "constant")
+             and index.describe(n)[1] == "backward")
+  k = lambda n: n.replace(".", "_").replace("-", "_")
+  ev = [profiling.Event(k(fwd), "command_buffer_1", "", 0, 2),
+        profiling.Event("nvjet_tst_128x64_gemm", "command_buffer_1", "", 2, 6),
+        profiling.Event(k(bwd), "command_buffer_1", "", 6, 7),
+        profiling.Event("sm90_xmma_gemm_bf16", "command_buffer_1", "", 7, 10)]
+  p = profiling.summarize(ev, steps=1, hlo_text=text)
+  names = {n for n, *_ in p.top}
+  assert {fwd, bwd, "nvjet_tst_128x64_gemm", "sm90_xmma_gemm_bf16"} == names
+  assert "command_buffer_1" not in names
+  assert p.phases["forward"] * 1e6 == pytest.approx(6)      # the fusion + the GEMM after it
+  assert p.phases["backward"] * 1e6 == pytest.approx(4)
+  assert p.phases["unknown"] == 0 and p.categories["GEMM"] * 1e6 == pytest.approx(7)
