@@ -26,16 +26,19 @@ stays on the device. The variants, in this order:
   per program): bias epilogues fused into the GEMMs; V12 with
   ``xla_gpu_enable_cudnn_layer_norm`` (LayerNorm forward and backward as cuDNN kernels);
 * V10, V11  V6 with other launch settings of the flash kernels (``flash_attention.tuned``):
-  the backward in 64-row steps with 8 warps; every kernel pipelined 4 stages deep.
+  the backward in 64-row steps with 8 warps; every kernel pipelined 4 stages deep;
+* V13  V6 with dQ written by the flash dK/dV kernel (``tuned(fuse_dq=True)``: 128 keys are one
+  block, so that kernel's program has every key of its rows; the dQ kernel, which recomputes the
+  probabilities, is not launched).
 
-The rows come in the order V0, V1, V4, V6, V9, V10, V11, V12, V7, V5 (V8).
-``PRETRAIN_AB_VARIANTS`` (e.g. ``V6,V9,V10,V11,V12,V7,V5``) runs a subset, in that order; ratios
+The rows come in the order V0, V1, V4, V6, V9, V10, V11, V12, V13, V7, V5 (V8).
+``PRETRAIN_AB_VARIANTS`` (e.g. ``V6,V9,V10,V12,V13,V7,V5``) runs a subset, in that order; ratios
 are against the first.
 
 The last rows are the candidates for the default. Each row: tokens/s, MFU (``6N + 12 l d q``
 FLOPs per token over the device's data-sheet bf16 peak; ``bench_training.flops_per_token``), step
 ms, and the loss after ``loss_steps`` steps from the same initial parameters (finite, and close
-across variants: the changes keep the arithmetic). V0, V4, V5, V6, V9-V12 are profiled
+across variants: the changes keep the arithmetic). V0, V4, V5, V6, V9-V13 are profiled
 (``bench/profiling.py``, ``profile_steps`` steps traced right after the timing): device time per
 step by category (GEMM, attention kernel, optimizer, dropout RNG, copies, reductions,
 elementwise fusions, other, idle) and by phase (forward, backward, optimizer, from the HLO's
@@ -148,7 +151,9 @@ def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
   v12 = dataclasses.replace(v6, name="V12", label="V6 compiled with cuDNN LayerNorm "
                             "(xla_gpu_enable_cudnn_layer_norm)",
                             xla=(("xla_gpu_enable_cudnn_layer_norm", True),))
-  chosen = (v0, v1, v4, v6, v9, v10, v11, v12, v7, v5) + ((v8,) if long else ())
+  v13 = dataclasses.replace(v6, name="V13", label="V6 + dQ written by the flash dK/dV kernel "
+                            "(128 keys: one block; no dQ kernel)", flash=(("fuse_dq", True),))
+  chosen = (v0, v1, v4, v6, v9, v10, v11, v12, v13, v7, v5) + ((v8,) if long else ())
   only = [x.strip() for x in os.environ.get(VARIANTS_ENV, "").split(",") if x.strip()]
   if only:
     names = {v.name for v in chosen}
@@ -162,7 +167,7 @@ def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
 
 # variants whose step is profiled (bench/profiling.py) right after it is timed: the baseline, the
 # chain's candidates for the default, and the flat LAMB (why it is slower)
-PROFILED = ("V0", "V4", "V5", "V6", "V9", "V10", "V11", "V12")
+PROFILED = ("V0", "V4", "V5", "V6", "V9", "V10", "V11", "V12", "V13")
 # a comma-separated subset of the variants to run (in their order), e.g. "V6,V9,V10,V11,V7"
 VARIANTS_ENV = "PRETRAIN_AB_VARIANTS"
 # the breakdown programs (forward, forward+backward, optimizer alone) are compiled for the

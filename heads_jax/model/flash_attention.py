@@ -62,11 +62,15 @@ class Tuning:
   """Triton launch settings of the kernels (none changes the arithmetic but ``inner``, which
   changes only the order of the backward's sums): ``fwd_warps`` (None: 4 for feature widths up
   to 64, else 8), ``bwd_warps``, ``stages`` (software-pipelining depth of every kernel's loops)
-  and ``inner`` (rows a backward inner-loop step takes: queries for dK/dV, keys for dQ)."""
+  and ``inner`` (rows a backward inner-loop step takes: queries for dK/dV, keys for dQ).
+  ``fuse_dq``: where the keys are one block (BERT's 128), the dK/dV kernel also writes dQ (its
+  program holds every key of the row: ``dQ = dS K`` per query step), and the dQ kernel, which
+  recomputes the probabilities, is not launched."""
   fwd_warps: int | None = None
   bwd_warps: int = 4
   stages: int = 2
   inner: int = INNER
+  fuse_dq: bool = False
 
 
 _TUNING = [Tuning()]
@@ -75,7 +79,8 @@ _TUNING = [Tuning()]
 @contextlib.contextmanager
 def tuned(**changes):
   """Kernels traced inside use ``Tuning(**changes)`` (e.g. ``bench/pretrain_ab.py``'s A/B of
-  launch settings); the settings are read when the program is traced, not when it runs."""
+  launch settings); the settings are read when the program is traced, not when it runs, and
+  ``jax.jit``'s trace cache does not know them: trace a new function under each setting."""
   _TUNING.append(dataclasses.replace(_TUNING[-1], **changes))
   try:
     yield _TUNING[-1]
@@ -200,12 +205,13 @@ def _probs(q, k, qseg, kseg, lse, scale):
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_ref, *refs,
-                 scale, inv_keep, block_q, dropout: bool):
-  """One key block: loops over the query blocks; dk [bk, e], dv [bk, c]."""
-  if dropout:
-    keep_ref, dk_ref, dv_ref = refs
-  else:
-    keep_ref, (dk_ref, dv_ref) = None, refs
+                 scale, inv_keep, block_q, dropout: bool, with_dq: bool = False):
+  """One key block: loops over the query blocks; dk [bk, e], dv [bk, c]; with ``with_dq`` (the
+  block is every key) also dq [q, e], one query step at a time."""
+  refs = list(refs)
+  keep_ref = refs.pop(0) if dropout else None
+  dk_ref, dv_ref = refs[0], refs[1]
+  dq_ref = refs[2] if with_dq else None
   k, v, kseg = k_ref[...], v_ref[...], kseg_ref[...]
 
   def body(i, carry):
@@ -223,6 +229,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg
     dv = dv + plgpu.dot(pd.astype(do.dtype), do, trans_a=True)
     ds = p * (dp - delta_ref[qs][:, None])
     dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True)
+    if with_dq:
+      dq_ref[qs, :] = (plgpu.dot(ds.astype(k.dtype), k) * scale).astype(dq_ref.dtype)
     return dk, dv
 
   init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
@@ -276,19 +284,29 @@ def _backward(q, k, v, qseg, kseg, keep, out, lse, do, rate, scale, block_q, blo
       pl.BlockSpec((None, sq), lambda i, j, n: (j, 0)),
       pl.BlockSpec((None, block_k), lambda i, j, n: (j, i)),
   ] + ([pl.BlockSpec((None, None, sq, block_k), lambda i, j, n: (j, n, 0, i))] if dropout else [])
-  dk, dv = _call(
+  fuse = tune.fuse_dq and sk == block_k
+  out_specs = [pl.BlockSpec((None, block_k, None, e), lambda i, j, n: (j, i, n, 0)),
+               pl.BlockSpec((None, block_k, None, c), lambda i, j, n: (j, i, n, 0))]
+  out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+  if fuse:  # one key block: its program writes every query row's dq
+    out_specs.append(pl.BlockSpec((None, sq, None, e), lambda i, j, n: (j, 0, n, 0)))
+    out_shape.append(jax.ShapeDtypeStruct(q.shape, q.dtype))
+  outs = _call(
       functools.partial(_dkdv_kernel, scale=scale, inv_keep=inv_keep,
                         block_q=min(inner, block_q),
-                        dropout=dropout), *args,
+                        dropout=dropout, with_dq=fuse), *args,
       grid=(sk // block_k, b, h),
       in_specs=specs,
-      out_specs=[pl.BlockSpec((None, block_k, None, e), lambda i, j, n: (j, i, n, 0)),
-                 pl.BlockSpec((None, block_k, None, c), lambda i, j, n: (j, i, n, 0))],
-      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      out_specs=out_specs,
+      out_shape=out_shape,
       compiler_params=_params(warps, tune.stages),
       interpret=interpret,
-      name="flash_attention_dkdv",
+      name="flash_attention_dkdv" + ("_dq" if fuse else ""),
   )
+  if fuse:
+    dk, dv, dq = outs
+    return dq, dk, dv
+  dk, dv = outs
 
   # dQ: grid over query blocks; full key rows
   specs = [

@@ -3,6 +3,8 @@ interpret mode on the CPU: against the plain-JAX oracle and, inside BERT, agains
 path with the same dropout masks (forward and gradient), and the masks as a function of the
 step's key (what exact resume needs)."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,17 @@ def test_tuned_launch_settings_keep_the_gradients():
   assert fa._TUNING[-1] == fa.Tuning()
   _close(g16, g_ref, 2e-6)
   _close(g32, g_ref, 2e-6)
+  # dQ from the dK/dV kernel where the keys are one block (32 here), the dQ kernel not launched;
+  # with two key blocks (16) the setting changes nothing
+  grad = functools.partial(_grads, flash_attention, q, k, v, w, qseg, kseg, keep, rate=0.2)
+  with fa.tuned(fuse_dq=True):
+    g_fused = grad(block=32)
+    text = str(jax.make_jaxpr(lambda q: jax.grad(lambda q: jnp.sum(flash_attention(
+        q, k, v, qseg, kseg, keep, rate=0.2, block=32) * w))(q))(q))
+    g_two = grad(block=16)
+  assert "flash_attention_dkdv_dq" in text and "flash_attention_dq" not in text
+  _close(g_fused, g_ref, 2e-6)
+  _close(g_two, g_ref, 2e-6)
 
 
 def test_kernel_dropout_is_the_mask_it_is_given():

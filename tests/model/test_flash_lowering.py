@@ -11,6 +11,7 @@ from flax import nnx
 from jax import export
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
+from heads_jax.model import flash_attention
 from heads_jax.model.bert import BertModel
 from heads_jax.model.config import config_for
 from heads_jax.training import steps
@@ -35,12 +36,14 @@ def test_flash_training_forward_and_gradient_lower_for_cuda():
   parts.rest = jax.tree.map(_concrete, parts.rest)
   b, q = 8, 128
 
-  def grad(params, ids, mask, key):
-    def loss(params):
-      model = steps.merge_model(parts, params, key)
-      out = model(ids, mask, deterministic=False, attention="flash")
-      return jnp.sum(out["last_hidden_state"] ** 2)
-    return jax.grad(loss)(params)
+  def make_grad():  # a new function each time: jit's trace cache does not key on the tuning
+    def grad(params, ids, mask, key):
+      def loss(params):
+        model = steps.merge_model(parts, params, key)
+        out = model(ids, mask, deterministic=False, attention="flash")
+        return jnp.sum(out["last_hidden_state"] ** 2)
+      return jax.grad(loss)(params)
+    return grad
 
   rep = NamedSharding(GPU_MESH, P())
   spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)  # noqa: E731
@@ -48,9 +51,17 @@ def test_flash_training_forward_and_gradient_lower_for_cuda():
           jax.ShapeDtypeStruct((b, q), jnp.int32, sharding=rep),
           jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep))
   with jax.sharding.use_abstract_mesh(GPU_MESH):
-    exp = export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=[TRITON])(*args)
+    exp = export.export(jax.jit(make_grad()), platforms=["cuda"],
+                        disabled_checks=[TRITON])(*args)
+    # flash_attention.tuned(fuse_dq=True): dQ written by the dK/dV kernel (128 keys: one block)
+    with flash_attention.tuned(fuse_dq=True, inner=64, bwd_warps=8, stages=3):
+      fused = export.export(jax.jit(make_grad()), platforms=["cuda"],
+                            disabled_checks=[TRITON])(*args)
   text = exp.mlir_module()
   assert exp.platforms == ("cuda",)
   assert text.count("__gpu$xla.gpu.triton") == 3 * cfg.num_layers
   for name in ("flash_attention_forward", "flash_attention_dkdv", "flash_attention_dq"):
     assert text.count(name) >= cfg.num_layers, name
+  fused_text = fused.mlir_module()
+  assert fused_text.count("__gpu$xla.gpu.triton") == 2 * cfg.num_layers
+  assert fused_text.count("flash_attention_dkdv_dq") >= cfg.num_layers
