@@ -29,16 +29,17 @@ stays on the device. The variants, in this order:
   the backward in 64-row steps with 8 warps; every kernel pipelined 4 stages deep;
 * V13  V6 with dQ written by the flash dK/dV kernel (``tuned(fuse_dq=True)``: 128 keys are one
   block, so that kernel's program has every key of its rows; the dQ kernel, which recomputes the
-  probabilities, is not launched).
+  probabilities, is not launched);
+* V14  V6 with V9's, V12's and V13's changes together; V15 V14 at twice the batch.
 
-The rows come in the order V0, V1, V4, V6, V9, V10, V11, V12, V13, V7, V5 (V8).
-``PRETRAIN_AB_VARIANTS`` (e.g. ``V6,V9,V10,V12,V13,V7,V5``) runs a subset, in that order; ratios
+The rows come in the order V0, V1, V4, V6, V9, V10, V11, V12, V13, V14, V7, V15, V5 (V8).
+``PRETRAIN_AB_VARIANTS`` (e.g. ``V6,V9,V12,V13,V14,V15,V5``) runs a subset, in that order; ratios
 are against the first.
 
 The last rows are the candidates for the default. Each row: tokens/s, MFU (``6N + 12 l d q``
 FLOPs per token over the device's data-sheet bf16 peak; ``bench_training.flops_per_token``), step
 ms, and the loss after ``loss_steps`` steps from the same initial parameters (finite, and close
-across variants: the changes keep the arithmetic). V0, V4, V5, V6, V9-V13 are profiled
+across variants: the changes keep the arithmetic). V0, V4, V5, V6, V9-V14 are profiled
 (``bench/profiling.py``, ``profile_steps`` steps traced right after the timing): device time per
 step by category (GEMM, attention kernel, optimizer, dropout RNG, copies, reductions,
 elementwise fusions, other, idle) and by phase (forward, backward, optimizer, from the HLO's
@@ -153,7 +154,10 @@ def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
                             xla=(("xla_gpu_enable_cudnn_layer_norm", True),))
   v13 = dataclasses.replace(v6, name="V13", label="V6 + dQ written by the flash dK/dV kernel "
                             "(128 keys: one block; no dQ kernel)", flash=(("fuse_dq", True),))
-  chosen = (v0, v1, v4, v6, v9, v10, v11, v12, v13, v7, v5) + ((v8,) if long else ())
+  v14 = dataclasses.replace(v6, name="V14", label="V6 + V9's, V12's and V13's changes together",
+                            xla=v9.xla + v12.xla, flash=v13.flash)
+  v15 = dataclasses.replace(v14, name="V15", label="V14 at twice the batch", batch_factor=2)
+  chosen = (v0, v1, v4, v6, v9, v10, v11, v12, v13, v14, v7, v15, v5) + ((v8,) if long else ())
   only = [x.strip() for x in os.environ.get(VARIANTS_ENV, "").split(",") if x.strip()]
   if only:
     names = {v.name for v in chosen}
@@ -167,7 +171,7 @@ def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
 
 # variants whose step is profiled (bench/profiling.py) right after it is timed: the baseline, the
 # chain's candidates for the default, and the flat LAMB (why it is slower)
-PROFILED = ("V0", "V4", "V5", "V6", "V9", "V10", "V11", "V12", "V13")
+PROFILED = ("V0", "V4", "V5", "V6", "V9", "V10", "V11", "V12", "V13", "V14")
 # a comma-separated subset of the variants to run (in their order), e.g. "V6,V9,V10,V11,V7"
 VARIANTS_ENV = "PRETRAIN_AB_VARIANTS"
 # the breakdown programs (forward, forward+backward, optimizer alone) are compiled for the

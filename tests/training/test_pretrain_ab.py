@@ -23,13 +23,19 @@ import pretrain_ab  # noqa: E402
 def test_variants_in_order_and_absent_switches(monkeypatch):
   monkeypatch.delenv(pretrain_ab.VARIANTS_ENV, raising=False)
   chosen = {v.name: v for v, _ in pretrain_ab.variants()}
-  assert list(chosen) == ["V0", "V1", "V4", "V6", "V9", "V10", "V11", "V12", "V13", "V7", "V5"]
+  assert list(chosen) == ["V0", "V1", "V4", "V6", "V9", "V10", "V11", "V12", "V13", "V14", "V7",
+                          "V15", "V5"]
   v0, v1, v4, v5, v6, v7 = (chosen[n] for n in ("V0", "V1", "V4", "V5", "V6", "V7"))
   # V9-V11 are V6 with compile options or the flash kernels' launch settings
-  for n in ("V9", "V10", "V11", "V12", "V13"):
+  for n in ("V9", "V10", "V11", "V12", "V13", "V14"):
     assert dataclasses.replace(chosen[n], name="V6", label=v6.label, xla=(), flash=()) == v6
   assert dict(chosen["V9"].xla) == {"xla_gpu_enable_cublaslt": True}
   assert dict(chosen["V10"].flash) == {"inner": 64, "bwd_warps": 8}
+  assert dict(chosen["V14"].xla) == {"xla_gpu_enable_cublaslt": True,
+                                     "xla_gpu_enable_cudnn_layer_norm": True}
+  assert dict(chosen["V14"].flash) == {"fuse_dq": True}
+  assert dataclasses.replace(chosen["V15"], batch_factor=1, name="V14",
+                             label=chosen["V14"].label) == chosen["V14"]
   assert (v0.attention_dropout, v1.attention_dropout, v4.attention_dropout) == (0.1, 0.0, 0.1)
   assert (v4.attention, v4.dropout_rng, v4.layer_norm_dtype) == ("flash", "rbg", "compute")
   # the flat LAMB is a side row on V4; the padded logits and the batch build on V4
@@ -57,8 +63,9 @@ def test_variants_in_order_and_absent_switches(monkeypatch):
 def test_the_part_runs_tiny_through_the_suite(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # one CPU device
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-  # every kind of variant once (V1, V4, V11 are the same code paths as V0, V6, V10)
-  env[pretrain_ab.VARIANTS_ENV] = "V0,V6,V9,V13,V7,V5,V8"
+  # every kind of variant once: V14 has XLA options and flash settings (V9-V13's paths), V15 a
+  # doubled batch (V7's); V1 and V4 are V0's and V6's code paths
+  env[pretrain_ab.VARIANTS_ENV] = "V0,V6,V14,V15,V5,V8"
   out = tmp_path / "acc"
   proc = subprocess.run([sys.executable, str(REPO / "bench" / "accelerator.py"), "--tiny",
                          "--parts", "pretrain_ab", "--out", str(out)], capture_output=True,
@@ -68,7 +75,7 @@ def test_the_part_runs_tiny_through_the_suite(tmp_path):
   assert part["name"] == "pretrain_ab" and part["status"] == "done", part["status"]
   rows = part["rows"]
   measured = [r for r in rows if r["unit"] == "tokens/s"]
-  assert [r["what"].split()[0] for r in measured] == ["V0", "V6", "V9", "V13", "V7", "V5", "V8"]
+  assert [r["what"].split()[0] for r in measured] == ["V0", "V6", "V14", "V15", "V5", "V8"]
   assert "seq 64 batch 2" in measured[-1]["what"]               # TINY's long sequence
   base = measured[0]["detail"]["loss_after_steps"]
   for r in measured:
@@ -76,7 +83,7 @@ def test_the_part_runs_tiny_through_the_suite(tmp_path):
     assert r["value"] > 0 and d["finite"] and abs(d["loss_after_steps"] - base) < 0.1, r
   # each profiled variant's row follows its figure: categories and phases sum to the span
   profiles = [r for r in rows if " profile" in r["what"]]
-  assert [r["what"].split()[0] for r in profiles] == ["V0", "V6", "V9", "V13", "V5"]
+  assert [r["what"].split()[0] for r in profiles] == ["V0", "V6", "V14", "V5"]
   for r in profiles:
     prof = r["detail"]["profile"]
     assert sum(prof["categories"].values()) == pytest.approx(prof["span_ms"], rel=1e-6)
