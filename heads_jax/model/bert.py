@@ -79,6 +79,8 @@ softmax, so that an analysis can reduce each layer's attention to its statistics
 ``[b, l, h, q, k]`` stack. ``probs`` is float32 ``[b, h, q, k]`` (padding keys and padding
 query rows 0, the attention actually used) or None on the fused path; ``query``/``key`` are
 ``[b, q, h, e]`` in the compute dtype before the ``1/sqrt(e)`` scaling and ``mask`` is ``[b, k]``.
+If ``fn.masks_padding_queries`` is true the reduction weights padding queries by 0 itself, and
+``probs``' padding query rows are passed as the softmax left them (not zeroed: one pass less).
 If ``fn.needs_probs`` is true (the default when the attribute is missing) the model takes the
 explicit path and passes the probabilities. The outputs of all layers come back as
 ``attention_reduced``, each leaf stacked on a new axis 1 (``[b, l, ...]``). Two optional
@@ -399,8 +401,8 @@ class SelfAttention(nnx.Module):
       ctx = xla_attention(qh, kh, vh, key_real)
     reduced = None
     if reduce is not None:
-      shown = None
-      if probs is not None:
+      shown = probs
+      if probs is not None and not getattr(reduce, "masks_padding_queries", False):
         shown = probs * mask[:, None, :, None].astype(probs.dtype)           # padding queries 0
       extra = {}
       if columns_in is not None:

@@ -3,16 +3,23 @@
 The analysis step (``heads_jax.stats.step``) hands ``layer_reducer(tables)`` to the model as its
 ``attention_reduce`` hook, so each layer's attention ``[b, h, q, k]`` is reduced right after its
 softmax to the per-sequence statistics and no ``[b, l, h, q, k]`` stack, no normalised copy and
-no entropy-weighted copy is ever made:
+no entropy-weighted copy is ever made. Every statistic is a weighted sum of the attention over
+(query, key) pairs, computed per layer as (issue 38 item 4; ``_layout`` says which goes where):
 
-* one batched matmul ``[b, h, q*k] @ [b, q*k, C]`` against the weights of ``batch_tables`` gives
-  every sieve-bias sum (roles), the 21 distance features and the 5 token measures at once
-  (C = r + 21 [+ 5]); the weights depend on the batch only and are built once per batch;
-* one fused pass gives each row's mass ``T`` and ``sum a ln a``, i.e. its entropy
-  ``H = ln T - sum(a ln a) / T`` (for ``block`` and the entropy measures);
-* ``block`` (bias x row entropy) needs the entropy per query: a small matmul of the attention
-  with the two "non-special key of token type 0 / 1" columns ``[b, k, 2]`` gives each query's
-  mass in its block, weighted by ``H(t)`` and summed over the queries.
+* one batched matmul ``[b, h, q*k] @ [b, q*k, Cp]`` against the per-pair weights of
+  ``batch_tables`` (built once per batch): the ``keys``, relation and plain ``block`` roles, 20
+  of the 21 distance features and with the measures the [CLS], [SEP] and punctuation masses,
+  padded to 32 columns (XLA:CPU's matmul takes 33 columns 1.4-1.5x longer than 32);
+* the ``offsets`` roles, the distance feature "self" and the previous / next token masses from a
+  few diagonals of the map (strided slices: ``diagonals``), weighted per query;
+* the row entropy (``block``: bias x entropy, and the entropy measures) from one pass over the
+  probabilities with the block masses ``probs @ block_cols`` ``[b, k, 2]``, only where read:
+  with the measures, or when the batch has a pair sequence (``block``'s sieve is empty in single
+  texts, and ``lax.cond`` skips the pass).
+
+A packed batch (``slots``) does the same per query (``[b, q]``-batched products), then sums the
+queries of each sequence. Padding query rows are never read (their weights are 0), so the model
+need not zero them (``masks_padding_queries``).
 
 The rows are taken as they come from the model's softmax: normalised over the real keys. The
 stand-alone functions (``sieve_bias``, ``distance_features``, ``measures``) renormalise each row
@@ -28,6 +35,7 @@ outputs from the queries and keys with a Pallas kernel that never writes the pro
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -36,8 +44,9 @@ import numpy as np
 
 from heads_jax.data import vocabulary as vocab
 from heads_jax.data.vocabulary import TOKEN_CLS, TOKEN_SEP
-from heads_jax.sieves import (NUM_DISTANCE_FEATURES, build_sieves, check_direction, check_roles,
-                              real_pairs, segment_positions, segments_of)
+from heads_jax.sieves import (NUM_DISTANCE_FEATURES, SELF_FEATURE, build_sieves,
+                              check_direction, check_roles, real_pairs, segment_positions,
+                              segments_of)
 from heads_jax.stats.distance import _bin_weights, query_over_n
 from heads_jax.stats.measures import _token_weights, js_distances
 from heads_jax.stats.sieve_bias import entropy_weighted_mask, row_mass_entropy
@@ -85,43 +94,122 @@ def block_columns(batch) -> jnp.ndarray:
   return jnp.stack([plain & (tt == 0), plain & (tt == 1)], axis=-1).astype(jnp.float32)
 
 
+def _layout(roles: tuple, measures: bool) -> dict:
+  """The static plan of the reduction (python only, no arrays) for ``roles`` (and the measures):
+
+  * ``pair``: the output columns whose weights go in the per-pair table (``batch_tables``'s
+    ``weights``): the ``block`` sieves without the entropy factor, the ``keys`` and relation
+    roles, the distance features but "self", and with ``measures`` the [CLS], [SEP] and
+    punctuation masses (one matmul per layer; the table is padded to a multiple of 16 columns:
+    XLA:CPU ran 17 to 32 columns in the same time, 33 in 1.4x that);
+  * ``offsets``: the diagonals (key = query + offset) that give the ``offsets`` roles, "self"
+    and the previous / next token masses (a gather of a few elements per row);
+  * ``entropy``: whether the row entropy is needed (entropy-weighted ``block`` roles, measures).
+
+  Output columns: the roles, the 21 distance features, then with ``measures`` the 5 token
+  measures, the mean entropy and the [CLS] row's entropy."""
+  r = len(roles)
+  pair, offsets, entropy_roles = [], {0}, []
+  for j, name in enumerate(roles):
+    role = vocab.role(name)
+    if role.entropy_weighted:
+      _check_block_sieve(name)
+      entropy_roles.append(j)
+    elif role.sieve == vocab.SIEVE_OFFSETS:
+      offsets.update(range(role.offsets[0], role.offsets[1] + 1))
+    else:
+      pair.append(j)
+  pair += [r + f for f in range(NUM_DISTANCE_FEATURES) if f != SELF_FEATURE]
+  if measures:
+    pair += [r + NUM_DISTANCE_FEATURES + t for t in range(3)]               # [CLS], [SEP], punct.
+    offsets.update((-1, 1))
+  return {"pair": tuple(pair), "offsets": tuple(sorted(offsets)),
+          "entropy_roles": tuple(entropy_roles), "entropy": bool(entropy_roles) or measures,
+          "outputs": r + NUM_DISTANCE_FEATURES + (NUM_TOKEN_MEASURES + 2) * measures}
+
+
+def _query_terms(layout: dict, roles: tuple) -> tuple:
+  """The per-query part of the reduction, static: ``(feature, output, weight)`` triples, each
+  adding ``feature(t) * weight(t)`` over the queries t to output column ``output`` (``_layout``).
+  Features: ``offset:o`` (the diagonal key = t + o), ``entropy`` (the row's),
+  ``block0*entropy`` / ``block1*entropy`` (the row's block mass times it); weights are named
+  per-query vectors (``_query_weights``)."""
+  terms = []
+  for j, name in enumerate(roles):
+    role = vocab.role(name)
+    if role.sieve == vocab.SIEVE_OFFSETS:
+      terms += [(f"offset:{o}", j, f"role:{j}") for o in range(role.offsets[0], role.offsets[1] + 1)]
+    elif j in layout["entropy_roles"]:
+      terms += [("block0*entropy", j, f"role:{j}*type0"), ("block1*entropy", j, f"role:{j}*type1")]
+  r = len(roles)
+  terms.append(("offset:0", r + SELF_FEATURE, "over_n"))
+  if layout["outputs"] > r + NUM_DISTANCE_FEATURES:                         # the measures
+    t = r + NUM_DISTANCE_FEATURES
+    terms += [("offset:-1", t + 3, "over_n1"), ("offset:1", t + 4, "over_n1"),
+              ("entropy", t + 5, "over_n"), ("entropy", t + 6, "first")]
+  return tuple(terms)
+
+
+def _query_weights(layout: dict, roles: tuple, batch, weight, segments) -> jnp.ndarray:
+  """float32 ``[b, q, T]``: the weight vector of each of ``_query_terms``."""
+  mask = jnp.asarray(batch["attention_mask"])
+  real = (mask > 0).astype(jnp.float32)
+  tt = jnp.asarray(batch["token_type_ids"])
+  n = jnp.sum(real_pairs(mask, segments), axis=-1).astype(jnp.float32)     # [b, q]
+  named = {"over_n": query_over_n(mask, segments),
+           "over_n1": real / jnp.maximum(n - 1.0, 1.0),
+           "first": real * (segment_positions(segments) == 0)}
+  for j in range(len(roles)):
+    named[f"role:{j}"] = weight[:, j]
+    named[f"role:{j}*type0"] = weight[:, j] * (tt == 0)
+    named[f"role:{j}*type1"] = weight[:, j] * (tt == 1)
+  return jnp.stack([named[w].astype(jnp.float32) for _, _, w in _query_terms(layout, roles)],
+                   axis=-1)
+
+
 def batch_tables(batch, roles: Sequence[str], direction: str = "dep2head",
                  measures: bool = False, slots: int = 0) -> dict:
   """Everything the per-layer reduction needs from a batch (built once per batch, on device).
 
-  Returns a dict: ``weights`` float32 ``[b, q*k, C]`` (roles, then 21 distance features, then
-  with ``measures`` the 5 token measures), ``count`` ``[b, r]``, ``role_weight`` ``[b, r, q]``,
-  ``block_cols`` ``[b, k, 2]``, ``token_type`` ``[b, q]``, ``real_over_n`` ``[b, q]`` and
-  ``cls_real`` ``[b]``.
+  Every statistic is a weighted sum of the attention over (query, key) pairs:
+
+  * ``weights`` float32 ``[b, q*k, Cp]``: the per-pair weights of ``_layout``'s ``pair`` outputs
+    (sieve x role weight, distance bin x 1/n, token class x 1/n), zero-padded to a multiple of
+    16 columns;
+  * ``query_weights`` float32 ``[b, q, T]``: the per-query weights of ``_query_terms``, which
+    take a few diagonals of the attention, the row entropy and the block masses times it to
+    the other outputs.
+
+  Also ``count`` ``[b, r]`` (the sequences' queries with a non-empty sieve), ``role_weight``
+  ``[b, r, q]`` and ``block_cols`` ``[b, k, 2]``.
 
   With ``slots`` S (a packed batch: ``batch["segment_ids"]`` ``[b, k]``, 1..S per sequence of a
   row, 0 on padding), every weight is per sequence (its own length, sieves and [CLS]), ``count``
-  is ``[b, S, r]``, ``cls_real`` ``[b, q]`` (the first position of each sequence) and ``slots``
-  ``[b, q, S]`` says which slot each query feeds: the reduction then returns every statistic
-  per slot (``reduce_layer``).
+  is ``[b, S, r]`` and ``slots`` ``[b, q, S]`` says which slot each query feeds: the reduction
+  then returns every statistic per slot (``reduce_layer``).
   """
   roles = check_roles(roles)
   direction = check_direction(direction)
+  layout = _layout(roles, bool(measures))
   mask = jnp.asarray(batch["attention_mask"])
   b, k = mask.shape
+  r = len(roles)
   segments = segments_of(batch) if slots else None
   sieves = build_sieves(batch, roles, direction)                           # [b, r, q, k]
   weight, count = role_weights(sieves, mask, segments, slots)
-  w = jnp.where(sieves, weight[..., None], 0.0)                           # [b, r, q, k]
-  parts = [jnp.transpose(w, (0, 2, 3, 1)),
-           _bin_weights(batch["token_class"], mask, False, segments)]     # [b, q, k, 21]
+  in_table = [j for j in layout["pair"] if j < r]
+  parts = [jnp.moveaxis(jnp.where(sieves[:, in_table], weight[:, in_table, :, None], 0.0), 1, -1)]
+  distance = [f for f in range(NUM_DISTANCE_FEATURES) if f != SELF_FEATURE]
+  parts.append(_bin_weights(batch["token_class"], mask, False, segments)[..., distance])
   if measures:
-    parts.append(_token_weights(jnp.asarray(batch["token_class"]), mask, segments))  # [b, q, k, 5]
-  weights = jnp.concatenate(parts, axis=-1).reshape(b, k * k, -1)
-  tables = {"weights": weights, "count": count, "role_weight": weight,
-            "block_cols": block_columns(batch), "token_type": jnp.asarray(batch["token_type_ids"]),
-            "real_over_n": query_over_n(mask, segments)}
-  real = (mask > 0).astype(jnp.float32)
+    parts.append(_token_weights(jnp.asarray(batch["token_class"]), mask, segments)[..., :3])
+  width = -(-len(layout["pair"]) // 16) * 16
+  pad = jnp.zeros((b, k, k, width - len(layout["pair"])), jnp.float32)
+  tables = {"weights": jnp.concatenate(parts + [pad], axis=-1).reshape(b, k * k, width),
+            "query_weights": _query_weights(layout, roles, batch, weight, segments_of(batch)),
+            "count": count, "role_weight": weight, "block_cols": block_columns(batch)}
   if slots:
     tables["slots"] = slot_onehot(segments, slots)
-    tables["cls_real"] = real * (segment_positions(segments) == 0)
-  else:
-    tables["cls_real"] = real[:, 0]
   return tables
 
 
@@ -134,59 +222,99 @@ def _check_block_sieve(name: str) -> None:
                      f"stats_impl='fused' or the reference heads_jax.stats.sieve_bias)")
 
 
+def diagonals(probs, offsets: Sequence[int]) -> jnp.ndarray:
+  """``probs[..., t, t + o]`` for each offset o, float32 ``[..., q, len(offsets)]`` (0 where
+  ``t + o`` is outside ``0..k-1``): strided slices of the flattened ``[q*k]`` rows (element
+  ``(t, t + o)`` sits at ``t * (k + 1) + o``), so only ``q`` elements per offset are read (a
+  gather measured several percent of the step on XLA:CPU)."""
+  q, k = probs.shape[-2:]
+  flat = probs.reshape(probs.shape[:-2] + (q * k,))
+  zeros = lambda n: jnp.zeros(probs.shape[:-2] + (n,), probs.dtype)  # noqa: E731
+  out = []
+  for o in offsets:
+    first, last = max(0, -o), min(q - 1, k - 1 - o)
+    if last < first:
+      out.append(zeros(q))
+      continue
+    part = jax.lax.slice_in_dim(flat, first * (k + 1) + o, last * (k + 1) + o + 1, stride=k + 1,
+                                axis=-1)
+    out.append(jnp.concatenate([zeros(first), part, zeros(q - 1 - last)], axis=-1))
+  return jnp.stack(out, axis=-1)
+
+
+def _entropy_features(probs, tables: dict, attention_mask):
+  """float32 ``[b, h, q, 3]``: each row's entropy and its block masses (``probs @ block_cols``)
+  times it."""
+  b, h, q, k = probs.shape
+  _, entropy = row_mass_entropy(probs, attention_mask)                     # [b, h, q]
+  columns = jnp.matmul(probs.reshape(b, h * q, k), tables["block_cols"],
+                       precision=_HIGHEST).reshape(b, h, q, 2)
+  return jnp.concatenate([entropy[..., None], columns * entropy[..., None]], axis=-1)
+
+
 def reduce_layer(probs, tables: dict, roles: Sequence[str], attention_mask,
-                 measures: bool = False, columns=None, entropy=None) -> dict:
+                 measures: bool = False) -> dict:
   """One layer's statistics from its attention ``probs`` float32 ``[b, h, q, k]`` (padding keys
-  and padding query rows 0, rows normalised over the real keys; any number of heads, e.g. the
-  ``l*h`` of a stack: ``reduce_stack``).
+  0, rows normalised over the real keys; padding query rows may hold anything: every weight of a
+  padding query is 0; any number of heads, e.g. the ``l*h`` of a stack: ``reduce_stack``).
 
   Returns ``sieve_bias`` ``[b, h, r]`` (0 where the role's sieve is empty in the sequence:
   ``finish`` writes the NaN), ``distance`` ``[b, h, 21]`` and with ``measures`` ``entropy``,
   ``cls_entropy`` ``[b, h]`` and ``token_attention`` ``[b, h, 5]``; with packed tables
   (``batch_tables(..., slots=S)``) each with a slot axis after h (``[b, h, S, ...]``).
 
-  ``columns`` ``[b, h, q, 2]`` (``probs @ block_cols``) and ``entropy`` ``[b, h, q]`` (each row's
-  entropy), when the model computed them with the attention (``layer_reducer``), save this
-  function its own passes over ``probs`` for them.
+  Per layer: one matmul of the probabilities with the per-pair ``weights``, a gather of a few
+  diagonals, and a small contraction of the per-query features ``[b, h, q, g]`` with
+  ``query_weights``. The entropy (and the block masses it weights) is computed only where read:
+  with the measures, or for an entropy-weighted role in a batch with a pair sequence (else its
+  weights are all 0 and ``lax.cond`` skips the pass).
   """
   roles = tuple(roles)
-  r = len(roles)
   b, h, q, k = probs.shape
+  layout = _layout(roles, bool(measures))
   probs = probs.astype(jnp.float32)
+  features = {f"offset:{o}": d for o, d in
+              zip(layout["offsets"], jnp.moveaxis(diagonals(probs, layout["offsets"]), -1, 0))}
+  if layout["entropy"]:
+    compute = functools.partial(_entropy_features, tables=tables, attention_mask=attention_mask)
+    if measures:
+      extra = compute(probs)
+    else:
+      needed = jnp.any(tables["role_weight"][:, list(layout["entropy_roles"])] > 0)
+      extra = jax.lax.cond(needed, compute,
+                           lambda p: jnp.zeros(p.shape[:-1] + (3,), jnp.float32), probs)
+    features.update(zip(("entropy", "block0*entropy", "block1*entropy"),
+                        jnp.moveaxis(extra, -1, 0)))                       # each [b, h, q]
+  # the per-query outputs, elementwise (a few terms), then [pair columns | query outputs]
+  terms = _query_terms(layout, roles)
+  query_x = sorted({x for _, x, _ in terms})
+  weights = tables["query_weights"]                                        # [b, q, T]
+  per_query = jnp.stack([sum(features[f] * weights[:, None, :, t]
+                             for t, (f, x2, _) in enumerate(terms) if x2 == x)
+                         for x in query_x], axis=-1)                       # [b, h, q, Xq]
+  width = tables["weights"].shape[-1]
+  column = np.zeros(layout["outputs"], int)
+  column[list(layout["pair"])] = np.arange(len(layout["pair"]))
+  column[query_x] = width + np.arange(len(query_x))
   slots = tables.get("slots")                                             # [b, q, S] or None
   if slots is None:
-    sums = jnp.matmul(probs.reshape(b, h, q * k), tables["weights"], precision=_HIGHEST)  # [b, h, C]
-    per_sequence = lambda x, w: jnp.sum(x * w[:, None, :], axis=-1)      # noqa: E731  [b, h]
+    pairs = jnp.matmul(probs.reshape(b, h, q * k), tables["weights"], precision=_HIGHEST)
+    sums = jnp.concatenate([pairs, jnp.sum(per_query, axis=2)], axis=-1)  # [b, h, Cp + Xq]
   else:
     # per query, then per slot: the FLOPs of the unpacked matmul, no S-fold weight table (the
     # [b, q, h, C] order runs about 1.5x faster on XLA:CPU than [b, h, q, C])
-    per_query = jnp.einsum("bhqk,bqkc->bqhc", probs, tables["weights"].reshape(b, q, k, -1),
-                           precision=_HIGHEST)
-    sums = jnp.einsum("bqhc,bqs->bhsc", per_query, slots, precision=_HIGHEST)  # [b, h, S, C]
-    per_sequence = lambda x, w: jnp.einsum("bhq,bqs->bhs", x, w[:, :, None] * slots,  # noqa: E731
-                                           precision=_HIGHEST)
-  out = {"sieve_bias": sums[..., :r],
-         "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
-  weighted = np.flatnonzero(entropy_weighted_mask(roles))   # the registry's entropy-weighted roles
-  if len(weighted) or measures:
-    if entropy is None:
-      _, entropy = row_mass_entropy(probs, attention_mask)                # [b, h, q]
-    if len(weighted):
-      if columns is None:
-        columns = jnp.matmul(probs.reshape(b, h * q, k), tables["block_cols"],
-                             precision=_HIGHEST).reshape(b, h, q, 2)
-      own = jnp.where((tables["token_type"] == 0)[:, None, :], columns[..., 0], columns[..., 1])
-    for j in weighted:
-      _check_block_sieve(roles[j])
-      block = per_sequence(own * entropy, tables["role_weight"][:, j, :])
-      out["sieve_bias"] = out["sieve_bias"].at[..., j].set(block)
-    if measures:
-      out["entropy"] = per_sequence(entropy, tables["real_over_n"])
-      if slots is None:
-        out["cls_entropy"] = entropy[..., 0] * tables["cls_real"][:, None]
-      else:
-        out["cls_entropy"] = per_sequence(entropy, tables["cls_real"])
-      out["token_attention"] = sums[..., r + NUM_DISTANCE_FEATURES:]
+    pairs = jnp.einsum("bhqk,bqkc->bqhc", probs, tables["weights"].reshape(b, q, k, -1),
+                       precision=_HIGHEST)
+    both = jnp.concatenate([pairs, jnp.swapaxes(per_query, 1, 2)], axis=-1)  # [b, q, h, C]
+    sums = jnp.einsum("bqhc,bqs->bhsc", both, slots, precision=_HIGHEST)  # [b, h, S, C]
+  sums = jnp.take(sums, column, axis=-1)                                  # [..., outputs]
+  r = len(roles)
+  out = {"sieve_bias": sums[..., :r], "distance": sums[..., r:r + NUM_DISTANCE_FEATURES]}
+  if measures:
+    t = r + NUM_DISTANCE_FEATURES
+    out["token_attention"] = sums[..., t:t + NUM_TOKEN_MEASURES]
+    out["entropy"] = sums[..., t + NUM_TOKEN_MEASURES]
+    out["cls_entropy"] = sums[..., t + NUM_TOKEN_MEASURES + 1]
   return out
 
 
@@ -210,9 +338,9 @@ def finish(reduced: dict, tables: dict) -> dict:
 def reduce_stack(attn, batch, roles: Sequence[str], direction: str = "dep2head",
                  measures: bool = False, js: bool = False, slots: int = 0) -> dict:
   """The step's results from the whole attention stack ``[b, l, h, q, k]`` (the ``stacked``
-  path): ``reduce_layer`` on the stack seen as ``l*h`` heads, i.e. one weight table and one
-  matmul for every role, distance feature and token measure, one entropy pass shared by
-  ``block`` and the measures, and ``block``'s per-query mass from ``[b, lhq, k] @ [b, k, 2]``;
+  path): ``reduce_layer`` on the stack seen as ``l*h`` heads, i.e. one per-pair weight table and
+  one matmul, a few diagonals, one entropy pass shared by ``block`` and the measures (skipped
+  where nothing reads it), and ``block``'s per-query mass from ``[b, lhq, k] @ [b, k, 2]``;
   no normalised or entropy-weighted copy of the stack (softmax rows already sum to 1 over the
   real keys; the stand-alone ``sieve_bias`` / ``distance_features`` / ``all_measures``, which
   renormalise, agree to float32 rounding). ``js`` adds ``measures.js_distances`` (unpacked
@@ -233,22 +361,15 @@ def reduce_stack(attn, batch, roles: Sequence[str], direction: str = "dep2head",
 
 
 def layer_reducer(tables: dict, roles: Sequence[str], attention_mask, measures: bool = False):
-  """The model's ``attention_reduce`` hook for the XLA per-layer path (needs the probabilities).
-
-  It asks the model for ``probs @ block_cols`` inside its ``probs @ V`` product
-  (``value_columns``) and for each row's entropy from the softmax (``wants_entropy``) where the
-  model offers them (keywords ``columns``/``entropy``); a model that does not calls it with the
-  five positional arguments and the reduction computes both itself.
-  """
+  """The model's ``attention_reduce`` hook for the XLA per-layer path (needs the probabilities;
+  ``masks_padding_queries``: the reduction gives padding query rows weight 0 itself, so the
+  model need not zero them)."""
   roles = tuple(roles)
-  needs = bool(entropy_weighted_mask(roles).any())
 
-  def reduce(layer, probs, query, key, mask, columns=None, entropy=None):
+  def reduce(layer, probs, query, key, mask):
     del layer, query, key, mask
-    return reduce_layer(probs, tables, roles, attention_mask, measures, columns=columns,
-                        entropy=entropy)
+    return reduce_layer(probs, tables, roles, attention_mask, measures)
 
   reduce.needs_probs = True
-  reduce.value_columns = tables["block_cols"] if needs else None
-  reduce.wants_entropy = needs or bool(measures)
+  reduce.masks_padding_queries = True
   return reduce
