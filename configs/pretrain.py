@@ -89,6 +89,10 @@ def base_config() -> ml_collections.ConfigDict:
   # MLM logits: "padded" = compute dtype over the vocabulary padded to a multiple of 64 (the
   # padding masked), float32 log-sum-exp; "float32" = float32 logits (before 2026-11-27)
   c.mlm_logits = "padded"
+  # XLA options of the train step's compilation, "name=value,..." (training.steps.
+  # parse_compiler_options), e.g. "xla_gpu_enable_cublaslt=true,xla_gpu_enable_cudnn_layer_norm=
+  # true" (bench/pretrain_ab.py measures them: V9, V12, V14); "" = XLA's defaults
+  c.xla_options = ""
 
   c.model = ml_collections.ConfigDict()
   c.model.size = "base"   # tiny | mini | small | base | large (heads_jax.model.config.SIZES)

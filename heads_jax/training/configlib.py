@@ -186,7 +186,8 @@ def distributed_config() -> ml_collections.ConfigDict:
 
 ALLOW_CHANGES = "allow_changes"  # --config.allow_changes=true: resume under changed settings
 # Fields that do not change what a run computes (how it runs, where it stops, what it logs).
-OPERATIONAL = ("allow_changes", "from_scratch", "stop_at_step", "distributed", "data.num_workers", "data.prefetch",
+OPERATIONAL = ("allow_changes", "from_scratch", "stop_at_step", "distributed", "xla_options",
+               "data.num_workers", "data.prefetch",
                "log_every", "tensorboard", "export", "checkpoint.async_save", "checkpoint.keep")
 # Where the data is read from: not a setting (``TrainingJob.check_data`` compares the data's
 # content on a resume, so the same files under another path resume, other content behind the same

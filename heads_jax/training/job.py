@@ -243,7 +243,9 @@ class TrainingJob:
                                  schedule=self.schedule,
                                  accumulate_steps=self.config.optimizer.accumulate_steps,
                                  dropout_seed=self.config.dropout_seed,
-                                 dropout_rng=self.config.get("dropout_rng", "threefry2x32"))
+                                 dropout_rng=self.config.get("dropout_rng", "threefry2x32"),
+                                 compiler_options=steps.parse_compiler_options(
+                                     self.config.get("xla_options", "")))
 
   def eval_step(self, loss_fn, *, with_predictions: bool = False):
     return steps.make_eval_step(self.parts, loss_fn, mesh=self.mesh,

@@ -39,6 +39,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from heads_jax.errors import UserError
 from heads_jax.parallel import DATA_AXIS
 
 
@@ -156,15 +157,34 @@ def _loss_only(loss_fn):
 # ------------------------------------------------------------------------------------------------
 # Steps
 
+def parse_compiler_options(text: str) -> dict:
+  """``"name=value,name=value"`` (a config's ``xla_options``) -> ``{name: value}`` for
+  ``jax.jit(compiler_options=...)``: ``true``/``false`` are booleans, integers are ints, the rest
+  strings; ``""`` is ``{}``. Bad text: one ``UserError`` line."""
+  out = {}
+  for item in filter(None, (x.strip() for x in (text or "").split(","))):
+    name, sep, value = item.partition("=")
+    if not sep or not name.strip():
+      raise UserError(f"xla_options: {item!r} is not name=value (e.g. "
+                      f"--config.xla_options=xla_gpu_enable_cublaslt=true)")
+    value = value.strip()
+    low = value.lower()
+    out[name.strip()] = (low == "true" if low in ("true", "false") else
+                         int(value) if value.lstrip("-").isdigit() else value)
+  return out
+
+
 def make_train_step(parts: ModelParts, tx: optax.GradientTransformation, loss_fn, *, mesh: Mesh,
                     schedule: Callable | None = None, accumulate_steps: int = 1,
                     dropout_seed: int = 0, dropout_rng: str = "threefry2x32",
-                    donate: bool = True):
+                    donate: bool = True, compiler_options: dict | None = None):
   """``train_step(state, batch) -> (state, metrics)``, jitted over ``mesh``.
 
   ``loss_fn(model, batch, deterministic=...)`` returns ``(loss, metrics)`` (or a longer tuple
   whose first two items are those); metrics gain ``learning_rate`` and ``grad_norm``.
   ``dropout_rng``: the implementation of the dropout keys (module docstring).
+  ``compiler_options``: XLA options of this program's compilation (``parse_compiler_options``;
+  ``bench/pretrain_ab.py`` measures them per program).
   """
   loss_fn = _loss_only(loss_fn)
   replicated = NamedSharding(mesh, P())
@@ -192,7 +212,7 @@ def make_train_step(parts: ModelParts, tx: optax.GradientTransformation, loss_fn
     return {"step": step + 1, "params": params, "opt_state": opt_state}, metrics
 
   return jax.jit(step_fn, out_shardings=(replicated, replicated),
-                 donate_argnums=(0,) if donate else ())
+                 donate_argnums=(0,) if donate else (), compiler_options=compiler_options or None)
 
 
 def make_eval_step(parts: ModelParts, loss_fn, *, mesh: Mesh, with_predictions: bool = False):

@@ -13,6 +13,7 @@ from flax import nnx
 
 from heads_jax.model.config import config_for
 from heads_jax.model.heads import BertForPreTraining, padded_vocab
+from heads_jax.errors import UserError
 from heads_jax.parallel import data_mesh, shard_batch
 from heads_jax.training import optimizer, steps
 
@@ -132,3 +133,39 @@ def test_the_flat_lamb_step_equals_the_chain_step():
   np.testing.assert_allclose(norms[True], norms[False], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(out[True]), jax.tree.leaves(out[False])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_xla_options_reach_the_train_step():
+  """``config.xla_options`` ("name=value,...") parsed and given to the step's compilation: a
+  known option compiles to the same loss, an unknown one is refused by XLA; bad text is one line."""
+  assert steps.parse_compiler_options("") == {}
+  assert steps.parse_compiler_options(
+      "xla_gpu_enable_cublaslt=true, a=false,b=3,c=x") == {"xla_gpu_enable_cublaslt": True,
+                                                          "a": False, "b": 3, "c": "x"}
+  with pytest.raises(UserError, match="is not name=value"):
+    steps.parse_compiler_options("xla_gpu_enable_cublaslt")
+
+  class Tiny(nnx.Module):
+    def __init__(self, rngs):
+      self.lin, self.drop = nnx.Linear(4, 1, rngs=rngs), nnx.Dropout(0.1, rngs=rngs)
+
+    def __call__(self, x, deterministic=False):
+      return self.lin(self.drop(x, deterministic=deterministic))
+
+  def loss_fn(model, batch, *, deterministic):
+    loss = jnp.mean((model(batch["x"], deterministic=deterministic)[:, 0] - batch["y"]) ** 2)
+    return loss, {"loss": loss}
+
+  parts, params = steps.split_model(Tiny(nnx.Rngs(0)))
+  tx, _ = optimizer.make_optimizer(learning_rate=1e-2, warmup_steps=0, total_steps=10)
+  mesh = data_mesh(jax.devices()[:1])
+  batch = shard_batch({"x": np.ones((8, 4), np.float32), "y": np.zeros(8, np.float32)}, mesh)
+
+  def loss(options):
+    step = steps.make_train_step(parts, tx, loss_fn, mesh=mesh, compiler_options=options)
+    state = steps.place_state(steps.init_train_state(params, tx), mesh)
+    return float(step(state, batch)[1]["loss"])
+
+  assert loss({"xla_gpu_enable_cublaslt": True}) == loss(None)
+  with pytest.raises(Exception, match="xla_no_such_option"):
+    loss({"xla_no_such_option": True})
