@@ -107,6 +107,7 @@ import numpy as np
 from flax import nnx
 
 from heads_jax.model.config import ATTENTION_SETTINGS, LAYER_NORM_DTYPES, BertConfig
+from heads_jax.model.encoder_io import LayerOutputs, check_inputs, remove_segments
 from heads_jax.model.flash_attention import flash_attention
 
 GATE_MODES = ("remove", "uniform")
@@ -362,12 +363,7 @@ class SelfAttention(nnx.Module):
         g = gate.astype(jnp.float32)[None, :, None, None]
         probs = g * probs + (1.0 - g) * uniform
       if segment_removal is not None:
-        same = segments[:, None, :, None] == segments[:, None, None, :]       # [b, 1, q, k]
-        r = segment_removal.astype(jnp.float32)                               # [h, 2]
-        probs = probs * jnp.where(same, 1.0 - r[None, :, 0, None, None], 1.0 - r[None, :, 1, None, None])
-        if renormalise_segments:
-          total = jnp.sum(probs, axis=-1, keepdims=True)
-          probs = jnp.where(total > 0, probs / jnp.where(total > 0, total, 1.0), 0.0)
+        probs = remove_segments(probs, segments, segment_removal, renormalise_segments)
       dropped, rate = probs, self.attention_dropout.rate
       if keep is not None:  # as nnx.Dropout: select(keep, x / (1 - rate), 0)
         dropped = (jax.lax.select(keep, probs / (1.0 - rate), jnp.zeros_like(probs)) if rate < 1
@@ -417,11 +413,14 @@ class SelfAttention(nnx.Module):
 
 
 class Layer(nnx.Module):
-  """One post-LN transformer layer: attention block, then feed-forward block."""
+  """One post-LN transformer layer: attention block (``attention_class``), then feed-forward
+  block."""
+
+  attention_class = SelfAttention  # a family with its own attention (DeBERTa) subclasses Layer
 
   def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.attention = SelfAttention(cfg, rngs=rngs)
+    self.attention = self.attention_class(cfg, rngs=rngs)
     self.intermediate = dense(cfg, cfg.hidden_size, cfg.intermediate_size, rngs)
     self.output = dense(cfg, cfg.intermediate_size, cfg.hidden_size, rngs)
     self.norm = layer_norm(cfg, cfg.hidden_size, rngs)
@@ -499,33 +498,15 @@ class BertModel(nnx.Module):
       attention = getattr(cfg, "attention", "auto")
     if attention not in ATTENTION_PATHS:
       raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
-    input_ids = jnp.asarray(input_ids, jnp.int32)
-    if input_ids.ndim != 2:
-      raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
-    if input_ids.shape[1] > cfg.max_positions:
-      raise ValueError(f"sequence length {input_ids.shape[1]} exceeds the model's "
-                       f"{cfg.max_positions} positions; truncate the inputs (e.g. --max-length)")
-    mask = jnp.ones_like(input_ids) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
-    types = jnp.zeros_like(input_ids) if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32)
-    if head_gate is not None:
-      head_gate = jnp.asarray(head_gate)
-      if head_gate.shape != (cfg.num_layers, cfg.num_heads):
-        raise ValueError(f"head_gate must have shape [layers, heads] = "
-                         f"{(cfg.num_layers, cfg.num_heads)}, got {head_gate.shape}")
-    if segment_removal is not None:
-      segment_removal = jnp.asarray(segment_removal)
-      if segment_removal.shape != (cfg.num_layers, cfg.num_heads, 2):
-        raise ValueError(f"segment_removal must have shape [layers, heads, 2] = "
-                         f"{(cfg.num_layers, cfg.num_heads, 2)}, got {segment_removal.shape}")
-
-    for name, ids in (("position_ids", position_ids), ("segment_ids", segment_ids)):
-      if ids is not None and jnp.shape(ids) != input_ids.shape:
-        raise ValueError(f"{name} must have the shape of input_ids {input_ids.shape}, "
-                         f"got {jnp.shape(ids)}")
+    input_ids, mask, types, head_gate, segment_removal = check_inputs(
+        cfg, input_ids, attention_mask, token_type_ids, head_gate=head_gate,
+        segment_removal=segment_removal, position_ids=position_ids, segment_ids=segment_ids)
     if position_ids is not None:
       position_ids = jnp.asarray(position_ids, jnp.int32)
     x = self.embeddings(input_ids, types, deterministic=deterministic, position_ids=position_ids)
-    hidden, attentions, reduced = [x], [], []
+    outputs = LayerOutputs(x, return_attentions=return_attentions,
+                           return_hidden_states=return_hidden_states,
+                           attention_reduce=attention_reduce)
     for i, which in enumerate(cfg.layer_schedule):
       layer = self.layers[which]
       gate = None if head_gate is None else head_gate[i]
@@ -538,20 +519,9 @@ class BertModel(nnx.Module):
                             renormalise_segments=renormalise_segments)
       x, probs, layer_reduced = layer(x, mask, gate=gate, gate_mode=gate_mode,
                                       deterministic=deterministic, **attention_kw)
-      hidden.append(x)
-      if return_attentions:
-        attentions.append(probs)
-      if attention_reduce is not None:
-        reduced.append(layer_reduced)
+      outputs.add(x, probs, layer_reduced)
     x = x.astype(jnp.float32)
     out = {"last_hidden_state": x}
     if self.pooler is not None:
       out["pooled"] = jnp.tanh(self.pooler(x[:, 0]).astype(jnp.float32))
-    if return_attentions:
-      query_real = mask[:, None, None, :, None].astype(jnp.float32)
-      out["attentions"] = jnp.stack(attentions, axis=1) * query_real  # [b, l, h, q, k]
-    if return_hidden_states:
-      out["hidden_states"] = jnp.stack([h.astype(jnp.float32) for h in hidden])
-    if attention_reduce is not None:
-      out["attention_reduced"] = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *reduced)
-    return out
+    return outputs.stacked(out, mask)
