@@ -21,7 +21,8 @@ stays on the device. The variants, in this order:
   (``mlm_logits="padded"``): the step ``configs/pretrain.py`` trains;
 * V7  V6 at twice the batch (512 at sequence 128; the ``bert_base_b512`` preset);
 * V8  V6 at the settings' ``long`` (batch, sequence, predictions), e.g. ``(64, 512, 80)``: the
-  same tokens a step at phase 2's sequence length (only when ``long`` is set);
+  same tokens a step at phase 2's sequence length (only when ``long`` is set: ``--tiny``, or
+  ``PRETRAIN_AB_LONG=64,512,80`` on the device);
 * V9  V6 compiled with ``xla_gpu_enable_cublaslt`` (``Lowered.compile(compiler_options=...)``,
   per program): bias epilogues fused into the GEMMs; V12 with
   ``xla_gpu_enable_cudnn_layer_norm`` (LayerNorm forward and backward as cuDNN kernels);
@@ -174,6 +175,8 @@ def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
 PROFILED = ("V0", "V4", "V5", "V6", "V9", "V10", "V11", "V12", "V13", "V14")
 # a comma-separated subset of the variants to run (in their order), e.g. "V6,V9,V10,V11,V7"
 VARIANTS_ENV = "PRETRAIN_AB_VARIANTS"
+# "batch,sequence,predictions" of V8 (the long sequence) on the device, e.g. "64,512,80"
+LONG_ENV = "PRETRAIN_AB_LONG"
 # the breakdown programs (forward, forward+backward, optimizer alone) are compiled for the
 # baseline and for the fastest variant of the default chain at the base batch
 BREAKDOWN = ("V0",)
@@ -497,11 +500,25 @@ def _tiny_flags() -> None:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TINY_XLA_FLAGS).strip()
 
 
+def settings(tiny: bool) -> dict:
+  """TINY or FULL, with ``PRETRAIN_AB_LONG`` ("batch,sequence,predictions", e.g. "64,512,80")
+  as the long sequence of V8 when set."""
+  s = dict(TINY if tiny else FULL)
+  text = os.environ.get(LONG_ENV, "").strip()
+  if text:
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != 3 or not all(x.isdigit() and int(x) > 0 for x in parts):
+      raise SystemExit(f"{LONG_ENV} takes batch,sequence,predictions (e.g. 64,512,80); got "
+                       f"{text!r}")
+    s["long"] = tuple(int(x) for x in parts)
+  return s
+
+
 def part_pretrain_ab(p, s: dict, tiny: bool) -> None:
   """``bench/accelerator.py``'s part (its settings ``s`` are not used: this part has its own)."""
   if tiny:
     _tiny_flags()
-  run(TINY if tiny else FULL, p.row)
+  run(settings(tiny), p.row)
 
 
 def main(argv=None):
@@ -520,7 +537,7 @@ def main(argv=None):
     v = f"{value:,.4g}" if isinstance(value, float) else str(value)
     print(f"  {what}: {v} {unit} {ratio}".rstrip(), flush=True)
 
-  results = run(TINY if args.tiny else FULL, row)
+  results = run(settings(args.tiny), row)
   path = common.write_json(common.default_json_path(__file__, args.out),
                            {"machine": info, "command": common.command_line(), "rows": rows,
                             "results": results})

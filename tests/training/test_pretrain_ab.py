@@ -53,6 +53,13 @@ def test_variants_in_order_and_absent_switches(monkeypatch):
   with pytest.raises(SystemExit, match="no variant V99"):
     pretrain_ab.variants()
   monkeypatch.delenv(pretrain_ab.VARIANTS_ENV)
+  monkeypatch.setenv(pretrain_ab.LONG_ENV, "64,512,80")
+  assert pretrain_ab.settings(tiny=False)["long"] == (64, 512, 80)
+  monkeypatch.setenv(pretrain_ab.LONG_ENV, "64,512")
+  with pytest.raises(SystemExit, match="batch,sequence,predictions"):
+    pretrain_ab.settings(tiny=False)
+  monkeypatch.delenv(pretrain_ab.LONG_ENV)
+  assert pretrain_ab.settings(tiny=False)["long"] is None
   monkeypatch.setattr(pretrain_ab, "_has_flash", lambda: False)
   monkeypatch.setattr(pretrain_ab, "_has_config_field", lambda name: False)
   v4 = {v.name: v for v, _ in pretrain_ab.variants()}["V4"]
