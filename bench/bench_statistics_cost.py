@@ -9,11 +9,12 @@ block mass per query), and ``stacked``. Where the model takes packed rows (issue
 sequences also run packed (``heads_jax.data.encoding.pack_batches``, as the device pass runs them):
 the bare forward and the per-layer step on those rows, the step's cost against that forward.
 
-The per-layer step asks the model for ``block``'s per-query block masses inside ``P @ [V | E]`` and
-for the row entropies from the softmax (``layerwise.layer_reducer``: ``value_columns``,
-``wants_entropy``) where the model offers them; the target is at most +5% CPU time over the bare
-forward (issue 38 item 4). The load average before and after is printed beside the figures: on a
-loaded machine the ratios are not worth much.
+The per-layer step (``heads_jax.stats.layerwise``) costs, per layer, one matmul against a per-pair
+table of 32 columns, a few diagonals of the map, and the row entropy only where something reads it
+(the measures, or ``block`` in a batch with a pair sequence: UD EWT has none); the target is at
+most +5% CPU time over the bare forward (issue 38 item 4). The load average before and after is
+printed beside the figures: on a loaded machine the ratios are not worth much. Process CPU time
+counts every thread, including XLA's worker threads waiting between small operations.
 
     python bench/bench_statistics_cost.py --sequences 128 --repeats 7
 """
