@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from heads_jax.data import prefetch
 from heads_jax.data.vocabulary import empty_batch
 
 MAX_SHAPES_PER_PASS = 3
@@ -148,55 +149,23 @@ def signature(tree) -> tuple:
                             for x in leaves)
 
 
-_DONE = object()
-
-
 def ahead(batches: Iterable, on_shape: Callable[[int, int], None] | None = None,
           depth: int = 64) -> Iterator:
   """Yields the items of ``batches`` (``(indices, batch)``) as they come, produced by a
-  background thread up to ``depth`` items ahead; ``on_shape(rows, length)`` is called in that
-  thread the first time a batch ``[rows, length]`` comes. An error of the stream (or of
-  ``on_shape``) is raised here; closing the generator stops the thread."""
-  items: queue.Queue = queue.Queue(maxsize=max(1, depth))
-  stop = threading.Event()
-
-  def put(item) -> bool:
-    while not stop.is_set():
-      try:
-        items.put(item, timeout=0.1)
-        return True
-      except queue.Full:
-        continue
-    return False
-
-  def produce():
+  background thread up to ``depth`` items ahead (``heads_jax.data.prefetch.in_background``);
+  ``on_shape(rows, length)`` is called in that thread the first time a batch ``[rows, length]``
+  comes. An error of the stream (or of ``on_shape``) is raised here; closing the generator stops
+  the thread."""
+  def shaped():
     seen = set()
-    try:
-      for item in batches:
-        shape = np.asarray(item[1]["input_ids"]).shape
-        if on_shape is not None and shape not in seen:
-          seen.add(shape)
-          on_shape(*shape)
-        if not put((None, item)):
-          return
-      put((None, _DONE))
-    except BaseException as e:  # noqa: BLE001  (raised in the consumer)
-      put((e, None))
-
-  thread = threading.Thread(target=produce, name="heads_jax-encode", daemon=True)
-  thread.start()
-  try:
-    while True:
-      error, item = items.get()
-      if error is not None:
-        raise error
-      if item is _DONE:
-        return
+    for item in batches:
+      shape = np.asarray(item[1]["input_ids"]).shape
+      if on_shape is not None and shape not in seen:
+        seen.add(shape)
+        on_shape(*shape)
       yield item
-  finally:
-    stop.set()
-    thread.join(timeout=5)
 
+  return prefetch.in_background(shaped(), depth, name="heads_jax-encode", join_s=5)
 
 
 def pass_batches(batches: Iterable, lengths, steps=(), later=(), depth: int = 64) -> Iterator:
