@@ -82,19 +82,29 @@ def _case(seed, b, k, h, e, min_len, dtype):
 
 
 def _stacked(batch, p, direction):
-  """The stand-alone functions (the definitions, what ``stacked`` computes) on ``p`` as one layer."""
-  attn = jnp.asarray(p[:, None], jnp.float32)                             # [b, 1, h, q, k]
-  mask, tc = batch["attention_mask"], batch["token_class"]
-  out = {"sieve_bias": sieve_bias(attn, build_sieves(batch, B.ROLES, direction), mask, B.ROLES),
-         "distance": distance_features(attn, tc, mask)}
-  out.update(all_measures(attn, tc, mask))
+  """The stand-alone functions (the definitions, what ``stacked`` computes) on ``p`` as one layer
+  (one compiled program)."""
+  def run(batch, attn):
+    mask, tc = batch["attention_mask"], batch["token_class"]
+    out = {"sieve_bias": sieve_bias(attn, build_sieves(batch, B.ROLES, direction), mask,
+                                    B.ROLES),
+           "distance": distance_features(attn, tc, mask)}
+    out.update(all_measures(attn, tc, mask))
+    return out
+  out = jax.jit(run)({f: np.asarray(x) for f, x in batch.items()},
+                     jnp.asarray(p[:, None], jnp.float32))                  # [b, 1, h, q, k]
   return {key: np.asarray(v)[:, 0] for key, v in out.items()}
 
 
 def _kernel(batch, q, kk, direction, wrapper="xla", **kw):
-  tables = kernel.kernel_program_tables(batch, B.ROLES, direction, True, wrapper=wrapper)
-  out = kernel.kernel_layer_stats(q, kk, tables, B.ROLES, direction, True, wrapper=wrapper, **kw)
-  out = layerwise.finish({key: v[:, None] for key, v in out.items()}, tables)
+  """Kernel v2 on one layer's ``q, kk``, as the step runs it (tables, statistics, ``finish``),
+  in one compiled program."""
+  def run(batch, q, kk):
+    tables = kernel.kernel_program_tables(batch, B.ROLES, direction, True, wrapper=wrapper)
+    out = kernel.kernel_layer_stats(q, kk, tables, B.ROLES, direction, True, wrapper=wrapper,
+                                    **kw)
+    return layerwise.finish({key: v[:, None] for key, v in out.items()}, tables)
+  out = jax.jit(run)({f: np.asarray(x) for f, x in batch.items()}, q, kk)
   return {key: np.asarray(v)[:, 0] for key, v in out.items()}
 
 
