@@ -49,7 +49,7 @@ from heads_jax.sieves import (NUM_DISTANCE_FEATURES, SELF_FEATURE, build_sieves,
                               segments_of)
 from heads_jax.stats.distance import _bin_weights, query_over_n
 from heads_jax.stats.measures import _token_weights, js_distances
-from heads_jax.stats.sieve_bias import entropy_weighted_mask, row_mass_entropy
+from heads_jax.stats.sieve_bias import row_mass_entropy
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 NUM_TOKEN_MEASURES = 5
