@@ -54,8 +54,8 @@ import numpy as np
 from flax import nnx
 
 from heads_jax.contract import TERM_NAMES
-from heads_jax.model.bert import (GATE_MODES, SelfAttention, activation, attention_path, dense,
-                                  layer_norm)
+from heads_jax.model.bert import (GATE_MODES, Layer as BertLayer, SelfAttention, activation,
+                                  attention_path, dense, layer_norm)
 from heads_jax.model.config import ACTIVATIONS, BertConfig, check_activation, hf_encoder_fields
 from heads_jax.model.encoder_io import LayerOutputs, check_inputs, remove_segments
 
@@ -376,16 +376,11 @@ def term_variance_shares(terms, mask) -> jnp.ndarray:
   return jnp.where(var[..., None] > 0, jnp.stack(cols, -1) / safe[..., None], jnp.nan)
 
 
-class Layer(nnx.Module):
-  """One post-LN layer: disentangled attention block, then the feed-forward block."""
+class Layer(BertLayer):
+  """One post-LN layer: disentangled attention block, then the feed-forward block
+  (``bert.Layer``'s parameters, built by its ``__init__`` with ``attention_class``)."""
 
-  def __init__(self, cfg: DebertaConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    self.attention = DisentangledAttention(cfg, rngs=rngs)
-    self.intermediate = dense(cfg, cfg.hidden_size, cfg.intermediate_size, rngs)
-    self.output = dense(cfg, cfg.intermediate_size, cfg.hidden_size, rngs)
-    self.norm = layer_norm(cfg, cfg.hidden_size, rngs)
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
+  attention_class = DisentangledAttention
 
   def __call__(self, x, mask, rel, rows, *, gate, gate_mode, deterministic, **attention_kw):
     x, probs, reduced, shares = self.attention(x, mask, rel, rows, gate=gate, gate_mode=gate_mode,
