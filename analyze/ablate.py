@@ -4,7 +4,8 @@ Evaluates the classifier on its GLUE dev set with groups of heads removed (gate 
 by uniform attention (--by cluster|role|layer|heads; Guan et al. 2020 Table 2), with the
 intra- or inter-sentence attention of chosen heads removed (--cross; Guan et al. Table 3), and
 computes head importance and the pruning curve (--importance, --prune; Michel et al. 2019).
-Each ablation is compared with random groups of the same size. Writes into --out: ablation.csv,
+Each ablation is compared with random groups of the same layers (none for a group of whole
+layers). Writes into --out: ablation.csv,
 segment_ablation.csv, importance.csv, pruning.csv, pruning_summary.csv, ablation.json,
 figures/*.png and report.html. Thin entry point over ``heads_jax.pipelines.ablate.run_ablation``.
 """
@@ -64,7 +65,7 @@ def add_args(p):
                  help="do not divide each layer's importance by its L2 norm (default: divide, as Michel et al.'s code)")
   p.add_argument("--importance-data", default=None, metavar="SPEC",
                  help="estimate importance on other labelled data (default: the --data set)")
-  p.add_argument("--random-seeds", type=int, default=3, help="random groups / orders per comparison (default 3)")
+  p.add_argument("--random-seeds", type=int, default=3, help="random groups of the same layers (tables) / random pruning orders per comparison (default 3)")
   p.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
   p.add_argument("--max-examples", type=int, default=None, help="first N examples of the data")
   p.add_argument("--max-length", type=int, default=128, help="wordpieces per example (default 128)")

@@ -10,7 +10,7 @@ Tables 2-3.
 * Fig. 5: `plot_all_maps` (every head's map of one input, framed by type; from examples.json).
 * Table 2: `plot_group_ablation` (a head group removed or given uniform attention); Table 3:
   `plot_segment_ablation` (intra- / inter-sentence attention removed); each against random
-  groups of the same size.
+  groups of the same layers.
 
 Inputs: ``clusters.csv`` (hoststats.clustering) and the ablation's CSV tables.
 """
