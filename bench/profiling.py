@@ -35,8 +35,9 @@ optimizer))/mul`` gives scope ``optimizer`` and primitive ``mul``), ``prim:`` th
 The same metadata gives the phase: ``optimizer`` (a scope ``optimizer``, which
 ``training.steps.make_train_step`` puts around the update), ``backward`` (a ``transpose(...)``
 op name), ``forward`` (any other ``jvp``/``jit`` op name); a kernel without an instruction (a
-cuBLAS GEMM in a CUDA graph) takes the phase of the kernel before it in time (an inference:
-forward GEMMs run between forward fusions, backward ones between backward fusions), and
+cuBLAS GEMM in a CUDA graph) takes the phase of the forward or backward kernel before it in time
+(an inference: forward GEMMs run between forward fusions, backward ones between backward
+fusions; the optimizer has none), and
 ``unknown`` is left only where no kernel has a phase (no HLO given).
 
 Attribution: where events overlap (several streams or threads), each elementary interval is
@@ -286,7 +287,7 @@ def read_events(xplane_path: str, module: str = "",
 class Profile:
   """ms per step: ``categories`` (with ``idle``) and ``phases`` (with ``idle``) each sum to
   ``span_ms``; ``top``: the kernels that took most, ``(name, category, ms per step, calls per
-  step)``."""
+  step)``; ``labels``: what each of them is (its phase and label: the operations it fuses)."""
   steps: int
   plane: str
   span_ms: float
@@ -297,6 +298,7 @@ class Profile:
   phases: dict[str, float]
   top: list[tuple[str, str, float, float]]
   events: int
+  labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -363,12 +365,13 @@ def summarize(events: Sequence[Event], *, steps: int, plane: str = "",
   named.sort(key=lambda x: x[0].start_ns)
   described = [(e, n) + index.describe(n) for e, n in named]
   phases = _fill_phases([ph for _, _, _, ph in described])
-  keyed, calls = [], defaultdict(int)
+  keyed, calls, labels = [], defaultdict(int), {}
   for (e, name, fields, _), phase in zip(described, phases):
     label = f"k:{e.name} op:{name} {fields}".strip()
     cat = next((c for c, rx in cats if rx.search(label)), "other")
     keyed.append((e.start_ns, e.end_ns, (cat, phase, name)))
     calls[(name, cat)] += 1
+    labels.setdefault(name, f"{phase}: {label}")
   events = [e for e, _ in named]
   shares, busy = _share(keyed)
   span = max(e.end_ns for e in events) - min(e.start_ns for e in events)
@@ -388,21 +391,24 @@ def summarize(events: Sequence[Event], *, steps: int, plane: str = "",
                   key=lambda x: -x[2])
   return Profile(steps=steps, plane=plane, span_ms=span * per, busy_ms=busy * per, idle_ms=idle,
                  wall_ms=1e3 * wall_s / steps, categories=by_cat, phases=by_phase,
-                 top=ranked[:top], events=len(events))
+                 top=ranked[:top], events=len(events),
+                 labels={n: labels[n][:600] for n, *_ in ranked[:top]})
 
 
 def _fill_phases(phases: list[str]) -> list[str]:
   """Phases in time order with each ``unknown`` (a library kernel without an HLO instruction:
-  a cuBLAS GEMM inside a CUDA graph) given the phase of the kernel before it (the first ones:
-  of the first known after them). All unknown stay unknown."""
+  a cuBLAS GEMM inside a CUDA graph) given the phase of the model kernel (forward or backward)
+  before it: never ``optimizer``, whose update has no library kernels although XLA interleaves
+  its kernels with the backward's (the first ones: of the first known after them). All unknown
+  stay unknown."""
   out, last = list(phases), None
   for i, ph in enumerate(out):
     if ph == "unknown":
       if last is not None:
         out[i] = last
-    else:
+    elif ph in ("forward", "backward"):
       last = ph
-  first = next((ph for ph in out if ph != "unknown"), None)
+  first = next((ph for ph in out if ph in ("forward", "backward")), None)
   if first is not None:
     for i, ph in enumerate(out):
       if ph != "unknown":

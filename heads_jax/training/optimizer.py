@@ -27,11 +27,12 @@ Two implementations of the same update:
 * ``lamb``: the optax chain above, one small program per parameter leaf at every stage
   (compiled for BERT-base on the CPU: 2,237 fusions);
 * ``flat_lamb`` (``make_optimizer(..., flat=True)``; not the default: 1.61x slower a step than
-  the chain on an H200, BENCHMARKS.md issue 39): the moments live
+  the chain on an H200, BENCHMARKS.md issue 39, 37 ms of it in the ``segment_sum`` scatters that
+  ``leaf_sums`` has replaced since; not re-measured on a device): the moments live
   in one flat float32 vector, each leaf a segment padded to whole rows of ``FLAT_ROW`` elements
   (``[R, FLAT_ROW]``). The update is a few passes over it: the gradients' global norm; the
   moments, the Adam direction, the decay and each row's ``||w||^2`` and ``||u||^2``; the
-  per-leaf sums of those rows (``segment_sum`` over R rows, not over the elements) and the
+  per-leaf sums of those rows (``leaf_sums``: static slices of the R rows, not a scatter) and the
   trust ratios; the scaled update, cut back into the leaves. The same arithmetic as the chain in
   the same order, so the two agree to float32 rounding (summation order only:
   ``tests/training/test_flat_lamb.py``). Its state (``FlatLambState``) is not the chain's, so a
@@ -164,6 +165,15 @@ def from_flat(flat, layout: FlatLayout) -> list:
   return out
 
 
+def leaf_sums(row_values, layout: FlatLayout):
+  """``[R] -> [L]``: each leaf's rows summed, one static slice and reduction a leaf. Not
+  ``jax.ops.segment_sum``: its scatter-add of ~10^5 rows into ~200 sums serialises on a GPU's
+  atomics (32.6 of the flat update's 39.9 ms in BERT-base's step on an H200, BENCHMARKS.md)."""
+  starts = [off // FLAT_ROW for off in layout.offsets]
+  ends = starts[1:] + [layout.rows]
+  return jnp.stack([jnp.sum(row_values[a:b]) for a, b in zip(starts, ends)])
+
+
 class FlatLambState(NamedTuple):
   """``count`` int32 (updates done), first and second moments ``mu``, ``nu`` float32
   ``[R, FLAT_ROW]`` in the flat layout of the parameters, and ``grad_norm`` float32 ``[]``: the
@@ -205,11 +215,8 @@ def flat_lamb(learning_rate: float | optax.Schedule, *, weight_decay: float = 0.
     row_adapted = jnp.asarray(lay.leaf_adapted[lay.row_leaf])[:, None]   # [R, 1]
     u = jnp.where(row_adapted, u + weight_decay * w, u)
     row_leaf = jnp.asarray(lay.row_leaf)
-    n_leaves = len(lay.shapes)
-    w_norm = jnp.sqrt(jax.ops.segment_sum(jnp.sum(w * w, axis=1), row_leaf, n_leaves,
-                                          indices_are_sorted=True))       # [L]
-    u_norm = jnp.sqrt(jax.ops.segment_sum(jnp.sum(u * u, axis=1), row_leaf, n_leaves,
-                                          indices_are_sorted=True))
+    w_norm = jnp.sqrt(leaf_sums(jnp.sum(w * w, axis=1), lay))           # [L]
+    u_norm = jnp.sqrt(leaf_sums(jnp.sum(u * u, axis=1), lay))
     ratio = jnp.where((w_norm == 0.0) | (u_norm == 0.0), 1.0, w_norm / u_norm)
     ratio = jnp.where(jnp.asarray(lay.leaf_adapted), ratio, 1.0)
     step_size = -1 * schedule(state.count)

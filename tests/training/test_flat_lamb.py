@@ -88,3 +88,15 @@ def test_flat_lamb_under_multisteps_and_make_optimizer():
     np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
   with pytest.raises(ValueError, match="lamb"):
     opt.make_optimizer(learning_rate=0.1, warmup_steps=0, total_steps=2, name="adamw", flat=True)
+
+
+def test_leaf_sums_are_each_leafs_rows_summed():
+  """``leaf_sums`` (static slices, no scatter) against numpy, leaf by leaf, on a layout with a
+  leaf of one row, one of several and padding."""
+  params = {"a": jnp.zeros((3,)), "b": jnp.zeros((5, opt.FLAT_ROW // 2)), "c": jnp.zeros((2,))}
+  lay = opt.flat_layout(params, lambda p: jax.tree.map(lambda _: True, p))
+  rows = np.random.default_rng(0).normal(size=lay.rows).astype(np.float32)
+  got = np.asarray(opt.leaf_sums(jnp.asarray(rows), lay))
+  want = [rows[lay.row_leaf == i].sum() for i in range(len(lay.shapes))]
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  assert lay.rows == 1 + 3 + 1 and got.shape == (3,)

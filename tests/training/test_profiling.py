@@ -140,3 +140,13 @@ def test_kernels_in_a_cuda_graph_are_named_and_phased_by_their_kernel():
   assert p.phases["forward"] * 1e6 == pytest.approx(6)      # the fusion + the GEMM after it
   assert p.phases["backward"] * 1e6 == pytest.approx(4)
   assert p.phases["unknown"] == 0 and p.categories["GEMM"] * 1e6 == pytest.approx(7)
+  assert p.labels[fwd].startswith("forward: k:") and "opc:" in p.labels[fwd]
+  # a library kernel after an optimizer kernel takes the model's phase before it, not the
+  # optimizer's (the update has no GEMMs; XLA interleaves it with the backward)
+  opt = next(n for n, i in index.instrs.items() if i.opcode not in ("parameter", "constant")
+             and index.describe(n)[1] == "optimizer")
+  ev2 = ev[:3] + [profiling.Event(k(opt), "command_buffer_1", "", 7, 8),
+                  profiling.Event("sm90_xmma_gemm_bf16", "command_buffer_1", "", 8, 10)]
+  p2 = profiling.summarize(ev2, steps=1, hlo_text=text)
+  assert p2.phases["optimizer"] * 1e6 == pytest.approx(1)
+  assert p2.phases["backward"] * 1e6 == pytest.approx(3)
