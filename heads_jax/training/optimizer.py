@@ -32,8 +32,8 @@ Two implementations of the same update:
   in one flat float32 vector, each leaf a segment padded to whole rows of ``FLAT_ROW`` elements
   (``[R, FLAT_ROW]``). The update is a few passes over it: the gradients' global norm; the
   moments, the Adam direction, the decay and each row's ``||w||^2`` and ``||u||^2``; the
-  per-leaf sums of those rows (``leaf_sums``: static slices of the R rows, not a scatter) and the
-  trust ratios; the scaled update, cut back into the leaves. The same arithmetic as the chain in
+  per-leaf sums of those rows (``leaf_sums``: a product with the rows' one-hot leaf matrix, not a
+  scatter) and the trust ratios; the scaled update, cut back into the leaves. The same arithmetic as the chain in
   the same order, so the two agree to float32 rounding (summation order only:
   ``tests/training/test_flat_lamb.py``). Its state (``FlatLambState``) is not the chain's, so a
   run keeps the implementation it started with (``optimizer.flat`` in the config).
@@ -166,12 +166,15 @@ def from_flat(flat, layout: FlatLayout) -> list:
 
 
 def leaf_sums(row_values, layout: FlatLayout):
-  """``[R] -> [L]``: each leaf's rows summed, one static slice and reduction a leaf. Not
+  """``[R] -> [L]``: each leaf's rows summed, as one float32 product with the rows' one-hot
+  leaf matrix ``[R, L]`` (exact products by 0 and 1; ``HIGHEST``: no TF32). Not
   ``jax.ops.segment_sum``: its scatter-add of ~10^5 rows into ~200 sums serialises on a GPU's
-  atomics (32.6 of the flat update's 39.9 ms in BERT-base's step on an H200, BENCHMARKS.md)."""
-  starts = [off // FLAT_ROW for off in layout.offsets]
-  ends = starts[1:] + [layout.rows]
-  return jnp.stack([jnp.sum(row_values[a:b]) for a, b in zip(starts, ends)])
+  atomics (37.4 of the flat update's 39.9 ms in BERT-base's step on an H200, BENCHMARKS.md);
+  nor a slice per leaf (~2 kernels a leaf)."""
+  # the barrier keeps XLA from folding the [R, L] one-hot into a constant of the program
+  row_leaf = jax.lax.optimization_barrier(jnp.asarray(layout.row_leaf))
+  onehot = (row_leaf[:, None] == jnp.arange(len(layout.shapes))[None, :]).astype(jnp.float32)
+  return jnp.dot(row_values.astype(jnp.float32), onehot, precision=jax.lax.Precision.HIGHEST)
 
 
 class FlatLambState(NamedTuple):
