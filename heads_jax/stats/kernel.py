@@ -71,6 +71,11 @@ def default_wrapper(platform: str | None = None) -> str:
 MAX_KEYS = {"mosaic": 2048}
 ONE_PASS_KEYS = 1024
 KEY_BLOCK = 128
+# Measured on an H200 (BENCHMARKS.md, issue 38's fourth run): the key loop's second pass with key
+# blocks outside the heads (``keys_outer``) takes one 8,192-position sequence in 100.1 ms against
+# 124.1 with the heads outside; 2 window corrections shared by a block's heads (``static``)
+# against 4 take the 128 x 128 step from 13.66 to 13.38 ms (the Pallas call alone 4.51 -> 4.25).
+TRITON_STATIC = 2
 
 
 def key_block(kp: int, block_k: int | None = None) -> int:
@@ -298,8 +303,8 @@ def _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, ch
 
 
 def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
-                num_stages=None, block_k=None, keys_outer=False,
-                static=tile.STATIC_CORRECTIONS, heads_per_program=None):
+                num_stages=None, block_k=None, keys_outer=True, static=TRITON_STATIC,
+                heads_per_program=None):
   """The Triton program: grid ``(b, q / T, h / g)``, each program looping over g heads
   (``heads_per_program``, default all: the block's setup is then built once for all); all keys
   at once (``tile.head_rows``) when ``block_k`` is the key axis, else key blocks of ``block_k``
@@ -479,7 +484,7 @@ def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction:
                       *, wrapper: str | None = None, block_q: int | None = None, interpret=None,
                       contraction: str = "hilo", platform: str | None = None, num_warps: int = 4,
                       num_stages: int | None = None, block_k: int | None = None,
-                      keys_outer: bool = False, static: int = tile.STATIC_CORRECTIONS,
+                      keys_outer: bool = True, static: int = TRITON_STATIC,
                       heads_per_program: int | None = None):
   """The Pallas program alone: every head's per-row results ``[b, h, kp, E_COLS]``
   (``tile.head_rows``) of one layer; arguments as ``kernel_layer_stats`` (``"triton"`` or
@@ -504,7 +509,7 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
                        block_q: int | None = None, interpret=None, contraction: str = "hilo",
                        platform: str | None = None, num_warps: int = 4,
                        num_stages: int | None = None, block_k: int | None = None,
-                       keys_outer: bool = False, static: int = tile.STATIC_CORRECTIONS,
+                       keys_outer: bool = True, static: int = TRITON_STATIC,
                        heads_per_program: int | None = None, sums: str = "einsum",
                        blocks_per_step: int | None = None) -> dict:
   """One layer's statistics from its queries and keys ``[b, k, h, e]`` (before the ``1/sqrt(e)``
@@ -521,9 +526,10 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
     block_k: the Triton program's keys per step (``key_block``: all keys up to
       ``ONE_PASS_KEYS``, else ``KEY_BLOCK``; a smaller power of two forces the key loop).
     keys_outer: the key loop's second pass with key blocks outside the heads (each block's
-      setup built once for all heads; ``_triton_rows``).
+      setup built once for all heads; ``_triton_rows``; the default), else heads outside.
     static: the Triton one-pass program's window corrections built once per block for all
-      heads (``tile.block_setup``; further ones are built per head where a sequence needs them).
+      heads (``tile.block_setup``, default ``TRITON_STATIC``; further ones are built per head
+      where a sequence needs them).
     heads_per_program: heads per Triton program (default all; fewer: more programs, each
       building its block's setup).
     sums: how XLA adds the Pallas rows' channels over the queries (``_weighted``).
@@ -569,7 +575,7 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
                    interpret=None, mesh=None, platform: str | None = None,
                    contraction: str = "hilo", num_warps: int = 4,
                    num_stages: int | None = None, block_k: int | None = None,
-                   keys_outer: bool = False, static: int = tile.STATIC_CORRECTIONS,
+                   keys_outer: bool = True, static: int = TRITON_STATIC,
                    heads_per_program: int | None = None, sums: str = "einsum",
                    blocks_per_step: int | None = None):
   """The model's ``attention_reduce`` hook for kernel v2 (needs no probabilities: the model keeps
