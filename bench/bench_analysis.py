@@ -139,10 +139,9 @@ def _encode(args, tokenizer, n: int, sort_window=None, batch_size=None, bucket_s
 
 def _pack(args, batches) -> list:
   """The same sequences packed as the device pass packs them (``pipelines.device_pass``)."""
-  from heads_jax.data.encoding import pack_batches
-  from heads_jax.pipelines.device_pass import PACK_SLOTS
-  return list(pack_batches(batches, length=args.max_length, rows=args.batch_size, slots=PACK_SLOTS,
-                           window=max(args.sort_window or 0, args.batch_size)))
+  from heads_jax.pipelines.device_pass import pass_packing
+  return list(pass_packing(batches, length=args.max_length, rows=args.batch_size,
+                           window=args.sort_window))
 
 
 def _max_diff(a: dict, b: dict) -> dict:

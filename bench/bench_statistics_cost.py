@@ -6,7 +6,8 @@ batch 32, 16-position buckets), process CPU seconds (all threads) of one pass, i
 round: the per-layer analysis step (``layerwise``), the same with the ``block`` role left out (its
 score is bias x row entropy: the one entropy-weighted role, which needs each row's entropy and
 block mass per query), and ``stacked``. Where the model takes packed rows (issue 38) the same
-sequences also run packed (``heads_jax.data.encoding.pack_batches``, as the device pass runs them):
+sequences also run packed (``heads_jax.pipelines.device_pass.pass_packing``, as the device pass runs
+them: short rows of 64 positions where the data allow):
 the bare forward and the per-layer step on those rows, the step's cost against that forward.
 
 The per-layer step (``heads_jax.stats.layerwise``) costs, per layer, one matmul against a per-pair
@@ -16,7 +17,11 @@ most +5% CPU time over the bare forward (issue 38 item 4). The load average befo
 printed beside the figures: on a loaded machine the ratios are not worth much. Process CPU time
 counts every thread, including XLA's worker threads waiting between small operations.
 
-    python bench/bench_statistics_cost.py --sequences 128 --repeats 7
+    python bench/bench_statistics_cost.py --sequences 1024 --repeats 7
+
+1,024 sentences make several full packed batches of each shape (64 short rows of 64 positions,
+8 full rows of 128); with a few hundred every packed batch is the end's leftover, packed again at
+full length, which is not what a pass of real data runs.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import common  # noqa: E402
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--sequences", type=int, default=128)
+  p.add_argument("--sequences", type=int, default=1024)
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--out", default=None, help="JSON path (default: bench/bench_statistics_cost.json)")
   a = p.parse_args(argv)
@@ -76,10 +81,9 @@ def main(argv=None):
 
   packed_batches, packed_dev = [], []
   if steps["layerwise"].packs:
-    from heads_jax.data.encoding import pack_batches
-    from heads_jax.pipelines.device_pass import PACK_SLOTS
+    from heads_jax.pipelines.device_pass import pass_packing
     from heads_jax.sieves import segment_positions
-    packed_batches = list(pack_batches(batches, length=128, rows=32, slots=PACK_SLOTS, window=1024))
+    packed_batches = list(pass_packing(batches, length=128, rows=32, window=1024))
     fields = ("input_ids", "attention_mask", "token_type_ids", "segment_ids")
     packed_dev = [shard_batch(pad_to_multiple({f: np.asarray(b[f], np.int32) for f in fields},
                                               multiple)[0], mesh) for _, b in packed_batches]

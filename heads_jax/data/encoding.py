@@ -519,51 +519,110 @@ def unpad_rows(indices, batch: dict) -> list[tuple[int, dict]]:
   return out
 
 
+SHORT_ROWS_LONG_SHARE = 0.25  # short rows only while at most this share of positions is longer
+
+
+def row_slots(row_length: int, length: int, slots: int = DEFAULT_SLOTS) -> int:
+  """Sequences a packed row of ``row_length`` positions holds at most, where a row of ``length``
+  holds ``slots``: in proportion (a short row of half the length: half the slots), at least 1."""
+  return max(1, slots * int(row_length) // int(length))
+
+
 def pack_batches(batches: Iterable, *, length: int, rows: int, slots: int = DEFAULT_SLOTS,
-                 window: int = 1024, tail_rows: int | None = None) -> Iterator[tuple[np.ndarray, dict]]:
+                 window: int = 1024, tail_rows: int | None = None,
+                 short_length: int | None = None) -> Iterator[tuple[np.ndarray, dict]]:
   """Packed batches from unpacked ``(indices, batch)`` (e.g. ``iter_batches`` / ``encode_spec``):
-  yields ``(indices [rows * slots], packed batch [rows, length])``, each index the sequence's
-  position in the data (-1: empty slot), in slot order (``collate_packed``).
+  yields ``(indices [b * S], packed batch [b, k])``, each index the sequence's position in the
+  data (-1: empty slot), in slot order (``collate_packed``; S = ``row_slots(k, length, slots)``).
 
   Sequences are gathered ``window`` at a time and packed first-fit decreasing
-  (``pack_lengths``); packed rows left over from a window (fewer than ``rows``) wait for the
-  next one. The rows left at the end go out in batches of ``tail_rows`` rows (default
-  ``rows // 4``, at least 1), so a pass compiles at most two shapes, ``[rows, length]`` and
-  ``[tail_rows, length]``, and the last batch wastes at most ``tail_rows - 1`` rows.
+  (``pack_lengths``); packed rows left over from a window wait for the next one.
+
+  * Without ``short_length``: rows of ``length`` positions, in batches of ``rows``; the rows
+    left at the end go out in batches of ``tail_rows`` rows (default ``rows // 4``, at least 1),
+    so a pass compiles at most two shapes, ``[rows, length]`` and ``[tail_rows, length]``, and
+    the last batch wastes at most ``tail_rows - 1`` rows.
+  * With ``short_length`` s < ``length`` (the device pass: half of it): longer sequences go to
+    rows of ``length`` (in batches of ``tail_rows``), the others fill those rows' room and then
+    short rows of s positions (in batches of ``rows * length // s`` rows, the same positions as
+    a full batch); at the end the sequences of the rows left over are packed again, into rows of
+    ``length``, in batches of ``tail_rows``. Two shapes again, ``[rows * length // s, s]`` and
+    ``[tail_rows, length]``. A short row's attention has half the query-key pairs per position,
+    and the statistics' per-layer cost goes with the pairs (BENCHMARKS.md, issue 38). The first
+    window decides: if more than ``SHORT_ROWS_LONG_SHARE`` of its positions are in sequences
+    longer than s (e.g. sentence pairs), the whole stream packs as without ``short_length``.
   """
   if rows < 1 or length < 1:
     raise ValueError(f"rows and length must be positive, got {rows}, {length}")
+  if short_length is not None and not 1 <= short_length:
+    raise ValueError(f"short_length must be positive, got {short_length}")
   tail_rows = max(1, rows // 4) if tail_rows is None else int(tail_rows)
   pending_seqs: list[tuple[int, dict]] = []
-  ready: list[list[tuple[int, dict]]] = []        # packed rows waiting for a full batch
+  ready: list[list[tuple[int, dict]]] = []        # packed rows of `length` waiting for a batch
+  ready_short: list[list[tuple[int, dict]]] = []  # short rows waiting for a batch
+  tier: list[int] = []                            # [s] or [0], decided at the first window
+  n_of = lambda item: len(item[1]["input_ids"])   # noqa: E731
+
+  def pack_rows(seqs, capacity):
+    layout = pack_lengths([n_of(x) for x in seqs], capacity, row_slots(capacity, length, slots))
+    return [[seqs[i] for i in members] for members in layout]
 
   def pack_pending():
-    layout = pack_lengths([len(r["input_ids"]) for _, r in pending_seqs], length, slots)
-    ready.extend([[pending_seqs[i] for i in members] for members in layout])
+    if not tier:
+      s = int(short_length or 0)
+      total = sum(n_of(x) for x in pending_seqs)
+      longer = sum(n_of(x) for x in pending_seqs if n_of(x) > s)
+      tier.append(s if 0 < s < length and longer <= SHORT_ROWS_LONG_SHARE * total else 0)
+    s = tier[0]
+    long_rows = pack_rows([x for x in pending_seqs if not s or n_of(x) > s], length)
+    shorts = sorted((x for x in pending_seqs if s and n_of(x) <= s), key=lambda x: -n_of(x))
+    room = [length - sum(n_of(x) for x in row) for row in long_rows]
+    rest = []
+    for x in shorts:   # the long rows' room first (first fit, longest first), then short rows
+      r = next((r for r, free in enumerate(room)
+                if free >= n_of(x) and len(long_rows[r]) < slots), None)
+      if r is None:
+        rest.append(x)
+      else:
+        long_rows[r].append(x)
+        room[r] -= n_of(x)
+    ready.extend(long_rows)
+    ready_short.extend(pack_rows(rest, s or length))
     pending_seqs.clear()
 
-  def emit(group, b):
+  def emit(group, b, k):
     seqs = [item for row in group for item in row]
     layout, at = [], 0
     for row in group:
       layout.append(list(range(at, at + len(row))))
       at += len(row)
-    slot_of, batch = collate_packed([r for _, r in seqs], layout, length, b, slots)
+    slot_of, batch = collate_packed([r for _, r in seqs], layout, k, b, row_slots(k, length, slots))
     indices = np.where(slot_of >= 0, np.asarray([i for i, _ in seqs] + [-1])[slot_of], -1)
     return indices.astype(np.int64), batch
+
+  def full_batches():
+    s = tier[0] if tier else 0
+    if s:
+      short_rows = rows * length // s
+      while len(ready_short) >= short_rows:
+        yield emit(ready_short[:short_rows], short_rows, s)
+        del ready_short[:short_rows]
+    long_rows = tail_rows if s else rows
+    while len(ready) >= long_rows:
+      yield emit(ready[:long_rows], long_rows, length)
+      del ready[:long_rows]
 
   for indices, batch in batches:
     pending_seqs.extend(unpad_rows(indices, batch))
     if len(pending_seqs) >= window:
       pack_pending()
-      while len(ready) >= rows:
-        yield emit(ready[:rows], rows)
-        del ready[:rows]
+      yield from full_batches()
   if pending_seqs:
     pack_pending()
-  while len(ready) >= rows:
-    yield emit(ready[:rows], rows)
-    del ready[:rows]
+  yield from full_batches()
+  if ready_short:   # the short rows left over, with the long ones, packed again at full length
+    ready[:] = pack_rows([x for row in ready_short + ready for x in row], length)
+    ready_short.clear()
   while ready:
-    yield emit(ready[:tail_rows], tail_rows)
+    yield emit(ready[:tail_rows], tail_rows, length)
     del ready[:tail_rows]

@@ -2,12 +2,17 @@
 -> ``scores.npz`` (sieve bias, distance features, lengths, measures).
 
 **Packed** (issue 38, the default wherever it is exact: ``step.packs``): the sequences are packed
-several to a row of ``max_length`` positions (``heads_jax.data.encoding.pack_batches``: first-fit
-decreasing within the sort window, at most ``PACK_SLOTS`` sequences a row), so a pass compiles at
-most two shapes, ``[batch_size, max_length]`` and the tail's ``[batch_size / 4, max_length]``,
-and pads a few percent of its positions (UD EWT with MiniLM's tokenizer: 4.3% against 56.6%
-unpacked, ``bench/bench_analysis.py``); every score equals the unpacked analysis's
-(``tests/stats/test_packing.py``). ``cfg.pack = False`` (or a step that cannot pack: a model
+several to a row (``pass_packing``: ``heads_jax.data.encoding.pack_batches``, first-fit
+decreasing within the sort window): sequences of at most ``max_length / 2`` positions into short
+rows of that length (``2 * batch_size`` of them a batch, at most ``PACK_SLOTS / 2`` sequences a
+row), longer ones and the rows left at the end into rows of ``max_length`` (``batch_size / 4`` a
+batch, at most ``PACK_SLOTS``); where more than a quarter of the first window's positions are in
+longer sequences (sentence pairs), every row has ``max_length`` positions (``batch_size`` a
+batch, the tail ``batch_size / 4``). Either way a pass compiles at most two shapes and pads a few
+percent of its positions (UD EWT with MiniLM's tokenizer: BENCHMARKS.md, against 56.6%
+unpacked, ``bench/bench_analysis.py``); short rows halve the query-key pairs per position, which
+is what the per-layer statistics cost goes with on the CPU. Every score equals the unpacked
+analysis's (``tests/stats/test_packing.py``). ``cfg.pack = False`` (or a step that cannot pack: a model
 without ``segment_ids``, ``js``, the ``fused``/``kernel`` paths) gives the unpacked pass:
 
 Unpacked, it is compiled a bounded number of times (issue 35): every batch is padded to one of at
@@ -33,33 +38,38 @@ from heads_jax.data.vocabulary import SYNTACTIC_ROLES
 from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
 from heads_jax.stats.collector import collect, combine_measures
-from heads_jax.data.encoding import DEFAULT_SLOTS, pack_batches
+from heads_jax.data.encoding import DEFAULT_SLOTS, pack_batches, row_slots
 from heads_jax.stats.compiling import ahead, pass_batches, pass_lengths
 from heads_jax.stats.step import make_analysis_step
 from heads_jax.storage import local_copy
 
 
-PACK_SLOTS = DEFAULT_SLOTS    # sequences per packed row at most
+PACK_SLOTS = DEFAULT_SLOTS    # sequences per packed row of max_length at most
+
+
+def pass_packing(batches, *, length: int, rows: int, window: int | None):
+  """The pass's packed batches (module docstring; the benches pack with this too): short rows of
+  ``length // 2`` where the data allow."""
+  return pack_batches(batches, length=length, rows=rows, slots=PACK_SLOTS,
+                      window=max(int(window or 0), rows), short_length=length // 2)
 
 
 def packed_pass_batches(batches, step, *, length: int, rows: int, window: int | None,
-                        later=(), later_lengths=(), slots: int = PACK_SLOTS):
-  """The first pass's batches packed (``pack_batches``), produced ``ahead``; the first batch of
-  each shape starts its compilation (``step.precompile(rows, length, slots=...)``) and, once,
-  the second pass's unpacked shapes (``later_lengths`` x ``rows``) behind it."""
+                        later=(), later_lengths=()):
+  """The first pass's batches packed (``pass_packing``), produced ``ahead``; the first batch of
+  each shape starts its compilation (``step.precompile(b, k, slots=...)``) and, once, the
+  second pass's unpacked shapes (``later_lengths`` x ``rows``) behind it."""
   started = []
 
   def on_shape(b, k):
-    step.precompile(b, k, slots=slots)
+    step.precompile(b, k, slots=row_slots(k, length, PACK_SLOTS))
     if not started:
       started.append(True)
       for other in later:
         for n in later_lengths:
           other.precompile(rows, n, priority=1)
 
-  packed = pack_batches(batches, length=length, rows=rows, slots=slots,
-                        window=max(int(window or 0), rows))
-  return ahead(packed, on_shape)
+  return ahead(pass_packing(batches, length=length, rows=rows, window=window), on_shape)
 
 
 def check_vocabulary(model, tokenizer, where) -> None:

@@ -66,7 +66,7 @@ def role_weights(sieves, attention_mask, segment_ids=None, slots: int = 0):
   sieve (V of them in the query's sequence), else 0; float32 ``[b, r, q]``, and the count V
   ``[b, r]`` (with ``slots`` S, a packed batch: ``[b, S, r]`` per sequence of each row, n and V
   of the query's own segment)."""
-  size = jnp.sum(sieves, axis=-1).astype(jnp.float32)                         # [b, r, q]
+  size = jnp.sum(sieves, axis=-1, dtype=jnp.float32)                          # [b, r, q]
   valid = size > 0
   if not slots:
     n = jnp.sum(jnp.asarray(attention_mask) > 0, axis=-1).astype(jnp.float32)   # [b]

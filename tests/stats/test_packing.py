@@ -78,6 +78,83 @@ def test_pack_batches_keeps_every_field_and_numbers_segments():
   assert {len(ix) // 4 for ix, _ in out} <= {4, 2}       # at most two shapes: rows and tail rows
 
 
+def _placed(batch, out, length, slots):
+  """Checks every packed sequence against its unpacked row (fields, contiguous segment, restarted
+  positions, rows of ``row_slots`` slots); returns ``{index: row length it was packed in}``."""
+  where = {}
+  for indices, packed in out:
+    b, k = packed["input_ids"].shape
+    per_row = encoding.row_slots(k, length, slots)
+    assert len(indices) == b * per_row
+    for pos, i in enumerate(indices):
+      if i < 0:
+        continue
+      row, j = divmod(pos, per_row)
+      at = np.flatnonzero(packed["segment_ids"][row] == j + 1)
+      n = int(batch["attention_mask"][i].sum())
+      assert len(at) == n and np.all(np.diff(at) == 1)
+      for f in B.BATCH_FIELDS:
+        np.testing.assert_array_equal(packed[f][row, at], batch[f][i, :n])
+      np.testing.assert_array_equal(np.asarray(segment_positions(packed["segment_ids"]))[row, at],
+                                    np.arange(n))
+      assert int(i) not in where
+      where[int(i)] = k
+  return where
+
+
+def test_short_rows_take_the_short_sequences_in_two_shapes(monkeypatch):
+  """With ``short_length``: sequences longer than it go to full rows, the others fill those
+  rows' room (first fit, longest first) and then short rows of half the slots; two shapes, a
+  short batch holding the positions of a full one. Layout derived by hand (the long share rule
+  lifted: its own test below)."""
+  monkeypatch.setattr(encoding, "SHORT_ROWS_LONG_SHARE", 1.0)
+  rng = np.random.default_rng(6)
+  pool = ref.random_batch(rng, 300, 40, min_len=2)
+  pool_lengths = pool["attention_mask"].sum(-1)
+  want = [30, 25, 8, 8, 6, 5, 5, 4, 3]
+  keep = []
+  for n in want:
+    keep.append(int(next(i for i in np.flatnonzero(pool_lengths == n) if i not in keep)))
+  batch = {f: v[keep] for f, v in pool.items()}
+  out = list(encoding.pack_batches([(np.arange(9), batch)], length=40, rows=1, slots=4,
+                                   window=9, tail_rows=1, short_length=20))
+  where = _placed(batch, out, 40, 4)
+  assert sorted(where) == list(range(9))
+  # by hand: full rows 30 | 25 (room 10, 15); 8 -> row 0, 8 -> row 1, 6 -> row 1; the rest
+  # (5, 5, 4, 3) in short rows of 20 positions and 2 slots: 5+5 | 4+3, one batch of 2 rows
+  layout = [(p["input_ids"].shape, [[want[i] for i in ix[r * len(ix) // len(p["input_ids"]):
+                                                         (r + 1) * len(ix) // len(p["input_ids"])]
+                                    if i >= 0] for r in range(len(p["input_ids"]))])
+            for ix, p in out]
+  assert layout == [((2, 20), [[5, 5], [4, 3]]), ((1, 40), [[30, 8]]), ((1, 40), [[25, 8, 6]])]
+  assert encoding.row_slots(20, 40, 4) == 2
+
+
+def test_short_rows_left_over_are_packed_again_at_full_length():
+  """Short rows too few for a batch at the end: their sequences go, with the long rows', into
+  rows of the full length (the tail's shape), each exactly once."""
+  rng = np.random.default_rng(8)
+  batch = ref.random_batch(rng, 30, 16, min_len=2)
+  out = list(encoding.pack_batches([(np.arange(30), batch)], length=32, rows=16, slots=4,
+                                   window=30, tail_rows=2, short_length=16))
+  assert {p["input_ids"].shape for _, p in out} == {(2, 32)}     # 32 short rows never filled
+  assert sorted(_placed(batch, out, 32, 4)) == list(range(30))
+
+
+def test_short_rows_are_refused_for_mostly_long_data():
+  """More than SHORT_ROWS_LONG_SHARE of the first window's positions in longer sequences (e.g.
+  sentence pairs): every row has the full length, as without ``short_length``."""
+  rng = np.random.default_rng(7)
+  batch = ref.random_batch(rng, 24, 40, min_len=25)
+  out = list(encoding.pack_batches([(np.arange(24), batch)], length=40, rows=4, slots=4,
+                                   window=24, short_length=20))
+  plain = list(encoding.pack_batches([(np.arange(24), batch)], length=40, rows=4, slots=4,
+                                     window=24))
+  assert [p["input_ids"].shape for _, p in out] == [p["input_ids"].shape for _, p in plain]
+  assert all(p["input_ids"].shape[1] == 40 for _, p in out)
+  assert sorted(_placed(batch, out, 40, 4)) == list(range(24))
+
+
 @pytest.mark.parametrize("direction", ["dep2head", "both"])
 def test_packed_sieves_and_bins_are_each_sequences_own(direction):
   rng = np.random.default_rng(1)
@@ -193,6 +270,27 @@ def test_packed_analysis_step_equals_unpacked(family, paths):
     for name in ALL:
       np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5,
                                  err_msg=f"{family} {path} {name}")
+
+
+def test_analysis_on_short_and_full_rows_equals_unpacked():
+  """The pass's two shapes (short rows of half the length and half the slots, full rows) through
+  the analysis step: every score equals the unpacked run's within 1e-5."""
+  _requires_packing_model()
+  from heads_jax.stats.collector import collect
+  from heads_jax.stats.step import make_analysis_step
+  rng = np.random.default_rng(9)
+  batch = ref.random_batch(rng, 10, 16, min_len=1)
+  n = len(batch["input_ids"])
+  unpacked = [(np.arange(n), batch)]
+  packed = list(encoding.pack_batches(unpacked, length=40, rows=2, slots=4, window=64,
+                                      tail_rows=2, short_length=20))
+  assert {p["input_ids"].shape for _, p in packed} == {(4, 20), (2, 40)}
+  step = make_analysis_step(_model("bert"), measures=True, stats_impl="layerwise")
+  want = collect(step, unpacked, n, progress=False)
+  got = collect(step, packed, n, progress=False)
+  np.testing.assert_array_equal(got["lengths"], want["lengths"])
+  for name in ALL:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 def test_a_step_that_cannot_pack_says_so():
