@@ -222,17 +222,25 @@ def test_analysis_step_lowers(platform, stats_impl):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-def test_packed_analysis_lowers(platform, monkeypatch):
-  """The packed program the device pass runs by default (``segment_ids``, positions restarting
-  per segment, ``PACK_SLOTS`` sequences a row; the platform's ``auto`` path) lowers, with one
-  output row per slot."""
+@pytest.mark.parametrize("row", ["full", "short"])
+def test_packed_analysis_lowers(platform, row, monkeypatch):
+  """The packed programs the device pass runs by default (``segment_ids``, positions restarting
+  per segment; the platform's ``auto`` path) lower, with one output row per slot: full rows of
+  ``PACK_SLOTS`` sequences, and short rows of half the length and half the slots
+  (``pass_packing``)."""
+  from heads_jax.data.encoding import row_slots
   from heads_jax.pipelines.device_pass import PACK_SLOTS
   monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
-  exp = analysis_exported(analysis.default_stats_impl(platform), platform, slots=PACK_SLOTS)
+  full = analysis_batch()["input_ids"].shape[1]
+  length = full if row == "full" else full // 2
+  slots = row_slots(length, full, PACK_SLOTS)
+  exp = analysis_exported(analysis.default_stats_impl(platform), platform, length=length,
+                          slots=slots)
   check_exported(exp, platform)
   out = jax.tree.unflatten(exp.out_tree, exp.out_avals)
-  assert out["sieve_bias"].shape == (ANALYSIS_B * PACK_SLOTS, 12, 12, len(ROLES))
-  assert out["distance"].shape == (ANALYSIS_B * PACK_SLOTS, 12, 12, 21)
+  assert slots == (PACK_SLOTS if row == "full" else PACK_SLOTS // 2)
+  assert out["sieve_bias"].shape == (ANALYSIS_B * slots, 12, 12, len(ROLES))
+  assert out["distance"].shape == (ANALYSIS_B * slots, 12, 12, 21)
 
 
 def test_fused_analysis_lowers_for_gpu_with_triton():
