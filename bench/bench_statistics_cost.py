@@ -48,6 +48,8 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--sequences", type=int, default=1024)
   p.add_argument("--repeats", type=int, default=7)
+  p.add_argument("--measures", action="store_true",
+                 help="the steps compute the measures too (entropy, token masses: analyze's default)")
   p.add_argument("--full-rows", action="store_true",
                  help="also pack every row at 128 positions (no short rows), for comparison")
   p.add_argument("--out", default=None, help="JSON path (default: bench/bench_statistics_cost.json)")
@@ -83,10 +85,12 @@ def main(argv=None):
   dev = [shard_batch(pad_to_multiple({f: np.asarray(v, np.int32) for f, v in b.items()},
                                      multiple)[0], mesh) for _, b in batches]
   load_before = os.getloadavg()
-  steps = {"layerwise": make_analysis_step(model, stats_impl="layerwise"),
+  m = a.measures
+  steps = {"layerwise": make_analysis_step(model, stats_impl="layerwise", measures=m),
            "layerwise without block": make_analysis_step(
-               model, roles=tuple(r for r in ROLES if r != "block"), stats_impl="layerwise"),
-           "stacked": make_analysis_step(model, stats_impl="stacked")}
+               model, roles=tuple(r for r in ROLES if r != "block"), stats_impl="layerwise",
+               measures=m),
+           "stacked": make_analysis_step(model, stats_impl="stacked", measures=m)}
 
   packings = {}   # suffix -> (packed batches, their device copies)
   if steps["layerwise"].packs:
@@ -155,12 +159,13 @@ def main(argv=None):
                  "cpu_median_vs_explicit": f"{np.median(cpu[key]) / np.median(cpu[same]) - 1:+.1%}"})
   load = (f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, "
           f"after {tuple(round(x, 2) for x in load_after)} on {os.cpu_count()} cores")
-  print(common.format_table(rows, title=f"\nstatistics' CPU cost, {name}, {n} sequences, "
+  print(common.format_table(rows, title=f"\nstatistics' CPU cost{' with the measures' * m}, "
+                                        f"{name}, {n} sequences, "
                                         f"{len(batches)} batches"
                                         + "".join(f" ({len(p)}{x})" for x, (p, _) in packings.items())
                                         + f", {a.repeats} interleaved repeats; {load}"))
   result = {"machine": common.machine_info(), "command": common.command_line(), "rows": rows,
-            "cpu_s": cpu, "wall_s": wall, "model": name, "sequences": n,
+            "cpu_s": cpu, "wall_s": wall, "model": name, "sequences": n, "measures": m,
             "load_average_before": load_before, "load_average_after": load_after}
   path = common.write_json(common.default_json_path(__file__, a.out), result)
   print(f"wrote {path}")

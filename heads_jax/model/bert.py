@@ -91,9 +91,10 @@ attributes of ``fn`` ask the explicit path for more, passed as keywords:
   float32 compute without dropout it rides in the value product (``P @ [V | E]``); otherwise a
   separate float32 product over the probabilities.
 * ``fn.wants_entropy``: the model passes ``entropy=`` float32 ``[b, h, q]``, each row's
-  natural-log entropy over its visible keys from the softmax's own reductions
-  (``H = ln Z - sum_k p_k (s_k - m)``), 0 on padding query rows; None when a "uniform" gate or
-  segment removal edits the probabilities.
+  natural-log entropy over its visible keys from the scores and probabilities
+  (``H = ln Z - sum_k p_k (s_k - m)``, ``ln Z = -ln max_k p_k``: no logarithm per element; the
+  probabilities are jax.nn.softmax's, bit for bit), 0 on padding query rows; None when a
+  "uniform" gate or segment removal edits the probabilities.
 
 **Long sequences**: the ``"xla"`` path runs in chunks of 512 queries (``lax.map``) once
 ``b * h * q * k`` exceeds 2^26, so that memory grows linearly in the length.
@@ -344,17 +345,16 @@ class SelfAttention(nnx.Module):
       scale = 1.0 / jnp.sqrt(jnp.float32(cfg.head_dim))
       scores = jnp.einsum("bqhe,bkhe->bhqk", qh, kh, preferred_element_type=jnp.float32) * scale
       scores = jnp.where(key_real, scores, jnp.finfo(jnp.float32).min)
+      probs = jax.nn.softmax(scores, axis=-1)
       if wants_entropy and not edits:
-        # jax.nn.softmax's own steps (same bits), keeping its reductions for the entropy:
-        # H = ln Z - sum_k p_k (s_k - m), natural log, over the visible keys
-        centred = scores - jnp.max(scores, axis=-1, keepdims=True)
-        unnormalised = jnp.exp(centred)
-        total = jnp.sum(unnormalised, axis=-1, keepdims=True)
-        probs = unnormalised / total
-        entropy = jnp.log(total[..., 0]) - jnp.sum(jnp.where(key_real, probs * centred, 0.0), -1)
+        # H = ln Z - sum_k p_k (s_k - m), natural log, over the visible keys, with ln Z = -ln p
+        # of the largest score's key (its p is exp(0) / Z): no logarithm per element, and the
+        # probabilities stay jax.nn.softmax's (same bits as without the hook; keeping its
+        # exponentials for the sum instead cost a pass over them)
+        m = jnp.max(scores, axis=-1, keepdims=True)
+        spread = jnp.sum(jnp.where(key_real, probs * (scores - m), 0.0), -1)
+        entropy = -jnp.log(jnp.max(probs, axis=-1)) - spread
         entropy = entropy * mask[:, None, :].astype(entropy.dtype)          # padding queries 0
-      else:
-        probs = jax.nn.softmax(scores, axis=-1)
       probs = jnp.where(key_real, probs, 0.0)  # exact zeros on padding keys
       if gate is not None and gate_mode == "uniform":
         # uniform over the keys the query may attend (its segment's real keys when packed)

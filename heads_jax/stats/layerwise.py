@@ -253,7 +253,7 @@ def _entropy_features(probs, tables: dict, attention_mask):
 
 
 def reduce_layer(probs, tables: dict, roles: Sequence[str], attention_mask,
-                 measures: bool = False) -> dict:
+                 measures: bool = False, entropy=None, block_masses=None) -> dict:
   """One layer's statistics from its attention ``probs`` float32 ``[b, h, q, k]`` (padding keys
   0, rows normalised over the real keys; padding query rows may hold anything: every weight of a
   padding query is 0; any number of heads, e.g. the ``l*h`` of a stack: ``reduce_stack``).
@@ -267,7 +267,10 @@ def reduce_layer(probs, tables: dict, roles: Sequence[str], attention_mask,
   diagonals, and a small contraction of the per-query features ``[b, h, q, g]`` with
   ``query_weights``. The entropy (and the block masses it weights) is computed only where read:
   with the measures, or for an entropy-weighted role in a batch with a pair sequence (else its
-  weights are all 0 and ``lax.cond`` skips the pass).
+  weights are all 0 and ``lax.cond`` skips the pass). A model that computed them with its
+  softmax hands them in instead (``layer_reducer``'s hooks): ``entropy`` float32 ``[b, h, q]``
+  (each row's, 0 on padding queries) and ``block_masses`` ``[b, h, q, 2]`` (``probs @
+  block_cols``), and no pass over the probabilities is made for them.
   """
   roles = tuple(roles)
   b, h, q, k = probs.shape
@@ -275,7 +278,20 @@ def reduce_layer(probs, tables: dict, roles: Sequence[str], attention_mask,
   probs = probs.astype(jnp.float32)
   features = {f"offset:{o}": d for o, d in
               zip(layout["offsets"], jnp.moveaxis(diagonals(probs, layout["offsets"]), -1, 0))}
-  if layout["entropy"]:
+  if layout["entropy"] and entropy is not None:
+    entropy = entropy.astype(jnp.float32)
+    features["entropy"] = entropy
+    if layout["entropy_roles"]:   # block's masses: only where a sequence is a pair
+      def masses(p):
+        return jnp.matmul(p.reshape(b, h * q, k), tables["block_cols"],
+                          precision=_HIGHEST).reshape(b, h, q, 2)
+      needed = jnp.any(tables["role_weight"][:, list(layout["entropy_roles"])] > 0)
+      cols = (block_masses if block_masses is not None else
+              jax.lax.cond(needed, masses, lambda p: jnp.zeros(p.shape[:-1] + (2,), jnp.float32),
+                           probs))
+      features["block0*entropy"] = cols[..., 0] * entropy
+      features["block1*entropy"] = cols[..., 1] * entropy
+  elif layout["entropy"]:
     compute = functools.partial(_entropy_features, tables=tables, attention_mask=attention_mask)
     if measures:
       extra = compute(probs)
@@ -363,13 +379,26 @@ def reduce_stack(attn, batch, roles: Sequence[str], direction: str = "dep2head",
 def layer_reducer(tables: dict, roles: Sequence[str], attention_mask, measures: bool = False):
   """The model's ``attention_reduce`` hook for the XLA per-layer path (needs the probabilities;
   ``masks_padding_queries``: the reduction gives padding query rows weight 0 itself, so the
-  model need not zero them)."""
-  roles = tuple(roles)
+  model need not zero them).
 
-  def reduce(layer, probs, query, key, mask):
+  With the measures (every row's entropy is read) it also asks the model for each row's entropy
+  from its softmax (``wants_entropy``: ``ln Z - sum_k p_k (s_k - m)``, no logarithm per
+  element, no pass of its own); ``block``'s masses stay a product with the probabilities that
+  ``lax.cond`` skips in single texts (riding in the value product, ``P @ [V | E]``, would make
+  it 34 columns wide, which XLA:CPU runs about 1.4x slower than 32). Without the measures the
+  entropy is needed only for a pair sequence's ``block`` (``lax.cond`` skips its pass in single
+  texts). A model that does not hand the entropy in (or edits the probabilities: a uniform
+  gate) gets it computed from the probabilities."""
+  roles = tuple(roles)
+  hooks = bool(measures) and _layout(roles, bool(measures))["entropy"]
+
+  def reduce(layer, probs, query, key, mask, entropy=None, columns=None):
     del layer, query, key, mask
-    return reduce_layer(probs, tables, roles, attention_mask, measures)
+    return reduce_layer(probs, tables, roles, attention_mask, measures, entropy=entropy,
+                        block_masses=columns)
 
   reduce.needs_probs = True
   reduce.masks_padding_queries = True
+  if hooks:
+    reduce.wants_entropy = True
   return reduce
