@@ -48,6 +48,9 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--sequences", type=int, default=1024)
   p.add_argument("--repeats", type=int, default=7)
+  p.add_argument("--data", default="ud-ewt",
+                 help="data spec (default ud-ewt; e.g. glue-tsv:../shared/data/glue/MRPC:train "
+                      "for sentence pairs, without arcs)")
   p.add_argument("--measures", action="store_true",
                  help="the steps compute the measures too (entropy, token masses: analyze's default)")
   p.add_argument("--full-rows", action="store_true",
@@ -67,7 +70,10 @@ def main(argv=None):
   with tempfile.TemporaryDirectory() as tmp:
     model_dir, name = default_hf_dir("mini", Path(tmp))
     model, tok = load_model(model_dir)
-  _, batches, n = encode_spec("ud-ewt", tok, max_length=128, batch_size=32,
+  from heads_jax.data.specs import parse_spec
+  # text specs carry no arcs here (as `--parser none`); CoNLL-U keeps its gold arcs
+  _, batches, n = encode_spec(a.data, tok, max_length=128, batch_size=32,
+                              syntax=parse_spec(a.data).kind == "conllu",
                               max_examples=a.sequences, sort_window=1024, bucket_step=16,
                               pad_to_batch_size=True)
   batches = list(batches)
@@ -160,12 +166,12 @@ def main(argv=None):
   load = (f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, "
           f"after {tuple(round(x, 2) for x in load_after)} on {os.cpu_count()} cores")
   print(common.format_table(rows, title=f"\nstatistics' CPU cost{' with the measures' * m}, "
-                                        f"{name}, {n} sequences, "
+                                        f"{name}, {n} sequences of {a.data}, "
                                         f"{len(batches)} batches"
                                         + "".join(f" ({len(p)}{x})" for x, (p, _) in packings.items())
                                         + f", {a.repeats} interleaved repeats; {load}"))
   result = {"machine": common.machine_info(), "command": common.command_line(), "rows": rows,
-            "cpu_s": cpu, "wall_s": wall, "model": name, "sequences": n, "measures": m,
+            "cpu_s": cpu, "wall_s": wall, "model": name, "sequences": n, "measures": m, "data": a.data,
             "load_average_before": load_before, "load_average_after": load_after}
   path = common.write_json(common.default_json_path(__file__, a.out), result)
   print(f"wrote {path}")
