@@ -55,29 +55,6 @@ def test_pack_lengths_first_fit_decreasing_places_each_sequence_once():
     encoding.pack_lengths([11], capacity=10)
 
 
-def test_pack_batches_keeps_every_field_and_numbers_segments():
-  rng = np.random.default_rng(0)
-  batch = ref.random_batch(rng, 11, 12, min_len=2)
-  out = _packed(batch)
-  seen = []
-  for indices, packed in out:
-    assert packed["segment_ids"].shape == packed["input_ids"].shape == (len(indices) // 4, 40)
-    for pos, i in enumerate(indices):
-      if i < 0:
-        continue
-      row, j = divmod(pos, 4)
-      at = np.flatnonzero(packed["segment_ids"][row] == j + 1)
-      n = int(batch["attention_mask"][i].sum())
-      assert len(at) == n and np.all(np.diff(at) == 1)
-      for f in B.BATCH_FIELDS:
-        np.testing.assert_array_equal(packed[f][row, at], batch[f][i, :n])
-      np.testing.assert_array_equal(np.asarray(segment_positions(packed["segment_ids"]))[row, at],
-                                    np.arange(n))
-      seen.append(int(i))
-  assert sorted(seen) == list(range(11))
-  assert {len(ix) // 4 for ix, _ in out} <= {4, 2}       # at most two shapes: rows and tail rows
-
-
 def _placed(batch, out, length, slots):
   """Checks every packed sequence against its unpacked row (fields, contiguous segment, restarted
   positions, rows of ``row_slots`` slots); returns ``{index: row length it was packed in}``."""
@@ -100,6 +77,16 @@ def _placed(batch, out, length, slots):
       assert int(i) not in where
       where[int(i)] = k
   return where
+
+
+def test_pack_batches_keeps_every_field_and_numbers_segments():
+  rng = np.random.default_rng(0)
+  batch = ref.random_batch(rng, 11, 12, min_len=2)
+  out = _packed(batch)
+  for indices, packed in out:
+    assert packed["segment_ids"].shape == packed["input_ids"].shape == (len(indices) // 4, 40)
+  assert sorted(_placed(batch, out, 40, 4)) == list(range(11))
+  assert {len(ix) // 4 for ix, _ in out} <= {4, 2}       # at most two shapes: rows and tail rows
 
 
 def test_short_rows_take_the_short_sequences_in_two_shapes(monkeypatch):
