@@ -11,6 +11,8 @@ Modules:
 * ``importance``: head importance, the expected absolute gate gradient (Michel et al. 2019);
 * ``pruning``: iterative pruning curve by importance against random pruning;
 * ``similarity``: per-head attention cosine similarity of two models (Kovaleva et al. 2019);
-(the ablate job, ``run_ablation(AblationConfig)``, is ``heads_jax.pipelines.ablate``; entry point:
-``analyze/ablate.py``).
+* ``tasks``: the task a classifier was fine-tuned on, the refusal of another task's data, and the
+  model, data and evaluator of a causal job loaded together;
+(the ablate job, ``run_ablation(AblationConfig)``, is ``heads_jax.pipelines.ablate``, its stage
+kinds ``heads_jax.pipelines.ablation``; entry point: ``analyze/ablate.py``).
 """

@@ -5,7 +5,9 @@ Modules:
 * ``engine``: keyed stages and units, markers written last, ``redo`` cascading to later stages;
 * ``analyze``: one analysis (``run_analysis(AnalysisConfig)``; entry point ``analyze/heads.py``);
 * ``compare``: two analyses side by side (``run_compare``; ``analyze/compare.py``);
-* ``ablate``: head ablation, importance and pruning (``run_ablation``; ``analyze/ablate.py``);
+* ``ablate``: head ablation, importance and pruning (``run_ablation``; ``analyze/ablate.py``), its
+  stage kinds in ``ablation`` (which ``guan`` composes too), as ``analysis`` and ``comparison``
+  hold the analysis's and the comparison's;
 * ``reproduce``: Pande et al. end to end (``run_reproduce``; ``analyze/reproduce.py``);
 * ``demo``: the paper's findings on a real model, offline (``run_demo``; ``analyze/demo.py``);
 * ``guan``: Guan et al. end to end (``run_guan``; ``reproduce`` with a guan preset);

@@ -17,7 +17,7 @@ reruns one and what reads it):
    model).
 2. ``ablation_baseline``, ``ablation_paper_tables``, ``ablation_report``: Tables 2 and 3 row by
    row on the SQuAD model (`heads_jax.ablation.guan` through the ablate job's stages,
-   `heads_jax.pipelines.ablate.ablation_stages`, in this run's lock and claim), scored in exact
+   `heads_jax.pipelines.ablation.ablation_stages`, in this run's lock and claim), scored in exact
    match and F1 on ``config.eval_data`` (the SQuAD v1.1 dev set in the paper), the types from
    the SQuAD model's clustering (keyed by clusters.csv's content: a host-only change that leaves
    the types as they were repeats no evaluation).
@@ -40,8 +40,8 @@ import pandas as pd
 from heads_jax import contract, hub
 from heads_jax.errors import UserError
 from heads_jax.pipelines import engine
-from heads_jax.pipelines.ablate import (REPORT, AblationConfig, AblationJob, ablation_job,
-                                        ablation_stages)
+from heads_jax.pipelines.ablation import (REPORT, AblationConfig, AblationJob, ablation_job,
+                                          ablation_stages)
 from heads_jax.pipelines.analysis import AnalysisConfig
 from heads_jax.pipelines import names, stages
 from heads_jax.report.guan import MODEL_LABELS  # the analyses, SQuAD first (Table 1's columns)
@@ -138,7 +138,7 @@ ABLATION = "ablation_"   # the prefix of the ablation's stages in this pipeline
 
 
 def ablation_config(config, workdir: Path) -> AblationConfig:
-  """Guan et al.'s Tables 2-3 on the SQuAD model (`heads_jax.pipelines.ablate`), the types
+  """Guan et al.'s Tables 2-3 on the SQuAD model (`heads_jax.pipelines.ablation`), the types
   from the SQuAD model's analysis in this run (``analysis/squad``), into ``ablation/``."""
   model_dir = _resolve(config.squad_model or DEFAULT_SQUAD_MODEL, "config.squad_model")
   ab = config.ablation
@@ -180,14 +180,15 @@ def _stage_report(ctx: engine.Context[GuanConfig]) -> dict:
 
   return engine.run_unit(ctx, "report", "report", key, fn,
                          clean=(ctx.workdir / contract.REPORT_HTML,
-                                ctx.workdir / guan_report.CLAIMS_CSV)).outputs
+                                ctx.workdir / guan_report.CLAIMS_CSV),
+                         paths=("report", "claims")).outputs
 
 
 @dataclasses.dataclass(frozen=True)
 class GuanJob:
   """The guan job's one typed config (the engine's ``config``): configs/reproduce.py's guan
   preset (``settings``: its own stages' ``ctx.config``) and its ablation's (``ablation``, an
-  `ablate.AblationJob`: the ablation stages' ``ctx.config``), each a stage's `engine.Stage.part`."""
+  `ablation.AblationJob`: the ablation stages' ``ctx.config``), each a stage's `engine.Stage.part`."""
   settings: GuanConfig
   ablation: AblationJob
 
@@ -199,7 +200,7 @@ def guan_job(config: GuanConfig, workdir, log=print) -> GuanJob:
 
 
 def pipeline_stages(job: GuanJob) -> tuple[engine.Stage[GuanJob], ...]:
-  """The analyses' two stages, the ablation's stages (`ablate.ablation_stages`, prefixed
+  """The analyses' two stages, the ablation's stages (`ablation.ablation_stages`, prefixed
   ``ablation_``: its unablated baseline, Tables 2-3, its report) and the report."""
   ablation = ablation_stages(job.ablation, part="ablation")
   return (

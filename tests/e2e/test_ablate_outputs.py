@@ -31,7 +31,8 @@ import pandas as pd
 import pytest
 
 from heads_jax import cli
-from heads_jax.pipelines.ablate import AblationConfig, _damaged, run_ablation
+from heads_jax.pipelines.ablate import AblationConfig, run_ablation
+from heads_jax.pipelines.ablation import _damaged
 from tests.pipelines.test_ablate import _save_classifier, _stage_states
 
 

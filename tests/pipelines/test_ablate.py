@@ -21,8 +21,9 @@ from heads_jax.errors import UserError
 from heads_jax.model.checkpoint import save_model
 from heads_jax.model.config import config_for
 from heads_jax.model.heads import BertForSequenceClassification
-from heads_jax.pipelines import ablate as ablate_mod
-from heads_jax.pipelines.ablate import AblationConfig, check_classifier_task, classifier_task, run_ablation
+from heads_jax.ablation import tasks as tasks_mod
+from heads_jax.ablation.tasks import check_classifier_task, classifier_task
+from heads_jax.pipelines.ablate import AblationConfig, check_analysis_model, run_ablation
 from tests.helpers import requires_shared
 
 
@@ -148,7 +149,7 @@ def test_bad_counts_and_ignored_options_are_refused_before_loading(tmp_path, mon
                                                                    message):
   # Before (issue 34): --random-groups -1 turned the causal test silently off, and --cross intra
   # --mode mean ignored the mode.
-  monkeypatch.setattr(ablate_mod, "_load", lambda config: pytest.fail("loaded the model"))
+  monkeypatch.setattr(tasks_mod, "load_evaluation", lambda config: pytest.fail("loaded the model"))
   kw = {"model": "m", "data": "mrpc", "out": tmp_path / "o", "by": "layer", **flags}
   with pytest.raises(UserError) as e:
     run_ablation(_args(**{k: v for k, v in kw.items() if v is not None}))
@@ -159,7 +160,7 @@ def test_bad_counts_and_ignored_options_are_refused_before_loading(tmp_path, mon
 def test_analysis_of_another_model_is_refused(tiny_dir, tmp_path, monkeypatch):
   # Before (issue 34): --analysis DIR of another model of the same shape was ablated and
   # reported as this model's roles.
-  monkeypatch.setattr(ablate_mod, "_load", lambda config: pytest.fail("loaded the model"))
+  monkeypatch.setattr(tasks_mod, "load_evaluation", lambda config: pytest.fail("loaded the model"))
   other = _save_classifier(tmp_path / "other", seed=1)
   theirs = _analysis(tmp_path / "theirs", model=other)
   with pytest.raises(UserError, match=f"--analysis {theirs} is an analysis of another model "
@@ -171,12 +172,12 @@ def test_analysis_of_another_model_is_refused(tiny_dir, tmp_path, monkeypatch):
   import shutil
   copy = shutil.copytree(tiny_dir, tmp_path / "copy")
   lines = []
-  ablate_mod.check_analysis_model(_args(model=copy, data="mrpc", out=tmp_path / "o", by="cluster",
+  check_analysis_model(_args(model=copy, data="mrpc", out=tmp_path / "o", by="cluster",
                                         analysis=_analysis(tmp_path / "mine", model=tiny_dir)),
                                   log=lines.append)
   assert lines == []
   # an analysis that does not say which model it analysed: one line, not a refusal
-  ablate_mod.check_analysis_model(_args(model=tiny_dir, data="mrpc", out=tmp_path / "o",
+  check_analysis_model(_args(model=tiny_dir, data="mrpc", out=tmp_path / "o",
                                         by="cluster", analysis=_analysis(tmp_path / "bare")),
                                   log=lines.append)
   assert len(lines) == 1 and "does not record which model it analysed" in lines[0]
@@ -208,13 +209,13 @@ def test_rerun_reuses_and_a_changed_input_reruns_its_readers(tiny_dir, tmp_path,
   assert states == {"baseline": "run", "ablation": "run", "report": "run"}
   table = pd.read_csv(out / "ablation.csv")
   # the same inputs: every part reused, the model not even loaded, the results the same
-  real_load = ablate_mod._load
-  monkeypatch.setattr(ablate_mod, "_load", lambda config: pytest.fail("loaded the model"))
+  real_load = tasks_mod.load_evaluation
+  monkeypatch.setattr(tasks_mod, "load_evaluation", lambda config: pytest.fail("loaded the model"))
   again, states, lines = run()
   assert set(states.values()) == {"reused"} and again == first
   assert any("unablated accuracy" in line for line in lines)   # the results are still shown
   pd.testing.assert_frame_equal(pd.read_csv(out / "ablation.csv"), table)
-  monkeypatch.setattr(ablate_mod, "_load", real_load)
+  monkeypatch.setattr(tasks_mod, "load_evaluation", real_load)
   # the analysis's cluster types replaced behind the same path: the parts reading them rerun
   _analysis(ana, names=["vertical"] * 2 + ["dense"] * 6, model=model)
   _, states, _ = run()
@@ -244,7 +245,7 @@ def test_rerun_reuses_and_a_changed_input_reruns_its_readers(tiny_dir, tmp_path,
 
 
 def test_a_second_process_on_the_directory_is_refused(tiny_dir, tmp_path, monkeypatch):
-  monkeypatch.setattr(ablate_mod, "_load", lambda config: pytest.fail("loaded the model"))
+  monkeypatch.setattr(tasks_mod, "load_evaluation", lambda config: pytest.fail("loaded the model"))
   out = tmp_path / "out"
   out.mkdir()
   import subprocess
@@ -289,8 +290,7 @@ def test_classifier_of_another_task_is_refused(tmp_path):
 
 
 def test_out_of_another_kind_or_a_file_is_refused_before_loading(tmp_path, monkeypatch):
-  import heads_jax.pipelines.ablate as ablate_mod
-  monkeypatch.setattr(ablate_mod, "_load", lambda config: pytest.fail("loaded the model"))
+  monkeypatch.setattr(tasks_mod, "load_evaluation", lambda config: pytest.fail("loaded the model"))
   analysis = tmp_path / "analysis"
   runfiles.claim_dir(analysis, "analysis")
   cfg = AblationConfig(model="m", data="mrpc", out=str(analysis), by="layer")
@@ -343,8 +343,7 @@ def test_squad_scores_are_shown_in_percent(tmp_path):
 
 def test_out_of_another_models_ablation_is_refused_before_loading(tmp_path, monkeypatch):
   # Before (issue 43 item 6): the first model's importance files stayed beside the second's.
-  import heads_jax.pipelines.ablate as ablate_mod
-  monkeypatch.setattr(ablate_mod, "_load", lambda config: pytest.fail("loaded the model"))
+  monkeypatch.setattr(tasks_mod, "load_evaluation", lambda config: pytest.fail("loaded the model"))
   out = tmp_path / "out"
   runfiles.claim_dir(out, "ablation", model=str(tmp_path / "model_a"), data="mrpc")
   cfg = AblationConfig(model=str(tmp_path / "model_b"), data="mrpc", out=str(out), by="layer")
