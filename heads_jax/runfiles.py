@@ -99,6 +99,101 @@ def unit_file_name(unit: str) -> str:
   return re.sub(r"[^A-Za-z0-9_.-]+", "_", unit)
 
 
+# ------------------------------------------------------------------------------------------------
+# locations a run records: relative to the run's own folder, so that it travels
+
+
+def to_run_path(path, workdir) -> str:
+  """``path`` as a run records it: an existing file or folder relative to the run folder
+  ``workdir`` when inside it (`run_relative`), else absolute (an input outside the run: a
+  model, a data file); anything else (a hub id, a URL) as given."""
+  rel = run_relative(path, workdir)
+  if rel is not None:
+    return rel
+  s = str(path)
+  p = os.path.abspath(os.path.expanduser(s))
+  return p if not storage.is_url(s) and os.path.exists(p) else s
+
+
+def run_relative(path, workdir) -> str | None:
+  """``path`` relative to the run folder ``workdir`` when it exists inside it (a moved or copied
+  run then reads its own files, from any working directory; URLs: under ``workdir``), else
+  None."""
+  s, root = str(path), str(workdir)
+  if storage.is_url(s) or storage.is_url(root):
+    base = root.rstrip("/") + "/"
+    return s[len(base):] if s.startswith(base) else None
+  p = os.path.abspath(os.path.expanduser(s))
+  if not os.path.exists(p):
+    return None
+  rel = os.path.relpath(p, os.path.abspath(os.path.expanduser(root)))
+  return None if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def from_run_path(rel, workdir) -> str:
+  """A location `to_run_path` recorded, as the user opens it from where they stand: under
+  ``workdir`` as given (relative to the working directory, or absolute) when it was relative."""
+  s = str(rel)
+  if storage.is_url(s) or os.path.isabs(s):
+    return s
+  root = str(workdir)
+  if storage.is_url(root):
+    return root.rstrip("/") + "/" + s if s != "." else root
+  return os.path.normpath(os.path.join(root, s))
+
+
+def _walk_paths(obj, pattern: tuple, here: tuple = ()):
+  """The pointers (key tuples) of ``obj`` that the dotted ``pattern`` names (``*``: every key of
+  a dict, every item of a list); only string or Path values."""
+  if not pattern:
+    if isinstance(obj, (str, os.PathLike)):
+      yield here
+    return
+  head, rest = pattern[0], pattern[1:]
+  if isinstance(obj, dict):
+    keys = list(obj) if head == "*" else [head] if head in obj else []
+  elif isinstance(obj, list) and head == "*":
+    keys = range(len(obj))
+  else:
+    keys = []
+  for k in keys:
+    yield from _walk_paths(obj[k], rest, here + (k,))
+
+
+def _map_pointers(obj, pointers, fn):
+  """A deep copy of the JSON ``obj`` with ``fn`` applied at each pointer."""
+  obj = json.loads(json.dumps(obj, default=str))
+  for ptr in pointers:
+    node = obj
+    for k in ptr[:-1]:
+      node = node[k]
+    node[ptr[-1]] = fn(node[ptr[-1]])
+  return obj
+
+
+def portable_outputs(outputs, paths, workdir) -> tuple:
+  """``(outputs with the locations ``paths`` names recorded by `to_run_path`, their
+  pointers)``: what a finish marker holds (``paths``: dotted fields, ``*`` for any key)."""
+  found = [p for pat in paths for p in _walk_paths(outputs, tuple(pat.split(".")))]
+  relative = [list(p) for p in found if run_relative(_at(outputs, p), workdir) is not None]
+  return _map_pointers(outputs, found, lambda v: to_run_path(v, workdir)), relative
+
+
+def _at(obj, pointer):
+  for k in pointer:
+    obj = obj[k]
+  return obj
+
+
+def located_outputs(outputs, pointers, workdir):
+  """A finish marker's outputs with the locations at ``pointers`` opened from here
+  (`from_run_path`); a marker without pointers (written before) as it is."""
+  if not pointers:
+    return outputs
+  return _map_pointers(outputs, [tuple(p) for p in pointers],
+                       lambda v: from_run_path(v, workdir))
+
+
 class Markers:
   """The stage and unit markers of one run directory (``RUN/stages``)."""
 
@@ -147,6 +242,29 @@ def analyses_path(workdir) -> Path:
   return Path(workdir) / "analysis" / ANALYSES_JSON
 
 
+# the locations each reproduce file records (relative to the run folder: `to_run_path`)
+_LOCATIONS = {SPLITS_JSON: ("*.dir", "*.roles.*.file"), PRETRAINED_JSON: ("model", "workdir"),
+              BEST_JSON: ("model",), ANALYSES_JSON: ("units.*.out", "units.*.model")}
+
+
+def _write_located(path, doc, workdir) -> Path:
+  return write_json(path, portable_outputs(doc, _LOCATIONS[Path(path).name], workdir)[0])
+
+
+def _read_located(path, workdir):
+  """The document `_write_located` wrote, its locations opened from here; a location a file
+  written before recorded relative to the working directory is kept when it is not in the run."""
+  doc = read_json(path, missing_ok=True)
+  if doc is None:
+    return None
+
+  def here(v):
+    p = from_run_path(v, workdir)
+    return v if not os.path.exists(p) and os.path.exists(v) else p
+  pointers = [p for pat in _LOCATIONS[Path(path).name] for p in _walk_paths(doc, tuple(pat.split(".")))]
+  return _map_pointers(doc, pointers, here)
+
+
 def write_reproduce_config(workdir, config: dict) -> Path:
   return write_json(Path(workdir) / REPRODUCE_CONFIG_JSON, config)
 
@@ -156,35 +274,35 @@ def read_reproduce_config(workdir) -> dict | None:
 
 
 def write_splits(workdir, splits: dict) -> Path:
-  return write_json(splits_path(workdir), splits)
+  return _write_located(splits_path(workdir), splits, workdir)
 
 
 def read_splits(workdir) -> dict | None:
-  return read_json(splits_path(workdir), missing_ok=True)
+  return _read_located(splits_path(workdir), workdir)
 
 
 def write_pretrained(workdir, info: dict) -> Path:
-  return write_json(pretrained_path(workdir), info)
+  return _write_located(pretrained_path(workdir), info, workdir)
 
 
 def read_pretrained(workdir) -> dict | None:
-  return read_json(pretrained_path(workdir), missing_ok=True)
+  return _read_located(pretrained_path(workdir), workdir)
 
 
 def write_best(workdir, task: str, summary: dict) -> Path:
-  return write_json(best_path(workdir, task), summary)
+  return _write_located(best_path(workdir, task), summary, workdir)
 
 
 def read_best(workdir, task: str) -> dict | None:
-  return read_json(best_path(workdir, task), missing_ok=True)
+  return _read_located(best_path(workdir, task), workdir)
 
 
 def write_analyses(workdir, analyses: dict) -> Path:
-  return write_json(analyses_path(workdir), analyses)
+  return _write_located(analyses_path(workdir), analyses, workdir)
 
 
 def read_analyses(workdir) -> dict | None:
-  return read_json(analyses_path(workdir), missing_ok=True)
+  return _read_located(analyses_path(workdir), workdir)
 
 
 # ------------------------------------------------------------------------------------------------

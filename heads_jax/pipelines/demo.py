@@ -36,7 +36,7 @@ from pathlib import Path
 from heads_jax import contract, runfiles
 from heads_jax.errors import UserError
 from heads_jax.pipelines.analysis import AnalysisConfig
-from heads_jax.pipelines.engine import Context, Stage, run_pipeline
+from heads_jax.pipelines.engine import Context, Stage, minutes, run_pipeline
 from heads_jax.pipelines import names, stages
 from heads_jax.pipelines.keys import training_inputs
 from heads_jax.report.demo import front_page_text
@@ -268,8 +268,8 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: str | 
   report = run_pipeline(plan, out, config=settings, log=log, redo=redo, what="heads-jax demo",
                         claim={"kind": "demo", "model": str(real),
                                "settings": {"quick": quick}})["report"]
-  log(f"done in {(time.time() - t0) / 60:.1f} minutes")
-  log(f"report: {Path(report).resolve()}")   # last, also when every stage was reused
+  log(f"done in {minutes(time.time() - t0)}")
+  log(f"report: {report}")   # last, also when every stage was reused: as opened from here
   return report
 
 
@@ -299,7 +299,7 @@ def write_report(s: DemoSettings, results: dict, log, seconds: dict | None = Non
                                pretrain_steps=s.pretrain_steps))
   parts["minutes"] = sum(parts["stage_minutes"].values())
   report = write_index(s.out, parts)
-  runfiles.write_demo(s.out, _jsonable(parts))
+  runfiles.write_demo(s.out, _jsonable(parts, s.out))
   short = {f"{name} (pre-trained)": "pre-trained", f"{name} fine-tuned (SST-2)": "fine-tuned",
            "pre-trained from scratch (demonstration)": "from scratch"}
   columns = {short.get(label, label): contract.read_summary(d)
@@ -315,12 +315,18 @@ def write_report(s: DemoSettings, results: dict, log, seconds: dict | None = Non
 
 
 
-def _jsonable(parts: dict) -> dict:
-  """``parts`` without the per-step training logs (demo.json: what ran, where, how long)."""
+def _jsonable(parts: dict, run) -> dict:
+  """``parts`` without the per-step training logs (demo.json: what ran, where, how long), its
+  locations relative to the run folder ``run`` (`runfiles.to_run_path`: the run travels)."""
+  here = functools.partial(runfiles.to_run_path, workdir=run)
   out = {k: v for k, v in parts.items() if k not in ("pretrain", "finetune", "notes")}
+  out.update(out=".", model=here(parts["model"]),
+             analyses={k: here(v) for k, v in parts["analyses"].items()})
+  if parts.get("compare"):
+    out["compare"] = here(parts["compare"])
   for k in ("pretrain", "finetune"):
     if parts.get(k):
-      out[k] = {"workdir": parts[k]["workdir"], "best": parts[k]["best"]}
+      out[k] = {"workdir": here(parts[k]["workdir"]), "best": parts[k]["best"]}
   return out
 
 

@@ -48,14 +48,20 @@ class UnitResult:
   seconds: float
   reused: bool = False
 
-  def marker(self) -> dict:
-    return {"key": self.key, "outputs": self.outputs, "started": self.started,
+  def marker(self, workdir, paths=()) -> dict:
+    """The finish marker: the locations ``paths`` names in the outputs recorded relative to the
+    run folder ``workdir`` (`runfiles.portable_outputs`), with their pointers."""
+    outputs, pointers = runfiles.portable_outputs(self.outputs, paths, workdir)
+    return {"key": self.key, "outputs": outputs, "paths": pointers, "started": self.started,
             "finished": self.finished, "seconds": self.seconds}
 
   @classmethod
-  def from_marker(cls, m: dict, reused: bool = False) -> "UnitResult":
-    return cls(key=m.get("key"), outputs=m.get("outputs"), started=m.get("started"),
-               finished=m.get("finished"), seconds=m.get("seconds"), reused=reused)
+  def from_marker(cls, m: dict, workdir, reused: bool = False) -> "UnitResult":
+    """A finish marker read back, its recorded locations opened from here (under ``workdir`` as
+    given: the run may have moved, or be a copy)."""
+    return cls(key=m.get("key"), started=m.get("started"), finished=m.get("finished"),
+               outputs=runfiles.located_outputs(m.get("outputs"), m.get("paths"), workdir),
+               seconds=m.get("seconds"), reused=reused)
 
 
 # A job's one typed config (a frozen dataclass, or the job's ml_collections config): what
@@ -109,22 +115,27 @@ def _remove(path) -> None:
 
 
 def run_unit(ctx: Context, stage: str, unit: str, key, fn: Callable[[], Any],
-             clean=(), *, intact: Callable[[Any], str | None] | None = None) -> UnitResult:
+             clean=(), *, intact: Callable[[Any], str | None] | None = None,
+             paths=()) -> UnitResult:
   """Runs ``fn() -> outputs`` (JSON-able) unless ``unit`` of ``stage`` finished with ``key``
   and its outputs are intact; returns its `UnitResult`.
 
   ``clean``: paths removed before a run when the unit was last started or finished with another
   key, has no marker at all, or its outputs are not intact. ``intact(outputs) -> None | why``:
   whether a finished unit's files are there and readable, given what its ``fn`` returned (a
-  missing or damaged one: it runs again, and says why)."""
+  missing or damaged one: it runs again, and says why). ``paths``: the fields of the outputs
+  that are locations (dotted, ``*`` for any key): the marker records them relative to the run
+  folder, and the result (run or reused) holds them as opened from here, so a moved or copied
+  run reads its own files from any working directory."""
   done = ctx.markers.read_unit(stage, unit)
   damaged = None
   if done is not None and canonical(done.get("key")) == canonical(key):
-    damaged = intact(done.get("outputs")) if intact is not None else None
+    done_result = UnitResult.from_marker(done, ctx.workdir, reused=True)
+    damaged = intact(done_result.outputs) if intact is not None else None
     if damaged is None:
       ctx.counts["reused"] += 1
       _stamp(ctx, stage, done.get("finished"))
-      return UnitResult.from_marker(done, reused=True)
+      return done_result
   started = ctx.markers.read_unit(stage, unit, started=True)
   last = started or done
   if damaged is not None or last is None or canonical(last.get("key")) != canonical(key):
@@ -136,12 +147,15 @@ def run_unit(ctx: Context, stage: str, unit: str, key, fn: Callable[[], Any],
   t_start = now()
   ctx.markers.write_unit(stage, unit, {"key": key, "started": t_start}, started=True)
   outputs = fn()
-  result = UnitResult(key=key, outputs=outputs, started=t_start, finished=now(),
-                      seconds=round(time.time() - t0, 3))
-  ctx.markers.write_unit(stage, unit, result.marker())  # last: the unit is done
+  marker = UnitResult(key=key, outputs=outputs, started=t_start, finished=now(),
+                      seconds=round(time.time() - t0, 3)).marker(ctx.workdir, paths)
+  ctx.markers.write_unit(stage, unit, marker)  # last: the unit is done
   ctx.counts["ran"] += 1
-  _stamp(ctx, stage, result.finished)
-  return result
+  _stamp(ctx, stage, marker["finished"])
+  if not marker["paths"]:
+    return UnitResult(key=key, outputs=outputs, started=t_start, finished=marker["finished"],
+                      seconds=marker["seconds"])
+  return UnitResult.from_marker(marker, ctx.workdir)  # its locations as a reuse reads them
 
 
 def _stamp(ctx: Context, stage: str, finished) -> None:

@@ -200,7 +200,7 @@ def stage_data(ctx: Context[ReproduceConfig]) -> dict:
            "max_eval": d.max_eval_examples, "seed": d.seed, "n": int(config.test_sequences)}
     info = glue.task_info(task)
     m = run_unit(ctx, "data", task, key, lambda t=task: materialize_task(config, t, root),
-                 clean=[root / info.dir_name])
+                 clean=[root / info.dir_name], paths=("dir", "roles.*.file"))
     tasks[task] = dict(m.outputs, files=key["files"])
     ctx.sub(f"{info.dir_name}: {m.outputs['describe']}")
   runfiles.write_splits(ctx.workdir, tasks)
@@ -473,7 +473,8 @@ def stage_report(ctx: Context[ReproduceConfig]) -> dict:
 
   def fn():
     return write_reproduce_report(ctx.workdir, config=ctx.config.to_dict(), tasks=ctx.tasks)
-  return run_unit(ctx, "report", "report", key, fn, clean=[]).outputs
+  return run_unit(ctx, "report", "report", key, fn, clean=[],
+                  paths=("report", "paper_table", "results")).outputs
 
 
 # The pipeline: each stage, what it reads (the ``redo`` cascade) and the outputs ``redo`` removes

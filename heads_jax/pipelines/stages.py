@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
+from typing import ClassVar
 
 from heads_jax.errors import UserError
 from heads_jax.pipelines import analysis as analysis_lib
@@ -65,6 +66,10 @@ class Result:
   """Base of the stage kinds' results: ``to_json`` is the finish marker's outputs,
   ``from_json`` reads them back (fields it does not know are ignored)."""
 
+  # the fields that are locations: the marker records them relative to the run folder
+  # (`engine.run_unit`'s ``paths``), so a moved or copied run reads its own files
+  PATHS: ClassVar[tuple[str, ...]] = ()
+
   def to_json(self) -> dict:
     """The fields but ``finished`` (the engine's marker holds when the unit finished)."""
     return {k: v for k, v in dataclasses.asdict(self).items() if k != "finished"}
@@ -84,6 +89,7 @@ class Result:
 class Pretrained(Result):
   """The pre-trained model a pipeline starts from: its directory, what it is, and the
   pre-training run's directory (its last phase's) when it was trained here."""
+  PATHS = ("model", "workdir")
   model: str
   what: str
   workdir: str | None = None
@@ -94,6 +100,7 @@ class Pretrained(Result):
 class Finetuned(Result):
   """A fine-tuning run: its workdir, exported best model, the selected metric and its best
   score, and the rows it used."""
+  PATHS = ("workdir", "model")
   workdir: str
   model: str
   metric: str | None = None
@@ -113,6 +120,7 @@ class Finetuned(Result):
 class Scores(Result):
   """The device pass of an analysis: its directory (scores.npz, measures.npz, run.json), model,
   data, and each data set's counts."""
+  PATHS = ("out", "model")
   out: str
   model: str
   data: tuple | list = ()
@@ -125,6 +133,7 @@ class Analysis(Result):
   """An analysis directory (`heads_jax.contract`) with its host statistics: its model, data,
   summary figures, the stability of its clustering, its report, and when the device pass it
   read finished (``scores``)."""
+  PATHS = ("out", "model", "report")
   out: str
   model: str
   data: tuple | list = ()
@@ -139,6 +148,7 @@ class Analysis(Result):
 @dataclasses.dataclass(frozen=True)
 class Similarity(Result):
   """The per-head attention similarity of two models (attention_similarity.csv in ``out``)."""
+  PATHS = ("out",)
   out: str
   data: str
   sequences: int = 0
@@ -151,6 +161,7 @@ class Similarity(Result):
 class Comparison(Result):
   """A before/after comparison directory (its tables, and its report once `compare_report`
   wrote it) and the comparison's warnings."""
+  PATHS = ("out", "report")
   out: str
   report: str | None = None
   warnings: tuple | list = ()
@@ -194,7 +205,8 @@ def pretrained(ctx: Context, stage: str, unit: str, *, kind: str, out: Path, pat
                         " + ".join(c.preset or "custom" for c in configs) + ")").to_json()
   else:
     raise UserError(f"config.pretrained.kind must be init, pretrain or random, got {kind!r}")
-  return _reused(ctx, Pretrained, run_unit(ctx, stage, unit, key, fn, clean=[out]),
+  return _reused(ctx, Pretrained, run_unit(ctx, stage, unit, key, fn, clean=[out],
+                                                  paths=Pretrained.PATHS),
                  "the pre-trained model {model}")
 
 
@@ -258,7 +270,8 @@ def finetune(ctx: Context, stage: str, unit: str, c, workdir: Path, *, inputs, r
                      final_eval=s.get("final_eval"), final_step=s.get("final_step"),
                      batch_size=c.batch_size, learning_rate=c.optimizer.learning_rate,
                      num_train=data.get("num_train"), num_eval=num_eval, data=data).to_json()
-  return _reused(ctx, Finetuned, run_unit(ctx, stage, unit, key, fn, clean=[workdir]),
+  return _reused(ctx, Finetuned, run_unit(ctx, stage, unit, key, fn, clean=[workdir],
+                                                 paths=Finetuned.PATHS),
                  "the fine-tuned {model}")
 
 
@@ -285,7 +298,7 @@ def scores(ctx: Context, stage: str, unit: str, cfg, *, model, loaded=None, log=
                   data_info=info).to_json()
   unit_result = run_unit(ctx, stage, unit, key, fn,
                          clean=[out / n for n in analysis_lib.DEVICE_FILES],
-                         intact=lambda _: analysis_lib.scores_intact(cfg))
+                         intact=lambda _: analysis_lib.scores_intact(cfg), paths=Scores.PATHS)
   analysis_lib.second_pass(cfg, load=loaded, log=log)  # once per scores.npz
   return _reused(ctx, Scores, unit_result, "the device pass in {out}")
 
@@ -316,7 +329,7 @@ def statistics(ctx: Context, stage: str, unit: str, cfg, device: Scores, *, load
                     scores=device.finished).to_json()
   unit_result = run_unit(ctx, stage, unit, key, fn,
                          clean=[out / n for n in analysis_lib.HOST_FILES],
-                         intact=lambda _: analysis_lib.statistics_intact(cfg))
+                         intact=lambda _: analysis_lib.statistics_intact(cfg), paths=Analysis.PATHS)
   return _reused(ctx, Analysis, unit_result, "the analysis in {out}")
 
 
@@ -336,7 +349,8 @@ def similarity(ctx: Context, stage: str, unit: str, dest: Path, *, before_model,
     return Similarity(out=str(dest), **info).to_json()
   return _reused(ctx, Similarity, run_unit(
       ctx, stage, unit, key, fn, clean=[Path(dest) / comparison_lib.SIMILARITY_FILE],
-      intact=lambda _: _missing(Path(dest) / comparison_lib.SIMILARITY_FILE)),
+      intact=lambda _: _missing(Path(dest) / comparison_lib.SIMILARITY_FILE),
+      paths=Similarity.PATHS),
       "the attention similarity in {out}")
 
 
@@ -353,7 +367,8 @@ def comparison(ctx: Context, stage: str, unit: str, before, after, dest: Path, *
                       warnings=comparison_lib.comparison_work(before, after, dest)).to_json()
   res = run_unit(ctx, stage, unit, unit_key({}, inputs=inputs), fn,
                  clean=[dest / n for n in comparison_lib.COMPARISON_FILES],
-                 intact=lambda _: _missing(*(dest / n for n in comparison_lib.COMPARISON_FILES)))
+                 intact=lambda _: _missing(*(dest / n for n in comparison_lib.COMPARISON_FILES)),
+                 paths=Comparison.PATHS)
   result = _reused(ctx, Comparison, res, "the comparison in {out}")
   for w in result.warnings:
     log(f"warning: {w}")
@@ -377,7 +392,8 @@ def compare_report(ctx: Context, stage: str, unit: str, before, after, done: Com
     return Comparison(out=str(dest), report=str(path), warnings=list(done.warnings)).to_json()
   res = run_unit(ctx, stage, unit, key, fn,
                  clean=[dest / n for n in comparison_lib.REPORT_FILES],
-                 intact=lambda _: _missing(dest / comparison_lib.REPORT_FILES[0]))
+                 intact=lambda _: _missing(dest / comparison_lib.REPORT_FILES[0]),
+                 paths=Comparison.PATHS)
   for line in comparison_lib.report_lines(dest):
     log(line)
   result = Comparison.of(res)

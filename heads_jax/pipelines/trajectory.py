@@ -344,7 +344,8 @@ def _table(ctx: engine.Context[TrajectoryConfig]) -> engine.UnitResult:
   if n < 2:  # the shares would read as 0% roles, 100% sinks
     ctx.sub(f"warning: {few_sequences_warning(n)}")
   res = engine.run_unit(ctx, "table", "table", key, fn, clean=[csv, png, png.with_suffix(".svg")],
-                        intact=lambda _: None if csv.is_file() else f"{csv} is missing")
+                        intact=lambda _: None if csv.is_file() else f"{csv} is missing",
+                        paths=("csv", "figure"))
   for row in contract.read_trajectory(out).to_dict("records"):
     ctx.sub(f"step {row['step']}: " + ", ".join(f"{k[6:]} {100 * v:.0f}%" for k, v in row.items()
                                                 if k.startswith("share_"))

@@ -68,6 +68,7 @@ def plot_training_curves(pretrain: dict | None, finetune: dict | None, path) -> 
   path.parent.mkdir(parents=True, exist_ok=True)
   with storage.naming(path):  # a full disk names the figure, not a bare [Errno 28]
     fig.savefig(path, dpi=110)
+    fig.savefig(path.with_suffix(".svg"))   # every figure also as SVG (README)
   return path
 
 
@@ -95,7 +96,10 @@ def write_index(out: Path, parts: dict) -> Path:
     links.append(f"<li>{_link(Path(parts['compare']) / 'report.html', out, 'Before vs after fine-tuning (compare report)')}</li>")
   intro.append(f"<ul>{''.join(links)}</ul>")
   if parts.get("minutes") is not None:
-    intro.append(f"<p class=\"meta\">Run time: {parts['minutes']:.1f} minutes. Output folder: {esc(out.resolve())}.</p>")
+    took = 60 * float(parts["minutes"])   # the stages' last runs; the folder as the run's own
+    took = f"{took:.0f} seconds" if took < 90 else f"{took / 60:.1f} minutes"
+    intro.append(f"<p class=\"meta\">Run time: {took} (each stage's last run). Every file "
+                 "named here is in this page's folder.</p>")
   sections.append(("What was run", "".join(intro)))
   sections.extend((title, html) for title, html in parts.get("notes") or ())  # the caller's HTML
 

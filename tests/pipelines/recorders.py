@@ -28,7 +28,13 @@ def record_stage_work(monkeypatch, *, device, host=None, compare=None) -> None:
   monkeypatch.setattr(analysis_lib, "scores_intact", lambda cfg: None)
   monkeypatch.setattr(analysis_lib, "statistics_intact", lambda cfg: None)
   monkeypatch.setattr(stages, "_missing", lambda *paths: None)
-  monkeypatch.setattr(comparison_lib, "comparison_work",
-                      lambda a, b, dest: (compare() if compare else None) or [])
-  monkeypatch.setattr(comparison_lib, "report_work", lambda *a, **kw: "r.html")
+  def comparison_work(a, b, dest):
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    return (compare() if compare else None) or []
+
+  def report_work(before, after, dest, **kw):
+    (Path(dest) / "report.html").write_text("")
+    return Path(dest) / "report.html"
+  monkeypatch.setattr(comparison_lib, "comparison_work", comparison_work)
+  monkeypatch.setattr(comparison_lib, "report_work", report_work)
   monkeypatch.setattr(comparison_lib, "report_lines", lambda out: [])

@@ -126,7 +126,8 @@ def recorded_demo(tmp_path, monkeypatch):
   def train(kind):
     def fn(c, workdir):
       calls.append((kind, c.num_train_steps))
-      Path(workdir).mkdir(parents=True, exist_ok=True)
+      for export in ("best_model", "model"):
+        (Path(workdir) / export).mkdir(parents=True, exist_ok=True)
       return {"data": {"num_train": 654, "num_eval": 218},
               "exports": {"heads_jax": str(Path(workdir) / "best_model")}}
     return types.SimpleNamespace(train_and_evaluate=fn)
@@ -141,12 +142,12 @@ def recorded_demo(tmp_path, monkeypatch):
     return s.out / "report.html"
   monkeypatch.setattr(demo, "write_report", write_report)
 
-  def run(**kw):
+  def run(out=None, **kw):
     calls.clear()
     calls.host.clear()
     kw = {"pretrain_steps": 4, "finetune_steps": 4, "analysis_examples": 12,
           "scratch_examples": 8, **kw}
-    demo.run_demo(tmp_path / "demo", log=lambda m: None, **kw)
+    demo.run_demo(tmp_path / "demo" if out is None else out, log=lambda m: None, **kw)
     return reported[-1]
   return run, calls
 
@@ -238,3 +239,51 @@ def test_demo_replaced_data_reruns_exactly_its_readers(recorded_demo, tmp_path, 
   run()
   assert calls == [("analysis", "pretrained", 12), ("finetune", 4), ("analysis", "finetuned", 12),
                    ("compare",)]
+
+
+# ------------------------------------------------------------------------------------------------
+# a run travels: every location it records is relative to its own folder (issue 52 item 1)
+
+
+def _locations(results: dict) -> list[str]:
+  """Every location the stages' results hold (their `stages.Result.PATHS` fields)."""
+  return [str(getattr(r, f)) for r in results.values() if isinstance(r, stages.Result)
+          for f in r.PATHS if getattr(r, f, None)]
+
+
+def test_demo_moved_and_run_from_another_directory_reuses_everything(recorded_demo, tmp_path,
+                                                                     monkeypatch):
+  import shutil
+  run, calls = recorded_demo
+  monkeypatch.chdir(tmp_path)
+  run(out=Path("runs/demo"))
+  shutil.move("runs/demo", "runs/moved")
+  again = run(out=Path("runs/moved"))
+  assert calls == [] and calls.host == []
+  inside = [p for p in _locations(again) if "model" not in Path(p).parts]
+  assert inside and all(p.startswith("runs/moved") for p in inside), inside
+  monkeypatch.chdir(tmp_path / "runs")    # the same run from its parent folder
+  there = run(out=Path("moved"))
+  assert calls == []
+  assert all(p.startswith("moved") or Path(p).is_absolute() for p in _locations(there))
+  assert there["compare"].out == "moved/compare"
+  # the markers record the locations relative to the run folder
+  marker = (tmp_path / "runs/moved/stages/finetune/sst2.json").read_text()
+  assert '"workdir": "finetune_sst2"' in marker and "runs" not in marker
+
+
+def test_demo_copy_reads_and_changes_only_its_own_files(recorded_demo, tmp_path, monkeypatch):
+  import shutil
+  run, calls = recorded_demo
+  monkeypatch.chdir(tmp_path)
+  run(out=Path("demo"))
+  original = {p.relative_to("demo"): p.read_bytes() for p in Path("demo").rglob("*.json")}
+  shutil.copytree("demo", "copy")
+  copy = run(out=Path("copy"), analysis_examples=20)   # only the copy's settings change
+  assert calls == [("analysis", "pretrained", 20), ("analysis", "finetuned", 20), ("compare",)]
+  assert all(p.startswith("copy/") or Path(p).is_absolute() for p in _locations(copy))
+  assert copy["finetune"].model == "copy/finetune_sst2/best_model"    # reused: the copy's own
+  assert original == {p.relative_to("demo"): p.read_bytes()
+                      for p in Path("demo").rglob("*.json")}
+  run(out=Path("demo"))
+  assert calls == []   # the original is as it was

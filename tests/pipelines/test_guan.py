@@ -121,8 +121,9 @@ def recorded_guan(tmp_path, monkeypatch):
   calls = []
   real = engine.run_unit
 
-  def run_unit(ctx, stage, unit, key, fn, clean=(), intact=None):
-    return real(ctx, stage, unit, key, lambda: calls.append((stage, unit)) or canned[stage], clean)
+  def run_unit(ctx, stage, unit, key, fn, clean=(), intact=None, paths=()):
+    return real(ctx, stage, unit, key, lambda: calls.append((stage, unit)) or canned[stage], clean,
+                paths=paths)
   monkeypatch.setattr(engine, "run_unit", run_unit)
   monkeypatch.setattr(stages, "run_unit", run_unit)
 
