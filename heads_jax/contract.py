@@ -16,7 +16,13 @@ file                   content (writer / reader)
                        ``lengths`` int32 ``[b]``; optionally ``data_index`` int32 ``[b]`` (which
                        data spec a sequence came from, when there are several) and
                        ``norm_sieve_bias`` float32 ``[b, l, h, r]`` (the sieve bias of the norm
-                       weights ``||a[q, k] f(x_k)||``, `heads_jax.stats.norms`).
+                       weights ``||a[q, k] f(x_k)||``, `heads_jax.stats.norms`);
+                       ``special_share`` float32 ``[b]`` (the share of each sequence's real keys
+                       that are [CLS], [SEP], comma or period: the clustering's reference);
+                       for a model with windowed layers (ModernBERT) ``windows`` int32 ``[l]``
+                       (each layer's half window, -1 for full attention) and ``uniform`` float32
+                       ``[b, l, r]`` (the sieve bias of attention uniform over the keys each
+                       layer's heads see, per sequence: the calibrated rule's baseline).
                        `write_scores` / `read_scores` (a `Scores`).
 ``measures.npz``       ``entropy``, ``cls_entropy`` float32 ``[b, l, h]``, ``token_attention``
                        float32 ``[b, l, h, 5]`` (columns ``token_measures`` =
@@ -220,6 +226,12 @@ class Scores:
       the file holds no distance features.
     lengths: int ``[b]`` real positions per sequence, or None when absent.
     data_index: int ``[b]``: which data spec each sequence came from, or None when absent.
+    special_share: float ``[b]``: each sequence's share of special keys ([CLS], [SEP], comma,
+      period), or None (a file written before it was recorded).
+    windows: int ``[l]``: each layer's half window, -1 for full attention; None for a model
+      without windowed layers (or an old file).
+    uniform: float ``[b, l, r]``: uniform attention's sieve bias over the keys each layer sees
+      (windowed models only), or None.
   """
   sieve_bias: np.ndarray
   roles: tuple[str, ...]
@@ -227,12 +239,24 @@ class Scores:
   lengths: np.ndarray | None = None
   data_index: np.ndarray | None = None
   norm_sieve_bias: np.ndarray | None = None   # [b, l, h, r], the norm weights' (issue 26)
+  special_share: np.ndarray | None = None
+  windows: np.ndarray | None = None
+  uniform: np.ndarray | None = None
 
   def __post_init__(self):
-    validate_scores(self.sieve_bias, self.roles, self.distance, self.lengths, self.data_index)
+    validate_scores(self.sieve_bias, self.roles, self.distance, self.lengths, self.data_index,
+                    self.special_share, self.windows, self.uniform)
     if self.norm_sieve_bias is not None and np.shape(self.norm_sieve_bias) != self.sieve_bias.shape:
       raise ValueError(f"norm_sieve_bias must have the shape of sieve_bias "
                        f"{self.sieve_bias.shape}; got {np.shape(self.norm_sieve_bias)}")
+
+  @property
+  def layer_windows(self) -> tuple | None:
+    """Per layer, the half window of a windowed layer or None (full attention); None when the
+    file records no windowed layer."""
+    if self.windows is None or not (np.asarray(self.windows) >= 0).any():
+      return None
+    return tuple(None if w < 0 else int(w) for w in np.asarray(self.windows).tolist())
 
   @property
   def num_sequences(self) -> int:
@@ -247,7 +271,8 @@ class Scores:
     return int(self.sieve_bias.shape[2])
 
 
-def validate_scores(sieve_bias, roles, distance=None, lengths=None, data_index=None) -> None:
+def validate_scores(sieve_bias, roles, distance=None, lengths=None, data_index=None,
+                    special_share=None, windows=None, uniform=None) -> None:
   """Raises ValueError with a clear message when the arrays do not follow the contract."""
   sieve_bias = np.asarray(sieve_bias)
   if sieve_bias.ndim != 4:
@@ -280,10 +305,24 @@ def validate_scores(sieve_bias, roles, distance=None, lengths=None, data_index=N
       raise ValueError(f"{name} must have shape [b] = ({b},); got {x.shape}")
     if not np.issubdtype(x.dtype, np.integer):
       raise ValueError(f"{name} must be integer; got {x.dtype}")
+  if special_share is not None:
+    x = np.asarray(special_share, np.float64)
+    if x.shape != (b,) or np.isnan(x).any() or (x < 0).any() or (x > 1).any():
+      raise ValueError(f"special_share must be [b] = ({b},) shares in [0, 1]; got shape "
+                       f"{x.shape}")
+  if (windows is None) != (uniform is None):
+    raise ValueError("windows and uniform come together (a windowed model's baselines); got "
+                     f"only {'windows' if uniform is None else 'uniform'}")
+  if windows is not None:
+    if np.shape(windows) != (l,) or not np.issubdtype(np.asarray(windows).dtype, np.integer):
+      raise ValueError(f"windows must be int [l] = ({l},); got {np.shape(windows)}")
+    if np.shape(uniform) != (b, l, sieve_bias.shape[3]):
+      raise ValueError(f"uniform must have shape [b, l, r] = {(b, l, sieve_bias.shape[3])}; got "
+                       f"{np.shape(uniform)}")
 
 
 def write_scores(path, sieve_bias, roles, distance=None, lengths=None, data_index=None,
-                 norm_sieve_bias=None) -> Path:
+                 norm_sieve_bias=None, special_share=None, windows=None, uniform=None) -> Path:
   """Writes ``scores.npz``; path: a ``*.npz`` file, or an output directory (created if needed).
 
   Args:
@@ -293,9 +332,12 @@ def write_scores(path, sieve_bias, roles, distance=None, lengths=None, data_inde
     lengths: int ``[b]`` or None (stored as int32).
     data_index: int ``[b]`` or None (stored as int32).
     norm_sieve_bias: float ``[b, l, h, r]`` or None (stored as float32).
+    special_share: float ``[b]`` or None (stored as float32).
+    windows, uniform: int ``[l]`` (-1: full attention) and float ``[b, l, r]``, both or neither.
   """
   roles = tuple(str(r) for r in roles)
-  validate_scores(sieve_bias, roles, distance, lengths, data_index)
+  validate_scores(sieve_bias, roles, distance, lengths, data_index, special_share, windows,
+                  uniform)
   if norm_sieve_bias is not None and np.shape(norm_sieve_bias) != np.shape(sieve_bias):
     raise ValueError(f"norm_sieve_bias must have the shape of sieve_bias {np.shape(sieve_bias)}; "
                      f"got {np.shape(norm_sieve_bias)}")
@@ -308,6 +350,11 @@ def write_scores(path, sieve_bias, roles, distance=None, lengths=None, data_inde
     arrays["data_index"] = np.asarray(data_index, np.int32)
   if norm_sieve_bias is not None:
     arrays["norm_sieve_bias"] = np.asarray(norm_sieve_bias, np.float32)
+  if special_share is not None:
+    arrays["special_share"] = np.asarray(special_share, np.float32)
+  if windows is not None:
+    arrays["windows"] = np.asarray(windows, np.int32)
+    arrays["uniform"] = np.asarray(uniform, np.float32)
   return _write_npz(_in_dir(path, SCORES_FILE), arrays)
 
 
@@ -324,7 +371,8 @@ def read_scores(path) -> Scores:
         raise ValueError(f"{file} lacks {missing}; it holds {data.files}. A scores file needs "
                          f"at least sieve_bias [b, l, h, r] and roles [r]")
       optional = {k: data[k] if k in data.files else None
-                  for k in ("distance", "lengths", "data_index", "norm_sieve_bias")}
+                  for k in ("distance", "lengths", "data_index", "norm_sieve_bias",
+                            "special_share", "windows", "uniform")}
       return Scores(sieve_bias=data["sieve_bias"], roles=tuple(str(r) for r in data["roles"]),
                     **optional)
   except (zipfile.BadZipFile, EOFError, OSError, KeyError) as e:  # truncated or not an npz

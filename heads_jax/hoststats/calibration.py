@@ -56,10 +56,18 @@ or None for full attention). Its bare sieve bias is then ``beta(t) = n |S(t) & W
 (|S(t)| m_t)``: above 1 for every sieve inside the window (``local``: ``n / m_t``), which is
 what the window does, not what the head does. `uniform_values` gives, per layer, the exact value
 for the roles whose sieve is fixed by positions alone (``local``, ``prev_local``, ``next_local``
-and ``cls``), ``mean_t ln m_t`` for the entropy-weighted ``block`` (its bare factor taken as 1),
-and 1 for the roles whose sieve depends on where tokens lie (``sep``, ``delimiter``,
-``block_plain``, the syntactic relations: 1 is their value averaged over where those tokens
-fall). Near-uniform heads compare the entropy with ``mean_t ln m_t`` instead of ``ln n``
+and ``cls``). For the roles whose sieve depends on where tokens lie (``block``, ``block_plain``,
+``sep``, ``delimiter``, the syntactic relations) the value is not 1 (a sieve that sits inside
+the window is favoured by it just as ``local`` is): the device pass computes it per sequence
+from the sequence's actual sieves (`sieve_uniform`: the segment layout, the [SEP] positions, the
+arcs) and records it in ``scores.npz`` (``uniform`` ``[b, l, r]``, every role, every layer;
+``block``: ``mean_t beta(t) ln m_t``). With ModernBERT's local half window of 64, a pair of
+two equal segments reads 1.38 (block_plain) and 6.22 (block) at 128 tokens, 1.84 and 8.72 at 384
+(against 1 and ``mean_t ln m_t`` = 4.55 / 4.76 were they taken as 1); a relation whose head is
+1-3 tokens away reads 3.36 at 384 tokens (``n / m_t``). These values are the calibrated rule's
+``u_i`` for windowed layers (`calibrated_columns` ``uniform``); without them (a file written
+before they were recorded) `uniform_values`' positional values stand, 1 for the others.
+Near-uniform heads compare the entropy with ``mean_t ln m_t`` instead of ``ln n``
 (`divergence_from_uniform`), which is exact. So a head that spreads its attention evenly over its
 window is near-uniform, not local.
 
@@ -137,6 +145,54 @@ def _window_uniform(n: int, window: int, roles: Sequence[str]) -> np.ndarray:
     both = np.maximum(np.minimum(hi, w_hi) - np.maximum(lo, w_lo) + 1, 0)
     out[j] = (n * both[valid] / (size[valid] * m[valid])).mean()
   return out
+
+
+def sieve_uniform(sieves, segment_ids, roles: Sequence[str], window: int | None,
+                  slots: int = 0) -> np.ndarray:
+  """Uniform attention's sieve bias over the keys a head sees, from a batch's actual sieves:
+  float64 ``[b * max(slots, 1), r]`` (one row per sequence; NaN where a role's sieve is empty
+  for every query).
+
+  A query ``t`` of a sequence of ``n`` real positions sees ``m_t`` keys: those of its sequence
+  within ``|s - t| <= window`` (all of them for ``window`` None). Attention uniform over them
+  has ``beta(t) = n |S(t) & W(t)| / (|S(t)| m_t)``; an entropy-weighted role (``block``) scores
+  ``beta(t) ln m_t``; the sequence's value is the mean over the queries with a non-empty sieve
+  (as `heads_jax.stats.sieve_bias`).
+
+  Args:
+    sieves: bool ``[b, r, q, k]`` (`heads_jax.sieves.build_sieves`, numpy).
+    segment_ids: int ``[b, k]``: 1, 2, ... per sequence of a packed row, 0 on padding (an
+      unpacked batch: its attention mask).
+    roles: the r role names.
+    window: the layer's half window, or None (full attention: 1 and ``ln n``).
+    slots: sequences per row of a packed batch (0: unpacked, one per row).
+  """
+  sieves = np.asarray(sieves, bool)
+  seg = np.asarray(segment_ids).astype(np.int64)
+  b, r, q, k = sieves.shape
+  if seg.shape != (b, k) or q != k:
+    raise ValueError(f"segment_ids must be [b, k] = {(b, k)} for sieves {sieves.shape}")
+  same = seg[:, :, None] == seg[:, None, :]
+  visible = same & (seg[:, None, :] > 0)                                      # [b, q, k]
+  n = same.sum(-1)                                   # [b, q]: the query's sequence length
+  if window is not None:
+    pos = np.arange(k)
+    visible &= np.abs(pos[:, None] - pos[None, :])[None] <= int(window)
+  m = visible.sum(-1)                                                         # [b, q]
+  size = sieves.sum(-1)                                                       # [b, r, q]
+  both = (sieves & visible[:, None]).sum(-1)
+  ok = (size > 0) & (seg > 0)[:, None]
+  with np.errstate(invalid="ignore", divide="ignore"):
+    beta = np.where(ok, n[:, None] * both / (size * np.maximum(m, 1)[:, None]), 0.0)
+    weighted = np.asarray([r_ in ENTROPY_WEIGHTED for r_ in roles], bool)[None, :, None]
+    beta = np.where(weighted, beta * np.log(np.maximum(m, 1))[:, None], beta)
+  out = np.full((b, max(int(slots), 1), r), np.nan)
+  for j in range(max(int(slots), 1)):
+    here = ok & (seg == j + 1)[:, None]                                       # [b, r, q]
+    count = here.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+      out[:, j] = np.where(count > 0, np.where(here, beta, 0.0).sum(-1) / count, np.nan)
+  return out.reshape(-1, r)
 
 
 def uniform_values(lengths, roles: Sequence[str], window: int | None = None) -> np.ndarray:
@@ -224,7 +280,8 @@ def near_uniform_heads(entropy, lengths, nats: float = NEAR_UNIFORM_NATS,
 
 def calibrated_columns(sieve_bias, roles: Sequence[str], lengths, p_value, *, alpha: float,
                        test: str = "t", correction: str = "none",
-                       p_adjusted=None, near_uniform=None, windows=None) -> pd.DataFrame:
+                       p_adjusted=None, near_uniform=None, windows=None,
+                       uniform=None) -> pd.DataFrame:
   """The calibrated rule's columns of the tests table, one row per (layer, head, role) in C order
   of ``[l, h, r]`` (the row order of `hypothesis.hypothesis_tests`).
 
@@ -239,6 +296,8 @@ def calibrated_columns(sieve_bias, roles: Sequence[str], lengths, p_value, *, al
     near_uniform: bool ``[l, h]`` or None (not computed: no head is near-uniform).
     windows: per layer, the half window of a windowed layer or None (default: all full):
       the uniform values of windowed layers (`uniform_values`).
+    uniform: float ``[b, l, r]``, each sequence's uniform value per layer and role from its
+      actual sieves (``scores.npz`` ``uniform``, `sieve_uniform`), or None: `uniform_values`.
 
   Returns:
     a DataFrame with exactly `CALIBRATION_COLUMNS`: ``uniform`` (mean of ``u_i`` over the
@@ -255,7 +314,12 @@ def calibrated_columns(sieve_bias, roles: Sequence[str], lengths, p_value, *, al
   if lengths.size != b:
     raise ValueError(f"lengths must have one entry per sequence ({b}); got {lengths.size}")
   windows = check_windows(windows, l)
-  u = np.stack([uniform_values(lengths, roles, w) for w in windows], axis=1)[:, :, None]  # [b, l, 1, r]
+  if uniform is not None:
+    if np.shape(uniform) != (b, l, r):
+      raise ValueError(f"uniform must be [b, l, r] = {(b, l, r)}; got {np.shape(uniform)}")
+    u = np.asarray(uniform, np.float64)[:, :, None]                             # [b, l, 1, r]
+  else:
+    u = np.stack([uniform_values(lengths, roles, w) for w in windows], axis=1)[:, :, None]
   valid = ~np.isnan(x)
   with np.errstate(invalid="ignore", divide="ignore"):
     uniform = np.where(valid, u, 0.0).sum(0) / valid.sum(0)     # [l, h, r], NaN where n = 0
@@ -302,7 +366,7 @@ def calibrated_columns(sieve_bias, roles: Sequence[str], lengths, p_value, *, al
 def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[str], lengths, *,
                rule: str = DEFAULT_RULE, entropy=None,
                near_uniform_nats: float = NEAR_UNIFORM_NATS,
-               windows=None) -> tuple[pd.DataFrame, dict]:
+               windows=None, uniform=None) -> tuple[pd.DataFrame, dict]:
   """Adds the rule columns to a tests table and decides ``assigned`` by ``rule``.
 
   Args:
@@ -317,6 +381,8 @@ def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[
     windows: per layer, the half window of a windowed layer (ModernBERT's local layers) or None
       (default: every layer full): uniform attention is then over the keys each head sees
       (module docstring; ``heads_jax.model.loading.layer_windows`` reads them from a model).
+    uniform: float ``[b, l, r]`` per-sequence uniform values from the actual sieves
+      (``scores.npz``; `calibrated_columns`), or None.
 
   Returns:
     (tests with `contract.TEST_COLUMNS` + `CALIBRATION_COLUMNS`, ``assigned`` =
@@ -340,7 +406,7 @@ def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[
                              alpha=float(settings["alpha"]), test=settings["test"],
                              correction=settings["correction"],
                              p_adjusted=tests["p_adjusted"].to_numpy(), near_uniform=flat,
-                             windows=windows)
+                             windows=windows, uniform=uniform)
   out = pd.concat([tests.reset_index(drop=True), extra], axis=1)
   out["assigned"] = roles_lib.rule_assigned(out, rule, settings.get("tau"))
   settings = dict(settings)
@@ -352,6 +418,9 @@ def apply_rule(tests: pd.DataFrame, settings: dict, sieve_bias, roles: Sequence[
   if windows is not None and any(w is not None for w in windows):
     settings["windowed_layers"] = [i for i, w in enumerate(windows) if w is not None]
     settings["window"] = max(w for w in windows if w is not None)
+    settings["window_baselines"] = ("from each sequence's sieves" if uniform is not None else
+                                     "positional roles exact, others taken as 1 (a file "
+                                     "without the per-sequence baselines)")
   return out, settings
 
 

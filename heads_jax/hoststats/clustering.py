@@ -73,6 +73,14 @@ is "unnamed (closest: X, margin m)" (`unnamed_name`) in clusters.csv, clusters.j
 that reads them (shares, layer verdicts, ablation groups, figures); so a type absent from the
 heads is reported absent. A margin below ``LOW_MARGIN`` (1 spread) is flagged "low margin".
 
+Windowed layers (ModernBERT's local layers, ``windows``): the distance features and the
+reference are not window-aware. Guan et al.'s features are where a head's attention lies, in
+windows of n/16 of the whole sequence; a windowed layer's heads are read in the same windows as
+the other layers' so that all heads share one feature space and one clustering (a per-layer
+reference would name the two kinds of layers under two definitions). A local head cannot reach
+the far windows, so it tends to read as diagonal or vertical rather than dense; clusters.json
+says so (``reference["windowed_layers"]``: the layers, the half window and this note).
+
 For k != 4 the clusters are not Guan et al.'s types ("We still get stable clustering results
 with 3 or 5 clusters, but the patterns can not be distinguished by human-being"): they are
 named "cluster 1" .. "cluster k", ordered by their special mass, largest first.
@@ -131,6 +139,10 @@ SPECIAL_LIFT = 2.0     # special tokens "large": special mass >= 2x uniform atte
 LOW_MARGIN = 1.0       # a definition met by less than one spread is flagged
 SPREAD_FLOOR = 0.01    # the smallest spread (attention mass) a margin is divided by
 UNNAMED = "unnamed"
+WINDOWED_NOTE = ("the distance features and the reference are not window-aware: a windowed "
+                 "layer's heads are read in the same windows of n/16 and against the same "
+                 "uniform attention over the whole sequence as the other layers' (module "
+                 "docstring, 'Windowed layers')")
 
 # Guan et al. section 4's definitions between types, as inequalities (higher type, lower type,
 # mass): the mass of the first type exceeds the second's. Each type lists the inequalities its
@@ -578,7 +590,8 @@ def tsne_embedding(features, seed: int = 0) -> tuple[np.ndarray, float | None]:
 def cluster_heads(distance, *, k: int = 4, method: str = "kmeans", seed: int = 0,
                   n_init: int = 10, stability_fits: int = 10, near_windows: int = 2,
                   tsne: bool = True, min_share: float = MIN_SHARE, lengths=None,
-                  special_share=None, near_tokens: int = NEAR_TOKENS) -> tuple[pd.DataFrame, dict]:
+                  special_share=None, near_tokens: int = NEAR_TOKENS,
+                  windows=None) -> tuple[pd.DataFrame, dict]:
   """Clusters the heads of a run by their mean distance features.
 
   Args:
@@ -597,6 +610,9 @@ def cluster_heads(distance, *, k: int = 4, method: str = "kmeans", seed: int = 0
       the long-sequence reference.
     special_share: float ``[b]``, each sequence's share of special keys (`special_share`), or
       None (the lower bound 2/n).
+    windows: per layer, the half window of a windowed layer (ModernBERT's local layers) or
+      None; only reported (``info["reference"]["windowed_layers"]``: the features and the
+      reference are full attention's, module docstring "Windowed layers").
 
   Returns:
     (df, info): df one row per head with exactly ``CLUSTER_COLUMNS`` (layer, head, the 21
@@ -632,6 +648,11 @@ def cluster_heads(distance, *, k: int = 4, method: str = "kmeans", seed: int = 0
     reference["source"] = (f"lengths unknown: near = self + {near_windows} windows, uniform "
                            "attention in the long-sequence limit; special tokens judged "
                            "between types only")
+  if windows is not None and any(w is not None for w in windows):
+    reference["windowed_layers"] = {
+        "layers": [i for i, w in enumerate(windows) if w is not None],
+        "half_window": max(w for w in windows if w is not None),
+        "note": WINDOWED_NOTE}
   model, centroids, outlier, refits = fit_types(features, k, method, seed, n_init, min_share)
   raw = model.predict(features)
   naming = (name_types(masses, raw, reference, members=~outlier)

@@ -218,6 +218,19 @@ def scores_intact(cfg: AnalysisConfig) -> str | None:
     return str(e)
   if contract.read_run(cfg.out) is None:
     return f"{Path(cfg.out) / contract.RUN_FILE} is missing"
+  why = scores_complete(contract.read_scores(cfg.out), Path(cfg.out) / contract.SCORES_FILE)
+  return why
+
+
+def scores_complete(scores, where) -> str | None:
+  """None when ``scores`` holds what the host statistics' definitions need (each sequence's
+  length and special-token share: the clustering's reference at the data's lengths; a windowed
+  model's per-sequence baselines come with them), else one line saying what is missing (the
+  device pass then runs again: no head is named under another definition)."""
+  if scores.lengths is None or scores.special_share is None:
+    missing = "lengths" if scores.lengths is None else "special-token shares"
+    return (f"{where} holds no {missing} (written before they were recorded): the clustering's "
+            "reference needs each sequence's length and special-token share")
   return None
 
 
@@ -254,9 +267,10 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
     passthrough["warnings"] = " | ".join(warnings)
   tests, settings = hypothesis_tests(scores.sieve_bias, scores.roles, tau=cfg.tau, alpha=cfg.alpha,
                                      test=cfg.test, correction=cfg.correction, settings=passthrough)
-  if scores.lengths is None:
-    raise UserError(f"{out / contract.SCORES_FILE} holds no lengths (an old file?): re-run the "
-                    "analysis with --overwrite")
+  incomplete = scores_complete(scores, out / contract.SCORES_FILE)
+  if incomplete:
+    raise UserError(f"{incomplete}; re-run the analysis with --overwrite")
+  windows = scores.layer_windows or layer_windows(local_copy(cfg.model))
   entropy = term_shares = None
   if (out / contract.MEASURES_FILE).is_file():  # the row entropy: near-uniform heads
     m = contract.read_measures(out)
@@ -267,14 +281,16 @@ def host_statistics(cfg: AnalysisConfig, scores, data_info: list) -> dict:
   tests, settings = apply_rule(tests, settings, scores.sieve_bias, scores.roles, scores.lengths,
                                rule=cfg.rule, entropy=entropy,
                                near_uniform_nats=cfg.near_uniform_nats,
-                               windows=layer_windows(local_copy(cfg.model)))
+                               windows=windows, uniform=scores.uniform)
   contract.write_tests(tests, settings, out)
   summary = summary_figures(scores.sieve_bias, scores.roles, tests, rule=cfg.rule,
                             near_uniform_computed=entropy is not None, tau=settings["tau"])
   if term_shares is not None:
     summary["term_shares"] = term_shares
   contract.write_summary(summary, out)
-  clusters, info = cluster_heads(scores.distance, k=cfg.clusters, method=cfg.cluster_method, seed=cfg.seed)
+  clusters, info = cluster_heads(scores.distance, k=cfg.clusters, method=cfg.cluster_method,
+                                 seed=cfg.seed, lengths=scores.lengths,
+                                 special_share=scores.special_share, windows=windows)
   contract.write_clusters(clusters, info, out)
   return {"tests": tests, "settings": settings, "summary": summary, "clusters": clusters,
           "cluster_info": info}

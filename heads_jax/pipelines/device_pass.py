@@ -1,5 +1,6 @@
 """The device pass of an analysis: data specs -> encoded batches -> the jitted analysis step
--> ``scores.npz`` (sieve bias, distance features, lengths, measures).
+-> ``scores.npz`` (sieve bias, distance features, lengths, each sequence's special-token share
+and, for windowed models, its windowed baselines: `sequence_fields`; measures).
 
 **Packed** (issue 38, the default wherever it is exact: ``step.packs``): the sequences are packed
 several to a row (``pass_packing``: ``heads_jax.data.encoding.pack_batches``, first-fit
@@ -28,11 +29,16 @@ calls it as its device stage.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from heads_jax import contract
+from heads_jax.hoststats.calibration import sieve_uniform
+from heads_jax.hoststats.clustering import special_share
+from heads_jax.sieves import build_sieves
 from heads_jax.data.specs import encode_spec, parse_spec
 from heads_jax.data.vocabulary import SYNTACTIC_ROLES
 from heads_jax.errors import UserError
@@ -95,6 +101,28 @@ def second_pass_step(cfg, model, roles):
   return norm_step(cfg, model, roles)
 
 
+def sequence_fields(batch: dict, slots: int, *, roles, direction: str, windows=None) -> dict:
+  """What the host statistics need of each sequence beyond the device's scores, from the
+  encoded batch itself (host, numpy; `heads_jax.stats.collector.collect`'s ``fields``):
+  ``special_share`` ``[b']`` (the share of its real keys that are [CLS], [SEP], comma or
+  period: the clustering's reference, `heads_jax.hoststats.clustering.special_share`) and, for
+  a model with windowed layers (``windows``: per layer the half window or None), ``uniform``
+  ``[b', l, r]`` (uniform attention's sieve bias over the keys each layer sees, from the
+  sequence's actual sieves: `heads_jax.hoststats.calibration.sieve_uniform`). ``b'`` = rows x
+  ``max(slots, 1)``."""
+  real = np.asarray(batch["attention_mask"]) > 0
+  seg = (np.asarray(batch["segment_ids"]) if slots else real.astype(np.int32))
+  parts = [special_share(batch["token_class"], real & (seg == j + 1))
+           for j in range(max(int(slots), 1))]
+  out = {"special_share": np.stack(parts, 1).reshape(-1)}
+  if windows is not None and any(w is not None for w in windows):
+    with jax.default_device(jax.devices("cpu")[0]):   # a few host masks, not the device's work
+      sieves = np.asarray(build_sieves(batch, roles, direction))
+    per = {w: sieve_uniform(sieves, seg, roles, w, slots) for w in set(windows)}
+    out["uniform"] = np.stack([per[w] for w in windows], 1)
+  return out
+
+
 def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
                    log=None) -> dict:
   """The device pass: ``{"sieve_bias", "distance", "lengths", "roles", "data_index", "data_info"}``.
@@ -117,6 +145,10 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
   # the background thread behind the first pass's (heads_jax.stats.compiling).
   later = [second_pass_step(cfg, model, roles)] if second_pass_follows(cfg) else []
   lengths = pass_lengths(cfg.max_length, cfg.bucket_step)
+  windows = getattr(model.config, "windows", None)
+  windows = tuple(windows) if windows is not None and any(w is not None for w in windows) else None
+  fields = functools.partial(sequence_fields, roles=roles, direction=cfg.direction,
+                             windows=windows)
   parts, infos = [], []
   for i, spec in enumerate(cfg.data):
     # parser "none": text inputs get no arcs (their syntactic scores are NaN); gold arcs stay.
@@ -137,12 +169,17 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
                                     window=cfg.sort_window, later=later, later_lengths=lengths)
     else:
       batches = pass_batches(batches, lengths, steps=[step], later=later)
-    result = collect(step, batches, n, roles=roles, progress=progress, desc=f"analyse {spec}")
+    result = collect(step, batches, n, roles=roles, progress=progress, desc=f"analyse {spec}",
+                     fields=fields)
     result["data_index"] = np.full(n, i, np.int32)
     parts.append(result)
     infos.append(info.settings())
-  out = {k: np.concatenate([p[k] for p in parts]) for k in ("sieve_bias", "distance", "lengths", "data_index")}
+  keys = ("sieve_bias", "distance", "lengths", "data_index", "special_share") + (
+      ("uniform",) if windows else ())
+  out = {k: np.concatenate([p[k] for p in parts]) for k in keys}
   out["roles"] = roles
+  if windows:
+    out["windows"] = np.asarray([-1 if w is None else w for w in windows], np.int32)
   out["data_info"] = infos
   if cfg.measures:
     out["measures"] = combine_measures(parts)
@@ -153,6 +190,8 @@ def write_scores(out_dir, scores: dict) -> Path:
   """Writes ``scores.npz`` of the device pass; ``data_index`` only when there are several data sets."""
   several = len(set(scores["data_index"].tolist())) > 1
   return contract.write_scores(out_dir, scores["sieve_bias"], scores["roles"], scores["distance"],
-                               scores["lengths"], scores["data_index"] if several else None)
+                               scores["lengths"], scores["data_index"] if several else None,
+                               special_share=scores.get("special_share"),
+                               windows=scores.get("windows"), uniform=scores.get("uniform"))
 
 

@@ -148,7 +148,9 @@ def ensure_robustness_pass(cfg, out, model=None, tokenizer=None, *,
     raise ValueError(f"the second pass gave {result['norm_sieve_bias'].shape} for roles "
                      f"{result['roles']}, the analysis {scores.sieve_bias.shape} for {scores.roles}")
   contract.write_scores(out, scores.sieve_bias, scores.roles, scores.distance, scores.lengths,
-                        scores.data_index, norm_sieve_bias=result["norm_sieve_bias"])
+                        scores.data_index, norm_sieve_bias=result["norm_sieve_bias"],
+                        special_share=scores.special_share, windows=scores.windows,
+                        uniform=scores.uniform)
   contract.write_robustness(out, result, result["arcs"] if settings.parsing else None)
   return True
 

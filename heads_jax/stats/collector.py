@@ -14,7 +14,10 @@ When the step also returns the measures of ``heads_jax.stats.measures`` (``entro
 ``cls_entropy`` ``[b, l, h]``, ``token_attention`` ``[b, l, h, 5]``), they are gathered the
 same way (``[N, ...]``); the Jensen-Shannon distances ``js`` ``[b, l*h, l*h]`` are summed over
 the sequences instead (``[N, l*h, l*h]`` would be large) and come back as their mean.
-``combine_measures`` joins the measures of several data sets.
+``combine_measures`` joins the measures of several data sets. ``fields(batch, slots)`` (optional)
+adds host-side per-sequence arrays computed from the encoded batch itself (the device pass's
+special-token share and windowed baselines, ``heads_jax.pipelines.device_pass.sequence_fields``),
+gathered the same way.
 
 The collector returns arrays; the analysis job writes them with ``heads_jax.contract``
 (``write_scores``, ``write_measures``), the one owner of the files of DESIGN.md section 4.
@@ -64,7 +67,19 @@ class _Sink:
     self.filled = np.zeros(num_sequences, bool)
     self.seen = np.zeros(num_sequences, bool)  # submitted (maybe not yet fetched)
     self.lengths = np.zeros(num_sequences, np.int32)
+    self.fields = {}                                  # name -> [N, ...] (the ``fields`` hook)
     self.js_sum, self.js_count = None, 0
+
+  def put_fields(self, indices: np.ndarray, keep: np.ndarray, fields: dict):
+    """Stores the rows ``keep`` of host-side per-sequence arrays ``{name: [b, ...]}``."""
+    for name, x in fields.items():
+      x = np.asarray(x)
+      if x.shape[0] != len(indices):
+        raise ValueError(f"fields returned {name} of {x.shape[0]} rows for a batch of "
+                         f"{len(indices)} sequences")
+      if name not in self.fields:
+        self.fields[name] = np.full((self.n,) + x.shape[1:], np.nan, np.float32)
+      self.fields[name][indices[keep]] = x[keep]
 
   def put(self, indices: np.ndarray, keep: np.ndarray, lengths: np.ndarray, out: dict):
     """Stores the rows ``keep`` of a batch's results at ``indices[keep]``."""
@@ -117,7 +132,8 @@ def _check_indices(indices, batch: dict, num_sequences: int, seen: np.ndarray) -
 
 
 def collect(step, batches: Iterable, num_sequences: int, *, roles: Sequence[str] | None = None,
-            progress: bool = True, desc: str = "analysis", allow_missing: bool = False) -> dict:
+            progress: bool = True, desc: str = "analysis", allow_missing: bool = False,
+            fields=None) -> dict:
   """Runs ``step`` over every batch and gathers the per-sequence statistics.
 
   Args:
@@ -130,6 +146,8 @@ def collect(step, batches: Iterable, num_sequences: int, *, roles: Sequence[str]
     progress: show a tqdm bar (sequences/s and ETA).
     allow_missing: if False (default) every index ``0..N-1`` must have come; otherwise rows
       that never came stay NaN with length 0.
+    fields: ``fields(batch, slots) -> {name: float [b * max(slots, 1), ...]}``, host-side
+      per-sequence arrays of each batch (module docstring), returned as float32 ``[N, ...]``.
 
   Returns:
     dict: ``sieve_bias`` float32 ``[N, l, h, r]``, ``distance`` float32 ``[N, l, h, 21]``,
@@ -157,6 +175,8 @@ def collect(step, batches: Iterable, num_sequences: int, *, roles: Sequence[str]
       indices = np.asarray(indices)
       slots = _slots(batch, indices)
       lengths = _real_lengths(batch, slots)
+      if fields is not None:
+        sink.put_fields(indices, keep, fields(batch, slots))
       if submit is None:
         sink.put(indices, keep, lengths, step(batch))
         bar.update(int(keep.sum()))
@@ -179,7 +199,7 @@ def collect(step, batches: Iterable, num_sequences: int, *, roles: Sequence[str]
   if sink.arrays["sieve_bias"].shape[-1] != len(roles):
     raise ValueError(f"the step returned {sink.arrays['sieve_bias'].shape[-1]} roles but roles "
                      f"names {len(roles)}: {list(roles)}")
-  result = {**sink.arrays, "lengths": sink.lengths, "roles": roles}
+  result = {**sink.arrays, **sink.fields, "lengths": sink.lengths, "roles": roles}
   if sink.js_sum is not None:
     result["js"] = (sink.js_sum / max(sink.js_count, 1)).astype(np.float32)
     result["js_sequences"] = sink.js_count

@@ -165,3 +165,33 @@ def test_rerun_reuses_scores_and_refuses_other_runs(run, tmp_path):
   other = AnalysisConfig(**{**cfg.__dict__, "max_examples": 3})
   with pytest.raises(FileExistsError, match="another run's results"):
     run_analysis(other, progress=False, log=lambda *a: None)
+
+
+def test_clusters_use_the_data_lengths_and_an_old_file_is_reanalysed(run):
+  """scores.npz records each sequence's length and special-token share (checked against the
+  independent encoding); clusters.json's reference is uniform attention at them, its source
+  says so. A scores.npz written before the shares were recorded is not named under another
+  definition: the device pass runs again, saying why in one line."""
+  from heads_jax.hoststats import clustering
+  cfg, out = run
+  batch = _independent_batch(cfg.model, _conllu_words(ud_ewt_test_path(), N), cfg.max_length)
+  z = dict(np.load(out / "scores.npz"))
+  np.testing.assert_array_equal(z["lengths"], batch["attention_mask"].sum(1))
+  share = np.isin(batch["token_class"], (B.TOKEN_CLS, B.TOKEN_SEP, B.TOKEN_COMMA, B.TOKEN_PERIOD))
+  np.testing.assert_allclose(z["special_share"], share.sum(1) / z["lengths"], rtol=1e-6)
+  assert "windows" not in z and "uniform" not in z          # BERT: no windowed layer
+  info = json.loads((out / "clusters.json").read_text())
+  ref = info["reference"]
+  assert ref["source"].startswith("uniform attention at the data's lengths") and ref["special_exact"]
+  expect = clustering.uniform_reference(z["lengths"], special=z["special_share"])
+  np.testing.assert_allclose([ref["near"], ref["far"], ref["special"]],
+                             [expect["near"], expect["far"], expect["special"]], rtol=1e-6)
+  assert info["near_tokens"] == clustering.NEAR_TOKENS
+  del z["special_share"]                                    # an old run's file
+  np.savez(out / "scores.npz", **z)
+  logs = []
+  run_analysis(AnalysisConfig(**{**cfg.__dict__, "alpha": 0.02}), progress=False, log=logs.append)
+  said = [m for m in logs if "special-token shares" in str(m)]
+  assert len(said) == 1 and "running it again" in said[0], logs
+  np.testing.assert_allclose(np.load(out / "scores.npz")["special_share"], share.sum(1) / z["lengths"],
+                             rtol=1e-6)
