@@ -1,9 +1,9 @@
 """Mutation check of the verdict rules (issue 41 item 5): do the rule tests notice a wrong rule?
 
-The target is the rule code of `heads_jax/hoststats/paper.py`: every evaluator (the functions of
-`EVALUATORS` and the parametrised ones), the number judge, the comparability and majority-class
-gates, the layer scaling, and the module's bars (`STABLE_BAR`, `FIG2_GAP`, `ALPHA`) and the
-claims' tolerances. The mutants, as the issue asks:
+The target is the rule code of the package `heads_jax/hoststats/claims/`: every check (the
+functions of `pande_checks` and `guan_checks`), the number judge (`judging`), the comparability
+and majority-class gates and the layer scaling (`run`), the bars (`STABLE_BAR`, `FIG2_GAP`,
+`ALPHA` in `claim`) and the claims' tolerances (`pande`, `guan`). The mutants, as the issue asks:
 
 * *turned*: a comparison reversed (``<`` -> ``>``, ``<=`` -> ``>=``, ``>`` -> ``<``, ``>=`` ->
   ``<=``, ``==`` <-> ``!=``);
@@ -14,16 +14,19 @@ claims' tolerances. The mutants, as the issue asks:
 Also reported, apart from the score the issue sets (90%): *boundary* mutants (``<`` <-> ``<=``,
 ``>`` <-> ``>=``), which only a pair exactly at a bar can kill.
 
-Each mutant is the module's source with one change (`ast`), executed into the live module
-``heads_jax.hoststats.paper`` (so the tests, which call ``paper.evaluate``, see it); the rule
-tests (tests/hoststats/test_paper_rules.py and test_paper.py, called in-process: no pytest run
-per mutant) then run until one fails (*killed*) or all pass (*survived*). The module is restored
-after each mutant. Survivors are printed with their line, to be killed by a test or written down
+Each mutant is one module's source with one change (`ast`), executed into the live module; the
+package's modules that come after it (`MODULES`, in import order) and the package itself are
+then reloaded, so that the names they import and the tuples they build (``CLAIMS``) are the
+mutant's, and the tests, which call ``claims.evaluate``, see it. The rule tests
+(tests/hoststats/test_paper_rules.py and test_paper.py, called in-process: no pytest run per
+mutant) then run until one fails (*killed*) or all pass (*survived*). The module and its
+dependents are restored after each mutant. Survivors are printed with their line, to be killed by a test or written down
 as equivalent.
 
     python scripts/mutation_rules.py                 # every mutant; the kill rate
     python scripts/mutation_rules.py --list          # the mutants, nothing run
     python scripts/mutation_rules.py --kinds turned swapped --json out.json
+    python scripts/mutation_rules.py --modules judging run   # some modules of the package
 
 Runs serially on the host (no jax); not part of CI. Measured (05:12 UTC, 2 shared cores, 311 s
 for the 317 mutants): the issue's mutants 242 of 247 killed (98.0%); boundary mutants 47 of 70
@@ -50,8 +53,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-TARGET = REPO / "heads_jax" / "hoststats" / "paper.py"
-# The rule code of paper.py (module docstring).
+PACKAGE = "heads_jax.hoststats.claims"
+# The package's modules in import order (each imports only from those before it).
+MODULES = ("claim", "devlin", "pande", "guan", "run", "pande_checks", "guan_checks", "judging")
+# The rule code of the package (module docstring).
 RULE_FUNCTIONS = (
     "_from_summary", "_average_vs_test", "_fine_overlap", "_delimiter_intersect",
     "_multi_functional", "_block_marginal", "_multi_skilled_middle", "_multi_skilled_qqp_early",
@@ -61,8 +66,8 @@ RULE_FUNCTIONS = (
     "_finetune_final", "_finetune_sep_not_cls", "_finetune_stable", "_finetune_delimiter_heads",
     "_finetune_at_par", "_half", "_cluster_layers", "_stability_over_95", "_cluster_similar",
     "_cluster_kept", "_stable_3_5", "_squad_row", "_squad_statement", "_judge_number",
-    "bert_base_layers", "pande_setting", "unnamed_types", "_need_types", "beats_majority",
-    "_one_sided_two_proportions", "evaluate", "wilson_interval", "_mass_change")
+    "bert_base_layers", "pande_setting", "unnamed_types", "need_types", "beats_majority",
+    "_one_sided_two_proportions", "evaluate", "wilson_interval", "_mass_change", "change_pairs")
 RULE_CONSTANTS = ("STABLE_BAR", "FIG2_GAP", "ALPHA")
 KINDS = ("turned", "doubled", "halved", "swapped", "boundary")
 SCORED = ("turned", "doubled", "halved", "swapped")   # the issue's mutants
@@ -168,6 +173,21 @@ def mutate(tree, site: dict) -> ast.AST:
   return ast.fix_missing_locations(new)
 
 
+def path_of(module: str) -> Path:
+  return REPO / "heads_jax" / "hoststats" / "claims" / f"{module}.py"
+
+
+def load(module: str, tree) -> None:
+  """Executes ``tree`` as the live module ``module`` of the package, then reloads the package's
+  modules after it and the package (their imports and built tuples follow)."""
+  import importlib
+  live = importlib.import_module(f"{PACKAGE}.{module}")
+  exec(compile(tree, str(path_of(module)), "exec"), live.__dict__)
+  for later in MODULES[MODULES.index(module) + 1:]:
+    importlib.reload(importlib.import_module(f"{PACKAGE}.{later}"))
+  importlib.reload(importlib.import_module(PACKAGE))
+
+
 def rule_tests() -> list[tuple[str, callable]]:
   """The rule tests, called in-process: every test function of the two test modules that
   takes no fixture, and test_rule_holds_and_fails once per claim."""
@@ -192,7 +212,7 @@ def rule_tests() -> list[tuple[str, callable]]:
 # paper.py's rule code; it runs for the mutants in them and is skipped for the others, whose
 # change cannot reach it.
 SLOW = "test_rule_holds_and_fails[guan_stable_3_5]"
-SLOW_REACH = ("_stable_3_5", "evaluate", "_runs") + RULE_CONSTANTS
+SLOW_REACH = ("_stable_3_5", "evaluate", "task_analyses") + RULE_CONSTANTS
 
 
 def function_of(tree, line: int) -> str:
@@ -226,36 +246,36 @@ def run_tests(tests, slow: bool = True) -> str | None:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+  p.add_argument("--modules", nargs="+", choices=MODULES, default=list(MODULES))
   p.add_argument("--list", action="store_true", help="list the mutants and exit")
   p.add_argument("--json", help="write every result to this file")
   args = p.parse_args(argv)
-  source = TARGET.read_text()
-  tree = ast.parse(source)
-  all_sites = [s for s in sites(tree) if s["kind"] in args.kinds]
+  plan = []   # (module, tree, source, site)
+  for module in args.modules:
+    source = path_of(module).read_text()
+    tree = ast.parse(source)
+    plan += [(module, tree, source, s) for s in sites(tree) if s["kind"] in args.kinds]
   if args.list:
-    for s in all_sites:
-      print(f"{s['kind']:9s} line {s['line']:5d}  {s['what']}")
-    print(f"{len(all_sites)} mutants")
+    for module, _, _, s in plan:
+      print(f"{s['kind']:9s} {module}.py line {s['line']:5d}  {s['what']}")
+    print(f"{len(plan)} mutants")
     return 0
-  from heads_jax.hoststats import paper
-  namespace = paper.__dict__
-  original = compile(tree, str(TARGET), "exec")
   tests = rule_tests()
   if run_tests(tests) is not None:
-    print(f"the rule tests fail on the unmutated module ({run_tests(tests)}): fix them first")
+    print(f"the rule tests fail on the unmutated package ({run_tests(tests)}): fix them first")
     return 2
   results, start = [], time.time()
-  for i, s in enumerate(all_sites, 1):
+  for i, (module, tree, source, s) in enumerate(plan, 1):
     try:
-      exec(compile(mutate(tree, s), str(TARGET), "exec"), namespace)
+      load(module, mutate(tree, s))
       killer = run_tests(tests, slow=function_of(tree, s["line"]) in SLOW_REACH)
     except Exception:  # noqa: BLE001 - a mutant that does not even load is killed
       killer = "load: " + traceback.format_exc(limit=1).splitlines()[-1]
     finally:
-      exec(original, namespace)
-    results.append({**s, "killed": killer is not None, "by": killer})
+      load(module, tree)
+    results.append({**s, "module": module, "killed": killer is not None, "by": killer})
     mark = "killed" if killer else "SURVIVED"
-    print(f"[{i}/{len(all_sites)}] {mark:8s} {s['kind']:9s} line {s['line']:5d} {s['what']}",
+    print(f"[{i}/{len(plan)}] {mark:8s} {s['kind']:9s} {module}.py line {s['line']:5d} {s['what']}",
           flush=True)
   print(f"\n{len(results)} mutants in {time.time() - start:.0f} s")
   for kinds, label in ((SCORED, "the issue's mutants (turned, doubled, halved, swapped)"),
@@ -264,12 +284,18 @@ def main(argv=None) -> int:
     if part:
       k = sum(r["killed"] for r in part)
       print(f"{label}: {k} of {len(part)} killed = {100 * k / len(part):.1f}%")
+      for module in args.modules:
+        mine = [r for r in part if r["module"] == module]
+        if mine:
+          k = sum(r["killed"] for r in mine)
+          print(f"  {module + '.py':17s} {k:4d} of {len(mine):4d} = {100 * k / len(mine):.1f}%")
   survivors = [r for r in results if not r["killed"]]
   if survivors:
     print("\nsurvivors:")
+    sources = {m: src for m, _, src, _ in plan}
     for r in survivors:
-      line = source.splitlines()[r["line"] - 1].strip()
-      print(f"  {r['kind']:9s} line {r['line']:5d} {r['what']:30s} | {line}")
+      line = sources[r["module"]].splitlines()[r["line"] - 1].strip()
+      print(f"  {r['kind']:9s} {r['module']}.py line {r['line']:5d} {r['what']:30s} | {line}")
   if args.json:
     Path(args.json).write_text(json.dumps(results, indent=1))
   return 0

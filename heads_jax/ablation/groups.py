@@ -34,7 +34,7 @@ import pandas as pd
 from heads_jax import contract
 from heads_jax.errors import UserError
 from heads_jax.hoststats.clustering import closest_type
-from heads_jax.hoststats.paper import CLUSTER_TYPES as CLUSTER_ORDER  # Guan et al.'s four types
+from heads_jax.hoststats.claims import CLUSTER_TYPES as CLUSTER_ORDER  # Guan et al.'s four types
 from heads_jax.hoststats.roles import COARSE_ROLES, UNSKILLED, assignment_array, coarse_roles, role_order
 
 GROUPINGS = ("cluster", "cluster-pairs", "cluster-all-but-one", "role", "layer", "heads")

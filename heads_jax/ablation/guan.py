@@ -3,7 +3,7 @@
 a GLUE ``Evaluator`` works too),
 with the paper's values beside this run's.
 
-The paper's settings (``heads_jax.hoststats.paper.GUAN_TABLE2`` / ``GUAN_TABLE3``; the check and
+The paper's settings (``heads_jax.hoststats.claims.GUAN_TABLE2`` / ``GUAN_TABLE3``; the check and
 cross marks of the extracted text are its "3" and "7"):
 
 * Table 2 (section 5.1: "We mask the attention value to 0 or substitute it with an uniformed
@@ -28,7 +28,7 @@ import pandas as pd
 
 from heads_jax.ablation.groups import SEGMENT_PARTS, HeadGroup, gate_for
 from heads_jax.errors import UserError
-from heads_jax.hoststats import paper
+from heads_jax.hoststats import claims as paper
 from heads_jax.report.ablation import value_text
 
 TYPES = paper.CLUSTER_TYPES   # dense, diagonal, dense+vertical, vertical (the tables' columns)

@@ -1,7 +1,7 @@
 """Confidence intervals of proportions (host side, no jax).
 
 `wilson_interval`: the Wilson score interval of a binomial proportion (Wilson 1927), used for the
-held-out accuracy the demo reports and, through `heads_jax.hoststats.paper.wilson_interval`, for
+held-out accuracy the demo reports and, through `heads_jax.hoststats.claims.wilson_interval`, for
 every share the paper table judges.
 """
 

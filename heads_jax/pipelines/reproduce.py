@@ -269,7 +269,7 @@ def rows_key(task_data: dict, role: str) -> dict:
 def majority_share(rows) -> dict:
   """``{"majority": share of the most frequent label, "n": rows}`` of the evaluation rows the
   best dev score was measured on: the bar a classifier must beat for a fine-tuning verdict
-  (`heads_jax.hoststats.paper.beats_majority`); majority None for a regression task."""
+  (`heads_jax.hoststats.claims.beats_majority`); majority None for a regression task."""
   labels = [r.label for r in rows if r.label is not None]
   if not labels or any(isinstance(x, float) and not float(x).is_integer() for x in labels):
     return {"majority": None, "n": len(labels)}

@@ -7,14 +7,14 @@ ablation (``paper_tables.csv`` of `heads_jax.ablation.guan.paper_tables`: EM / F
 converted here to percent, the paper's unit) with the number of questions evaluated, and the
 SQuAD model's name.
 
-* `guan_run_figures`: the run as `heads_jax.hoststats.paper.evaluate` reads it. The setting is
+* `guan_run_figures`: the run as `heads_jax.hoststats.claims.evaluate` reads it. The setting is
   "guan" when the SQuAD model is Guan et al.'s by name (`GUAN_MODEL`: "We use
   bert-large-uncased-whole-word-masking-finetuned-squad", footnote 1) and by shape (its
   analysis has 24 layers x 16 heads, `paper.GUAN_SHAPE`: a local copy under that name with
   another shape is not theirs), else "guan_other" (their statements judged, their numbers "not
   comparable"). The pre-trained model was analysed on the SQuAD samples, so Fig. 4's claims
   (changes after fine-tuning) set it against the SQuAD model only; the MRPC and MNLI models,
-  analysed on their own data, are not set against it (`paper._change`).
+  analysed on their own data, are not set against it (`claims.run.change_pairs`).
 * `claims_table`: one row per claim of Guan et al. with this run's value and the verdict.
 * `table1`: Table 1 (stability per model) beside the paper's.
 * `naming_table`: per model and type, the centroid's near / far / special mass, the name's margin
@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from heads_jax import contract
-from heads_jax.hoststats import paper
+from heads_jax.hoststats import claims as paper
 from heads_jax.report import page
 from heads_jax.report.figures import guan as guan_figures
 from heads_jax.report.reproduce import analysis_of

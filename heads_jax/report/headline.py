@@ -5,7 +5,7 @@
 ``by_rule.paper.share_block``), its label (reports), its short label (console), its kind (how
 `heads_jax.report.page.format_value`, the one number formatter of the reports, shows it: share |
 float | corr | p), the paper's value (BERT-base, from
-`heads_jax.hoststats.paper`; None where the paper gives none). The reference column is heads_jax's
+`heads_jax.hoststats.claims`; None where the paper gives none). The reference column is heads_jax's
 own figure on all-MiniLM-L6-v2 over the first 200 UD EWT test sentences, read from
 ``assets/reference.json``, which ``scripts/reference_values.py`` regenerates from the current code
 (`reference_value`). No aliases: the file is ours.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from heads_jax.hoststats import paper as paper_lib
+from heads_jax.hoststats import claims as paper_lib
 from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report.page import esc, flatten, format_value
 
@@ -54,7 +54,7 @@ class Row:
 
 
 def paper_value(key: str) -> str | None:
-  """The paper's value of a summary figure as the report prints it (`heads_jax.hoststats.paper`):
+  """The paper's value of a summary figure as the report prints it (`heads_jax.hoststats.claims`):
   one claim's value (with its range), several tasks' values as their range, or None where the
   paper gives none."""
   key = key.removeprefix(PAPER_RULE)
@@ -81,7 +81,7 @@ def _row(key, label, short, kind, paper=None, optional=False,
 # (the run's own rule, calibrated by default, is a heads_jax addition, not the paper's).
 PAPER_RULE = "by_rule.paper."
 
-# The paper's values come from heads_jax.hoststats.paper (one place for the published numbers);
+# The paper's values come from heads_jax.hoststats.claims (one place for the published numbers);
 # the literal paper values below are used only where it has no claim for the key. Coarse roles
 # are the paper's four tests (hoststats.roles).
 ROWS: tuple[Row, ...] = (

@@ -8,17 +8,17 @@ through `heads_jax.runfiles`, and the analysis and comparison directories throug
 * per task and model state (the pre-trained model on the task's sequences; the task's fine-tuned
   model on its own task's): the summary figures under the paper's rule
   (`heads_jax.hoststats.summary`), and the analysis as the claims read it
-  (`heads_jax.hoststats.paper.Analysis`: roles by the paper's rule, each head's mean sieve bias
+  (`heads_jax.hoststats.claims.Analysis`: roles by the paper's rule, each head's mean sieve bias
   per role, the clusters);
 * Pande et al. Fig. 3 pooled over the tasks, per model state, over the paper's four functional
-  roles only (`heads_jax.hoststats.paper.PAPER_ROLES`: local, syntactic, block, delimiter; not
+  roles only (`heads_jax.hoststats.claims.PAPER_ROLES`: local, syntactic, block, delimiter; not
   block_plain, prev/next_local, cls, sep or the single relations);
-* the paper table (`paper_table`): one row per claim of `heads_jax.hoststats.paper.CLAIMS`,
+* the paper table (`paper_table`): one row per claim of `heads_jax.hoststats.claims.CLAIMS`,
   the paper's value as printed, this run's value *on the model state the paper used* (each
   task's fine-tuned model for Pande et al. Figs. 3-5: "For each task, we feed all the input
   sequences to the fine-tuned BERTBASE model", pande2021_heads_hypothesis.txt, "Assigning
   functional roles to heads"; fine-tuned minus pre-trained for Fig. 6), the pre-trained value as
-  an extra column, and a verdict (`heads_jax.hoststats.paper.evaluate`);
+  an extra column, and a verdict (`heads_jax.hoststats.claims.evaluate`);
 * fine-tuning: the best dev score per task beside Devlin et al.'s BERT-base.
 
 Roles in the paper table are the paper's rule (mean sieve bias significantly above tau = 3); the
@@ -42,7 +42,7 @@ import pandas as pd
 
 from heads_jax import contract, runfiles, storage
 from heads_jax.data import vocabulary
-from heads_jax.hoststats import paper
+from heads_jax.hoststats import claims as paper
 from heads_jax.hoststats import pooled as pooled_lib
 from heads_jax.hoststats import roles as roles_lib
 from heads_jax.report import page
@@ -142,7 +142,7 @@ def _median_scores(out_dir, roles, num_layers: int, num_heads: int) -> np.ndarra
 
 
 def analysis_of(out_dir, rule: str = RULE) -> paper.Analysis:
-  """One analysis directory as the claims read it (`heads_jax.hoststats.paper.Analysis`): roles by
+  """One analysis directory as the claims read it (`heads_jax.hoststats.claims.Analysis`): roles by
   ``rule`` (the paper's by default), each head's mean and median sieve bias per role, the summary
   under that rule, the clusters, their stability and info, and each head's distance features
   (attention masses)."""
@@ -193,7 +193,7 @@ def analysis_figures_of(out_dir) -> dict:
 
 def paper_pool(dirs) -> dict:
   """Pande et al. Fig. 3 pooled over analysis directories, over the paper's four functional roles
-  (`heads_jax.hoststats.paper.PAPER_ROLES`; the Fig. 3 caption: "144 x |tasks| x |roles| x |num
+  (`heads_jax.hoststats.claims.PAPER_ROLES`; the Fig. 3 caption: "144 x |tasks| x |roles| x |num
   sents| scores"): `heads_jax.hoststats.pooled.pooled_figures` of their sieve bias scores and of
   their tests' unadjusted p-values, plus ``roles`` (those pooled)."""
   scores, pvals, pooled_roles = [], [], set()
@@ -243,7 +243,7 @@ def reproduction_results(workdir, tasks=None) -> dict:
 
 
 def run_figures(results: dict, rule: str = RULE) -> paper.RunFigures:
-  """The run as `heads_jax.hoststats.paper.evaluate` reads it, roles by ``rule``."""
+  """The run as `heads_jax.hoststats.claims.evaluate` reads it, roles by ``rule``."""
   if rule == RULE:
     analyses = {k: {t: f["analysis"] for t, f in v.items()} for k, v in results["per_task"].items()}
   else:
@@ -292,7 +292,7 @@ MODEL_TEXT = {"finetuned": "fine-tuned (per task)", "pretrained": "pre-trained",
 
 
 def paper_table(results: dict) -> pd.DataFrame:
-  """One row per claim (`heads_jax.hoststats.paper.CLAIMS`): the paper's value as printed, this
+  """One row per claim (`heads_jax.hoststats.claims.CLAIMS`): the paper's value as printed, this
   run's value on the claim's model state, the verdict and what it was computed over (or why it
   could not be), this run's pre-trained value, the difference (numbers), the quoted sentence and
   the rule; and, for the share claims of Pande et al., the share under heads_jax's calibrated
@@ -470,7 +470,7 @@ def splits_table(results: dict) -> pd.DataFrame:
 
 def coarse_flags(a: paper.Analysis) -> pd.DataFrame:
   """One row per head (layer, head) with a bool column per coarse role the run tested: the
-  paper's four tests (`heads_jax.hoststats.paper.PAPER_ROLES`)."""
+  paper's four tests (`heads_jax.hoststats.claims.PAPER_ROLES`)."""
   coarse, names = a.coarse()
   l, h = coarse.shape[:2]
   layer, head = np.indices((l, h)).reshape(2, -1)

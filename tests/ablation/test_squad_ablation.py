@@ -16,7 +16,7 @@ from heads_jax.data import squad as sq
 from heads_jax.data.tokenizer import load_tokenizer
 from heads_jax.data.vocabulary import DISTANCE_FEATURES
 from heads_jax.errors import UserError
-from heads_jax.hoststats import paper
+from heads_jax.hoststats import claims as paper
 from heads_jax.model.checkpoint import save_model
 from heads_jax.model.config import config_for
 from heads_jax.model.heads import BertForQuestionAnswering

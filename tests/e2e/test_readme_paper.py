@@ -135,7 +135,7 @@ def test_readme_paper_table_and_prose_agree():
   """The table's verdicts are today's (issue 41: Pande's numbers on MiniLM "not comparable (other
   model)"), the prose's counts are the table's, and what the prose says reproduces holds in the
   table, apart from what holds trivially."""
-  from heads_jax.hoststats import paper
+  from heads_jax.hoststats import claims as paper
   text = _paper_table_section()
   rows = _table(text, "| claim |")
   verdicts = [r[-1].strip() for r in rows]

@@ -1,4 +1,4 @@
-"""hoststats/paper.py: every claim quotes its paper, the values as printed, and the verdict rules
+"""hoststats/claims/: every claim quotes its paper, the values as printed, and the verdict rules
 on hand-built analyses."""
 
 import re
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from heads_jax.data import vocabulary as vocab
-from heads_jax.hoststats import paper
+from heads_jax.hoststats import claims as paper
 from tests.helpers import skip_unless_ci
 
 PAPERS = Path(__file__).resolve().parents[3] / "shared" / "papers"

@@ -1,4 +1,4 @@
-"""Every verdict rule of hoststats/paper.py can fail: for each claim a constructed run on which it
+"""Every verdict rule of hoststats/claims/ can fail: for each claim a constructed run on which it
 must hold and one on which it must not (issue 31). Guan et al.'s claims are judged in the guan
 pipeline's setting (their model); on a GLUE run they are "not comparable", the value shown."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from heads_jax.data import vocabulary as vocab
-from heads_jax.hoststats import paper
+from heads_jax.hoststats import claims as paper
 
 ROLES = vocab.ROLES
 F = vocab.DISTANCE_FEATURES

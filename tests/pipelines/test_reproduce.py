@@ -15,7 +15,7 @@ from heads_jax.pipelines import reproduce as rp
 from heads_jax.data import glue, glue_splits
 from heads_jax.data.assets import glue_dir as embedded_glue_dir
 from heads_jax.errors import UserError
-from heads_jax.hoststats import paper
+from heads_jax.hoststats import claims as paper
 from heads_jax.training import configlib
 from tests.test_runfiles import swap_bytes_keep_stat
 from tests.pipelines.recorders import record_stage_work
@@ -241,7 +241,7 @@ def test_toy_end_to_end_restart_and_redo(small_glue, tmp_path, monkeypatch, caps
     assert rows.loc[f"spearman_{t}", "verdict"] == paper.NOT_COMPUTABLE
     assert "parse" in rows.loc[f"spearman_{t}", "detail"]
     assert rows.loc[f"spearman_{t}", "paper_value"] == paper.format_paper_value(paper.claim(f"spearman_{t}"))
-  # no SST-2 head can have the block role (no pair): not judged (hoststats/paper.py)
+  # no SST-2 head can have the block role (no pair): not judged (hoststats/claims/)
   assert rows.loc["block_heads_sst2", "verdict"] == paper.NOT_COMPUTABLE
   assert "by construction" in rows.loc["block_heads_sst2", "detail"]
   for k in ("mean_sieve_score", "share_p_between", "share_delimiter", "share_unskilled", "tau"):

@@ -4,7 +4,7 @@ splits per task, and their names in the report's paper table."""
 import pytest
 
 from heads_jax.errors import UserError
-from heads_jax.hoststats import paper
+from heads_jax.hoststats import claims as paper
 from heads_jax.pipelines.reproduce import task_list
 from heads_jax.training import configlib
 

@@ -3,7 +3,7 @@
 import pandas as pd
 
 from heads_jax import contract
-from heads_jax.hoststats import clustering, paper
+from heads_jax.hoststats import claims as paper, clustering
 from heads_jax.report import guan as guan_report
 from tests.hoststats.test_clustering import _planted
 

@@ -49,7 +49,7 @@ def test_console_line_and_table_on_hand_values():
   assert row["a"] == "70.0%" and row["paper (BERT-base)"].startswith("73.43%")
   assert table.loc["... block heads under the paper's rule (tau only)", "b"] == "not reported"
   paper = table.loc["Mean of all sieve bias scores", "paper (BERT-base)"]
-  assert paper == headline.paper_value("mean_sieve_score") and "2.8" in paper  # hoststats.paper
+  assert paper == headline.paper_value("mean_sieve_score") and "2.8" in paper  # hoststats.claims
   assert "Heads with near-uniform attention (no role)" not in table.index  # optional, absent
   html = headline.headline_html({"x<y": s}, label_header="headline figure")
   assert "<th>x&lt;y</th>" in html and '<td class="num">25.0%</td>' in html

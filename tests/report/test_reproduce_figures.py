@@ -6,7 +6,7 @@ import types
 
 import numpy as np
 
-from heads_jax.hoststats import paper
+from heads_jax.hoststats import claims as paper
 from heads_jax.pipelines.reproduce import majority_share
 from heads_jax.report.reproduce import run_figures
 
