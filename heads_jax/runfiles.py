@@ -33,6 +33,7 @@ a task, another task; a directory from before the markers is recognised by its f
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -439,6 +440,19 @@ def now() -> str:
 
 HASHES_JSON = ".heads_jax_hashes.json"  # a directory's cache of its inputs' content hashes
 _HASHES: dict[str, str] = {}  # this process's: "path|size|mtime_ns|ctime_ns|inode" -> sha256
+_READ_ONLY = False
+
+
+@contextlib.contextmanager
+def hashes_read_only():
+  """Within it, `ContentHashes` reads a directory's saved hashes but writes none: the checks a
+  job makes before it claims its directory (a refused command writes nothing there)."""
+  global _READ_ONLY
+  was, _READ_ONLY = _READ_ONLY, True
+  try:
+    yield
+  finally:
+    _READ_ONLY = was
 
 
 def _stat_key(f: Path, st) -> str:
@@ -477,7 +491,7 @@ class ContentHashes:
     return h
 
   def save(self) -> None:
-    if self.dirty and self.file is not None:
+    if self.dirty and self.file is not None and not _READ_ONLY:
       write_json(self.file, self.saved)
       self.dirty = False
 

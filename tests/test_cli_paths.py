@@ -162,3 +162,41 @@ def test_missing_init_checkpoint(capsys, tmp_path, command):
                         f"--config.init_checkpoint={tmp_path / 'nope'}")[:2])
   assert f"init_checkpoint {tmp_path / 'nope'} does not exist" in err
   assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_convert_overwrite_replaces_every_file_or_refuses(capsys, tmp_path, model_dir,
+                                                          monkeypatch):
+  """Issue 52 item 6: --overwrite over another heads_jax model leaves none of its files (before:
+  exit 0 with the old heads_jax.json and params.safetensors kept, the new tokenizer beside
+  them); a folder that is not a model's is refused; a full disk is one line and leaves the
+  destination as it was."""
+  from safetensors import SafetensorError
+  from heads_jax.model import convert
+  other = _tiny_model_dir(tmp_path / "other", num_layers=1)
+  (tmp_path / "other" / "stale.txt").write_text("an earlier model's file")
+  hf = tmp_path / "hf"
+  assert _run(capsys, "convert", model_dir, hf)[0] == 0
+  code, err, out = _run(capsys, "convert", hf, other, "--overwrite")
+  assert code == 0, err
+  assert not (other / "stale.txt").exists()
+  again, _ = load_model(other)
+  assert again.config.num_layers == load_model(model_dir)[0].config.num_layers == 2
+  # a run's or an unknown folder is never replaced
+  (tmp_path / "notes").mkdir()
+  (tmp_path / "notes" / "mine.txt").write_text("keep me")
+  err = _one_line(*_run(capsys, "convert", hf, tmp_path / "notes", "--overwrite")[:2])
+  assert "not a model's" in err and (tmp_path / "notes" / "mine.txt").read_text() == "keep me"
+  # a full disk while writing: one line, the destination as it was, no temporary folder left
+  before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()}
+  for failure in (OSError(28, "No space left on device"),
+                  SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
+                                  "StorageFull, message: \"No space left on device\" })")):
+    monkeypatch.setattr(convert, "save_file", lambda *a, f=failure, **kw: (_ for _ in ()).throw(f))
+    err = _one_line(*_run(capsys, "convert", model_dir, tmp_path / "new")[:2])
+    assert "disk is full" in err and not (tmp_path / "new").exists()
+    from heads_jax.model import checkpoint
+    monkeypatch.setattr(checkpoint, "save_file", lambda *a, f=failure, **kw: (_ for _ in ()).throw(f))
+    err = _one_line(*_run(capsys, "convert", hf, other, "--overwrite")[:2])
+    assert "disk is full" in err
+    assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
+    assert not list(tmp_path.glob(".*converting*"))

@@ -99,16 +99,51 @@ def convert_dir(src, dst, *, overwrite: bool = False):
   """Converts the model directory ``src`` into ``dst``: a heads_jax directory (one with
   ``heads_jax.json``) is exported to Hugging Face format, a Hugging Face directory imported into
   heads_jax format, heads included. Returns ``(kind written, model)``. Refuses a non-empty
-  ``dst`` unless ``overwrite``."""
+  ``dst`` unless ``overwrite``, and with it a directory that is not a model's (a run, an
+  analysis). The model is written into a new folder beside ``dst`` that then replaces it as a
+  whole: no file of an earlier model is left beside the new one, and a conversion that fails (a
+  full disk) leaves ``dst`` as it was."""
+  import os
+  import shutil
+  from safetensors import SafetensorError
+  from heads_jax import runfiles
   src, dst = hub.model_path(src), Path(dst)
   if dst.exists() and not dst.is_dir():  # even an empty file: a model is a directory
     raise UserError(f"{dst} is a file; a model is written as a directory: give a new directory "
                     "path")
-  if dst.exists() and any(dst.iterdir()) and not overwrite:
-    raise FileExistsError(f"{dst} is not empty; choose a new directory or pass --overwrite")
+  if dst.exists() and any(dst.iterdir()):
+    if not overwrite:
+      raise UserError(f"{dst} is not empty; choose a new directory or pass --overwrite (it "
+                      "replaces that directory as a whole)")
+    runfiles.check_dir(dst, "model", flag="dst")   # a run's folder is never replaced
+    if (runfiles.read_job(dst) or {}).get("kind", runfiles.guess_kind(dst)) != "model":
+      raise UserError(f"{dst} holds files that are not a model's ({next(dst.iterdir()).name}, "
+                      "...); --overwrite replaces a model directory as a whole: choose another "
+                      "directory")
+    if Path(src).resolve() == dst.resolve():
+      raise UserError(f"{dst} is the source model; write the conversion to another directory")
   model, tokenizer = load_model(src, head="auto")
-  if is_heads_jax_dir(src):
-    export_hf(model, tokenizer, dst)
-    return "Hugging Face", model
-  save_model(model, dst, tokenizer)
-  return "heads_jax", model
+  tmp = dst.with_name(f".{dst.name}.converting-{os.getpid()}")
+  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    if is_heads_jax_dir(src):
+      kind = "Hugging Face"
+      export_hf(model, tokenizer, tmp)
+    else:
+      kind = "heads_jax"
+      save_model(model, tmp, tokenizer)
+  except (OSError, SafetensorError) as e:
+    shutil.rmtree(tmp, ignore_errors=True)
+    full = getattr(e, "errno", None) == 28 or "StorageFull" in str(e) or "No space" in str(e)
+    why = "the disk is full" if full else f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    raise UserError(f"writing the converted model to {dst} failed ({why}); {dst} was left as it "
+                    "was: free some space (or choose another disk) and run the command again") from None
+  if dst.exists():
+    old = dst.with_name(f".{dst.name}.replaced-{os.getpid()}")
+    dst.rename(old)
+    tmp.rename(dst)
+    shutil.rmtree(old, ignore_errors=True)
+  else:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(dst)
+  return kind, model

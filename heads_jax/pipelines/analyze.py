@@ -67,7 +67,7 @@ def device_key(cfg: AnalysisConfig, inputs: dict) -> dict:
   return unit_key(cfg.device_settings(), paths=("model", "data"), inputs=inputs)
 
 
-def _device_reusable(out: Path, key: dict, overwrite: bool) -> bool:
+def _device_reusable(out: Path, key: dict, overwrite: bool, cfg: AnalysisConfig) -> bool:
   """Whether the device pass of ``out`` (its unit markers, `engine.unit_markers`) holds ``key``
   and readable files, so that only the host statistics run. Without ``overwrite``, a
   directory holding another run's results (other settings, or other model or data behind the
@@ -99,6 +99,10 @@ def _device_reusable(out: Path, key: dict, overwrite: bool) -> bool:
                             f"choose another --out or pass --overwrite")
     what = [w for w in ("model", "data")
             if (was.get("inputs") or {}).get(w) != key["inputs"][w]] or ["model and data"]
+    recorded = (runfiles.read_job(out) or {}).get("model")
+    if "model" in what and recorded not in (None, str(cfg.model)):
+      raise FileExistsError(f"{out} holds another run's results (the analysis of {recorded}, "
+                            f"not {cfg.model}): choose another --out or pass --overwrite")
     raise FileExistsError(
         f"the {' and the '.join(what)} behind the same path(s) changed since the analysis in "
         f"{out}: pass --overwrite to analyse again, or choose another --out")
@@ -167,10 +171,11 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, redo, pro
   if not main:
     log = lambda *a, **k: None  # noqa: E731 (process 0 reports)
   try:
-    runfiles.check_dir(out, "analysis", flag="--out")  # before the hashes are kept in it
-    identity = content_identity(cfg, cache=out if out.is_dir() else None)
-    key = device_key(cfg, identity)
-    reuse = redo not in (DEVICE_STAGE, "all") and _device_reusable(out, key, overwrite)
+    runfiles.check_dir(out, "analysis", flag="--out")
+    with runfiles.hashes_read_only():  # a refusal writes nothing into --out
+      identity = content_identity(cfg, cache=out / runfiles.STAGES_DIR)
+      key = device_key(cfg, identity)
+      reuse = redo not in (DEVICE_STAGE, "all") and _device_reusable(out, key, overwrite, cfg)
   except (FileExistsError, NotADirectoryError, UserError) as e:
     raise type(e)(str(e).replace(str(out), shown_out)) if shown_out else e
   if not main:  # the other processes of a multi-host run: their rows of the pass, no files
@@ -207,6 +212,7 @@ class AnalyzeRun:
 
 def _device(ctx: engine.Context[AnalyzeRun]) -> stages.Scores:
   run: AnalyzeRun = ctx.config
+  ctx.model(run.settings.model)  # its hashes kept in the claimed directory (checked before)
   return stages.scores(ctx, DEVICE_STAGE, DEVICE_UNIT, run.settings, model=run.model,
                        loaded=run.loaded, log=ctx.log, progress=run.progress)
 

@@ -26,6 +26,7 @@ import shutil
 from pathlib import Path
 from typing import ClassVar
 
+from heads_jax import contract, runfiles
 from heads_jax.errors import UserError
 from heads_jax.pipelines import analysis as analysis_lib
 from heads_jax.pipelines import comparison as comparison_lib
@@ -125,6 +126,7 @@ class Scores(Result):
   model: str
   data: tuple | list = ()
   data_info: list | None = None
+  written: list | None = None   # scores.npz's `runfiles.fingerprint` as this unit wrote it
   finished: str = ""
 
 
@@ -295,10 +297,19 @@ def scores(ctx: Context, stage: str, unit: str, cfg, *, model, loaded=None, log=
     info = analysis_lib.device_work(cfg, model=m, tokenizer=tok, identity=identity,
                                     progress=progress, log=log)
     return Scores(out=str(out), model=str(cfg.model), data=list(cfg.data),
-                  data_info=info).to_json()
+                  data_info=info, written=_written(out, ctx)).to_json()
+
+  def intact(done) -> str | None:
+    """Readable, and the scores.npz this unit wrote (not another model's copied over it)."""
+    wrong = analysis_lib.scores_intact(cfg)
+    was = (done or {}).get("written")
+    if wrong is None and was is not None and was != _written(out, ctx):
+      wrong = (f"{out / contract.SCORES_FILE} is not the file this analysis wrote (replaced "
+               "since: another model's or another run's?)")
+    return wrong
   unit_result = run_unit(ctx, stage, unit, key, fn,
                          clean=[out / n for n in analysis_lib.DEVICE_FILES],
-                         intact=lambda _: analysis_lib.scores_intact(cfg), paths=Scores.PATHS)
+                         intact=intact, paths=Scores.PATHS)
   analysis_lib.second_pass(cfg, load=loaded, log=log)  # once per scores.npz
   return _reused(ctx, Scores, unit_result, "the device pass in {out}")
 
@@ -399,6 +410,13 @@ def compare_report(ctx: Context, stage: str, unit: str, before, after, done: Com
   result = Comparison.of(res)
   log(f"report: {result.report}")
   return result
+
+
+def _written(out: Path, ctx: Context) -> list | None:
+  """The content of ``out``'s scores.npz (`runfiles.fingerprint`: name, size, sha256; hashes
+  kept beside the run's markers), or None when there is none."""
+  f = Path(out) / contract.SCORES_FILE
+  return ctx.files(f) if f.is_file() else None
 
 
 def _missing(*paths) -> str | None:

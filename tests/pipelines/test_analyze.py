@@ -252,3 +252,29 @@ def test_a_hub_id_whose_ref_moved_is_another_model(tmp_path, monkeypatch):
   with pytest.raises(FileExistsError, match="the model behind the same path.* changed"):
     _run(cfg)
   assert "reusing" not in _run(cfg, overwrite=True)[1]
+
+
+def test_replaced_scores_are_redone_and_a_refusal_writes_nothing(tmp_path, model_dir):
+  """Issue 52 item 6. Before: a scores.npz replaced by another model's was reused as intact (and
+  --redo analysis then failed after deleting tests.csv and summary.json); a refused analyze
+  into another run's folder still wrote .heads_jax_hashes.json there."""
+  import shutil
+  data = tmp_path / "s.txt"
+  data.write_text("\n".join(SENTENCES) + "\n")
+  other_model = _tiny_model_dir(tmp_path / "m3", num_heads=2)
+  _run(_cfg(other_model, data, tmp_path / "b"))
+  cfg = _cfg(model_dir, data, tmp_path / "a")
+  _run(cfg)
+  shutil.copy(tmp_path / "b" / contract.SCORES_FILE, tmp_path / "a" / contract.SCORES_FILE)
+  host, log = _run(cfg, redo="analysis")
+  assert "is not the file this analysis wrote" in log
+  ours = contract.read_scores(tmp_path / "a")
+  assert ours.num_heads != contract.read_scores(tmp_path / "b").num_heads
+  assert (tmp_path / "a" / contract.TESTS_CSV).is_file()
+  # a refusal (another run's results in --out) writes nothing there
+  before = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*"))
+  stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "b").rglob("*")}
+  with pytest.raises(FileExistsError, match="another run's results"):
+    _run(_cfg(model_dir, data, tmp_path / "b"))
+  assert sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*")) == before
+  assert stamps == {p: p.stat().st_mtime_ns for p in (tmp_path / "b").rglob("*")}
