@@ -281,3 +281,93 @@ def test_average_rule_is_the_mean_above_tau_without_a_test():
   fig = summary.summary_figures(x, roles, out, rule="average", tau=3.0)
   assert fig["by_rule"]["average"]["num_assigned_by_role"] == {"local": 2, "cls": 0}
   assert fig["by_rule"]["paper"]["num_assigned_by_role"]["local"] == 1
+
+
+def _pair_batch(n: int, packed_with: int = 0) -> dict:
+  """One sentence pair of ``n`` positions, ``[CLS] A [SEP] B [SEP]`` with A and B of equal
+  length, every position one word, each word the nsubj dependent of the word 1-3 positions
+  away (cycling 1, 2, 3; to its right, near the end to its left); with ``packed_with`` a second, single sentence of
+  that many positions follows in the same row (a packed row, ``segment_ids``)."""
+  la = (n - 3) // 2
+  k = n + packed_with
+  tc = np.full(k, B.TOKEN_OTHER)
+  tc[[0, la + 1, n - 1]] = [B.TOKEN_CLS, B.TOKEN_SEP, B.TOKEN_SEP]
+  tt = np.zeros(k, np.int64)
+  tt[la + 2:n] = 1
+  word = np.arange(k)
+  step = 1 + word % 3
+  head = np.where(word + step < n, word + step, word - step)
+  rel = np.full(k, B.REL_NSUBJ)
+  seg = np.ones(k, np.int64)
+  if packed_with:
+    seg[n:] = 2
+    tc[n], tc[k - 1] = B.TOKEN_CLS, B.TOKEN_SEP
+    word[n:] = np.arange(packed_with)
+    head[n:], rel[n:] = -1, B.REL_NONE
+  batch = {"attention_mask": np.ones((1, k), np.int64), "token_type_ids": tt[None],
+           "token_class": tc[None], "word_ids": word[None], "dep_head": head[None],
+           "dep_rel": rel[None]}
+  if packed_with:
+    batch["segment_ids"] = seg[None]
+  return batch
+
+
+def _direct_window_uniform(batch, role: str, window: int) -> float:
+  """Uniform attention over each query's window, its sieve bias by a loop over the queries of
+  the first sequence of the row: beta(t) = mean over S(t) of a[t, s] / mean over all s of
+  a[t, s], with a[t, s] = 1 / m_t inside the window (block: times the row entropy ln m_t)."""
+  seg = batch.get("segment_ids", batch["attention_mask"])[0]
+  n = int((seg == 1).sum())
+  sieve = np.asarray(build_sieves(batch, [role]))[0, 0, :n, :n]
+  values = []
+  for t in range(n):
+    keys = [s for s in range(n) if abs(s - t) <= window]
+    a = np.zeros(n)
+    a[keys] = 1.0 / len(keys)
+    in_sieve = np.flatnonzero(sieve[t])
+    if len(in_sieve) == 0:
+      continue
+    beta = a[in_sieve].mean() / a.mean()
+    if role in cal.ENTROPY_WEIGHTED:
+      beta *= -(a[keys] * np.log(a[keys])).sum()
+    values.append(beta)
+  return float(np.mean(values))
+
+
+@pytest.mark.parametrize("n, expect", [(128, {"block_plain": 1.38, "block": 6.22}),
+                                       (384, {"block_plain": 1.84, "block": 8.72,
+                                              "nsubj": 3.36})])
+def test_windowed_baselines_from_the_actual_sieves(n, expect):
+  """ModernBERT's local layers (half window 64): uniform attention over the window scores what
+  a direct loop over the queries gives for every role (block_plain 1.38 / block 6.22 at 128
+  tokens, 1.84 / 8.72 at 384, a relation 1-3 tokens away 3.36 at 384: the issue's values),
+  not the 1 (block: mean ln m_t) of full attention; a packed row gives each sequence the
+  value it has alone; full attention gives 1 and ln n."""
+  roles = ("block", "block_plain", "sep", "delimiter", "cls", "local", "nsubj")
+  batch = _pair_batch(n)
+  got = cal.sieve_uniform(np.asarray(build_sieves(batch, roles)), batch["attention_mask"], roles,
+                          64)[0]
+  for j, role in enumerate(roles):
+    assert got[j] == pytest.approx(_direct_window_uniform(batch, role, 64), rel=1e-9), role
+  for role, value in expect.items():
+    assert got[roles.index(role)] == pytest.approx(value, abs=0.005), role
+  assert got[roles.index("block")] > cal.uniform_entropy([n], 64)[0] + 1     # not mean ln m_t
+  packed = _pair_batch(n, packed_with=40)
+  both = cal.sieve_uniform(np.asarray(build_sieves(packed, roles)), packed["segment_ids"], roles,
+                           64, slots=2)
+  np.testing.assert_allclose(both[0], got, rtol=1e-12)
+  assert np.isnan(both[1, roles.index("block")]) and np.isnan(both[1, roles.index("nsubj")])
+  full = cal.sieve_uniform(np.asarray(build_sieves(batch, roles)), batch["attention_mask"], roles,
+                           None)[0]
+  np.testing.assert_allclose(full, cal.uniform_values([n], roles)[0], rtol=1e-12)
+
+
+def test_calibrated_columns_take_the_recorded_baselines():
+  """The calibrated rule's u_i is the recorded per-sequence baseline where the run has one."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(2.0, 0.1, (6, 2, 1, 1))
+  u = np.stack([np.full((6, 1), 1.0), np.full((6, 1), 2.5)], axis=1)             # [b, l, r]
+  df = cal.calibrated_columns(x, ["block_plain"], np.full(6, 20), np.full(2, 0.01), alpha=0.05,
+                              uniform=u)
+  np.testing.assert_allclose(df["uniform"], [1.0, 2.5])
+  assert df["assigned_calibrated"].tolist() == [True, False]     # 2.0 beats 1.0, not 2.5

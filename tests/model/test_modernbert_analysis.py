@@ -15,6 +15,7 @@ from heads_jax.hoststats.calibration import (apply_rule, uniform_entropy, unifor
                                              windows_from_settings)
 from heads_jax.hoststats.hypothesis import hypothesis_tests  # noqa: E402
 from heads_jax.model.loading import layer_windows, load_model  # noqa: E402
+from heads_jax.pipelines.device_pass import sequence_fields  # noqa: E402
 from heads_jax.stats.step import make_analysis_step  # noqa: E402
 from tests.family_models import save_family_dir  # noqa: E402
 
@@ -40,14 +41,21 @@ def test_planted_uniform_head_in_a_windowed_layer_is_near_uniform_not_local(tmp_
   _, batches, _ = encode_spec("ud-ewt", tok, max_length=64, batch_size=32, max_examples=24,
                               parser="none")
   step = make_analysis_step(model, roles=ROLES, measures=True)
-  out = {"sieve_bias": [], "entropy": [], "lengths": []}
+  out = {"sieve_bias": [], "entropy": [], "lengths": [], "uniform": []}
   for indices, batch in batches:
     keep = indices >= 0
-    res = step({k: v[keep] for k, v in batch.items()})
+    batch = {k: v[keep] for k, v in batch.items()}
+    res = step(batch)
     out["sieve_bias"].append(res["sieve_bias"])
     out["entropy"].append(res["entropy"])
-    out["lengths"].append(batch["attention_mask"][keep].sum(1))
-  x, entropy, lengths = (np.concatenate(v) for v in out.values())
+    out["lengths"].append(batch["attention_mask"].sum(1))
+    out["uniform"].append(sequence_fields(batch, 0, roles=ROLES, direction="dep2head",
+                                          windows=windows)["uniform"])
+  x, entropy, lengths, uniform = (np.concatenate(v) for v in out.values())
+  # The device pass's recorded baselines (every role, from each sequence's sieves) are what the
+  # planted head, uniform over its window in the real model, scores.
+  np.testing.assert_allclose(x[:, LAYER, HEAD], uniform[:, LAYER], rtol=1e-4, equal_nan=True)
+  assert np.nanmean(uniform[:, LAYER, ROLES.index("syntactic")]) > 1.5   # not taken as 1
   assert lengths.mean() > 3 * 9   # sequences well beyond the 9 keys a local head sees
   # The planted head's attention is exactly uniform over its window: its entropy and its local
   # sieve bias are what uniform_entropy / uniform_values say.
