@@ -33,7 +33,9 @@ def add_args(p):
   p.add_argument("--out", required=True, help="output directory (a local path or gs://...)")
   p.add_argument("--max-examples", type=int, default=None, help="first N examples of each data set")
   p.add_argument("--max-length", type=int, default=128, help="wordpieces per sequence (default 128)")
-  p.add_argument("--batch-size", type=int, default=32, help="sequences per device step (default 32)")
+  p.add_argument("--batch-size", type=int, default=32,
+                 help="sequences per device step up to 128 positions (default 32); a token "
+                      "budget: proportionally fewer past 128 (one row of 8,192)")
   p.add_argument("--bucket-step", type=int, default=16,
                  help="pad lengths to multiples of this (default 16; 8 pads less but compiles more shapes)")
   p.add_argument("--tau", type=_tau, default=3.0, help="test threshold, a number or 'auto' (default 3)")

@@ -23,6 +23,12 @@ of each shape starts its compilation on the compile thread, for this pass and, b
 second pass (``pipelines/robustness.py``, unpacked, on the pass lengths) when the analysis runs
 one.
 
+Batches are sized by a token budget (``heads_jax.stats.compiling.batch_rows``): ``batch_size``
+below means ``batch_size`` rows up to 128 positions and proportionally fewer past it (one row of
+8,192), and under ``auto`` a shape whose per-layer maps would not fit takes the map-free
+statistics kernel (``heads_jax.stats.step.auto_stats_impl``); such a pass runs unpacked
+(``step.packs_for``), so one long document analyses with the default settings.
+
 Owned by the accelerator work (how the pass compiles and batches); `heads_jax.pipelines.analyze`
 calls it as its device stage.
 """
@@ -45,7 +51,7 @@ from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
 from heads_jax.stats.collector import collect, combine_measures
 from heads_jax.data.encoding import DEFAULT_SLOTS, pack_batches, row_slots
-from heads_jax.stats.compiling import ahead, pass_batches, pass_lengths
+from heads_jax.stats.compiling import ahead, batch_rows, pass_batches, pass_lengths
 from heads_jax.stats.step import make_analysis_step
 from heads_jax.storage import local_copy
 
@@ -145,6 +151,7 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
   # the background thread behind the first pass's (heads_jax.stats.compiling).
   later = [second_pass_step(cfg, model, roles)] if second_pass_follows(cfg) else []
   lengths = pass_lengths(cfg.max_length, cfg.bucket_step)
+  rows = batch_rows(cfg.batch_size, cfg.max_length)   # a token budget: any length fits a batch
   windows = getattr(model.config, "windows", None)
   windows = tuple(windows) if windows is not None and any(w is not None for w in windows) else None
   fields = functools.partial(sequence_fields, roles=roles, direction=cfg.direction,
@@ -154,7 +161,7 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
     # parser "none": text inputs get no arcs (their syntactic scores are NaN); gold arcs stay.
     syntax = cfg.syntax and (cfg.parser != "none" or parse_spec(spec).kind == "conllu")
     info, batches, n = encode_spec(spec, tokenizer, max_length=cfg.max_length,
-                                   batch_size=cfg.batch_size, max_examples=cfg.max_examples,
+                                   batch_size=rows, max_examples=cfg.max_examples,
                                    parser=cfg.parser, syntax=syntax, pad_to_batch_size=True,
                                    sort_window=cfg.sort_window, bucket_step=cfg.bucket_step)
     if log is not None and info.counts is not None:
@@ -164,8 +171,8 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
     if n == 0:
       dropped = f" ({info.counts.empty} with no wordpiece dropped)" if info.counts and info.counts.empty else ""
       raise ValueError(f"data spec {spec!r} holds no examples{dropped}; check the file or the split")
-    if getattr(cfg, "pack", True) and step.packs:
-      batches = packed_pass_batches(batches, step, length=cfg.max_length, rows=cfg.batch_size,
+    if getattr(cfg, "pack", True) and step.packs_for(rows, cfg.max_length):
+      batches = packed_pass_batches(batches, step, length=cfg.max_length, rows=rows,
                                     window=cfg.sort_window, later=later, later_lengths=lengths)
     else:
       batches = pass_batches(batches, lengths, steps=[step], later=later)

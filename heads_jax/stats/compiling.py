@@ -8,6 +8,11 @@ a pass that met eight length buckets one after the other spent most of its time 
   (32, 64, 128 for 128 positions). Both passes of an analysis use them (``fit_length`` pads an
   encoded batch ``[b, k]`` up to the next one), so with a fixed batch size a pass has at most
   three shapes and the second (norm-weighted) pass compiles the same ones.
+* ``batch_rows(batch_size, max_length)``: the rows of a pass's batches from a token budget,
+  ``batch_size`` sequences of ``BUDGET_LENGTH`` (128) positions: ``batch_size`` rows up to 128
+  positions, proportionally fewer past it (at least one), so the default batch size holds any
+  length (one 8,192-position sequence a step) and a step's memory grows with its tokens, not
+  with the longest sequence times a fixed count.
 * ``executable(program, key, lower, background=)``: the compiled program for one signature
   ``key`` (program and batch shape), compiled once per process by ``lower().compile()``, in the
   foreground or on one background compile thread; a ``concurrent.futures.Future``. Every call of
@@ -78,6 +83,16 @@ def _in_background(build, priority: int) -> None:
       _COMPILER.append(thread)
       atexit.register(_stop_compiling)
   _QUEUE.put((priority, next(_ORDER), build))
+
+
+BUDGET_LENGTH = 128
+
+
+def batch_rows(batch_size: int, max_length: int) -> int:
+  """Rows per batch of a pass of ``max_length`` positions under the token budget of
+  ``batch_size`` sequences of ``BUDGET_LENGTH`` positions (module docstring): ``batch_size`` up
+  to 128 positions, ``batch_size * 128 // max_length`` past it, at least 1."""
+  return max(1, min(int(batch_size), int(batch_size) * BUDGET_LENGTH // int(max_length)))
 
 
 def pass_lengths(max_length: int, step: int = 16) -> tuple[int, ...]:

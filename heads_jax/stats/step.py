@@ -38,7 +38,10 @@ section 2 "The analysis step's paths" gives the figures): on a GPU ``"stacked"``
 batch 128 x 128, bfloat16: 1.60x the bare forward, against 1.88x for ``"layerwise"`` and 3.47x
 for ``"fused"``, ``../shared/measurements/gpu-2026-11-26/analysis_step.log``) for every batch
 whose stack fits the device's memory (``stack_fits``), else ``"layerwise"``; ``"layerwise"`` on
-CPUs and TPUs (the kernel does not lower for TPUs: ``tests/e2e/test_lowering.py``). ``"fused"``
+CPUs and TPUs (the kernel does not lower for TPUs: ``tests/e2e/test_lowering.py``); and on every
+platform the map-free ``"kernel"`` for a batch whose per-layer maps would not fit
+(``layer_maps_fit``: ``LAYER_MAP_BYTES`` per device and layer), where the model allows it
+(``can_go_map_free``), so any length runs (issue 50 item 5). ``"fused"``
 is never a default: only ``stats_impl="fused"`` or ``HEADS_JAX_STATS_IMPL=fused`` take it (a
 compile error then reaches the caller). ``HEADS_JAX_STATS_IMPL`` forces a path where
 ``stats_impl`` is ``"auto"`` (``heads_jax.env``), the stacked one whatever its memory. A model
@@ -104,6 +107,12 @@ AUTO_STATS_IMPL = {"gpu": "stacked", "tpu": "layerwise", "cpu": "layerwise"}
 # device's memory, and "layerwise" (no stack) is taken beyond.
 STACK_COPIES = 3
 STACK_MEMORY_SHARE = 0.5
+# The per-layer path holds one layer's float32 maps [b, h, q, k] and several temporaries of their
+# size (scores, probabilities, the weighted products: one 8,192-position sequence of a 2-layer,
+# 8-head BERT, 2.1 GB of maps, peaked at 21.7 GB on the CPU). Past this many bytes of maps per
+# device and layer "auto" takes the map-free statistics kernel ("kernel": memory linear in the
+# length), on every platform.
+LAYER_MAP_BYTES = 256 * 2 ** 20
 
 
 def default_stats_impl(platform: str | None = None) -> str:
@@ -132,17 +141,35 @@ def stack_fits(batch: int, layers: int, heads: int, length: int,
   return STACK_COPIES * stack_bytes(batch, layers, heads, length) <= STACK_MEMORY_SHARE * memory_bytes
 
 
+def layer_maps_fit(batch: int, heads: int, length: int) -> bool:
+  """Whether one layer's float32 maps ``[b, h, q, k]`` of ``batch`` sequences (per device) of
+  ``length`` positions stay within ``LAYER_MAP_BYTES`` (what the per-layer path holds)."""
+  return stack_bytes(batch, 1, heads, length) <= LAYER_MAP_BYTES
+
+
 def auto_stats_impl(platform: str | None, *, batch: int, layers: int, heads: int, length: int,
-                    memory_bytes: int | None) -> str:
+                    memory_bytes: int | None, map_free: bool = True) -> str:
   """``"auto"``'s path for a batch of ``batch`` sequences (per device) of ``length`` positions of
   an encoder with ``layers`` x ``heads``: ``HEADS_JAX_STATS_IMPL`` when set, else the platform's
   ``AUTO_STATS_IMPL``, with ``"stacked"`` replaced by ``"layerwise"`` where its stack does not
-  fit ``memory_bytes`` (``stack_fits``)."""
+  fit ``memory_bytes`` (``stack_fits``), and ``"layerwise"`` by the map-free ``"kernel"`` where
+  one layer's maps do not fit (``layer_maps_fit``; ``map_free``: whether the model allows it)."""
   impl = default_stats_impl(platform)
-  if (impl == "stacked" and not env.get("HEADS_JAX_STATS_IMPL").strip()
-      and not stack_fits(batch, layers, heads, length, memory_bytes)):
-    return "layerwise"
+  if env.get("HEADS_JAX_STATS_IMPL").strip():
+    return impl
+  if impl == "stacked" and not stack_fits(batch, layers, heads, length, memory_bytes):
+    impl = "layerwise"
+  if impl == "layerwise" and map_free and not layer_maps_fit(batch, heads, length):
+    impl = "kernel"
   return impl
+
+
+def can_go_map_free(model) -> bool:
+  """Whether the statistics kernel can serve ``model``: its heads' logits are ``q . k`` over all
+  real keys (not DeBERTa's disentangled logits, not a sliding window)."""
+  windows = getattr(getattr(model, "config", None), "windows", None) or ()
+  return (getattr(model, "logits_from_query_key", True) and accepts_attention_reduce(model)
+          and all(w is None for w in windows))
 
 
 def device_memory_bytes(mesh) -> int | None:
@@ -370,7 +397,9 @@ class AnalysisStep:
     self.stats_impl = stats_impl  # the path of a batch whose stack fits (path_for)
     config = getattr(encoder, "config", None)
     self._shape = (getattr(config, "num_layers", None), getattr(config, "num_heads", None))
-    self._adaptive = auto and stats_impl == "stacked" and None not in self._shape
+    self._map_free = can_go_map_free(encoder)
+    self._adaptive = (auto and stats_impl in ("stacked", "layerwise")
+                      and None not in self._shape)
     self.memory_bytes = device_memory_bytes(self.mesh) if memory_bytes is None else memory_bytes
     self.fused_block_q = fused_block_q
     if isinstance(encoder, nnx.Module):
@@ -385,25 +414,33 @@ class AnalysisStep:
 
   @property
   def packs(self) -> bool:
-    """Whether this step takes packed batches (``segment_ids``): the model restarts positions
-    and attends within a segment, and every path this step may take reduces per sequence
-    (``PACKED_STATS_IMPLS``; the Jensen-Shannon distances compare whole rows, so not with js)."""
+    """Whether this step takes packed batches (``segment_ids``) of some shape: the model
+    restarts positions and attends within a segment, and the paths this step takes where the
+    maps fit reduce per sequence (``PACKED_STATS_IMPLS``; the Jensen-Shannon distances compare
+    whole rows, so not with js). ``packs_for`` says it of one shape."""
     paths = {self.stats_impl, "layerwise"} if self._adaptive else {self.stats_impl}
     return self._model_packs and not self.js and paths <= set(PACKED_STATS_IMPLS)
 
+  def packs_for(self, rows: int, length: int) -> bool:
+    """Whether a batch ``[rows, length]`` may be packed: ``packs``, and its path
+    (``path_for``) reduces per sequence."""
+    return self.packs and self.path_for(rows, length) in PACKED_STATS_IMPLS
+
   def path_for(self, rows: int, length: int) -> str:
     """The statistics path of a batch ``[rows, length]`` (rows padded to the devices): the
-    step's ``stats_impl``, or under ``auto`` ``"layerwise"`` where the stack does not fit."""
+    step's ``stats_impl``, or under ``auto`` ``"layerwise"`` where the stack does not fit and
+    ``"kernel"`` where one layer's maps do not (``auto_stats_impl``)."""
     if not self._adaptive:
       return self.stats_impl
     per_device = -(-int(rows) // self.mesh.devices.size)
     return auto_stats_impl(self.platform, batch=per_device, layers=self._shape[0],
-                           heads=self._shape[1], length=length, memory_bytes=self.memory_bytes)
+                           heads=self._shape[1], length=length, memory_bytes=self.memory_bytes,
+                           map_free=self._map_free)
 
   def program(self, stats_impl: str, slots: int = 0):
     """The jitted program of ``stats_impl`` for this step's options (``analysis_program``;
     ``slots``: packed batches' sequences per row, 0 unpacked)."""
-    if slots and not self.packs:
+    if slots and not (self.packs and stats_impl in PACKED_STATS_IMPLS):
       raise ValueError(f"this analysis step cannot take packed batches (model accepts segment_ids: "
                        f"{self._model_packs}, path {self.stats_impl!r}, js {self.js}); pass "
                        f"unpacked batches (no segment_ids)")

@@ -36,3 +36,10 @@ def test_ahead_raises_the_streams_error_in_the_consumer():
   assert next(it)[0] == 0
   with pytest.raises(ValueError, match="bad line 2"):
     next(it)
+
+
+def test_batch_rows_keep_a_token_budget():
+  """``batch_size`` rows up to 128 positions, the same tokens past it, at least one row."""
+  from heads_jax.stats.compiling import batch_rows
+  assert [batch_rows(32, n) for n in (16, 128, 256, 512, 4096, 8192)] == [32, 32, 16, 8, 1, 1]
+  assert batch_rows(1, 512) == 1 and batch_rows(64, 1000) == 8

@@ -16,6 +16,7 @@ from heads_jax.model.config import config_for
 from heads_jax.parallel import data_mesh
 from heads_jax.stats import fused, layerwise, measures
 from heads_jax.stats.compiling import CompileLog
+from heads_jax.stats import step as step_mod
 from heads_jax.stats.step import (AUTO_STATS_IMPL, STACK_COPIES, STACK_MEMORY_SHARE,
                                   auto_stats_impl, default_stats_impl, make_analysis_step,
                                   stack_bytes)
@@ -313,11 +314,14 @@ def test_stack_bytes_are_the_issues_figures():
     ("cuda", 32, 128, 80 * GIB, "stacked"),       # H100: 0.3 GB stack
     ("cuda", 128, 128, 80 * GIB, "stacked"),      # the issue's benchmark batch: 1.2 GB
     ("cuda", 32, 512, 80 * GIB, "stacked"),       # 4.8 GB, 3 copies within half of 80 GiB
-    ("cuda", 256, 512, 80 * GIB, "layerwise"),    # 38.7 GB stack: does not fit
-    ("cuda", 32, 512, 16 * GIB, "layerwise"),     # a 16 GB card
+    ("cuda", 256, 512, 80 * GIB, "kernel"),       # 38.7 GB stack, 3.2 GB a layer: map-free
+    ("cuda", 32, 512, 16 * GIB, "kernel"),        # a 16 GB card: no stack, 0.4 GB a layer
     ("cuda", 32, 512, None, "stacked"),           # memory unknown: the measured default
     ("tpu", 8, 128, 16 * GIB, "layerwise"),
+    ("tpu", 2, 2048, 16 * GIB, "kernel"),         # 0.4 GB a layer
     ("cpu", 32, 128, None, "layerwise"),
+    ("cpu", 8, 512, None, "layerwise"),           # 0.1 GB a layer (a 128-budget batch at 512)
+    ("cpu", 1, 8192, None, "kernel"),             # one long document: 3.2 GB a layer
 ])
 def test_auto_takes_the_stack_while_it_fits(platform, batch, length, memory, want, monkeypatch):
   monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
@@ -349,6 +353,11 @@ def test_auto_step_chooses_per_batch_shape(tiny_bert, step_batch, stacked, monke
   _check({k: v for k, v in got.items()}, stacked)
   forced = make_analysis_step(tiny_bert, stats_impl="stacked", memory_bytes=memory)
   assert forced.path_for(8, 32) == "stacked"
+  # where one layer's maps would not fit either, the map-free kernel, unpacked, same numbers
+  monkeypatch.setattr(step_mod, "LAYER_MAP_BYTES", stack_bytes(1, 1, h, 16))
+  assert step.path_for(8, 16) == "stacked" and step.path_for(8, 32) == "kernel"
+  assert step.packs and step.packs_for(8, 16) and not step.packs_for(8, 32)
+  _check(step(wide), stacked)
 
 
 def test_steps_of_one_configuration_share_one_compiled_program(step_batch):
