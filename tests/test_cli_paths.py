@@ -200,3 +200,27 @@ def test_convert_overwrite_replaces_every_file_or_refuses(capsys, tmp_path, mode
     assert "disk is full" in err
     assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
     assert not list(tmp_path.glob(".*converting*"))
+
+
+def test_a_quoted_number_and_a_damaged_tokenizer_file_are_one_line_naming_them(capsys, tmp_path):
+  """Issue 52 item 6. Before: a quoted number in a ModernBERT config.json ended in a TypeError
+  traceback; a damaged tokenizer_config.json said "Expecting value: line 1 column 19" without
+  naming the file."""
+  import shutil
+  from tests.family_models import save_family_dir
+  src = tmp_path / "modernbert"
+  save_family_dir("modernbert", src)
+  capsys.readouterr()   # the writer's progress bar
+  bad = tmp_path / "quoted"
+  shutil.copytree(src, bad)
+  config = json.loads((bad / "config.json").read_text())
+  config["num_attention_heads"] = str(config["num_attention_heads"])
+  (bad / "config.json").write_text(json.dumps(config))
+  err = _one_line(*_run(capsys, "convert", bad, tmp_path / "out1")[:2])
+  assert "num_attention_heads" in err and "not a number" in err and str(bad) in err
+  damaged = tmp_path / "damaged"
+  shutil.copytree(src, damaged)
+  (damaged / "tokenizer_config.json").write_text('{"do_lower_case": }')
+  err = _one_line(*_run(capsys, "convert", damaged, tmp_path / "out2")[:2])
+  assert str(damaged / "tokenizer_config.json") in err
+  assert not (tmp_path / "out1").exists() and not (tmp_path / "out2").exists()

@@ -34,12 +34,20 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.b
                    "spiece.model", "spm.model")
 
 
+def _read_json(file: Path) -> dict:
+  """A tokenizer folder's JSON file; a damaged one is a ValueError naming it."""
+  try:
+    with open(file, encoding="utf-8") as f:
+      doc = json.load(f)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise ValueError(f"{file} is not valid JSON ({e}); copy or export the model's tokenizer "
+                     "again") from None
+  return doc if isinstance(doc, dict) else {}
+
+
 def _tokenizer_config(path: Path) -> dict:
   config = path / "tokenizer_config.json"
-  if config.is_file():
-    with open(config, encoding="utf-8") as f:
-      return json.load(f)
-  return {}
+  return _read_json(config) if config.is_file() else {}
 
 
 def _dir_lower_case(path: Path) -> bool | None:
@@ -54,8 +62,7 @@ def _is_wordpiece_dir(path: Path) -> bool:
   if (path / "vocab.txt").is_file():
     return True
   if (path / "tokenizer.json").is_file():
-    with open(path / "tokenizer.json", encoding="utf-8") as f:
-      return json.load(f).get("model", {}).get("type") == "WordPiece"
+    return (_read_json(path / "tokenizer.json").get("model") or {}).get("type") == "WordPiece"
   return False
 
 

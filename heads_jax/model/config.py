@@ -387,11 +387,25 @@ def config_from_hf_file(path):
     raise ValueError(f"{path} is not valid JSON ({e}); copy or export the model again") from None
   if not isinstance(d, dict):
     raise ValueError(f"{path} is not a model config (a JSON object); copy or export the model again")
+  quoted = [k for k, v in d.items() if isinstance(v, str) and not k.startswith("_")
+            and k != "transformers_version" and _is_number(v)]
+  if quoted:
+    k = quoted[0]
+    raise ValueError(f"{path}: {k} is the string {json.dumps(d[k])}, not a number; write it "
+                     f"without quotes (\"{k}\": {d[k].strip()})")
   try:
     return config_from_hf_dict(d)
   except KeyError as e:
     raise ValueError(f"{path} lacks the key {e} that a model config needs; copy or export the "
                      "model again") from None
+
+
+def _is_number(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return text.strip().lower() not in ("nan", "inf", "-inf", "infinity")
 
 
 def config_from_dict(d: dict):

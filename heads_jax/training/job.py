@@ -94,6 +94,7 @@ class TrainingJob:
     xla_flags.require_known()  # an unknown XLA flag: one line, not XLA's fatal one later
     configlib.check_training_config(config)
     initialize_from_config(config.distributed)
+    steps.check_compiler_options(config.get("xla_options", ""))  # before any work: one line
     self.config = config
     self.dir = RunDir(workdir)
     self.process_index, self.process_count = jax.process_index(), jax.process_count()

@@ -174,6 +174,22 @@ def parse_compiler_options(text: str) -> dict:
   return out
 
 
+def check_compiler_options(text: str) -> dict:
+  """`parse_compiler_options` of ``text``, each option tried on a one-operation program of this
+  XLA (milliseconds), so that an unknown option is one `UserError` line before the run starts,
+  not a traceback at the step's compile."""
+  options = parse_compiler_options(text)
+  if options:
+    try:
+      jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.float32(0)).compile()
+    except Exception as e:  # noqa: BLE001 (XLA's own error type: its message is what counts)
+      why = str(e).splitlines()[0].replace("INVALID_ARGUMENT: ", "")
+      raise UserError(f"xla_options {text!r}: {why}; correct or remove it (the names are "
+                      f"XLA's DebugOptions, e.g. --config.xla_options=xla_gpu_enable_cublaslt=true)"
+                      ) from None
+  return options
+
+
 def make_train_step(parts: ModelParts, tx: optax.GradientTransformation, loss_fn, *, mesh: Mesh,
                     schedule: Callable | None = None, accumulate_steps: int = 1,
                     dropout_seed: int = 0, dropout_rng: str = "threefry2x32",

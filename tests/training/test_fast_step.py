@@ -144,6 +144,11 @@ def test_xla_options_reach_the_train_step():
                                                           "a": False, "b": 3, "c": "x"}
   with pytest.raises(UserError, match="is not name=value"):
     steps.parse_compiler_options("xla_gpu_enable_cublaslt")
+  # checked before the run starts (issue 52 item 6: a traceback at the step's compile before)
+  assert steps.check_compiler_options("xla_gpu_enable_cublaslt=true") == {
+      "xla_gpu_enable_cublaslt": True}
+  with pytest.raises(UserError, match="No such compile option: 'xla_bogus'"):
+    steps.check_compiler_options("xla_bogus=1")
 
   class Tiny(nnx.Module):
     def __init__(self, rngs):
