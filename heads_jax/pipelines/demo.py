@@ -265,9 +265,11 @@ def run_demo(out: str | Path = "runs/demo", *, quick: bool = False, redo: str | 
         + f"; {cpu / 2:.0f}-{cpu:.0f} minutes on an idle 2-core CPU, {cpu:.1f} CPU-minutes (a "
         "rerun redoes only what changed)")
   t0 = time.time()
-  report = run_pipeline(plan, out, config=settings, log=log, redo=redo, what="heads-jax demo",
-                        claim={"kind": "demo", "model": str(real),
-                               "settings": {"quick": quick}})["report"]
+  from heads_jax.training.loop import no_input_advice
+  with no_input_advice():  # the demo's training settings are its own: no data.num_workers advice
+    report = run_pipeline(plan, out, config=settings, log=log, redo=redo, what="heads-jax demo",
+                          claim={"kind": "demo", "model": str(real),
+                                 "settings": {"quick": quick}})["report"]
   log(f"done in {minutes(time.time() - t0)}")
   log(f"report: {report}")   # last, also when every stage was reused: as opened from here
   return report

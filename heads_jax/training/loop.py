@@ -36,6 +36,8 @@ running the same command again (e.g. with a lower learning rate) resumes from it
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import signal
 import time
@@ -121,6 +123,20 @@ def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_che
 
 
 STARVED = 0.05   # the share of a logging interval spent waiting for batches that is reported
+# Whether the starvation line's advice (data.num_workers) is the user's to take: a job that
+# runs training with settings of its own (the demo) turns it off (`no_input_advice`).
+_INPUT_ADVICE = contextvars.ContextVar("input_advice", default=True)
+
+
+@contextlib.contextmanager
+def no_input_advice():
+  """Within it, a starving input pipeline is not reported on the console (the metrics still
+  record ``input_wait_fraction``): the caller's user cannot set ``data.num_workers``."""
+  token = _INPUT_ADVICE.set(False)
+  try:
+    yield
+  finally:
+    _INPUT_ADVICE.reset(token)
 
 
 def starved_line(avg: dict, steps: int, workers: int | None) -> str:
@@ -249,6 +265,7 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
   waited = [0.0, time.perf_counter()]   # seconds waited for batches, start of the interval
   take_stats = getattr(batches, "take_stats", None)
   workers = getattr(batches, "workers", None)
+  said_starved: list = []
 
   def flush():
     """Logs the metrics of the steps not logged yet (their average); stops on a non-finite one."""
@@ -272,7 +289,9 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
       writer.write(step, {k: v for k, v in avg.items() if k != "step"}, "train")
     if print_fn is not None and is_main:
       print_fn(metrics_lib.progress_line(step, total_steps, avg))
-      if avg.get("input_wait_fraction", 0.0) > STARVED:
+      if (avg.get("input_wait_fraction", 0.0) > STARVED and not said_starved
+          and _INPUT_ADVICE.get()):   # once a run: the advice does not change
+        said_starved.append(True)
         print_fn(starved_line(avg, len(host), workers))
     if bad is not None:
       _stop_non_finite(bad, ckpts)

@@ -62,6 +62,9 @@ def test_the_loop_says_when_the_input_starves_the_device(capsys):
   lines = [x for x in out.splitlines() if "starves" in x]
   assert lines and "a batch takes 0.0" in lines[-1] and "one thread make" in lines[-1]
   assert "data.num_workers" in lines[-1]
+  assert len(lines) == 1      # once a run (the demo printed it twelve times: issue 52 item 5)
+  with loop.no_input_advice():   # a job whose user cannot set data.num_workers: not at all
+    assert "starves" not in _run(0.05, capsys)
 
 
 def test_no_line_when_the_input_keeps_up(capsys):
