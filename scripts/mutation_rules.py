@@ -3,7 +3,8 @@
 The target is the rule code of the package `heads_jax/hoststats/claims/`: every check (the
 functions of `pande_checks` and `guan_checks`), the number judge (`judging`), the comparability
 and majority-class gates and the layer scaling (`run`), the bars (`STABLE_BAR`, `FIG2_GAP`,
-`ALPHA` in `claim`) and the claims' tolerances (`pande`, `guan`). The mutants, as the issue asks:
+`ALPHA` in `claim`), the three-valued judges of a share against its bar or base rate (`bars`)
+and the claims' tolerances (`pande`, `guan`). The mutants, as the issue asks:
 
 * *turned*: a comparison reversed (``<`` -> ``>``, ``<=`` -> ``>=``, ``>`` -> ``<``, ``>=`` ->
   ``<=``, ``==`` <-> ``!=``);
@@ -55,7 +56,8 @@ sys.path.insert(0, str(REPO))
 
 PACKAGE = "heads_jax.hoststats.claims"
 # The package's modules in import order (each imports only from those before it).
-MODULES = ("claim", "devlin", "pande", "guan", "run", "pande_checks", "guan_checks", "judging")
+MODULES = ("claim", "devlin", "pande", "guan", "run", "bars", "pande_checks", "guan_checks",
+           "judging")
 # The rule code of the package (module docstring).
 RULE_FUNCTIONS = (
     "_from_summary", "_average_vs_test", "_fine_overlap", "_delimiter_intersect",
@@ -67,7 +69,10 @@ RULE_FUNCTIONS = (
     "_finetune_at_par", "_half", "_cluster_layers", "_stability_over_95", "_cluster_similar",
     "_cluster_kept", "_stable_3_5", "_squad_row", "_squad_statement", "_judge_number",
     "bert_base_layers", "pande_setting", "unnamed_types", "need_types", "beats_majority",
-    "_one_sided_two_proportions", "evaluate", "wilson_interval", "_mass_change", "change_pairs")
+    "_one_sided_two_proportions", "evaluate", "wilson_interval", "_mass_change", "change_pairs",
+    "share_verdict", "_decide", "overlap_verdict", "multi_rate", "multi_verdict",
+    "hypergeometric_tails", "union", "_overlap_table", "_overlap_result", "_other_coarse",
+    "_coarse_role")
 RULE_CONSTANTS = ("STABLE_BAR", "FIG2_GAP", "ALPHA")
 KINDS = ("turned", "doubled", "halved", "swapped", "boundary")
 SCORED = ("turned", "doubled", "halved", "swapped")   # the issue's mutants

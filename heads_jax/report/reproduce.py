@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from heads_jax import contract, runfiles, storage
+from heads_jax.errors import UserError
 from heads_jax.data import vocabulary
 from heads_jax.hoststats import claims as paper
 from heads_jax.hoststats import pooled as pooled_lib
@@ -144,8 +145,8 @@ def _median_scores(out_dir, roles, num_layers: int, num_heads: int) -> np.ndarra
 def analysis_of(out_dir, rule: str = RULE) -> paper.Analysis:
   """One analysis directory as the claims read it (`heads_jax.hoststats.claims.Analysis`): roles by
   ``rule`` (the paper's by default), each head's mean and median sieve bias per role, the summary
-  under that rule, the clusters, their stability and info, and each head's distance features
-  (attention masses)."""
+  under that rule, the clusters, their stability and info, each head's distance features
+  (attention masses) and its mean row entropy (measures.npz, where the run has one)."""
   tests, settings = contract.read_tests(out_dir)
   tests = rule_tests(tests, rule)
   roles = roles_lib.role_order(tests["role"].astype(str))
@@ -162,11 +163,16 @@ def analysis_of(out_dir, rule: str = RULE) -> paper.Analysis:
     features = np.full((num_layers, num_heads, len(vocabulary.DISTANCE_FEATURES)), np.nan)
     features[layer, head] = table[list(vocabulary.DISTANCE_FEATURES)].to_numpy(np.float64)
     stability = info.get("stability")
+  entropy = None
+  if (Path(out_dir) / contract.MEASURES_FILE).is_file():
+    measured = contract.read_measures(out_dir)["entropy"]                   # [b, l, h]
+    if measured.shape[1:] == (num_layers, num_heads):
+      entropy = np.asarray(measured, np.float64).mean(0)
   return paper.Analysis(roles=roles, assigned=assigned, means=means,
                         tau=float(settings.get("tau", 3.0)), summary=summary, clusters=clusters,
                         stability=stability,
                         medians=_median_scores(out_dir, roles, num_layers, num_heads),
-                        features=features, cluster_info=info)
+                        features=features, cluster_info=info, entropy=entropy)
 
 
 def analysis_figures_of(out_dir) -> dict:
@@ -258,20 +264,32 @@ def run_figures(results: dict, rule: str = RULE) -> paper.RunFigures:
       finetune[t] = {k: v for k, v in best["best"].items() if isinstance(v, (int, float))}
       labels = best.get("eval_labels") or {}   # the bar a fine-tuning verdict needs
       finetune[t].update({k: labels[k] for k in ("majority", "n") if labels.get(k) is not None})
+  model = (results.get("pretrained") or {}).get("model")
   return paper.RunFigures(tasks=tuple(results["tasks"]), analyses=analyses, pooled=pooled,
-                          finetune=finetune, model=_model_words(results))
+                          finetune=finetune, model=Path(str(model or "")).name,
+                          bert_base=is_bert_base(model))
 
 
-def _model_words(results: dict) -> str:
-  """The analysed model in words for the verdicts' details: its name and shape."""
-  for per in (results.get("per_task") or {}).values():
-    for fig in per.values():
-      a = fig.get("analysis") if isinstance(fig, dict) else None
-      if a is not None:
-        l, h = np.shape(a.assigned)[:2]
-        name = Path(str((results.get("pretrained") or {}).get("model") or "")).name
-        return f"{name or 'the model'} ({l} layers x {h} heads)"
-  return ""
+def is_bert_base(model) -> bool:
+  """Whether ``model`` (a model directory or cached hub id) is Pande et al.'s model, BERT-base:
+  decided from its config, never its shape alone: the BERT family (``model_type`` "bert") with
+  BERT-base's sizes (12 layers, 12 heads, hidden 768, intermediate 3072; `heads_jax.model.config.
+  SIZES` "base"). False when the config cannot be read (a model not known to be BERT-base: its
+  numbers are shown, not judged)."""
+  import json
+  from heads_jax import hub
+  from heads_jax.model import config as model_config
+  if not model:
+    return False
+  try:
+    path = hub.model_path(model)
+    manifest = Path(path) / "heads_jax.json"
+    cfg = (model_config.config_from_dict(json.loads(manifest.read_text())["config"])
+           if manifest.is_file() else model_config.config_from_hf_file(Path(path) / "config.json"))
+  except (OSError, ValueError, KeyError, TypeError, UserError):
+    return False
+  sizes = (cfg.num_layers, cfg.num_heads, cfg.hidden_size, cfg.intermediate_size)
+  return getattr(cfg, "family", None) == "bert" and sizes == model_config.SIZES["base"]
 
 
 def _shown(c: paper.Claim, value) -> str:
@@ -349,7 +367,8 @@ def markdown_table(table: pd.DataFrame) -> str:
 
 
 def verdict_counts(table: pd.DataFrame) -> dict:
-  """How many claims hold, do not hold and are not computable here."""
+  """How many claims have each verdict (`heads_jax.hoststats.claims.VERDICTS`: hold, do not
+  hold, undecided at this n, not computable here, not comparable)."""
   counts = table["verdict"].value_counts()
   return {v: int(counts.get(v, 0)) for v in paper.VERDICTS}
 
@@ -615,6 +634,8 @@ def write_reproduce_report(workdir, *, config: dict | None = None, tasks=None) -
        "on the same sequences. Roles are the paper's rule (mean sieve bias significantly above "
        "tau) and the paper's four coarse tests. Verdicts follow the rules of DESIGN.md section 3 "
        f"(\"Verdicts\"): {counts[paper.HOLDS]} hold, {counts[paper.FAILS]} do not hold, "
+       f"{counts[paper.UNDECIDED]} are undecided at this n (a statement judged on a share whose "
+       "bar, or base rate, lies inside its 95% interval or exact test: the sample cannot tell), "
        f"{counts[paper.NOT_COMPUTABLE]} are not computable here (the reason is in "
        f"<i>detail</i>), {counts[paper.NOT_COMPARABLE_MODEL]} are not comparable because "
        "this is not Pande et al.'s model (BERT-base: their numbers and layer placements are "

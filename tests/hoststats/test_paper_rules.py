@@ -2,6 +2,8 @@
 must hold and one on which it must not (issue 31). Guan et al.'s claims are judged in the guan
 pipeline's setting (their model); on a GLUE run they are "not comparable", the value shown."""
 
+from math import comb
+
 import numpy as np
 import pytest
 
@@ -110,29 +112,60 @@ def _means_above(mean, median, assigned=False):
                                   medians=medians)})
 
 
-def _overlap(first, second, also, total=6):
-  """Two tasks pooled: ``total`` heads with ``first``, ``also`` of them with ``second``."""
-  heads = _heads(6, 4, total)
-  split = total // 2
-  return lambda: _run({"mrpc": _a({first: heads[:split], second: heads[:min(also, split)]}),
-                       "qnli": _a({first: heads[split:],
-                                   second: heads[split:split + max(also - split, 0)]})})
+def _tails(k, n, n_b, n_a):
+  """(P(X >= k), P(X <= k)) of the hypergeometric overlap X of a random n_a-subset with a fixed
+  n_b-subset of n heads, from binomial coefficients (not scipy)."""
+  total = comb(n, n_a)
+  pmf = [comb(n_b, x) * comb(n - n_b, n_a - x) / total for x in range(min(n_a, n_b) + 1)]
+  return sum(pmf[k:]), sum(pmf[:k + 1])
 
 
-def _intersect(delim):    # 6 heads with another coarse role, ``delim`` of them delimiter heads
-  heads = _heads(6, 4, 6)
-  return lambda: _run({"mrpc": _a({"local": heads[:3], "block": heads[3:], "delimiter": heads[:delim]})})
+def _binomial_tails(k, n, p):
+  pmf = [comb(n, x) * p ** x * (1 - p) ** (n - x) for x in range(n + 1)]
+  return sum(pmf[k:]), sum(pmf[:k + 1])
 
 
-def _multi(k):            # k of 24 heads with two coarse roles, 4 more with one
-  heads = _heads(6, 4, 24)
-  return _a({"local": heads[:k + 4], "delimiter": heads[:k]})
+def _edges(tails):
+  """(k_below, k_above): the largest k whose lower tail is under 5% and the smallest whose upper
+  tail is; the ks between are undecided."""
+  ks = range(0, 200)
+  below = max(k for k in ks if tails(k) is not None and tails(k)[1] < 0.05)
+  above = min(k for k in ks if tails(k) is not None and tails(k)[0] < 0.05)
+  return below, above
 
 
-def _block_overlap(also):  # 8 block heads over two pair tasks, ``also`` of them local
-  heads = _heads(6, 4, 4)
-  return lambda: _run({"mrpc": _a({"block": heads, "local": heads[:min(also, 2)]}),
-                       "qnli": _a({"block": heads, "local": heads[:max(also - 2, 0)]})})
+# Overlaps against their base rate, on 144 distinct heads: 40 A heads, 36 B heads (expected 10).
+N_A, N_B = 40, 36
+OVERLAP_EDGES = _edges(lambda k: _tails(k, 144, N_B, N_A) if k <= N_A else None)
+
+
+def _overlap_heads(also):
+  """(A heads, B heads) of 144: the first N_A heads are A heads, ``also`` of them B heads."""
+  return ALL144[:N_A], ALL144[:also] + ALL144[N_A:N_A + N_B - also]
+
+
+def _overlap(first, second, also):
+  a, b = _overlap_heads(also)
+  return lambda: _run({"mrpc": _a({first: a, second: b}, 12, 12)})
+
+
+def _intersect(also):    # A: local heads, B: delimiter heads
+  a, b = _overlap_heads(also)
+  return lambda: _run({"mrpc": _a({"local": a, "delimiter": b}, 12, 12)})
+
+
+def _block_overlap(also):  # A: block heads, B: local heads; two pair tasks, the same heads
+  a, b = _overlap_heads(also)
+  return lambda: _run({t: _a({"block": a, "local": b}, 12, 12) for t in ("mrpc", "qnli")})
+
+
+# Multi-functional against independent roles: 36 local and 36 delimiter heads of 144, ``k`` of
+# them both: chance is 1/4 * 1/4 of the heads (9 heads).
+MULTI_EDGES = _edges(lambda k: _binomial_tails(k, 144, 1 / 16) if k <= 36 else None)
+
+
+def _multi(k):
+  return _a({"local": ALL144[:36], "delimiter": ALL144[:k] + ALL144[36:72 - k]}, 12, 12)
 
 
 def _layers_of(role, per_layer, L=12, H=12, extra=None):
@@ -369,6 +402,47 @@ def _significance_pair(n=10000):
   return (_em(row8=82.80, row10=100 * sig), _em(row8=82.80, row10=100 * (sig + 0.0001)))
 
 
+
+def _share_edges(n, bar):
+  """(k_below, k_above) of n heads: the largest k whose Wilson interval lies below ``bar`` and
+  the smallest whose interval lies above it (own implementation, `_wilson`)."""
+  return (max(k for k in range(n + 1) if _wilson(k, n)[1] < bar),
+          min(k for k in range(n + 1) if _wilson(k, n)[0] > bar))
+
+
+LAST_THREE_EDGES = _share_edges(36, 0.5)
+
+
+def _last_three(only):
+  """36 skilled heads in layers 9-11 of 12 (all cls), ``only`` of them with cls only."""
+  skilled = [(l, h) for l in (9, 10, 11) for h in range(12)]
+  return lambda: _run({"mrpc": _a({"cls": skilled, "nsubj": skilled[only:]}, 12, 12)})
+
+
+LAYER0_EDGES = _share_edges(48, 1 / 6)
+
+
+def _layer0(k):
+  """Layer 0 of 48 heads: k cls heads in each of four tasks."""
+  return lambda: _run({t: _layers_of("cls", [k] + [6] * 11, H=48) for t in TASKS4})
+
+
+# Runs on which a statement judged on a share is undecided at this n: the bar (or the base rate)
+# inside the interval, one step inside each edge.
+UNDECIDED = {
+    "nsubj_next_local": [_overlap("nsubj", "next_local", OVERLAP_EDGES[0] + 1),
+                         _overlap("nsubj", "next_local", OVERLAP_EDGES[1] - 1)],
+    "delimiter_intersect": [_intersect(OVERLAP_EDGES[1] - 1)],
+    "block_marginal_overlap": [_block_overlap(OVERLAP_EDGES[0] + 1)],
+    "multi_functional": [lambda: _run({t: _multi(MULTI_EDGES[1] - 1) for t in TASKS4}),
+                         lambda: _run({t: _multi(MULTI_EDGES[0] + 1) for t in TASKS4})],
+    "delimiter_only_last_three": [_last_three(LAST_THREE_EDGES[0] + 1),
+                                  _last_three(LAST_THREE_EDGES[1] - 1)],
+    "delimiter_layer0_few": [_layer0(LAYER0_EDGES[0] + 1), _layer0(LAYER0_EDGES[1] - 1),
+                             lambda: _run({t: _layers_of("cls", [0] + [6] * 11) for t in TASKS4})],
+}
+
+
 PAIRS = {
     "mean_sieve_score": [(_pooled(mean_sieve_score=3.09), _pooled(mean_sieve_score=3.11)),
                          (_pooled(mean_sieve_score=2.51), _pooled(mean_sieve_score=2.49))],
@@ -389,15 +463,16 @@ PAIRS = {
     "average_vs_test": [(_means_above(3.5, 2.5), _means_above(3.49, 2.5)),
                         (_means_above(3.5, 2.5), _means_above(3.5, 2.51)),
                         (_means_above(3.5, 2.5), _means_above(3.5, 2.5, assigned=True))],
-    # more than half: 4 of 6 vs 3 of 6, two tasks pooled
-    "nsubj_next_local": [(_overlap("nsubj", "next_local", 4), _overlap("nsubj", "next_local", 3))],
-    "obj_prev_local": [(_overlap("obj", "prev_local", 4), _overlap("obj", "prev_local", 3))],
-    "delimiter_intersect": [(_intersect(4), _intersect(3))],
-    # at least a quarter: mean over four tasks of k of 24 (k = 6 holds, 5.75 does not)
-    "multi_functional": [(lambda: _run({t: _multi(k) for t, k in zip(TASKS4, (5, 7, 6, 6))}),
-                          lambda: _run({t: _multi(k) for t, k in zip(TASKS4, (5, 6, 6, 6))}))],
-    # at most a quarter: 2 of 8 vs 3 of 8
-    "block_marginal_overlap": [(_block_overlap(2), _block_overlap(3))],
+    # overlaps against their base rate: the first k whose upper exact tail is under 5% holds, the
+    # last k whose lower tail is does not (enriched); the block statement the other way round
+    "nsubj_next_local": [(_overlap("nsubj", "next_local", OVERLAP_EDGES[1]),
+                          _overlap("nsubj", "next_local", OVERLAP_EDGES[0]))],
+    "obj_prev_local": [(_overlap("obj", "prev_local", OVERLAP_EDGES[1]),
+                        _overlap("obj", "prev_local", OVERLAP_EDGES[0]))],
+    "delimiter_intersect": [(_intersect(OVERLAP_EDGES[1]), _intersect(OVERLAP_EDGES[0]))],
+    "multi_functional": [(lambda: _run({t: _multi(MULTI_EDGES[1]) for t in TASKS4}),
+                          lambda: _run({t: _multi(MULTI_EDGES[0]) for t in TASKS4}))],
+    "block_marginal_overlap": [(_block_overlap(OVERLAP_EDGES[0]), _block_overlap(OVERLAP_EDGES[1]))],
     # 6-layer models (scaled): middle layers 2-4 higher in every task vs equal in one
     "multi_skilled_middle": [(_per_task(MULTI, {t: MID_UP for t in ("mrpc", "qnli", "sst2")}),
                               _per_task(MULTI, {"mrpc": MID_UP, "qnli": MID_UP, "sst2": MID_EVEN}))],
@@ -408,14 +483,11 @@ PAIRS = {
     # every layer but 0 at least a quarter (3 of 12) in every task; layer 0 has none
     "delimiter_all_layers": [(_per_task("cls", {"mrpc": [0] + [3] * 5, "qnli": [0] + [3] * 5}),
                               _per_task("cls", {"mrpc": [0] + [3] * 5, "qnli": [0, 3, 3, 2, 3, 3]}))],
-    # last three (layers 4-5 of 6): more than half of 8 skilled heads delimiter-only: 5 vs 4
-    "delimiter_only_last_three": [
-        (lambda: _run({"mrpc": _layers_of("cls", [0, 0, 0, 0, 4, 4], extra={"nsubj": [(4, 0), (4, 1), (4, 2)]})}),
-         lambda: _run({"mrpc": _layers_of("cls", [0, 0, 0, 0, 4, 4], extra={"nsubj": [(4, 0), (4, 1), (4, 2), (4, 3)]})}))],
-    # layer 0: at most 1/6 of its 12 heads, mean over four tasks: 2 vs 2.25
-    "delimiter_layer0_few": [
-        (lambda: _run({t: _layers_of("cls", [k] + [6] * 5) for t, k in zip(TASKS4, (1, 3, 2, 2))}),
-         lambda: _run({t: _layers_of("cls", [k] + [6] * 5) for t, k in zip(TASKS4, (2, 3, 2, 2))}))],
+    # last three (layers 9-11 of 12): the Wilson interval of the delimiter-only share over the 36
+    # skilled heads above one half (holds) or below it (does not)
+    "delimiter_only_last_three": [(_last_three(LAST_THREE_EDGES[1]), _last_three(LAST_THREE_EDGES[0]))],
+    # layer 0 of 48 heads: the interval of the mean share below 1/6 (holds) or above it
+    "delimiter_layer0_few": [(_layer0(LAYER0_EDGES[0]), _layer0(LAYER0_EDGES[1]))],
     "block_layer0": [(_per_task("block", {t: [3, 3, 1, 0, 0, 0] for t in PAIR3}),
                       _per_task("block", {"mrpc": [3, 3, 1, 0, 0, 0], "qqp": [2, 3, 1, 0, 0, 0],
                                           "qnli": [3, 3, 1, 0, 0, 0]})),
@@ -551,6 +623,53 @@ def test_rule_holds_and_fails(key):
     assert bad.verdict == paper.FAILS, (key, i, bad.value, bad.detail)
 
 
+def test_undecided_where_the_bar_is_inside_the_interval():
+  for key, runs in UNDECIDED.items():
+    for i, make in enumerate(runs):
+      e = paper.evaluate(paper.claim(key), make())
+      assert e.verdict == paper.UNDECIDED, (key, i, e.value, e.detail)
+
+
+def test_the_edges_by_hand():
+  """The constructed edges, and the exact tails the verdicts print, from binomial coefficients."""
+  # mean 10, sd 2.33 (40 * 1/4 * 3/4 * 104/143): 15 is the first k with P(X >= k) < 5%
+  assert OVERLAP_EDGES == (5, 15) and MULTI_EDGES == (4, 15)
+  # 24 of 36 = 66.7%: Wilson 50.3% to 79.8%; 2 of 48: 1.2% to 14.0%, 14 of 48: 18.2% to 43.2%
+  assert LAST_THREE_EDGES == (12, 24) and LAYER0_EDGES == (2, 14)
+  assert _wilson(24, 36)[0] == pytest.approx(0.503, abs=1e-3)
+  up, down = _tails(15, 144, 36, 40)
+  assert up == pytest.approx(0.0286, abs=5e-4)
+  e = paper.evaluate(paper.claim("nsubj_next_local"), _overlap("nsubj", "next_local", 15)())
+  assert f"p = {up:.2g} above chance, {down:.2g} below" in e.detail
+  assert "enrichment 1.50x" in e.detail and "10.0 expected" in e.detail     # 15 / (40 * 36 / 144)
+  # a head counts once over the tasks: two tasks with the same heads are one table
+  two = _block_overlap(15)()
+  assert "15 of 40 block heads" in paper.evaluate(paper.claim("block_marginal_overlap"), two).detail
+
+
+def test_block_rise_reports_its_two_factors():
+  """Issue 48 item 6: the Fig. 6 block row says how block_plain and the row entropy (block =
+  block_plain x entropy) changed beside block: block_plain after - before over the final third,
+  the entropy likewise."""
+  run = _fig6(("mrpc", "qnli"), block_t=(3.0, 3.0))()
+  for t, shift in (("mrpc", 0.0), ("qnli", 0.5)):
+    before, after = run.analyses["pretrained"][t], run.analyses["finetuned"][t]
+    after.means[4:, :, ROLES.index("block_plain")] += 0.25 + shift     # final third: layers 4, 5
+    before.entropy, after.entropy = np.full((6, 12), 1.0), np.full((6, 12), 1.0)
+    after.entropy[4:] += 0.3
+    after.entropy[:4] -= 5.0                                           # not the final third
+  e = paper.evaluate(paper.claim("finetune_block_final_rise"), run)
+  assert "block_plain +0.25; row entropy +0.30" in e.value
+  assert "block_plain +0.75; row entropy +0.30" in e.value
+  assert "entropy factor" in e.detail
+  # without measures only block_plain is shown; the delimiter row shows neither
+  run.analyses["finetuned"]["mrpc"].entropy = None
+  assert "row entropy" not in paper.evaluate(paper.claim("finetune_block_final_rise"),
+                                             run).value.split("QNLI")[0]
+  assert "block_plain" not in paper.evaluate(paper.claim("finetune_delimiter_final_drop"),
+                                             _fig6(("mrpc",), delim_t=(3.0,))()).value
+
+
 def test_block_heads_on_sst2_are_not_judged():
   e = paper.evaluate(paper.claim("block_heads_sst2"), _run({"sst2": _a()}))
   assert e.verdict == paper.NOT_COMPUTABLE and "single" in e.detail and "construction" in e.detail
@@ -631,15 +750,39 @@ def test_not_computable_where_the_run_cannot_say():
   assert e.verdict in (paper.HOLDS, paper.FAILS)
 
 
-def test_bert_base_is_judged_by_its_shape():
-  """Without ``bert_base`` a 12 x 12 model is taken for BERT-base (judged); 12 x 6, 12 x 24 and
-  6 x 12 are not (not comparable, the value shown)."""
-  for (L, H), judged in (((12, 12), True), ((12, 6), False), ((12, 24), False), ((6, 12), False)):
-    run = paper.RunFigures(tasks=("mrpc",), analyses={"finetuned": {"mrpc": _a(L=L, H=H)}})
-    e = paper.evaluate(paper.claim("share_delimiter"), run)
-    assert (e.verdict in (paper.HOLDS, paper.FAILS)) == judged, (L, H, e.verdict)
+def test_bert_base_is_never_judged_by_its_shape():
+  """Issue 48 item 6: BERT-base comes from the model's config (``bert_base``), never its shape:
+  a 12 x 12 model not declared BERT-base is not comparable, its value shown; declared, judged."""
+  for (L, H) in ((12, 12), (12, 6), (6, 12)):
+    for declared in (None, False, True):
+      run = paper.RunFigures(tasks=("mrpc",), analyses={"finetuned": {"mrpc": _a(L=L, H=H)}},
+                             bert_base=declared, model="some-model")
+      e = paper.evaluate(paper.claim("share_delimiter"), run)
+      assert (e.verdict in (paper.HOLDS, paper.FAILS)) == bool(declared), (L, H, declared)
+      if not declared:
+        assert e.verdict == paper.NOT_COMPARABLE_MODEL
+        # the model in words once: its name, then its shape
+        assert f"this run: some-model ({L} layers x {H} heads);" in e.detail
   assert paper.bert_base_layers(0, 0, 5) == ()          # 0.42 of layer 0 of 5: not half
   assert paper.bert_base_layers(0, 1, 5) == (0,)
+
+
+def test_bert_base_from_the_config(tmp_path):
+  """BERT-base: model_type bert with 12 layers, 12 heads, hidden 768, intermediate 3072."""
+  import json
+  from heads_jax.report import reproduce
+  base = {"model_type": "bert", "num_hidden_layers": 12, "num_attention_heads": 12,
+          "hidden_size": 768, "intermediate_size": 3072, "vocab_size": 30522}
+  cases = {"base": (base, True),
+           "narrow": ({**base, "hidden_size": 384, "intermediate_size": 1536}, False),
+           "roberta": ({**base, "model_type": "roberta", "vocab_size": 50265}, False),
+           "six": ({**base, "num_hidden_layers": 6}, False)}
+  for name, (cfg, want) in cases.items():
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    assert reproduce.is_bert_base(tmp_path / name) is want, name
+  assert reproduce.is_bert_base(tmp_path / "missing") is False
+  assert reproduce.is_bert_base(None) is False
 
 
 def test_details_say_what_was_measured():

@@ -31,5 +31,9 @@ def test_run_figures_carries_the_majority_bar_and_the_model():
   run = run_figures(results)
   assert run.finetune["mrpc"] == {"accuracy": 0.684, "f1": 0.81, "step": 30, "majority": 0.684,
                                   "n": 408}
-  assert run.model == "all-MiniLM-L6-v2 (6 layers x 12 heads)"
+  # the name once; the verdicts' details add the shape once (issue 48 item 6: it was printed twice)
+  assert run.model == "all-MiniLM-L6-v2" and run.bert_base is False
+  e = paper.evaluate(paper.claim("share_delimiter"), run)
+  assert "this run: all-MiniLM-L6-v2 (6 layers x 12 heads);" in e.detail
+  assert e.detail.count("6 layers x 12 heads") == 1
   assert paper.beats_majority(run.finetune["mrpc"])[0] is False   # a constant classifier

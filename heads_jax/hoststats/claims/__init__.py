@@ -39,7 +39,7 @@ from heads_jax.hoststats.claims import guan, pande
 from heads_jax.hoststats.claims.claim import (  # noqa: F401 - the package's vocabulary
     ALPHA, BERT_BASE_LAYERS, BLOG, DEVLIN, FAILS, FIG2_GAP, FIG5_DELIMITER, FIG5_ROLES,
     FIG5_SYNTACTIC, GUAN, GUAN_SHAPE, HOLDS, KINDS, MODELS, NOT_COMPARABLE, NOT_COMPARABLE_MODEL,
-    NOT_COMPUTABLE, PAIR_TASKS, PANDE, PANDE_METHOD_CLAIMS, PAPER_FILES, PAPER_MODELS,
+    NOT_COMPUTABLE, PAIR_TASKS, PANDE, PANDE_METHOD_CLAIMS, PAPER_FILES, PAPER_MODELS, UNDECIDED,
     PAPER_ROLES, PAPERS, SCOPES, SETTINGS, STABLE_BAR, TASK_NAMES, TASKS, VERDICTS, Z95, Claim,
     difference, format_difference, format_paper_value, format_value, wilson_interval)
 from heads_jax.hoststats.claims.devlin import DEVLIN_DEV, DevScore, devlin_dev  # noqa: F401

@@ -69,6 +69,9 @@ SCOPES = ("pooled", "mean_over_tasks", "range_over_tasks", "task", "tasks")
 HOLDS = "holds"
 FAILS = "does not hold"
 NOT_COMPUTABLE = "not computable here"
+# A statement judged on a share whose bar (or base rate) lies inside the share's 95% interval:
+# the sample cannot tell (`heads_jax.hoststats.claims.bars`).
+UNDECIDED = "undecided at this n"
 # A Guan et al. claim measured on another model and other data (a GLUE run of a small model, or
 # the guan pipeline on a model other than theirs): the value is shown, no verdict is given.
 NOT_COMPARABLE = "not comparable (other model and data)"
@@ -76,7 +79,7 @@ NOT_COMPARABLE = "not comparable (other model and data)"
 # (`RunFigures.pande_model`): the value is shown, no verdict (statements about the method,
 # `PANDE_METHOD_CLAIMS`, are still judged and say what they were judged on).
 NOT_COMPARABLE_MODEL = "not comparable (other model)"
-VERDICTS = (HOLDS, FAILS, NOT_COMPUTABLE, NOT_COMPARABLE, NOT_COMPARABLE_MODEL)
+VERDICTS = (HOLDS, FAILS, UNDECIDED, NOT_COMPUTABLE, NOT_COMPARABLE, NOT_COMPARABLE_MODEL)
 # Pande et al.'s statements about the method (overlaps of roles, averages against the test, the
 # direction of the changes fine-tuning makes): judged on any model. Every other claim of
 # Pande et al. and the blog is a number or a layer placement of BERT-base.

@@ -12,7 +12,8 @@ import numpy as np
 from heads_jax.hoststats import roles as roles_lib
 from heads_jax.hoststats.claims.claim import ALPHA, STABLE_BAR, TASK_NAMES, pct, wilson_interval
 from heads_jax.hoststats.claims.guan import CLUSTER_TYPES, SQUAD_REASON
-from heads_jax.hoststats.claims.run import NotComputable, change_pairs, need_types, task_analyses
+from heads_jax.hoststats.claims.run import (
+    NotComputable, change_pairs, need_types, task_analyses, unnamed_types)
 
 def _cluster_layers(c, run, state, name, where):
   ok, out = True, []
@@ -54,14 +55,34 @@ def _stability_over_95(c, run, state):
               f"{s} {TASK_NAMES.get(t, t)} {pct(v)}" for s, t, v in vals))
 
 
+def _named_in_both(t, before, after) -> tuple[list[str], list[str]]:
+  """(types named in both clusterings of task ``t``, the others in words): an unnamed type
+  (definition not met) leaves the named types' comparison standing; NotComputable when no type
+  is named in both."""
+  missing_b, missing_a = unnamed_types(before), unnamed_types(after)
+  if missing_b is None or missing_a is None:
+    raise NotComputable("no clustering in the analyses")
+  named = [n for n in CLUSTER_TYPES if n not in missing_b and n not in missing_a]
+  left = [f"{n} ({'pre-trained' if n in missing_b else 'fine-tuned'} {TASK_NAMES.get(t, t)} "
+          "model: definition not met)" for n in CLUSTER_TYPES if n not in named]
+  if not named:
+    raise NotComputable(f"no type named in both clusterings of {TASK_NAMES.get(t, t)}: "
+                        + ", ".join(left))
+  return named, left
+
+
+def _left_out(left) -> str:
+  return "; left out: " + ", ".join(left) if left else ""
+
+
 def _cluster_similar(c, run, state):
-  ok, out, worst = True, [], 0.0
+  ok, out, worst, left = True, [], 0.0, []
   pairs = change_pairs(c, run)
   for t, (b, a) in pairs.items():
-    need_types({t: b}, CLUSTER_TYPES)
-    need_types({t: a}, CLUSTER_TYPES)
+    named, gone = _named_in_both(t, b, a)
+    left += gone
     n = b.num_heads
-    for name in CLUSTER_TYPES:
+    for name in named:
       before, after = float((b.clusters == name).mean()), float((a.clusters == name).mean())
       lo, hi = wilson_interval(before, n)
       inside = lo - 1e-12 <= after <= hi + 1e-12
@@ -72,26 +93,31 @@ def _cluster_similar(c, run, state):
                    f"{pct(lo)} to {pct(hi)})")
   return (f"{100 * worst:.1f} pp largest change", ok,
           "types whose fine-tuned share leaves the 95% interval of the pre-trained share: "
-          + (", ".join(out) or "none") + "; tasks " + ", ".join(TASK_NAMES.get(t, t) for t in pairs))
+          + (", ".join(out) or "none") + "; tasks " + ", ".join(TASK_NAMES.get(t, t) for t in pairs)
+          + _left_out(left))
 
 
 def _cluster_kept(c, run, state):
-  ok, out = True, []
+  ok, out, left = True, [], []
   changed = {g: [] for g in ("initial", "middle", "final")}
   for t, (b, a) in change_pairs(c, run).items():
-    need_types({t: b}, CLUSTER_TYPES)
-    need_types({t: a}, CLUSTER_TYPES)
-    same = a.clusters == b.clusters
-    ok &= bool(same.mean() > 0.5)
-    out.append(f"{TASK_NAMES[t]} {pct(same.mean())} kept")
+    named, gone = _named_in_both(t, b, a)
+    left += gone
+    # heads of a named type before or after (a head of an unnamed type on both sides says
+    # nothing about the types)
+    counted = np.isin(b.clusters, named) | np.isin(a.clusters, named)
+    same = (a.clusters == b.clusters) & counted
+    ok &= bool(same.sum() > 0.5 * counted.sum())
+    out.append(f"{TASK_NAMES[t]} {pct(same.sum() / max(counted.sum(), 1))} kept")
     for g, layers in roles_lib.layer_groups(a.num_layers).items():
-      changed[g].append(float((~same[layers]).mean()))
+      if counted[layers].any():
+        changed[g].append(float((~same[layers] & counted[layers]).sum() / counted[layers].sum()))
   share = {g: float(np.mean(v)) for g, v in changed.items() if v}
   if "final" not in share:
     raise NotComputable("the model's layers have no final third")
   ok &= share["final"] >= max(share.values())
   return ("; ".join(out), ok, "changed heads per layer third: "
-          + ", ".join(f"{g} {pct(v)}" for g, v in share.items()))
+          + ", ".join(f"{g} {pct(v)}" for g, v in share.items()) + _left_out(left))
 
 
 def _stable_3_5(c, run, state):

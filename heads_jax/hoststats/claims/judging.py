@@ -91,9 +91,11 @@ def _evaluator(c: Claim) -> Evaluator | None:
   raise KeyError(f"claim {c.key}: no check {name!r}")
 
 
-def _measure(c: Claim, run: RunFigures, state: str) -> tuple[object, bool | None, str, int | None]:
-  """(value, holds or None for a number judged by tolerance / interval, detail, n: what a share
-  is over, or None)."""
+def _measure(c: Claim, run: RunFigures, state: str
+             ) -> tuple[object, bool | str | None, str, int | None]:
+  """(value, holds: a bool, a verdict (`HOLDS`, `FAILS`, `UNDECIDED` of a statement judged on a
+  share, `heads_jax.hoststats.claims.bars`) or None for a number judged by tolerance / interval,
+  detail, n: what a share is over, or None)."""
   fn = _evaluator(c)
   if fn is None:
     value, detail, n = _from_summary(c, run, state)
@@ -139,7 +141,7 @@ def evaluate(c: Claim, run: RunFigures) -> Evaluation:
       pretrained = _measure(dataclasses.replace(c, model="pretrained"), run, "pretrained")[0]
     except NotComputable:
       pretrained = None
-  verdict = HOLDS if holds else FAILS
+  verdict = holds if isinstance(holds, str) else (HOLDS if holds else FAILS)
   if c.paper == GUAN and (run.setting == "glue" or (run.setting == "guan_other"
                                                       and c.value is not None)):
     verdict = NOT_COMPARABLE

@@ -17,6 +17,11 @@ from heads_jax.hoststats.claims.claim import (
 
 _SCALED = "layer ranges are BERT-base's (12 layers, from 0), scaled to the run's depth"
 _FT = "each task's fine-tuned model on its own task's analysed sequences"
+# The rule of an overlap statement: against its base rate (`heads_jax.hoststats.claims.bars`).
+_ENRICHED = ("holds when more {a} heads are {b} heads than the heads' marginal rates give by "
+             "chance (one-sided exact hypergeometric test over the model's distinct heads, "
+             "p < 0.05), does not hold when fewer (the other tail, p < 0.05), undecided at this n "
+             "otherwise; the enrichment (observed over chance) is reported")
 
 
 _PANDE_FIG3 = (
@@ -109,33 +114,42 @@ _PANDE_FIG4 = (
           "section \"Are functional roles mutually exclusive?\"",
           quote="We observe that nsubj heads have a high overlap with next-loc heads and "
                 "dobj-heads have a high overlap with the prev-loc heads.",
-          measure="heads with both nsubj and next_local over heads with nsubj, the tasks pooled",
-          rule="holds when more than half of the nsubj heads are next_local heads",
+          measure="of the model's distinct heads (a head counts once: it has a role when it has "
+                  "it in some task), the nsubj heads that are also next_local heads, against the "
+                  "next_local heads' base rate",
+          rule=_ENRICHED.format(a="nsubj", b="next_local"),
           check="fine_overlap:nsubj:next_local"),
     Claim("obj_prev_local", PANDE, "dobj heads overlap highly with previous-local heads", None,
           "text", None, "finetuned", "pooled",
           "section \"Are functional roles mutually exclusive?\"",
           quote="We observe that nsubj heads have a high overlap with next-loc heads and "
                 "dobj-heads have a high overlap with the prev-loc heads.",
-          measure="heads with both obj (dobj) and prev_local over heads with obj, the tasks pooled",
-          rule="holds when more than half of the obj heads are prev_local heads",
+          measure="of the model's distinct heads, the obj (dobj) heads that are also prev_local "
+                  "heads, against the prev_local heads' base rate",
+          rule=_ENRICHED.format(a="obj", b="prev_local"),
           check="fine_overlap:obj:prev_local"),
     Claim("delimiter_intersect", PANDE, "delimiter heads intersect with the other functional heads",
           None, "text", None, "finetuned", "pooled",
           "section \"Are functional roles mutually exclusive?\" (Fig. 4)",
           quote="Also given their high prevalence, they naturally intersect with other "
                 "functional heads.",
-          measure="heads with the delimiter role among the heads with any of local, syntactic, "
-                  "block, the tasks pooled",
-          rule="holds when more than half of the heads with another coarse role are also "
-               "delimiter heads", check="delimiter_intersect"),
+          measure="of the model's distinct heads, those with any of local, syntactic, block "
+                  "that are also delimiter heads, against the delimiter heads' base rate",
+          rule=_ENRICHED.format(a="of the other functional", b="delimiter")
+          + " (the paper explains the intersection by the delimiter heads' prevalence: at the "
+            "base rate the sample cannot tell, and the verdict is undecided)",
+          check="delimiter_intersect"),
     Claim("multi_functional", PANDE, "many heads are multi-functional (Fig. 4)", None, "text",
           None, "finetuned", "mean_over_tasks", "Fig. 4 caption",
           quote="The intersection between various sets indicate that many heads are "
                 "multi-functional.",
-          measure="heads with two or more of the four coarse roles, share of all heads, mean over "
-                  "the tasks",
-          rule="holds when at least a quarter of the heads have two or more coarse roles",
+          measure="of the model's distinct heads, those with two or more of the four coarse "
+                  "roles (in some task), against the share independent roles at the observed "
+                  "rates give",
+          rule="holds when more heads have two or more coarse roles than independent roles at "
+               "their rates give (\"the intersection between various sets\": one-sided exact "
+               "binomial test over the distinct heads, p < 0.05), does not hold when fewer (the "
+               "other tail), undecided at this n otherwise; the enrichment is reported",
           check="multi_functional"),
     Claim("block_marginal_overlap", PANDE, "block heads overlap only marginally with syntactic / "
           "local heads", None, "text", None, "finetuned", "pooled",
@@ -143,9 +157,12 @@ _PANDE_FIG4 = (
           tasks=PAIR_TASKS,
           quote="There is only a marginal overlap between block heads and syntactic/local heads "
                 "indicating that these specialisations are unique.",
-          measure="block heads that also have the coarse role local or syntactic, over block "
-                  "heads, the pair tasks (MRPC, QQP, QNLI) pooled",
-          rule="holds when at most a quarter of the block heads are also local or syntactic",
+          measure="of the model's distinct heads, the block heads (in some pair task: MRPC, QQP, "
+                  "QNLI) that are also local or syntactic heads, against those heads' base rate",
+          rule="holds when fewer block heads are local or syntactic heads than the heads' marginal "
+               "rates give by chance (\"these specialisations are unique\": one-sided exact "
+               "hypergeometric test over the distinct heads, p < 0.05), does not hold when more "
+               "(the other tail), undecided at this n otherwise; the enrichment is reported",
           check="block_marginal_overlap"),
     Claim("block_heads_sst2", PANDE, "no block heads on SST-2", 0.0, "count", "block_heads",
           "finetuned", "task", "section \"Are functional roles mutually exclusive?\"",
@@ -197,7 +214,9 @@ _PANDE_FIG5 = (
                 "three layers across different tasks.",
           measure="in layers 9-11, heads whose Fig. 5 roles are only cls and/or sep, over heads "
                   "with any Fig. 5 role, the tasks pooled",
-          rule="holds when more than half of the skilled heads there have delimiter roles only",
+          rule="holds when the 95% Wilson interval of that share over the distinct skilled heads "
+               "lies above one half, does not hold when it lies below, undecided at this n when "
+               "it holds one half",
           check="delimiter_only_last_three", note=_SCALED),
     Claim("delimiter_layer0_few", PANDE, "very few (if any) delimiter heads in the first layer",
           None, "text", None, "finetuned", "mean_over_tasks",
@@ -205,7 +224,10 @@ _PANDE_FIG5 = (
           layers=(("first", (0, 0)),),
           quote="Interestingly, the first layer contains very few (if any) delimiter heads.",
           measure="layer 0: heads with cls or sep, share of the layer's heads, mean over the tasks",
-          rule="holds when the share is at most 1/6 (2 of BERT-base's 12 heads)",
+          rule="holds when the 95% Wilson interval of the share over the layer's heads lies "
+               "below 1/6 (2 of BERT-base's 12 heads), does not hold when it lies above, undecided "
+               "at this n when it holds 1/6 (with 12 heads even none is undecided: 0 of 12 is 0% to "
+               "24%)",
           check="delimiter_layer0_few", note=_SCALED),
     Claim("block_layer0", PANDE, "block heads are prevalent in layer 0 for MRPC, QQP and QNLI",
           None, "text", None, "finetuned", "tasks",

@@ -9,6 +9,7 @@ import numpy as np
 
 from heads_jax.data import vocabulary as vocab
 from heads_jax.hoststats import roles as roles_lib
+from heads_jax.hoststats.claims import bars
 from heads_jax.hoststats.claims.claim import (
     FIG2_GAP, FIG5_DELIMITER, FIG5_ROLES, FIG5_SYNTACTIC, PAPER_ROLES, TASK_NAMES, pct)
 from heads_jax.hoststats.claims.devlin import devlin_dev
@@ -43,54 +44,73 @@ def _average_vs_test(c, run, state):
                               f"tau + {FIG2_GAP:g}")
 
 
+def _overlap_table(c, run, state, first, second):
+  """(k, n_a, n_b, n): of the model's n distinct heads, n_a are ``first`` heads and n_b
+  ``second`` heads in some task of the claim, k of them both (`bars.union`); None per side when
+  no task tested it."""
+  per = task_analyses(run, c, state)
+  firsts = [first(a) for a in per.values()]
+  seconds = [second(a) for a in per.values()]
+  pairs = [(x, y) for x, y in zip(firsts, seconds) if x is not None and y is not None]
+  if not pairs:
+    return None
+  x, y = bars.union(p[0] for p in pairs), bars.union(p[1] for p in pairs)
+  return int((x & y).sum()), int(x.sum()), int(y.sum()), int(x.size)
+
+
+def _overlap_result(table, what: str, enriched: bool = True):
+  k, n_a, n_b, n = table
+  verdict, enrichment, words = bars.overlap_verdict(k, n_a, n_b, n, enriched)
+  return (f"{pct(k / n_a)} ({enrichment:.1f}x chance)", verdict,
+          f"{k} of {n_a} {what}; {words}")
+
+
 def _fine_overlap(c, run, state, first, second):
-  both = total = 0
-  for a in task_analyses(run, c, state).values():
-    x, y = a.role(first), a.role(second)
-    if x is None or y is None:
-      continue
-    total += int(x.sum())
-    both += int((x & y).sum())
-  if total == 0:
+  table = _overlap_table(c, run, state, lambda a: a.role(first), lambda a: a.role(second))
+  if table is None or table[1] == 0:
     raise NotComputable(f"no {first} heads" + ("" if any(first in a.roles for a in
                                                         task_analyses(run, c, state).values())
                                               else " (not tested: no parse of the task text)"))
-  return pct(both / total), both / total > 0.5, f"{both} of {total} {first} heads are {second}"
+  return _overlap_result(table, f"{first} heads are {second} heads")
+
+
+def _coarse_role(name):
+  def role(a):
+    coarse, names = a.coarse()
+    return coarse[..., names.index(name)] if name in names else None
+  return role
+
+
+def _other_coarse(a):
+  coarse, names = a.coarse()
+  if vocab.COARSE_DELIMITER not in names:
+    return None
+  return coarse[..., [i for i, n in enumerate(names) if n != vocab.COARSE_DELIMITER]].any(-1)
 
 
 def _delimiter_intersect(c, run, state):
-  both = total = 0
-  for a in task_analyses(run, c, state).values():
-    coarse, names = a.coarse()
-    if vocab.COARSE_DELIMITER not in names:
-      continue
-    others = [i for i, n in enumerate(names) if n != vocab.COARSE_DELIMITER]
-    other = coarse[..., others].any(-1)
-    total += int(other.sum())
-    both += int((other & coarse[..., names.index(vocab.COARSE_DELIMITER)]).sum())
-  if total == 0:
+  table = _overlap_table(c, run, state, _other_coarse, _coarse_role(vocab.COARSE_DELIMITER))
+  if table is None or table[1] == 0:
     raise NotComputable("no head with another coarse role")
-  return pct(both / total), both / total > 0.5, f"{both} of {total} heads with another coarse role"
+  return _overlap_result(table, "heads with another coarse role are delimiter heads")
 
 
 def _multi_functional(c, run, state):
-  vals = {t: float((a.coarse()[0].sum(-1) >= 2).mean()) for t, a in task_analyses(run, c, state).items()}
-  v = float(np.mean(list(vals.values())))
-  return pct(v), v >= 0.25, "mean over " + ", ".join(f"{TASK_NAMES[t]} {pct(x)}" for t, x in vals.items())
+  per = task_analyses(run, c, state)
+  roles = bars.union(a.coarse()[0] for a in per.values())
+  verdict, enrichment, words = bars.multi_verdict(roles.reshape(-1, roles.shape[-1]))
+  share = float((roles.sum(-1) >= 2).mean())
+  return f"{pct(share)} ({enrichment:.1f}x chance)", verdict, (
+      "heads with two or more coarse roles in some task of " + ", ".join(
+          TASK_NAMES[t] for t in per) + f": {words}")
 
 
 def _block_marginal(c, run, state):
-  block_n = also = 0
-  for a in task_analyses(run, c, state).values():
-    block = a.role(vocab.COARSE_BLOCK)
-    other = a.any_of((vocab.COARSE_LOCAL, vocab.COARSE_SYNTACTIC))
-    if block is None or other is None:
-      continue
-    block_n += int(block.sum())
-    also += int((block & other).sum())
-  if block_n == 0:
+  table = _overlap_table(c, run, state, lambda a: a.role(vocab.COARSE_BLOCK),
+                         lambda a: a.any_of((vocab.COARSE_LOCAL, vocab.COARSE_SYNTACTIC)))
+  if table is None or table[1] == 0:
     raise NotComputable("no block heads in the pair tasks")
-  return pct(also / block_n), also / block_n <= 0.25, f"{also} of {block_n} block heads"
+  return _overlap_result(table, "block heads are local or syntactic heads", enriched=False)
 
 
 def _per_layer_mean(counts: np.ndarray, layers) -> float:
@@ -139,16 +159,20 @@ def _delimiter_all_layers(c, run, state):
 
 def _delimiter_only_last_three(c, run, state):
   only = skilled = 0
+  distinct = []
   for a in task_analyses(run, c, state).values():
     layers = list(claim_layers(c, "last three", a.num_layers))
     fig5 = need(a.count_of(FIG5_ROLES), "the Fig. 5 roles")[layers]
     delim = need(a.count_of(FIG5_DELIMITER), "cls/sep")[layers]
     skilled += int((fig5 > 0).sum())
     only += int(((fig5 > 0) & (fig5 == delim)).sum())
+    distinct.append(fig5 > 0)
   if skilled == 0:
     raise NotComputable("no skilled head in the last layers")
-  return pct(only / skilled), only / skilled > 0.5, (f"{only} of {skilled} skilled heads in layers "
-                                                f"{layers}{scaled_note(a.num_layers)}")
+  n = int(bars.union(distinct).sum())
+  verdict, words = bars.share_verdict(only / skilled, n, 0.5, above=True)
+  return pct(only / skilled), verdict, (f"{only} of {skilled} skilled (task, head) pairs in "
+                                        f"layers {layers}{scaled_note(a.num_layers)}; {words}")
 
 
 def _delimiter_layer0_few(c, run, state):
@@ -159,8 +183,9 @@ def _delimiter_layer0_few(c, run, state):
       raise NotComputable(f"{a.num_layers} layers do not resolve BERT-base layer 0")
     vals[t] = float(need(a.any_of(FIG5_DELIMITER), "cls/sep")[layers].mean())
   v = float(np.mean(list(vals.values())))
-  return pct(v), v <= 1 / 6, f"layers {layers}{scaled_note(a.num_layers)}: " + ", ".join(
-      f"{TASK_NAMES[t]} {pct(x)}" for t, x in vals.items())
+  verdict, words = bars.share_verdict(v, len(layers) * a.assigned.shape[1], 1 / 6, above=False)
+  return pct(v), verdict, f"layers {layers}{scaled_note(a.num_layers)}: " + ", ".join(
+      f"{TASK_NAMES[t]} {pct(x)}" for t, x in vals.items()) + f"; {words}"
 
 
 def _block_per_layer(a: Analysis) -> np.ndarray:
@@ -310,13 +335,32 @@ def _finetune_final(c, run, state, role, sign):
         0.0 if (d.mean() < 0 if sign == "-" else d.mean() > 0) else 1.0)
     ok = (d.mean() < 0 if sign == "-" else d.mean() > 0) and pv < 0.05
     good += ok
-    out.append(f"{TASK_NAMES[t]} {d.mean():+.2f} (p = {pv:.2g})")
+    out.append(f"{TASK_NAMES[t]} {d.mean():+.2f} (p = {pv:.2g}{_block_factors(p, role)})")
   if n == 0:
     raise NotComputable(f"{role} not defined in the final layers")
   return (", ".join(out), good > n / 2,
           f"change of the mean {role} sieve bias over the heads of the final third of the layers "
           f"and a one-sided t-test of the {'fall' if sign == '-' else 'rise'}; {good} of {n} "
-          "task(s) significant")
+          "task(s) significant" + ("; beside it the change of block_plain (the block sieve "
+                                   "without its entropy factor) and of the heads' mean row "
+                                   "entropy (the factor): block rises with them, on the mass "
+                                   "the final layers free" if role == vocab.COARSE_BLOCK else ""))
+
+
+def _block_factors(pair, role: str) -> str:
+  """For block: "; block_plain +x, row entropy +y", the changes over the final third of its two
+  factors (block = block_plain x row entropy); "" for another role or where unknown."""
+  if role != vocab.COARSE_BLOCK:
+    return ""
+  parts = []
+  plain = _head_changes(pair, "block_plain", "final")
+  if plain is not None and plain.size:
+    parts.append(f"block_plain {plain.mean():+.2f}")
+  before, after = pair
+  final = roles_lib.layer_groups(after.num_layers).get("final")
+  if before.entropy is not None and after.entropy is not None and final is not None:
+    parts.append(f"row entropy {float(after.entropy[final].mean() - before.entropy[final].mean()):+.2f}")
+  return "".join(f"; {x}" for x in parts)
 
 
 def _mass_change(pair, feature: str) -> float:

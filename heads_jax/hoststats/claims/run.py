@@ -30,6 +30,8 @@ class Analysis:
   features: float ``[l, h, 21]``, each head's mean distance features (attention masses; from
     clusters.csv), or None.
   cluster_info: the clustering's info dict (method, seed, n_init, ...), or None.
+  entropy: float ``[l, h]``, each head's mean row entropy (natural log; measures.npz, the factor
+    that turns block_plain into block), or None.
   """
   roles: tuple[str, ...]
   assigned: np.ndarray
@@ -41,6 +43,7 @@ class Analysis:
   medians: np.ndarray | None = None
   features: np.ndarray | None = None
   cluster_info: dict | None = None
+  entropy: np.ndarray | None = None
 
   def role(self, name: str) -> np.ndarray | None:
     """bool ``[l, h]`` of one role, None when the run did not test it."""
@@ -109,8 +112,8 @@ class RunFigures:
     "f1", "missing": the types the row needs that the clustering left unnamed}} (percent), "n":
     evaluated questions}``, or None.
   model: the analysed model in words (the details say what a statement was judged on).
-  bert_base: whether the analysed models are BERT-base, Pande et al.'s model; None: judged by
-    their shape (12 layers x 12 heads).
+  bert_base: whether the analysed models are BERT-base, Pande et al.'s model, from their config
+    (`heads_jax.report.reproduce.is_bert_base`); None: not known, so not (never the shape alone).
 
   ``finetune[task]`` may hold, beside the dev scores, ``majority`` (the share of the dev
   examples in their most frequent class) and ``n`` (their number): a fine-tuning verdict needs
@@ -174,14 +177,13 @@ def _shapes(run: RunFigures) -> list[tuple[int, int]]:
 
 
 def pande_setting(run: RunFigures) -> tuple[bool, str]:
-  """Whether the run's models are Pande et al.'s BERT-base (``run.bert_base``, else by the
-  shape: 12 layers x 12 heads), and the models in words."""
+  """Whether the run's models are Pande et al.'s BERT-base (``run.bert_base``, decided from the
+  model's config: never from the shape alone, any 12 x 12 model is not BERT-base; None is not
+  known to be), and the models in words: the name and the shape."""
   shapes = _shapes(run)
   what = (run.model + " " if run.model else "") + ("(" + ", ".join(
       f"{l} layers x {h} heads" for l, h in shapes) + ")" if shapes else "")
-  ok = run.bert_base if run.bert_base is not None else (
-      not shapes or shapes == [(BERT_BASE_LAYERS, 12)])
-  return bool(ok), what.strip() or "this run's model"
+  return bool(run.bert_base), what.strip() or "this run's model"
 
 
 def unnamed_types(a: "Analysis") -> list[str] | None:
