@@ -66,8 +66,10 @@ Margins are in units of the clusters' own spread: a condition between types A an
 is ``(mean_A - mean_B) / sqrt((sd_A^2 + sd_B^2) / 2)`` over their member heads; a reference
 condition ``g >= 0`` (g linear in a head's masses) is ``mean(g) / sd(g)`` over the cluster's
 member heads (sd at least ``SPREAD_FLOOR`` = 0.01 attention mass). Of the 24 ways to give the
-four names to the four clusters, the one whose margins, sorted ascending, are lexicographically
-largest is chosen; a cluster's *margin* is the smallest of its type's conditions. A cluster
+four names to the four clusters, the one that names the most clusters (below) is chosen, and
+among those the one whose margins, sorted ascending, are lexicographically largest (so that a
+type's heads keep their name when another type is absent and its cluster went to a split of
+theirs); a cluster's *margin* is the smallest of its type's conditions. A cluster
 whose margin is not positive does not meet its type's definition and carries no Guan name: it
 is "unnamed (closest: X, margin m)" (`unnamed_name`) in clusters.csv, clusters.json and all
 that reads them (shares, layer verdicts, ablation groups, figures); so a type absent from the
@@ -414,25 +416,32 @@ def name_types(masses, labels, reference: dict | None = None, members=None) -> d
       out[t] = own
     return out
 
+  def gate(conds):
+    """The unnamed types and each type's judged conditions of one assignment: a cluster that
+    fails a condition against the reference meets no definition; the conditions between types
+    are then judged among the clusters still named (a type cannot be "above" or "below" one
+    that is absent), dropping a cluster that fails one, until none does."""
+    unnamed = {t for t in CLUSTER_NAMES
+               if any(m <= 0 for text, _, m in conds[t] if text in REFERENCE_CONDITIONS.values())}
+    while True:
+      judged = {t: [(text, bad, m) for (text, bad, m), rel in zip(conds[t], _relations(t))
+                    if not (rel and (set(rel) - {t}) & unnamed)] for t in CLUSTER_NAMES}
+      more = {t for t in CLUSTER_NAMES if t not in unnamed and min(m for *_, m in judged[t]) <= 0}
+      if not more:
+        return unnamed, judged
+      unnamed |= more
+
+  # The assignment that names the most clusters; among those, the one whose margins (all
+  # conditions), sorted ascending, are lexicographically largest.
   best, best_key = None, None
   for perm in itertools.permutations(range(k)):
     cluster_of = dict(zip(CLUSTER_NAMES, perm))
-    key = sorted(m for own in conditions(cluster_of).values() for *_, m in own)
+    conds = conditions(cluster_of)
+    unnamed, judged = gate(conds)
+    key = (-len(unnamed), sorted(m for own in conds.values() for *_, m in own))
     if best_key is None or key > best_key:
-      best, best_key = cluster_of, key
-  # Gate: a cluster that fails a condition against the reference meets no definition; the
-  # conditions between types are then judged among the clusters still named (a type cannot be
-  # "above" or "below" one that is absent), dropping a cluster that fails one, until none does.
-  conds = conditions(best)
-  unnamed = {t for t in CLUSTER_NAMES
-             if any(m <= 0 for text, _, m in conds[t] if text in REFERENCE_CONDITIONS.values())}
-  while True:
-    judged = {t: [(text, bad, m) for (text, bad, m), rel in zip(conds[t], _relations(t))
-                  if not (rel and (set(rel) - {t}) & unnamed)] for t in CLUSTER_NAMES}
-    more = {t for t in CLUSTER_NAMES if t not in unnamed and min(m for *_, m in judged[t]) <= 0}
-    if not more:
-      break
-    unnamed |= more
+      best, best_key, best_gate = cluster_of, key, (conds, unnamed, judged)
+  conds, unnamed, judged = best_gate
   types, names, margins, unmet, listed = [None] * k, [None] * k, [None] * k, [None] * k, [None] * k
   for t, c in best.items():
     own = conds[t] if t in unnamed else judged[t]

@@ -429,3 +429,87 @@ def test_stability_on_real_fits():
   noise = rng.dirichlet(np.ones(21), (1, 4, 10))  # 40 heads, no cluster structure
   _, info = clustering.cluster_heads(noise, n_init=2, tsne=False)
   assert 0.0 <= info["stability"] < 0.9
+
+
+# Synthetic distance features at a realistic length (50 tokens, 12% special keys), from the
+# masses of all-MiniLM-L6-v2's clusters on 200 QNLI test pairs (issue 48).
+_N, _SHARE = 50, 0.12
+_MASSES = {"dense": (0.23, 0.57, 0.20), "diagonal": (0.47, 0.13, 0.40),
+           "dense+vertical": (0.21, 0.38, 0.41), "vertical": (0.165, 0.225, 0.61)}
+
+
+def _feature(near, far, special, n=_N):
+  """The 21 distance features of a head with these masses at length n: special on [CLS] and
+  [SEP], near on self and the near windows, far over the other windows as uniform attention."""
+  w = int(clustering.near_window_count([n])[0])
+  d = np.arange(1, n)
+  pairs = np.bincount(np.minimum(15, 16 * d // n), weights=2.0 * (n - d), minlength=16)
+  x = np.zeros(21)
+  x[F.index("cls")], x[F.index("sep")] = 0.6 * special, 0.4 * special
+  x[F.index("self")] = 0.4 * near
+  x[:w] = 0.6 * near * pairs[:w] / pairs[:w].sum()
+  x[w:16] = far * pairs[w:] / pairs[w:].sum()
+  return x
+
+
+def _synthetic(kinds, per, seed=0, spread=0.03):
+  rng = np.random.default_rng(seed)
+  rows, truth = [], []
+  for kind in kinds:
+    for _ in range(per):
+      m = np.clip(np.array(_MASSES[kind]) + rng.normal(0, spread, 3), 0.01, None)
+      rows.append(_feature(*(m / m.sum())))
+      truth.append(kind)
+  return np.array(rows)[None, None], np.array(truth)
+
+
+@pytest.mark.parametrize("absent", [None, "vertical", "dense", "dense+vertical"])
+def test_absent_types_at_the_data_lengths(absent):
+  """With the data's lengths and special share, three types (24 heads each; K-means splits one
+  of them) name nothing wrongly: the absent type is reported absent, every named cluster holds
+  only heads of its type, and the type split in two keeps its name on one part (the
+  assignment names the most clusters). All four present: all four named."""
+  kinds = [t for t in clustering.CLUSTER_NAMES if t != absent]
+  x, truth = _synthetic(kinds, per=16 if absent is None else 24)
+  df, info = clustering.cluster_heads(x, lengths=[_N], special_share=[_SHARE], n_init=4,
+                                      tsne=False, stability_fits=0)
+  assert info["reference"]["special_exact"]
+  names = df["cluster_name"].to_numpy()
+  for name in set(names):
+    if name in clustering.CLUSTER_NAMES:
+      assert set(truth[names == name]) == {name}, (name, set(truth[names == name]))
+  if absent is None:
+    assert info["unnamed"] == [] and (names == truth).all()
+    return
+  assert info["unnamed"] == [absent] and absent not in set(names)
+  assert sum(n in clustering.CLUSTER_NAMES for n in info["names"]) == 3
+
+
+def test_readme_qnli_worked_example():
+  """README's worked example (all-MiniLM-L6-v2, the first 100 QNLI test pairs): clusters of
+  these sizes (outliers left out), mean masses and spreads, against uniform attention at the
+  run's lengths, give README's names and between-type margins: dense+vertical unnamed at -0.17
+  (its special mass 0.407 is not above diagonal's 0.420), the others named."""
+  sizes = [16, 12, 29, 11]                      # dense 17, diagonal 15, dense+vertical 29,
+  masses = [[0.2253, 0.5742, 0.2005], [0.4574, 0.1231, 0.4195],   # vertical 11, minus the
+            [0.2044, 0.3888, 0.4069], [0.1474, 0.2443, 0.6084]]   # outliers 3:11 and 0:2,
+  spreads = [[0.0831, 0.0795, 0.0501], [0.0573, 0.0571, 0.0773],  # 0:5, 1:8
+             [0.0615, 0.0919, 0.0736], [0.0748, 0.0927, 0.0575]]
+  rng = np.random.default_rng(0)
+  rows, labels = [], []
+  for c, (n, m, s) in enumerate(zip(sizes, masses, spreads)):
+    z = rng.normal(size=(n, 3))
+    z = (z - z.mean(0)) / z.std(0)
+    rows.append(np.array(m) + np.array(s) * z)
+    labels += [c] * n
+  ref = {"near": 0.1886, "far": 0.6885, "special": 0.1229, "special_exact": True}
+  got = clustering.name_types(np.vstack(rows), np.array(labels), ref)
+  assert got["names"][0] == "dense" and got["names"][1] == "diagonal"
+  assert got["names"][3] == "vertical"
+  assert got["names"][2] == clustering.unnamed_name("dense+vertical", got["margins"][2])
+  assert got["margins"][2] == pytest.approx((0.4069 - 0.4195) / np.sqrt((0.0736**2 + 0.0773**2) / 2),
+                                            abs=1e-3)
+  assert round(got["margins"][2], 2) == -0.17
+  assert got["unmet"][2] == ["special of dense+vertical (0.407) not above diagonal's (0.420) "
+                             "(margin -0.17)"]
+  assert 0 < got["margins"][0] < clustering.LOW_MARGIN          # dense: flagged low margin
