@@ -29,6 +29,14 @@ def add_args(p):
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+def check(args):
+  """The checks that need no JAX (`heads_jax.early`), before the CLI starts JAX."""
+  from heads_jax import early
+  if args.model:
+    early.check_model(args.model)
+  early.check_out(args.out)
+
+
 def main(args):
   from heads_jax.pipelines.demo import run_demo
   run_demo(args.out, quick=args.quick, redo=args.redo, model=args.model,

@@ -92,6 +92,15 @@ def add_args(p):
   p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+def check(args):
+  """The checks that need no JAX (`heads_jax.early`), before the CLI starts JAX: a bad model,
+  data spec or --out is refused in a second or two."""
+  from heads_jax import early
+  early.check_model(args.model)
+  early.check_data(args.data)
+  early.check_out(args.out)
+
+
 def main(args):
   from heads_jax.data.vocabulary import ROLES
   from heads_jax.errors import UserError

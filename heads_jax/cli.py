@@ -136,7 +136,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_, description=description, epilog=epilog,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     mod.add_args(p)
-    p.set_defaults(_main=mod.main)
+    p.set_defaults(_main=mod.main, _check=getattr(mod, "check", None))
   return parser
 
 
@@ -288,6 +288,8 @@ def main(argv=None) -> int:
   if not debug:
     quiet_console(args.command)
   try:
+    if getattr(args, "_check", None):  # the entry's checks that need no JAX: a refusal in ~1 s
+      args._check(args)
     if args.command != "doctor":  # doctor lists every bad variable itself (and exits 1)
       env.require_valid()  # a bad value refused before the work, not where it is first read
       xla_flags.require_known()  # an unknown XLA flag: one line, not XLA's fatal abort

