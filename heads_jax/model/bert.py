@@ -32,6 +32,10 @@ Two switches serve the analysis and ablations, and cost nothing when off:
   or inter-sentence attention" (guan2020_how_far_does_bert_look_at.txt, section 5.2), and for
   whole heads "mask the attention value to 0" (section 5.1); not renormalising is our reading.
 
+The attention itself (paths, masks, dropout, edits, the reducer's call) is
+``heads_jax.model.attention.attend``, shared with ModernBERT and DeBERTa; what a caller wants of
+it travels as one ``AttentionHooks`` (``hooks=``; the keywords below build it).
+
 **Two attention paths** (``attention=`` of ``BertModel.__call__``; ``attention_path`` decides):
 
 * *fused*: ``jax.nn.dot_product_attention`` computes each layer's context without returning
@@ -95,6 +99,9 @@ attributes of ``fn`` ask the explicit path for more, passed as keywords:
   (``H = ln Z - sum_k p_k (s_k - m)``, ``ln Z = -ln max_k p_k``: no logarithm per element; the
   probabilities are jax.nn.softmax's, bit for bit), 0 on padding query rows; None when a
   "uniform" gate or segment removal edits the probabilities.
+* ``fn.wants_values``: the model passes ``values=`` ``[b, k, h, e]`` (the layer's value vectors,
+  compute dtype) and ``context=`` ``[b, q, h, e]`` (each head's context vector, before the
+  gate and the output projection).
 
 **Long sequences**: the ``"xla"`` path runs in chunks of 512 queries (``lax.map``) once
 ``b * h * q * k`` exceeds 2^26, so that memory grows linearly in the length.
@@ -102,75 +109,19 @@ attributes of ``fn`` ask the explicit path for more, passed as keywords:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from heads_jax.model.config import ATTENTION_SETTINGS, LAYER_NORM_DTYPES, BertConfig
-from heads_jax.model.encoder_io import LayerOutputs, check_inputs, remove_segments
-from heads_jax.model.flash_attention import flash_attention
-
-GATE_MODES = ("remove", "uniform")
-ATTENTION_PATHS = ATTENTION_SETTINGS  # ("auto", "explicit", "xla", "cudnn", "flash")
-
-
-def fused_implementation(dtype, head_dim: int) -> str:
-  """``"cudnn"`` on a GPU for bfloat16/float16 compute with a head dimension cuDNN's flash
-  attention takes (multiple of 8, at most 128), else ``"xla"``."""
-  if (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-      and head_dim % 8 == 0 and head_dim <= 128):
-    return "cudnn"
-  return "xla"
-
-
-def flash_preferred(dtype, head_dim: int) -> bool:
-  """Whether ``"auto"`` takes the Pallas flash kernel for dropout-active attention: on a GPU
-  for bfloat16/float16 compute and head dimensions up to 128 (float32 keeps the explicit path,
-  whose float32 products Triton would round to TF32)."""
-  return (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-          and head_dim <= 128)
-
-
-def attention_path(attention: str, *, needs_probs: bool, dropout_active: bool, dtype,
-                   head_dim: int, supports_flash: bool = False) -> str:
-  """``"explicit"``, ``"xla"``, ``"cudnn"`` or ``"flash"`` for the ``attention`` setting
-  (module docstring).
-
-  ``needs_probs``: something reads the probabilities (returned attentions, a ``"uniform"``
-  gate, segment removal, a reduction that asks for them); ``dropout_active``: attention
-  dropout would change them; ``supports_flash``: the caller has a ``"flash"`` branch (BERT's
-  ``SelfAttention``; another family gets the explicit path for dropout as before).
-  """
-  if attention not in ATTENTION_PATHS:
-    raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
-  if attention == "explicit":
-    return "explicit"
-  if attention == "flash" and not supports_flash:
-    raise ValueError("attention='flash' (the Pallas flash kernel) is not available for this "
-                     "model family; use 'auto', 'explicit' or 'xla'")
-  if attention == "auto":
-    if needs_probs:
-      return "explicit"
-    if dropout_active:
-      return "flash" if supports_flash and flash_preferred(dtype, head_dim) else "explicit"
-    return fused_implementation(dtype, head_dim)
-  if needs_probs:
-    raise ValueError(f"attention={attention!r} (fused) cannot return or edit the attention "
-                     f"probabilities; use 'auto' or 'explicit'")
-  if dropout_active and attention != "flash":
-    raise ValueError(f"attention={attention!r} (fused) cannot apply attention dropout; use "
-                     f"'auto', 'flash' or 'explicit'")
-  return attention
-
-
-def attention_keep(dropout: nnx.Dropout, shape) -> jax.Array:
-  """bool ``shape``: the keep mask ``dropout`` would draw for an input of ``shape`` (the next
-  key of its rng stream, ``jax.random.bernoulli`` with ``1 - rate``), so that the explicit and
-  the flash paths drop exactly the same probabilities, and a step's masks depend only on the
-  step's key (``heads_jax.training.steps``)."""
-  return jax.random.bernoulli(dropout.rngs(), 1.0 - dropout.rate, shape)
-
+from heads_jax.model.attention import (  # noqa: F401  (the names callers import from here)
+    ATTENTION_PATHS, CHUNK_ELEMENTS, GATE_MODES, QUERY_CHUNK, AttentionHooks, attend,
+    attention_keep, attention_path, flash_preferred, fused_implementation, resolve_hooks, visible,
+    xla_attention)
+from heads_jax.model.config import LAYER_NORM_DTYPES, BertConfig
+from heads_jax.model.encoder_io import LayerOutputs, check_inputs
 
 def _init(cfg: BertConfig):
   return nnx.initializers.normal(stddev=cfg.initializer_range)
@@ -259,45 +210,6 @@ class Embeddings(nnx.Module):
     return x
 
 
-def visible(mask, segment_ids=None):
-  """bool ``[b, 1, 1, k]`` (the real keys) or, with packed ``segment_ids`` ``[b, q]``,
-  ``[b, 1, q, k]``: key ``k`` is visible to query ``q`` iff it is real and has the query's
-  nonzero id (padding positions have id 0 and see nothing)."""
-  real = mask[:, None, None, :] > 0
-  if segment_ids is None:
-    return real
-  seg = segment_ids
-  return real & (seg[:, None, :, None] == seg[:, None, None, :]) & (seg[:, None, None, :] > 0)
-
-
-CHUNK_ELEMENTS = 2 ** 26  # b * h * q * k above which the XLA path runs in query chunks
-QUERY_CHUNK = 512
-
-
-def xla_attention(qh, kh, vh, key_real):
-  """``jax.nn.dot_product_attention`` (XLA) with the boolean ``key_real`` ``[b, 1, q|1, k]``;
-  in chunks of ``QUERY_CHUNK`` queries (``lax.map``) when ``b * h * q * k`` exceeds
-  ``CHUNK_ELEMENTS``, so that memory grows linearly in the length (same numbers: the softmax is
-  per query row)."""
-  b, q, h, _ = qh.shape
-  k = kh.shape[1]
-  if b * h * q * k <= CHUNK_ELEMENTS or q <= QUERY_CHUNK:
-    return jax.nn.dot_product_attention(qh, kh, vh, mask=key_real, implementation="xla")
-  n = -(-q // QUERY_CHUNK)
-  pad = n * QUERY_CHUNK - q
-  qc = jnp.pad(qh, ((0, 0), (0, pad), (0, 0), (0, 0)))
-  qc = jnp.moveaxis(qc.reshape(b, n, QUERY_CHUNK, h, qh.shape[-1]), 1, 0)
-  if key_real.shape[2] == 1:
-    ctx = jax.lax.map(lambda qb: jax.nn.dot_product_attention(qb, kh, vh, mask=key_real,
-                                                              implementation="xla"), qc)
-  else:
-    mc = jnp.pad(key_real, ((0, 0), (0, 0), (0, pad), (0, 0)))
-    mc = jnp.moveaxis(mc.reshape(b, 1, n, QUERY_CHUNK, k), 2, 0)
-    ctx = jax.lax.map(lambda a: jax.nn.dot_product_attention(a[0], kh, vh, mask=a[1],
-                                                             implementation="xla"), (qc, mc))
-  return jnp.moveaxis(ctx, 0, 1).reshape(b, n * QUERY_CHUNK, h, vh.shape[-1])[:, :q]
-
-
 class SelfAttention(nnx.Module):
   """Multi-head self-attention with output projection, residual and LayerNorm."""
 
@@ -312,102 +224,24 @@ class SelfAttention(nnx.Module):
     self.attention_dropout = nnx.Dropout(cfg.attention_dropout, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
 
-  def __call__(self, x, mask, *, gate, gate_mode: str, deterministic: bool,
-               segment_removal=None, segments=None, renormalise_segments: bool = False,
-               attention: str = "auto", need_probs: bool = False, reduce=None, layer: int = 0,
+  def __call__(self, x, mask, *, hooks: AttentionHooks, layer: int, deterministic: bool,
                segment_ids=None):
-    """x ``[b, q, d]``, mask ``[b, k]`` (1 real) , gate ``[h]`` or None; ``segment_removal``
-    ``[h, 2]`` or None with ``segments`` ``[b, k]`` (token types; see the module docstring);
-    ``attention`` the path setting, ``need_probs`` whether the caller reads the probabilities,
-    ``reduce`` the per-layer reduction (called with ``layer``); ``segment_ids`` ``[b, q]`` or
-    None: packed sequences (a query attends only the real keys of its own nonzero id).
+    """x ``[b, q, d]``, mask ``[b, k]`` (1 real); ``hooks`` what the caller wants
+    (``heads_jax.model.attention.AttentionHooks``), ``layer`` the applied layer's index;
+    ``segment_ids`` ``[b, q]`` or None: packed sequences (a query attends only the real keys of
+    its own nonzero id).
 
-    Returns the new hidden state ``[b, q, d]``, the attention ``[b, h, q, k]`` float32 (None on
-    the fused path) and the reduction's output (None without ``reduce``).
+    Returns the new hidden state ``[b, q, d]``, the attention ``[b, h, q, k]`` float32 (None off
+    the explicit path) and the reduction's output (None without ``hooks.reduce``).
     """
     cfg = self.cfg
     b, q, _ = x.shape
-    split = lambda y: y.reshape(b, q, cfg.num_heads, cfg.head_dim)
+    split = lambda y: y.reshape(b, q, cfg.num_heads, cfg.head_dim)  # noqa: E731
     qh, kh, vh = split(self.query(x)), split(self.key(x)), split(self.value(x))
-    reduce_probs = reduce is not None and getattr(reduce, "needs_probs", True)
-    edits = (gate is not None and gate_mode == "uniform") or segment_removal is not None
-    dropout_active = not deterministic and self.attention_dropout.rate > 0
-    path = attention_path(attention, needs_probs=need_probs or edits or reduce_probs,
-                          dropout_active=dropout_active, dtype=qh.dtype, head_dim=cfg.head_dim,
-                          supports_flash=True)
-    key_real = visible(mask, segment_ids)                                    # [b, 1, q|1, k]
-    h = cfg.num_heads
-    keep = attention_keep(self.attention_dropout, (b, h, q, q)) if dropout_active else None
-    columns_in = None if reduce is None else getattr(reduce, "value_columns", None)
-    wants_entropy = reduce is not None and getattr(reduce, "wants_entropy", False)
-    probs = columns = entropy = None
-    if path == "explicit":
-      scale = 1.0 / jnp.sqrt(jnp.float32(cfg.head_dim))
-      scores = jnp.einsum("bqhe,bkhe->bhqk", qh, kh, preferred_element_type=jnp.float32) * scale
-      scores = jnp.where(key_real, scores, jnp.finfo(jnp.float32).min)
-      probs = jax.nn.softmax(scores, axis=-1)
-      if wants_entropy and not edits:
-        # H = ln Z - sum_k p_k (s_k - m), natural log, over the visible keys, with ln Z = -ln p
-        # of the largest score's key (its p is exp(0) / Z): no logarithm per element, and the
-        # probabilities stay jax.nn.softmax's (same bits as without the hook; keeping its
-        # exponentials for the sum instead cost a pass over them)
-        m = jnp.max(scores, axis=-1, keepdims=True)
-        spread = jnp.sum(jnp.where(key_real, probs * (scores - m), 0.0), -1)
-        entropy = -jnp.log(jnp.max(probs, axis=-1)) - spread
-        entropy = entropy * mask[:, None, :].astype(entropy.dtype)          # padding queries 0
-      probs = jnp.where(key_real, probs, 0.0)  # exact zeros on padding keys
-      if gate is not None and gate_mode == "uniform":
-        # uniform over the keys the query may attend (its segment's real keys when packed)
-        n = jnp.maximum(jnp.sum(key_real, axis=-1, keepdims=True), 1).astype(jnp.float32)
-        uniform = key_real.astype(jnp.float32) / n
-        g = gate.astype(jnp.float32)[None, :, None, None]
-        probs = g * probs + (1.0 - g) * uniform
-      if segment_removal is not None:
-        probs = remove_segments(probs, segments, segment_removal, renormalise_segments)
-      dropped, rate = probs, self.attention_dropout.rate
-      if keep is not None:  # as nnx.Dropout: select(keep, x / (1 - rate), 0)
-        dropped = (jax.lax.select(keep, probs / (1.0 - rate), jnp.zeros_like(probs)) if rate < 1
-                   else jnp.zeros_like(probs))
-      if columns_in is not None and vh.dtype == jnp.float32 and keep is None:
-        # P @ [V | E]: the extra columns ride in the same product as the values
-        cols = jnp.broadcast_to(columns_in[:, :, None, :].astype(vh.dtype),
-                                (b, q, h, columns_in.shape[-1]))
-        both = jnp.einsum("bhqk,bkhf->bqhf", dropped, jnp.concatenate([vh, cols], axis=-1))
-        ctx, columns = both[..., :cfg.head_dim], jnp.transpose(both[..., cfg.head_dim:], (0, 2, 1, 3))
-      else:
-        ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
-        if columns_in is not None:  # float32 columns under bfloat16 compute (or dropout)
-          columns = jnp.einsum("bhqk,bkc->bhqc", probs, columns_in.astype(jnp.float32))
-      if columns is not None:
-        columns = columns * mask[:, None, :, None].astype(columns.dtype)    # padding queries 0
-    elif path == "flash":
-      if segment_ids is None:
-        # a query attends the real keys of its row (padding queries too, as the explicit path)
-        q_ids, kv_ids = jnp.ones_like(mask), mask
-      else:
-        q_ids = segment_ids
-        kv_ids = jnp.where((mask > 0) & (segment_ids > 0), segment_ids, -1)
-      ctx = flash_attention(qh, kh, vh, q_ids, kv_ids, keep, rate=self.attention_dropout.rate)
-    elif path == "cudnn" and segment_ids is None:
-      # right-padded batches: key lengths; at least 1 so that a filler row stays finite
-      lengths = jnp.maximum(jnp.sum(mask > 0, axis=-1), 1).astype(jnp.int32)
-      ctx = jax.nn.dot_product_attention(qh, kh, vh, key_value_seq_lengths=lengths,
-                                         implementation="cudnn")
-    else:  # "xla" (and "cudnn" with packed segments, which key lengths cannot express)
-      ctx = xla_attention(qh, kh, vh, key_real)
-    reduced = None
-    if reduce is not None:
-      shown = probs
-      if probs is not None and not getattr(reduce, "masks_padding_queries", False):
-        shown = probs * mask[:, None, :, None].astype(probs.dtype)           # padding queries 0
-      extra = {}
-      if columns_in is not None:
-        extra["columns"] = columns
-      if wants_entropy:
-        extra["entropy"] = entropy
-      reduced = reduce(layer, shown, qh, kh, mask, **extra)
-    if gate is not None and gate_mode == "remove":
-      ctx = ctx * gate.astype(ctx.dtype)[None, None, :, None]
+    ctx, probs, reduced = attend(qh, kh, vh, mask, hooks=hooks, layer=layer,
+                                 dropout=self.attention_dropout, deterministic=deterministic,
+                                 scale=1.0 / jnp.sqrt(jnp.float32(cfg.head_dim)),
+                                 segment_ids=segment_ids, supports_flash=True)
     out = self.dropout(self.output(ctx.reshape(b, q, cfg.hidden_size)), deterministic=deterministic)
     return self.norm(out + x), probs, reduced
 
@@ -426,14 +260,19 @@ class Layer(nnx.Module):
     self.norm = layer_norm(cfg, cfg.hidden_size, rngs)
     self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
 
-  def __call__(self, x, mask, *, gate, gate_mode, deterministic, **attention_kw):
-    """Returns the new hidden state, the attention (None on the fused path) and the per-layer
-    reduction's output (``SelfAttention``)."""
-    x, probs, reduced = self.attention(x, mask, gate=gate, gate_mode=gate_mode,
-                                       deterministic=deterministic, **attention_kw)
+  def __call__(self, x, mask, *, hooks: AttentionHooks, layer: int, deterministic: bool,
+               segment_ids=None):
+    """Returns the new hidden state, the attention (None off the explicit path) and the
+    per-layer reduction's output (``SelfAttention``)."""
+    x, probs, reduced = self.attention(x, mask, hooks=hooks, layer=layer,
+                                       deterministic=deterministic, segment_ids=segment_ids)
+    return self.feed_forward(x, deterministic), probs, reduced
+
+  def feed_forward(self, x, deterministic: bool):
+    """The feed-forward block with its residual and LayerNorm, ``[b, q, d]`` -> ``[b, q, d]``."""
     y = activation(self.cfg.hidden_act, self.intermediate(x))
     y = self.dropout(self.output(y), deterministic=deterministic)
-    return self.norm(y + x), probs, reduced
+    return self.norm(y + x)
 
 
 class BertModel(nnx.Module):
@@ -456,7 +295,7 @@ class BertModel(nnx.Module):
                return_hidden_states: bool = False, deterministic: bool = True,
                segment_removal=None, renormalise_segments: bool = False,
                attention: str | None = None, attention_reduce=None, position_ids=None,
-               segment_ids=None) -> dict:
+               segment_ids=None, hooks: AttentionHooks | None = None) -> dict:
     """Encodes ``input_ids`` ``[b, q]``.
 
     Args:
@@ -484,6 +323,10 @@ class BertModel(nnx.Module):
         attention; a "uniform" gate is uniform over those keys). ``attention_mask`` stays the
         real-position mask (what ``attention_reduce`` receives). ``"cudnn"`` falls back to
         ``"xla"`` here.
+      hooks: optional ``heads_jax.model.attention.AttentionHooks``: everything above that
+        concerns the attention (path, gate, segment removal, reducer) in one object, plus the
+        intervention points ``edit_probs`` and ``edit_context``; give either it or those
+        keywords (``return_attentions`` and ``attention`` may be given beside it).
 
     Returns:
       dict with ``last_hidden_state`` ``[b, q, d]`` and, where the family has a pooler, ``pooled``
@@ -492,33 +335,26 @@ class BertModel(nnx.Module):
       ``attention_reduce``.
     """
     cfg = self.config
-    if gate_mode not in GATE_MODES:
-      raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
-    if attention is None:
-      attention = getattr(cfg, "attention", "auto")
-    if attention not in ATTENTION_PATHS:
-      raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
-    input_ids, mask, types, head_gate, segment_removal = check_inputs(
-        cfg, input_ids, attention_mask, token_type_ids, head_gate=head_gate,
-        segment_removal=segment_removal, position_ids=position_ids, segment_ids=segment_ids)
+    hooks = resolve_hooks(cfg, hooks, attention=attention, return_attentions=return_attentions,
+                          attention_reduce=attention_reduce, head_gate=head_gate,
+                          gate_mode=gate_mode, segment_removal=segment_removal,
+                          renormalise_segments=renormalise_segments)
+    input_ids, mask, types, gate, removal = check_inputs(
+        cfg, input_ids, attention_mask, token_type_ids, head_gate=hooks.gate,
+        segment_removal=hooks.segment_removal, position_ids=position_ids, segment_ids=segment_ids)
+    hooks = dataclasses.replace(hooks, gate=gate, segment_removal=removal, segments=types)
     if position_ids is not None:
       position_ids = jnp.asarray(position_ids, jnp.int32)
+    if segment_ids is not None:
+      segment_ids = jnp.asarray(segment_ids, jnp.int32)
     x = self.embeddings(input_ids, types, deterministic=deterministic, position_ids=position_ids)
-    outputs = LayerOutputs(x, return_attentions=return_attentions,
+    outputs = LayerOutputs(x, return_attentions=hooks.need_probs,
                            return_hidden_states=return_hidden_states,
-                           attention_reduce=attention_reduce)
+                           attention_reduce=hooks.reduce)
     for i, which in enumerate(cfg.layer_schedule):
-      layer = self.layers[which]
-      gate = None if head_gate is None else head_gate[i]
-      attention_kw = {"attention": attention, "need_probs": return_attentions,
-                      "reduce": attention_reduce, "layer": i}
-      if segment_ids is not None:
-        attention_kw["segment_ids"] = jnp.asarray(segment_ids, jnp.int32)
-      if segment_removal is not None:
-        attention_kw.update(segment_removal=segment_removal[i], segments=types,
-                            renormalise_segments=renormalise_segments)
-      x, probs, layer_reduced = layer(x, mask, gate=gate, gate_mode=gate_mode,
-                                      deterministic=deterministic, **attention_kw)
+      x, probs, layer_reduced = self.layers[which](x, mask, hooks=hooks, layer=i,
+                                                   deterministic=deterministic,
+                                                   segment_ids=segment_ids)
       outputs.add(x, probs, layer_reduced)
     x = x.astype(jnp.float32)
     out = {"last_hidden_state": x}

@@ -54,10 +54,10 @@ import numpy as np
 from flax import nnx
 
 from heads_jax.contract import TERM_NAMES
-from heads_jax.model.bert import (GATE_MODES, Layer as BertLayer, SelfAttention, activation,
-                                  attention_path, dense, layer_norm)
+from heads_jax.model.attention import AttentionHooks, attend, resolve_hooks
+from heads_jax.model.bert import Layer as BertLayer, SelfAttention, activation, dense, layer_norm
 from heads_jax.model.config import ACTIVATIONS, BertConfig, check_activation, hf_encoder_fields
-from heads_jax.model.encoder_io import LayerOutputs, check_inputs, remove_segments
+from heads_jax.model.encoder_io import LayerOutputs, check_inputs
 
 TERMS = TERM_NAMES  # the order of term_shares (measures.npz: term_names)
 ATTENTION_PATHS = ("auto", "explicit", "xla")
@@ -289,32 +289,18 @@ class DisentangledAttention(SelfAttention):
       p2c = jnp.swapaxes(p2c, -1, -2) * scale
     return c2p, p2c
 
-  def __call__(self, x, mask, rel, rows, *, gate, gate_mode: str, deterministic: bool,
-               attention: str = "auto", need_probs: bool = False, reduce=None, layer: int = 0,
-               term_shares: bool = False, segment_removal=None, segments=None,
-               renormalise_segments: bool = False):
+  def __call__(self, x, mask, rel, rows, *, hooks: AttentionHooks, layer: int,
+               deterministic: bool, term_shares: bool = False):
     """x ``[b, q, d]``, mask ``[b, k]``, rel ``[2 span, d]`` (None without relative
-    attention), rows ``[q, k]``, gate ``[h]`` or None; ``segment_removal`` ``[h, 2]`` with
-    ``segments`` ``[b, k]`` as in ``bert.SelfAttention``.
+    attention), rows ``[q, k]``; ``hooks`` and ``layer`` as in ``bert.SelfAttention``.
 
-    Returns the new hidden state ``[b, q, d]``, the attention ``[b, h, q, k]`` float32 (None on
-    the fused path), the reduction's output (None without ``reduce``) and, with
+    Returns the new hidden state ``[b, q, d]``, the attention ``[b, h, q, k]`` float32 (None off
+    the explicit path), the reduction's output (None without ``hooks.reduce``) and, with
     ``term_shares``, the shares ``[b, h, 3]`` (else None)."""
     cfg = self.cfg
     b, q, _ = x.shape
     split = lambda y: y.reshape(b, q, cfg.num_heads, cfg.head_dim)  # noqa: E731
     qh, kh, vh = split(self.query(x)), split(self.key(x)), split(self.value(x))
-    if reduce is not None and not getattr(reduce, "needs_probs", True):
-      raise ValueError("a DeBERTa head's logits are not query . key (disentangled attention): "
-                       "this per-layer reduction recomputes them from the query and key vectors "
-                       "and cannot serve DeBERTa; use the 'layerwise' or 'stacked' statistics "
-                       "path")
-    edits = (gate is not None and gate_mode == "uniform") or segment_removal is not None
-    dropout_active = not deterministic and self.attention_dropout.rate > 0
-    path = attention_path(attention, needs_probs=need_probs or edits or reduce is not None,
-                          dropout_active=dropout_active, dtype=qh.dtype, head_dim=cfg.head_dim)
-    if path == "cudnn":
-      path = "xla"  # auto never picks cuDNN here (DeBERTa refuses attention="cudnn" up front)
     scale = 1.0 / np.sqrt(np.float32(cfg.head_dim * cfg.scale_factor))
     c2p = p2c = None
     if rel is not None:
@@ -323,36 +309,15 @@ class DisentangledAttention(SelfAttention):
     for t in (c2p, p2c):
       if t is not None:
         positional = t if positional is None else positional + t
-    key_real = mask[:, None, None, :].astype(bool)
-    probs = shares = None
-    if path == "explicit" or term_shares:
+    shares = None
+    if term_shares:
       c2c = jnp.einsum("bqhe,bkhe->bhqk", qh, kh, preferred_element_type=jnp.float32) * scale
-      scores = c2c if positional is None else c2c + positional
-      if term_shares:
-        shares = term_variance_shares([c2c, c2p, p2c], mask)
-    if path == "explicit":
-      scores = jnp.where(key_real, scores, jnp.finfo(jnp.float32).min)
-      probs = jax.nn.softmax(scores, axis=-1)
-      probs = jnp.where(key_real, probs, 0.0)
-      if gate is not None and gate_mode == "uniform":
-        n = jnp.maximum(mask.sum(-1), 1).astype(jnp.float32)
-        uniform = key_real.astype(jnp.float32) / n[:, None, None, None]
-        g = gate.astype(jnp.float32)[None, :, None, None]
-        probs = g * probs + (1.0 - g) * uniform
-      if segment_removal is not None:
-        probs = remove_segments(probs, segments, segment_removal, renormalise_segments)
-      dropped = self.attention_dropout(probs, deterministic=deterministic)
-      ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
-    else:
-      bias = None if positional is None else positional.astype(qh.dtype)
-      ctx = jax.nn.dot_product_attention(qh, kh, vh, bias=bias, mask=key_real,
-                                         scale=float(scale), implementation="xla")
-    reduced = None
-    if reduce is not None:
-      shown = probs * mask[:, None, :, None].astype(probs.dtype)           # padding queries 0
-      reduced = reduce(layer, shown, qh, kh, mask)
-    if gate is not None and gate_mode == "remove":
-      ctx = ctx * gate.astype(ctx.dtype)[None, None, :, None]
+      shares = term_variance_shares([c2c, c2p, p2c], mask)
+    # a DeBERTa head's logits are not query . key (disentangled attention): a reducer that
+    # recomputes them from the query and key vectors is refused
+    ctx, probs, reduced = attend(qh, kh, vh, mask, hooks=hooks, layer=layer,
+                                 dropout=self.attention_dropout, deterministic=deterministic,
+                                 scale=scale, bias=positional, query_key_logits=False)
     out = self.dropout(self.output(ctx.reshape(b, q, cfg.hidden_size)), deterministic=deterministic)
     return self.norm(out + x), probs, reduced, shares
 
@@ -382,12 +347,12 @@ class Layer(BertLayer):
 
   attention_class = DisentangledAttention
 
-  def __call__(self, x, mask, rel, rows, *, gate, gate_mode, deterministic, **attention_kw):
-    x, probs, reduced, shares = self.attention(x, mask, rel, rows, gate=gate, gate_mode=gate_mode,
-                                               deterministic=deterministic, **attention_kw)
-    y = activation(self.cfg.hidden_act, self.intermediate(x))
-    y = self.dropout(self.output(y), deterministic=deterministic)
-    return self.norm(y + x), probs, reduced, shares
+  def __call__(self, x, mask, rel, rows, *, hooks: AttentionHooks, layer: int,
+               deterministic: bool, term_shares: bool = False):
+    x, probs, reduced, shares = self.attention(x, mask, rel, rows, hooks=hooks, layer=layer,
+                                               deterministic=deterministic,
+                                               term_shares=term_shares)
+    return self.feed_forward(x, deterministic), probs, reduced, shares
 
   def values(self, x) -> jnp.ndarray:
     """The value vectors float32 ``[b, k, h, e]`` (bias included) of the layer's input ``x``
@@ -437,21 +402,22 @@ class DebertaModel(nnx.Module):
                return_hidden_states: bool = False, deterministic: bool = True,
                segment_removal=None, renormalise_segments: bool = False,
                attention: str | None = None, attention_reduce=None,
-               return_term_shares: bool = False) -> dict:
+               return_term_shares: bool = False, hooks: AttentionHooks | None = None) -> dict:
     """Encodes ``input_ids`` ``[b, q]``; arguments and outputs as ``BertModel.__call__``
     (``attention`` None: the config's ``attention`` where it has one, else ``"auto"``), plus ``return_term_shares``: add ``term_shares`` float32
     ``[b, l, h, 3]`` (``TERMS``; module docstring)."""
     cfg = self.config
-    if attention is None:
-      attention = getattr(cfg, "attention", "auto")
-    if gate_mode not in GATE_MODES:
-      raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
-    if attention not in ATTENTION_PATHS:
+    hooks = resolve_hooks(cfg, hooks, attention=attention, return_attentions=return_attentions,
+                          attention_reduce=attention_reduce, head_gate=head_gate,
+                          gate_mode=gate_mode, segment_removal=segment_removal,
+                          renormalise_segments=renormalise_segments)
+    if hooks.path not in ATTENTION_PATHS:
       raise ValueError(f"attention must be one of {ATTENTION_PATHS} for DeBERTa (cuDNN's flash "
-                       f"attention takes no relative-position bias here), got {attention!r}")
-    input_ids, mask, types, head_gate, segment_removal = check_inputs(
-        cfg, input_ids, attention_mask, token_type_ids, head_gate=head_gate,
-        segment_removal=segment_removal)
+                       f"attention takes no relative-position bias here), got {hooks.path!r}")
+    input_ids, mask, types, gate, removal = check_inputs(
+        cfg, input_ids, attention_mask, token_type_ids, head_gate=hooks.gate,
+        segment_removal=hooks.segment_removal)
+    hooks = dataclasses.replace(hooks, gate=gate, segment_removal=removal, segments=types)
     q = input_ids.shape[1]
 
     x = self.embeddings(input_ids, types, mask, deterministic=deterministic)
@@ -463,20 +429,14 @@ class DebertaModel(nnx.Module):
       rows = relative_rows(cfg, q)
       lo, hi = int(rows.min()), int(rows.max()) + 1
       rel, rows = rel[lo:hi], rows - lo
-    outputs = LayerOutputs(x, return_attentions=return_attentions,
+    outputs = LayerOutputs(x, return_attentions=hooks.need_probs,
                            return_hidden_states=return_hidden_states,
-                           attention_reduce=attention_reduce)
+                           attention_reduce=hooks.reduce)
     shares = []
     for i, layer in enumerate(self.layers):
-      gate = None if head_gate is None else head_gate[i]
-      attention_kw = {}
-      if segment_removal is not None:
-        attention_kw = dict(segment_removal=segment_removal[i], segments=types,
-                            renormalise_segments=renormalise_segments)
       x, probs, layer_reduced, layer_shares = layer(
-          x, mask, rel, rows, gate=gate, gate_mode=gate_mode, deterministic=deterministic,
-          attention=attention, need_probs=return_attentions, reduce=attention_reduce, layer=i,
-          term_shares=return_term_shares, **attention_kw)
+          x, mask, rel, rows, hooks=hooks, layer=i, deterministic=deterministic,
+          term_shares=return_term_shares)
       outputs.add(x, probs, layer_reduced)
       if return_term_shares:
         shares.append(layer_shares)

@@ -39,9 +39,11 @@ import numpy as np
 from flax import nnx
 
 from heads_jax.errors import UserError
-from heads_jax.model.bert import GATE_MODES, ATTENTION_PATHS, activation, attention_path
+from heads_jax.model.attention import (ATTENTION_PATHS, AttentionHooks, attend, resolve_hooks,
+                                       visible)
+from heads_jax.model.bert import activation
 from heads_jax.model.config import ALL_FAMILIES, ConfigMethods, check_activation
-from heads_jax.model.encoder_io import LayerOutputs, check_inputs, remove_segments
+from heads_jax.model.encoder_io import LayerOutputs, check_inputs
 
 FAMILY = "modernbert"
 _PATHS = tuple(p for p in ATTENTION_PATHS if p != "flash")
@@ -250,19 +252,12 @@ def apply_rotary(x, cos, sin):
 
 def visible_keys(mask, window: int | None, segment_ids=None):
   """Which keys each query sees, bool ``[b, 1, q, k]``: the real keys (``mask`` ``[b, k]``),
-  of the query's own sequence in a packed row (``segment_ids`` ``[b, q]``: ``1, 2, ...`` per
-  sequence, 0 on padding), within ``|i - j| <= window`` when ``window`` is not None (a local
-  layer; a packed sequence's positions are contiguous, so row offsets are its token offsets)."""
-  mask = jnp.asarray(mask)
-  k = mask.shape[-1]
-  seen = jnp.broadcast_to(mask[:, None, None, :] > 0, (mask.shape[0], 1, k, k))
-  if segment_ids is not None:
-    seg = jnp.asarray(segment_ids)
-    seen = seen & (seg[:, None, :, None] == seg[:, None, None, :]) & (seg[:, None, None, :] > 0)
-  if window is None:
-    return seen
-  pos = jnp.arange(k)
-  return seen & (jnp.abs(pos[:, None] - pos[None, :]) <= window)[None, None]
+  of the query's own sequence in a packed row (``segment_ids`` ``[b, q]``), within
+  ``|i - j| <= window`` when ``window`` is not None (a local layer);
+  ``heads_jax.model.attention.visible`` broadcast to every query."""
+  seen = visible(mask, segment_ids, window)
+  k = seen.shape[-1]
+  return jnp.broadcast_to(seen, (seen.shape[0], 1, k, k))
 
 
 class Attention(nnx.Module):
@@ -285,12 +280,10 @@ class Attention(nnx.Module):
     qkv = self.qkv(x).reshape(b, q, 3, cfg.num_heads, cfg.head_dim)
     return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
-  def __call__(self, x, mask, *, gate, gate_mode: str, deterministic: bool,
-               segment_removal=None, segments=None, renormalise_segments: bool = False,
-               attention: str = "auto", need_probs: bool = False, reduce=None, layer: int = 0,
+  def __call__(self, x, mask, *, hooks: AttentionHooks, layer: int, deterministic: bool,
                positions=None, segment_ids=None):
     """x ``[b, q, d]`` (already normed) -> the attention block's output ``[b, q, d]`` (before the
-    residual), the attention ``[b, h, q, k]`` float32 (None on the fused path) and the
+    residual), the attention ``[b, h, q, k]`` float32 (None off the explicit path) and the
     reduction's output; the arguments as ``heads_jax.model.bert.SelfAttention``, ``positions``
     int ``[b, q]`` (RoPE's) and packed ``segment_ids`` ``[b, q]`` or None."""
     cfg = self.cfg
@@ -301,44 +294,11 @@ class Attention(nnx.Module):
     cos, sin = rotary_tables(positions, cfg.head_dim, self.theta)
     dt = vh.dtype
     qh, kh = apply_rotary(qh, cos, sin).astype(dt), apply_rotary(kh, cos, sin).astype(dt)
-    reduce_probs = reduce is not None and getattr(reduce, "needs_probs", True)
-    if reduce is not None and not reduce_probs and self.window is not None:
-      raise ValueError("the fused statistics kernel (stats_impl 'fused', HEADS_JAX_STATS_IMPL=fused) "
-                       "recomputes attention without the sliding window of ModernBERT's local "
-                       "layers: use 'layerwise' or 'stacked' (the default 'auto' does)")
-    edits = (gate is not None and gate_mode == "uniform") or segment_removal is not None
-    dropout_active = not deterministic and self.attention_dropout.rate > 0
-    path = attention_path(attention, needs_probs=need_probs or edits or reduce_probs,
-                          dropout_active=dropout_active, dtype=qh.dtype, head_dim=cfg.head_dim)
-    seen = visible_keys(mask, self.window, segment_ids)                     # [b, 1, q, k]
-    probs = None
-    if path == "explicit":
-      scale = 1.0 / jnp.sqrt(jnp.float32(cfg.head_dim))
-      scores = jnp.einsum("bqhe,bkhe->bhqk", qh, kh, preferred_element_type=jnp.float32) * scale
-      scores = jnp.where(seen, scores, jnp.finfo(jnp.float32).min)
-      probs = jnp.where(seen, jax.nn.softmax(scores, axis=-1), 0.0)       # exact zeros unseen
-      if gate is not None and gate_mode == "uniform":
-        n = jnp.maximum(seen.sum(-1, keepdims=True), 1).astype(jnp.float32)
-        g = gate.astype(jnp.float32)[None, :, None, None]
-        probs = g * probs + (1.0 - g) * seen.astype(jnp.float32) / n
-      if segment_removal is not None:
-        probs = remove_segments(probs, segments, segment_removal, renormalise_segments)
-      dropped = self.attention_dropout(probs, deterministic=deterministic)
-      ctx = jnp.einsum("bhqk,bkhe->bqhe", dropped.astype(vh.dtype), vh)
-    else:
-      local = None if self.window is None else (self.window, self.window)
-      if path == "cudnn" and segment_ids is None:
-        lengths = jnp.maximum(jnp.sum(mask > 0, axis=-1), 1).astype(jnp.int32)
-        ctx = jax.nn.dot_product_attention(qh, kh, vh, key_value_seq_lengths=lengths,
-                                           local_window_size=local, implementation="cudnn")
-      else:
-        ctx = jax.nn.dot_product_attention(qh, kh, vh, mask=seen, implementation="xla")
-    reduced = None
-    if reduce is not None:
-      shown = None if probs is None else probs * mask[:, None, :, None].astype(probs.dtype)
-      reduced = reduce(layer, shown, qh, kh, mask)
-    if gate is not None and gate_mode == "remove":
-      ctx = ctx * gate.astype(ctx.dtype)[None, None, :, None]
+    ctx, probs, reduced = attend(qh, kh, vh, mask, hooks=hooks, layer=layer,
+                                 dropout=self.attention_dropout, deterministic=deterministic,
+                                 scale=1.0 / jnp.sqrt(jnp.float32(cfg.head_dim)),
+                                 window=self.window, segment_ids=segment_ids,
+                                 query_key_logits=self.window is None)
     out = self.output(ctx.reshape(b, q, cfg.hidden_size))
     return self.dropout(out, deterministic=deterministic), probs, reduced
 
@@ -376,9 +336,11 @@ class Layer(nnx.Module):
     (the norm pass, ``heads_jax.stats.norms``)."""
     return self.attention.split(self.normed(x))[2].astype(jnp.float32)
 
-  def __call__(self, x, mask, *, gate, gate_mode, deterministic, **attention_kw):
-    a, probs, reduced = self.attention(self.normed(x), mask, gate=gate, gate_mode=gate_mode,
-                                       deterministic=deterministic, **attention_kw)
+  def __call__(self, x, mask, *, hooks: AttentionHooks, layer: int, deterministic: bool,
+               positions=None, segment_ids=None):
+    a, probs, reduced = self.attention(self.normed(x), mask, hooks=hooks, layer=layer,
+                                       deterministic=deterministic, positions=positions,
+                                       segment_ids=segment_ids)
     x = x + a.astype(x.dtype)
     x = x + self.mlp(self.mlp_norm(x).astype(x.dtype), deterministic=deterministic).astype(x.dtype)
     return x, probs, reduced
@@ -403,34 +365,30 @@ class ModernBertModel(nnx.Module):
                return_hidden_states: bool = False, deterministic: bool = True,
                segment_removal=None, renormalise_segments: bool = False,
                attention: str | None = None, attention_reduce=None, position_ids=None,
-               segment_ids=None) -> dict:
+               segment_ids=None, hooks: AttentionHooks | None = None) -> dict:
     """Encodes ``input_ids`` ``[b, q]``; see ``BertModel.__call__`` (``attention`` None: the
     config's; packed rows: ``position_ids`` restart RoPE's positions and ``segment_ids`` keep
     attention inside each sequence, within its window in local layers). ``hidden_states``
     ``[l + 1, b, q, d]`` are the embeddings and each layer's output (before the final norm:
     entry ``i`` is layer ``i``'s input); ``last_hidden_state`` is after the final norm."""
     cfg = self.config
-    attention = cfg.attention if attention is None else attention
-    if gate_mode not in GATE_MODES:
-      raise ValueError(f"gate_mode must be one of {GATE_MODES}, got {gate_mode!r}")
-    if attention not in ATTENTION_PATHS:
-      raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
-    input_ids, mask, types, head_gate, segment_removal = check_inputs(
-        cfg, input_ids, attention_mask, token_type_ids, head_gate=head_gate,
-        segment_removal=segment_removal, position_ids=position_ids, segment_ids=segment_ids)
+    hooks = resolve_hooks(cfg, hooks, attention=attention, return_attentions=return_attentions,
+                          attention_reduce=attention_reduce, head_gate=head_gate,
+                          gate_mode=gate_mode, segment_removal=segment_removal,
+                          renormalise_segments=renormalise_segments)
+    input_ids, mask, types, gate, removal = check_inputs(
+        cfg, input_ids, attention_mask, token_type_ids, head_gate=hooks.gate,
+        segment_removal=hooks.segment_removal, position_ids=position_ids, segment_ids=segment_ids)
+    hooks = dataclasses.replace(hooks, gate=gate, segment_removal=removal, segments=types)
+    positions = None if position_ids is None else jnp.asarray(position_ids, jnp.int32)
+    segment_ids = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
     x = self.embeddings(input_ids, deterministic=deterministic)
-    outputs = LayerOutputs(x, return_attentions=return_attentions,
+    outputs = LayerOutputs(x, return_attentions=hooks.need_probs,
                            return_hidden_states=return_hidden_states,
-                           attention_reduce=attention_reduce)
+                           attention_reduce=hooks.reduce)
     for i, layer in enumerate(self.layers):
-      kw = {"attention": attention, "need_probs": return_attentions, "reduce": attention_reduce,
-            "layer": i, "positions": None if position_ids is None else jnp.asarray(position_ids, jnp.int32),
-            "segment_ids": None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)}
-      if segment_removal is not None:
-        kw.update(segment_removal=segment_removal[i], segments=types,
-                  renormalise_segments=renormalise_segments)
-      x, probs, layer_reduced = layer(x, mask, gate=None if head_gate is None else head_gate[i],
-                                      gate_mode=gate_mode, deterministic=deterministic, **kw)
+      x, probs, layer_reduced = layer(x, mask, hooks=hooks, layer=i, deterministic=deterministic,
+                                      positions=positions, segment_ids=segment_ids)
       outputs.add(x, probs, layer_reduced)
     return outputs.stacked({"last_hidden_state": self.final_norm(x).astype(jnp.float32)}, mask)
 

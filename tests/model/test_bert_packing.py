@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from heads_jax.model import bert as bert_lib
+from heads_jax.model import attention as attention_lib
 from heads_jax.model.bert import BertModel
 from heads_jax.model.config import config_for
 
@@ -95,10 +95,10 @@ def test_query_chunked_xla_path_equals_unchunked(monkeypatch):
   q, k, v = (jnp.asarray(rng.normal(size=(2, 37, 3, 8)), jnp.float32) for _ in range(3))
   real = jnp.asarray(rng.random((2, 1, 1, 37)) > 0.2)
   packed = jnp.asarray(rng.random((2, 1, 37, 37)) > 0.3)
-  ref = [bert_lib.xla_attention(q, k, v, m) for m in (real, packed)]
-  monkeypatch.setattr(bert_lib, "CHUNK_ELEMENTS", 0)
-  monkeypatch.setattr(bert_lib, "QUERY_CHUNK", 16)   # 3 chunks, the last padded
+  ref = [attention_lib.xla_attention(q, k, v, m) for m in (real, packed)]
+  monkeypatch.setattr(attention_lib, "CHUNK_ELEMENTS", 0)
+  monkeypatch.setattr(attention_lib, "QUERY_CHUNK", 16)   # 3 chunks, the last padded
   for m, r in zip((real, packed), ref):
-    np.testing.assert_allclose(bert_lib.xla_attention(q, k, v, m), r, atol=1e-6)
-  jaxpr = str(jax.make_jaxpr(bert_lib.xla_attention)(q, k, v, real))
+    np.testing.assert_allclose(attention_lib.xla_attention(q, k, v, m), r, atol=1e-6)
+  jaxpr = str(jax.make_jaxpr(attention_lib.xla_attention)(q, k, v, real))
   assert "scan" in jaxpr or "while" in jaxpr
