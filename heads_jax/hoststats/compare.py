@@ -5,12 +5,17 @@ tests.csv, settings.json and, when both have it, clusters.csv) and returns a
 `heads_jax.contract.Comparison` (written and read by `heads_jax.contract.write_comparison` /
 `read_comparison`):
 
-* ``sieve_bias``: columns role, layer_group, before, after, delta (= after - before). For each
-  role common to both runs and each third of the layers (Pande et al. Fig. 6;
-  `heads_jax.hoststats.roles.layer_groups`: for 12 layers 0-3 initial, 4-7 middle, 8-11 final;
-  with fewer than 3 layers the empty groups are left out), the mean of every non-NaN sieve bias over
-  the sequences and the heads of the group's layers (each (sequence, layer, head) value weighted
-  equally). NaN when the role has no value in the group.
+* ``sieve_bias``: columns role, layer_group, before, after, delta (= after - before), heads,
+  delta_low, delta_high, p_value. For each role common to both runs and each third of the layers
+  (Pande et al. Fig. 6; `heads_jax.hoststats.roles.layer_groups`: for 12 layers 0-3 initial,
+  4-7 middle, 8-11 final; with fewer than 3 layers the empty groups are left out), the mean of
+  every non-NaN sieve bias over the sequences and the heads of the group's layers (each
+  (sequence, layer, head) value weighted equally). NaN when the role has no value in the group.
+  The change is tested as the reproduce verdicts test it (`heads_jax.hoststats.claims`): the
+  heads are the units (the (sequence, head) values are nested): each head's change of its mean
+  over the sequences, their mean's 95% t interval (delta_low, delta_high) and a two-sided
+  one-sample t-test against no change (p_value) over the ``heads`` with a value in both runs;
+  NaN with fewer than 2 heads.
 * ``roles``: one row per head: layer, head, roles_before, roles_after, gained, lost, each a
   ';'-joined list of fine role names in the run's role order ('' for none). Only roles tested
   in both runs are compared.
@@ -41,7 +46,8 @@ import pandas as pd
 from heads_jax import contract
 from heads_jax.hoststats import roles as roles_lib
 
-SIEVE_BIAS_COLUMNS = ("role", "layer_group", "before", "after", "delta")
+SIEVE_BIAS_COLUMNS = ("role", "layer_group", "before", "after", "delta", "heads", "delta_low",
+                      "delta_high", "p_value")
 ROLES_COLUMNS = ("layer", "head", "roles_before", "roles_after", "gained", "lost")
 CLUSTERS_COLUMNS = ("layer", "head", "cluster_before", "cluster_after", "changed")
 DATA_SETTINGS = ("data", "num_sequences")
@@ -59,6 +65,33 @@ def _group_means(sieve_bias: np.ndarray, layers: np.ndarray) -> np.ndarray:
     return np.where(valid, values, 0.0).sum(0) / count
 
 
+def _head_means(sieve_bias: np.ndarray, layers) -> np.ndarray:
+  """nan-mean over sequences per head of the given layers: float64 ``[l' * h, r]``."""
+  values = np.asarray(sieve_bias, np.float64)[:, layers]
+  values = values.reshape(values.shape[0], -1, values.shape[-1])
+  with warnings_lib.catch_warnings():
+    warnings_lib.simplefilter("ignore", RuntimeWarning)
+    return np.nanmean(values, 0)
+
+
+def change_test(changes) -> dict:
+  """The heads' changes ``[n]`` (finite ones read): ``heads``, the 95% t interval of their mean
+  (``delta_low``, ``delta_high``) and the two-sided one-sample t-test's ``p_value`` against 0;
+  NaN with fewer than 2 heads; with no spread, p is 0 for a non-zero mean and 1 for none."""
+  from scipy import stats
+  d = np.asarray(changes, np.float64)
+  d = d[np.isfinite(d)]
+  out = {"heads": int(d.size), "delta_low": np.nan, "delta_high": np.nan, "p_value": np.nan}
+  if d.size < 2:
+    return out
+  mean, sd = float(d.mean()), float(d.std(ddof=1))
+  if sd == 0:
+    return {**out, "delta_low": mean, "delta_high": mean, "p_value": 0.0 if mean != 0 else 1.0}
+  half = float(stats.t.ppf(0.975, d.size - 1)) * sd / np.sqrt(d.size)
+  p = float(stats.ttest_1samp(d, 0.0).pvalue)
+  return {**out, "delta_low": mean - half, "delta_high": mean + half, "p_value": p}
+
+
 def sieve_bias_change(before, after, roles: Sequence[str]) -> pd.DataFrame:
   """Change of the mean sieve bias per role and layer third.
 
@@ -74,10 +107,13 @@ def sieve_bias_change(before, after, roles: Sequence[str]) -> pd.DataFrame:
   groups = roles_lib.layer_groups(before.shape[1])
   means = {g: (_group_means(before, layers), _group_means(after, layers))
            for g, layers in groups.items()}
+  heads = {g: _head_means(after, layers) - _head_means(before, layers)
+           for g, layers in groups.items()}
   for i, role in enumerate(roles):
     for g in groups:
       b, a = means[g][0][i], means[g][1][i]
-      rows.append({"role": role, "layer_group": g, "before": b, "after": a, "delta": a - b})
+      rows.append({"role": role, "layer_group": g, "before": b, "after": a, "delta": a - b,
+                   **change_test(heads[g][:, i])})
   return pd.DataFrame(rows, columns=list(SIEVE_BIAS_COLUMNS))
 
 

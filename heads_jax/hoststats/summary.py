@@ -13,11 +13,15 @@ figures").
 * ``share_unskilled``: the fraction of heads with none of the available coarse roles.
 * ``share_syntactic_also_local``: among heads with the coarse role syntactic, the fraction that
   also have the coarse role local; None when there is no syntactic head.
-* ``spearman_local_syntactic`` (with ``spearman_p_value`` and ``spearman_num_pairs``): Spearman's
+* ``spearman_local_syntactic`` (with ``spearman_interval`` and ``spearman_num_pairs``): Spearman's
   rank correlation (`scipy.stats.spearmanr`) of the *fine* roles' sieve bias ``local`` and
   ``syntactic`` (the union of the four relations) over all (sequence, layer, head) triples where
-  both are non-NaN; None when either role is missing, fewer than 3 pairs exist or a side is
-  constant.
+  both are non-NaN (the paper's number), with its 95% cluster-bootstrap interval over sequences
+  (the triples are nested: no p-value is taken from them); ``spearman_heads`` (with
+  ``spearman_p_value`` and ``spearman_num_heads``): the same over the heads, one value per head
+  (its mean sieve bias of each role), and its p-value, the heads being the units
+  (`spearman_local_syntactic`). None when either role is missing, fewer than 3 values exist or
+  a side is constant.
 * ``pool_roles``: the roles the pooled figures below read: the paper's four functional roles
   that the run has (`heads_jax.hoststats.roles.PAPER_ROLES`: local, syntactic, block (entropy
   weighted), delimiter; not block_plain, prev_local, next_local, cls, sep or the single
@@ -71,28 +75,66 @@ def mean_sieve_score(sieve_bias) -> float | None:
   return float(values.mean()) if values.size else None
 
 
+# The cluster bootstrap of the pairs' rho: resamples of the sequences, and its seed.
+SPEARMAN_RESAMPLES = 200
+SPEARMAN_SEED = 0
+
+
+def _rho(x, y) -> float | None:
+  if x.size < 3 or np.all(x == x[0]) or np.all(y == y[0]):
+    return None
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    return float(stats.spearmanr(x, y).statistic)
+
+
 def spearman_local_syntactic(sieve_bias, roles: Sequence[str],
                              local: str = vocabulary.SPEARMAN_ROLES[0],
-                             syntactic: str = vocabulary.SPEARMAN_ROLES[1]) -> dict:
-  """Spearman correlation of two roles' sieve bias over the (sequence, layer, head) triples
-  where both are defined. Returns {"rho", "p_value", "num_pairs"} (rho, p None if undefined)."""
+                             syntactic: str = vocabulary.SPEARMAN_ROLES[1],
+                             resamples: int = SPEARMAN_RESAMPLES,
+                             seed: int = SPEARMAN_SEED) -> dict:
+  """Spearman correlation of two roles' sieve bias, ``sieve_bias`` float ``[b, l, h, r]``.
+
+  ``rho``: over the (sequence, layer, head) triples where both are defined (the paper's
+  number; ``num_pairs`` of them). The triples are nested (a sequence's heads, a head's
+  sequences), so no p-value is taken from them: ``interval`` is the 95% cluster bootstrap of
+  that rho over sequences (``resamples`` resamples of the b sequences with replacement, each
+  sequence with all its heads; percentiles 2.5 and 97.5), and ``heads_rho`` / ``p_value`` are
+  Spearman's rho over the heads (one value per head: its mean sieve bias of each role over the
+  sequences, ``num_heads`` heads with both defined) and its p-value, the heads being the units.
+  None where undefined (a role missing, fewer than 3 values, a constant side)."""
   roles = tuple(roles)
-  out = {"rho": None, "p_value": None, "num_pairs": 0}
+  out = {"rho": None, "p_value": None, "num_pairs": 0, "interval": None, "heads_rho": None,
+         "num_heads": 0}
   if local not in roles or syntactic not in roles:
     return out
   sieve_bias = np.asarray(sieve_bias, np.float64)
-  x = sieve_bias[..., roles.index(local)].reshape(-1)
-  y = sieve_bias[..., roles.index(syntactic)].reshape(-1)
+  x = sieve_bias[..., roles.index(local)].reshape(sieve_bias.shape[0], -1)        # [b, l*h]
+  y = sieve_bias[..., roles.index(syntactic)].reshape(sieve_bias.shape[0], -1)
   both = ~np.isnan(x) & ~np.isnan(y)
-  x, y = x[both], y[both]
   out["num_pairs"] = int(both.sum())
-  if x.size < 3 or np.all(x == x[0]) or np.all(y == y[0]):
-    return out
+  out["rho"] = _rho(x[both], y[both])
+  if out["rho"] is not None:
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(resamples):
+      pick = rng.integers(0, x.shape[0], x.shape[0])
+      r = _rho(x[pick][both[pick]], y[pick][both[pick]])
+      if r is not None:
+        draws.append(r)
+    if draws:
+      out["interval"] = [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    result = stats.spearmanr(x, y)
-  out["rho"] = float(result.statistic)
-  out["p_value"] = float(result.pvalue)
+    hx = np.nanmean(np.where(both, x, np.nan), 0)                                  # [l*h]
+    hy = np.nanmean(np.where(both, y, np.nan), 0)
+  heads = ~np.isnan(hx) & ~np.isnan(hy)
+  out["num_heads"] = int(heads.sum())
+  out["heads_rho"] = _rho(hx[heads], hy[heads])
+  if out["heads_rho"] is not None:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      out["p_value"] = float(stats.spearmanr(hx[heads], hy[heads]).pvalue)
   return contract.to_jsonable(out)
 
 
@@ -214,8 +256,11 @@ def summary_figures(sieve_bias, roles: Sequence[str], tests: pd.DataFrame,
 
   rank = spearman_local_syntactic(sieve_bias, roles)
   out["spearman_local_syntactic"] = rank["rho"]
-  out["spearman_p_value"] = rank["p_value"]
+  out["spearman_interval"] = rank["interval"]
   out["spearman_num_pairs"] = rank["num_pairs"]
+  out["spearman_heads"] = rank["heads_rho"]
+  out["spearman_p_value"] = rank["p_value"]
+  out["spearman_num_heads"] = rank["num_heads"]
 
   pool = [roles.index(r) for r in roles_lib.PAPER_ROLES if r in roles]
   out["pool_roles"] = [roles[i] for i in pool]

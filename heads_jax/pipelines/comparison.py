@@ -150,10 +150,17 @@ def report_lines(out) -> list[str]:
   """The comparison in ``out`` for the console: the change of mean sieve bias by layer group,
   the heads that gained and lost a role."""
   result = contract.read_comparison(out)
-  table = result.sieve_bias.pivot(index="role", columns="layer_group", values="delta")
+  df = result.sieve_bias.copy()
+  if "p_value" in df.columns:      # each change with its test over heads (hoststats.compare)
+    df["cell"] = [("n/a" if not np.isfinite(d) else f"{d:+.3f}" + (
+        f" (p {p:.2g})" if np.isfinite(p) else "")) for d, p in zip(df["delta"], df["p_value"])]
+  else:
+    df["cell"] = [("n/a" if not np.isfinite(d) else f"{d:+.3f}") for d in df["delta"]]
+  table = df.pivot(index="role", columns="layer_group", values="cell")
   table = table[[c for c in ("initial", "middle", "final") if c in table.columns]]
   gained = (result.roles["gained"].fillna("") != "").sum()
   lost = (result.roles["lost"].fillna("") != "").sum()
-  return ["change of mean sieve bias (after - before) by layer group:\n"
-          + table.round(3).to_string(na_rep="n/a"),
+  return ["change of mean sieve bias (after - before) by layer group, with the two-sided t-test "
+          "of the heads' changes (p; the heads are the units, compare_sieve_bias.csv has the 95% "
+          "intervals):\n" + table.to_string(na_rep="n/a"),
           f"heads that gained a role: {gained}, lost a role: {lost}"]

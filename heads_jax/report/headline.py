@@ -109,7 +109,8 @@ ROWS: tuple[Row, ...] = (
          "paper's rule", "syntactic also local (paper's rule)", "share", optional=True),
     _row("spearman_local_syntactic", "Spearman rho, local vs syntactic sieve bias",
          "Spearman(local, syntactic)", "corr"),
-    _row("spearman_p_value", "Spearman p-value", "its p", "p"),
+    _row("spearman_p_value", "Spearman p-value over heads (one value per head; the pairs are "
+         "nested)", "its p (over heads)", "p"),
     _row("mean_sieve_score", "Mean of all sieve bias scores", "mean sieve score", "float",
          "2.8"),
     _row("share_p_between", "p-values in (0.05, 0.95)", "p-values in (0.05, 0.95)", "share",

@@ -68,7 +68,17 @@ def test_planted_sieve_bias_deltas(tmp_path):
   result = compare.compare_runs(before, after)
   assert result.warnings == []
   table = result.sieve_bias
-  assert list(table.columns) == ["role", "layer_group", "before", "after", "delta"]
+  assert list(table.columns) == ["role", "layer_group", "before", "after", "delta", "heads",
+                                 "delta_low", "delta_high", "p_value"]
+  # every head moves by the planted delta (up to float32 rounding): p 1 without a change, about
+  # 0 with one; 4 heads a third
+  for _, row in table.iterrows():
+    assert row["heads"] == 4
+    assert row["delta_low"] == pytest.approx(row["delta"], abs=1e-5)
+    if DELTA[(row["role"], row["layer_group"])] == 0:
+      assert row["p_value"] == 1.0
+    else:
+      assert row["p_value"] < 1e-6
   assert len(table) == 9
   sb = _sieve_bias(False).astype(np.float64)
   for _, row in table.iterrows():
@@ -77,6 +87,27 @@ def test_planted_sieve_bias_deltas(tmp_path):
     want = np.nanmean(sb[:, layers, :, ROLES.index(row["role"])])
     assert row["before"] == pytest.approx(want, rel=1e-12)
   assert table["layer_group"].tolist()[:3] == ["initial", "middle", "final"]
+
+
+def test_a_change_is_tested_over_heads():
+  """Issue 52 item 4: the heads are the units. Changes 1, 2, 3: mean 2, sd 1, t = 2 sqrt 3 on 2
+  degrees of freedom, whose two-sided p is 1 - t / sqrt(t^2 + 2) (Student's t with 2 degrees of
+  freedom in closed form) and whose 97.5% point solves t / sqrt(t^2 + 2) = 0.95."""
+  out = compare.change_test([1.0, 2.0, np.nan, 3.0])
+  t = 2 * np.sqrt(3)
+  assert out["heads"] == 3
+  assert out["p_value"] == pytest.approx(1 - t / np.sqrt(t * t + 2))                # 0.074
+  q = np.sqrt(0.95 ** 2 * 2 / (1 - 0.95 ** 2))                                      # 4.303
+  assert (out["delta_low"], out["delta_high"]) == (pytest.approx(2 - q / np.sqrt(3)),
+                                                   pytest.approx(2 + q / np.sqrt(3)))
+  assert np.isnan(compare.change_test([1.0])["p_value"])
+  # per head: the mean over the sequences first (nested values are not the units)
+  before = np.zeros((5, 3, 1, 1))
+  after = before.copy()
+  after[:, :, 0, 0] = [[1.0, 2.0, 3.0]] * 5          # 3 layers, one head each, one role
+  after[0, 0, 0, 0] = np.nan
+  table = compare.sieve_bias_change(before, after, ["local"])
+  assert table["heads"].tolist() == [1, 1, 1] and table["p_value"].isna().all()
 
 
 def test_planted_role_and_cluster_changes(tmp_path):

@@ -670,6 +670,22 @@ def test_block_rise_reports_its_two_factors():
                                              _fig6(("mrpc",), delim_t=(3.0,))()).value
 
 
+def test_low_margin_is_shown_beside_every_verdict_that_reads_the_names():
+  """A name within one spread of the next type gates nothing (clustering.py), so the Guan
+  verdicts that read the names say which are low margin (clusters.json ``low_margin``)."""
+  a = _a(L=12, H=12, clusters=_clusters(GUAN_COUNTS), stability=0.96,
+         info={"low_margin": ["dense", "dense+vertical"]})
+  b = _a(L=12, H=12, clusters=_clusters(GUAN_COUNTS), stability=0.96, info={"low_margin": []})
+  run = _guan({"squad": a}, {"squad": b})
+  for key in ("guan_share_dense", "guan_layers_vertical", "guan_similar_after_finetuning",
+              "guan_same_cluster_after_finetuning"):
+    e = paper.evaluate(paper.claim(key), run)
+    assert "low margin (a name within one spread of the next type):" in e.detail, key
+    assert "dense, dense+vertical" in e.detail, key
+  quiet = _guan({"squad": b}, {"squad": b})
+  assert "low margin" not in paper.evaluate(paper.claim("guan_share_dense"), quiet).detail
+
+
 def test_block_heads_on_sst2_are_not_judged():
   e = paper.evaluate(paper.claim("block_heads_sst2"), _run({"sst2": _a()}))
   assert e.verdict == paper.NOT_COMPUTABLE and "single" in e.detail and "construction" in e.detail

@@ -143,3 +143,29 @@ def test_a_role_whose_sieve_is_empty_everywhere_is_not_computed_not_zero():
   sb[0, 0, 0, 1] = 0.5
   again = summary.summary_figures(sb, roles, tests)
   assert again["share_block"] == 0.0 and "block" not in again["not_computed"]
+
+
+def test_spearman_p_over_heads_never_over_nested_pairs():
+  """Issue 52 item 4: the pairs' rho (the paper's number) has a cluster-bootstrap interval over
+  sequences, and the p-value is over heads (one value per head), by hand:
+  t = rho sqrt((n - 2) / (1 - rho^2)) on n - 2 degrees of freedom."""
+  from scipy import stats as sp_stats
+  local = np.array([1.0, 2.0, 3.0, 4.0, 5.0])          # five heads' local sieve bias
+  syntactic = np.array([2.0, 1.0, 4.0, 3.0, 5.0])      # ranks differ by two swaps: rho = 0.8
+  b = 6
+  x = np.zeros((b, 1, 5, 2))
+  x[..., 0] = local
+  x[..., 1] = syntactic                                # every sequence the same
+  out = summary.spearman_local_syntactic(x, ("local", "syntactic"))
+  assert out["heads_rho"] == pytest.approx(0.8) and out["num_heads"] == 5
+  t = 0.8 * np.sqrt(3 / (1 - 0.64))
+  assert out["p_value"] == pytest.approx(2 * sp_stats.t.sf(t, 3))           # 0.104, not 0
+  assert out["num_pairs"] == 30 and out["rho"] == pytest.approx(0.8)
+  assert out["interval"] == [pytest.approx(0.8), pytest.approx(0.8)]   # identical sequences
+  # noisy sequences: the interval holds the pairs' rho; a NaN pair is left out of its head's mean
+  rng = np.random.default_rng(1)
+  y = x + rng.normal(0, 0.5, x.shape)
+  y[0, 0, 0, 1] = np.nan
+  out = summary.spearman_local_syntactic(y, ("local", "syntactic"))
+  lo, hi = out["interval"]
+  assert lo <= out["rho"] <= hi and out["num_pairs"] == 29 and out["num_heads"] == 5

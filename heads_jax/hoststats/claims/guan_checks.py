@@ -13,7 +13,7 @@ from heads_jax.hoststats import roles as roles_lib
 from heads_jax.hoststats.claims.claim import ALPHA, STABLE_BAR, TASK_NAMES, pct, wilson_interval
 from heads_jax.hoststats.claims.guan import CLUSTER_TYPES, SQUAD_REASON
 from heads_jax.hoststats.claims.run import (
-    NotComputable, change_pairs, need_types, task_analyses, unnamed_types)
+    NotComputable, change_pairs, low_margin_note, need_types, task_analyses, unnamed_types)
 
 def _cluster_layers(c, run, state, name, where):
   ok, out = True, []
@@ -41,7 +41,7 @@ def _cluster_layers(c, run, state, name, where):
                f"{bounds.tolist()})")
   what = ("layers with a " + name + " head" if where == "all" else "median layer of the "
           + name + " heads")
-  return "; ".join(out), ok, f"per clustering, {what}: " + "; ".join(out)
+  return "; ".join(out), ok, f"per clustering, {what}: " + "; ".join(out) + low_margin_note(per)
 
 
 def _stability_over_95(c, run, state):
@@ -71,6 +71,11 @@ def _named_in_both(t, before, after) -> tuple[list[str], list[str]]:
   return named, left
 
 
+def _pairs_low_margin(pairs) -> str:
+  return low_margin_note({f"{TASK_NAMES.get(t, t)} {state}": x for t, (b, a) in pairs.items()
+                          for state, x in (("pre-trained", b), ("fine-tuned", a))})
+
+
 def _left_out(left) -> str:
   return "; left out: " + ", ".join(left) if left else ""
 
@@ -94,13 +99,14 @@ def _cluster_similar(c, run, state):
   return (f"{100 * worst:.1f} pp largest change", ok,
           "types whose fine-tuned share leaves the 95% interval of the pre-trained share: "
           + (", ".join(out) or "none") + "; tasks " + ", ".join(TASK_NAMES.get(t, t) for t in pairs)
-          + _left_out(left))
+          + _left_out(left) + _pairs_low_margin(pairs))
 
 
 def _cluster_kept(c, run, state):
   ok, out, left = True, [], []
   changed = {g: [] for g in ("initial", "middle", "final")}
-  for t, (b, a) in change_pairs(c, run).items():
+  pairs = change_pairs(c, run)
+  for t, (b, a) in pairs.items():
     named, gone = _named_in_both(t, b, a)
     left += gone
     # heads of a named type before or after (a head of an unnamed type on both sides says
@@ -117,7 +123,8 @@ def _cluster_kept(c, run, state):
     raise NotComputable("the model's layers have no final third")
   ok &= share["final"] >= max(share.values())
   return ("; ".join(out), ok, "changed heads per layer third: "
-          + ", ".join(f"{g} {pct(v)}" for g, v in share.items()) + _left_out(left))
+          + ", ".join(f"{g} {pct(v)}" for g, v in share.items()) + _left_out(left)
+          + _pairs_low_margin(pairs))
 
 
 def _stable_3_5(c, run, state):

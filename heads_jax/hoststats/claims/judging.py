@@ -16,7 +16,8 @@ from heads_jax.hoststats.claims.claim import (
     PANDE_METHOD_CLAIMS, PAPER_MODELS, PAPER_ROLES, TASK_NAMES, Claim, finite, format_value, pct,
     wilson_interval)
 from heads_jax.hoststats.claims.run import (
-    Evaluation, NotComputable, RunFigures, need_types, pande_setting, task_analyses)
+    Evaluation, NotComputable, RunFigures, low_margin_note, need_types, pande_setting,
+    task_analyses)
 
 def _from_summary(c: Claim, run: RunFigures, state: str):
   """(value, detail, n): the claim's figure, what it was computed over, and the number of
@@ -42,7 +43,7 @@ def _from_summary(c: Claim, run: RunFigures, state: str):
     vals = {t: float((a.clusters == name).mean()) for t, a in per.items()}
     heads = max(per[t].num_heads for t in vals)
     return float(np.mean(list(vals.values()))), "mean over " + ", ".join(
-        f"{TASK_NAMES[t]} {pct(v)}" for t, v in vals.items()), heads
+        f"{TASK_NAMES[t]} {pct(v)}" for t, v in vals.items()) + low_margin_note(per), heads
   if c.summary_key == "cluster_stability":
     vals = {t: a.stability for t, a in per.items() if a.stability is not None}
     if not vals:

@@ -205,6 +205,15 @@ def _closest(a: "Analysis", t: str) -> str:
   return hit[0] if hit else "no cluster"
 
 
+def low_margin_note(per: Mapping[str, "Analysis"]) -> str:
+  """"; low margin: MRPC dense, ..." for the clusterings of ``per`` whose names lie within one
+  spread of their runner-up (the clustering's ``low_margin``, `heads_jax.hoststats.clustering`:
+  it gates no name, so every verdict that reads the names shows it); "" when none."""
+  out = [f"{TASK_NAMES.get(t, t)} {', '.join(map(str, low))}" for t, a in per.items()
+         if (low := (a.cluster_info or {}).get("low_margin"))]
+  return "; low margin (a name within one spread of the next type): " + "; ".join(out) if out else ""
+
+
 def need_types(per: Mapping[str, "Analysis"], types) -> None:
   """NotComputable("type X: definition not met ...") when a clustering of ``per`` leaves one of
   ``types`` unnamed."""
