@@ -37,10 +37,11 @@ SUBCOMMANDS = {
     "prepare-corpus": ("heads_jax.train.prepare_corpus", "convert English Wikipedia (Parquet) and folders of books into the pre-training corpus, once"),
     "analyze": ("heads_jax.analyze.heads", "analyse the attention heads of a BERT model (sieve bias, tests, roles, clusters, report)"),
     "compare": ("heads_jax.analyze.compare", "compare two analyses (before/after fine-tuning, or two models)"),
-    "ablate": ("heads_jax.analyze.ablate", "ablate heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning"),
+    "ablate": ("heads_jax.analyze.ablate", "ablate heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning, attribution, patching"),
     "reproduce": ("heads_jax.analyze.reproduce", "Pande et al. (or Guan et al.) end to end: fine-tuning, analyses before/after, comparison, report beside the papers' numbers"),
     "trajectory": ("heads_jax.analyze.trajectory", "roles over training: analyse every kept checkpoint of a pre-training or fine-tuning run"),
     "convert": ("heads_jax.analyze.convert", "convert a Hugging Face BERT directory <-> a heads_jax model directory"),
+    "tiny-model": ("heads_jax.analyze.tiny_model", "write a tiny random model of one family (BERT ... ModernBERT, DeBERTa-v3) to try the commands offline"),
     "doctor": ("heads_jax.analyze.doctor", "check this machine: devices, versions, every attention/analysis path against the float32 reference, BERT-base tokens/s and MFU"),
 }
 

@@ -224,3 +224,37 @@ def test_a_quoted_number_and_a_damaged_tokenizer_file_are_one_line_naming_them(c
   err = _one_line(*_run(capsys, "convert", damaged, tmp_path / "out2")[:2])
   assert str(damaged / "tokenizer_config.json") in err
   assert not (tmp_path / "out1").exists() and not (tmp_path / "out2").exists()
+
+
+def _tiny_models_run(capsys, tmp_path, families):
+  for family in families:
+    code, err, out = _run(capsys, "tiny-model", "--family", family, tmp_path / family)
+    assert code == 0 and f"tiny random {family} model" in out, err
+    model, tok = load_model(tmp_path / family)
+    assert model.config.family == family and model.config.num_heads == 4
+    enc = tok(["the cat sat on the mat ."], return_tensors="np")
+    hidden = model(enc["input_ids"], attention_mask=enc["attention_mask"])
+    assert np.isfinite(np.asarray(jax.tree.leaves(hidden)[0])).all()
+
+
+def test_tiny_models_of_the_own_families_load_and_run(capsys, tmp_path):
+  """Issue 52 item 5: `heads-jax tiny-model --family F OUT` writes a model that loads as its
+  family's encoder and runs (the offline way to try ModernBERT and DeBERTa-v3); a non-empty OUT
+  is refused before anything is written."""
+  _tiny_models_run(capsys, tmp_path, ("modernbert", "deberta-v2"))
+  err = _one_line(*_run(capsys, "tiny-model", "--family", "modernbert", tmp_path / "modernbert")[:2])
+  assert "not an empty directory" in err
+
+
+@pytest.mark.slow
+def test_tiny_models_of_every_family_and_an_analysis(capsys, tmp_path):
+  """Every family's tiny model loads and runs; the README's offline ModernBERT command (the tiny
+  model, then `analyze` on it) writes its tests."""
+  from heads_jax.model.config import ALL_FAMILIES
+  from heads_jax.model.tiny import TINY_FAMILIES
+  assert set(TINY_FAMILIES) == set(ALL_FAMILIES)
+  _tiny_models_run(capsys, tmp_path, TINY_FAMILIES)
+  code, err, out = _run(capsys, "analyze", "--model", tmp_path / "modernbert", "--data", "ud-ewt",
+                        "--max-examples", "8", "--no-report", "--out", tmp_path / "a")
+  assert code == 0, err
+  assert (tmp_path / "a" / "tests.csv").is_file()
