@@ -143,15 +143,17 @@ def test_readme_paper_table_and_prose_agree():
   claim_of = {c.text: c for c in paper.CLAIMS}
   assert all(r[0].strip() in claim_of for r in rows)        # every row is a claim of today's
   flat = " ".join(text.split())
-  m = re.search(r"Of the (\d+) claims, (\d+) hold, (\d+) do not hold, (\d+) are not computable "
+  m = re.search(r"Of the (\d+) claims, (\d+) hold, (\d+) do not hold, (\d+) are undecided at this "
+                r"n(?: \([^)]*\))?, (\d+) are not computable "
                 r"here(?: \([^)]*\))?, (\d+) are not comparable \(other model\),? (?:and )?(\d+) are "
                 r"not comparable \(other model and data\)(?: and (\d+) awaits? the rerun|; none awaits)",
                 flat)
-  assert m, "the prose states the verdict counts"
-  total, holds, fails, not_computable, other_model, other_data = map(int, m.groups()[:6])
-  rerun = int(m.group(7) or 0)
+  assert m, "the prose states the verdict counts, the three outcomes of a judged claim first"
+  total, holds, fails, undecided, not_computable, other_model, other_data = map(int, m.groups()[:7])
+  rerun = int(m.group(8) or 0)
   assert total == len(paper.CLAIMS)
   assert holds == verdicts.count(paper.HOLDS) and fails == verdicts.count(paper.FAILS)
+  assert undecided == verdicts.count(paper.UNDECIDED)
   assert other_model == verdicts.count(paper.NOT_COMPARABLE_MODEL)
   assert other_data == verdicts.count(paper.NOT_COMPARABLE)
   assert not_computable == total - len(rows) - rerun

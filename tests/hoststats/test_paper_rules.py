@@ -659,9 +659,14 @@ def test_block_rise_reports_its_two_factors():
     after.entropy[4:] += 0.3
     after.entropy[:4] -= 5.0                                           # not the final third
   e = paper.evaluate(paper.claim("finetune_block_final_rise"), run)
-  assert "block_plain +0.25; row entropy +0.30" in e.value
-  assert "block_plain +0.75; row entropy +0.30" in e.value
-  assert "entropy factor" in e.detail
+  # the factor: mean block over mean block_plain over the final third; before fine-tuning both
+  # are 2.0 (factor 1), after it block_plain is 2.25 (MRPC) and block the fixture's rise
+  before_factor = 1.0
+  after_block = float(run.analyses["finetuned"]["mrpc"].means[4:, :, ROLES.index("block")].mean())
+  assert f"block_plain +0.25; entropy factor {before_factor:.2f} -> {after_block / 2.25:.2f}; " \
+         "row entropy +0.30" in e.value
+  assert "block_plain +0.75; entropy factor" in e.value
+  assert "the factor (mean block over mean block_plain) before -> after" in e.detail
   # without measures only block_plain is shown; the delimiter row shows neither
   run.analyses["finetuned"]["mrpc"].entropy = None
   assert "row entropy" not in paper.evaluate(paper.claim("finetune_block_final_rise"),

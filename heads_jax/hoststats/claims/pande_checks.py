@@ -342,20 +342,28 @@ def _finetune_final(c, run, state, role, sign):
           f"change of the mean {role} sieve bias over the heads of the final third of the layers "
           f"and a one-sided t-test of the {'fall' if sign == '-' else 'rise'}; {good} of {n} "
           "task(s) significant" + ("; beside it the change of block_plain (the block sieve "
-                                   "without its entropy factor) and of the heads' mean row "
-                                   "entropy (the factor): block rises with them, on the mass "
-                                   "the final layers free" if role == vocab.COARSE_BLOCK else ""))
+                                   "without its entropy factor), the factor (mean block over "
+                                   "mean block_plain) before -> after, and the heads' mean row "
+                                   "entropy where measured" if role == vocab.COARSE_BLOCK else ""))
 
 
 def _block_factors(pair, role: str) -> str:
-  """For block: "; block_plain +x, row entropy +y", the changes over the final third of its two
-  factors (block = block_plain x row entropy); "" for another role or where unknown."""
+  """For block: "; block_plain +x, entropy factor a -> b[, row entropy +y]": over the final third,
+  the change of block_plain and of the factor that turns it into block (block = block_plain x
+  row entropy): the heads' mean block over their mean block_plain, before -> after, and the
+  heads' mean row entropy's change where measured (measures.npz); "" for another role."""
   if role != vocab.COARSE_BLOCK:
     return ""
   parts = []
   plain = _head_changes(pair, "block_plain", "final")
   if plain is not None and plain.size:
     parts.append(f"block_plain {plain.mean():+.2f}")
+  block, plains = _group_means(pair, role, "final"), _group_means(pair, "block_plain", "final")
+  if block is not None and plains is not None:
+    with np.errstate(invalid="ignore", divide="ignore"):
+      factor = [float(np.nanmean(b) / np.nanmean(p)) for b, p in zip(block, plains)]
+    if all(np.isfinite(factor)):
+      parts.append(f"entropy factor {factor[0]:.2f} -> {factor[1]:.2f}")
   before, after = pair
   final = roles_lib.layer_groups(after.num_layers).get("final")
   if before.entropy is not None and after.entropy is not None and final is not None:
