@@ -73,7 +73,9 @@ theirs); a cluster's *margin* is the smallest of its type's conditions. A cluste
 whose margin is not positive does not meet its type's definition and carries no Guan name: it
 is "unnamed (closest: X, margin m)" (`unnamed_name`) in clusters.csv, clusters.json and all
 that reads them (shares, layer verdicts, ablation groups, figures); so a type absent from the
-heads is reported absent. A margin below ``LOW_MARGIN`` (1 spread) is flagged "low margin".
+heads is reported absent. The conditions between types are judged among the clusters still
+named, dropping one at a time the cluster that fails the most of them. A margin below ``LOW_MARGIN`` (1
+spread) is flagged "low margin"; it gates no name (it is shown beside it).
 
 Windowed layers (ModernBERT's local layers, ``windows``): the distance features and the
 reference are not window-aware. Guan et al.'s features are where a head's attention lies, in
@@ -420,16 +422,20 @@ def name_types(masses, labels, reference: dict | None = None, members=None) -> d
     """The unnamed types and each type's judged conditions of one assignment: a cluster that
     fails a condition against the reference meets no definition; the conditions between types
     are then judged among the clusters still named (a type cannot be "above" or "below" one
-    that is absent), dropping a cluster that fails one, until none does."""
+    that is absent), dropping the cluster that fails the most of them (then the one failing
+    by the most), one at a time, until none fails: a type that fails only against a cluster
+    that fails its own definition more broadly keeps its name."""
     unnamed = {t for t in CLUSTER_NAMES
                if any(m <= 0 for text, _, m in conds[t] if text in REFERENCE_CONDITIONS.values())}
     while True:
       judged = {t: [(text, bad, m) for (text, bad, m), rel in zip(conds[t], _relations(t))
                     if not (rel and (set(rel) - {t}) & unnamed)] for t in CLUSTER_NAMES}
-      more = {t for t in CLUSTER_NAMES if t not in unnamed and min(m for *_, m in judged[t]) <= 0}
+      failed = {t: sorted(m for *_, m in judged[t] if m <= 0) for t in CLUSTER_NAMES
+                if t not in unnamed}
+      more = [t for t in failed if failed[t]]
       if not more:
         return unnamed, judged
-      unnamed |= more
+      unnamed.add(max(more, key=lambda t: (len(failed[t]), -failed[t][0])))
 
   # The assignment that names the most clusters; among those, the one whose margins (all
   # conditions), sorted ascending, are lexicographically largest.
@@ -632,7 +638,8 @@ def cluster_heads(distance, *, k: int = 4, method: str = "kmeans", seed: int = 0
     naming_columns: near, far and special mass of the cluster's members, the margin in spreads
     and its check; k != 4: the masses only), spreads (``[k][3]``), conditions (per id, each
     condition of its type with its margin), name_margins (``[k]``; k = 4), low_margin (names
-    whose margin is below `LOW_MARGIN`), reference (uniform attention's masses and how they
+    whose margin is below `LOW_MARGIN`), head_masses (``[l*h][3]``: each head's near, far and
+    special mass as the names read them), reference (uniform attention's masses and how they
     were obtained), thresholds, outliers (the heads set aside, ``[{layer, head,
     cluster_name}]``: the cluster each joined), refits, min_share, stability (pairs of fits),
     stability_all_fits, stability_fits, tsne_perplexity.
@@ -723,6 +730,7 @@ def cluster_heads(distance, *, k: int = 4, method: str = "kmeans", seed: int = 0
       "centroids": centroids.tolist(), "sizes": np.bincount(labels, minlength=k).tolist(),
       "naming_columns": list(MASSES) + (["margin", "check"] if naming else []),
       "naming": naming_rows, "spreads": spreads,
+      "head_masses": masses.tolist(),
       "conditions": [naming["conditions"][c] for c in order] if naming else None,
       "name_margins": [r[3] for r in naming_rows] if naming else None,
       "low_margin": [n for n, r in zip(names, naming_rows) if naming and r[3] < LOW_MARGIN],

@@ -463,12 +463,13 @@ def _synthetic(kinds, per, seed=0, spread=0.03):
   return np.array(rows)[None, None], np.array(truth)
 
 
-@pytest.mark.parametrize("absent", [None, "vertical", "dense", "dense+vertical"])
+@pytest.mark.parametrize("absent", [None, "vertical", "dense", "diagonal", "dense+vertical"])
 def test_absent_types_at_the_data_lengths(absent):
   """With the data's lengths and special share, three types (24 heads each; K-means splits one
   of them) name nothing wrongly: the absent type is reported absent, every named cluster holds
   only heads of its type, and the type split in two keeps its name on one part (the
-  assignment names the most clusters). All four present: all four named."""
+  assignment names the most clusters; a cluster that fails only against one failing its own
+  definition more broadly keeps its name). All four present: all four named."""
   kinds = [t for t in clustering.CLUSTER_NAMES if t != absent]
   x, truth = _synthetic(kinds, per=16 if absent is None else 24)
   df, info = clustering.cluster_heads(x, lengths=[_N], special_share=[_SHARE], n_init=4,
@@ -513,3 +514,133 @@ def test_readme_qnli_worked_example():
   assert got["unmet"][2] == ["special of dense+vertical (0.407) not above diagonal's (0.420) "
                              "(margin -0.17)"]
   assert 0 < got["margins"][0] < clustering.LOW_MARGIN          # dense: flagged low margin
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules pinned by values derived by hand (issue 48 item 5: the thresholds doubled or halved,
+# the comparisons turned and the unnaming switched off must fail a test; scripts/mutation_rules.py
+# --target clustering).
+
+
+def test_near_windows_by_hand():
+  """Near holds the distances 1..4: floor(16 * 4 / n) + 1 windows of n/16 (25 tokens: windows
+  of 1.56, 3 of them hold 1..4; 50: 2; 64: 2 (window 1 holds 4..7); 65 and 384: 1)."""
+  np.testing.assert_array_equal(clustering.near_window_count([25, 50, 64, 65, 384]), [3, 2, 2, 1, 1])
+  ref = clustering.uniform_reference([64], special=0.0)
+  # uniform attention at 64 tokens: self 1/64 and the 2 * (64 - d) ordered pairs at d = 1..7
+  near = (64 + sum(2 * (64 - d) for d in range(1, 8))) / 64**2
+  assert ref["near"] == pytest.approx(near) and ref["far"] == pytest.approx(1 - near)
+
+
+def test_reference_conditions_by_hand():
+  """Each condition against uniform attention (near 0.25, far 0.6, special 0.1) is met as the
+  module docstring reads it, with its margin mean(g) / sd(g): near per key at least 2x the far's
+  (g = near - 2 (0.25 / 0.6) far), far at least half of 0.6 (g = far - 0.3), special at least
+  2x 0.1 (g = special - 0.2); the "not" conditions the negatives; a cluster of identical heads
+  has the floor 0.01 as its sd."""
+  rng = np.random.default_rng(2)
+  centres = {"dense": [.25, .65, .10], "diagonal": [.70, .05, .25],
+             "dense+vertical": [.15, .45, .40], "vertical": [.10, .05, .85]}
+  x = np.vstack([np.array(centres[t]) + rng.normal(0, 0.02, (8, 3)) for t in clustering.CLUSTER_NAMES])
+  x[24:] = centres["vertical"]                                 # vertical: 8 identical heads
+  labels = np.repeat(np.arange(4), 8)
+  ref = {"near": 0.25, "far": 0.6, "special": 0.1, "special_exact": True}
+  got = clustering.name_types(x, labels, ref)
+  assert got["names"] == list(clustering.CLUSTER_NAMES)
+  g = {"near_large": lambda m: m[:, 0] - 2 * (0.25 / 0.6) * m[:, 1],
+       "near_not_large": lambda m: 2 * (0.25 / 0.6) * m[:, 1] - m[:, 0],
+       "far_large": lambda m: m[:, 1] - 0.3, "far_not_large": lambda m: 0.3 - m[:, 1],
+       "special_large": lambda m: m[:, 2] - 0.2, "special_not_large": lambda m: 0.2 - m[:, 2]}
+  for c, t in enumerate(clustering.CLUSTER_NAMES):
+    listed = {d["condition"]: d["margin"] for d in got["conditions"][c]}
+    for cond in clustering.REFERENCE_DEFINITIONS[t]:
+      v = g[cond](x[labels == c])
+      expect = v.mean() / max(v.std(), 0.01)
+      assert listed[clustering.REFERENCE_CONDITIONS[cond]] == pytest.approx(expect, rel=1e-9), (t, cond)
+  # between the bars: special 1.5x uniform's is neither large nor small-failing: dense keeps its
+  # name; special 3x uniform's is large: dense+vertical keeps its name
+  x2 = x.copy()
+  x2[:8, 2] = 0.15 + rng.normal(0, 0.005, 8)
+  x2[16:24, 2] = 0.30 + rng.normal(0, 0.005, 8)
+  got = clustering.name_types(x2, labels, ref)
+  assert got["names"][0] == "dense" and got["names"][2] == "dense+vertical"
+  x2[:8, 2] = 0.25                          # 2.5x uniform's: not "relatively small"
+  assert clustering.name_types(x2, labels, ref)["names"][0] != "dense"
+
+
+def _outliers_by_hand(x, k=4, min_share=0.05, fence=3.0, max_refits=3):
+  """The outlier rules as DESIGN.md states them, written out: fit, set aside the heads of a
+  cluster under 5% of all heads and the heads beyond Q3 + 3 IQR of the distances to their
+  centroids, refit on the others, at most 3 times."""
+  keep = np.ones(len(x), bool)
+  refits = 0
+  while True:
+    model, centroids = clustering._fit(x[keep], k, "kmeans", 0, 10)
+    small = np.bincount(model.predict(x), minlength=k) < min_share * len(x)
+    label = model.predict(x[keep])
+    dist = np.sqrt(((x[keep] - centroids[label]) ** 2).sum(-1))
+    q1, q3 = np.percentile(dist, [25, 75])
+    drop = np.flatnonzero(keep)[small[label] | (dist > q3 + fence * (q3 - q1) + 1e-12)]
+    if drop.size == 0 or refits >= max_refits or keep.sum() - drop.size < k:
+      return ~keep, refits
+    keep[drop] = False
+    refits += 1
+
+
+def test_outlier_rules_by_hand():
+  """Heavy-tailed heads (Student t, 2 degrees of freedom) whose first fits put heads between 1.5
+  and 3 IQR beyond Q3, and between 3 and 6: `fit_types` sets aside exactly the heads the rules
+  written out by hand do, with as many refits (a fence of 1.5 or 6 IQR, or 1.5 or 6 refits,
+  would not: checked on the same data)."""
+  protos = _prototypes()
+  differs = set()
+  for seed in (0, 3, 4):
+    rng = np.random.default_rng(seed)
+    x = np.vstack([np.stack([protos[n]] * 15) for n in protos]) + 0.01 * rng.standard_t(2, (60, 21))
+    x = np.abs(x)
+    x /= x.sum(-1, keepdims=True)
+    outlier, refits = _outliers_by_hand(x)
+    _, _, got, got_refits = clustering.fit_types(x, 4)
+    np.testing.assert_array_equal(got, outlier)
+    assert got_refits == refits
+    for kw in ({"fence": 1.5}, {"fence": 6.0}, {"max_refits": 1}):
+      other = _outliers_by_hand(x, **kw)
+      if not (np.array_equal(other[0], outlier) and other[1] == refits):
+        differs.add(tuple(kw.items()))
+  assert len(differs) == 3, differs                  # the premise: each rule matters here
+
+
+def test_refits_stop_after_three():
+  """A fit that always leaves one head alone in a cluster (under 5% of 40 heads) would set one
+  aside per refit for ever: `fit_types` stops after 3 refits, 3 heads set aside."""
+  class Alone:
+    def __init__(self, fitted):
+      self.last = fitted[:, 0].max()
+
+    def predict(self, x):
+      return np.where(x[:, 0] == self.last, 3, np.arange(len(x)) % 3)
+
+  def fit(features, k, method, seed, n_init):
+    return Alone(features), np.zeros((k, features.shape[1]))
+
+  x = np.arange(40.0)[:, None] * np.ones((1, 21))
+  real = clustering._fit
+  clustering._fit = fit
+  try:
+    _, _, outlier, refits = clustering.fit_types(x, 4, fence=None)
+  finally:
+    clustering._fit = real
+  assert refits == 3 and np.flatnonzero(outlier).tolist() == [37, 38, 39]
+
+
+def test_low_margin_flag_by_hand():
+  """A name whose margin is below 1 spread is flagged "low margin" (and listed), at or above 1
+  "ok"; one not positive is unnamed."""
+  x, truth = _synthetic(list(clustering.CLUSTER_NAMES), per=16)
+  _, info = clustering.cluster_heads(x, lengths=[_N], special_share=[_SHARE], n_init=4,
+                                     tsne=False, stability_fits=0)
+  margins = [r[3] for r in info["naming"]]
+  assert any(0 < m < 1 for m in margins) and any(1 <= m < 2 for m in margins)   # the premise
+  for r, m in zip(info["naming"], margins):
+    assert r[4] == ("ok" if m >= 1.0 else "low margin" if m > 0 else r[4])
+  assert info["low_margin"] == [n for n, m in zip(info["names"], margins) if m < 1.0]

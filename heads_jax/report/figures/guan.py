@@ -147,7 +147,8 @@ def plot_type_masses(clusters_df: pd.DataFrame, path, *, info: dict | None = Non
   names, beside Fig. 1): for each cluster, box plots of its heads' near (self and the nearest
   windows), far (the other windows) and special ([CLS], [SEP], comma, period) attention mass;
   the panel title gives the name's margin and its flag from ``info`` (clusters.json:
-  ``naming``, ``near_windows``).
+  ``naming``; the masses ``head_masses``, as the names read them at the data's lengths, or
+  for an older file from the mean features with ``near_windows``).
   """
   from heads_jax.hoststats import clustering
   _check_clusters(clusters_df, tuple(vocabulary.DISTANCE_FEATURES))
@@ -155,8 +156,10 @@ def plot_type_masses(clusters_df: pd.DataFrame, path, *, info: dict | None = Non
   near_windows = int(info.get("near_windows", 2))
   names = clusters_df["cluster_name"].astype(str).to_numpy()
   palette = style.cluster_colors(names)
-  masses = clustering.type_masses(
-      clusters_df[list(vocabulary.DISTANCE_FEATURES)].astype(float).to_numpy(), near_windows)
+  masses = np.asarray(info.get("head_masses") or [], np.float64)
+  if masses.shape != (len(clusters_df), 3):   # an older clusters.json: fixed near windows
+    masses = clustering.type_masses(
+        clusters_df[list(vocabulary.DISTANCE_FEATURES)].astype(float).to_numpy(), near_windows)
   margins = {}
   for name, row in zip(info.get("names") or [], info.get("naming") or []):
     if len(row) >= 5:
