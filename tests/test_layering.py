@@ -38,7 +38,7 @@ PACKAGE_DIRS = {"heads_jax": "heads_jax", "train": "heads_jax.train",
 # placed here explicitly.
 STAGES = [
     ("errors", ("heads_jax.errors", "heads_jax.xla_flags", "heads_jax.env")),  # foundations: import no heads_jax module
-    ("data", ("heads_jax.data", "heads_jax.hub", "heads_jax.storage")),
+    ("data", ("heads_jax.data", "heads_jax.hub", "heads_jax.storage", "heads_jax.early")),
     ("contract", ("heads_jax.contract", "heads_jax.runfiles")),
     ("sieves", ("heads_jax.sieves",)),
     ("model", ("heads_jax.model", "heads_jax.parallel")),
