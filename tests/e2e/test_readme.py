@@ -70,6 +70,11 @@ def test_readme_command_parses(command, monkeypatch):
       sub.set_defaults(_main=lambda args, name=name: seen.setdefault("args", args) and 0,
                        _check=None)
   monkeypatch.setattr(cli, "build_parser", lambda *a, **k: parser)
+  if "--help" in argv:
+    with pytest.raises(SystemExit) as e:
+      cli.main(argv)
+    assert e.value.code == 0
+    return
   assert cli.main(argv) == 0, command
   args = seen["args"]
   if getattr(args, "config", None):  # training commands: the config and overrides must load
