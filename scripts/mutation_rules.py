@@ -28,6 +28,14 @@ as equivalent.
     python scripts/mutation_rules.py --list          # the mutants, nothing run
     python scripts/mutation_rules.py --kinds turned swapped --json out.json
     python scripts/mutation_rules.py --modules judging run   # some modules of the package
+    python scripts/mutation_rules.py --target clustering     # hoststats/clustering.py
+
+``--target clustering`` (issue 48 item 5) mutates `heads_jax/hoststats/clustering.py` the same way:
+every function (the masses, the reference, the naming and its gate, the outlier rules, the
+stability), its thresholds (`CLUSTERING_CONSTANTS`: doubled and halved), and *switched* mutants
+that turn the unnaming off (`CLUSTERING_SWITCHES`: no type unnamed by a failed condition between
+types; none by a failed condition against the reference); the tests are
+tests/hoststats/test_clustering.py's (parametrised ones once per case), in-process.
 
 Runs serially on the host (no jax); not part of CI. Measured (05:12 UTC, 2 shared cores, 311 s
 for the 317 mutants): the issue's mutants 242 of 247 killed (98.0%); boundary mutants 47 of 70
@@ -74,8 +82,17 @@ RULE_FUNCTIONS = (
     "hypergeometric_tails", "union", "_overlap_table", "_overlap_result", "_other_coarse",
     "_coarse_role")
 RULE_CONSTANTS = ("STABLE_BAR", "FIG2_GAP", "ALPHA")
-KINDS = ("turned", "doubled", "halved", "swapped", "boundary")
-SCORED = ("turned", "doubled", "halved", "swapped")   # the issue's mutants
+KINDS = ("turned", "doubled", "halved", "swapped", "switched", "boundary")
+SCORED = ("turned", "doubled", "halved", "swapped", "switched")   # the issue's mutants
+
+# --target clustering: the module, its thresholds, the unnaming switches (function, the
+# variable whose assignment is replaced, the replacement) and the tests (module docstring).
+CLUSTERING = "heads_jax.hoststats.clustering"
+CLUSTERING_CONSTANTS = ("MIN_SHARE", "OUTLIER_FENCE", "MAX_REFITS", "NEAR_TOKENS", "NEAR_LIFT",
+                        "FAR_LIFT", "SPECIAL_LIFT", "LOW_MARGIN", "SPREAD_FLOOR")
+CLUSTERING_SWITCHES = (("name_types", "more", "set()"), ("name_types", "unnamed", "set()"))
+CLUSTERING_TESTS = ("tests.hoststats.test_clustering",)
+# the clustering tests that fit t-SNE or many stability halves: run last
 
 _TURN = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE, ast.Eq: ast.NotEq,
          ast.NotEq: ast.Eq}
@@ -109,9 +126,13 @@ def _skipped(tree) -> set[int]:
   return skip
 
 
-def sites(tree) -> list[dict]:
+def sites(tree, functions=None, constants=None, switches=()) -> list[dict]:
   """Every mutation site of the rule code: ``{kind, path, line, what}`` (path: the node's
-  position in `ast.walk` order, stable for one source)."""
+  position in `ast.walk` order, stable for one source). ``functions`` / ``constants``: the
+  rule functions (None: all top-level ones) and constants (default: the claims'); ``switches``:
+  ``(function, variable, replacement)`` whose assignments are replaced (*switched*)."""
+  functions = RULE_FUNCTIONS if functions is None and constants is None else functions
+  constants = RULE_CONSTANTS if constants is None else constants
   skip = _skipped(tree)
   nodes = list(ast.walk(tree))
   index = {id(n): i for i, n in enumerate(nodes)}
@@ -143,10 +164,16 @@ def sites(tree) -> list[dict]:
         add("swapped", node, f"{node.func.id} -> {'any' if node.func.id == 'all' else 'all'}")
 
   for top in tree.body:
-    if isinstance(top, ast.FunctionDef) and top.name in RULE_FUNCTIONS:
+    if isinstance(top, ast.FunctionDef) and (functions is None or top.name in functions):
       in_rules(list(ast.walk(top)))
+      for fn, var, repl in switches:
+        if fn == top.name:
+          for node in ast.walk(top):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == var):
+              add("switched", node.value, f"{var} = {repl}")
     elif (isinstance(top, ast.Assign) and len(top.targets) == 1
-          and isinstance(top.targets[0], ast.Name) and top.targets[0].id in RULE_CONSTANTS
+          and isinstance(top.targets[0], ast.Name) and top.targets[0].id in constants
           and _is_number(top.value)):
       add("doubled", top.value, f"{top.targets[0].id} {top.value.value!r} -> x2")
       add("halved", top.value, f"{top.targets[0].id} {top.value.value!r} -> x1/2")
@@ -169,6 +196,9 @@ def mutate(tree, site: dict) -> ast.AST:
     node.ops[i] = table[type(node.ops[i])]()
   elif kind in ("doubled", "halved"):
     node.value = node.value * 2 if kind == "doubled" else node.value / 2
+  elif kind == "switched":
+    parent = next(p for p in ast.walk(new) if isinstance(p, ast.Assign) and p.value is node)
+    parent.value = ast.parse(site["what"].split(" = ", 1)[1], mode="eval").body
   elif isinstance(node, ast.BoolOp):
     node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
   elif isinstance(node, ast.BinOp):
@@ -213,6 +243,31 @@ def rule_tests() -> list[tuple[str, callable]]:
   return out
 
 
+def clustering_tests() -> list[tuple[str, callable]]:
+  """tests/hoststats/test_clustering.py called in-process: every test without a fixture, a
+  parametrised one once per case; the slow ones (t-SNE, many fits) last."""
+  import importlib
+  out = []
+  for name in CLUSTERING_TESTS:
+    mod = importlib.import_module(name)
+    for fname, fn in vars(mod).items():
+      if not fname.startswith("test_") or not callable(fn):
+        continue
+      marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+      params = inspect.signature(fn).parameters
+      if marks:
+        argnames, values = marks[0].args[0], marks[0].args[1]
+        names = [a.strip() for a in argnames.split(",")] if isinstance(argnames, str) else argnames
+        for v in values:
+          v = v if len(names) > 1 else (v,)
+          out.append((f"{name}::{fname}[{v}]", (lambda fn=fn, kw=dict(zip(names, v)): fn(**kw))))
+      elif not params:
+        out.append((f"{name}::{fname}", fn))
+  slow = ("tsne", "stability_on_real", "extreme_heads")
+  out.sort(key=lambda t: any(w in t[0] for w in slow))
+  return out
+
+
 # The one slow rule test (it clusters: k = 3 and 5, 5 half-sample fits each) reads only these of
 # paper.py's rule code; it runs for the mutants in them and is skipped for the others, whose
 # change cannot reach it.
@@ -251,11 +306,15 @@ def run_tests(tests, slow: bool = True) -> str | None:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+  p.add_argument("--target", choices=("claims", "clustering"), default="claims",
+                 help="the claims package (default) or hoststats/clustering.py")
   p.add_argument("--modules", nargs="+", choices=MODULES, default=list(MODULES))
   p.add_argument("--list", action="store_true", help="list the mutants and exit")
   p.add_argument("--json", help="write every result to this file")
   args = p.parse_args(argv)
   plan = []   # (module, tree, source, site)
+  if args.target == "clustering":
+    return main_clustering(args)
   for module in args.modules:
     source = path_of(module).read_text()
     tree = ast.parse(source)
@@ -301,6 +360,55 @@ def main(argv=None) -> int:
     for r in survivors:
       line = sources[r["module"]].splitlines()[r["line"] - 1].strip()
       print(f"  {r['kind']:9s} {r['module']}.py line {r['line']:5d} {r['what']:30s} | {line}")
+  if args.json:
+    Path(args.json).write_text(json.dumps(results, indent=1))
+  return 0
+
+
+def main_clustering(args) -> int:
+  """``--target clustering``: the mutants of hoststats/clustering.py against its tests."""
+  import importlib
+  path = REPO / "heads_jax" / "hoststats" / "clustering.py"
+  source = path.read_text()
+  tree = ast.parse(source)
+  plan = [s for s in sites(tree, None, CLUSTERING_CONSTANTS, CLUSTERING_SWITCHES)
+          if s["kind"] in args.kinds]
+  if args.list:
+    for s in plan:
+      print(f"{s['kind']:9s} clustering.py line {s['line']:5d}  {s['what']}")
+    print(f"{len(plan)} mutants")
+    return 0
+  live = importlib.import_module(CLUSTERING).__dict__
+  original = compile(tree, str(path), "exec")
+  tests = clustering_tests()
+  first = run_tests(tests)
+  if first is not None:
+    print(f"the clustering tests fail on the unmutated module ({first}): fix them first")
+    return 2
+  results, start = [], time.time()
+  for i, s in enumerate(plan, 1):
+    try:
+      exec(compile(mutate(tree, s), str(path), "exec"), live)
+      killer = run_tests(tests)
+    except Exception:  # noqa: BLE001 - a mutant that does not even load is killed
+      killer = "load: " + traceback.format_exc(limit=1).splitlines()[-1]
+    finally:
+      exec(original, live)
+    results.append({**s, "module": "clustering", "killed": killer is not None, "by": killer})
+    print(f"[{i}/{len(plan)}] {'killed' if killer else 'SURVIVED':8s} {s['kind']:9s} line "
+          f"{s['line']:5d} {s['what']}", flush=True)
+  print(f"\n{len(results)} mutants in {time.time() - start:.0f} s")
+  for kinds, label in ((SCORED, "the issue's mutants (turned, doubled, halved, swapped, switched)"),
+                       (("boundary",), "boundary mutants (< vs <=, > vs >=)")):
+    part = [r for r in results if r["kind"] in kinds]
+    if part:
+      k = sum(r["killed"] for r in part)
+      print(f"{label}: {k} of {len(part)} killed = {100 * k / len(part):.1f}%")
+  lines = source.splitlines()
+  for r in results:
+    if not r["killed"]:
+      print(f"  survived {r['kind']:9s} line {r['line']:5d} {r['what']:30s} | "
+            f"{lines[r['line'] - 1].strip()}")
   if args.json:
     Path(args.json).write_text(json.dumps(results, indent=1))
   return 0
