@@ -36,6 +36,11 @@ def add_args(p):
   p.add_argument("--batch-size", type=int, default=32,
                  help="sequences per device step up to 128 positions (default 32); a token "
                       "budget: proportionally fewer past 128 (one row of 8,192)")
+  p.add_argument("--stats-impl", default="auto",
+                 choices=("auto", "layerwise", "stacked", "kernel", "fused"),
+                 help="how the statistics are computed (same scores to float32 rounding): auto "
+                      "(default: the fastest measured path where the attention maps fit, the "
+                      "map-free kernel past that), layerwise, stacked, kernel (map-free), fused")
   p.add_argument("--bucket-step", type=int, default=16,
                  help="pad lengths to multiples of this (default 16; 8 pads less but compiles more shapes)")
   p.add_argument("--tau", type=_tau, default=3.0, help="test threshold, a number or 'auto' (default 3)")
@@ -117,7 +122,7 @@ def main(args):
                        parser=args.parser, roles=roles, measures=args.measures, js=args.js,
                        clusters=args.clusters,
                        cluster_method=args.cluster_method, report=args.report, examples=args.examples,
-                       robustness=args.robustness)
+                       robustness=args.robustness, stats_impl=args.stats_impl)
   distributed = {"enabled": args.distributed, "coordinator_address": args.coordinator_address,
                  "num_processes": args.num_processes, "process_id": args.process_id}
   run_analysis(cfg, overwrite=args.overwrite, redo=args.redo, distributed=distributed)

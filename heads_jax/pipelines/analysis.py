@@ -42,6 +42,7 @@ from heads_jax.pipelines.robustness import ensure_robustness_pass, robustness_ho
 from heads_jax.report.analysis import build_analysis_report
 from heads_jax.report.headline import headline_text
 from heads_jax.stats.examples import DEFAULT_PER_HEAD, write_head_examples
+from heads_jax.stats.step import STATS_IMPLS
 from heads_jax.storage import local_copy
 
 # Settings that determine scores.npz (the device pass); the others only affect host statistics.
@@ -82,6 +83,8 @@ class AnalysisConfig:
                                      # (pipelines/robustness.py); `heads-jax analyze` turns it on
   pack: bool = True                  # several sequences per row in the device pass (same scores;
                                      # False: one sequence per row, padded to 32/64/128)
+  stats_impl: str = "auto"           # the statistics path (stats.step.STATS_IMPLS; "auto": the
+                                     # fastest measured where the maps fit, map-free past that)
 
   @classmethod
   def from_config(cls, block, **fields) -> "AnalysisConfig":
@@ -135,6 +138,8 @@ def check_settings(cfg: AnalysisConfig) -> None:
                            ("--bucket-step", cfg.bucket_step, 1)):
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
       raise UserError(f"{flag} must be an integer >= {low}; got {value!r}")
+  if cfg.stats_impl not in STATS_IMPLS:
+    raise UserError(f"--stats-impl must be one of {', '.join(STATS_IMPLS)}; got {cfg.stats_impl!r}")
   if not isinstance(cfg.max_length, int) or cfg.max_length < 4:
     raise UserError(f"--max-length must be an integer >= 4 ([CLS] A [SEP] B [SEP] needs room); "
                     f"got {cfg.max_length!r}")
@@ -164,7 +169,7 @@ HOST_FILES = (contract.TESTS_CSV, contract.TESTS_JSON, contract.SETTINGS_JSON,
               contract.CLUSTERS_CSV, contract.CLUSTERS_JSON, contract.SUMMARY_JSON,
               contract.PARSER_CSV)
 # Settings of the device pass that do not change scores.npz (how it batches): in neither key.
-BATCHING = ("batch_size", "sort_window", "pack")
+BATCHING = ("batch_size", "sort_window", "pack", "stats_impl")
 
 
 def host_settings(cfg: AnalysisConfig) -> dict:
@@ -192,7 +197,11 @@ def device_work(cfg: AnalysisConfig, *, model=None, tokenizer=None, identity=Non
   write_scores(out, scores)
   if "measures" in scores:
     contract.write_measures(out, scores["measures"])
-  contract.write_run(out, cfg.device_settings(), scores["data_info"],
+  # the statistics path asked for and the ones taken (the paths agree to float32 rounding:
+  # not in the reuse key)
+  settings = {**cfg.device_settings(), "stats_impl": cfg.stats_impl,
+              "stats_paths": scores.get("stats_paths", [])}
+  contract.write_run(out, settings, scores["data_info"],
                      inputs=identity if identity is not None else content_identity(cfg))
   return scores["data_info"]
 

@@ -14,7 +14,7 @@ percent of its positions (UD EWT with MiniLM's tokenizer: BENCHMARKS.md, against
 unpacked, ``bench/bench_analysis.py``); short rows halve the query-key pairs per position, which
 is what the per-layer statistics cost goes with on the CPU. Every score equals the unpacked
 analysis's (``tests/stats/test_packing.py``). ``cfg.pack = False`` (or a step that cannot pack: a model
-without ``segment_ids``, ``js``, the ``fused``/``kernel`` paths) gives the unpacked pass:
+without ``segment_ids``, ``js``, the ``fused`` path) gives the unpacked pass:
 
 Unpacked, it is compiled a bounded number of times (issue 35): every batch is padded to one of at
 most three lengths (``heads_jax.stats.compiling.pass_lengths``: 32, 64, 128 for 128 positions;
@@ -26,8 +26,8 @@ one.
 Batches are sized by a token budget (``heads_jax.stats.compiling.batch_rows``): ``batch_size``
 below means ``batch_size`` rows up to 128 positions and proportionally fewer past it (one row of
 8,192), and under ``auto`` a shape whose per-layer maps would not fit takes the map-free
-statistics kernel (``heads_jax.stats.step.auto_stats_impl``); such a pass runs unpacked
-(``step.packs_for``), so one long document analyses with the default settings.
+statistics kernel (``heads_jax.stats.step.auto_stats_impl``; packed too), so one long document
+analyses with the default settings.
 
 Owned by the accelerator work (how the pass compiles and batches); `heads_jax.pipelines.analyze`
 calls it as its device stage.
@@ -146,7 +146,7 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
   if not cfg.syntax:
     roles = tuple(r for r in roles if r not in SYNTACTIC_ROLES)
   step = make_analysis_step(model, roles=roles, direction=cfg.direction, measures=cfg.measures,
-                            js=cfg.js)
+                            js=cfg.js, stats_impl=getattr(cfg, "stats_impl", "auto"))
   # The second pass (pipelines/robustness.py) runs on the same shapes: its programs compile on
   # the background thread behind the first pass's (heads_jax.stats.compiling).
   later = [second_pass_step(cfg, model, roles)] if second_pass_follows(cfg) else []
@@ -185,6 +185,7 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
       ("uniform",) if windows else ())
   out = {k: np.concatenate([p[k] for p in parts]) for k in keys}
   out["roles"] = roles
+  out["stats_paths"] = sorted(step.paths_taken)
   if windows:
     out["windows"] = np.asarray([-1 if w is None else w for w in windows], np.int32)
   out["data_info"] = infos

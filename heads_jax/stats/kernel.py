@@ -26,6 +26,10 @@ layer for BERT-base at 128 x 128) and XLA turns them into the channels and their
 weighted sums (``tile.channel_values``); in-kernel per-channel reductions cost more (the first
 device run: 47 column splits and cross-thread sums per head).
 
+Packed rows (several sequences a row, ``segment_ids``; ``slots`` in ``kernel_tables``): every
+table is each sequence's own, a query attends only its own sequence's keys (``tile.key_mask``),
+each key's windows use its own sequence's length, and the weighted sums come per slot.
+
 ``interpret=True`` runs a Pallas wrapper in the Pallas interpreter (on the CPU: the tests); for
 ``"mosaic"`` ``interpret`` may also be a ``pltpu.InterpretParams()``, which simulates the TPU's
 block and memory semantics. ``kernel_layer_stats`` returns what
@@ -46,11 +50,11 @@ from heads_jax.data import vocabulary as vocab
 from heads_jax.data.vocabulary import (TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PAD, TOKEN_PERIOD,
                                        TOKEN_SEP)
 from heads_jax.parallel import DATA_AXIS
-from heads_jax.sieves import check_direction, check_roles
+from heads_jax.sieves import check_direction, check_roles, segment_positions, segments_of
 from heads_jax.stats import tile
 from heads_jax.stats.fused import (channel_weights, num_channels, split_channels,
                                    target_platform)
-from heads_jax.stats.layerwise import block_columns
+from heads_jax.stats.layerwise import block_columns, slot_onehot
 
 WRAPPERS = ("triton", "mosaic", "xla")
 # Query rows per tile (at most tile.MAX_ROWS): 16 is the smallest Triton MMA and keeps J(n) = 2
@@ -123,43 +127,65 @@ def _fields(batch):
           i32("word_ids"), i32("dep_head"), i32("dep_rel"))
 
 
-def sieve_sizes(batch, roles: Sequence[str], direction: str = "dep2head"):
+def _slots(batch, slots: int):
+  """The sequences of a (packed) batch, linear in the length: ``seg`` int32 ``[b, k]`` (1, 2,
+  ... per sequence, 0 on padding; an unpacked batch is one sequence a row), the slot one-hot
+  float32 ``[b, k, S]`` (S = max(slots, 1)), each position's index in its sequence ``local``,
+  and its sequence's length ``n`` int32 ``[b, k]`` (0 on padding)."""
+  if batch.get("segment_ids") is not None and not slots:
+    raise ValueError("a packed batch (segment_ids) needs its slots (sequences per row)")
+  seg = segments_of(batch)
+  onehot = slot_onehot(seg, max(int(slots), 1))
+  n = jnp.einsum("bks,bs->bk", onehot, jnp.sum(onehot, axis=1)).astype(jnp.int32)
+  return seg, onehot, segment_positions(seg), n
+
+
+def sieve_sizes(batch, roles: Sequence[str], direction: str = "dep2head", slots: int = 0):
   """``|S(t)|`` of every role's sieve, int32 ``[b, r, q]``, equal to
   ``heads_jax.sieves.build_sieves(batch, roles, direction).sum(-1)`` but in memory linear in the
   length (counts, cumulative sums and sorted searches; no ``[q, k]`` mask), so that the per-query
-  weights of a long sequence need no map-sized buffer. Unpacked batches (no ``segment_ids``)."""
-  if batch.get("segment_ids") is not None:
-    raise ValueError("sieve_sizes takes unpacked batches (stats_impl='kernel' does not pack yet)")
+  weights of a long sequence need no map-sized buffer. With ``slots`` (a packed batch,
+  ``segment_ids``) each query's sieve is within its own sequence (its range, its [CLS] position,
+  its pair-ness; words and heads told apart by sequence)."""
   real, tc, tt, word, head, rel = _fields(batch)
   b, k = real.shape
+  seg, onehot, local, n_q = _slots(batch, slots)
+  per_slot = lambda x: jnp.einsum("bks,bk->bs", onehot, x.astype(jnp.float32))  # noqa: E731
+  per_query = lambda x: jnp.einsum("bks,bs->bk", onehot, x)                      # noqa: E731
   pos = jnp.arange(k)
+  start = pos[None] - local                                   # each position's sequence start
+  end = start + n_q                                           # ... and its end (exclusive)
   cum = jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
                          jnp.cumsum(real.astype(jnp.int32), axis=-1)], axis=-1)  # [b, k + 1]
-  at = lambda i: jnp.take_along_axis(cum, jnp.clip(i, 0, k)[None].repeat(b, 0), axis=-1)  # noqa: E731
+  at = lambda i: jnp.take_along_axis(cum, jnp.clip(i, 0, k), axis=-1)  # noqa: E731
   block = block_columns(batch)                                              # [b, k, 2]
-  per_type = jnp.sum(block, axis=1).astype(jnp.int32)                       # [b, 2]
-  is_pair = jnp.any(real & (tt == 1), axis=-1)
-  key_sets = {vocab.KEY_POSITION0: real & (pos[None] == 0), vocab.KEY_SEP: real & (tc == TOKEN_SEP)}
+  per_type = jnp.einsum("bks,bkc->bsc", onehot, block)                      # [b, S, 2]
+  per_type_q = jnp.einsum("bks,bsc->bkc", onehot, per_type)                 # [b, k, 2]
+  is_pair = per_query((per_slot(real & (tt == 1)) > 0).astype(jnp.float32))  # [b, k]
+  key_sets = {vocab.KEY_POSITION0: real & (local == 0), vocab.KEY_SEP: real & (tc == TOKEN_SEP)}
   word_real = real & (word >= 0)
+  # words and heads of different sequences must never meet: numbered per sequence (seg * (k+1))
+  tag = lambda x: seg * (k + 1) + x                                         # noqa: E731
   sizes = []
   for name in roles:
     role = vocab.role(name)
     if role.sieve == vocab.SIEVE_OFFSETS:
       lo, hi = role.offsets
-      size = at(pos + hi + 1) - at(pos + lo)
+      size = (at(jnp.clip(pos[None] + hi + 1, start, end))
+              - at(jnp.clip(pos[None] + lo, start, end)))
     elif role.sieve == vocab.SIEVE_BLOCK:
-      size = jnp.where(tt == 0, per_type[:, :1], per_type[:, 1:]) * is_pair[:, None]
+      size = jnp.where(tt == 0, per_type_q[..., 0], per_type_q[..., 1]) * is_pair
     elif role.sieve == vocab.SIEVE_KEYS:
       union = functools.reduce(jnp.logical_or, [key_sets[kind] for kind in role.keys])
-      size = jnp.broadcast_to(jnp.sum(union, axis=-1, keepdims=True), (b, k)).astype(jnp.int32)
+      size = per_query(per_slot(union))
     elif role.sieve == vocab.SIEVE_RELATION:
       has_rel = functools.reduce(jnp.logical_or, [rel == r for r in role.relations])
       dep_of = has_rel & (head >= 0)                              # t's word -> its head word
-      size = jnp.where(dep_of, _count_equal(word, word_real, head), 0)
+      size = jnp.where(dep_of, _count_equal(tag(word), word_real, tag(head)), 0)
       if direction == "both":
         head_of = real & has_rel & (head >= 0)                    # s's word depends on another
-        dependents = _count_equal(head, head_of, word)            # ... on t's word
-        pair_key = lambda w, h: w * (k + 1) + h                   # noqa: E731
+        dependents = _count_equal(tag(head), head_of, tag(word))  # ... on t's word
+        pair_key = lambda w, h: seg * (k + 1) ** 2 + w * (k + 1) + h  # noqa: E731
         both_ways = _count_equal(pair_key(word, head), head_of & (word >= 0),
                                  pair_key(head, word))           # s in t's head word, heading t
         size = size + jnp.where(word >= 0, dependents, 0) - jnp.where(
@@ -167,18 +193,20 @@ def sieve_sizes(batch, roles: Sequence[str], direction: str = "dep2head"):
     else:  # pragma: no cover - Role validates its kind
       raise ValueError(f"role {name!r} has sieve kind {role.sieve!r}")
     sizes.append(jnp.where(real, size, 0))
-  return jnp.stack(sizes, axis=1).astype(jnp.int32)
+  return jnp.round(jnp.stack(sizes, axis=1)).astype(jnp.int32)
 
 
 def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", measures: bool = False,
-                  keys: int | None = None, channels: int | None = None) -> dict:
+                  keys: int | None = None, channels: int | None = None, slots: int = 0) -> dict:
   """The per-batch inputs of the tile (built once per batch, on the device).
 
   Returns ``q_info`` int32 ``[b, kp, Q_COLS]``, ``k_rows`` int32 ``[b, K_ROWS, kp]``,
   ``k_cols`` int32 ``[b, kp, K_ROWS]``, ``e_table`` float32 ``[b, kp, E_COLS]``, ``weights``
-  float32 ``[b, kp, cp]`` (each channel's per-query weight, ``fused.channel_weights``), ``n``
-  int32 ``[b]`` and ``count`` ``[b, r]``; kp = ``keys`` (default k; padding positions are never
-  real), cp = ``channels`` (default: the next power of two of the channel count).
+  float32 ``[b, kp, cp]`` (each channel's per-query weight, ``fused.channel_weights``) and
+  ``count`` ``[b, r]``; kp = ``keys`` (default k; padding positions are never real), cp =
+  ``channels`` (default: the next power of two of the channel count). With ``slots`` S (a packed
+  batch: ``segment_ids``) every table is of each position's own sequence, ``count`` is
+  ``[b, S, r]`` and ``slots`` float32 ``[b, kp, S]`` says which slot each query feeds.
   """
   roles = check_roles(roles)
   tile.tile_roles(roles)                          # fails early on a role the tile lacks
@@ -188,27 +216,30 @@ def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", meas
   kp = k if keys is None else int(keys)
   if kp < k:
     raise ValueError(f"keys {kp} must be at least the batch length {k}")
-  n = jnp.sum(real, axis=-1).astype(jnp.int32)
-  pos = jnp.arange(k)
+  seg, onehot, local, n_pos = _slots(batch, slots)
+  longest = jnp.max(n_pos, axis=-1)                                        # [b]
   # a query's word / head word (-2 where none) never equals a key's (-3 where none)
   q_word = jnp.where(real & (word >= 0), word, -2)
   q_head = jnp.where(real & (head >= 0), head, -2)
-  nn = jnp.broadcast_to(n[:, None], (b, k))
-  q_info = jnp.stack([tc, tt, q_word, q_head, rel, nn] + [jnp.zeros_like(tc)] * (tile.Q_COLS - 6),
-                     axis=-1)
+  q_n = jnp.where(real, n_pos, longest[:, None])
+  q_info = jnp.stack([tc, tt, q_word, q_head, rel, q_n, jnp.where(real, seg, -1)]
+                     + [jnp.zeros_like(tc)] * (tile.Q_COLS - 7), axis=-1)
   k_rows = jnp.stack([real.astype(jnp.int32), (real & (tc == TOKEN_OTHER)).astype(jnp.int32),
                       jnp.where(real & (word >= 0), word, -3),
-                      jnp.where(real & (head >= 0), head, -3), rel]
-                     + [jnp.zeros_like(tc)] * (tile.K_ROWS - 5), axis=1)
+                      jnp.where(real & (head >= 0), head, -3), rel, jnp.where(real, seg, 0),
+                      jnp.maximum(n_pos, 1)]
+                     + [jnp.zeros_like(tc)] * (tile.K_ROWS - 7), axis=1)
   block = block_columns(batch)                                             # [b, k, 2]
   col = lambda x: (x & real).astype(jnp.float32)                           # noqa: E731
-  pos0 = pos[None] == 0
-  e_table = jnp.stack([real.astype(jnp.float32), col(pos0), col(tc == TOKEN_SEP),
+  first = local == 0                                                       # [CLS] position
+  e_table = jnp.stack([real.astype(jnp.float32), col(first), col(tc == TOKEN_SEP),
                        col(tc == TOKEN_COMMA), col(tc == TOKEN_PERIOD), block[..., 0],
-                       block[..., 1], col(tc == TOKEN_CLS), col(pos0 | (tc == TOKEN_SEP))], axis=-1)
+                       block[..., 1], col(tc == TOKEN_CLS), col(first | (tc == TOKEN_SEP))],
+                      axis=-1)
   e_table = jnp.pad(e_table, ((0, 0), (0, 0), (0, tile.E_COLS - e_table.shape[-1])))
   weights, count = channel_weights(batch, roles, direction, measures,
-                                   sizes=sieve_sizes(batch, roles, direction))  # [b, c, q]
+                                   sizes=sieve_sizes(batch, roles, direction, slots),
+                                   slots=slots)                            # [b, c, q]
   weights = jnp.transpose(weights, (0, 2, 1))                              # [b, q, c]
   c = weights.shape[-1]
   cp = _next_pow2(c) if channels is None else int(channels)
@@ -217,22 +248,29 @@ def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", meas
   weights = jnp.pad(weights, ((0, 0), (0, 0), (0, cp - c)))
   if kp != k:
     extra = kp - k
-    pad_q = jnp.asarray([TOKEN_PAD, 0, -2, -2, 0, 0, 0, 0][:tile.Q_COLS], jnp.int32)
-    pad_q = jnp.broadcast_to(pad_q, (b, extra, tile.Q_COLS)).at[..., tile.Q_N].set(n[:, None])
+    pad_q = jnp.asarray([TOKEN_PAD, 0, -2, -2, 0, 0, -1, 0][:tile.Q_COLS], jnp.int32)
+    pad_q = jnp.broadcast_to(pad_q, (b, extra, tile.Q_COLS)).at[..., tile.Q_N].set(
+        longest[:, None])
     q_info = jnp.concatenate([q_info, pad_q], axis=1)
-    pad_k = jnp.asarray([0, 0, -3, -3, 0, 0, 0, 0][:tile.K_ROWS], jnp.int32)
+    pad_k = jnp.asarray([0, 0, -3, -3, 0, 0, 1, 0][:tile.K_ROWS], jnp.int32)
     k_rows = jnp.concatenate([k_rows, jnp.broadcast_to(pad_k[None, :, None],
                                                        (b, tile.K_ROWS, extra))], axis=2)
     e_table = jnp.pad(e_table, ((0, 0), (0, extra), (0, 0)))
     weights = jnp.pad(weights, ((0, 0), (0, extra), (0, 0)))
-  return {"q_info": q_info, "k_rows": k_rows, "k_cols": jnp.transpose(k_rows, (0, 2, 1)),
-          "e_table": e_table, "weights": weights, "n": n, "count": count}
+    onehot = jnp.pad(onehot, ((0, 0), (0, extra), (0, 0)))
+  out = {"q_info": q_info, "k_rows": k_rows, "k_cols": jnp.transpose(k_rows, (0, 2, 1)),
+         "e_table": e_table, "weights": weights, "count": count}
+  if slots:
+    out["slots"] = onehot
+  return out
 
 
-def _row_fns(roles, direction, measures, scale):
-  """The tile's ``head_rows`` and ``channel_values`` for these settings."""
+def _row_fns(roles, direction, measures, scale, packed=False):
+  """The tile's ``head_rows`` and ``channel_values`` for these settings (``packed``: rows of
+  several sequences, ``tile.key_mask``)."""
   roles = tile.tile_roles(roles)
-  rows = functools.partial(tile.head_rows, roles=roles, direction=direction, scale=scale)
+  rows = functools.partial(tile.head_rows, roles=roles, direction=direction, scale=scale,
+                           packed=bool(packed))
   channels = functools.partial(tile.channel_values, roles=roles, direction=direction,
                                measures=measures)
   return rows, channels
@@ -241,9 +279,11 @@ def _row_fns(roles, direction, measures, scale):
 SUMS = ("einsum", "reduce")
 
 
-def _weighted(raw, q_info, weights, channels_fn, block_q, channels, sums: str = "einsum"):
+def _weighted(raw, q_info, weights, channels_fn, block_q, channels, sums: str = "einsum",
+              slots=None):
   """``sum_t weights[t, c] * channel_c(raw)[t]``: raw ``[b, h, t, E_COLS]``, q_info
-  ``[b, t, Q_COLS]``, weights ``[b, t, cp]`` -> ``[b, h, c]`` (XLA, on the kernel's rows).
+  ``[b, t, Q_COLS]``, weights ``[b, t, cp]`` -> ``[b, h, c]`` (XLA, on the kernel's rows), or
+  with ``slots`` (a packed batch's slot one-hot ``[b, t, S]``) per sequence slot ``[b, h, S, c]``.
   ``sums``: ``"einsum"`` (a float32 contraction over t of the channels), ``"reduce"`` (a product
   and a sum over t, which XLA may fuse with the channels' arithmetic: one pass over ``raw``)."""
   if sums not in SUMS:
@@ -252,6 +292,9 @@ def _weighted(raw, q_info, weights, channels_fn, block_q, channels, sums: str = 
   qi = tuple(q_info[:, None, :, j:j + 1] for j in range(tile.Q_COLS))      # [b, 1, t, 1]
   row = (jnp.arange(t, dtype=jnp.int32) % block_q)[None, None, :, None]
   vals = jnp.concatenate(channels_fn(raw, qi, row), axis=-1)               # [b, h, t, c]
+  if slots is not None:
+    return jnp.einsum("bhtc,btc,bts->bhsc", vals, weights[..., :channels], slots,
+                      precision=jax.lax.Precision.HIGHEST)
   if sums == "reduce":
     return jnp.sum(vals * weights[:, None, :, :channels], axis=2)
   return jnp.einsum("bhtc,btc->bhc", vals, weights[..., :channels],
@@ -272,17 +315,17 @@ def _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, ch
   while nq % group:
     group -= 1
   q_info, k_rows, k_cols = tables["q_info"], tables["k_rows"], tables["k_cols"]
-  e_table, weights, n = tables["e_table"], tables["weights"], tables["n"]
+  e_table, weights, slots = tables["e_table"], tables["weights"], tables.get("slots")
   kr = tuple(k_rows[:, j:j + 1, :] for j in range(tile.K_ROWS))            # [b, 1, kp]
   kc = tuple(k_cols[:, :, j:j + 1] for j in range(tile.K_ROWS))            # [b, kp, 1]
   keys = jnp.transpose(key, (0, 2, 1, 3))                                  # [b, h, kp, e]
 
-  def one_block(qb, kk, qi, kr_, kc_, et, nn, t0):
-    setup = tile.block_setup(kr_, kc_, et, nn, t0, block_q, contraction)
+  def one_block(qb, kk, qi, kr_, kc_, et, t0):
+    setup = tile.block_setup(kr_, kc_, et, qi[tile.Q_N], t0, block_q, contraction)
     return jax.vmap(lambda q_, k_: rows_fn(q_, k_, setup, qi, kr_))(qb, kk)  # [h, T, E]
 
-  per_seq = jax.vmap(one_block, in_axes=(0, 0, 0, 0, 0, 0, 0, None))
-  per_group = jax.vmap(per_seq, in_axes=(1, None, 1, None, None, None, None, 0), out_axes=2)
+  per_seq = jax.vmap(one_block, in_axes=(0, 0, 0, 0, 0, 0, None))
+  per_group = jax.vmap(per_seq, in_axes=(1, None, 1, None, None, None, 0), out_axes=2)
 
   def step(acc, i):
     t0 = i * (group * block_q)
@@ -293,12 +336,14 @@ def _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, ch
     qi = tuple(qi_all.reshape(b, group, block_q, tile.Q_COLS)[..., j:j + 1]
                for j in range(tile.Q_COLS))                                 # [b, G, T, 1]
     starts = t0 + block_q * jnp.arange(group)
-    raw = per_group(qb, keys, qi, kr, kc, e_table, n, starts)               # [b, h, G, T, E]
+    raw = per_group(qb, keys, qi, kr, kc, e_table, starts)                  # [b, h, G, T, E]
     raw = raw.reshape(b, h, span, tile.E_COLS)
     w = jax.lax.dynamic_slice_in_dim(weights, t0, span, axis=1)
-    return acc + _weighted(raw, qi_all, w, channels_fn, block_q, channels), None
+    sl = None if slots is None else jax.lax.dynamic_slice_in_dim(slots, t0, span, axis=1)
+    return acc + _weighted(raw, qi_all, w, channels_fn, block_q, channels, slots=sl), None
 
-  sums, _ = jax.lax.scan(step, jnp.zeros((b, h, channels), jnp.float32), jnp.arange(nq // group))
+  shape = (b, h, channels) if slots is None else (b, h, slots.shape[-1], channels)
+  sums, _ = jax.lax.scan(step, jnp.zeros(shape, jnp.float32), jnp.arange(nq // group))
   return sums
 
 
@@ -325,7 +370,7 @@ def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, n
 
   def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, o_ref):
     qi = tuple(qi_ref[:, pl.ds(j, 1)] for j in range(tile.Q_COLS))
-    n = qi_ref[0, tile.Q_N]
+    n = qi[tile.Q_N]              # the rows' lengths: block_setup takes the shortest (J(n))
     t0 = pl.program_id(1) * block_q
     if blocks == 1:
       kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
@@ -384,8 +429,8 @@ def _keys_outer(q_ref, o_ref, load_keys, h, blocks, block_k, rows, qi, n, t0, co
   lane = jax.lax.broadcasted_iota(jnp.int32, (rows, tile.E_COLS), 1)
 
   def first(hd, carry):
-    lse = tile.key_block_lse(q_ref[:, hd, :], functools.partial(load_keys, hd), blocks,
-                             scale=settings["scale"])
+    lse = tile.key_block_lse(q_ref[:, hd, :], functools.partial(load_keys, hd), blocks, qi,
+                             scale=settings["scale"], packed=settings["packed"])
     o_ref[hd, :, :] = jnp.where(lane == tile.R_LSE, lse, 0.0)
     return carry
 
@@ -418,8 +463,7 @@ def _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret):
   qt = jnp.transpose(query, (0, 2, 1, 3))                                  # [b, h, kp, e]
   kt = jnp.transpose(key, (0, 2, 1, 3))
 
-  def kernel(n_ref, q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, o_ref):
-    n = n_ref[pl.program_id(0)]
+  def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, o_ref):
     kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
     kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
     e_tab = e_ref[...]
@@ -428,7 +472,7 @@ def _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret):
       t0 = pl.multiple_of(i * block_q, block_q)
       rows = pl.ds(t0, block_q)
       qi = tuple(qi_ref[rows, pl.ds(j, 1)] for j in range(tile.Q_COLS))
-      setup = tile.block_setup(kr, kc, e_tab, n, t0, block_q, contraction)
+      setup = tile.block_setup(kr, kc, e_tab, qi[tile.Q_N], t0, block_q, contraction)
 
       def one_head(hd, carry):
         o_ref[hd, rows, :] = rows_fn(q_ref[hd, rows, :], k_ref[hd], setup, qi, kr)
@@ -443,7 +487,6 @@ def _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret):
       out_shape=jax.ShapeDtypeStruct((b, h, kp, tile.E_COLS), jnp.float32),
       grid=(b,),
       in_specs=[
-          pl.BlockSpec(memory_space=pltpu.SMEM),
           pl.BlockSpec((None, h, kp, e), lambda bi: (bi, 0, 0, 0)),
           pl.BlockSpec((None, h, kp, e), lambda bi: (bi, 0, 0, 0)),
           pl.BlockSpec((None, kp, tile.Q_COLS), lambda bi: (bi, 0, 0)),
@@ -456,7 +499,7 @@ def _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret):
       compiler_params=None if interpret else pltpu.CompilerParams(
           dimension_semantics=("parallel",)),
       name="heads_jax_statistics_v2",
-  )(tables["n"], qt, kt, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"])
+  )(qt, kt, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"])
 
 
 def _prepare(query, key, tables, wrapper, block_q, platform, interpret):
@@ -492,7 +535,7 @@ def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction:
   ``kernel_layer_stats`` adds is XLA's channel sums over these rows (``bench/analysis_ab.py``
   times the two apart)."""
   rows_fn, _ = _row_fns(check_roles(roles), check_direction(direction), False,
-                       float(1.0 / query.shape[-1] ** 0.5))
+                        float(1.0 / query.shape[-1] ** 0.5), "slots" in tables)
   query, key, wrapper, block_q, interpret = _prepare(query, key, tables, wrapper, block_q,
                                                      platform, interpret)
   if wrapper == "triton":
@@ -544,7 +587,8 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
   roles = check_roles(roles)
   direction = check_direction(direction)
   channels = num_channels(roles, measures)
-  rows_fn, channels_fn = _row_fns(roles, direction, measures, float(1.0 / query.shape[-1] ** 0.5))
+  rows_fn, channels_fn = _row_fns(roles, direction, measures, float(1.0 / query.shape[-1] ** 0.5),
+                                  "slots" in tables)
   query, key, wrapper, block_q, _ = _prepare(query, key, tables, wrapper, block_q, platform,
                                              interpret)
   if wrapper == "xla":
@@ -557,17 +601,18 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
                             block_k=block_k, keys_outer=keys_outer, static=static,
                             heads_per_program=heads_per_program)
     sums = _weighted(raw, tables["q_info"], tables["weights"], channels_fn, block_q, channels,
-                     sums)
+                     sums, slots=tables.get("slots"))
   return split_channels(sums, roles, measures)
 
 
 def kernel_program_tables(batch, roles, direction, measures, *, wrapper: str,
-                          block_q: int | None = None) -> dict:
-  """``kernel_tables`` padded for ``wrapper`` (its key axis and channel width)."""
+                          block_q: int | None = None, slots: int = 0) -> dict:
+  """``kernel_tables`` padded for ``wrapper`` (its key axis and channel width); ``slots``: a
+  packed batch's sequences per row (0: unpacked)."""
   k = jnp.asarray(batch["attention_mask"]).shape[1]
   bq = block_q or BLOCK_Q[wrapper]
   kp = padded_length(k, wrapper, min(bq, k) if wrapper == "xla" else bq)
-  return kernel_tables(batch, roles, direction, measures, keys=kp)
+  return kernel_tables(batch, roles, direction, measures, keys=kp, slots=slots)
 
 
 def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head",

@@ -51,11 +51,11 @@ heads with each other), always take ``"stacked"``.
 **Packed batches** (issue 38): a batch with a ``segment_ids`` field ``[B, K]`` holds several
 sequences per row (1, 2, ... per sequence, 0 on padding; ``heads_jax.data.encoding.pack_batches``).
 The model attends within each sequence and restarts its positions there (``segment_ids``,
-``position_ids`` of the model's ``__call__``), and ``layerwise``/``stacked`` reduce per sequence:
+``position_ids`` of the model's ``__call__``), and ``layerwise``/``stacked``/``kernel`` reduce per sequence:
 every output has ``B * S`` rows, row ``i * S + j`` the sequence in slot j of row i (S =
 ``slots``, static per program), equal to the sequence's unpacked statistics.
 ``step.packs`` says whether the step can take them (the model has ``segment_ids``, the path is
-``layerwise`` or ``stacked``, no ``js``).
+``layerwise``, ``stacked`` or ``kernel``, no ``js``).
 
 Each batch shape is compiled once per process (``heads_jax.stats.compiling.executable``);
 ``step.precompile(rows, length)`` starts a shape's compilation on a background thread, so that
@@ -95,7 +95,7 @@ from heads_jax.stats.layerwise import batch_tables, finish, layer_reducer, reduc
 GATE_MODES = ("remove", "uniform")
 STATS_IMPLS = ("auto", "layerwise", "fused", "stacked", "kernel")
 COMPUTE_DTYPES = ("float32", "bfloat16")
-PACKED_STATS_IMPLS = ("layerwise", "stacked")   # the paths that reduce packed rows per sequence
+PACKED_STATS_IMPLS = ("layerwise", "stacked", "kernel")   # the paths that reduce packed rows per sequence
 
 
 # What "auto" takes per platform: the path measured fastest there, among those that lower there
@@ -322,7 +322,7 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
     if impl == "kernel":
       wrapper = kernel.wrapper_for(platform, batch["input_ids"].shape[1])
       tables = kernel.kernel_program_tables(batch, roles, direction, with_measures,
-                                            wrapper=wrapper)
+                                            wrapper=wrapper, slots=slots)
       reduce = kernel.kernel_reducer(tables, roles, direction, with_measures, wrapper=wrapper,
                                      mesh=mesh, platform=platform)
       out = module(*inputs, attention_reduce=reduce, **common)
@@ -411,6 +411,7 @@ class AnalysisStep:
       self._graph, self._state = encoder, None
     self._state_signature = compiling.signature(self._state)
     self._model_packs = accepts_packing(encoder)
+    self.paths_taken: set = set()   # the statistics paths of the batches submitted (run.json)
 
   @property
   def packs(self) -> bool:
@@ -487,6 +488,7 @@ class AnalysisStep:
       slots = int(batch["segment_ids"].max(initial=1)) if slots is None else int(slots)
     else:
       slots = 0
+    self.paths_taken.add(self.path_for(b, k))
     if head_gate is not None or self.multi_process:
       if head_gate is not None:
         head_gate = replicate(jnp.asarray(head_gate, jnp.float32), self.mesh)

@@ -70,12 +70,14 @@ NEAR0 = WIN0 + NUM_WINDOWS
 NEAR_COLS = 32
 E_COLS = NEAR0 + NEAR_COLS
 # Columns of the query table: class, token type, word (-2 where none), head word (-2 where
-# none), relation, n (real positions of the sequence).
-Q_CLASS, Q_TYPE, Q_WORD, Q_HEAD, Q_REL, Q_N = range(6)
+# none), relation, n (real positions of the query's sequence; of the row's longest on padding),
+# segment (the query's sequence in a packed row, 1, 2, ...; -1 on padding).
+Q_CLASS, Q_TYPE, Q_WORD, Q_HEAD, Q_REL, Q_N, Q_SEG = range(7)
 Q_COLS = 8
 # Rows of the key table: real, other (real and not special: a window key), word (-3 where
-# none), head word (-3 where none), relation.
-K_REAL, K_OTHER, K_WORD, K_HEAD, K_REL = range(5)
+# none), head word (-3 where none), relation, segment (0 on padding), n (the real positions of
+# the key's sequence, at least 1).
+K_REAL, K_OTHER, K_WORD, K_HEAD, K_REL, K_SEG, K_N = range(7)
 K_ROWS = 8
 # The offsets' band |s - t| <= BAND: the keys t0 - BAND .. t0 + T + BAND - 1 of a block each
 # have their own column (NEAR0 + s - t0 + BAND), so a block has at most NEAR_COLS - 2 BAND rows.
@@ -191,12 +193,16 @@ def block_setup(k_rows, k_cols, e_table, n, t0, rows: int, contraction: str = "h
   f32, i32 = jnp.float32, jnp.int32
   dtype = jnp.bfloat16 if contraction == "hilo" else f32
   keys = e_table.shape[0]
-  n = jnp.maximum(jnp.asarray(n, i32), 1)
+  n = jnp.min(jnp.maximum(jnp.asarray(n, i32), 1))        # a scalar, or the rows' Q_N [T, 1]
+  # each key's window by its own sequence's length (a packed row's keys of other sequences are
+  # masked out of the scores; over the rows of its own sequence a key's window grows from its
+  # nearest row's by at most J(n) steps, n the block's shortest: exact for every sequence)
+  kn_c, kn_r = jnp.maximum(k_cols[K_N], 1), jnp.maximum(k_rows[K_N], 1)
   kpos_c = s0 + jax.lax.broadcasted_iota(i32, (keys, 1), 0)
   kpos_r = s0 + jax.lax.broadcasted_iota(i32, (1, keys), 1)
   qpos = t0 + jax.lax.broadcasted_iota(i32, (rows, 1), 0)
-  base_c = window_base(kpos_c, t0, n, rows)                               # [K, 1]
-  base_r = window_base(kpos_r, t0, n, rows)                               # [1, K]
+  base_c = window_base(kpos_c, t0, kn_c, rows)                            # [K, 1]
+  base_r = window_base(kpos_r, t0, kn_r, rows)                            # [1, K]
   other_c = k_cols[K_OTHER] > 0
   lane = jax.lax.broadcasted_iota(i32, (keys, E_COLS), 1)
   near = kpos_c - (t0 - BAND)
@@ -206,16 +212,24 @@ def block_setup(k_rows, k_cols, e_table, n, t0, rows: int, contraction: str = "h
   onehot = lambda w: ((lane == WIN0 + w) & other_c).astype(f32)          # noqa: E731 [K, 64]
   corrections_ = []
   for j in range(1, static + 1):
-    corrections_.append((window_threshold(base_r, j, n),
+    corrections_.append((window_threshold(base_r, j, kn_r),
                          (onehot(base_c + j) - onehot(base_c + j - 1)).astype(dtype)))
   return {"rhs": rhs.astype(dtype), "dist": jnp.abs(kpos_r - qpos), "static": corrections_,
-          "base_c": base_c, "base_r": base_r, "onehot": onehot, "n": n, "t0": t0,
+          "base_c": base_c, "base_r": base_r, "onehot": onehot, "n": kn_r, "t0": t0,
           "rows": rows, "contraction": contraction, "jn": corrections(n, rows)}
+
+
+def key_mask(q_info, k_rows, packed: bool):
+  """The keys each row attends: real keys (``[1, K]``), or in a ``packed`` row the keys of the
+  row's own sequence (``[T, K]``: one compare per element)."""
+  if packed:
+    return k_rows[K_SEG] == q_info[Q_SEG]
+  return k_rows[K_REAL] > 0
 
 
 def scores(q, k, k_real, scale: float):
   """The block's scores ``q k^T * scale``, float32 ``[T, K]`` (``HIGHEST`` for float32 inputs),
-  keys with ``k_real == 0`` (int32 ``[1, K]``) pushed to ``-1e30``."""
+  keys where ``k_real`` (``key_mask``, or int32 ``[1, K]``) is 0/False pushed to ``-1e30``."""
   f32 = jnp.float32
   exact = jnp.dtype(q.dtype) == f32
   if math.frexp(scale)[0] == 0.5:     # a power of two: exact in q's dtype, no pass over the tile
@@ -224,7 +238,7 @@ def scores(q, k, k_real, scale: float):
                           precision=jax.lax.Precision.HIGHEST if exact else None)
   if scale is not None:
     s = s * scale
-  return jnp.where(k_real > 0, s, _NEG)
+  return jnp.where(k_real if k_real.dtype == jnp.bool_ else k_real > 0, s, _NEG)
 
 
 def row_sums(ex, x, setup: dict, q_info, k_rows, *, roles: tuple, direction: str):
@@ -296,13 +310,14 @@ def finish_rows(sums, z):
 
 
 def head_rows(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str,
-              scale: float):
+              scale: float, packed: bool = False):
   """One head's per-row results of a block, float32 ``[T, E_COLS]``: the contraction divided by
   Z (key features, windows with their corrections, near keys), the row entropy in column
   ``R_ENTROPY`` and the dependency sums in ``R_RELATION..`` (one for ``dep2head``, one per
   relation role for ``both``). ``channel_values`` turns them into the output channels. All keys
-  at once (``head_rows_blocked``: block by block)."""
-  s = scores(q, k, k_rows[K_REAL], scale)
+  at once (``head_rows_blocked``: block by block). ``packed``: the rows hold several sequences
+  (``key_mask``)."""
+  s = scores(q, k, key_mask(q_info, k_rows, packed), scale)
   x = s - jnp.max(s, axis=1, keepdims=True)
   ex = jnp.exp(x)                                                          # [T, K], max 1
   z = jnp.sum(ex, axis=1, keepdims=True)                                   # >= 1
@@ -317,7 +332,7 @@ def check_blocked(roles: tuple) -> None:
                      f"(columns R_RELATION..R_LSE of heads_jax/stats/tile.py)")
 
 
-def key_block_lse(q, load_keys, blocks, *, scale: float):
+def key_block_lse(q, load_keys, blocks, q_info, *, scale: float, packed: bool = False):
   """The first pass over key blocks: each row's ``ln sum_s exp(s)`` over the real keys, float32
   ``[T, 1]`` (a running maximum and its rescaled sum); ``load_keys`` as ``head_rows_blocked``."""
   rows = q.shape[0]
@@ -326,7 +341,7 @@ def key_block_lse(q, load_keys, blocks, *, scale: float):
   def step(i, carry):
     m, z = carry
     kb, kr, _, _ = load_keys(i)
-    s = scores(q, kb, kr[K_REAL], scale)
+    s = scores(q, kb, key_mask(q_info, kr, packed), scale)
     m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     return m_new, z * jnp.exp(m - m_new) + jnp.sum(jnp.exp(s - m_new), axis=1, keepdims=True)
 
@@ -336,11 +351,11 @@ def key_block_lse(q, load_keys, blocks, *, scale: float):
 
 
 def key_block_sums(q, k, setup: dict, lse, q_info, k_rows, *, roles: tuple, direction: str,
-                   scale: float):
+                   scale: float, packed: bool = False):
   """The second pass on one key block (its ``block_setup(..., s0=...)``): ``row_sums`` of the
   probabilities ``p = exp(x)``, ``x = s - lse`` (already divided by Z), float32 ``[T, E_COLS]``;
   column ``R_LSE`` stays 0."""
-  x = scores(q, k, k_rows[K_REAL], scale) - lse
+  x = scores(q, k, key_mask(q_info, k_rows, packed), scale) - lse
   return row_sums(jnp.exp(x), x, setup, q_info, k_rows, roles=roles, direction=direction)
 
 
@@ -352,7 +367,8 @@ def finish_blocked(sums):
 
 
 def head_rows_blocked(q, load_keys, blocks, block_k: int, q_info, n, t0, *, roles: tuple,
-                      direction: str, scale: float, contraction: str = "hilo"):
+                      direction: str, scale: float, contraction: str = "hilo",
+                      packed: bool = False):
   """``head_rows`` over the keys block by block, for sequences whose keys a program cannot hold
   at once: every result is a sum over keys divided by Z (the entropy ``ln Z - sum ex x / Z``
   too), so two passes do it: each row's log-sum-exp over the key blocks (``key_block_lse``),
@@ -369,13 +385,13 @@ def head_rows_blocked(q, load_keys, blocks, block_k: int, q_info, n, t0, *, role
     float32 ``[T, E_COLS]``, as ``head_rows`` on all the keys (to float32 rounding).
   """
   check_blocked(roles)
-  lse = key_block_lse(q, load_keys, blocks, scale=scale)
+  lse = key_block_lse(q, load_keys, blocks, q_info, scale=scale, packed=packed)
 
   def step(i, acc):
     kb, kr, kc, et = load_keys(i)
     setup = block_setup(kr, kc, et, n, t0, q.shape[0], contraction, s0=i * block_k, static=0)
     return acc + key_block_sums(q, kb, setup, lse, q_info, kr, roles=roles, direction=direction,
-                                scale=scale)
+                                scale=scale, packed=packed)
 
   sums = jax.lax.fori_loop(0, blocks, step, jnp.zeros((q.shape[0], E_COLS), jnp.float32))
   return finish_blocked(sums)
@@ -452,16 +468,18 @@ def channel_values(raw, q_info, row, *, roles: tuple, direction: str, measures: 
 
 
 def head_values(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str,
-                measures: bool, scale: float) -> list:
+                measures: bool, scale: float, packed: bool = False) -> list:
   """One head's channel values per query row of a block (``tile_values``), with the block's
   ``setup`` (``block_setup``): ``channel_values`` of ``head_rows``."""
-  raw = head_rows(q, k, setup, q_info, k_rows, roles=roles, direction=direction, scale=scale)
+  raw = head_rows(q, k, setup, q_info, k_rows, roles=roles, direction=direction, scale=scale,
+                  packed=packed)
   row = jax.lax.broadcasted_iota(jnp.int32, (q.shape[0], 1), 0)
   return channel_values(raw, q_info, row, roles=roles, direction=direction, measures=measures)
 
 
 def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, direction: str,
-                measures: bool, scale: float, contraction: str = "hilo") -> list:
+                measures: bool, scale: float, contraction: str = "hilo",
+                packed: bool = False) -> list:
   """Every output channel's value per query row of one tile (module docstring).
 
   Args:
@@ -473,10 +491,13 @@ def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, d
       tables come as separate vectors because Triton cannot slice a tensor: the kernels load
       each from its ref.
     e_table: float32 ``[K, E_COLS]`` the key-column features (``E_*``; the other columns 0).
-    n: int32 scalar, the sequence's real positions; t0: int32 scalar, the block's first row.
+    n: int32 scalar, the shortest sequence's real positions among the block's rows (J(n): the
+      window corrections; each key's own window by ``K_N``); t0: int32 scalar, the block's
+      first row.
     roles: ``tile_roles(...)`` rows; direction: ``"dep2head"`` or ``"both"``; measures: add the
       7 measure channels; scale: the score scale ``1 / sqrt(e)``; contraction: ``"hilo"`` (two
-      bfloat16 halves) or ``"float32"``.
+      bfloat16 halves) or ``"float32"``; packed: the rows hold several sequences (``Q_SEG``,
+      ``K_SEG``: a query attends its own sequence's keys).
 
   Returns:
     the channel values, a list of float32 ``[T, 1]`` in the order of
@@ -486,4 +507,4 @@ def tile_values(q, k, q_info, k_rows, k_cols, e_table, n, t0, *, roles: tuple, d
   """
   setup = block_setup(k_rows, k_cols, e_table, n, t0, q.shape[0], contraction)
   return head_values(q, k, setup, q_info, k_rows, roles=roles, direction=direction,
-                     measures=measures, scale=scale)
+                     measures=measures, scale=scale, packed=packed)

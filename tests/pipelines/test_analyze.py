@@ -48,8 +48,11 @@ def test_long_line_is_analysed_truncated_counted_and_n1_warned(tmp_path, model_d
   assert host["tests"]["n"].max() == 1
   assert f"text:{data}: 1 read, 1 truncated to 32 wordpieces" in log
   assert "warning: only 1 sequence(s): no test can run" in log
-  info = contract.read_run(tmp_path / "o")["data_info"][0]
+  run = contract.read_run(tmp_path / "o")
+  info = run["data_info"][0]
   assert (info["num_read"], info["num_truncated"], info["num_empty_dropped"]) == (1, 1, 0)
+  # the statistics path asked for and the one taken (the CPU's, the maps fit: issue 50 item 8)
+  assert (run["device"]["stats_impl"], run["device"]["stats_paths"]) == ("auto", ["layerwise"])
   settings = json.loads((tmp_path / "o" / contract.SETTINGS_JSON).read_text())
   assert settings["sequences_truncated"] == 1 and "only 1 sequence(s)" in settings["warnings"]
   assert (tmp_path / "o" / contract.EXAMPLES_JSON).is_file()
@@ -143,6 +146,7 @@ def test_reuse_keys_on_content_and_damaged_files(tmp_path, model_dir):
     ("max_examples", 0, "--max-examples must be a positive"),
     ("max_examples", -1, "--max-examples must be a positive"),
     ("batch_size", 0, "--batch-size must be"),
+    ("stats_impl", "fast", "--stats-impl must be one of auto, layerwise"),
 ])
 def test_values_checked_before_any_work(tmp_path, monkeypatch, model_dir, field, value, words):
   # Before: --tau nan/-1, --alpha, --clusters 0 were refused after the device pass or accepted;

@@ -96,11 +96,12 @@ def _stacked(batch, p, direction):
   return {key: np.asarray(v)[:, 0] for key, v in out.items()}
 
 
-def _kernel(batch, q, kk, direction, wrapper="xla", **kw):
+def _kernel(batch, q, kk, direction, wrapper="xla", slots=0, **kw):
   """Kernel v2 on one layer's ``q, kk``, as the step runs it (tables, statistics, ``finish``),
-  in one compiled program."""
+  in one compiled program (``slots``: a packed batch's sequences a row)."""
   def run(batch, q, kk):
-    tables = kernel.kernel_program_tables(batch, B.ROLES, direction, True, wrapper=wrapper)
+    tables = kernel.kernel_program_tables(batch, B.ROLES, direction, True, wrapper=wrapper,
+                                          slots=slots)
     out = kernel.kernel_layer_stats(q, kk, tables, B.ROLES, direction, True, wrapper=wrapper,
                                     **kw)
     return layerwise.finish({key: v[:, None] for key, v in out.items()}, tables)
@@ -383,3 +384,42 @@ def test_analysis_step_kernel_equals_stacked_on_8_devices():
   gated = make_analysis_step(model, measures=True, stats_impl="stacked", gate_mode="uniform")
   kernel_gated = make_analysis_step(model, measures=True, stats_impl="kernel", gate_mode="uniform")
   _check(kernel_gated(batch, head_gate=gate), gated(batch, head_gate=gate), 1e-5)
+
+
+# -- packed rows (issue 50 item 4) -----------------------------------------------------------------
+
+def _placed(x, indices, packed, slots):
+  """``[B, K, ...]``: each packed sequence's rows of ``x`` ``[b, k, ...]`` at its offset."""
+  seg = packed["segment_ids"]
+  out = np.zeros(seg.shape + x.shape[2:], np.float32)
+  for row in range(seg.shape[0]):
+    for j in range(slots):
+      i = indices[row * slots + j]
+      at = np.flatnonzero(seg[row] == j + 1)
+      if i >= 0 and len(at):
+        out[row, at[0]:at[0] + len(at)] = np.asarray(x[i], np.float32)[:len(at)]
+  return out
+
+
+def test_packed_rows_equal_unpacked():
+  """Several sequences a row (``segment_ids``) through the kernel's Triton program in interpret
+  mode: each sequence's scores equal its unpacked run's (its own keys only, its own
+  length's windows across a block shared with another sequence, its own [CLS], sieves and
+  weights), per slot; pairs, single texts, arcs both ways."""
+  from heads_jax.data import encoding
+  batch, q, kk, _ = _case(21, b=7, k=14, h=2, e=16, min_len=1, dtype=jnp.float32)
+  want = _kernel(batch, q, kk, "both")
+  slots = 4
+  packed_batches = list(encoding.pack_batches([(np.arange(7), batch)], length=32, rows=3,
+                                              slots=slots, window=8, tail_rows=3))
+  assert len(packed_batches) == 1 and packed_batches[0][1]["segment_ids"].max() > 1
+  [(indices, packed)] = packed_batches
+  pq = jnp.asarray(_placed(np.asarray(q), indices, packed, slots))
+  pk = jnp.asarray(_placed(np.asarray(kk), indices, packed, slots))
+  keep = indices >= 0
+  # the tile in the Triton program (interpreted); the XLA wrapper: tests/stats/test_packing.py
+  got = _kernel(packed, pq, pk, "both", wrapper="triton", slots=slots, interpret=True)
+  for key in OUTPUTS:
+    assert got[key].shape[0] == len(indices)
+    np.testing.assert_array_equal(np.isnan(got[key][keep]), np.isnan(want[key][indices[keep]]))
+    assert relative_error(got[key][keep], want[key][indices[keep]]) <= 1e-5, key

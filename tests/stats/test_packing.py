@@ -230,7 +230,7 @@ def _requires_packing_model():
   assert accepts_packing(_model("bert"))
 
 
-@pytest.mark.parametrize("family,paths", [("bert", ("layerwise", "stacked")),
+@pytest.mark.parametrize("family,paths", [("bert", ("layerwise", "stacked", "kernel")),
                                           ("roberta", ("layerwise",)),
                                           ("distilbert", ("layerwise",)),
                                           ("albert", ("stacked",))])
