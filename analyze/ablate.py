@@ -1,9 +1,12 @@
-"""Ablate attention heads of a fine-tuned classifier: groups, intra/inter attention, importance, pruning.
+"""Ablate attention heads of a fine-tuned classifier: groups, intra/inter attention, importance,
+pruning; which heads carry the prediction (attribution, patching).
 
 Evaluates the classifier on its GLUE dev set with groups of heads removed (gate 0) or replaced
 by uniform attention (--by cluster|role|layer|heads; Guan et al. 2020 Table 2), with the
 intra- or inter-sentence attention of chosen heads removed (--cross; Guan et al. Table 3), and
-computes head importance and the pruning curve (--importance, --prune; Michel et al. 2019).
+computes head importance and the pruning curve (--importance, --prune; Michel et al. 2019),
+self-attention attribution (--attribution; Hao et al. 2021) and activation patching per head
+(--patching), beside the roles of --analysis.
 Each ablation is compared with random groups of the same layers (none for a group of whole
 layers). Writes into --out: ablation.csv,
 segment_ablation.csv, importance.csv, pruning.csv, pruning_summary.csv, ablation.json,
@@ -65,6 +68,31 @@ def add_args(p):
                  help="do not divide each layer's importance by its L2 norm (default: divide, as Michel et al.'s code)")
   p.add_argument("--importance-data", default=None, metavar="SPEC",
                  help="estimate importance on other labelled data (default: the --data set)")
+  g = p.add_argument_group("which heads carry the prediction (issue 51)")
+  g.add_argument("--attribution", action="store_true",
+                 help="self-attention attribution of every head (Hao et al. 2021): integrated "
+                      "gradients of the predicted class's score w.r.t. each layer's attention maps; "
+                      "with --prune the pruning curves by attribution, Michel importance, role "
+                      "and at random on held-out rows (in place of --prune's importance-only curve)")
+  g.add_argument("--patching", action="store_true",
+                 help="activation patching of every head (corrupted output into the clean run) "
+                      "and attribution patching beside it")
+  g.add_argument("--steps", type=int, default=20, help="--attribution: Riemann steps m (default 20, the paper's)")
+  g.add_argument("--objective", choices=("probability", "log_probability", "logit"),
+                 default="probability",
+                 help="--attribution: F, the predicted class's probability (default, as the authors' code), log-probability or logit")
+  g.add_argument("--corrupt", choices=("mask", "swap", "tsv"), default=None,
+                 help="--patching: corrupted rows by masking tokens (default for single sentences), "
+                      "swapping the second sentence with another row's (default for pairs) or from --corrupted")
+  g.add_argument("--corrupt-share", type=float, default=0.5, help="--corrupt mask: share of tokens masked (default 0.5)")
+  g.add_argument("--corrupted", default=None, metavar="TSV",
+                 help="--corrupt tsv: one corrupted row per evaluation row, same order, columns "
+                      "sentence (or sentence1, sentence2), the same token length as its clean row")
+  g.add_argument("--attribution-examples", type=int, default=None, metavar="N",
+                 help="rows for attribution, patching and the pruning orders' importance (default: "
+                      "the first half); the rest are the pruning curves' held-out rows")
+  g.add_argument("--maps", type=int, default=4,
+                 help="rows whose token-to-token attribution maps are kept (attribution_maps.npy; default 4)")
   p.add_argument("--random-seeds", type=int, default=3, help="random groups of the same layers (tables) / random pruning orders per comparison (default 3)")
   p.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
   p.add_argument("--max-examples", type=int, default=None, help="first N examples of the data")

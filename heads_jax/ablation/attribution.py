@@ -247,3 +247,22 @@ def attribute(apply: Apply, params, batches, *, steps: int = DEFAULT_STEPS,
   return Attribution(importance=cat["importance"], total=cat["total"], value=cat["value"],
                      baseline=cat["baseline"], target=cat["target"], maps=map_arr,
                      map_rows=map_rows, steps=att.steps, objective=objective)
+
+
+def head_table(per_row, *, draws: int = 1000, seed: int = 0, level: float = 0.95):
+  """A (layer, head) table of a per-row score ``per_row`` ``[n, l, h]``: its mean over rows
+  (``value``), the percentile bootstrap interval of the mean (``low``, ``high``) and the rank
+  (1: the largest mean)."""
+  import pandas as pd
+  x = np.asarray(per_row, np.float64)
+  n, L, H = x.shape
+  rng = np.random.default_rng(seed)
+  boot = x[rng.integers(0, n, size=(draws, n))].mean(1)                  # [draws, l, h]
+  a = (1 - level) / 2
+  mean = x.mean(0)
+  rank = np.empty(L * H, int)
+  rank[np.argsort(-mean.ravel(), kind="stable")] = np.arange(1, L * H + 1)
+  layer, head = np.divmod(np.arange(L * H), H)
+  return pd.DataFrame({"layer": layer, "head": head, "value": mean.ravel(),
+                       "low": np.quantile(boot, a, axis=0).ravel(),
+                       "high": np.quantile(boot, 1 - a, axis=0).ravel(), "rank": rank})

@@ -44,8 +44,10 @@ from heads_jax.parallel import replicate
 from heads_jax.stats.norms import layer_values
 
 MODES = ("remove", "uniform", "mean")
-METRICS = ("accuracy", "f1", "loss")
-HARM_SIGN = {"accuracy": -1.0, "f1": -1.0, "loss": 1.0}
+METRICS = ("accuracy", "f1", "loss", "attribution", "patching")
+# the direction in which a group matters more: the metric's change in the bad direction for an
+# ablation; a per-head score summed over the group (`HeadScores`) for attribution and patching
+HARM_SIGN = {"accuracy": -1.0, "f1": -1.0, "loss": 1.0, "attribution": 1.0, "patching": 1.0}
 # why a group holding whole layers has no random baseline (a table's n/a, a log line)
 WHOLE_LAYERS = ("the group holds every head of its layers, so the only group of the same layers "
                 "is itself")
@@ -183,6 +185,20 @@ class GroupEvaluator:
     return ev.evaluate(gate, gate_mode=self.mode)
 
 
+class HeadScores:
+  """The group evaluator of `causal_tests` for a per-head score (attribution, patching effect):
+  a group's value is its heads' scores summed (the empty group 0), so the test asks whether a
+  role's heads carry more of the prediction than random heads of the same layers."""
+
+  def __init__(self, name: str, scores):
+    self.mode = self.metric = name
+    self.scores = np.asarray(scores, np.float64)
+    self.num_layers, self.num_heads = self.scores.shape
+
+  def evaluate(self, heads) -> dict:
+    return {self.metric: float(sum(self.scores[l, h] for l, h in heads))}
+
+
 def causal_tests(group_evaluator, groups: Sequence[HeadGroup], *, random_groups: int = 100,
                  metric: str = "accuracy", seed: int = 0, base: dict | None = None,
                  log=None) -> pd.DataFrame:
@@ -195,7 +211,8 @@ def causal_tests(group_evaluator, groups: Sequence[HeadGroup], *, random_groups:
       random columns, rank and p-value (and ``random_groups`` 0).
     random_groups: random groups of the same size and layer distribution per group
       (`matched_random_groups`: groups with the same layer distribution share them).
-    metric: "accuracy", "f1" or "loss".
+    metric: "accuracy", "f1" or "loss" (a `GroupEvaluator`), or "attribution" / "patching" (a
+      `HeadScores` of that name).
 
   Returns:
     ``CAUSAL_COLUMNS``: one row per group; ``change`` and the random changes are metric changes

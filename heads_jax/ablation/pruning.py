@@ -127,3 +127,42 @@ def curve_summary(curve: pd.DataFrame, metrics=("accuracy", "f1")) -> pd.DataFra
       out[f"{m}_random"] = out["step"].map(g.mean())
       out[f"{m}_random_std"] = out["step"].map(g.std(ddof=0))
   return out
+
+
+def wilson(k: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+  """The 95% Wilson score interval of a proportion ``k / n`` (accuracy over ``n`` rows)."""
+  if n <= 0:
+    return float("nan"), float("nan")
+  p = k / n
+  mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return float(mid - half), float(mid + half)
+
+
+def order_curves(evaluator, orders: dict, *, step: float = 0.1, max_share: float = 1.0,
+                 gate_mode: str = "remove", log=None) -> pd.DataFrame:
+  """The metric along fixed pruning orders, all on ``evaluator``'s rows (the same held-out
+  rows for every method: Hao et al.'s Fig. 3 setting as issue 51 states it).
+
+  ``orders``: ``{(method, seed): [(layer, head), ...]}``, each a full order of the heads,
+  pruned first first. Returns ``CURVE_COLUMNS`` plus ``accuracy_low``, ``accuracy_high`` (95%
+  Wilson interval over the rows) and ``n``."""
+  L, H = evaluator.num_layers, evaluator.num_heads
+  total = L * H
+  counts = pruning_counts(total, step, max_share)
+  log = log or (lambda *_: None)
+  base = evaluator.evaluate(gate_mode=gate_mode)
+  rows = []
+  for (method, seed), order in orders.items():
+    if sorted(order) != [(l, h) for l in range(L) for h in range(H)]:
+      raise ValueError(f"the {method} order must hold every head once")
+    for i, count in enumerate(counts):
+      gate = np.ones((L, H), np.float32)
+      for l, h in order[:count]:
+        gate[l, h] = 0.0
+      metrics = base if count == 0 else evaluator.evaluate(gate, gate_mode=gate_mode)
+      row = _row(method, seed, i, count, total, metrics, sorted(order[:count]))
+      low, high = wilson(metrics["accuracy"] * metrics["n"], int(metrics["n"]))
+      rows.append({**row, "accuracy_low": low, "accuracy_high": high, "n": int(metrics["n"])})
+    log(f"pruning by {method}" + (f" (seed {seed})" if seed >= 0 else "") + ": done")
+  return pd.DataFrame(rows, columns=[*CURVE_COLUMNS, "accuracy_low", "accuracy_high", "n"])

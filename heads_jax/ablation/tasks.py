@@ -92,3 +92,22 @@ def finetune_data_file(path) -> Path:
   """The data.json that ``--finetune-data`` names (the file, or a fine-tuning run's)."""
   path = Path(path)
   return Path(str(RunDir(path).data_file)) if path.is_dir() else path
+
+
+def split_rows(data: evaluate.EvalData, count: int | None):
+  """``(first, rest)``: the first ``count`` rows of ``data`` (default: half, at least 1) and the
+  rows after them (None when none are left), as `evaluate.EvalData`: attribution, patching and
+  the importance the pruning orders come from use the first, the pruning curves the rest."""
+  n = len(data)
+  count = max(1, n // 2) if count is None else int(count)
+  if not 1 <= count <= n:
+    raise UserError(f"--attribution-examples {count}: give at least 1 and at most the {n} "
+                    "evaluation rows")
+
+  def part(sl, what):
+    rows = None if data.rows is None else data.rows[sl]
+    return evaluate.EvalData(data.input_ids[sl], data.attention_mask[sl], data.token_type_ids[sl],
+                             data.labels[sl], data.task, f"{data.name}, {what}", rows)
+  first = part(slice(0, count), f"rows 1-{count}")
+  rest = part(slice(count, n), f"rows {count + 1}-{n} (held out)") if count < n else None
+  return first, rest

@@ -25,6 +25,8 @@ import numpy as np
 
 from heads_jax import contract, runfiles
 from heads_jax.ablation import evaluate
+from heads_jax.ablation.attribution import OBJECTIVES
+from heads_jax.ablation.corrupt import CORRUPTIONS
 from heads_jax.ablation.tasks import check_classifier_task, task_name
 from heads_jax.data import glue
 from heads_jax.data.specs import parse_spec
@@ -38,19 +40,35 @@ from heads_jax.pipelines.comparison import same_model
 def check_config(config: AblationConfig) -> None:
   """Refuses (UserError, one line naming the flag) a count or an option that is out of range or
   would be ignored, before anything is loaded or written."""
-  if not (config.by or config.cross or config.importance or config.prune or config.paper_tables):
+  if not (config.by or config.cross or config.importance or config.prune or config.paper_tables
+          or config.attribution or config.patching):
     raise UserError("nothing to do: ask for --by cluster|role|layer|heads, --cross intra|inter|both, "
-                    "--importance and/or --prune")
+                    "--importance, --prune, --attribution and/or --patching")
   counts = {"--random-groups": (config.random_groups, 0), "--random-seeds": (config.random_seeds, 0),
             "--seed": (config.seed, 0), "--max-examples": (config.max_examples, 1),
             "--max-length": (config.max_length, 8), "--doc-stride": (config.doc_stride, 1),
             "--batch-size": (config.batch_size, 1)}
+  counts.update({"--steps": (config.steps, 1), "--maps": (config.maps, 0),
+                 "--attribution-examples": (config.attribution_examples, 1)})
   for flag, (value, least) in counts.items():
-    if value is None and flag == "--max-examples":
+    if value is None and flag in ("--max-examples", "--attribution-examples"):
       continue
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
       raise UserError(f"{flag} {value}: give a whole number of at least {least}"
-                      + (" (0: no causal test)" if flag == "--random-groups" else ""))
+                      + (" (0: no causal test)" if flag == "--random-groups" else "")
+                      + (" (the integral's Riemann steps; the paper's m = 20)" if flag == "--steps"
+                         else ""))
+  if config.objective not in OBJECTIVES:
+    raise UserError(f"--objective {config.objective}: choose one of {', '.join(OBJECTIVES)}")
+  if config.corrupt is not None and config.corrupt not in CORRUPTIONS:
+    raise UserError(f"--corrupt {config.corrupt}: choose one of {', '.join(CORRUPTIONS)}")
+  if not (isinstance(config.corrupt_share, (int, float)) and 0 < config.corrupt_share <= 1):
+    raise UserError(f"--corrupt-share {config.corrupt_share}: give the share of tokens masked, "
+                    "above 0 and at most 1")
+  if (config.corrupt == "tsv") != bool(config.corrupted):
+    raise UserError("--corrupt tsv and --corrupted FILE go together (the TSV of corrupted rows)")
+  if config.corrupted and not Path(config.corrupted).is_file():
+    raise UserError(f"--corrupted {config.corrupted} does not exist: give a TSV of corrupted rows")
   for flag, value in (("--prune-step", config.prune_step), ("--prune-max", config.prune_max)):
     if not (isinstance(value, (int, float)) and 0 < value <= 1):
       raise UserError(f"{flag} {value}: give a share of the heads, above 0 and at most 1")
@@ -101,9 +119,12 @@ def _check_inputs(config: AblationConfig, log) -> None:
                     f"{config.model}: its files would be mixed with this model's; choose "
                     "another --out")
   if evaluate.is_squad_spec(config.data):
-    if config.importance or config.prune or config.finetune_data:
-      raise UserError("--importance, --prune and --finetune-data are for GLUE classifiers; a "
-                      "SQuAD model takes --by, --cross and --paper-tables")
+    if (config.importance or config.prune or config.finetune_data or config.attribution
+        or config.patching):
+      raise UserError("--importance, --prune, --attribution, --patching and --finetune-data are "
+                      "for GLUE classifiers in this job; a SQuAD model takes --by, --cross and "
+                      "--paper-tables (heads_jax.ablation.attribution and .patching take span "
+                      "models as functions)")
   else:
     try:
       spec = parse_spec(config.data)

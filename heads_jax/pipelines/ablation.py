@@ -18,15 +18,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
 from pathlib import Path
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
+from flax import nnx
 
 from heads_jax import contract, runfiles
 from heads_jax.ablation.guan import paper_tables
 from heads_jax.ablation import ablate, causal, evaluate, groups as groups_lib, importance as imp_lib, pruning
+from heads_jax.ablation import attribution as attr_lib, corrupt as corrupt_lib, patching as patch_lib
 from heads_jax.ablation import tasks
 from heads_jax.errors import UserError
 from heads_jax.pipelines import engine
@@ -69,6 +72,16 @@ class AblationConfig:
   batch_size: int = 64
   dtype: str | None = None
   title: str | None = None
+  # which heads carry the prediction (issue 51): heads_jax.ablation.attribution / patching
+  attribution: bool = False          # Hao et al.'s self-attention attribution (integrated gradients)
+  patching: bool = False             # activation patching per head, and attribution patching
+  steps: int = 20                    # m, the Riemann steps of the integral
+  objective: str = "probability"     # F: probability | log_probability | logit of the predicted class
+  corrupt: str | None = None         # mask | swap | tsv (default: swap for pairs, mask otherwise)
+  corrupt_share: float = 0.5         # --corrupt mask: the share of tokens masked
+  corrupted: str | None = None       # --corrupt tsv: the TSV of corrupted rows
+  attribution_examples: int | None = None   # the first rows (default half); the rest held out
+  maps: int = 4                      # rows whose token-to-token attribution maps are kept
 
 
 
@@ -240,6 +253,166 @@ def _paper_tables(run: AblationRun) -> SubResult:
                                            "paper_exact_match", "paper_f1"])])
 
 
+def _every(i: int, n: int) -> bool:
+  """Whether batch ``i`` of ``n`` gets a progress line (about five a part)."""
+  return i == n or i % max(1, n // 5) == 0
+
+
+def _causal_rows(run: AblationRun):
+  """``(first rows, held-out rows)`` of the evaluation set (`tasks.split_rows`)."""
+  return tasks.split_rows(run.data, run.config.attribution_examples)
+
+
+def _attribution(run: AblationRun) -> SubResult:
+  """Hao et al.'s self-attention attribution of every head (`heads_jax.ablation.attribution`)
+  on the first rows; the token-to-token maps of the first ``maps`` rows."""
+  config = run.config
+  rows, _ = _causal_rows(run)
+  graphdef, state = nnx.split(run.model)
+  batches = evaluate.make_batches(rows, config.batch_size, 1)
+  start, wall = time.process_time(), time.perf_counter()
+  res = attr_lib.attribute(attr_lib.model_apply(graphdef), state, batches, steps=config.steps,
+                           objective=config.objective, maps=config.maps,
+                           progress=lambda i, n: _every(i, n) and run.log(
+                               f"attribution: batch {i}/{n}"))
+  cpu, wall = time.process_time() - start, time.perf_counter() - wall
+  table = attr_lib.head_table(res.importance, seed=config.seed)
+  gap = res.value[:, None] - res.baseline
+  error = float(np.mean(np.abs(res.total - gap)) / max(np.mean(np.abs(gap)), 1e-12))
+  record = {"rows": len(rows), "steps": res.steps, "objective": res.objective,
+            "completeness relative error": error, "cpu seconds": round(cpu, 1),
+            "wall seconds": round(wall, 1)}
+  top = table.sort_values("rank").head(5)
+  return SubResult({"attribution": table}, record,
+                   [f"\nattribution ({len(rows)} rows, m = {res.steps}; completeness error "
+                    f"{100 * error:.1f}% of |F(A) - F(0)|): top heads " + ", ".join(
+                        f"{l}:{h} ({v:.3g})" for l, h, v in zip(top["layer"], top["head"],
+                                                               top["value"]))],
+                   arrays={"attribution_maps": res.maps, "attribution_map_rows": res.map_rows},
+                   notes=record)
+
+
+def _corruption(run: AblationRun, rows) -> tuple[dict, str]:
+  """The corrupted rows of ``rows`` and how they were made (`heads_jax.ablation.corrupt`)."""
+  config = run.config
+  how = config.corrupt or ("swap" if rows.task.is_pair else "mask")
+  clean = {"input_ids": rows.input_ids, "attention_mask": rows.attention_mask,
+           "token_type_ids": rows.token_type_ids}
+  corrupted = corrupt_lib.corrupted_rows(clean, run.tokenizer, how, share=config.corrupt_share,
+                                         seed=config.seed, tsv=config.corrupted,
+                                         pair=rows.task.is_pair, max_length=config.max_length)
+  patch_lib.check_pairs(clean, corrupted)
+  text = {"mask": f"{config.corrupt_share:.0%} of the tokens replaced by the mask token",
+          "swap": "the second sentence replaced by another row's of the nearest length",
+          "tsv": f"the rows of {config.corrupted}"}[how]
+  return corrupted, text
+
+
+def _patching(run: AblationRun) -> SubResult:
+  """Activation patching of every head and attribution patching beside it
+  (`heads_jax.ablation.patching`) on the first rows."""
+  config = run.config
+  rows, _ = _causal_rows(run)
+  corrupted, how = _corruption(run, rows)
+  graphdef, state = nnx.split(run.model)
+  batches = evaluate.make_batches(rows, config.batch_size, 1)
+  start, wall = time.process_time(), time.perf_counter()
+  res = patch_lib.patch(attr_lib.model_apply(graphdef), state, batches, corrupted,
+                        progress=lambda i, n: _every(i, n) and run.log(f"patching: batch {i}/{n}"))
+  cpu, wall = time.process_time() - start, time.perf_counter() - wall
+  table = attr_lib.head_table(res.patched / res.denominator, seed=config.seed)
+  est = attr_lib.head_table(res.estimated / res.denominator, seed=config.seed)
+  for c in ("value", "low", "high", "rank"):
+    table[f"estimated_{c}"] = est[c].to_numpy()
+  corr = res.correlation()
+  record = {"rows": len(rows), "corruption": how,
+            "clean logit difference": float(res.clean.mean()),
+            "corrupted logit difference": float(res.corrupted.mean()),
+            "correlation with attribution patching": corr, "cpu seconds": round(cpu, 1),
+            "wall seconds": round(wall, 1)}
+  top = table.sort_values("rank").head(5)
+  return SubResult({"patching": table}, record,
+                   [f"\npatching ({len(rows)} rows; {how}): logit difference "
+                    f"{res.clean.mean():.3f} clean, {res.corrupted.mean():.3f} corrupted; top "
+                    "heads " + ", ".join(f"{l}:{h} ({v:.2f})" for l, h, v in zip(
+                        top["layer"], top["head"], top["value"]))
+                    + f"; attribution patching r = {corr['pearson']:.2f} (Spearman "
+                    f"{corr['spearman']:.2f})"], notes=record)
+
+
+def _head_scores(out: Path, stem: str) -> np.ndarray:
+  """``[l, h]`` of a per-head table the attribution or patching part wrote."""
+  return _grid(pd.read_csv(out / f"{stem}.csv"), "value")
+
+
+def _carriers(run: AblationRun) -> SubResult:
+  """Which roles carry the prediction: each role's summed attribution and patching effect
+  against random heads of the same layers (`causal.causal_tests` with `causal.HeadScores`)."""
+  config, out = run.config, Path(run.config.out)
+  L, H = run.ev.num_layers, run.ev.num_heads
+  roles = [g for g in groups_lib.load_groups("role", num_layers=L, num_heads=H,
+                                             analysis=config.analysis,
+                                             role_level=config.role_level) if len(g)]
+  tables = []
+  for stem in ("attribution", "patching"):
+    if (out / f"{stem}.csv").is_file() and getattr(config, stem):
+      tables.append(causal.causal_tests(causal.HeadScores(stem, _head_scores(out, stem)), roles,
+                                        random_groups=max(config.random_groups, 1),
+                                        metric=stem, seed=config.seed, log=run.log))
+  table = pd.concat(tables, ignore_index=True)
+  return SubResult({"carriers": table}, _records(table),
+                   ["\nwhich roles carry the prediction (summed over the role's heads vs random "
+                    "heads of the same layers):",
+                    rep.table_text(table, ["group", "ablation", "num_heads", "change",
+                                           "random_mean_change", "p_value"])])
+
+
+def _roles(config: AblationConfig, L: int, H: int) -> list:
+  """The role groups of ``--analysis`` (``unskilled``, the heads without a role, left out)."""
+  return [g for g in groups_lib.load_groups("role", num_layers=L, num_heads=H,
+                                            analysis=config.analysis, role_level=config.role_level)
+          if g.name != "unskilled"]
+
+
+def _role_heads(config: AblationConfig, L: int, H: int) -> list:
+  return sorted({h for g in _roles(config, L, H) for h in g.heads})
+
+
+def _head_pruning(run: AblationRun) -> SubResult:
+  """Pruning curves on the held-out rows by attribution, by Michel et al.'s importance (on the
+  first rows, the attribution's), by role (the role heads first) and in random orders."""
+  config, out = run.config, Path(run.config.out)
+  first, held = _causal_rows(run)
+  if held is None:
+    raise UserError(f"--attribution-examples {len(first)} leaves no held-out rows for the "
+                    "pruning curves: give fewer")
+  L, H = run.ev.num_layers, run.ev.num_heads
+  everyone = np.zeros((L, H), bool)
+  est = imp_lib.ImportanceEstimator(evaluate.Evaluator(run.model, first,
+                                                       batch_size=config.batch_size,
+                                                       mesh=run.ev.mesh),
+                                    per_example=True, normalize_layers=config.layer_norm)
+  orders = {("attribution", -1): pruning.importance_order(_head_scores(out, "attribution"), everyone),
+            ("importance", -1): pruning.importance_order(est(), everyone)}
+  rng = np.random.default_rng(config.seed)
+  if config.analysis:
+    role = _role_heads(config, L, H)
+    rest = [(l, h) for l in range(L) for h in range(H) if (l, h) not in set(role)]
+    orders[("role", -1)] = ([role[i] for i in rng.permutation(len(role))]
+                            + [rest[i] for i in rng.permutation(len(rest))])
+  for s in range(config.random_seeds):
+    perm = np.random.default_rng(config.seed + s).permutation(L * H)
+    orders[("random", config.seed + s)] = [(int(j // H), int(j % H)) for j in perm]
+  held_ev = evaluate.Evaluator(run.model, held, batch_size=config.batch_size, mesh=run.ev.mesh)
+  curve = pruning.order_curves(held_ev, orders, step=config.prune_step,
+                               max_share=config.prune_max, log=run.log)
+  summary = (curve.groupby(["method", "share_pruned"])["accuracy"].mean().unstack(0) * 100).round(1)
+  return SubResult({"head_pruning": curve}, {"held-out rows": len(held),
+                                             "methods": sorted({m for m, _ in orders})},
+                   [f"\npruning curves on {len(held)} held-out rows (accuracy %):",
+                    summary.to_string()])
+
+
 @dataclasses.dataclass(frozen=True)
 class SubJob:
   """One part of the ablate job (a stage of the engine): its name (the stage, the key in
@@ -266,11 +439,26 @@ SUB_JOBS = (
            ("segment_ablation",), analysis_files=(contract.CLUSTERS_CSV,)),
     SubJob("importance", "head importance (Michel et al.)", lambda c: bool(c.importance or c.prune), _importance,
            ("importance_per_batch", "layer_norm"), ("importance",)),
-    SubJob("pruning", "the pruning curve", lambda c: bool(c.prune), _pruning,
+    SubJob("pruning", "the pruning curve", lambda c: bool(c.prune and not c.attribution), _pruning,
            ("prune_step", "prune_max", "prune_once", "random_seeds", "seed"),
            ("pruning", "pruning_summary"), reads=("importance",)),
     SubJob("paper_tables", "Guan et al. Tables 2-3", lambda c: bool(c.paper_tables), _paper_tables, (), ("paper_tables",),
            analysis_files=(contract.CLUSTERS_CSV,)),
+    SubJob("attribution", "self-attention attribution (Hao et al.)", lambda c: bool(c.attribution),
+           _attribution, ("steps", "objective", "attribution_examples", "maps", "seed"),
+           ("attribution", "attribution_maps", "attribution_map_rows")),
+    SubJob("patching", "activation and attribution patching per head", lambda c: bool(c.patching),
+           _patching, ("corrupt", "corrupt_share", "corrupted", "attribution_examples", "seed"),
+           ("patching",)),
+    SubJob("carriers", "which roles carry the prediction",
+           lambda c: bool((c.attribution or c.patching) and c.analysis), _carriers,
+           ("role_level", "random_groups", "seed"), ("carriers",),
+           reads=("attribution", "patching"), analysis_files=(contract.TESTS_CSV,)),
+    SubJob("head_pruning", "pruning curves by attribution, importance, role and at random",
+           lambda c: bool(c.attribution and c.prune), _head_pruning,
+           ("prune_step", "prune_max", "random_seeds", "seed", "role_level", "layer_norm",
+            "attribution_examples"), ("head_pruning",), reads=("attribution",),
+           analysis_files=(contract.TESTS_CSV,)),
 )
 # The settings of the unablated model's evaluation (every part reads it).
 EVAL_FIELDS = ("task", "max_examples", "max_length", "doc_stride", "batch_size", "dtype")
@@ -295,6 +483,11 @@ class AblationJob:
   def stage(self, name: str) -> str:
     """The stage name of ``name`` (``baseline``, a sub-job, ``report``) in this pipeline."""
     return self.prefix + name
+
+  def reads(self, sub: "SubJob") -> tuple[str, ...]:
+    """The parts ``sub`` reads that this job runs (carriers reads attribution and/or patching)."""
+    ran = {j.name for j in self.jobs}
+    return tuple(r for r in sub.reads if r in ran)
 
   def at(self, name: str) -> str:
     """The path of the output ``name`` relative to the run directory."""
@@ -344,7 +537,7 @@ def _part(ctx: engine.Context[AblationJob], sub: SubJob) -> engine.UnitResult:
   baseline = ctx.results[job.stage("baseline")]
   key = unit_key({f: getattr(config, f) for f in sub.fields}, inputs={
       "baseline": baseline.finished,
-      "reads": [ctx.results[job.stage(r)].finished for r in sub.reads],
+      "reads": [ctx.results[job.stage(r)].finished for r in job.reads(sub)],
       "analysis": _analysis_files(ctx, config, sub.analysis_files),
       "importance_data": (ctx.data(config.importance_data)
                           if sub.name == "importance" and config.importance_data else None)})
@@ -395,7 +588,7 @@ def ablation_stages(job: AblationJob, part: str = "") -> list[engine.Stage[Ablat
   base = job.stage("baseline")
   return [engine.Stage(base, "the unablated model on the evaluation set", _baseline, part=part),
           *(engine.Stage(job.stage(j.name), j.text, functools.partial(_part, sub=j),
-                         reads=(base, *(job.stage(r) for r in j.reads)),
+                         reads=(base, *(job.stage(r) for r in job.reads(j))),
                          outputs=tuple(job.at(f"{s}.{e}") for s in j.stems for e in ("csv", "npy")),
                          part=part)
             for j in job.jobs),
@@ -447,7 +640,15 @@ def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
       pruning_summary=table("pruning_summary") if "pruning" in parts else None,
       pruning_settings=parts["pruning"].outputs["notes"]["settings"] if "pruning" in parts else None,
       paper_tables=table("paper_tables") if "paper_tables" in parts else None,
-      model=str(config.model))
+      model=str(config.model),
+      attribution=table("attribution") if "attribution" in parts else None,
+      attribution_settings=parts["attribution"].outputs["notes"] if "attribution" in parts else None,
+      patching=table("patching") if "patching" in parts else None,
+      patching_settings=parts["patching"].outputs["notes"] if "patching" in parts else None,
+      roles=(_role_grid(config, base["layers"], base["heads"])
+             if config.analysis and ("attribution" in parts or "patching" in parts) else None),
+      carriers=table("carriers") if "carriers" in parts else None,
+      head_pruning=table("head_pruning") if "head_pruning" in parts else None)
   sections = rep.report_sections(results, out / "figures")
   title = config.title or f"Head ablation: {Path(str(config.model)).name} on {base['task']}"
   report = write_page(out, title=title, sections=sections, settings=settings,
@@ -457,6 +658,15 @@ def _write_report(config: AblationConfig, base: dict, parts: dict) -> dict:
          **{n: p.outputs["record"] for n, p in parts.items()}, "report": str(report)}
   runfiles.write_ablation_json(out, doc)
   return doc
+
+
+def _role_grid(config: AblationConfig, L: int, H: int) -> np.ndarray:
+  """``[l, h]`` object array: each head's roles of ``--analysis`` joined by "," ("" none)."""
+  grid = np.full((L, H), "", dtype=object)
+  for g in _roles(config, L, H):
+    for l, h in g.heads:
+      grid[l, h] = f"{grid[l, h]},{g.name}" if grid[l, h] else g.name
+  return grid
 
 
 def _held(value) -> list:

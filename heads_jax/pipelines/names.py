@@ -9,7 +9,7 @@ The analysis is two stages wherever it appears: ``scores`` (the device pass) and
 ANALYZE = ("scores", "analysis")
 COMPARE = ("comparison", "similarity", "report")
 ABLATE = ("baseline", "ablation", "segment_ablation", "importance", "pruning", "paper_tables",
-          "report")
+          "attribution", "patching", "carriers", "head_pruning", "report")
 TRAJECTORY = ("scores", "analysis", "table")
 REPRODUCE = ("data", "pretrained", "finetune", "scores", "analysis", "similarity", "compare",
              "report")

@@ -316,6 +316,10 @@ class AblationResults:
       colour bar.
     pruning, pruning_summary, pruning_settings: the pruning curve, its summary, its settings.
     paper_tables: Guan et al. Tables 2-3 row by row; model: the model's name.
+    attribution, patching: the per-head tables of `heads_jax.ablation.attribution.head_table`
+      (patching with attribution patching's ``estimated_*`` columns), their settings; roles:
+      ``[l, h]`` object array of each head's roles ("" none); carriers: the roles' causal test
+      on both scores; head_pruning: the pruning curves on the held-out rows.
   """
   base: dict
   metrics: tuple
@@ -333,6 +337,13 @@ class AblationResults:
   pruning_settings: dict | None = None
   paper_tables: pd.DataFrame | None = None
   model: str = ""
+  attribution: pd.DataFrame | None = None
+  attribution_settings: dict | None = None
+  patching: pd.DataFrame | None = None
+  patching_settings: dict | None = None
+  roles: np.ndarray | None = None
+  carriers: pd.DataFrame | None = None
+  head_pruning: pd.DataFrame | None = None
 
 
 def report_sections(results: AblationResults, fig_dir, *, dpi: int = DEFAULT_DPI) -> list[dict]:
@@ -365,5 +376,55 @@ def report_sections(results: AblationResults, fig_dir, *, dpi: int = DEFAULT_DPI
                                     metric=metric, settings=r.pruning_settings))
   if r.paper_tables is not None:
     sections.append(paper_tables_section(r.paper_tables, model=r.model))
+  if r.attribution is not None or r.patching is not None:
+    sections.append(carriers_section(r, fig_dir, dpi=dpi))
   return sections
+
+
+def carriers_section(r: AblationResults, fig_dir, *, dpi: int = DEFAULT_DPI) -> dict:
+  """"Which heads carry the prediction": the layer x head grids of attribution, patching,
+  attribution patching and roles side by side, the roles' test against random heads of the
+  same layers, and the pruning curves on held-out rows (figures of
+  `heads_jax.report.figures.hao`)."""
+  drawn = spec.draw("ablation", spec.Inputs(attribution=r.attribution, patching=r.patching,
+                                            roles=r.roles, head_pruning=r.head_pruning),
+                    fig_dir, dpi=dpi, section="Which heads carry the prediction")
+  html = ("<p>Self-attention attribution (Hao et al. 2021; their text was not available here, "
+          "the method as issue 51 states it and as their released code computes it): integrated "
+          "gradients of the predicted class's score with respect to one layer's attention maps, "
+          "zero baseline, a head's importance its largest attribution, averaged over rows. "
+          "Activation patching: each head's output from the corrupted run written into the clean "
+          "run, the change of the logit difference divided by the whole corruption's; attribution "
+          "patching is its first-order estimate from one backward pass. Intervals: 95% bootstrap "
+          "over rows.</p>")
+  for name, settings in (("attribution", r.attribution_settings),
+                         ("patching", r.patching_settings)):
+    if settings:
+      html += f"<h3>{esc(name)}</h3>" + kv_table_html(
+          [(k, v if not isinstance(v, dict) else ", ".join(f"{a} {b:.3f}" for a, b in v.items()))
+           for k, v in settings.items()], table_id=f"table-{name}-settings")
+  for name in ("head_grid", "head_pruning"):
+    if name in drawn:
+      html += _figure(name, drawn[name], name.replace("_", " "))
+  for name, t in (("attribution", r.attribution), ("patching", r.patching)):
+    if t is not None:
+      html += f"<h3>Top heads by {esc(name)}</h3>" + table_html(
+          t.sort_values("rank").head(10), table_id=f"table-{name}-top", float_format="{:.4g}")
+  if r.carriers is not None:
+    html += ("<h3>Which roles carry the prediction</h3><p>Each role's heads' summed score "
+             "against random heads of the same layers (the causal test of the group ablation); "
+             "p_value = rank / (random groups + 1).</p>"
+             + table_html(r.carriers[["group", "ablation", "num_heads", "layers", "change",
+                                      "random_mean_change", "random_std_change", "rank",
+                                      "p_value"]], table_id="table-carriers",
+                          float_format="{:.4g}"))
+  if r.head_pruning is not None:
+    t = r.head_pruning.groupby(["method", "share_pruned"]).agg(
+        accuracy=("accuracy", "mean"), low=("accuracy_low", "mean"),
+        high=("accuracy_high", "mean")).reset_index()
+    html += ("<h3>Pruning on held-out rows</h3><p>Accuracy with the heads of each order removed "
+             "(least important first; role: the role heads first), 95% Wilson intervals over the "
+             "held-out rows (random: the mean of its seeds).</p>"
+             + table_html(t, table_id="table-head-pruning", float_format="{:.4f}"))
+  return {"title": "Which heads carry the prediction", "html": html}
 

@@ -42,7 +42,17 @@ def fixture():
                           "seed": [0] * 3 + [0, 0, 0, 1, 1, 1],
                           "share_pruned": [0.0, 0.5, 1.0] * 3,
                           "accuracy": [0.9, 0.85, 0.5, 0.9, 0.7, 0.5, 0.9, 0.75, 0.5]})
+  heads = pd.DataFrame({"layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L),
+                        "value": rng.uniform(0, 1, L * H), "low": 0.0, "high": 1.0,
+                        "rank": np.arange(1, L * H + 1)})
+  patching = heads.assign(estimated_value=rng.uniform(0, 1, L * H), estimated_low=0.0,
+                          estimated_high=1.0, estimated_rank=np.arange(1, L * H + 1))
+  head_pruning = pruning.assign(method=["attribution"] * 3 + ["random"] * 6,
+                                accuracy_low=pruning["accuracy"] - 0.05,
+                                accuracy_high=pruning["accuracy"] + 0.05)
+  roles = np.array([["local", "", "delimiter"], ["", "delimiter,local", ""]], dtype=object)
   return dict(scores=scores, tests=make_tests_df(scores["sieve_bias"], scores["roles"]),
+              attribution=heads, patching=patching, head_pruning=head_pruning, roles=roles,
               clusters=make_clusters_df(layers=L, heads=H), compare=compare_df, heads=heads_df,
               changes=changes, measures=measures_npz, groups=groups, segments=segments,
               pruning=pruning, importance=rng.uniform(0, 1, (L, H)),
@@ -98,7 +108,9 @@ def test_every_registered_figure_draws_and_appears_in_its_report(fixture, tmp_pa
   shown |= {g.name for g in spec.figures_for("measures") if _anchor(g.name) in html}
   # ablation: drawn from the tables through the registry, text from the specs
   inputs = spec.Inputs(group_table=f["groups"], segment_table=f["segments"],
-                       importance=f["importance"], pruning_curve=f["pruning"], metric="accuracy")
+                       importance=f["importance"], pruning_curve=f["pruning"], metric="accuracy",
+                       attribution=f["attribution"], patching=f["patching"], roles=f["roles"],
+                       head_pruning=f["head_pruning"])
   paths = spec.draw("ablation", inputs, tmp_path / "ab", dpi=DPI)
   causal = {"robustness_causal"}  # drawn from causal.csv (report/robustness.py) when ablate --by role wrote it
   assert set(paths) == {g.name for g in spec.figures_for("ablation")} - causal
@@ -106,7 +118,10 @@ def test_every_registered_figure_draws_and_appears_in_its_report(fixture, tmp_pa
   html = (ablation.ablation_section(f["groups"], paths["group_ablation"])["html"]
           + ablation.segment_section(f["segments"], paths["segment_ablation"])["html"]
           + ablation.importance_section(f["importance"], paths["importance"])["html"]
-          + ablation.pruning_section(f["pruning"], f["pruning"], paths["pruning"])["html"])
+          + ablation.pruning_section(f["pruning"], f["pruning"], paths["pruning"])["html"]
+          + ablation.carriers_section(ablation.AblationResults(
+              base={}, metrics=("accuracy",), attribution=f["attribution"], patching=f["patching"],
+              roles=f["roles"], head_pruning=f["head_pruning"]), tmp_path / "ab2", dpi=DPI)["html"])
   shown |= {g.name for g in spec.figures_for("ablation") if g.name not in causal
             and page.esc(g.caption.format(metric="accuracy")) in html and page.esc(g.how) in html}
   for p in list(drawn.values()) + list(paths.values()):

@@ -13,6 +13,8 @@
   heads as parsers, the causal test of a role, roles over training).
 * `heads_jax.report.figures.deberta`: DeBERTa's attention terms per head (issue 40: each head's
   share of its logits' variance from the c2c, c2p and p2c terms).
+* `heads_jax.report.figures.hao`: which heads carry the prediction (issue 51: attribution, Hao
+  et al. 2021, and patching per head beside the roles; pruning curves on held-out rows).
 * `heads_jax.report.figures.common`: what they share (figure creation, saving, heatmaps).
 
 Every ``plot_xxx(..., path) -> Path`` draws one figure from plain arrays / DataFrames (the
@@ -26,7 +28,7 @@ computed here beyond simple means and counts for drawing.
 Axis letters in shapes: b sequence (batch), l layer, h head, r role, d feature.
 """
 
-PAPERS = ("pande", "guan", "clark", "michel", "kovaleva", "robustness", "deberta")
+PAPERS = ("pande", "guan", "clark", "michel", "kovaleva", "robustness", "deberta", "hao")
 
 
 def paper_modules():
