@@ -691,6 +691,43 @@ def test_low_margin_is_shown_beside_every_verdict_that_reads_the_names():
   assert "low margin" not in paper.evaluate(paper.claim("guan_share_dense"), quiet).detail
 
 
+def test_chance_of_two_roles_by_hand():
+  """multi_functional's base rate: P(at least two of independent roles), by hand; the verdict
+  prints the enrichment over it."""
+  from heads_jax.hoststats.claims import bars
+  # 0.2, 0.5, 0.4: none 0.8 * 0.5 * 0.6 = 0.24; one 0.2*0.5*0.6 + 0.8*0.5*0.6 + 0.8*0.5*0.4 = 0.46
+  assert bars.multi_rate([0.2, 0.5, 0.4]) == pytest.approx(1 - 0.24 - 0.46)
+  assert bars.multi_rate([0.25, 0.25, 0.0, 0.0]) == pytest.approx(1 / 16)
+  # 36 local and 36 delimiter heads of 144, 18 of them both: chance 9 heads, enrichment 2x
+  e = paper.evaluate(paper.claim("multi_functional"), _run({"mrpc": _multi(18)}))
+  assert "18 of 144 heads" in e.detail and "enrichment 2.00x" in e.detail and "9.0 heads" in e.detail
+
+
+def test_overlaps_without_their_roles_are_not_computable():
+  no_delimiter = ("local", "block", "syntactic")
+  a = paper.Analysis(roles=no_delimiter, assigned=np.ones((6, 4, 3), bool),
+                     means=np.full((6, 4, 3), 5.0), tau=3.0)
+  e = paper.evaluate(paper.claim("delimiter_intersect"), _run({"mrpc": a}))
+  assert e.verdict == paper.NOT_COMPUTABLE and "another coarse role" in e.detail
+  only_delimiter = _a({"delimiter": ALL144[:10]}, 12, 12)
+  e = paper.evaluate(paper.claim("delimiter_intersect"), _run({"mrpc": only_delimiter}))
+  assert e.verdict == paper.NOT_COMPUTABLE
+
+
+def test_a_head_named_on_one_side_counts_for_the_types_kept():
+  """A head of a named type before that is unnamed after has changed type (it counts); a head
+  unnamed on both sides says nothing about the types (left out)."""
+  L, H = 6, 4
+  names = np.array([["dense", "diagonal", "vertical", "unnamed (closest: dense+vertical, "
+                     "margin -0.1)"]] * L, dtype=object)
+  after = names.copy()
+  after[0, 2] = "unnamed (closest: dense+vertical, margin -0.1)"   # one vertical head loses it
+  run = _guan({"squad": _a(L=L, H=H, clusters=after)}, {"squad": _a(L=L, H=H, clusters=names)})
+  e = paper.evaluate(paper.claim("guan_same_cluster_after_finetuning"), run)
+  # named on some side: 3 heads a layer (the fourth is unnamed on both): 18 heads, 17 kept
+  assert "94.4% kept" in e.value
+
+
 def test_block_heads_on_sst2_are_not_judged():
   e = paper.evaluate(paper.claim("block_heads_sst2"), _run({"sst2": _a()}))
   assert e.verdict == paper.NOT_COMPUTABLE and "single" in e.detail and "construction" in e.detail
