@@ -195,6 +195,10 @@ OPERATIONAL = ("allow_changes", "from_scratch", "stop_at_step", "distributed", "
 DATA_PATHS = ("data.sources", "data.glue_dir", "squad.train_file", "squad.eval_file")
 # Fields a run can never change: its checkpoints hold this model, trained on this task.
 FIXED = ("task", "model.size", "model.max_position_embeddings", "tokenizer")
+# Settings that change the layout of the optimizer state in the checkpoints (LAMB over one flat
+# vector or per leaf): a resume with another value is refused before the restore, even with
+# allow_changes (Orbax would end in a tree mismatch).
+LAYOUT = ("optimizer.flat",)
 
 
 # the values of heads_jax.training.steps.DROPOUT_RNGS and heads_jax.model.heads.MLM_LOGITS
@@ -299,6 +303,13 @@ def check_resume(config, config_file, changes_file, *, resumable: bool) -> dict 
   if fixed:
     raise UserError(f"{where}: this run was started with other model settings ({listed}); its "
                     f"checkpoints hold that model: choose another --workdir")
+  layout = [k for k in changed if k in LAYOUT]
+  if layout:
+    k = layout[0]
+    raise UserError(f"{where}: {k} {changed[k][0]!r} -> {changed[k][1]!r} changes the layout of "
+                    f"the optimizer state its checkpoints hold, so they cannot be restored with "
+                    f"it (allow_changes or not): resume with --config.{k}={changed[k][0]!r}, or "
+                    f"start the new setting in another --workdir")
   if not config.get(ALLOW_CHANGES, False):
     raise UserError(f"{where}: this run was started with other settings ({listed}); resuming "
                     f"would mix them: rerun with the same settings, choose another --workdir, or "

@@ -141,11 +141,7 @@ class TrainingJob:
                        model=self.config.get("init_checkpoint") or None)
     if changes is None:
       configlib.save_config(self.config, self.dir.config_file)
-    elif changes:
-      configlib.record_changes(self.dir.config_changes_file, changes)
-      self.print(f"resuming with changed settings (recorded in "
-                 f"{display(self.dir.config_changes_file)}): " +
-                 ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
+    self._changes = changes or None   # recorded once the restore succeeded (`initial_state`)
 
   def check_data(self, identity: dict) -> None:
     """Compares ``identity`` (the training data's content: ``{part: digest}``, e.g. from
@@ -237,7 +233,19 @@ class TrainingJob:
     self.parts, state, self.start_step, self.origin = loop.initial_state(
         model=model, tx=self.tx, mesh=self.mesh, ckpts=self.ckpts,
         init_checkpoint=self.config.init_checkpoint, init_subtree=init_subtree)
+    self.record_changes()  # only now: a resume that fails records no change
     return state
+
+  def record_changes(self) -> None:
+    """Records the changed settings `create_dir` accepted (``allow_changes``), once the resume
+    has restored its checkpoints: a failed restore leaves the run's settings as they were, so
+    the original command is not refused afterwards with a false claim."""
+    changes, self._changes = getattr(self, "_changes", None), None
+    if changes and self.is_main:
+      configlib.record_changes(self.dir.config_changes_file, changes)
+      self.print(f"resuming with changed settings (recorded in "
+                 f"{display(self.dir.config_changes_file)}): " +
+                 ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
 
   def train_step(self, loss_fn):
     return steps.make_train_step(self.parts, self.tx, loss_fn, mesh=self.mesh,

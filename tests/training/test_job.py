@@ -92,9 +92,14 @@ def test_resume_under_changed_settings_is_refused_unless_allowed(tmp_path):
       f"settings, choose another --workdir, or pass --config.allow_changes=true to resume with "
       f"the changes (recorded)")
   assert (wd / "config.json").read_bytes() == first
-  # allowed: the first config is kept, the change appended
-  job_lib.TrainingJob(_tiny(batch_size=32, allow_changes=True), wd).create_dir()
+  # allowed: the first config is kept, the change appended once the restore succeeded (issue 52
+  # item 6: it was recorded before, and a failed restore left a false record behind)
+  job = job_lib.TrainingJob(_tiny(batch_size=32, allow_changes=True), wd)
+  job.create_dir()
   assert (wd / "config.json").read_bytes() == first
+  assert not (wd / "config_changes.jsonl").exists()
+  job.record_changes()   # what initial_state does after restoring the checkpoints
+  job.close()
   rows = [json.loads(x) for x in (wd / "config_changes.jsonl").read_text().splitlines()]
   assert [r["changes"] for r in rows] == [{"batch_size": [16, 32]}]
   # the changed settings are now the run's: the same command resumes without a new record
@@ -103,6 +108,19 @@ def test_resume_under_changed_settings_is_refused_unless_allowed(tmp_path):
   # ... and going back is a change again
   with pytest.raises(UserError, match=r"batch_size 32 -> 16"):
     job_lib.TrainingJob(_tiny(), wd).create_dir()
+
+
+def test_another_optimizer_layout_is_refused_before_the_restore(tmp_path):
+  """optimizer.flat changes the optimizer state's layout: refused in one line before anything is
+  restored or recorded, even with allow_changes (before: Orbax's five-line tree mismatch, after
+  the change was recorded)."""
+  wd = tmp_path / "run"
+  first = _started_run(wd, _tiny())
+  with pytest.raises(UserError, match=r"optimizer.flat False -> True changes the layout of the "
+                                      r"optimizer state .* --config.optimizer.flat=False"):
+    job_lib.TrainingJob(_tiny(allow_changes=True, **{"optimizer.flat": True}), wd).create_dir()
+  assert (wd / "config.json").read_bytes() == first
+  assert not (wd / "config_changes.jsonl").exists()
 
 
 def test_another_model_size_is_refused_even_when_changes_are_allowed(tmp_path):
