@@ -5,13 +5,15 @@ its fast attention (cuDNN on GPUs, XLA on TPUs and CPUs) and no attention map is
 Three thin wrappers around the same tile function (``tile.head_rows``: each head's per-row
 results of a query block, ``[T, 64]``):
 
-* ``"triton"`` (GPU): a Pallas call with grid ``(b, q / T)``, each program looping over the
-  heads, so that what the heads of a block share (``tile.block_setup``: the contraction's
-  right-hand side, the distances, the window corrections) is built once; Triton compiler
-  parameters (without them Pallas picks Mosaic GPU). Triton wants power-of-two loads: the key
-  axis is padded to one. Any length: up to ``ONE_PASS_KEYS`` keys a program holds all keys,
-  past that it loops over blocks of ``KEY_BLOCK`` keys in two passes (``tile.head_rows_blocked``:
-  the row maximum and Z, then every sum block by block).
+* ``"triton"`` (GPU): a Pallas call with grid ``(b, q / T, h / g)``, g heads a program; Triton
+  compiler parameters (without them Pallas picks Mosaic GPU). Triton wants power-of-two loads:
+  the key axis is padded to one. By default (``TRITON_DEFAULTS``, the tile that passes the
+  offline sm_90 gate of ``heads_jax.stats.sm90``) one head a program, 8 warps, and the key loop
+  over tiles of 32 keys in two passes (``tile.head_rows_blocked``: the row maximum and Z, then
+  every sum tile by tile; the key-tile loads are what Triton's pipeliner prefetches). With more
+  heads a program, what they share (``tile.block_setup``: the contraction's right-hand side, the
+  distances, the window corrections) is built once; with ``block_k`` of at least the length a
+  program holds all keys at once (``TRITON_MEASURED``, the tile last timed on a device).
 * ``"mosaic"`` (TPU): a Pallas call with grid ``(b,)`` (a TPU grid step costs about 0.35 us, too
   much for one small tile), each program looping over its sequence's query blocks and heads; the
   queries and keys are laid out ``[b, h, k, e]`` so that every block's last two dimensions are
@@ -80,6 +82,17 @@ KEY_BLOCK = 128
 # 124.1 with the heads outside; 2 window corrections shared by a block's heads (``static``)
 # against 4 take the 128 x 128 step from 13.66 to 13.38 ms (the Pallas call alone 4.51 -> 4.25).
 TRITON_STATIC = 2
+# The Triton program's defaults (issue 50 item 2): the tile that passes the chip gate of the
+# offline sm_90 compile (``heads_jax.stats.sm90``, ``tests/stats/test_sm90.py``: at most 128
+# registers, no spills, an asynchronous load): one head a program (heads on the grid), the key
+# loop over blocks of 32 keys (an explicit key-tile load inside a loop, which Triton's pipeliner
+# prefetches with cp.async), 8 warps: 128 registers, 0 spills, cp.async (BERT-base, 128
+# positions, bf16). The last device-measured setting, ``TRITON_MEASURED`` (all keys at once, the
+# 12 heads of a block in one program, 4 warps: 255 registers, 256-454 B spilled, no asynchronous
+# copy; 13.38 ms a step on the H200), stays beside it in ``bench/analysis_ab.py`` until a device
+# has timed the two.
+TRITON_DEFAULTS = {"block_k": 32, "heads_per_program": 1, "num_warps": 8}
+TRITON_MEASURED = {"block_k": ONE_PASS_KEYS, "heads_per_program": "all", "num_warps": 4}
 
 
 def key_block(kp: int, block_k: int | None = None) -> int:
@@ -359,7 +372,7 @@ def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, n
   column ``tile.R_LSE``)."""
   from jax.experimental.pallas import triton as pl_triton
   b, kp, heads, e = query.shape
-  h = heads if heads_per_program is None else int(heads_per_program)
+  h = heads if heads_per_program in (None, "all") else int(heads_per_program)
   if h < 1 or heads % h:
     raise ValueError(f"heads_per_program must divide the {heads} heads, got {heads_per_program}")
   nq = kp // block_q
@@ -525,10 +538,11 @@ def _prepare(query, key, tables, wrapper, block_q, platform, interpret):
 
 def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
                       *, wrapper: str | None = None, block_q: int | None = None, interpret=None,
-                      contraction: str = "hilo", platform: str | None = None, num_warps: int = 4,
+                      contraction: str = "hilo", platform: str | None = None,
+                      num_warps: int | None = None,
                       num_stages: int | None = None, block_k: int | None = None,
                       keys_outer: bool = True, static: int = TRITON_STATIC,
-                      heads_per_program: int | None = None):
+                      heads_per_program: int | str | None = None):
   """The Pallas program alone: every head's per-row results ``[b, h, kp, E_COLS]``
   (``tile.head_rows``) of one layer; arguments as ``kernel_layer_stats`` (``"triton"`` or
   ``"mosaic"``). What
@@ -539,9 +553,11 @@ def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction:
   query, key, wrapper, block_q, interpret = _prepare(query, key, tables, wrapper, block_q,
                                                      platform, interpret)
   if wrapper == "triton":
-    return _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
-                        num_stages, key_block(query.shape[1], block_k), keys_outer, static,
-                        heads_per_program)
+    given = {"block_k": block_k, "heads_per_program": heads_per_program, "num_warps": num_warps}
+    t = {**TRITON_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+    return _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret,
+                        t["num_warps"], num_stages, key_block(query.shape[1], t["block_k"]),
+                        keys_outer, static, t["heads_per_program"])
   if wrapper == "mosaic":
     return _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret)
   raise ValueError(f"kernel_layer_rows runs a Pallas wrapper ('triton', 'mosaic'), got {wrapper!r}")
@@ -550,10 +566,10 @@ def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction:
 def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
                        measures: bool = False, *, wrapper: str | None = None,
                        block_q: int | None = None, interpret=None, contraction: str = "hilo",
-                       platform: str | None = None, num_warps: int = 4,
+                       platform: str | None = None, num_warps: int | None = None,
                        num_stages: int | None = None, block_k: int | None = None,
                        keys_outer: bool = True, static: int = TRITON_STATIC,
-                       heads_per_program: int | None = None, sums: str = "einsum",
+                       heads_per_program: int | str | None = None, sums: str = "einsum",
                        blocks_per_step: int | None = None) -> dict:
   """One layer's statistics from its queries and keys ``[b, k, h, e]`` (before the ``1/sqrt(e)``
   scaling; any float dtype), with ``tables = kernel_tables(batch, roles, direction, measures,
@@ -565,16 +581,17 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
     interpret: run a Pallas wrapper in the interpreter (``True``, or for ``"mosaic"`` a
       ``pltpu.InterpretParams()``); default: when ``platform`` is not the wrapper's.
     contraction: ``"hilo"`` (bf16 halves, the default) or ``"float32"`` (``tile.tile_values``).
-    num_warps, num_stages: the Triton programs' warps and pipeline stages (default Triton's).
-    block_k: the Triton program's keys per step (``key_block``: all keys up to
-      ``ONE_PASS_KEYS``, else ``KEY_BLOCK``; a smaller power of two forces the key loop).
+    num_warps, num_stages: the Triton programs' warps (default ``TRITON_DEFAULTS``) and pipeline
+      stages (default Triton's).
+    block_k: the Triton program's keys per step (default ``TRITON_DEFAULTS``: the key loop over
+      blocks of 32; ``ONE_PASS_KEYS`` holds all keys at once up to that length, ``key_block``).
     keys_outer: the key loop's second pass with key blocks outside the heads (each block's
       setup built once for all heads; ``_triton_rows``; the default), else heads outside.
     static: the Triton one-pass program's window corrections built once per block for all
       heads (``tile.block_setup``, default ``TRITON_STATIC``; further ones are built per head
       where a sequence needs them).
-    heads_per_program: heads per Triton program (default all; fewer: more programs, each
-      building its block's setup).
+    heads_per_program: heads per Triton program (default ``TRITON_DEFAULTS``: one, heads on the
+      grid; ``"all"``: one program a query block, building its setup once for all heads).
     sums: how XLA adds the Pallas rows' channels over the queries (``_weighted``).
     blocks_per_step: query blocks per ``lax.scan`` step of the ``"xla"`` wrapper (default 1 on
       CPUs, 32 elsewhere: fewer, larger steps; memory ``[b, h, 16 G, k]``).
@@ -618,10 +635,10 @@ def kernel_program_tables(batch, roles, direction, measures, *, wrapper: str,
 def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head",
                    measures: bool = False, *, wrapper: str, block_q: int | None = None,
                    interpret=None, mesh=None, platform: str | None = None,
-                   contraction: str = "hilo", num_warps: int = 4,
+                   contraction: str = "hilo", num_warps: int | None = None,
                    num_stages: int | None = None, block_k: int | None = None,
                    keys_outer: bool = True, static: int = TRITON_STATIC,
-                   heads_per_program: int | None = None, sums: str = "einsum",
+                   heads_per_program: int | str | None = None, sums: str = "einsum",
                    blocks_per_step: int | None = None):
   """The model's ``attention_reduce`` hook for kernel v2 (needs no probabilities: the model keeps
   its fast attention and the tile recomputes the scores from the queries and keys).
