@@ -100,7 +100,8 @@ def _device_reusable(out: Path, key: dict, overwrite: bool, cfg: AnalysisConfig)
     what = [w for w in ("model", "data")
             if (was.get("inputs") or {}).get(w) != key["inputs"][w]] or ["model and data"]
     recorded = (runfiles.read_job(out) or {}).get("model")
-    if "model" in what and recorded not in (None, str(cfg.model)):
+    if "model" in what and recorded not in (None, str(cfg.model),
+                                            runfiles.to_run_path(cfg.model, out)):
       raise FileExistsError(f"{out} holds another run's results (the analysis of {recorded}, "
                             f"not {cfg.model}): choose another --out or pass --overwrite")
     raise FileExistsError(
@@ -188,7 +189,8 @@ def _run_in(cfg: AnalysisConfig, *, model, tokenizer, overwrite: bool, redo, pro
   try:
     done = engine.run_pipeline(PLAN, out, config=run, redo=redo, log=log, progress=False,
                                what="an analysis",
-                               claim={"kind": "analysis", "model": cfg.model,
+                               claim={"kind": "analysis",
+                                      "model": runfiles.to_run_path(cfg.model, out),
                                       "data": list(cfg.data),
                                       "settings": cfg.device_settings()})[HOST_STAGE]
   except BaseException:
