@@ -37,9 +37,12 @@ that turn the unnaming off (`CLUSTERING_SWITCHES`: no type unnamed by a failed c
 types; none by a failed condition against the reference); the tests are
 tests/hoststats/test_clustering.py's (parametrised ones once per case), in-process.
 
-Runs serially on the host (no jax); not part of CI. Measured (05:12 UTC, 2 shared cores, 311 s
-for the 317 mutants): the issue's mutants 242 of 247 killed (98.0%); boundary mutants 47 of 70
-(67.1%). The 5 surviving issue mutants change no verdict: ``any -> all`` over the names of one
+Runs serially on the host (no jax); not part of CI. Measured on the claims package (2026-11-29,
+code of 49e942d, 2 shared cores at load 15-18, 509 s for the 309 mutants): the issue's mutants
+232 of 237 killed (97.9%; per module: claim 7/7, pande 4/4, run 8/9, bars 12/12, pande_checks
+110/111, guan_checks 64/67, judging 27/27); boundary mutants 40 of 72 (55.6%: the three-valued
+bars' `<` vs `<=` at a p-value or an interval bound, which only a pair exactly at 0.05 or at a
+Wilson bound can kill). The 5 surviving issue mutants change no verdict: ``any -> all`` over the names of one
 clustering, which are either all "cluster j" (k != 4) or none; ``any -> all`` in an error
 message's wording; ``cluster_info or {}`` and ``stability_fits or 10`` -> ``and`` (the k = 3 / 5
 refit then runs with the default restarts and fits, same verdicts on the tests' data); ``1 in
