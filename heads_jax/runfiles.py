@@ -34,6 +34,7 @@ a task, another task; a directory from before the markers is recognised by its f
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as _dt
 import hashlib
 import json
@@ -162,8 +163,8 @@ def _walk_paths(obj, pattern: tuple, here: tuple = ()):
 
 
 def _map_pointers(obj, pointers, fn):
-  """A deep copy of the JSON ``obj`` with ``fn`` applied at each pointer."""
-  obj = json.loads(json.dumps(obj, default=str))
+  """A deep copy of ``obj`` with ``fn`` applied at each pointer (its other values as they are)."""
+  obj = copy.deepcopy(obj)
   for ptr in pointers:
     node = obj
     for k in ptr[:-1]:

@@ -557,7 +557,8 @@ def _part(ctx: engine.Context[AblationJob], sub: SubJob) -> engine.UnitResult:
       ctx, job.stage(sub.name), sub.name, key, fn,
       clean=[out / f"{s}.{e}" for s in sub.stems for e in ("csv", "npy")],
       intact=lambda done: _damaged(out, (done or {}).get("written")
-                                   or {f"{sub.stems[0]}.csv": None}))
+                                   or {f"{sub.stems[0]}.csv": None}),
+      paths=("files.*",))   # recorded relative to the run folder: a moved run reads its own
   for line in res.outputs["lines"]:
     ctx.sub(line)
   return res
@@ -576,7 +577,8 @@ def _report(ctx: engine.Context[AblationJob]) -> engine.UnitResult:
                         lambda: _write_report(config, base.outputs, parts),
                         clean=[out / contract.REPORT_HTML, out / runfiles.ABLATION_JSON],
                         intact=lambda _: _damaged(out, {contract.REPORT_HTML: None,
-                                                        runfiles.ABLATION_JSON: None}))
+                                                        runfiles.ABLATION_JSON: None}),
+                        paths=("files.*", "report"))
   ctx.sub(f"report: {res.outputs['report']}")
   return res
 
