@@ -282,3 +282,18 @@ def test_replaced_scores_are_redone_and_a_refusal_writes_nothing(tmp_path, model
     _run(_cfg(model_dir, data, tmp_path / "b"))
   assert sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*")) == before
   assert stamps == {p: p.stat().st_mtime_ns for p in (tmp_path / "b").rglob("*")}
+
+
+def test_a_moved_analysis_is_reused_from_another_directory(tmp_path, model_dir, monkeypatch):
+  """Issue 52 item 1 on a real analysis: moved, and named from its parent folder, it is reused
+  (no device pass, no host statistics) and its report's location is the one given now."""
+  import shutil
+  data = tmp_path / "s.txt"
+  data.write_text("\n".join(SENTENCES) + "\n")
+  monkeypatch.chdir(tmp_path)
+  _run(_cfg(model_dir, data, "runs/a", report=True))
+  shutil.move("runs/a", "runs/b")
+  monkeypatch.chdir(tmp_path / "runs")
+  host, log = _run(_cfg(model_dir, data, "b", report=True))
+  assert "reusing the device pass in b" in log and "reusing the analysis in b" in log
+  assert str(host["report"]) == "b/report.html" and host["report"].is_file()
