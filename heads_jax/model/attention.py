@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from heads_jax.model import fused_ops
 from heads_jax.model.config import ATTENTION_SETTINGS
 from heads_jax.model.encoder_io import remove_segments
 from heads_jax.model.flash_attention import flash_attention
@@ -287,7 +288,10 @@ def attend(qh, kh, vh, mask, *, hooks: AttentionHooks, layer: int, dropout: nnx.
   wants_entropy = reduce is not None and getattr(reduce, "wants_entropy", False)
   probs = columns = entropy = None
   if path == "explicit":
-    scores = jnp.einsum("bqhe,bkhe->bhqk", qh, kh, preferred_element_type=jnp.float32) * scale
+    if qh.dtype == jnp.bfloat16 and not fused_ops.is_plain():  # its backward in bf16 too
+      scores = fused_ops.bf16_einsum("bqhe,bkhe->bhqk", qh, kh) * scale
+    else:
+      scores = jnp.einsum("bqhe,bkhe->bhqk", qh, kh, preferred_element_type=jnp.float32) * scale
     if bias is not None:
       scores = scores + bias
     scores = jnp.where(seen, scores, jnp.finfo(jnp.float32).min)

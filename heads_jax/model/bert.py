@@ -116,6 +116,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from heads_jax.model import fused_ops
 from heads_jax.model.attention import (  # noqa: F401  (the names callers import from here)
     ATTENTION_PATHS, CHUNK_ELEMENTS, GATE_MODES, QUERY_CHUNK, AttentionHooks, attend,
     attention_keep, attention_path, flash_preferred, fused_implementation, resolve_hooks, visible,
@@ -132,8 +133,10 @@ def _dtype(cfg: BertConfig):
 
 
 def activation(name: str, x):
+  """The family's activation; ``"gelu"`` is the exact (erf) form with a one-residual backward
+  (``heads_jax.model.fused_ops.gelu``, equal to ``jax.nn.gelu(approximate=False)``)."""
   if name == "gelu":
-    return jax.nn.gelu(x, approximate=False)
+    return jax.nn.gelu(x, approximate=False) if fused_ops.is_plain() else fused_ops.gelu(x)
   if name == "relu":
     return jax.nn.relu(x)
   return jax.nn.gelu(x, approximate=True)  # gelu_new / gelu_tanh / gelu_pytorch_tanh
@@ -142,6 +145,18 @@ def activation(name: str, x):
 def dense(cfg: BertConfig, din: int, dout: int, rngs: nnx.Rngs) -> nnx.Linear:
   return nnx.Linear(din, dout, kernel_init=_init(cfg), bias_init=nnx.initializers.zeros_init(),
                     dtype=_dtype(cfg), param_dtype=jnp.float32, rngs=rngs)
+
+
+def dense_activation(linear: nnx.Linear, name: str, x):
+  """``activation(name, linear(x))``; for ``"gelu"`` the bias enters `fused_ops.bias_gelu`, so
+  that the backward keeps one ``[b, q, f]`` residual and gives the bias gradient from the same
+  pass (the product as ``nnx.Linear`` computes it: operands in its dtype)."""
+  if name != "gelu" or linear.bias is None or fused_ops.is_plain():
+    return activation(name, linear(x))
+  dt = linear.dtype or jnp.result_type(x, linear.kernel[...])
+  h = jax.lax.dot_general(x.astype(dt), linear.kernel[...].astype(dt),
+                          (((x.ndim - 1,), (0,)), ((), ())), precision=linear.precision)
+  return fused_ops.bias_gelu(h, linear.bias[...])
 
 
 def layer_norm_dtype(cfg: BertConfig):
@@ -270,7 +285,7 @@ class Layer(nnx.Module):
 
   def feed_forward(self, x, deterministic: bool):
     """The feed-forward block with its residual and LayerNorm, ``[b, q, d]`` -> ``[b, q, d]``."""
-    y = activation(self.cfg.hidden_act, self.intermediate(x))
+    y = dense_activation(self.intermediate, self.cfg.hidden_act, x)
     y = self.dropout(self.output(y), deterministic=deterministic)
     return self.norm(y + x)
 

@@ -52,7 +52,7 @@ MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: exp2(MASKED - m) is
 BLOCK = 128  # query and key block of every kernel (BERT's 128 and 512 need no padding)
 # The backward kernels' inner loops step through 32 rows (queries for dK/dV, keys for dQ) against
 # an outer block of 128, as Triton's fused-attention tutorial (BLOCK_M1, BLOCK_N1, BLOCK_M2,
-# BLOCK_N2 = 32, 128, 128, 32): [128, 32] float32 tiles keep the registers of 4 warps.
+# BLOCK_N2 = 32, 128, 128, 32); at 8 warps (Tuning) no kernel spills on sm_90.
 INNER = 32
 PAD_QUERY, PAD_KEY = -2, -1  # segment ids of padded positions: they attend nothing
 
@@ -63,11 +63,21 @@ class Tuning:
   changes only the order of the backward's sums): ``fwd_warps`` (None: 4 for feature widths up
   to 64, else 8), ``bwd_warps``, ``stages`` (software-pipelining depth of every kernel's loops)
   and ``inner`` (rows a backward inner-loop step takes: queries for dK/dV, keys for dQ).
+
+  The defaults come from the kernels compiled offline for sm_90 (``heads_jax.stats.sm90``; the
+  pip ``triton`` wheel and its ``ptxas -v``; ``tests/model/test_flash_sm90.py`` holds them):
+  at BERT's head width 64 and sequence 128 the forward takes 255 registers a thread and spills
+  24 bytes at 4 warps, 124 and none at 8; dK/dV 255 and 988 bytes of spills at 4 warps, 201 and
+  none at 8; dQ 187 at 4, 109 at 8 (no spill either way). At sequence 512: 183, 201 and 109
+  registers at 8 warps, no spill. ``inner=64`` spills again in dK/dV at 8 warps (892 bytes),
+  ``inner=16`` still spills at 4 (128 bytes), ``stages=3`` changes nothing, and ``fuse_dq``
+  spills 1,220 bytes at 4 warps (none at 8, 238 registers). So 8 warps for all three, 32-row
+  inner steps, 2 stages.
   ``fuse_dq``: where the keys are one block (BERT's 128), the dK/dV kernel also writes dQ (its
   program holds every key of the row: ``dQ = dS K`` per query step), and the dQ kernel, which
   recomputes the probabilities, is not launched."""
-  fwd_warps: int | None = None
-  bwd_warps: int = 4
+  fwd_warps: int | None = 8
+  bwd_warps: int = 8
   stages: int = 2
   inner: int = INNER
   fuse_dq: bool = False

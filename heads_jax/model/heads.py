@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from heads_jax.model.bert import BertModel, activation, dense, layer_norm
+from heads_jax.model import fused_ops
+from heads_jax.model.bert import BertModel, activation, dense, dense_activation, layer_norm
 from heads_jax.model.config import BertConfig
 
 
@@ -41,6 +42,8 @@ class MLMHead(nnx.Module):
   padded to ``padded_vocab(v)`` (the decoder's GEMM on whole 64-wide tiles): ``[b, p, v64]``,
   the padding columns ``-inf`` so that they never win an argmax and add nothing to a softmax.
   The parameters are the same either way (``bias`` ``[v]``; the padding is added per call).
+  Under bfloat16 compute the decoder's backward products are bfloat16 with float32
+  accumulation (``fused_ops.bf16_logits``).
   """
 
   def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
@@ -53,7 +56,7 @@ class MLMHead(nnx.Module):
     """x ``[b, p, d]``, word_embeddings ``[v, d]`` -> logits (class docstring)."""
     if logits not in MLM_LOGITS:
       raise ValueError(f"logits must be one of {MLM_LOGITS}, got {logits!r}")
-    y = self.norm(activation(self.cfg.hidden_act, self.transform(x)))
+    y = self.norm(dense_activation(self.transform, self.cfg.hidden_act, x))
     dt = jnp.bfloat16 if self.cfg.dtype == "bfloat16" else jnp.float32
     w, bias = word_embeddings.astype(dt), self.bias[...]
     if logits == "padded":
@@ -62,7 +65,10 @@ class MLMHead(nnx.Module):
       if extra:
         w = jnp.pad(w, ((0, extra), (0, 0)))
         bias = jnp.pad(bias, (0, extra), constant_values=-jnp.inf)
-    out = jnp.einsum("bpd,vd->bpv", y.astype(dt), w, preferred_element_type=jnp.float32) + bias
+    if dt == jnp.bfloat16 and not fused_ops.is_plain():  # the backward in bf16, not TF32
+      out = fused_ops.bf16_logits(y.astype(dt), w) + bias
+    else:
+      out = jnp.einsum("bpd,vd->bpv", y.astype(dt), w, preferred_element_type=jnp.float32) + bias
     return out.astype(dt) if logits == "padded" else out
 
 
