@@ -200,7 +200,9 @@ def device_work(cfg: AnalysisConfig, *, model=None, tokenizer=None, identity=Non
   # the statistics path asked for and the ones taken (the paths agree to float32 rounding:
   # not in the reuse key)
   settings = {**cfg.device_settings(), "stats_impl": cfg.stats_impl,
-              "stats_paths": scores.get("stats_paths", [])}
+              "stats_paths": scores.get("stats_paths", []),
+              # where the model is, as runs record it: absolute, or relative to --out inside it
+              "model": runfiles.to_run_path(cfg.model, out)}
   contract.write_run(out, settings, scores["data_info"],
                      inputs=identity if identity is not None else content_identity(cfg))
   return scores["data_info"]
