@@ -22,17 +22,19 @@ import numpy as np
 import pandas as pd
 
 from heads_jax import contract
-from heads_jax.data.encoding import iter_batches
+from heads_jax.data.encoding import iter_batches, row_slots
 from heads_jax.data.specs import analysis_examples, input_counts, load_spec, parse_spec
 from heads_jax.data import syntax as syn
 from heads_jax.data.vocabulary import SYNTACTIC_ROLES
 from heads_jax.hoststats.parsing import arcs_table, best_heads, parsing_table, role_agreement
 from heads_jax.hoststats.sinks import (SINK_THRESHOLD, activation_summary, head_sinks,
                                       sink_summary)
-from heads_jax.hoststats.weighting import (norm_tests, role_changes, weighting_summary,
-                                           with_weighting)
-from heads_jax.stats.compiling import pass_batches, pass_lengths
+from heads_jax.hoststats.summary import not_computed_reasons
+from heads_jax.hoststats.weighting import (lost_roles, norm_tests, role_changes,
+                                           weighting_summary, with_weighting)
+from heads_jax.stats.compiling import ahead, batch_rows, pass_batches, pass_lengths
 from heads_jax.stats.norms import make_norm_step, run_norm_pass
+from heads_jax.pipelines.device_pass import PACK_SLOTS, pass_packing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,13 @@ def norm_step(cfg, model, roles, settings: RobustnessSettings = RobustnessSettin
   return make_norm_step(model, roles=roles, direction=cfg.direction, parsing=settings.parsing)
 
 
+def second_pass_packs(cfg, step, rows: int) -> bool:
+  """Whether the second pass packs its batches of ``rows`` rows: where the analysis packs
+  (``cfg.pack``) and the model takes packed rows (``NormStep.packs_for``), as the first pass
+  decides (``pipelines.device_pass``)."""
+  return bool(getattr(cfg, "pack", True)) and step.packs_for(rows, cfg.max_length)
+
+
 def robustness_pass(cfg, model, tokenizer, settings: RobustnessSettings = RobustnessSettings(),
                     log=None) -> dict:
   """The device pass over ``cfg.data`` (an ``AnalysisConfig``): ``norm_sieve_bias``,
@@ -66,6 +75,9 @@ def robustness_pass(cfg, model, tokenizer, settings: RobustnessSettings = Robust
   roles = _roles(cfg)
   step = norm_step(cfg, model, roles, settings)
   lengths = pass_lengths(cfg.max_length, cfg.bucket_step)  # the first pass's shapes
+  # packed as the first pass packs, in the batches of its token budget
+  rows = batch_rows(cfg.batch_size, cfg.max_length)   # the first pass's token budget
+  packs = second_pass_packs(cfg, step, rows)
   parts, arcs, offset = [], [], 0
   for spec in cfg.data:
     syntax = cfg.syntax and (cfg.parser != "none" or parse_spec(spec).kind == "conllu")
@@ -80,9 +92,15 @@ def robustness_pass(cfg, model, tokenizer, settings: RobustnessSettings = Robust
       a["sequence"] += offset
       arcs.append(a)
     batches = iter_batches(examples, tokenizer, max_length=cfg.max_length,
-                           batch_size=cfg.batch_size, sort_window=cfg.sort_window,
+                           batch_size=rows, sort_window=cfg.sort_window,
                            bucket_step=cfg.bucket_step, pad_to_batch_size=True)
-    batches = pass_batches(batches, lengths, steps=[step])
+    if packs:   # the first pass's packed rows (pipelines.device_pass.pass_packing)
+      batches = ahead(pass_packing(batches, length=cfg.max_length, rows=rows,
+                                   window=cfg.sort_window),
+                      lambda b, k: step.precompile(b, k, slots=row_slots(k, cfg.max_length,
+                                                                         PACK_SLOTS)))
+    else:
+      batches = pass_batches(batches, lengths, steps=[step])
     log(f"norm pass over {spec} ({len(examples)} sequences)")
     parts.append(run_norm_pass(step, batches, len(examples), cfg.max_length))
     offset += len(examples)
@@ -104,14 +122,15 @@ def robustness_statistics(result: dict, tests: pd.DataFrame, test_settings: dict
   ``by_weighting``, the sink keys of ``hoststats.sinks.sink_summary``, ``norm_lost_roles``).
   """
   nt = norm_tests(result["norm_sieve_bias"], result["roles"], test_settings, lengths)
-  changes = role_changes(tests, nt)
+  # a role whose sieve is empty on every sequence was not computed: null, never 0
+  skip = not_computed_reasons(result["norm_sieve_bias"], result["roles"])
+  changes = role_changes(tests, nt, skip)
   sinks = head_sinks(result["first_attention"], result["sep_attention"], result["norm_ratio"],
                      settings.sink_threshold)
-  summary = {"by_weighting": weighting_summary(tests, nt),
+  summary = {"by_weighting": weighting_summary(tests, nt, skip),
              **sink_summary(result["first_attention"], result["sep_attention"],
                             result["norm_ratio"], settings.sink_threshold)}
-  coarse = changes[changes["kind"] == "coarse"].set_index("role")
-  summary["norm_lost_roles"] = {r: int(coarse.loc[r, "lost"]) for r in coarse.index}
+  summary["norm_lost_roles"] = lost_roles(changes)
   if result.get("hidden_norms") is not None:  # massive activations (Sun et al. 2024)
     summary.update(activation_summary(result["hidden_norms"]))
   out = {"norm_tests": nt, "role_changes": changes, "sinks": sinks, "parser": None,
@@ -155,6 +174,11 @@ def ensure_robustness_pass(cfg, out, model=None, tokenizer=None, *,
   return True
 
 
+def _share(x) -> str:
+  """A share for the console: "n/a" for a role not computed (None), never 0%."""
+  return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
 def robustness_host(out, host: dict, *, settings: RobustnessSettings = RobustnessSettings(),
                     log=print) -> dict | None:
   """The host statistics of the second pass beside the analysis's (``host`` of
@@ -174,7 +198,7 @@ def robustness_host(out, host: dict, *, settings: RobustnessSettings = Robustnes
   if st["parser"] is not None:
     contract.write_parser(st["parser"], out)
   by = st["summary"]["by_weighting"]
-  log("norm weights: " + ", ".join(f"{r} {100 * by['attention'][r]:.0f}% -> {100 * by['norm'][r]:.0f}%"
+  log("norm weights: " + ", ".join(f"{r} {_share(by['attention'][r])} -> {_share(by['norm'][r])}"
                                    for r in by["attention"])
       + f"; sink rate {100 * st['summary']['sink_rate']:.0f}%, mean norm ratio "
         f"{st['summary']['mean_norm_ratio']:.2f}")

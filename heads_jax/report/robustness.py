@@ -59,7 +59,7 @@ def robustness_sections(out_dir, *, dpi: int = DEFAULT_DPI) -> list[dict]:
                                             rule=settings.get("rule")),
                     out_dir / "figures", dpi=dpi, section=SECTION)
   figures = {name: spec.figures_html({name: path}) for name, path in drawn.items()}
-  changes = role_changes(tests, norm)
+  changes = role_changes(tests, norm, summary.get("not_computed") or {})  # n/a, never 0
   html = spec.section("analysis", SECTION).intro
   html += figures.get("robustness_weighting", "")
   html += "<h3>Heads per role under attention and norm weights</h3>" + table_html(

@@ -71,8 +71,21 @@ def test_analysis_with_the_second_pass_writes_its_files_and_section(tmp_path):
   assert contract.read_parser(out) is not None
   summary = contract.read_summary(out)
   assert {"by_weighting", "sink_rate", "norm_ratio_by_layer"} <= set(summary)
-  assert "Are the roles real?" in (out / "report.html").read_text()
+  html = (out / "report.html").read_text()
+  assert "Are the roles real?" in html
   assert any(m.startswith("norm weights:") for m in logs)
+  # single sentences: block is not computed, so null / "n/a" in every output of the second
+  # pass, never 0 (issue 52); the other coarse roles are numbers
+  for weighting in ("attention", "norm"):
+    assert summary["by_weighting"][weighting]["block"] is None
+    assert isinstance(summary["by_weighting"][weighting]["local"], float)
+  assert summary["norm_lost_roles"]["block"] is None
+  assert isinstance(summary["norm_lost_roles"]["local"], int)
+  line = next(m for m in logs if m.startswith("norm weights:"))
+  assert "block n/a -> n/a" in line and "block 0%" not in line
+  row = html.split('id="table-norm-roles"')[1].split("</table>")[0].split("<td>block</td>")[1]
+  row = row.split("</tr>")[0]
+  assert row.count("n/a") == 6 and ">0<" not in row
   # a rerun reuses the second pass (nothing recomputed on the device)
   logs.clear()
   run_analysis(cfg, progress=False, log=logs.append)

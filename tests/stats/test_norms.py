@@ -1,4 +1,5 @@
-"""The norm pass (heads_jax.stats.norms) against a loop over transformers' value vectors."""
+"""The norm pass (heads_jax.stats.norms), on each layer's map and map-free, against a loop over
+transformers' value vectors."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from heads_jax.data import vocabulary as B
 from heads_jax.model.loading import load_model
 from heads_jax.stats.norms import make_norm_step, norm_weights, transformed_norms
+from heads_jax.stats.parsing import predicted_heads
 from heads_jax.stats.layerwise import batch_tables, reduce_layer
 from tests import reference_impl as ref
 from tests.family_models import build_hf_model
@@ -53,8 +55,12 @@ def _hf_norm_weights(hf, batch, family="bert"):
   return layers
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
-def test_norm_pass_matches_a_transformers_loop(tmp_path, family):
+# bert on both paths (each layer's map; map-free: the statistics kernel on augmented queries and
+# keys, the key-block loop), distilbert's own projections on the first (RoBERTa is BERT's
+# layer with another padding id: the pass reads the model's own values, issue 52)
+@pytest.mark.parametrize("family,map_free", [("bert", False), ("bert", True),
+                                             ("distilbert", False)])
+def test_norm_pass_matches_a_transformers_loop(tmp_path, family, map_free):
   hf = build_hf_model(family, 120, seed=3)
   hf.save_pretrained(tmp_path)
   model, _ = load_model(tmp_path, with_tokenizer=False)
@@ -65,7 +71,7 @@ def test_norm_pass_matches_a_transformers_loop(tmp_path, family):
   if family != "bert":
     batch["token_type_ids"] = np.zeros_like(batch["token_type_ids"])  # no token types there
   roles = B.ROLES
-  out = make_norm_step(model, roles=roles)(batch)
+  out = make_norm_step(model, roles=roles, map_free=map_free)(batch)
   layers = _hf_norm_weights(hf, batch, family)
   L, H = len(layers), layers[0][0].shape[1]
   b, k = batch["input_ids"].shape
@@ -109,6 +115,10 @@ def test_norm_pass_matches_a_transformers_loop(tmp_path, family):
     want = np.stack([norms[s, :, 0], norms[s][:, seps].mean(-1) if seps else np.full(L + 1, np.nan),
                      np.median(norms[s][:, rest], -1) if rest else np.full(L + 1, np.nan)], -1)
     np.testing.assert_allclose(out["hidden_norms"][s], want, rtol=1e-4)
+  # each head's predicted word: predicted_heads on transformers' maps
+  for i, (a, _, _) in enumerate(layers):
+    want = np.asarray(predicted_heads(a.astype(np.float32), batch["word_ids"]))
+    np.testing.assert_array_equal(out["parse_pred"][:, i], want)
   # norm weighting changes the scores (a check that the weights are not the attention)
   attention_bias = ref.sieve_bias(np.stack([l[0] for l in layers], 1), batch, roles)
   assert np.nanmax(np.abs(attention_bias - expected)) > 1e-2

@@ -30,17 +30,19 @@ COARSE_ORDER = ("local", "syntactic", "delimiter", "block")
 def plot_weighting_roles(by_weighting: dict, path, *, title: str | None = None,
                          dpi: int = DEFAULT_DPI) -> Path:
   """Share of heads with each coarse role under attention weights and under norm weights
-  (``by_weighting`` of ``hoststats.weighting.weighting_summary``)."""
+  (``by_weighting`` of ``hoststats.weighting.weighting_summary``). A role the run did not
+  compute (None) has no bar and reads "n/a", never 0."""
   roles = [r for r in COARSE_ORDER if r in by_weighting.get("attention", {})]
   fig = new_figure(5.8, 3.4)
   ax = fig.subplots()
   x = np.arange(len(roles))
   for i, (name, color) in enumerate((("attention", "#2c7fb8"), ("norm", "#d95f0e"))):
-    vals = [100 * by_weighting.get(name, {}).get(r, np.nan) for r in roles]
+    shares = [by_weighting.get(name, {}).get(r) for r in roles]
+    vals = [np.nan if v is None else 100 * v for v in shares]
     bars = ax.bar(x + (i - 0.5) * 0.38, vals, 0.38, color=color, label=f"{name} weights")
     for b, v in zip(bars, vals):
-      if np.isfinite(v):
-        ax.text(b.get_x() + b.get_width() / 2, v + 1, f"{v:.0f}", ha="center", fontsize=8)
+      label, y = (f"{v:.0f}", v + 1) if np.isfinite(v) else ("n/a", 1)
+      ax.text(b.get_x() + b.get_width() / 2, y, label, ha="center", fontsize=8)
   ax.set_xticks(x)
   ax.set_xticklabels(roles)
   ax.set_ylabel("% of heads with the role")
