@@ -644,3 +644,64 @@ def test_low_margin_flag_by_hand():
   for r, m in zip(info["naming"], margins):
     assert r[4] == ("ok" if m >= 1.0 else "low margin" if m > 0 else r[4])
   assert info["low_margin"] == [n for n, m in zip(info["names"], margins) if m < 1.0]
+
+
+def test_bad_inputs_are_refused():
+  """Each refusal of bad input, at its edge: no sequence, a wrong shape, a head with no value,
+  fewer than one near token (one is the smallest: distance 1 alone)."""
+  for bad in (np.zeros((0, 1, 2, 21)), np.zeros((1, 2, 21))):
+    with pytest.raises(ValueError, match="shape"):
+      clustering.head_features(bad)
+  x = np.full((2, 1, 2, 21), 1 / 21)
+  x[:, 0, 1] = np.nan
+  with pytest.raises(ValueError, match="no non-NaN"):
+    clustering.head_features(x)
+  for bad in (0, 0.5):
+    with pytest.raises(ValueError, match="near_tokens"):
+      clustering.near_window_count([10], bad)
+  np.testing.assert_array_equal(clustering.near_window_count([10, 16, 17], 1), [2, 2, 1])
+
+
+def test_type_masses_and_two_head_spreads_by_hand():
+  """type_masses: near = self + the first w windows (w in 1..15), far the other windows,
+  special the four special features; w outside 1..15 is refused. A cluster of two heads has
+  their own sd as its spread (not the floor)."""
+  c = np.zeros((1, 21))
+  c[0, :16] = np.arange(16) / 400
+  c[0, F.index("self")], c[0, F.index("cls")], c[0, F.index("period")] = 0.1, 0.2, 0.1
+  for w in (1, 8, 15):
+    np.testing.assert_allclose(clustering.type_masses(c, w)[0],
+                               [0.1 + np.arange(w).sum() / 400, np.arange(w, 16).sum() / 400, 0.3])
+  for bad in (0, 0.5, 16):
+    with pytest.raises(ValueError, match="near_windows"):
+      clustering.type_masses(c, bad)
+  masses = np.array([[.25, .65, .10]] * 2 + [[.70, .05, .25]] * 2 + [[.15, .45, .40]] * 2
+                    + [[.10, .05, .80], [.10, .05, .90]])
+  got = clustering.name_types(masses, np.repeat(np.arange(4), 2),
+                              {"near": .25, "far": .6, "special": .1, "special_exact": True})
+  listed = {d["condition"]: d["margin"] for d in got["conditions"][3]}
+  g = np.array([.80, .90]) - 0.2                       # special large: sd 0.05, not the floor
+  assert listed[clustering.REFERENCE_CONDITIONS["special_large"]] == pytest.approx(g.mean() / 0.05)
+
+
+def test_a_cluster_failing_the_reference_is_dropped_first():
+  """A cluster that fails a condition against the reference (vertical's far, 0.40, not below
+  half of uniform attention's 0.6) is unnamed before the conditions between types are judged,
+  so dense+vertical, whose far (0.31) is below only that cluster's, keeps its name (judged
+  among the named clusters alone, it would fail by more and be dropped first). Four clusters
+  need four non-empty groups."""
+  rng = np.random.default_rng(0)
+
+  def group(m, sd):
+    z = rng.normal(size=(8, 3))
+    return np.array(m) + np.array(sd) * (z - z.mean(0)) / z.std(0)
+
+  x = np.vstack([group([.25, .65, .10], [.01] * 3), group([.70, .05, .25], [.01] * 3),
+                 group([.25, .31, .40], [.01] * 3), group([.05, .40, .55], [.01, .1, .01])])
+  ref = {"near": .25, "far": .6, "special": .1, "special_exact": True}
+  got = clustering.name_types(x, np.repeat(np.arange(4), 8), ref)
+  assert got["names"][:3] == ["dense", "diagonal", "dense+vertical"]
+  assert got["names"][3] == clustering.unnamed_name("vertical", got["margins"][3])
+  assert got["margins"][3] == pytest.approx((0.3 - 0.40) / 0.1)
+  with pytest.raises(ValueError, match="four clusters"):
+    clustering.name_types(x[:24], np.repeat(np.arange(3), 8), ref)
