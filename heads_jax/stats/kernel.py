@@ -54,8 +54,8 @@ from heads_jax.data.vocabulary import (TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKE
 from heads_jax.parallel import DATA_AXIS
 from heads_jax.sieves import check_direction, check_roles, segment_positions, segments_of
 from heads_jax.stats import tile
-from heads_jax.stats.fused import (channel_weights, num_channels, split_channels,
-                                   target_platform)
+from heads_jax.stats.channels import channel_weights, num_channels, split_channels
+from heads_jax.stats.fused import target_platform
 from heads_jax.stats.layerwise import block_columns, slot_onehot
 
 WRAPPERS = ("triton", "mosaic", "xla")
