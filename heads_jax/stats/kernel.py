@@ -668,17 +668,21 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
 
 
 def triton_program(b: int = 4, k: int = 128, h: int = 12, e: int = 64, dtype="bfloat16",
-                   roles: Sequence[str] = vocab.ROLES, direction: str = "dep2head", **settings):
+                   roles: Sequence[str] = vocab.ROLES, direction: str = "dep2head",
+                   slots: int = 0, **settings):
   """``(fn, args)``: the Triton program of one layer (``kernel_layer_rows``, GPU settings) and
   abstract arguments of that shape (queries and keys ``[b, k, h, e]`` in ``dtype``, the tables of
   a ``k``-position batch), for ``heads_jax.stats.sm90.compile_kernels(fn, *args)`` (the offline
-  sm_90 compile; BERT-base's shape by default). ``settings``: ``kernel_layer_rows``' keywords."""
+  sm_90 compile; BERT-base's shape by default; ``slots``: the packed program). ``settings``:
+  ``kernel_layer_rows``' keywords."""
   kp = padded_length(k, "triton", settings.get("block_q") or BLOCK_Q["triton"])
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)                    # noqa: E731
   qk = jax.ShapeDtypeStruct((b, k, h, e), jnp.dtype(dtype))
   tables = {"q_info": i32(b, kp, tile.Q_COLS), "k_rows": i32(b, tile.K_ROWS, kp),
             "k_cols": i32(b, kp, tile.K_ROWS),
             "e_table": jax.ShapeDtypeStruct((b, kp, tile.E_COLS), jnp.float32)}
+  if slots:
+    tables["slots"] = jax.ShapeDtypeStruct((b, kp, slots), jnp.float32)
 
   def fn(query, key, tables):
     return kernel_layer_rows(query, key, tables, roles, direction, wrapper="triton",

@@ -82,12 +82,16 @@ def test_a_program_without_triton_calls_is_refused():
 
 def test_statistics_kernel_passes_the_chip_gate():
   """BERT-base's layer (12 heads of 64, 128 positions, bf16) as the analysis step runs it
-  (``kernel.TRITON_DEFAULTS``: heads on the grid, the key loop over 32-key tiles, 8 warps), and
+  (``kernel.TRITON_DEFAULTS``: heads on the grid, the key loop over 32-key tiles, 8 warps),
+  unpacked and packed, and
   the last device-measured tile (``TRITON_MEASURED``) failing it as issue 50's review found."""
   fn, args = kernel.triton_program()
   [report] = sm90.compile_kernels(fn, *args)
   assert sm90.gate_problems(report) == [], report.line()
   assert report.grid == (4, 128 // kernel.BLOCK_Q["triton"], 12)        # heads on the grid
+  fn, args = kernel.triton_program(slots=16)                            # packed rows (the pass's)
+  [packed] = sm90.compile_kernels(fn, *args)
+  assert sm90.gate_problems(packed) == [], packed.line()
   fn, args = kernel.triton_program(**kernel.TRITON_MEASURED)
   [old] = sm90.triton_calls(sm90.export_text(fn, *args))
   old = sm90.compile_call(old)
