@@ -114,6 +114,27 @@ def _version(name: str) -> str | None:
     return None
 
 
+COMMIT_ENV = "HEADS_JAX_COMMIT"   # the commit measured, where the tree is no git checkout
+
+
+def git_commit() -> str:
+  """The commit the benchmark runs: ``HEADS_JAX_COMMIT`` when set (the device machine gets a copy
+  of the tree without ``.git``: bench/device_run.sh is called with it), else ``git rev-parse
+  HEAD`` of the checkout, ``+dirty`` when tracked files differ from it; ``"unknown"`` otherwise."""
+  import subprocess
+  given = os.environ.get(COMMIT_ENV, "").strip()
+  if given:
+    return given
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          timeout=20, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "unknown (no git checkout; set HEADS_JAX_COMMIT)"
+  return head + ("+dirty" if dirty else "")
+
+
 def machine_info(*, jax_devices: bool = True, torch_threads: bool = True) -> dict:
   """Where and when a benchmark ran (see the module docstring)."""
   import socket
@@ -134,6 +155,7 @@ def machine_info(*, jax_devices: bool = True, torch_threads: bool = True) -> dic
                                             "transformers")},
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "accelerator": "none (CPU only)",
+      "git_commit": git_commit(),
   }
   if jax_devices:
     import jax
@@ -182,7 +204,8 @@ def device_header(info: dict) -> str:
   backend = f", {info['backend_version']}" if info.get("backend_version") else ""
   return (f"device: {info.get('jax_devices', '?')} ({info.get('accelerator')}{driver}{backend}); "
           f"jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, flax {v.get('flax')}, torch {v.get('torch')}; "
-          f"{info['date_utc']} UTC; load average {info.get('load_average_1m')}; "
+          f"{info['date_utc']} UTC; commit {info.get('git_commit')}; "
+          f"load average {info.get('load_average_1m')}; "
           f"XLA_FLAGS={info.get('xla_flags')!r}")
 
 

@@ -32,10 +32,28 @@ stays on the device. The variants, in this order:
   block, so that kernel's program has every key of its rows; the dQ kernel, which recomputes the
   probabilities, is not launched);
 * V14  V6 with V9's, V12's and V13's changes together; V15 V14 at twice the batch.
+* V16  V6 + issue 49's custom gradients (``heads_jax/model/fused_ops.py``: the exact GELU with one
+  residual and its bias gradient from the same pass; the MLM decoder's backward in bf16 instead
+  of TF32). Every variant before it is lowered under ``fused_ops.plain()`` (the step as it was)
+  and with issue 39's flash launch settings (4 warps), so V6 -> V16 -> V17 is issue 49's A/B in
+  one process;
+* V17  V16 with the flash kernels at 8 warps (``flash_attention.Tuning``'s defaults now, from
+  the offline sm_90 compile: no spills, where 4 warps spilled in the forward and in dK/dV):
+  ``configs/pretrain.py``'s step; V18 V17 at twice the batch;
+* V8   V17 at the settings' ``long`` (batch, sequence, predictions): ``(64, 512, 80)`` on the
+  device (phase 2's sequence), ``PRETRAIN_AB_LONG`` to change it or ``none``.
 
-The rows come in the order V0, V1, V4, V6, V9, V10, V11, V12, V13, V14, V7, V15, V5 (V8).
-``PRETRAIN_AB_VARIANTS`` (e.g. ``V6,V9,V12,V13,V14,V15,V5``) runs a subset, in that order; ratios
-are against the first.
+Before the variants, transformers' ``BertForPreTraining`` (``bench/torch_peer.py``, under
+``torch.compile`` on the device) runs at the base shape and at the long one, each in a child
+process (its GPU memory freed before JAX takes the device's); its rows come after the variants,
+with the fastest heads_jax variant of the same shape beside it. Every result records the git
+commit (``common.git_commit``: ``HEADS_JAX_COMMIT`` on the device, whose tree is no checkout)
+and the device.
+
+By default the rows are V0, V1, V6, V16, V17, V18, V5, V8 (V4, V7, V9-V15 measured no gain in
+run 2 or are in V6). ``PRETRAIN_AB_VARIANTS`` (e.g. ``V6,V9,V12,V13,V14,V15,V5``) runs any
+subset, in the order V0, V1, V4, V6, V16, V17, V9-V14, V7, V18, V15, V5, V8; ratios are against
+the first.
 
 The last rows are the candidates for the default. Each row: tokens/s, MFU (``6N + 12 l d q``
 FLOPs per token over the device's data-sheet bf16 peak; ``bench_training.flops_per_token``), step
@@ -65,6 +83,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import functools
 import os
@@ -79,10 +98,12 @@ import common  # noqa: E402
 
 FULL = {"size": "base", "dtype": "bfloat16", "seq": 128, "batch": 256, "preds": 20,
         "loss_steps": 10, "steps": 10, "repeats": 3, "profile_steps": 5,
-        "breakdown_before_s": 120, "long": None}
+        "breakdown_before_s": 150, "long": (64, 512, 80), "peer_compile": True,
+        "peer_limit_s": 110}
 TINY = {"size": "tiny", "dtype": "float32", "seq": 32, "batch": 4, "preds": 5,
         "loss_steps": 2, "steps": 2, "repeats": 1, "num_layers": 1, "profile_steps": 1,
-        "breakdown_before_s": 1e9, "long": (2, 64, 10)}
+        "breakdown_before_s": 1e9, "long": (2, 64, 10), "peer_compile": False,
+        "peer_limit_s": 300}
 # --tiny only checks that every variant runs: XLA's CPU backend without its LLVM optimisations
 # compiles the 12 programs several times faster
 TINY_XLA_FLAGS = "--xla_backend_optimization_level=0"
@@ -101,7 +122,8 @@ class Variant:
   batch_factor: int = 1
   long: bool = False          # at the settings' ``long`` (sequence, batch, predictions)
   xla: tuple = ()             # XLA options of this variant's compilation: ((name, value), ...)
-  flash: tuple = ()           # the flash kernels' launch settings (flash_attention.tuned)
+  flash: tuple = (("fwd_warps", 4), ("bwd_warps", 4))  # flash_attention.tuned: issue 39's
+  fused_ops: bool = False     # issue 49's custom gradients (model/fused_ops.py); off: plain()
 
   def shape(self, s: dict) -> tuple[int, int, int]:
     """``(batch, sequence, predictions)`` of this variant under settings ``s``."""
@@ -140,39 +162,49 @@ def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
                            "(configs/pretrain.py's step)", mlm_logits="padded")
   v7 = dataclasses.replace(v6, name="V7", label="V6 at twice the batch (bert_base_b512)",
                            batch_factor=2)
-  v8 = dataclasses.replace(v6, name="V8", label="V6 at the long sequence (phase 2's)", long=True)
   # after run 1 (2026-11-27 08:14, H200): V6's profile has 31 of 56 ms outside the GEMMs, the
   # flash kernels 6.1 ms (10.8%) for ~0.6 ms of their FLOPs at peak
   v9 = dataclasses.replace(v6, name="V9", label="V6 compiled with cuBLASLt GEMMs (bias "
                            "epilogues fused: xla_gpu_enable_cublaslt)",
                            xla=(("xla_gpu_enable_cublaslt", True),))
   v10 = dataclasses.replace(v6, name="V10", label="V6 + flash backward in 64-row steps, 8 warps",
-                            flash=(("inner", 64), ("bwd_warps", 8)))
+                            flash=v6.flash + (("inner", 64), ("bwd_warps", 8)))
   v11 = dataclasses.replace(v6, name="V11", label="V6 + flash kernels pipelined 4 stages deep",
-                            flash=(("stages", 4),))
+                            flash=v6.flash + (("stages", 4),))
   v12 = dataclasses.replace(v6, name="V12", label="V6 compiled with cuDNN LayerNorm "
                             "(xla_gpu_enable_cudnn_layer_norm)",
                             xla=(("xla_gpu_enable_cudnn_layer_norm", True),))
   v13 = dataclasses.replace(v6, name="V13", label="V6 + dQ written by the flash dK/dV kernel "
-                            "(128 keys: one block; no dQ kernel)", flash=(("fuse_dq", True),))
+                            "(128 keys: one block; no dQ kernel)", flash=v6.flash + (("fuse_dq", True),))
   v14 = dataclasses.replace(v6, name="V14", label="V6 + V9's, V12's and V13's changes together",
                             xla=v9.xla + v12.xla, flash=v13.flash)
   v15 = dataclasses.replace(v14, name="V15", label="V14 at twice the batch", batch_factor=2)
-  chosen = (v0, v1, v4, v6, v9, v10, v11, v12, v13, v14, v7, v15, v5) + ((v8,) if long else ())
+  # issue 49: the exact GELU with one residual (its bias gradient from the same pass) and the
+  # MLM decoder's backward in bf16 (model/fused_ops.py): configs/pretrain.py's step now
+  v16 = dataclasses.replace(v6, name="V16", label="V6 + GELU with one residual + bf16 decoder "
+                            "backward", fused_ops=True)
+  v17 = dataclasses.replace(v16, name="V17", label="V16 + flash kernels at 8 warps (no spill "
+                            "offline for sm_90): configs/pretrain.py's step", flash=())
+  v18 = dataclasses.replace(v17, name="V18", label="V17 at twice the batch", batch_factor=2)
+  v8 = dataclasses.replace(v17, name="V8", label="V17 at the long sequence (phase 2's)", long=True)
+  everything = (v0, v1, v4, v6, v16, v17, v9, v10, v11, v12, v13, v14, v7, v18, v15, v5)
+  everything += (v8,) if long else ()
+  # by default: the baseline, the issue-39 step, issue 49's and its launch-setting candidate,
+  # twice the batch, the flat LAMB, the long sequence (V9-V15 measured no gain in run 2)
+  default = ("V0", "V1", "V6", "V16", "V17", "V18", "V5", "V8")
   only = [x.strip() for x in os.environ.get(VARIANTS_ENV, "").split(",") if x.strip()]
-  if only:
-    names = {v.name for v in chosen}
-    unknown = [x for x in only if x not in names]
-    if unknown:
-      raise SystemExit(f"{VARIANTS_ENV}: no variant {', '.join(unknown)}; choose from "
-                       f"{', '.join(v.name for v in chosen)}")
-    chosen = tuple(v for v in chosen if v.name in only)
+  names = {v.name for v in everything}
+  unknown = [x for x in only if x not in names]
+  if unknown:
+    raise SystemExit(f"{VARIANTS_ENV}: no variant {', '.join(unknown)}; choose from "
+                     f"{', '.join(v.name for v in everything)}")
+  chosen = tuple(v for v in everything if v.name in (only or default))
   return [(v, None) for v in chosen]
 
 
 # variants whose step is profiled (bench/profiling.py) right after it is timed: the baseline, the
 # chain's candidates for the default, and the flat LAMB (why it is slower)
-PROFILED = ("V0", "V4", "V5", "V6", "V9", "V10", "V11", "V12", "V13", "V14")
+PROFILED = ("V0", "V4", "V5", "V6", "V9", "V10", "V11", "V12", "V13", "V14", "V16", "V17")
 # a comma-separated subset of the variants to run (in their order), e.g. "V6,V9,V10,V11,V7"
 VARIANTS_ENV = "PRETRAIN_AB_VARIANTS"
 # "batch,sequence,predictions" of V8 (the long sequence) on the device, e.g. "64,512,80"
@@ -180,7 +212,7 @@ LONG_ENV = "PRETRAIN_AB_LONG"
 # the breakdown programs (forward, forward+backward, optimizer alone) are compiled for the
 # baseline and for the fastest variant of the default chain at the base batch
 BREAKDOWN = ("V0",)
-DEFAULT_CHAIN = ("V4", "V6")
+DEFAULT_CHAIN = ("V4", "V6", "V16", "V17")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -231,8 +263,14 @@ class _Program:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.batch)
 
   def _tuned(self):
-    from heads_jax.model import flash_attention
-    return flash_attention.tuned(**dict(self.v.flash))
+    """The flash kernels' launch settings and, unless the variant has issue 49's custom
+    gradients, ``fused_ops.plain()``: read while the program is traced."""
+    from heads_jax.model import flash_attention, fused_ops
+    stack = contextlib.ExitStack()
+    stack.enter_context(flash_attention.tuned(**dict(self.v.flash)))
+    if not self.v.fused_ops:
+      stack.enter_context(fused_ops.plain())
+    return stack
 
   def lower_step(self):
     with self._tuned():
@@ -294,7 +332,12 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
   from heads_jax.training import metrics, steps as S
 
   t_start = time.perf_counter()
+  # torch's peer first, in child processes: they exit (their GPU memory with them) before JAX
+  # takes the device's memory
+  peers = _torch_peers(s, row)
   mesh = data_mesh(jax.devices()[:1])
+  # every result names what it measured and where (issue 49 item 6)
+  stamp = {"commit": common.git_commit(), "device": jax.devices()[0].device_kind}
   chosen = variants(long=bool(s.get("long")))
   shapes = {v.shape(s) for v, absent in chosen if absent is None}
   sizes = sorted(b for b, q, _ in shapes if q == s["seq"])
@@ -367,7 +410,7 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
     mfu = tps * fpt / peak["flops"] if peak.get("flops") else None
     res = {"variant": v.name, "label": v.label, "tokens_per_s": tps, "step_ms": 1e3 * step_s,
            "mfu": mfu, "loss_after": loss, "loss_steps": s["loss_steps"],
-           "batch": b_, "seq": seq_, "settings": dataclasses.asdict(v)}
+           "batch": b_, "seq": seq_, "settings": dataclasses.asdict(v), **stamp}
     base = base or res
     ratio = f"{tps / base['tokens_per_s']:.2f}x {base['variant']}"
     if mfu is not None:
@@ -415,6 +458,8 @@ def run(s: dict, row, *, threads: int = 8) -> list[dict]:
         text, "ms", f"step {res['step_ms']:.1f} ms", breakdown_ms=b)
     del state
   if results:
+    _peer_rows(peers, results, peak, row)
+  if results:
     # the input pipeline on this host: can data.num_workers=-1 keep up with the fastest step?
     from heads_jax.data.prefetch import auto_workers, available_cores
     workers, cores = auto_workers(), available_cores()
@@ -451,6 +496,60 @@ def _profile_row(v: Variant, one, step, s: dict, row) -> dict | None:
       f"idle: {phases})", cats, "ms", f"span {prof.span_ms:.1f} ms, busy {prof.busy_ms:.1f} ms",
       profile=prof.as_dict())
   return prof.as_dict()
+
+
+def _peer_shapes(s: dict) -> list[tuple[int, int, int]]:
+  """``(batch, sequence, predictions)`` of the torch peers: the base shape and the long one."""
+  return [(s["batch"], s["seq"], s["preds"])] + ([tuple(s["long"])] if s.get("long") else [])
+
+
+def _torch_peers(s: dict, row) -> list[dict]:
+  """``bench/torch_peer.py`` at each of `_peer_shapes` (``torch.compile`` where
+  ``s["peer_compile"]``, else eager), each in a child process of at most ``peer_limit_s``
+  seconds; a peer that fails or is cut is a row saying so."""
+  import json
+  import subprocess
+  import tempfile
+  out = []
+  for b, q, p in _peer_shapes(s):
+    with tempfile.TemporaryDirectory() as tmp:
+      path = Path(tmp) / "peer.json"
+      cmd = [sys.executable, str(Path(__file__).resolve().parent / "torch_peer.py"),
+             "--size", s["size"], "--batch", str(b), "--seq", str(q), "--preds", str(p),
+             "--steps", str(s["steps"]), "--repeats", str(s["repeats"]), "--out", str(path)]
+      cmd += ["--compile"] if s.get("peer_compile") else []
+      what = f"torch peer ({'torch.compile' if s.get('peer_compile') else 'eager'}), seq {q} batch {b}"
+      try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=s["peer_limit_s"])
+        if done.returncode != 0 or not path.exists():
+          row(what, "failed", "", "", why=(done.stderr.strip().splitlines() or ["?"])[-1][:300])
+          continue
+        out.append(json.loads(path.read_text()))
+      except subprocess.TimeoutExpired:
+        row(what, "absent", "", "", why=f"cut at {s['peer_limit_s']} s")
+  return out
+
+
+def _peer_rows(peers: list[dict], results: list[dict], peak: dict, row) -> None:
+  """One row per torch peer: its tokens/s and MFU (its own non-embedding count, the same
+  ``6N + 12 l d q`` convention) against the fastest heads_jax variant of the same shape."""
+  for r in peers:
+    same = [x for x in results if (x["batch"], x["seq"]) == (r["batch"], r["seq"])]
+    best = max(same, key=lambda x: x["tokens_per_s"], default=None)
+    mfu = r["tokens_per_s"] * r["flops_per_token"] / peak["flops"] if peak.get("flops") else None
+    ratio = "" if mfu is None else f"MFU {100 * mfu:.1f}%"
+    if best is not None:
+      ratio += (", " if ratio else "") + (f"heads_jax {best['variant']} is "
+                                          f"{best['tokens_per_s'] / r['tokens_per_s']:.2f}x")
+    row(f"torch peer ({'torch.compile' if r['compile'] else 'eager'}), seq {r['seq']} batch "
+        f"{r['batch']}", r["tokens_per_s"], "tokens/s", ratio, step_ms=1e3 * r["step_s"],
+        warmup_s=r["warmup_s"], device=r["device"], torch=r["torch"], mfu=mfu,
+        peer=r["peer"])
+    results.append({"variant": "torch_peer" + ("_compile" if r["compile"] else "_eager"),
+                    "label": r["peer"], "tokens_per_s": r["tokens_per_s"],
+                    "step_ms": 1e3 * r["step_s"], "mfu": mfu, "loss_after": r["loss"],
+                    "batch": r["batch"], "seq": r["seq"], "settings": {"compile": r["compile"]},
+                    "commit": results[0].get("commit"), "device": r["device"]})
 
 
 class _WithOptions:
@@ -501,11 +600,13 @@ def _tiny_flags() -> None:
 
 
 def settings(tiny: bool) -> dict:
-  """TINY or FULL, with ``PRETRAIN_AB_LONG`` ("batch,sequence,predictions", e.g. "64,512,80")
-  as the long sequence of V8 when set."""
+  """TINY or FULL, with ``PRETRAIN_AB_LONG`` ("batch,sequence,predictions", e.g. "64,512,80";
+  "none": no long sequence) as the long sequence of V8 and of the torch peer when set."""
   s = dict(TINY if tiny else FULL)
   text = os.environ.get(LONG_ENV, "").strip()
-  if text:
+  if text.lower() == "none":
+    s["long"] = None
+  elif text:
     parts = [x.strip() for x in text.split(",")]
     if len(parts) != 3 or not all(x.isdigit() and int(x) > 0 for x in parts):
       raise SystemExit(f"{LONG_ENV} takes batch,sequence,predictions (e.g. 64,512,80); got "

@@ -22,18 +22,33 @@ import pretrain_ab  # noqa: E402
 
 def test_variants_in_order_and_absent_switches(monkeypatch):
   monkeypatch.delenv(pretrain_ab.VARIANTS_ENV, raising=False)
+  assert [v.name for v, _ in pretrain_ab.variants(long=True)] == ["V0", "V1", "V6", "V16", "V17",
+                                                                  "V18", "V5", "V8"]
+  monkeypatch.setenv(pretrain_ab.VARIANTS_ENV, "V0,V1,V4,V6,V16,V17,V9,V10,V11,V12,V13,V14,V7,"
+                     "V18,V15,V5")
   chosen = {v.name: v for v, _ in pretrain_ab.variants()}
-  assert list(chosen) == ["V0", "V1", "V4", "V6", "V9", "V10", "V11", "V12", "V13", "V14", "V7",
-                          "V15", "V5"]
+  assert list(chosen) == ["V0", "V1", "V4", "V6", "V16", "V17", "V9", "V10", "V11", "V12", "V13",
+                          "V14", "V7", "V18", "V15", "V5"]
+  # issue 49: V16 is V6 with the custom gradients (every other variant traces fused_ops.plain())
+  v16 = chosen["V16"]
+  assert v16.fused_ops and not any(v.fused_ops for n, v in chosen.items()
+                                   if n not in ("V16", "V17", "V18"))
+  assert dataclasses.replace(v16, fused_ops=False, name="V6", label=chosen["V6"].label) == chosen["V6"]
+  # V17: the flash kernels at Tuning's defaults (8 warps, from the offline sm_90 compile)
+  v17 = chosen["V17"]
+  assert v17.flash == () and dataclasses.replace(v17, flash=v16.flash, name="V16",
+                                                 label=v16.label) == v16
+  assert dataclasses.replace(chosen["V18"], batch_factor=1, name="V17", label=v17.label) == v17
   v0, v1, v4, v5, v6, v7 = (chosen[n] for n in ("V0", "V1", "V4", "V5", "V6", "V7"))
   # V9-V11 are V6 with compile options or the flash kernels' launch settings
   for n in ("V9", "V10", "V11", "V12", "V13", "V14"):
-    assert dataclasses.replace(chosen[n], name="V6", label=v6.label, xla=(), flash=()) == v6
+    assert dataclasses.replace(chosen[n], name="V6", label=v6.label, xla=(), flash=v6.flash) == v6
   assert dict(chosen["V9"].xla) == {"xla_gpu_enable_cublaslt": True}
-  assert dict(chosen["V10"].flash) == {"inner": 64, "bwd_warps": 8}
+  assert dict(v6.flash) == {"fwd_warps": 4, "bwd_warps": 4}     # issue 39's launch settings
+  assert dict(chosen["V10"].flash) == {"fwd_warps": 4, "inner": 64, "bwd_warps": 8}
   assert dict(chosen["V14"].xla) == {"xla_gpu_enable_cublaslt": True,
                                      "xla_gpu_enable_cudnn_layer_norm": True}
-  assert dict(chosen["V14"].flash) == {"fuse_dq": True}
+  assert dict(chosen["V14"].flash) == {"fwd_warps": 4, "bwd_warps": 4, "fuse_dq": True}
   assert dataclasses.replace(chosen["V15"], batch_factor=1, name="V14",
                              label=chosen["V14"].label) == chosen["V14"]
   assert (v0.attention_dropout, v1.attention_dropout, v4.attention_dropout) == (0.1, 0.0, 0.1)
@@ -43,8 +58,9 @@ def test_variants_in_order_and_absent_switches(monkeypatch):
   assert not v6.flat_lamb and v6.mlm_logits == "padded" and v6.attention == "flash"
   assert v7.batch_factor == 2 and dataclasses.replace(v7, batch_factor=1, name="V6",
                                                       label=v6.label) == v6
+  monkeypatch.delenv(pretrain_ab.VARIANTS_ENV)
   v8 = {v.name: v for v, _ in pretrain_ab.variants(long=True)}["V8"]
-  assert v8.long and dataclasses.replace(v8, long=False, name="V6", label=v6.label) == v6
+  assert v8.long and dataclasses.replace(v8, long=False, name="V17", label=v17.label) == v17
   assert v8.shape({"long": (64, 512, 80)}) == (64, 512, 80)
   assert v7.shape({"batch": 256, "seq": 128, "preds": 20}) == (512, 128, 20)
   monkeypatch.setenv(pretrain_ab.VARIANTS_ENV, "V7, V6")
@@ -58,10 +74,15 @@ def test_variants_in_order_and_absent_switches(monkeypatch):
   monkeypatch.setenv(pretrain_ab.LONG_ENV, "64,512")
   with pytest.raises(SystemExit, match="batch,sequence,predictions"):
     pretrain_ab.settings(tiny=False)
-  monkeypatch.delenv(pretrain_ab.LONG_ENV)
+  monkeypatch.setenv(pretrain_ab.LONG_ENV, "none")
   assert pretrain_ab.settings(tiny=False)["long"] is None
+  monkeypatch.delenv(pretrain_ab.LONG_ENV)
+  assert pretrain_ab.settings(tiny=False)["long"] == (64, 512, 80)    # phase 2 by default
+  assert pretrain_ab._peer_shapes(pretrain_ab.settings(tiny=False)) == [(256, 128, 20),
+                                                                         (64, 512, 80)]
   monkeypatch.setattr(pretrain_ab, "_has_flash", lambda: False)
   monkeypatch.setattr(pretrain_ab, "_has_config_field", lambda name: False)
+  monkeypatch.setenv(pretrain_ab.VARIANTS_ENV, "V4")
   v4 = {v.name: v for v, _ in pretrain_ab.variants()}["V4"]
   assert v4.attention == "explicit" and v4.layer_norm_dtype == "float32"
   assert "no flash kernel" in v4.label and "layer_norm_dtype" in v4.label
@@ -81,8 +102,14 @@ def test_the_part_runs_tiny_through_the_suite(tmp_path):
   part, = json.loads((out / "accelerator.json").read_text())["parts"]
   assert part["name"] == "pretrain_ab" and part["status"] == "done", part["status"]
   rows = part["rows"]
-  measured = [r for r in rows if r["unit"] == "tokens/s"]
+  measured = [r for r in rows if r["unit"] == "tokens/s" and not r["what"].startswith("torch")]
   assert [r["what"].split()[0] for r in measured] == ["V0", "V6", "V14", "V15", "V5", "V8"]
+  # torch's peer in the same call, at the base and the long shape, beside the fastest variant
+  peers = [r for r in rows if r["what"].startswith("torch peer")]
+  assert [r["what"] for r in peers] == ["torch peer (eager), seq 32 batch 4",
+                                        "torch peer (eager), seq 64 batch 2"], peers
+  assert all(r["value"] > 0 and "heads_jax V" in r["ratio"] for r in peers)
+  assert part["rows"] and json.loads((out / "accelerator.json").read_text())["machine"]["git_commit"]
   assert "seq 64 batch 2" in measured[-1]["what"]               # TINY's long sequence
   base = measured[0]["detail"]["loss_after_steps"]
   for r in measured:
