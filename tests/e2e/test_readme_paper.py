@@ -143,7 +143,7 @@ def test_readme_paper_table_and_prose_agree():
   claim_of = {c.text: c for c in paper.CLAIMS}
   assert all(r[0].strip() in claim_of for r in rows)        # every row is a claim of today's
   flat = " ".join(text.split())
-  m = re.search(r"Of the (\d+) claims, (\d+) hold, (\d+) do not hold, (\d+) are undecided at this "
+  m = re.search(r"Of the (\d+) claims, (\d+) hold, (\d+) do not hold, (\d+) (?:is|are) undecided at this "
                 r"n(?: \([^)]*\))?, (\d+) are not computable "
                 r"here(?: \([^)]*\))?, (\d+) are not comparable \(other model\),? (?:and )?(\d+) are "
                 r"not comparable \(other model and data\)(?: and (\d+) awaits? the rerun|; none awaits)",
