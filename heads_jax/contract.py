@@ -95,6 +95,9 @@ from heads_jax.data import vocabulary
 from heads_jax.storage import naming
 
 SCORES_FILE = "scores.npz"
+# The arrays the second pass adds to scores.npz after the first pass wrote it (its other arrays
+# it writes back bit for bit): what tells the first pass's file from a replaced one leaves them out.
+SECOND_PASS_ARRAYS = ("norm_sieve_bias",)
 MEASURES_FILE = "measures.npz"
 RUN_FILE = "run.json"
 TESTS_CSV = "tests.csv"

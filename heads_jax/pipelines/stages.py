@@ -22,9 +22,12 @@ compositions of these under one lock and one directory claim each.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import shutil
 from pathlib import Path
 from typing import ClassVar
+
+import numpy as np
 
 from heads_jax import contract, runfiles
 from heads_jax.errors import UserError
@@ -126,7 +129,7 @@ class Scores(Result):
   model: str
   data: tuple | list = ()
   data_info: list | None = None
-  written: list | None = None   # scores.npz's `runfiles.fingerprint` as this unit wrote it
+  written: list | None = None   # scores.npz's first-pass arrays' digests as this unit wrote them
   finished: str = ""
 
 
@@ -413,10 +416,17 @@ def compare_report(ctx: Context, stage: str, unit: str, before, after, done: Com
 
 
 def _written(out: Path, ctx: Context) -> list | None:
-  """The content of ``out``'s scores.npz (`runfiles.fingerprint`: name, size, sha256; hashes
-  kept beside the run's markers), or None when there is none."""
+  """The first pass's content of ``out``'s scores.npz: each array's name, dtype, shape and
+  sha256, without the second pass's arrays (`contract.SECOND_PASS_ARRAYS`: it adds them to the
+  file after this unit ends and writes the first pass's arrays back bit for bit); None when
+  there is none. The file's own bytes would change with the second pass and read as replaced."""
   f = Path(out) / contract.SCORES_FILE
-  return ctx.files(f) if f.is_file() else None
+  if not f.is_file():
+    return None
+  with np.load(f, allow_pickle=False) as z:
+    return [[name, str(z[name].dtype), list(z[name].shape),
+             hashlib.sha256(np.ascontiguousarray(z[name]).tobytes()).hexdigest()]
+            for name in sorted(z.files) if name not in contract.SECOND_PASS_ARRAYS]
 
 
 def _missing(*paths) -> str | None:
