@@ -321,7 +321,9 @@ def test_cli_grid_keeps_the_best_run(small_glue, tmp_path, capsys):
   best = json.loads((wd / "finetune" / "mrpc" / "best.json").read_text())
   assert set(best["grid"]) == {"bs8_lr0.01", "bs8_lr0.05"}
   assert best["score"] == max(v["score"] for v in best["grid"].values())
-  assert best["model"].startswith(str(wd / "finetune" / "mrpc" / best["best_run"]))
+  # recorded relative to the run folder (a moved run reads its own files)
+  assert best["model"].startswith(f"finetune/mrpc/{best['best_run']}/")
+  assert (wd / best["model"] / "heads_jax.json").is_file()
 
 
 @pytest.mark.slow
@@ -334,10 +336,10 @@ def test_pretraining_stage_gives_the_model_finetuning_starts_from(small_glue, tm
   c.pretrained.pretrain_overrides = "num_train_steps=3;eval_every=3;log_every=1;checkpoint.every_steps=3"
   rp.run_reproduce(c, wd)
   pre = json.loads((wd / "pretrained" / "pretrained.json").read_text())
-  assert pre["model"] == str(wd / "pretrained" / "phase1" / "model")
-  assert (wd / "pretrained" / "phase1" / "model" / "heads_jax.json").is_file()
-  ft = rp.finetune_config(c, "sst2", 8, 1e-2, pre["model"])
-  assert ft.init_checkpoint == pre["model"] and ft.data.glue_dir == str(small_glue)
+  assert pre["model"] == "pretrained/phase1/model"   # relative to the run folder
+  assert (wd / pre["model"] / "heads_jax.json").is_file()
+  ft = rp.finetune_config(c, "sst2", 8, 1e-2, str(wd / pre["model"]))
+  assert ft.init_checkpoint == str(wd / pre["model"]) and ft.data.glue_dir == str(small_glue)
   assert (ft.data.train_split, ft.data.eval_split, ft.data.holdout_fraction) == (
       c.data.sst2.train, c.data.sst2.eval, 0.0)
 
