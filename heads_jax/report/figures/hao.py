@@ -43,7 +43,8 @@ def plot_head_grid(attribution, patching, roles, path, *, dpi: int = DEFAULT_DPI
     names = sorted({r.split(",")[0] for r in np.asarray(roles).ravel() if r})
     code = np.vectorize(lambda r: (names.index(r.split(",")[0]) + 1) if r else 0)(roles)
     ax = fig.add_subplot(1, cols, cols)
-    ax.imshow(code, cmap="tab20", vmin=0, vmax=20, aspect="auto")
+    ax.imshow(np.ma.masked_equal(code, 0), cmap="tab20", vmin=1, vmax=20, aspect="auto")
+    ax.set_facecolor("white")   # heads without a role
     for (l, h), r in np.ndenumerate(np.asarray(roles)):
       if r:
         ax.text(h, l, r.split(",")[0][:6], ha="center", va="center", fontsize=6)
