@@ -50,6 +50,7 @@ from heads_jax.data.vocabulary import SYNTACTIC_ROLES
 from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
 from heads_jax.stats.collector import collect, combine_measures
+from heads_jax.stats.norms import make_norm_step
 from heads_jax.data.encoding import DEFAULT_SLOTS, pack_batches, row_slots
 from heads_jax.stats.compiling import ahead, batch_rows, pass_batches, pass_lengths
 from heads_jax.stats.step import make_analysis_step
@@ -101,10 +102,11 @@ def second_pass_follows(cfg) -> bool:
   return bool(getattr(cfg, "robustness", False)) and jax.process_count() == 1
 
 
-def second_pass_step(cfg, model, roles):
-  """The second pass's step as ``robustness_pass`` makes it (so its programs are the same)."""
-  from heads_jax.pipelines.robustness import norm_step
-  return norm_step(cfg, model, roles)
+def second_pass_step(cfg, model, roles, parsing: bool = True):
+  """The second pass's step for ``cfg`` (an ``AnalysisConfig``): one definition, used by the
+  second pass (``pipelines/robustness.py``) and by this pass, which starts its compilation early
+  (so their programs are the same)."""
+  return make_norm_step(model, roles=roles, direction=cfg.direction, parsing=parsing)
 
 
 def sequence_fields(batch: dict, slots: int, *, roles, direction: str, windows=None) -> dict:

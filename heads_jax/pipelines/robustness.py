@@ -33,8 +33,8 @@ from heads_jax.hoststats.summary import not_computed_reasons
 from heads_jax.hoststats.weighting import (lost_roles, norm_tests, role_changes,
                                            weighting_summary, with_weighting)
 from heads_jax.stats.compiling import ahead, batch_rows, pass_batches, pass_lengths
-from heads_jax.stats.norms import make_norm_step, run_norm_pass
-from heads_jax.pipelines.device_pass import PACK_SLOTS, pass_packing
+from heads_jax.stats.norms import run_norm_pass
+from heads_jax.pipelines.device_pass import PACK_SLOTS, pass_packing, second_pass_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +53,9 @@ def _roles(cfg) -> tuple[str, ...]:
 
 
 def norm_step(cfg, model, roles, settings: RobustnessSettings = RobustnessSettings()):
-  """The second pass's step for ``cfg`` (an ``AnalysisConfig``): one definition, shared with the
-  first pass (``pipelines.device_pass``), which starts its compilation early."""
-  return make_norm_step(model, roles=roles, direction=cfg.direction, parsing=settings.parsing)
+  """The second pass's step for ``cfg`` (an ``AnalysisConfig``) with ``settings``
+  (`pipelines.device_pass.second_pass_step`, shared with the first pass)."""
+  return second_pass_step(cfg, model, roles, parsing=settings.parsing)
 
 
 def second_pass_packs(cfg, step, rows: int) -> bool:

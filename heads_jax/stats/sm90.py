@@ -19,20 +19,19 @@ So the bytecode is parsed in jaxlib's MLIR with jaxlib's Triton dialect register
 text, and the text is what the wheel parses (its ``.ttir`` input route of ``triton.compile``).
 
 ``triton`` is in the ``test`` extra (``pip install -e .[test]``); nothing here needs a GPU or a
-CUDA driver. Command line (BERT-base's kernel at one shape)::
+CUDA driver. Command line (BERT-base's statistics kernel at one shape; library code takes no
+flags, so it lives in bench/)::
 
-  python -m heads_jax.stats.sm90 [--batch 4 --length 128 --num-warps 4 ...]
+  python bench/sm90_kernels.py [--batch 4 --length 128 --num-warps 4 ...]
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import warnings
 
@@ -220,37 +219,3 @@ def compile_kernels(fn, *args, capability: int = CAPABILITY, **kwargs) -> list[K
     raise ValueError("the program has no Pallas Triton call (was it lowered with Triton "
                      "compiler parameters?)")
   return [compile_call(c, capability) for c in calls]
-
-
-def main(argv=None) -> int:
-  """Compile the statistics kernel of BERT-base shapes (12 heads of 64) offline for sm_90."""
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--batch", type=int, default=4)
-  p.add_argument("--length", type=int, default=128)
-  p.add_argument("--heads", type=int, default=12)
-  p.add_argument("--head-dim", type=int, default=64)
-  p.add_argument("--dtype", default="bfloat16")
-  p.add_argument("--num-warps", type=int, default=None)
-  p.add_argument("--num-stages", type=int, default=None)
-  p.add_argument("--ptx", help="write each kernel's PTX to this folder")
-  args = p.parse_args(argv)
-  try:
-    _require_triton()
-  except RuntimeError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  from heads_jax.stats import kernel
-  fn, shapes = kernel.triton_program(args.batch, args.length, args.heads, args.head_dim,
-                                     args.dtype)
-  for call in triton_calls(export_text(fn, *shapes)):
-    report = compile_call(call, num_warps=args.num_warps, num_stages=args.num_stages)
-    print(report.line())
-    if args.ptx:
-      os.makedirs(args.ptx, exist_ok=True)
-      with open(os.path.join(args.ptx, f"{report.name}.ptx"), "w") as f:
-        f.write(report.ptx)
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -24,6 +24,12 @@ _ENRICHED = ("holds when more {a} heads are {b} heads than the heads' marginal r
              "otherwise; the enrichment (observed over chance) is reported")
 
 
+def _enriched(check: str) -> str:
+  """The overlap rule of the check ``"fine_overlap:A:B"`` (A's heads among B's)."""
+  _, a, b = check.split(":")
+  return _ENRICHED.format(a=a, b=b)
+
+
 _PANDE_FIG3 = (
     Claim("mean_sieve_score", PANDE, "mean of all sieve bias scores (pooled)", 2.8, "float",
           "mean_sieve_score", "finetuned", "pooled",
@@ -117,7 +123,7 @@ _PANDE_FIG4 = (
           measure="of the model's distinct heads (a head counts once: it has a role when it has "
                   "it in some task), the nsubj heads that are also next_local heads, against the "
                   "next_local heads' base rate",
-          rule=_ENRICHED.format(a="nsubj", b="next_local"),
+          rule=_enriched("fine_overlap:nsubj:next_local"),
           check="fine_overlap:nsubj:next_local"),
     Claim("obj_prev_local", PANDE, "dobj heads overlap highly with previous-local heads", None,
           "text", None, "finetuned", "pooled",
@@ -126,7 +132,7 @@ _PANDE_FIG4 = (
                 "dobj-heads have a high overlap with the prev-loc heads.",
           measure="of the model's distinct heads, the obj (dobj) heads that are also prev_local "
                   "heads, against the prev_local heads' base rate",
-          rule=_ENRICHED.format(a="obj", b="prev_local"),
+          rule=_enriched("fine_overlap:obj:prev_local"),
           check="fine_overlap:obj:prev_local"),
     Claim("delimiter_intersect", PANDE, "delimiter heads intersect with the other functional heads",
           None, "text", None, "finetuned", "pooled",

@@ -355,10 +355,11 @@ def _block_factors(pair, role: str) -> str:
   if role != vocab.COARSE_BLOCK:
     return ""
   parts = []
-  plain = _head_changes(pair, "block_plain", "final")
+  plain_role = vocab.PLAIN_TWINS[role]
+  plain = _head_changes(pair, plain_role, "final")
   if plain is not None and plain.size:
     parts.append(f"block_plain {plain.mean():+.2f}")
-  block, plains = _group_means(pair, role, "final"), _group_means(pair, "block_plain", "final")
+  block, plains = _group_means(pair, role, "final"), _group_means(pair, plain_role, "final")
   if block is not None and plains is not None:
     with np.errstate(invalid="ignore", divide="ignore"):
       factor = [float(np.nanmean(b) / np.nanmean(p)) for b, p in zip(block, plains)]
