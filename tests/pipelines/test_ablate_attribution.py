@@ -16,24 +16,13 @@ from heads_jax.errors import UserError
 from heads_jax.model.bert import BertModel
 from heads_jax.model.checkpoint import save_model
 from heads_jax.model.config import config_for
-from heads_jax.model.heads import BertForSequenceClassification
 from heads_jax.pipelines.ablate import AblationConfig, run_ablation
 from tests.pipelines.test_ablate import _stage_states
+from tests.pipelines.test_ablate_causal import tiny_classifier_with_roles
 
 
 def _model(tmp_path):
-  tok = load_tokenizer(None)
-  cfg = config_for("tiny", vocab_size=tok.vocab_size, max_position_embeddings=48,
-                   initializer_range=0.2)
-  save_model(BertForSequenceClassification(cfg, 2, rngs=nnx.Rngs(0)), tmp_path / "m", tok,
-             id2label={0: "not_equivalent", 1: "equivalent"})
-  ana = tmp_path / "analysis"
-  ana.mkdir()
-  rows = [(l, h, role, 1.0, 10, 1.0, 0.5, 0.5, (l, h, role) in {(0, 1, "delimiter"), (1, 2, "local")})
-          for l in range(2) for h in range(4) for role in ("local", "delimiter")]
-  pd.DataFrame(rows, columns=["layer", "head", "role", "mean", "n", "statistic", "p_value",
-                              "p_adjusted", "assigned"]).to_csv(ana / "tests.csv", index=False)
-  return tmp_path / "m", ana
+  return tiny_classifier_with_roles(tmp_path, max_positions=48)
 
 
 @pytest.mark.slow   # attribution, patching and five pruning orders of a tiny classifier
@@ -45,7 +34,7 @@ def test_attribution_patching_and_pruning_run_as_stages_of_the_ablate_job(tmp_pa
                        prune_step=0.5, steps=2, maps=2, random_groups=3, random_seeds=1,
                        max_examples=8, batch_size=4, max_length=40)
   lines = []
-  doc = run_ablation(cfg, log=lines.append)
+  run_ablation(cfg, log=lines.append)
   states = _stage_states(lines)
   assert states == {s: "run" for s in ("baseline", "importance", "attribution",
                                        "patching", "carriers", "head_pruning", "report")}

@@ -15,10 +15,11 @@ from heads_jax.model.heads import BertForSequenceClassification
 from heads_jax.pipelines.ablate import AblationConfig, run_ablation
 
 
-@pytest.mark.slow   # a classifier evaluated for every role and random group (about 30 s)
-def test_role_ablation_runs_the_causal_test(tmp_path):
+def tiny_classifier_with_roles(tmp_path, max_positions: int = 64):
+  """A tiny random MRPC classifier in ``tmp_path/m`` and an analysis folder whose tests.csv
+  assigns delimiter to head 0:1 and local to head 1:2 (2 layers x 4 heads): ``(model, analysis)``."""
   tok = load_tokenizer(None)
-  cfg = config_for("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
+  cfg = config_for("tiny", vocab_size=tok.vocab_size, max_position_embeddings=max_positions,
                    initializer_range=0.2)
   save_model(BertForSequenceClassification(cfg, 2, rngs=nnx.Rngs(0)), tmp_path / "m", tok,
              id2label={0: "not_equivalent", 1: "equivalent"})
@@ -28,6 +29,12 @@ def test_role_ablation_runs_the_causal_test(tmp_path):
           for l in range(2) for h in range(4) for role in ("local", "delimiter")]
   pd.DataFrame(rows, columns=["layer", "head", "role", "mean", "n", "statistic", "p_value",
                               "p_adjusted", "assigned"]).to_csv(ana / "tests.csv", index=False)
+  return tmp_path / "m", ana
+
+
+@pytest.mark.slow   # a classifier evaluated for every role and random group (about 30 s)
+def test_role_ablation_runs_the_causal_test(tmp_path):
+  _, ana = tiny_classifier_with_roles(tmp_path)
   out = tmp_path / "out"
   run_ablation(AblationConfig(model=str(tmp_path / "m"), data="mrpc", out=str(out),
                               analysis=str(ana), by="role", mode="mean", random_groups=3,
