@@ -46,7 +46,7 @@ from flax import nnx
 
 from heads_jax.model import fused_ops
 from heads_jax.model.config import ATTENTION_SETTINGS
-from heads_jax.model.encoder_io import remove_segments
+from heads_jax.model.encoder_io import check_inputs, remove_segments
 from heads_jax.model.flash_attention import flash_attention
 
 GATE_MODES = ("remove", "uniform")
@@ -132,6 +132,21 @@ def resolve_hooks(cfg, hooks: AttentionHooks | None = None, *, attention: str | 
   if hooks.path is None:
     hooks = dataclasses.replace(hooks, path=getattr(cfg, "attention", "auto"))
   return hooks
+
+
+def call_inputs(cfg, hooks: AttentionHooks | None, input_ids, attention_mask=None,
+                token_type_ids=None, *, position_ids=None, segment_ids=None, **keywords):
+  """One model call's checked inputs and hooks, as every family's ``__call__`` starts:
+  `resolve_hooks` with the call's ``keywords``, the inputs checked against ``cfg``
+  (`encoder_io.check_inputs`), the checked gate and segment removal put back into the hooks
+  with the token types as ``segments``. Returns ``(input_ids, mask, types, hooks)``: int32
+  ``[b, q]`` each, then the `AttentionHooks`."""
+  hooks = resolve_hooks(cfg, hooks, **keywords)
+  input_ids, mask, types, gate, removal = check_inputs(
+      cfg, input_ids, attention_mask, token_type_ids, head_gate=hooks.gate,
+      segment_removal=hooks.segment_removal, position_ids=position_ids, segment_ids=segment_ids)
+  return input_ids, mask, types, dataclasses.replace(hooks, gate=gate, segment_removal=removal,
+                                                     segments=types)
 
 
 def fused_implementation(dtype, head_dim: int) -> str:

@@ -109,8 +109,6 @@ attributes of ``fn`` ask the explicit path for more, passed as keywords:
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,10 +117,10 @@ from flax import nnx
 from heads_jax.model import fused_ops
 from heads_jax.model.attention import (  # noqa: F401  (the names callers import from here)
     ATTENTION_PATHS, CHUNK_ELEMENTS, GATE_MODES, QUERY_CHUNK, AttentionHooks, attend,
-    attention_keep, attention_path, flash_preferred, fused_implementation, resolve_hooks, visible,
+    attention_keep, attention_path, call_inputs, flash_preferred, fused_implementation, visible,
     xla_attention)
 from heads_jax.model.config import LAYER_NORM_DTYPES, BertConfig
-from heads_jax.model.encoder_io import LayerOutputs, check_inputs
+from heads_jax.model.encoder_io import LayerOutputs
 
 def _init(cfg: BertConfig):
   return nnx.initializers.normal(stddev=cfg.initializer_range)
@@ -350,14 +348,11 @@ class BertModel(nnx.Module):
       ``attention_reduce``.
     """
     cfg = self.config
-    hooks = resolve_hooks(cfg, hooks, attention=attention, return_attentions=return_attentions,
-                          attention_reduce=attention_reduce, head_gate=head_gate,
-                          gate_mode=gate_mode, segment_removal=segment_removal,
-                          renormalise_segments=renormalise_segments)
-    input_ids, mask, types, gate, removal = check_inputs(
-        cfg, input_ids, attention_mask, token_type_ids, head_gate=hooks.gate,
-        segment_removal=hooks.segment_removal, position_ids=position_ids, segment_ids=segment_ids)
-    hooks = dataclasses.replace(hooks, gate=gate, segment_removal=removal, segments=types)
+    input_ids, mask, types, hooks = call_inputs(
+        cfg, hooks, input_ids, attention_mask, token_type_ids, position_ids=position_ids,
+        segment_ids=segment_ids, attention=attention, return_attentions=return_attentions,
+        attention_reduce=attention_reduce, head_gate=head_gate, gate_mode=gate_mode,
+        segment_removal=segment_removal, renormalise_segments=renormalise_segments)
     if position_ids is not None:
       position_ids = jnp.asarray(position_ids, jnp.int32)
     if segment_ids is not None:

@@ -48,16 +48,15 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from heads_jax.contract import TERM_NAMES
-from heads_jax.model.attention import AttentionHooks, attend, resolve_hooks
+from heads_jax.model.attention import AttentionHooks, attend, call_inputs
 from heads_jax.model.bert import Layer as BertLayer, SelfAttention, activation, dense, layer_norm
 from heads_jax.model.config import ACTIVATIONS, BertConfig, check_activation, hf_encoder_fields
-from heads_jax.model.encoder_io import LayerOutputs, check_inputs
+from heads_jax.model.encoder_io import LayerOutputs
 
 TERMS = TERM_NAMES  # the order of term_shares (measures.npz: term_names)
 ATTENTION_PATHS = ("auto", "explicit", "xla")
@@ -407,17 +406,14 @@ class DebertaModel(nnx.Module):
     (``attention`` None: the config's ``attention`` where it has one, else ``"auto"``), plus ``return_term_shares``: add ``term_shares`` float32
     ``[b, l, h, 3]`` (``TERMS``; module docstring)."""
     cfg = self.config
-    hooks = resolve_hooks(cfg, hooks, attention=attention, return_attentions=return_attentions,
-                          attention_reduce=attention_reduce, head_gate=head_gate,
-                          gate_mode=gate_mode, segment_removal=segment_removal,
-                          renormalise_segments=renormalise_segments)
+    input_ids, mask, types, hooks = call_inputs(
+        cfg, hooks, input_ids, attention_mask, token_type_ids, attention=attention,
+        return_attentions=return_attentions, attention_reduce=attention_reduce,
+        head_gate=head_gate, gate_mode=gate_mode, segment_removal=segment_removal,
+        renormalise_segments=renormalise_segments)
     if hooks.path not in ATTENTION_PATHS:
       raise ValueError(f"attention must be one of {ATTENTION_PATHS} for DeBERTa (cuDNN's flash "
                        f"attention takes no relative-position bias here), got {hooks.path!r}")
-    input_ids, mask, types, gate, removal = check_inputs(
-        cfg, input_ids, attention_mask, token_type_ids, head_gate=hooks.gate,
-        segment_removal=hooks.segment_removal)
-    hooks = dataclasses.replace(hooks, gate=gate, segment_removal=removal, segments=types)
     q = input_ids.shape[1]
 
     x = self.embeddings(input_ids, types, mask, deterministic=deterministic)

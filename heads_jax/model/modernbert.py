@@ -33,17 +33,16 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from heads_jax.errors import UserError
-from heads_jax.model.attention import (ATTENTION_PATHS, AttentionHooks, attend, resolve_hooks,
+from heads_jax.model.attention import (ATTENTION_PATHS, AttentionHooks, attend, call_inputs,
                                        visible)
 from heads_jax.model.bert import activation
 from heads_jax.model.config import ALL_FAMILIES, ConfigMethods, check_activation
-from heads_jax.model.encoder_io import LayerOutputs, check_inputs
+from heads_jax.model.encoder_io import LayerOutputs
 
 FAMILY = "modernbert"
 _PATHS = tuple(p for p in ATTENTION_PATHS if p != "flash")
@@ -372,14 +371,11 @@ class ModernBertModel(nnx.Module):
     ``[l + 1, b, q, d]`` are the embeddings and each layer's output (before the final norm:
     entry ``i`` is layer ``i``'s input); ``last_hidden_state`` is after the final norm."""
     cfg = self.config
-    hooks = resolve_hooks(cfg, hooks, attention=attention, return_attentions=return_attentions,
-                          attention_reduce=attention_reduce, head_gate=head_gate,
-                          gate_mode=gate_mode, segment_removal=segment_removal,
-                          renormalise_segments=renormalise_segments)
-    input_ids, mask, types, gate, removal = check_inputs(
-        cfg, input_ids, attention_mask, token_type_ids, head_gate=hooks.gate,
-        segment_removal=hooks.segment_removal, position_ids=position_ids, segment_ids=segment_ids)
-    hooks = dataclasses.replace(hooks, gate=gate, segment_removal=removal, segments=types)
+    input_ids, mask, types, hooks = call_inputs(
+        cfg, hooks, input_ids, attention_mask, token_type_ids, position_ids=position_ids,
+        segment_ids=segment_ids, attention=attention, return_attentions=return_attentions,
+        attention_reduce=attention_reduce, head_gate=head_gate, gate_mode=gate_mode,
+        segment_removal=segment_removal, renormalise_segments=renormalise_segments)
     positions = None if position_ids is None else jnp.asarray(position_ids, jnp.int32)
     segment_ids = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
     x = self.embeddings(input_ids, deterministic=deterministic)
