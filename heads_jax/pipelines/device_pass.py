@@ -67,20 +67,17 @@ def pass_packing(batches, *, length: int, rows: int, window: int | None):
                       window=max(int(window or 0), rows), short_length=length // 2)
 
 
-def packed_pass_batches(batches, step, *, length: int, rows: int, window: int | None,
-                        later=(), later_lengths=()):
+def packed_pass_batches(batches, step, *, length: int, rows: int, window: int | None, later=()):
   """The first pass's batches packed (``pass_packing``), produced ``ahead``; the first batch of
-  each shape starts its compilation (``step.precompile(b, k, slots=...)``) and, once, the
-  second pass's unpacked shapes (``later_lengths`` x ``rows``) behind it."""
-  started = []
+  each shape starts its compilation (``step.precompile(b, k, slots=...)``) and, behind it, that
+  of the second pass (``later``), which packs the same shapes (`pipelines.robustness`; a shape
+  it runs map-free, unpacked, it compiles when it meets it)."""
 
   def on_shape(b, k):
-    step.precompile(b, k, slots=row_slots(k, length, PACK_SLOTS))
-    if not started:
-      started.append(True)
-      for other in later:
-        for n in later_lengths:
-          other.precompile(rows, n, priority=1)
+    slots = row_slots(k, length, PACK_SLOTS)
+    step.precompile(b, k, slots=slots)
+    for other in later:
+      other.precompile(b, k, priority=1, slots=slots)
 
   return ahead(pass_packing(batches, length=length, rows=rows, window=window), on_shape)
 
@@ -175,7 +172,7 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
       raise ValueError(f"data spec {spec!r} holds no examples{dropped}; check the file or the split")
     if getattr(cfg, "pack", True) and step.packs_for(rows, cfg.max_length):
       batches = packed_pass_batches(batches, step, length=cfg.max_length, rows=rows,
-                                    window=cfg.sort_window, later=later, later_lengths=lengths)
+                                    window=cfg.sort_window, later=later)
     else:
       batches = pass_batches(batches, lengths, steps=[step], later=later)
     result = collect(step, batches, n, roles=roles, progress=progress, desc=f"analyse {spec}",
