@@ -705,3 +705,36 @@ def test_a_cluster_failing_the_reference_is_dropped_first():
   assert got["margins"][3] == pytest.approx((0.3 - 0.40) / 0.1)
   with pytest.raises(ValueError, match="four clusters"):
     clustering.name_types(x[:24], np.repeat(np.arange(3), 8), ref)
+
+
+def test_reported_details_by_hand():
+  """k must be a positive integer (1 is); a windowed model's layers are named in the reference;
+  stable fits agree in all fits; no stability from zero fits; no t-SNE under 3 heads; each
+  cluster's masses are its members' mean, the outliers left out."""
+  x, _ = _planted(per=6, b=1, noise=0.002)
+  for bad in (0, 1.5):
+    with pytest.raises(ValueError, match="k must be"):
+      clustering.cluster_heads(x, k=bad)
+  _, info = clustering.cluster_heads(x, k=1, n_init=1, tsne=False, stability_fits=0)
+  assert info["sizes"] == [24]
+  _, info = clustering.cluster_heads(x, n_init=2, tsne=False, stability_fits=3,
+                                     windows=(None, 64, None, 64))
+  assert info["reference"]["windowed_layers"]["layers"] == [1, 3]
+  assert info["stability_all_fits"] == 1.0
+  f = clustering.head_features(x)
+  labels = clustering.fit_types(f, 4)[0].predict(f)
+  assert clustering.clustering_stability(f, labels, 4, fits=3, all_fits=True) == 1.0
+  assert clustering.stability_labels(f, labels, 4, fits=0) is None
+  assert clustering.stability_labels(f, labels, 4, fits=1).shape == (1, 24)
+  emb, perplexity = clustering.tsne_embedding(f[:2])
+  assert perplexity is None and not emb.any()
+  xe, _ = _local_extremes_and_types()
+  df, info = clustering.cluster_heads(xe.reshape(1, 1, 63, 21), n_init=4, tsne=False,
+                                      stability_fits=0)
+  masses = np.asarray(info["head_masses"])
+  out = {o["head"] for o in info["outliers"]}
+  assert out
+  cluster = df["cluster"].to_numpy()
+  for c, row in enumerate(info["naming"]):
+    sel = [i for i in range(63) if cluster[i] == c and i not in out]
+    np.testing.assert_allclose(row[:3], masses[sel].mean(0), rtol=1e-9)
