@@ -77,7 +77,8 @@ def add_args(p):
   g.add_argument("--patching", action="store_true",
                  help="activation patching of every head (corrupted output into the clean run) "
                       "and attribution patching beside it")
-  g.add_argument("--steps", type=int, default=20, help="--attribution: Riemann steps m (default 20, the paper's)")
+  g.add_argument("--steps", type=int, default=20, help="--attribution: Riemann steps m (default 20: Hao et al.'s m as issue 51 "
+                      "states it; their text is not in shared/papers)")
   g.add_argument("--objective", choices=("probability", "log_probability", "logit"),
                  default="probability",
                  help="--attribution: F, the predicted class's probability (default, as the authors' code), log-probability or logit")

@@ -78,8 +78,8 @@ def check_task_head(model) -> str:
 
 def check_steps(steps) -> int:
   if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-    raise UserError(f"--steps {steps}: the integral needs m >= 1 Riemann steps (the paper's "
-                    f"m = {DEFAULT_STEPS})")
+    raise UserError(f"--steps {steps}: the integral needs m >= 1 Riemann steps (default "
+                    f"m = {DEFAULT_STEPS}, Hao et al.'s as issue 51 states it)")
   return int(steps)
 
 
