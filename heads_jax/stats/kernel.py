@@ -8,7 +8,7 @@ results of a query block, ``[T, 64]``):
 * ``"triton"`` (GPU): a Pallas call with grid ``(b, q / T, h / g)``, g heads a program; Triton
   compiler parameters (without them Pallas picks Mosaic GPU). Triton wants power-of-two loads:
   the key axis is padded to one. By default (``TRITON_DEFAULTS``, the tile that passes the
-  offline sm_90 gate of ``heads_jax.stats.sm90``) one head a program, 8 warps, and the key loop
+  offline sm_90 gate of ``heads_jax.stats.sm90``) one head a program, 16 warps, and the key loop
   over tiles of 32 keys in two passes (``tile.head_rows_blocked``: the row maximum and Z, then
   every sum tile by tile; the key-tile loads are what Triton's pipeliner prefetches). With more
   heads a program, what they share (``tile.block_setup``: the contraction's right-hand side, the
@@ -23,10 +23,13 @@ results of a query block, ``[T, 64]``):
   heads: the largest temporary is ``[b, h, G T, k]``, so memory is linear in the sequence length
   (``tests/stats/test_kernel.py`` checks the compiled program's buffers at 8,192 positions).
 
-The Pallas programs write the per-row results ``[b, h, k, 64]`` (linear in the length: 50 MB a
-layer for BERT-base at 128 x 128) and XLA turns them into the channels and their per-query
-weighted sums (``tile.channel_values``); in-kernel per-channel reductions cost more (the first
-device run: 47 column splits and cross-thread sums per head).
+Every wrapper ends each head's query block in the same epilogue (``tile.head_partials``, issue
+50 item 1): the block's per-row results become the weighted sums of the epilogue's parts
+(``tile.epilogue_layout``: which lanes each part adds, with one product ``X @ sel``; each part's
+per-query weight from ``kernel_tables``, shared by all heads of the block; one sum over the
+rows), so a program writes ``[S, C]`` partial sums (C = 64 parts, S = 1 or the slots of a packed
+row), not ``[T, 64]`` rows, and XLA only adds the partials over the query blocks and merges the
+parts into the channels (``tile.merge_parts``). How a wrapper runs is one ``KernelSettings``.
 
 Packed rows (several sequences a row, ``segment_ids``; ``slots`` in ``kernel_tables``): every
 table is each sequence's own, a query attends only its own sequence's keys (``tile.key_mask``),
@@ -40,8 +43,9 @@ block and memory semantics. ``kernel_layer_stats`` returns what
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +58,7 @@ from heads_jax.data.vocabulary import (TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKE
 from heads_jax.parallel import DATA_AXIS
 from heads_jax.sieves import check_direction, check_roles, segment_positions, segments_of
 from heads_jax.stats import tile
-from heads_jax.stats.channels import channel_weights, num_channels, split_channels
+from heads_jax.stats.channels import channel_weights, split_channels
 from heads_jax.stats.fused import target_platform
 from heads_jax.stats.layerwise import block_columns, slot_onehot
 
@@ -86,13 +90,62 @@ TRITON_STATIC = 2
 # offline sm_90 compile (``heads_jax.stats.sm90``, ``tests/stats/test_sm90.py``: at most 128
 # registers, no spills, an asynchronous load): one head a program (heads on the grid), the key
 # loop over blocks of 32 keys (an explicit key-tile load inside a loop, which Triton's pipeliner
-# prefetches with cp.async), 8 warps: 128 registers, 0 spills, cp.async (BERT-base, 128
-# positions, bf16). The last device-measured setting, ``TRITON_MEASURED`` (all keys at once, the
+# prefetches with cp.async), 16 warps: 113 registers, 0 spills, cp.async (BERT-base, 128
+# positions, bf16, the epilogue in the kernel; at 8 warps its [16, 64] x [64, 64] product, whose
+# left operand every warp holds whole, takes the program to 152 registers). The last device-measured setting, ``TRITON_MEASURED`` (all keys at once, the
 # 12 heads of a block in one program, 4 warps: 255 registers, 256-454 B spilled, no asynchronous
 # copy; 13.38 ms a step on the H200), stays beside it in ``bench/analysis_ab.py`` until a device
 # has timed the two.
-TRITON_DEFAULTS = {"block_k": 32, "heads_per_program": 1, "num_warps": 8}
+TRITON_DEFAULTS = {"block_k": 32, "heads_per_program": 1, "num_warps": 16}
 TRITON_MEASURED = {"block_k": ONE_PASS_KEYS, "heads_per_program": "all", "num_warps": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSettings:
+  """How kernel v2 runs (issue 50 item 8: one typed object, one definition of its options; the
+  what, roles, direction and measures, are the statistics'). Every field None takes the
+  default.
+
+  Fields:
+    wrapper: ``"triton"``, ``"mosaic"`` or ``"xla"`` (default ``default_wrapper(platform)``).
+    platform: the platform compiled for (``"cpu"``, ``"gpu"``/``"cuda"``, ``"tpu"``; default
+      JAX's default backend).
+    block_q: query rows per tile (default ``BLOCK_Q[wrapper]``, at most the padded length).
+    interpret: run a Pallas wrapper in the interpreter (``True``, or for ``"mosaic"`` a
+      ``pltpu.InterpretParams()``); default: when ``platform`` is not the wrapper's.
+    contraction: ``"hilo"`` (bf16 halves, the default) or ``"float32"``.
+    num_warps, num_stages: the Triton program's warps (default ``TRITON_DEFAULTS``) and pipeline
+      stages (default Triton's).
+    block_k: the Triton program's keys per step (default ``TRITON_DEFAULTS``: the key loop over
+      blocks of 32; ``ONE_PASS_KEYS`` holds all keys at once up to that length, ``key_block``).
+    static: the Triton one-pass program's window corrections built once per block for all heads
+      (``tile.block_setup``; further ones are built per head where a sequence needs them).
+    heads_per_program: heads per Triton program (default ``TRITON_DEFAULTS``: one, heads on the
+      grid; ``"all"``: one program a query block, building its setup once for all heads).
+    blocks_per_step: query blocks per ``lax.scan`` step of the ``"xla"`` wrapper (default 1 on
+      CPUs, 32 elsewhere: fewer, larger steps; memory ``[b, h, 16 G, k]``).
+  """
+  wrapper: str | None = None
+  platform: str | None = None
+  block_q: int | None = None
+  interpret: Any = None
+  contraction: str = "hilo"
+  num_warps: int | None = None
+  num_stages: int | None = None
+  block_k: int | None = None
+  static: int = TRITON_STATIC
+  heads_per_program: int | str | None = None
+  blocks_per_step: int | None = None
+
+  @classmethod
+  def of(cls, settings: "KernelSettings | None" = None, **options) -> "KernelSettings":
+    """``settings`` (default: the defaults) with ``options`` (its field names) replaced; a clear
+    TypeError for a name that is no field."""
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+      raise TypeError(f"unknown kernel setting(s) {unknown}; KernelSettings has "
+                      f"{[f.name for f in dataclasses.fields(cls)]}")
+    return dataclasses.replace(settings or cls(), **options)
 
 
 def key_block(kp: int, block_k: int | None = None) -> int:
@@ -209,17 +262,30 @@ def sieve_sizes(batch, roles: Sequence[str], direction: str = "dep2head", slots:
   return jnp.round(jnp.stack(sizes, axis=1)).astype(jnp.int32)
 
 
+def _indicator(indicator, tc, tt, rel):
+  """A part's per-query indicator (``tile.IND_*``), float32 ``[b, k]`` (or the scalar 1)."""
+  if indicator == tile.IND_ONE:
+    return 1.0
+  if indicator in (tile.IND_TYPE0, tile.IND_TYPE1):
+    return ((tt == 0) == (indicator == tile.IND_TYPE0)).astype(jnp.float32)
+  kind, arg = indicator
+  if kind == "rel":
+    return functools.reduce(jnp.logical_or, [rel == r for r in arg]).astype(jnp.float32)
+  return (tc == arg).astype(jnp.float32)                                   # "class"
+
+
 def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", measures: bool = False,
-                  keys: int | None = None, channels: int | None = None, slots: int = 0) -> dict:
+                  keys: int | None = None, slots: int = 0) -> dict:
   """The per-batch inputs of the tile (built once per batch, on the device).
 
   Returns ``q_info`` int32 ``[b, kp, Q_COLS]``, ``k_rows`` int32 ``[b, K_ROWS, kp]``,
   ``k_cols`` int32 ``[b, kp, K_ROWS]``, ``e_table`` float32 ``[b, kp, E_COLS]``, ``weights``
-  float32 ``[b, kp, cp]`` (each channel's per-query weight, ``fused.channel_weights``) and
-  ``count`` ``[b, r]``; kp = ``keys`` (default k; padding positions are never real), cp =
-  ``channels`` (default: the next power of two of the channel count). With ``slots`` S (a packed
-  batch: ``segment_ids``) every table is of each position's own sequence, ``count`` is
-  ``[b, S, r]`` and ``slots`` float32 ``[b, kp, S]`` says which slot each query feeds.
+  float32 ``[b, kp, C]`` (each epilogue part's per-query weight: its channel's,
+  ``channels.channel_weights``, times the part's indicator; ``tile.epilogue_layout``) and
+  ``count`` ``[b, r]``; kp = ``keys`` (default k; padding positions are never real). With
+  ``slots`` S (a packed batch: ``segment_ids``) every table is of each position's own sequence,
+  ``count`` is ``[b, S, r]`` and ``slots`` float32 ``[b, kp, S]`` says which slot each query
+  feeds.
   """
   roles = check_roles(roles)
   tile.tile_roles(roles)                          # fails early on a role the tile lacks
@@ -250,15 +316,13 @@ def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", meas
                        block[..., 1], col(tc == TOKEN_CLS), col(first | (tc == TOKEN_SEP))],
                       axis=-1)
   e_table = jnp.pad(e_table, ((0, 0), (0, 0), (0, tile.E_COLS - e_table.shape[-1])))
-  weights, count = channel_weights(batch, roles, direction, measures,
-                                   sizes=sieve_sizes(batch, roles, direction, slots),
-                                   slots=slots)                            # [b, c, q]
-  weights = jnp.transpose(weights, (0, 2, 1))                              # [b, q, c]
-  c = weights.shape[-1]
-  cp = _next_pow2(c) if channels is None else int(channels)
-  if cp < c:
-    raise ValueError(f"channels {cp} must be at least the channel count {c}")
-  weights = jnp.pad(weights, ((0, 0), (0, 0), (0, cp - c)))
+  channel_w, count = channel_weights(batch, roles, direction, measures,
+                                     sizes=sieve_sizes(batch, roles, direction, slots),
+                                     slots=slots)                          # [b, c, q]
+  layout = tile.epilogue_layout(roles, direction, measures)
+  weights = jnp.stack([channel_w[:, c] * _indicator(ind, tc, tt, rel) for c, ind in layout.parts],
+                      axis=-1)                                             # [b, q, parts]
+  weights = jnp.pad(weights, ((0, 0), (0, 0), (0, layout.width - weights.shape[-1])))
   if kp != k:
     extra = kp - k
     pad_q = jnp.asarray([TOKEN_PAD, 0, -2, -2, 0, 0, -1, 0][:tile.Q_COLS], jnp.int32)
@@ -278,50 +342,33 @@ def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", meas
   return out
 
 
-def _row_fns(roles, direction, measures, scale, packed=False):
-  """The tile's ``head_rows`` and ``channel_values`` for these settings (``packed``: rows of
-  several sequences, ``tile.key_mask``)."""
-  roles = tile.tile_roles(roles)
-  rows = functools.partial(tile.head_rows, roles=roles, direction=direction, scale=scale,
-                           packed=bool(packed))
-  channels = functools.partial(tile.channel_values, roles=roles, direction=direction,
-                               measures=measures)
-  return rows, channels
+def _rows_fn(roles, direction, scale, packed=False):
+  """The tile's ``head_rows`` for these settings (``packed``: rows of several sequences,
+  ``tile.key_mask``)."""
+  return functools.partial(tile.head_rows, roles=tile.tile_roles(roles), direction=direction,
+                           scale=scale, packed=bool(packed))
 
 
-SUMS = ("einsum", "reduce")
+def _epilogue_inputs(layout: tile.Epilogue, contraction: str):
+  """The epilogue's static tables as arrays a Pallas call takes (it captures no array
+  constants): ``sel`` in the contraction's dtype, ``factors`` float32."""
+  dtype = jnp.bfloat16 if contraction == "hilo" else jnp.float32
+  return jnp.asarray(layout.sel, dtype), jnp.asarray(layout.factors)
 
 
-def _weighted(raw, q_info, weights, channels_fn, block_q, channels, sums: str = "einsum",
-              slots=None):
-  """``sum_t weights[t, c] * channel_c(raw)[t]``: raw ``[b, h, t, E_COLS]``, q_info
-  ``[b, t, Q_COLS]``, weights ``[b, t, cp]`` -> ``[b, h, c]`` (XLA, on the kernel's rows), or
-  with ``slots`` (a packed batch's slot one-hot ``[b, t, S]``) per sequence slot ``[b, h, S, c]``.
-  ``sums``: ``"einsum"`` (a float32 contraction over t of the channels), ``"reduce"`` (a product
-  and a sum over t, which XLA may fuse with the channels' arithmetic: one pass over ``raw``)."""
-  if sums not in SUMS:
-    raise ValueError(f"sums must be one of {SUMS}, got {sums!r}")
-  t = raw.shape[2]
-  qi = tuple(q_info[:, None, :, j:j + 1] for j in range(tile.Q_COLS))      # [b, 1, t, 1]
-  row = (jnp.arange(t, dtype=jnp.int32) % block_q)[None, None, :, None]
-  vals = jnp.concatenate(channels_fn(raw, qi, row), axis=-1)               # [b, h, t, c]
-  if slots is not None:
-    return jnp.einsum("bhtc,btc,bts->bhsc", vals, weights[..., :channels], slots,
-                      precision=jax.lax.Precision.HIGHEST)
-  if sums == "reduce":
-    return jnp.sum(vals * weights[:, None, :, :channels], axis=2)
-  return jnp.einsum("bhtc,btc->bhc", vals, weights[..., :channels],
-                    precision=jax.lax.Precision.HIGHEST)
+def _factor_rows(f_ref):
+  """The factor table's rows ``[1, C]`` each, loaded from its ref (``tile.head_partials``)."""
+  return tuple(f_ref[pl.ds(j, 1), :] for j in range(tile.FACTOR_ROWS))
 
 
 # ------------------------------------------------------------------------------------------------
-# The three wrappers: each returns the per-row results [b, h, kp, E_COLS] of every head (the
-# Pallas ones), or directly the weighted sums [b, h, c] (XLA, block by block)
+# The three wrappers: each returns every head's partial sums of the epilogue's parts,
+# float32 [b, h, P, S, C] (P groups of query blocks, S = 1 unpacked or the slots, C parts)
 
-def _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, channels,
-              blocks_per_step: int = 1):
+def _xla_partials(query, key, tables, rows_fn, layout, block_q, contraction,
+                  blocks_per_step: int = 1):
   """``lax.scan`` over groups of query blocks, each block's tile vectorised over sequences and
-  heads; the channels and their weighted sums per group, so nothing of size k x k is kept."""
+  heads and its epilogue (``tile.head_partials``) after it, so nothing of size k x k is kept."""
   b, kp, h, e = query.shape
   nq = kp // block_q
   group = max(1, min(int(blocks_per_step), nq))
@@ -329,175 +376,183 @@ def _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, ch
     group -= 1
   q_info, k_rows, k_cols = tables["q_info"], tables["k_rows"], tables["k_cols"]
   e_table, weights, slots = tables["e_table"], tables["weights"], tables.get("slots")
+  sel, factors = _epilogue_inputs(layout, contraction)
+  factors = tuple(factors[j:j + 1] for j in range(tile.FACTOR_ROWS))
   kr = tuple(k_rows[:, j:j + 1, :] for j in range(tile.K_ROWS))            # [b, 1, kp]
   kc = tuple(k_cols[:, :, j:j + 1] for j in range(tile.K_ROWS))            # [b, kp, 1]
   keys = jnp.transpose(key, (0, 2, 1, 3))                                  # [b, h, kp, e]
+  row = jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
 
-  def one_block(qb, kk, qi, kr_, kc_, et, t0):
+  def one_block(qb, kk, qi, kr_, kc_, et, w, sl, t0):
     setup = tile.block_setup(kr_, kc_, et, qi[tile.Q_N], t0, block_q, contraction)
-    return jax.vmap(lambda q_, k_: rows_fn(q_, k_, setup, qi, kr_))(qb, kk)  # [h, T, E]
 
-  per_seq = jax.vmap(one_block, in_axes=(0, 0, 0, 0, 0, 0, None))
-  per_group = jax.vmap(per_seq, in_axes=(1, None, 1, None, None, None, 0), out_axes=2)
+    def one_head(q_, k_):
+      raw = rows_fn(q_, k_, setup, qi, kr_)
+      return tile.head_partials(raw, w, sel, factors, row, sl, contraction)
+    return jax.vmap(one_head)(qb, kk)                                      # [h, S, C]
+
+  per_seq = jax.vmap(one_block, in_axes=(0, 0, 0, 0, 0, 0, 0, 0 if slots is not None else None,
+                                         None))
+  per_group = jax.vmap(per_seq, in_axes=(1, None, 1, None, None, None, 1,
+                                         1 if slots is not None else None, 0))
 
   def step(acc, i):
     t0 = i * (group * block_q)
     span = group * block_q
-    qb = jax.lax.dynamic_slice_in_dim(query, t0, span, axis=1)              # [b, G T, h, e]
-    qb = jnp.transpose(qb.reshape(b, group, block_q, h, e), (0, 1, 3, 2, 4))  # [b, G, h, T, e]
-    qi_all = jax.lax.dynamic_slice_in_dim(q_info, t0, span, axis=1)         # [b, G T, Q]
-    qi = tuple(qi_all.reshape(b, group, block_q, tile.Q_COLS)[..., j:j + 1]
-               for j in range(tile.Q_COLS))                                 # [b, G, T, 1]
+    cut = lambda x: jax.lax.dynamic_slice_in_dim(x, t0, span, axis=1).reshape(  # noqa: E731
+        (b, group, block_q) + x.shape[2:])
+    qb = jnp.transpose(cut(query), (0, 1, 3, 2, 4))                        # [b, G, h, T, e]
+    qi_all = cut(q_info)                                                   # [b, G, T, Q]
+    qi = tuple(qi_all[..., j:j + 1] for j in range(tile.Q_COLS))
+    sl = None if slots is None else cut(slots)
     starts = t0 + block_q * jnp.arange(group)
-    raw = per_group(qb, keys, qi, kr, kc, e_table, starts)                  # [b, h, G, T, E]
-    raw = raw.reshape(b, h, span, tile.E_COLS)
-    w = jax.lax.dynamic_slice_in_dim(weights, t0, span, axis=1)
-    sl = None if slots is None else jax.lax.dynamic_slice_in_dim(slots, t0, span, axis=1)
-    return acc + _weighted(raw, qi_all, w, channels_fn, block_q, channels, slots=sl), None
+    parts = per_group(qb, keys, qi, kr, kc, e_table, cut(weights), sl, starts)  # [G, b, h, S, C]
+    return acc + jnp.sum(parts, axis=0), None
 
-  shape = (b, h, channels) if slots is None else (b, h, slots.shape[-1], channels)
+  shape = (b, h, 1 if slots is None else slots.shape[-1], layout.width)
   sums, _ = jax.lax.scan(step, jnp.zeros(shape, jnp.float32), jnp.arange(nq // group))
-  return sums
+  return sums[:, :, None]
 
 
-def _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret, num_warps,
-                num_stages=None, block_k=None, keys_outer=True, static=TRITON_STATIC,
-                heads_per_program=None):
-  """The Triton program: grid ``(b, q / T, h / g)``, each program looping over g heads
-  (``heads_per_program``, default all: the block's setup is then built once for all); all keys
-  at once (``tile.head_rows``) when ``block_k`` is the key axis, else key blocks of ``block_k``
-  in two passes (``tile.head_rows_blocked``, the same ``rows_fn`` settings). ``keys_outer``:
-  the second pass loops over key blocks outside the heads, so each block's ``block_setup`` is
-  built once for all heads; each head's sums then wait in its output rows (the log-sum-exp in
-  column ``tile.R_LSE``)."""
+def _slot_width(slots: int) -> int:
+  """The slot one-hot's columns in a Triton program: a power of two of at least 16 (the smallest
+  Triton product)."""
+  return max(16, _next_pow2(slots))
+
+
+def _triton_partials(query, key, tables, rows_fn, layout, block_q, settings: "KernelSettings",
+                     interpret):
+  """The Triton program: grid ``(b, q / T, h / g)``, each program one query block, looping over
+  g heads (``settings.heads_per_program``; with several, the block's setup is built once for
+  all); a packed row's block writes its partial sums per slot (P = q / T). All keys at once
+  (``tile.head_rows``) when the key block is the key axis, else key blocks in two passes
+  (``tile.head_rows_blocked``). Each head's block ends in ``tile.head_partials``."""
   from jax.experimental.pallas import triton as pl_triton
   b, kp, heads, e = query.shape
-  h = heads if heads_per_program in (None, "all") else int(heads_per_program)
+  per = settings.heads_per_program
+  h = heads if per in (None, "all") else int(per)
   if h < 1 or heads % h:
-    raise ValueError(f"heads_per_program must divide the {heads} heads, got {heads_per_program}")
+    raise ValueError(f"heads_per_program must divide the {heads} heads, got {per}")
+  contraction = settings.contraction
   nq = kp // block_q
-  block_k = kp if block_k is None else block_k
+  packed = "slots" in tables
+  block_k = key_block(kp, settings.block_k)
   blocks = kp // block_k
-  settings = rows_fn.keywords
-  blocked = functools.partial(tile.head_rows_blocked, contraction=contraction, **settings)
+  scores_settings = rows_fn.keywords
+  blocked = functools.partial(tile.head_rows_blocked, contraction=contraction, **scores_settings)
+  sel, factors = _epilogue_inputs(layout, contraction)
+  width = layout.width
+  slots_in = ()
+  s_out = 1
+  if packed:
+    s_out = tables["slots"].shape[-1]
+    pad = _slot_width(s_out) - s_out
+    slots_in = (jnp.pad(tables["slots"], ((0, 0), (0, 0), (0, pad))),)
+  s_width = _slot_width(s_out) if packed else 1
+  row = lambda: jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)      # noqa: E731
 
-  def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, o_ref):
+  def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, w_ref, sel_ref, f_ref, *refs):
+    st_ref, o_ref = refs if packed else (None, refs[0])
+    if blocks == 1:
+      kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
+      kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
+
+    def load_keys(hd, i):
+      ks = pl.ds(pl.multiple_of(i * block_k, block_k), block_k)
+      return (k_ref[ks, hd, :], tuple(kr_ref[pl.ds(j, 1), ks] for j in range(tile.K_ROWS)),
+              tuple(kc_ref[ks, pl.ds(j, 1)] for j in range(tile.K_ROWS)), e_ref[ks, :])
+
     qi = tuple(qi_ref[:, pl.ds(j, 1)] for j in range(tile.Q_COLS))
     n = qi[tile.Q_N]              # the rows' lengths: block_setup takes the shortest (J(n))
     t0 = pl.program_id(1) * block_q
     if blocks == 1:
-      kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
-      kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
-      setup = tile.block_setup(kr, kc, e_ref[...], n, t0, block_q, contraction, static=static)
+      setup = tile.block_setup(kr, kc, e_ref[...], n, t0, block_q, contraction,
+                               static=settings.static)
 
-      def one_head(hd, carry):
-        o_ref[hd, :, :] = rows_fn(q_ref[:, hd, :], k_ref[:, hd, :], setup, qi, kr)
-        return carry
-    else:
-      def load_keys(hd, i):
-        ks = pl.ds(pl.multiple_of(i * block_k, block_k), block_k)
-        return (k_ref[ks, hd, :], tuple(kr_ref[pl.ds(j, 1), ks] for j in range(tile.K_ROWS)),
-                tuple(kc_ref[ks, pl.ds(j, 1)] for j in range(tile.K_ROWS)), e_ref[ks, :])
-
-      if keys_outer:
-        tile.check_blocked(settings["roles"])
-        _keys_outer(q_ref, o_ref, load_keys, h, blocks, block_k, block_q, qi, n, t0,
-                    contraction, settings)
-        return
-
-      def one_head(hd, carry):
-        o_ref[hd, :, :] = blocked(q_ref[:, hd, :], functools.partial(load_keys, hd), blocks,
-                                  block_k, qi, n, t0)
-        return carry
+    def one_head(hd, carry):
+      if blocks == 1:
+        raw = rows_fn(q_ref[:, hd, :], k_ref[:, hd, :], setup, qi, kr)
+      else:
+        raw = blocked(q_ref[:, hd, :], functools.partial(load_keys, hd), blocks, block_k, qi, n,
+                      t0)
+      # the epilogue's tables loaded after the key loop (not live across it: registers)
+      o_ref[hd, :, :] = tile.head_partials(raw, w_ref[...], sel_ref[...], _factor_rows(f_ref),
+                                           row(), st_ref[...] if packed else None, contraction)
+      return carry
 
     jax.lax.fori_loop(0, h, one_head, 0)
 
-  return pl.pallas_call(
+  grid = (b, nq, heads // h)
+  table = lambda cols: pl.BlockSpec((None, block_q, cols), lambda bi, pi, gi: (bi, pi, 0))  # noqa: E731
+  whole = lambda *shape: pl.BlockSpec(shape, lambda bi, pi, gi: (0,) * len(shape))  # noqa: E731
+  out = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((b, heads, kp, tile.E_COLS), jnp.float32),
-      grid=(b, nq, heads // h),
+      out_shape=jax.ShapeDtypeStruct((b, heads, nq, s_width, width), jnp.float32),
+      grid=grid,
       in_specs=[
-          pl.BlockSpec((None, block_q, h, e), lambda bi, qi, gi: (bi, qi, gi, 0)),
-          pl.BlockSpec((None, kp, h, e), lambda bi, qi, gi: (bi, 0, gi, 0)),
-          pl.BlockSpec((None, block_q, tile.Q_COLS), lambda bi, qi, gi: (bi, qi, 0)),
-          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi, qi, gi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi, qi, gi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi, qi, gi: (bi, 0, 0)),
-      ],
-      out_specs=pl.BlockSpec((None, h, block_q, tile.E_COLS),
-                             lambda bi, qi, gi: (bi, gi, qi, 0)),
+          pl.BlockSpec((None, block_q, h, e), lambda bi, pi, gi: (bi, pi, gi, 0)),
+          pl.BlockSpec((None, kp, h, e), lambda bi, pi, gi: (bi, 0, gi, 0)),
+          table(tile.Q_COLS),
+          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi, pi, gi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi, pi, gi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi, pi, gi: (bi, 0, 0)),
+          table(width),
+          whole(tile.E_COLS, width),
+          whole(tile.FACTOR_ROWS, width),
+      ] + ([table(s_width)] if packed else []),
+      out_specs=pl.BlockSpec((None, h, None, s_width, width),
+                             lambda bi, pi, gi: (bi, gi, pi, 0, 0)),
       interpret=interpret,
-      compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=num_warps,
-                                                                       num_stages=num_stages),
+      compiler_params=None if interpret else pl_triton.CompilerParams(
+          num_warps=settings.num_warps, num_stages=settings.num_stages),
       name="heads_jax_statistics_v2",
-  )(query, key, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"])
+  )(query, key, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"],
+    tables["weights"], sel, factors, *slots_in)
+  return out[:, :, :, :s_out]
 
 
-def _keys_outer(q_ref, o_ref, load_keys, h, blocks, block_k, rows, qi, n, t0, contraction,
-                settings):
-  """The Triton key loop with key blocks outside the heads (``_triton_rows``' ``keys_outer``):
-  every head's log-sum-exp (``tile.key_block_lse``) into its output rows, then per key block one
-  ``block_setup`` and every head's ``tile.key_block_sums`` added to its rows, then
-  ``tile.finish_blocked``."""
-  lane = jax.lax.broadcasted_iota(jnp.int32, (rows, tile.E_COLS), 1)
-
-  def first(hd, carry):
-    lse = tile.key_block_lse(q_ref[:, hd, :], functools.partial(load_keys, hd), blocks, qi,
-                             scale=settings["scale"], packed=settings["packed"])
-    o_ref[hd, :, :] = jnp.where(lane == tile.R_LSE, lse, 0.0)
-    return carry
-
-  def second(i, carry):
-    _, kr, kc, et = load_keys(0, i)
-    setup = tile.block_setup(kr, kc, et, n, t0, rows, contraction, s0=i * block_k, static=0)
-
-    def one_head(hd, carry):
-      acc = o_ref[hd, :, :]
-      lse = jnp.sum(jnp.where(lane == tile.R_LSE, acc, 0.0), axis=1, keepdims=True)
-      o_ref[hd, :, :] = acc + tile.key_block_sums(q_ref[:, hd, :], load_keys(hd, i)[0], setup,
-                                                  lse, qi, kr, **settings)
-      return carry
-
-    return jax.lax.fori_loop(0, h, one_head, carry)
-
-  def last(hd, carry):
-    o_ref[hd, :, :] = tile.finish_blocked(o_ref[hd, :, :])
-    return carry
-
-  jax.lax.fori_loop(0, h, first, 0)
-  jax.lax.fori_loop(0, blocks, second, 0)
-  jax.lax.fori_loop(0, h, last, 0)
-
-
-def _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret):
+def _mosaic_partials(query, key, tables, rows_fn, layout, block_q, contraction, interpret):
+  """The Mosaic program: grid ``(b,)``, each program looping over its sequence's query blocks and
+  heads and adding each head's ``tile.head_partials`` into its output (P = 1)."""
   from jax.experimental.pallas import tpu as pltpu
   b, kp, h, e = query.shape
   nq = kp // block_q
   qt = jnp.transpose(query, (0, 2, 1, 3))                                  # [b, h, kp, e]
   kt = jnp.transpose(key, (0, 2, 1, 3))
+  packed = "slots" in tables
+  s_out = tables["slots"].shape[-1] if packed else 1
+  width = layout.width
+  sel, factors = _epilogue_inputs(layout, contraction)
 
-  def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, o_ref):
+  def kernel(q_ref, k_ref, qi_ref, kr_ref, kc_ref, e_ref, w_ref, sel_ref, f_ref, *refs):
+    st_ref, o_ref = refs if packed else (None, refs[0])
     kr = tuple(kr_ref[pl.ds(j, 1), :] for j in range(tile.K_ROWS))
     kc = tuple(kc_ref[:, pl.ds(j, 1)] for j in range(tile.K_ROWS))
-    e_tab = e_ref[...]
+    e_tab, sel_, factors_ = e_ref[...], sel_ref[...], _factor_rows(f_ref)
+    row = jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
+    o_ref[...] = jnp.zeros((h, s_out, width), jnp.float32)
 
     def one_block(i, carry):
       t0 = pl.multiple_of(i * block_q, block_q)
       rows = pl.ds(t0, block_q)
       qi = tuple(qi_ref[rows, pl.ds(j, 1)] for j in range(tile.Q_COLS))
+      w = w_ref[rows, :]
+      sl = st_ref[rows, :] if packed else None
       setup = tile.block_setup(kr, kc, e_tab, qi[tile.Q_N], t0, block_q, contraction)
 
       def one_head(hd, carry):
-        o_ref[hd, rows, :] = rows_fn(q_ref[hd, rows, :], k_ref[hd], setup, qi, kr)
+        raw = rows_fn(q_ref[hd, rows, :], k_ref[hd], setup, qi, kr)
+        o_ref[hd] = o_ref[hd] + tile.head_partials(raw, w, sel_, factors_, row, sl, contraction)
         return carry
 
       return jax.lax.fori_loop(0, h, one_head, carry)
 
     jax.lax.fori_loop(0, nq, one_block, 0)
 
-  return pl.pallas_call(
+  whole = lambda *shape: pl.BlockSpec(shape, lambda bi: (0,) * len(shape))  # noqa: E731
+  out = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((b, h, kp, tile.E_COLS), jnp.float32),
+      out_shape=jax.ShapeDtypeStruct((b, h, s_out, width), jnp.float32),
       grid=(b,),
       in_specs=[
           pl.BlockSpec((None, h, kp, e), lambda bi: (bi, 0, 0, 0)),
@@ -506,24 +561,29 @@ def _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret):
           pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi: (bi, 0, 0)),
           pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi: (bi, 0, 0)),
           pl.BlockSpec((None, kp, tile.E_COLS), lambda bi: (bi, 0, 0)),
-      ],
-      out_specs=pl.BlockSpec((None, h, kp, tile.E_COLS), lambda bi: (bi, 0, 0, 0)),
+          pl.BlockSpec((None, kp, width), lambda bi: (bi, 0, 0)),
+          whole(tile.E_COLS, width),
+          whole(tile.FACTOR_ROWS, width),
+      ] + ([pl.BlockSpec((None, kp, s_out), lambda bi: (bi, 0, 0))] if packed else []),
+      out_specs=pl.BlockSpec((None, h, s_out, width), lambda bi: (bi, 0, 0, 0)),
       interpret=interpret,
       compiler_params=None if interpret else pltpu.CompilerParams(
           dimension_semantics=("parallel",)),
       name="heads_jax_statistics_v2",
-  )(qt, kt, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"])
+  )(qt, kt, tables["q_info"], tables["k_rows"], tables["k_cols"], tables["e_table"],
+    tables["weights"], sel, factors, *((tables["slots"],) if packed else ()))
+  return out[:, :, None]
 
 
-def _prepare(query, key, tables, wrapper, block_q, platform, interpret):
-  """The checked settings of ``kernel_layer_stats`` / ``kernel_layer_rows``: the queries and keys
-  padded to the tables' length, the wrapper, the block, whether to interpret."""
-  wrapper = wrapper or default_wrapper(platform)
+def _prepare(query, key, tables, settings: "KernelSettings"):
+  """The queries and keys padded to the tables' length, and the settings resolved: the
+  wrapper (``default_wrapper``), the block, whether to interpret, the Triton defaults."""
+  wrapper = settings.wrapper or default_wrapper(settings.platform)
   if wrapper not in WRAPPERS:
     raise ValueError(f"wrapper must be one of {WRAPPERS}, got {wrapper!r}")
   b, k, h, e = query.shape
   kp = tables["q_info"].shape[1]
-  block_q = min(block_q or BLOCK_Q[wrapper], kp)
+  block_q = min(settings.block_q or BLOCK_Q[wrapper], kp)
   if kp % block_q:
     raise ValueError(f"block_q {block_q} must divide the tables' length {kp} "
                      f"(kernel_tables(keys=padded_length(...)))")
@@ -531,101 +591,68 @@ def _prepare(query, key, tables, wrapper, block_q, platform, interpret):
     pad = ((0, 0), (0, kp - k), (0, 0), (0, 0))
     query, key = jnp.pad(query, pad), jnp.pad(key, pad)
   native = {"triton": "gpu", "mosaic": "tpu"}.get(wrapper)
+  interpret = settings.interpret
   if interpret is None:
-    interpret = native is not None and target_platform(platform) != native
-  return query, key, wrapper, block_q, interpret
+    interpret = native is not None and target_platform(settings.platform) != native
+  triton = {name: getattr(settings, name) for name in TRITON_DEFAULTS}
+  triton = {name: TRITON_DEFAULTS[name] if v is None else v for name, v in triton.items()}
+  settings = dataclasses.replace(settings, wrapper=wrapper, block_q=block_q, interpret=interpret,
+                                 **(triton if wrapper == "triton" else {}))
+  return query, key, settings
 
 
-def kernel_layer_rows(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
-                      *, wrapper: str | None = None, block_q: int | None = None, interpret=None,
-                      contraction: str = "hilo", platform: str | None = None,
-                      num_warps: int | None = None,
-                      num_stages: int | None = None, block_k: int | None = None,
-                      keys_outer: bool = True, static: int = TRITON_STATIC,
-                      heads_per_program: int | str | None = None):
-  """The Pallas program alone: every head's per-row results ``[b, h, kp, E_COLS]``
-  (``tile.head_rows``) of one layer; arguments as ``kernel_layer_stats`` (``"triton"`` or
-  ``"mosaic"``). What
-  ``kernel_layer_stats`` adds is XLA's channel sums over these rows (``bench/analysis_ab.py``
-  times the two apart)."""
-  rows_fn, _ = _row_fns(check_roles(roles), check_direction(direction), False,
-                        float(1.0 / query.shape[-1] ** 0.5), "slots" in tables)
-  query, key, wrapper, block_q, interpret = _prepare(query, key, tables, wrapper, block_q,
-                                                     platform, interpret)
-  if wrapper == "triton":
-    given = {"block_k": block_k, "heads_per_program": heads_per_program, "num_warps": num_warps}
-    t = {**TRITON_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
-    return _triton_rows(query, key, tables, rows_fn, block_q, contraction, interpret,
-                        t["num_warps"], num_stages, key_block(query.shape[1], t["block_k"]),
-                        keys_outer, static, t["heads_per_program"])
-  if wrapper == "mosaic":
-    return _mosaic_rows(query, key, tables, rows_fn, block_q, contraction, interpret)
-  raise ValueError(f"kernel_layer_rows runs a Pallas wrapper ('triton', 'mosaic'), got {wrapper!r}")
+def kernel_layer_partials(query, key, tables: dict, roles: Sequence[str],
+                          direction: str = "dep2head", measures: bool = False,
+                          settings: "KernelSettings | None" = None, **options):
+  """The wrapper's program alone: every head's partial sums of the epilogue's parts, float32
+  ``[b, h, P, S, C]`` (P groups of query blocks; S = 1 unpacked, the slots of a packed batch;
+  C = ``tile.epilogue_layout(...).width``); arguments as ``kernel_layer_stats``. What
+  ``kernel_layer_stats`` adds is the sum over P and ``tile.merge_parts`` (a few hundred numbers a
+  head)."""
+  settings = KernelSettings.of(settings, **options)
+  roles, direction = check_roles(roles), check_direction(direction)
+  layout = tile.epilogue_layout(roles, direction, measures)
+  rows_fn = _rows_fn(roles, direction, float(1.0 / query.shape[-1] ** 0.5), "slots" in tables)
+  query, key, s = _prepare(query, key, tables, settings)
+  if s.wrapper == "triton":
+    return _triton_partials(query, key, tables, rows_fn, layout, s.block_q, s, s.interpret)
+  if s.wrapper == "mosaic":
+    return _mosaic_partials(query, key, tables, rows_fn, layout, s.block_q, s.contraction,
+                            s.interpret)
+  return _xla_partials(query, key, tables, rows_fn, layout, s.block_q, s.contraction,
+                       s.blocks_per_step or (1 if target_platform(s.platform) == "cpu" else 32))
 
 
 def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction: str = "dep2head",
-                       measures: bool = False, *, wrapper: str | None = None,
-                       block_q: int | None = None, interpret=None, contraction: str = "hilo",
-                       platform: str | None = None, num_warps: int | None = None,
-                       num_stages: int | None = None, block_k: int | None = None,
-                       keys_outer: bool = True, static: int = TRITON_STATIC,
-                       heads_per_program: int | str | None = None, sums: str = "einsum",
-                       blocks_per_step: int | None = None) -> dict:
+                       measures: bool = False, settings: "KernelSettings | None" = None,
+                       **options) -> dict:
   """One layer's statistics from its queries and keys ``[b, k, h, e]`` (before the ``1/sqrt(e)``
   scaling; any float dtype), with ``tables = kernel_tables(batch, roles, direction, measures,
   keys=kp)`` of the batch (kp: ``padded_length(k, wrapper, block_q)``, or k).
 
-  Args:
-    wrapper: ``"triton"``, ``"mosaic"`` or ``"xla"`` (default: ``default_wrapper(platform)``).
-    block_q: query rows per tile (default ``BLOCK_Q[wrapper]``, at most the padded length).
-    interpret: run a Pallas wrapper in the interpreter (``True``, or for ``"mosaic"`` a
-      ``pltpu.InterpretParams()``); default: when ``platform`` is not the wrapper's.
-    contraction: ``"hilo"`` (bf16 halves, the default) or ``"float32"`` (``tile.tile_values``).
-    num_warps, num_stages: the Triton programs' warps (default ``TRITON_DEFAULTS``) and pipeline
-      stages (default Triton's).
-    block_k: the Triton program's keys per step (default ``TRITON_DEFAULTS``: the key loop over
-      blocks of 32; ``ONE_PASS_KEYS`` holds all keys at once up to that length, ``key_block``).
-    keys_outer: the key loop's second pass with key blocks outside the heads (each block's
-      setup built once for all heads; ``_triton_rows``; the default), else heads outside.
-    static: the Triton one-pass program's window corrections built once per block for all
-      heads (``tile.block_setup``, default ``TRITON_STATIC``; further ones are built per head
-      where a sequence needs them).
-    heads_per_program: heads per Triton program (default ``TRITON_DEFAULTS``: one, heads on the
-      grid; ``"all"``: one program a query block, building its setup once for all heads).
-    sums: how XLA adds the Pallas rows' channels over the queries (``_weighted``).
-    blocks_per_step: query blocks per ``lax.scan`` step of the ``"xla"`` wrapper (default 1 on
-      CPUs, 32 elsewhere: fewer, larger steps; memory ``[b, h, 16 G, k]``).
+  ``settings``: a ``KernelSettings`` (how to run it; default all defaults), ``options`` its
+  fields to replace (``KernelSettings.of``).
 
   Returns:
     what ``heads_jax.stats.layerwise.reduce_layer`` returns: ``sieve_bias`` ``[b, h, r]`` (0
     where a sieve is empty), ``distance`` ``[b, h, 21]`` and with ``measures`` ``entropy``,
-    ``cls_entropy`` ``[b, h]`` and ``token_attention`` ``[b, h, 5]``.
+    ``cls_entropy`` ``[b, h]`` and ``token_attention`` ``[b, h, 5]`` (with ``slots`` in the
+    tables, each ``[b, h, S, ...]``).
   """
-  roles = check_roles(roles)
-  direction = check_direction(direction)
-  channels = num_channels(roles, measures)
-  rows_fn, channels_fn = _row_fns(roles, direction, measures, float(1.0 / query.shape[-1] ** 0.5),
-                                  "slots" in tables)
-  query, key, wrapper, block_q, _ = _prepare(query, key, tables, wrapper, block_q, platform,
-                                             interpret)
-  if wrapper == "xla":
-    sums = _xla_sums(query, key, tables, rows_fn, channels_fn, block_q, contraction, channels,
-                     blocks_per_step or (1 if target_platform(platform) == "cpu" else 32))
-  else:
-    raw = kernel_layer_rows(query, key, tables, roles, direction, wrapper=wrapper,
-                            block_q=block_q, interpret=interpret, contraction=contraction,
-                            platform=platform, num_warps=num_warps, num_stages=num_stages,
-                            block_k=block_k, keys_outer=keys_outer, static=static,
-                            heads_per_program=heads_per_program)
-    sums = _weighted(raw, tables["q_info"], tables["weights"], channels_fn, block_q, channels,
-                     sums, slots=tables.get("slots"))
+  roles, direction = check_roles(roles), check_direction(direction)
+  partials = kernel_layer_partials(query, key, tables, roles, direction, measures, settings,
+                                   **options)
+  sums = tile.merge_parts(jnp.sum(partials, axis=2),
+                          tile.epilogue_layout(roles, direction, measures))  # [b, h, S, c]
+  if "slots" not in tables:
+    sums = sums[:, :, 0]
   return split_channels(sums, roles, measures)
 
 
 def kernel_program_tables(batch, roles, direction, measures, *, wrapper: str,
                           block_q: int | None = None, slots: int = 0) -> dict:
-  """``kernel_tables`` padded for ``wrapper`` (its key axis and channel width); ``slots``: a
-  packed batch's sequences per row (0: unpacked)."""
+  """``kernel_tables`` padded for ``wrapper`` (its key axis); ``slots``: a packed batch's
+  sequences per row (0: unpacked)."""
   k = jnp.asarray(batch["attention_mask"]).shape[1]
   bq = block_q or BLOCK_Q[wrapper]
   kp = padded_length(k, wrapper, min(bq, k) if wrapper == "xla" else bq)
@@ -633,28 +660,20 @@ def kernel_program_tables(batch, roles, direction, measures, *, wrapper: str,
 
 
 def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head",
-                   measures: bool = False, *, wrapper: str, block_q: int | None = None,
-                   interpret=None, mesh=None, platform: str | None = None,
-                   contraction: str = "hilo", num_warps: int | None = None,
-                   num_stages: int | None = None, block_k: int | None = None,
-                   keys_outer: bool = True, static: int = TRITON_STATIC,
-                   heads_per_program: int | str | None = None, sums: str = "einsum",
-                   blocks_per_step: int | None = None):
+                   measures: bool = False, settings: "KernelSettings | None" = None, *,
+                   mesh=None, **options):
   """The model's ``attention_reduce`` hook for kernel v2 (needs no probabilities: the model keeps
-  its fast attention and the tile recomputes the scores from the queries and keys).
+  its fast attention and the tile recomputes the scores from the queries and keys);
+  ``settings``/``options`` as ``kernel_layer_stats``.
 
   With a ``mesh`` of several devices a Pallas wrapper runs under ``jax.shard_map`` over its
   ``data`` axis (a Pallas call is not partitioned by XLA): every device reduces its own rows.
   """
+  settings = KernelSettings.of(settings, **options)
   roles = check_roles(roles)
   stats = functools.partial(kernel_layer_stats, roles=roles, direction=direction,
-                            measures=measures, wrapper=wrapper, block_q=block_q,
-                            interpret=interpret, contraction=contraction, platform=platform,
-                            num_warps=num_warps, num_stages=num_stages, block_k=block_k,
-                            keys_outer=keys_outer, static=static,
-                            heads_per_program=heads_per_program, sums=sums,
-                            blocks_per_step=blocks_per_step)
-  if wrapper != "xla" and mesh is not None and mesh.size > 1:
+                            measures=measures, settings=settings)
+  if settings.wrapper != "xla" and mesh is not None and mesh.size > 1:
     spec = P(DATA_AXIS)
     stats = jax.shard_map(stats, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
                           check_vma=False)
@@ -669,22 +688,25 @@ def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2hea
 
 def triton_program(b: int = 4, k: int = 128, h: int = 12, e: int = 64, dtype="bfloat16",
                    roles: Sequence[str] = vocab.ROLES, direction: str = "dep2head",
-                   slots: int = 0, **settings):
-  """``(fn, args)``: the Triton program of one layer (``kernel_layer_rows``, GPU settings) and
-  abstract arguments of that shape (queries and keys ``[b, k, h, e]`` in ``dtype``, the tables of
-  a ``k``-position batch), for ``heads_jax.stats.sm90.compile_kernels(fn, *args)`` (the offline
-  sm_90 compile; BERT-base's shape by default; ``slots``: the packed program). ``settings``:
-  ``kernel_layer_rows``' keywords."""
-  kp = padded_length(k, "triton", settings.get("block_q") or BLOCK_Q["triton"])
+                   slots: int = 0, measures: bool = True, **options):
+  """``(fn, args)``: the Triton program of one layer (``kernel_layer_partials``, GPU settings)
+  and abstract arguments of that shape (queries and keys ``[b, k, h, e]`` in ``dtype``, the
+  tables of a ``k``-position batch), for ``heads_jax.stats.sm90.compile_kernels(fn, *args)`` (the
+  offline sm_90 compile; BERT-base's shape by default; ``slots``: the packed program).
+  ``options``: ``KernelSettings`` fields."""
+  settings = KernelSettings.of(None, **options)
+  kp = padded_length(k, "triton", settings.block_q or BLOCK_Q["triton"])
+  width = tile.epilogue_layout(check_roles(roles), direction, measures).width
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)                    # noqa: E731
+  f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)                  # noqa: E731
   qk = jax.ShapeDtypeStruct((b, k, h, e), jnp.dtype(dtype))
   tables = {"q_info": i32(b, kp, tile.Q_COLS), "k_rows": i32(b, tile.K_ROWS, kp),
-            "k_cols": i32(b, kp, tile.K_ROWS),
-            "e_table": jax.ShapeDtypeStruct((b, kp, tile.E_COLS), jnp.float32)}
+            "k_cols": i32(b, kp, tile.K_ROWS), "e_table": f32(b, kp, tile.E_COLS),
+            "weights": f32(b, kp, width)}
   if slots:
-    tables["slots"] = jax.ShapeDtypeStruct((b, kp, slots), jnp.float32)
+    tables["slots"] = f32(b, kp, slots)
 
   def fn(query, key, tables):
-    return kernel_layer_rows(query, key, tables, roles, direction, wrapper="triton",
-                             platform="gpu", interpret=False, **settings)
+    return kernel_layer_partials(query, key, tables, roles, direction, measures, settings,
+                                 wrapper="triton", platform="gpu", interpret=False)
   return jax.jit(fn), (qk, qk, tables)

@@ -51,12 +51,14 @@ path.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from heads_jax.data import vocabulary as vocab
 from heads_jax.data.vocabulary import TOKEN_CLS, TOKEN_COMMA, TOKEN_OTHER, TOKEN_PERIOD, TOKEN_SEP
@@ -465,6 +467,182 @@ def channel_values(raw, q_info, row, *, roles: tuple, direction: str, measures: 
   if measures:
     values += [entropy, entropy, c_cls, c_sep, c_comma + c_period, diag(-1), diag(1)]
   return values
+
+
+# ------------------------------------------------------------------------------------------------
+# The epilogue (issue 50 item 1): a head's per-row results -> its query block's weighted sums, in
+# the kernel (one product and one row sum), so a program writes a few partial sums, not rows
+
+# The lanes of the epilogue's row table X where each row's offsets p[t, t + o] (o = -BAND..BAND)
+# are put (over near columns, which X no longer needs): ``diagonals_in_place``.
+def diag_lane(o: int) -> int:
+  return NEAR0 + o + BAND
+
+
+# Rows of the epilogue's factor table: 1 where a part is divided by the row's mass, 1 where it is
+# multiplied by the row's entropy (the entropy-weighted roles).
+F_MASS, F_ENTROPY = range(2)
+FACTOR_ROWS = 2
+# A part's per-query indicator (times its channel's weight, ``kernel.kernel_tables``): every
+# query; the query's token type 0 / not 0 (``block``'s own segment's column); the query's
+# relation in a role's set (``dep2head``); the query of a token class (the distance features
+# take query t itself out of its class's mass).
+IND_ONE, IND_TYPE0, IND_TYPE1 = "one", "type0", "type1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+  """The layout of the epilogue (``epilogue_layout``): ``C`` parts (columns of the kernel's
+  partial sums) and the channels (``channels.num_channels`` order) they add up to.
+
+  Fields:
+    sel: float32 ``[E_COLS, C]``, which lanes of X (``head_rows`` with the offsets in their
+      ``diag_lane``) each part adds, with sign (0, 1 or -1: exact in bfloat16).
+    factors: float32 ``[FACTOR_ROWS, C]``, which parts are divided by the row's mass and
+      multiplied by its entropy.
+    merge: float32 ``[C, c]``, 1 where part p adds to channel c.
+    parts: per part ``(channel, indicator)``: its per-query weight is the channel's
+      (``channels.channel_weights``) times the indicator (``IND_*``, ``("rel", relations)`` or
+      ``("class", token class)``).
+  """
+  sel: np.ndarray
+  factors: np.ndarray
+  merge: np.ndarray
+  parts: tuple
+
+  @property
+  def width(self) -> int:
+    return self.sel.shape[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(names: tuple, direction: str, measures: bool) -> Epilogue:
+  roles = tile_roles(names)
+  parts = []    # (channel, {lane: sign}, divided by the mass, times the entropy, indicator)
+
+  def add(channel, lanes, indicator=IND_ONE, mass=False, entropy=False):
+    parts.append((channel, lanes, mass, entropy, indicator))
+
+  relation_roles = [r for r in roles if r.kernel == vocab.KERNEL_RELATION]
+  for i, r in enumerate(roles):
+    role = functools.partial(add, i, mass=True, entropy=r.entropy_weighted)
+    if r.kernel == vocab.KERNEL_OFFSETS:
+      lo, hi = r.offsets
+      role({diag_lane(o): 1 for o in range(lo, hi + 1)})
+    elif r.kernel == vocab.KERNEL_BLOCK:
+      role({E_BLOCK0: 1}, IND_TYPE0)
+      role({E_BLOCK1: 1}, IND_TYPE1)
+    elif r.kernel == vocab.KERNEL_KEYS:
+      role({KEY_COLUMNS[frozenset(r.keys)]: 1})
+    elif direction == "dep2head":
+      role({R_RELATION: 1}, ("rel", tuple(r.relations)))
+    else:
+      role({R_RELATION + relation_roles.index(r): 1})
+  base = len(roles)
+  # Guan's distance features: the windows over keys neither special nor t (t itself is in
+  # window 0 when it is a window key: taken out), self, then the special keys but t
+  for w in range(NUM_WINDOWS):
+    add(base + w, {WIN0 + w: 1})
+  add(base, {diag_lane(0): -1}, ("class", TOKEN_OTHER))
+  add(base + NUM_WINDOWS, {diag_lane(0): 1})
+  for j, (lane, cls) in enumerate(((E_CLS, TOKEN_CLS), (E_SEP, TOKEN_SEP), (E_COMMA, TOKEN_COMMA),
+                                   (E_PERIOD, TOKEN_PERIOD))):
+    add(base + NUM_WINDOWS + 1 + j, {lane: 1})
+    add(base + NUM_WINDOWS + 1 + j, {diag_lane(0): -1}, ("class", cls))
+  channels = base + NUM_WINDOWS + 5
+  if measures:   # entropy, the [CLS] row's entropy, [CLS], [SEP], punctuation, previous, next
+    for lanes in ({R_ENTROPY: 1}, {R_ENTROPY: 1}, {E_CLS: 1}, {E_SEP: 1},
+                  {E_COMMA: 1, E_PERIOD: 1}, {diag_lane(-1): 1}, {diag_lane(1): 1}):
+      add(channels, lanes)
+      channels += 1
+  width = max(16, 1 << (len(parts) - 1).bit_length())
+  sel = np.zeros((E_COLS, width), np.float32)
+  factors = np.zeros((FACTOR_ROWS, width), np.float32)
+  merge = np.zeros((width, channels), np.float32)
+  for p, (channel, lanes, mass, entropy, _) in enumerate(parts):
+    for lane, sign in lanes.items():
+      sel[lane, p] = sign
+    factors[F_MASS, p], factors[F_ENTROPY, p] = mass, entropy
+    merge[p, channel] = 1.0
+  return Epilogue(sel, factors, merge, tuple((c, ind) for c, _, _, _, ind in parts))
+
+
+def epilogue_layout(roles: Sequence[str], direction: str, measures: bool) -> Epilogue:
+  """The epilogue's parts for these statistics (``Epilogue``; cached, static per program): every
+  role one part (``block`` two: its own segment's column by the query's token type), each
+  distance feature one, plus one per feature that takes query t itself out, each measure one;
+  at most 64 parts for the 13 roles, both directions and the measures (47)."""
+  return _layout(tuple(getattr(r, "name", r) for r in roles), direction, bool(measures))
+
+
+def diagonals_in_place(raw, row):
+  """``head_rows``' results ``[T, E_COLS]`` with each row's offsets ``p[t, t + o]`` moved from
+  the row's own near columns (``NEAR0 + row + o + BAND``) to the same lanes for every row
+  (``diag_lane(o)``): five masked row sums; ``row`` int32 ``[T, 1]``, each row's index in its
+  block."""
+  lane = jax.lax.broadcasted_iota(jnp.int32, raw.shape, raw.ndim - 1)
+  offsets = range(-BAND, BAND + 1)
+  diags = [jnp.sum(jnp.where(lane == NEAR0 + row + (o + BAND), raw, 0.0), axis=-1, keepdims=True)
+           for o in offsets]
+  for o, d in zip(offsets, diags):
+    raw = jnp.where(lane == diag_lane(o), d, raw)
+  return raw
+
+
+def _halves(x, contraction: str):
+  """``x`` float32 as the contraction's operands: two bfloat16 halves ``hi + lo`` (``"hilo"``),
+  or itself (``"float32"``)."""
+  if contraction == "hilo":
+    hi = x.astype(jnp.bfloat16)
+    return hi, (x - hi.astype(jnp.float32)).astype(jnp.bfloat16)
+  return (x,)
+
+
+def _exact_dot(x, exact, contraction: str, dims, exact_left: bool = False):
+  """``x`` (float32, split into ``_halves``) contracted with ``exact`` (values exact in
+  bfloat16: signs, one-hots) by ``dot_general`` with ``dims`` (``exact`` the left operand with
+  ``exact_left``), float32."""
+  out = None
+  for half in _halves(x, contraction):
+    pair = (exact.astype(half.dtype), half) if exact_left else (half, exact.astype(half.dtype))
+    part = jax.lax.dot_general(*pair, dims, preferred_element_type=jnp.float32,
+                               precision=(jax.lax.Precision.HIGHEST
+                                          if half.dtype == jnp.float32 else None))
+    out = part if out is None else out + part
+  return out
+
+
+def head_partials(raw, weights, sel, factors, row, slots=None, contraction: str = "hilo"):
+  """The epilogue of one head on one query block: every part's weighted sum over the block's
+  rows, float32 ``[1, C]``, or per sequence slot ``[S, C]`` (a packed row).
+
+  X = ``diagonals_in_place(raw)``; the parts' values per row ``Y = X @ sel`` (one product, X in
+  the contraction's halves); each divided by the row's mass and times its entropy where
+  ``factors`` say; times the rows' ``weights`` (the block's rows of ``kernel_tables``' per-part
+  weights, shared by all heads); one sum over the rows (with ``slots`` float32 ``[T, S]``, the
+  rows' slot one-hot: a product, the parts in halves).
+
+  Args:
+    raw: ``head_rows`` ``[T, E_COLS]``; weights ``[T, C]``; sel ``[E_COLS, C]``; factors the
+      rows of ``Epilogue.factors``, each ``[1, C]`` (Triton slices no value: loaded row by row);
+      row int32 ``[T, 1]``.
+  """
+  lane = jax.lax.broadcasted_iota(jnp.int32, raw.shape, raw.ndim - 1)
+  total = jnp.sum(jnp.where(lane == E_REAL, raw, 0.0), axis=-1, keepdims=True)
+  entropy = jnp.sum(jnp.where(lane == R_ENTROPY, raw, 0.0), axis=-1, keepdims=True)
+  inv_total = 1.0 / jnp.where(total > 0, total, 1.0)
+  y = _exact_dot(diagonals_in_place(raw, row), sel, contraction, (((1,), (0,)), ((), ())))
+  f_mass, f_entropy = factors[F_MASS], factors[F_ENTROPY]
+  v = y * weights * (1.0 + f_mass * (inv_total - 1.0)) * (1.0 + f_entropy * (entropy - 1.0))
+  if slots is None:
+    return jnp.sum(v, axis=0, keepdims=True)
+  return _exact_dot(v, slots, contraction, (((0,), (0,)), ((), ())), exact_left=True)
+
+
+def merge_parts(partials, layout: Epilogue):
+  """The parts' sums ``[..., C]`` -> the channels' ``[..., c]`` (``Epilogue.merge``)."""
+  return jnp.einsum("...p,pc->...c", partials, jnp.asarray(layout.merge),
+                    precision=jax.lax.Precision.HIGHEST)
 
 
 def head_values(q, k, setup: dict, q_info, k_rows, *, roles: tuple, direction: str,

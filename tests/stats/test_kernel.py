@@ -158,13 +158,16 @@ def test_pallas_wrappers_in_interpret_mode(small_case, wrapper):
 
 
 def test_triton_settings_in_interpret_mode(small_case):
-  """The Triton program's settings the bench times: no window correction shared by the heads
-  (``static=0``: each built per head), all heads in one program (the last measured tile), and
-  the channel sums as a product and a sum over the queries (``sums="reduce"``): the same
-  numbers."""
+  """The Triton program's settings the bench times, as one ``kernel.KernelSettings``: no window
+  correction shared by the heads (``static=0``: each built per head) and all heads in one
+  program (the last measured tile, each head's epilogue after the block's shared setup): the
+  same numbers."""
   batch, q, kk, want = small_case
-  _check(_kernel(batch, q, kk, "both", wrapper="triton", interpret=True, static=0,
-                 heads_per_program="all", sums="reduce"), want, 1e-5)
+  settings = kernel.KernelSettings(wrapper="triton", interpret=True, static=0,
+                                   heads_per_program="all")
+  _check(_kernel(batch, q, kk, "both", wrapper="triton", settings=settings), want, 1e-5)
+  with pytest.raises(TypeError, match="unknown kernel setting"):
+    kernel.KernelSettings.of(settings, sums="reduce")
 
 
 def _short_case(k: int):
@@ -232,14 +235,12 @@ def test_key_blocks_add_up_to_the_whole_tile():
                                  rtol=1e-5, atol=1e-5, err_msg=f"row {r}, queries from {t}")
 
 
-@pytest.mark.parametrize("keys_outer", [False, True])
-def test_triton_key_loop_in_interpret_mode(keys_outer):
+def test_triton_key_loop_in_interpret_mode():
   """The Triton program's key loop (past ``kernel.ONE_PASS_KEYS``; forced here: 32 keys in
-  blocks of 16), heads outside or inside the key blocks, against the stand-alone statistics,
-  NaN pattern equal."""
+  blocks of 16), two heads a program, against the stand-alone statistics, NaN pattern equal."""
   batch, q, kk, p = _short_case(32)
   got = _kernel(batch, q, kk, "both", wrapper="triton", interpret=True, block_k=16,
-                keys_outer=keys_outer, heads_per_program=None if keys_outer else "all")
+                heads_per_program="all")
   _check(got, _stacked(batch, p, "both"), 1e-5)
   assert np.isnan(got["sieve_bias"][-1]).all()
 

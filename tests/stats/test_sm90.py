@@ -82,8 +82,8 @@ def test_a_program_without_triton_calls_is_refused():
 
 def test_statistics_kernel_passes_the_chip_gate():
   """BERT-base's layer (12 heads of 64, 128 positions, bf16) as the analysis step runs it
-  (``kernel.TRITON_DEFAULTS``: heads on the grid, the key loop over 32-key tiles, 8 warps),
-  unpacked and packed, and
+  (``kernel.TRITON_DEFAULTS``: heads on the grid, the key loop over 32-key tiles, 16 warps, the
+  weighting epilogue in the kernel), unpacked and packed, and
   the last device-measured tile (``TRITON_MEASURED``) failing it as issue 50's review found."""
   fn, args = kernel.triton_program()
   [report] = sm90.compile_kernels(fn, *args)
