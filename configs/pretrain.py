@@ -102,6 +102,11 @@ def base_config() -> ml_collections.ConfigDict:
   # lets the model use the fused attention (cuDNN on a GPU; heads_jax/model/bert.py).
   c.model.attention_dropout = 0.1
   c.model.max_position_embeddings = 512
+  # random bits per dropout-mask element (heads_jax.model.fused_ops.dropout_keep): 8 cuts a
+  # 32-bit word into four masks' bits (a quarter of the words drawn: 1.23 G a BERT-base step at
+  # 32), keeping with probability round(0.9 * 256) / 256 = 0.8984 (kept values scaled by its
+  # inverse); 32 is nnx.Dropout's own draw (what runs started before 2026-11-29 used)
+  c.model.dropout_bits = 8
 
   c.tokenizer = ""        # HF folder or vocab.txt; "" = the embedded bert-base-uncased vocabulary
 
@@ -196,8 +201,10 @@ def get_config(arg: str = "bert_base") -> ml_collections.ConfigDict:
     c.model.dtype = "float32"
     # The CPU preset keeps the step the README's and the demo's figures were measured with
     # (issue 39's changes are for accelerators; each is an override away, e.g.
-    # --config.dropout_rng=rbg --config.optimizer.flat=true --config.mlm_logits=padded)
+    # --config.dropout_rng=rbg --config.model.dropout_bits=8 --config.optimizer.flat=true
+    # --config.mlm_logits=padded)
     c.dropout_rng = "threefry2x32"
+    c.model.dropout_bits = 32
     c.optimizer.flat = False
     c.mlm_logits = "float32"
     c.data.sources = _embedded_books()

@@ -196,12 +196,14 @@ def attention_path(attention: str, *, needs_probs: bool, dropout_active: bool, d
   return attention
 
 
-def attention_keep(dropout: nnx.Dropout, shape) -> jax.Array:
+def attention_keep(dropout: nnx.Dropout, shape, bits: int = 32) -> jax.Array:
   """bool ``shape``: the keep mask ``dropout`` would draw for an input of ``shape`` (the next
-  key of its rng stream, ``jax.random.bernoulli`` with ``1 - rate``), so that the explicit and
-  the flash paths drop exactly the same probabilities, and a step's masks depend only on the
-  step's key (``heads_jax.training.steps``)."""
-  return jax.random.bernoulli(dropout.rngs(), 1.0 - dropout.rate, shape)
+  key of its rng stream; with 32 bits ``jax.random.bernoulli`` with ``1 - rate``, as
+  ``nnx.Dropout``; 8 or 16 bits an element: ``fused_ops.dropout_keep``, kept with probability
+  ``fused_ops.keep_probability(rate, bits)``), so that the explicit and the flash paths drop
+  exactly the same probabilities, and a step's masks depend only on the step's key
+  (``heads_jax.training.steps``)."""
+  return fused_ops.dropout_keep(dropout.rngs(), dropout.rate, shape, bits)[0]
 
 
 def visible(mask, segment_ids=None, window: int | None = None):
@@ -265,7 +267,7 @@ class Attended(NamedTuple):
 def attend(qh, kh, vh, mask, *, hooks: AttentionHooks, layer: int, dropout: nnx.Dropout,
            deterministic: bool, scale, bias=None, window: int | None = None,
            segment_ids=None, supports_flash: bool = False,
-           query_key_logits: bool = True) -> Attended:
+           query_key_logits: bool = True, dropout_bits: int = 32) -> Attended:
   """One layer's multi-head attention.
 
   Args:
@@ -283,6 +285,10 @@ def attend(qh, kh, vh, mask, *, hooks: AttentionHooks, layer: int, dropout: nnx.
     query_key_logits: a head's logits are ``q . k * scale`` over the visible keys, so a reducer
       that recomputes them from ``qh``, ``kh`` (``needs_probs`` False) can serve; False
       refuses such a reducer (``ValueError``).
+
+    dropout_bits: random bits per element of the attention-dropout mask (32, 16 or 8:
+      ``attention_keep``); kept probabilities are scaled by the inverse of the probability of
+      keeping (``fused_ops.keep_probability``).
   """
   b, q, h, e = qh.shape
   reduce = hooks.reduce
@@ -298,7 +304,9 @@ def attend(qh, kh, vh, mask, *, hooks: AttentionHooks, layer: int, dropout: nnx.
   if path == "cudnn" and (bias is not None or segment_ids is not None):
     path = "xla"  # a bias or packed rows: XLA (key lengths cannot express segments)
   seen = visible(mask, segment_ids, window)                                # [b, 1, q|1, k]
-  keep = attention_keep(dropout, (b, h, q, q)) if dropout_active else None
+  keep = attention_keep(dropout, (b, h, q, q), dropout_bits) if dropout_active else None
+  rate = (dropout.rate if dropout_bits == 32 else   # the mask's own rate (nnx's for 32 bits)
+          1.0 - fused_ops.keep_probability(dropout.rate, dropout_bits))
   columns_in = None if reduce is None else getattr(reduce, "value_columns", None)
   wants_entropy = reduce is not None and getattr(reduce, "wants_entropy", False)
   probs = columns = entropy = None
@@ -330,7 +338,7 @@ def attend(qh, kh, vh, mask, *, hooks: AttentionHooks, layer: int, dropout: nnx.
                               hooks.renormalise_segments)
     if hooks.edit_probs is not None:
       probs = hooks.edit_probs(layer, probs)
-    dropped, rate = probs, dropout.rate
+    dropped = probs
     if keep is not None:  # as nnx.Dropout: select(keep, x / (1 - rate), 0)
       dropped = (jax.lax.select(keep, probs / (1.0 - rate), jnp.zeros_like(probs)) if rate < 1
                  else jnp.zeros_like(probs))
@@ -353,7 +361,7 @@ def attend(qh, kh, vh, mask, *, hooks: AttentionHooks, layer: int, dropout: nnx.
     else:
       q_ids = segment_ids
       kv_ids = jnp.where((mask > 0) & (segment_ids > 0), segment_ids, -1)
-    ctx = flash_attention(qh, kh, vh, q_ids, kv_ids, keep, rate=dropout.rate)
+    ctx = flash_attention(qh, kh, vh, q_ids, kv_ids, keep, rate=rate)
   elif path == "cudnn":
     # right-padded batches: key lengths; at least 1 so that a filler row stays finite
     lengths = jnp.maximum(jnp.sum(mask > 0, axis=-1), 1).astype(jnp.int32)

@@ -172,6 +172,42 @@ def layer_norm(cfg: BertConfig, d: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
                        param_dtype=jnp.float32, rngs=rngs)
 
 
+def dropout_bits(cfg) -> int:
+  """Random bits per dropout-mask element (``BertConfig.dropout_bits``; 32 for configs without
+  the field: ``nnx.Dropout``'s own masks)."""
+  return getattr(cfg, "dropout_bits", 32)
+
+
+def dropout_mask(dropout: nnx.Dropout, shape, *, deterministic: bool, bits: int = 32):
+  """``(keep, keep_probability)`` of ``dropout`` for an input of ``shape``: the next key of its
+  rng stream (as ``nnx.Dropout`` draws it) through `fused_ops.dropout_keep` with ``bits`` bits an
+  element; ``(None, 1.0)`` when it is off (``deterministic`` or rate 0)."""
+  if deterministic or dropout.rate == 0.0:
+    return None, 1.0
+  if dropout.rate >= 1.0:
+    return jnp.zeros(shape, bool), 0.0
+  return fused_ops.dropout_keep(dropout.rngs(), dropout.rate, shape, bits)
+
+
+def hidden_dropout(dropout: nnx.Dropout, x, *, deterministic: bool, bits: int = 32):
+  """``dropout(x)`` with the mask of `dropout_mask` (32 bits: ``nnx.Dropout``'s output bit for
+  bit)."""
+  keep, p = dropout_mask(dropout, x.shape, deterministic=deterministic, bits=bits)
+  return fused_ops.dropped(x, keep, p)
+
+
+def dropout_residual_norm(norm: nnx.LayerNorm, dropout: nnx.Dropout, h, x, *,
+                          deterministic: bool, bits: int = 32):
+  """``norm(dropout(h) + x)``, post-LN BERT's end of a block, ``[b, q, d]``: one custom-gradient
+  op (`fused_ops.residual_dropout_norm`: the backward keeps the LayerNorm input and the mask),
+  the plain composition under ``fused_ops.plain()``; the same forward bits either way."""
+  keep, p = dropout_mask(dropout, h.shape, deterministic=deterministic, bits=bits)
+  if fused_ops.is_plain():
+    return norm(fused_ops.dropped(h, keep, p) + x)
+  return fused_ops.residual_dropout_norm(h, x, keep, norm.scale[...], norm.bias[...],
+                                         keep_prob=p, eps=norm.epsilon, dtype=norm.dtype)
+
+
 def sinusoidal_table(n: int, d: int) -> np.ndarray:
   """float32 ``[n, d]``: Vaswani et al.'s positions (DistilBERT's ``sinusoidal_pos_embds``):
   ``sin(p / 10000^(2 floor(j/2) / d))`` on even columns ``j``, ``cos`` of the same on odd ones."""
@@ -217,7 +253,8 @@ class Embeddings(nnx.Module):
         x = x + self.token_type.embedding[...][0]
       else:
         x = x + self.token_type(token_type_ids)
-    x = self.dropout(self.norm(x), deterministic=deterministic)
+    x = hidden_dropout(self.dropout, self.norm(x), deterministic=deterministic,
+                       bits=dropout_bits(self.cfg))
     if self.projection is not None:
       x = self.projection(x)
     return x
@@ -254,9 +291,11 @@ class SelfAttention(nnx.Module):
     ctx, probs, reduced = attend(qh, kh, vh, mask, hooks=hooks, layer=layer,
                                  dropout=self.attention_dropout, deterministic=deterministic,
                                  scale=1.0 / jnp.sqrt(jnp.float32(cfg.head_dim)),
-                                 segment_ids=segment_ids, supports_flash=True)
-    out = self.dropout(self.output(ctx.reshape(b, q, cfg.hidden_size)), deterministic=deterministic)
-    return self.norm(out + x), probs, reduced
+                                 segment_ids=segment_ids, supports_flash=True,
+                                 dropout_bits=dropout_bits(cfg))
+    out = self.output(ctx.reshape(b, q, cfg.hidden_size))
+    return dropout_residual_norm(self.norm, self.dropout, out, x, deterministic=deterministic,
+                                 bits=dropout_bits(cfg)), probs, reduced
 
 
 class Layer(nnx.Module):
@@ -284,8 +323,8 @@ class Layer(nnx.Module):
   def feed_forward(self, x, deterministic: bool):
     """The feed-forward block with its residual and LayerNorm, ``[b, q, d]`` -> ``[b, q, d]``."""
     y = dense_activation(self.intermediate, self.cfg.hidden_act, x)
-    y = self.dropout(self.output(y), deterministic=deterministic)
-    return self.norm(y + x)
+    return dropout_residual_norm(self.norm, self.dropout, self.output(y), x,
+                                 deterministic=deterministic, bits=dropout_bits(self.cfg))
 
 
 class BertModel(nnx.Module):

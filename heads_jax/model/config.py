@@ -178,6 +178,8 @@ class BertConfig(ConfigMethods):
   attention: str = "auto"            # BertModel's default attention path (heads_jax.model.bert)
   layer_norm_dtype: str = "compute"  # "compute": LayerNorm outputs and residual stream in `dtype`
                                      # (float32 statistics); "float32": float32 outputs
+  dropout_bits: int = 32             # random bits per dropout-mask element: 32 (nnx.Dropout's
+                                     # own draw), 16 or 8 (heads_jax.model.fused_ops.dropout_keep)
 
   def __post_init__(self):
     self.check_sizes()
@@ -186,6 +188,8 @@ class BertConfig(ConfigMethods):
     if self.layer_norm_dtype not in LAYER_NORM_DTYPES:
       raise ValueError(f"layer_norm_dtype must be one of {LAYER_NORM_DTYPES}, got "
                        f"{self.layer_norm_dtype!r}")
+    if self.dropout_bits not in (8, 16, 32):
+      raise ValueError(f"dropout_bits must be 8, 16 or 32, got {self.dropout_bits!r}")
     if self.family not in FAMILIES:
       raise ValueError(f"family {self.family!r} is not supported; use one of {sorted(FAMILIES)}")
     if self.embed_dim != self.hidden_size and not self.embedding_projection:

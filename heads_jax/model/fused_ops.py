@@ -21,6 +21,26 @@ Shape legend: t tokens (any leading axes), f feature width, d hidden, v vocabula
   bfloat16) and the two products are bfloat16 x bfloat16 with float32 accumulation. For the
   scores the cotangent is the softmax gradient ``dS``, which the flash kernels also round to
   bfloat16 before their ``dS K`` and ``dS^T Q`` products (``flash_attention.py``).
+* `residual_dropout_norm`: post-LN BERT's ``LayerNorm(dropout(h) + x)`` (the attention block's
+  and the feed-forward block's ends) as one ``custom_vjp``, forward bit for bit flax's
+  ``nnx.LayerNorm`` of ``nnx.Dropout``'s output plus the residual. Autodiff of the composition
+  keeps, per site, the keep mask and LayerNorm's float32 centred input ``z - mean`` and its
+  bfloat16 input (flax promotes it twice); this form keeps the keep mask, the LayerNorm input
+  ``z`` in its own dtype and two float32 numbers a token (mean, ``1/sigma``), and recomputes the
+  normalised ``z`` in the backward, which gives ``dz``, ``dh`` (the dropout's select) and
+  ``dx`` (the residual) from one expression and the scale's and bias's gradients as its column
+  sums. A Pallas kernel was not written: the forward is XLA's one row-reduction fusion either
+  way, and what a kernel would add over XLA's fusion of this backward (one pass for the two row
+  sums) needs a device's profile to be judged; the bytes kept between forward and backward are
+  countable here (``tests/model/test_fused_ops.py``; BENCHMARKS.md issue 49).
+* `dropout_keep`: the keep mask of a dropout layer from ``bits`` random bits an element:
+  ``jax.random.bernoulli`` (a 32-bit word an element, ``nnx.Dropout``'s own draw) for 32, or 8 or
+  16 bits cut from 32-bit words (``jax.random.bits`` of a quarter or half as many words,
+  bitcast), kept where the bits are below ``round(keep * 2^bits)``: the keep probability is that
+  count over ``2^bits`` (within ``2^-(bits+1)`` of the configured one; 0.8984375 for 0.9 at 8
+  bits, 0.89999390 at 16) and kept values are scaled by its exact inverse, so the expectation is
+  the input's. Drawing ``uint8`` directly would not help: XLA's ``RngBitGenerator`` and JAX's
+  threefry both make a 32-bit word per output element whatever its width.
 """
 
 from __future__ import annotations
@@ -131,3 +151,107 @@ def bf16_logits(y, w):
   """float32 ``[..., v]`` = ``y @ w^T`` for ``y`` ``[..., d]`` and ``w`` ``[v, d]`` in bfloat16
   (`bf16_einsum`: the MLM decoder)."""
   return bf16_einsum("...d,vd->...v", y, w)
+
+
+# ------------------------------------------------------------------------------------------------
+# Dropout masks from fewer random bits
+
+DROPOUT_BITS = (8, 16, 32)
+
+
+def keep_probability(rate: float, bits: int = 32) -> float:
+  """The probability that `dropout_keep` keeps an element: ``1 - rate`` for 32 bits, else
+  ``round((1 - rate) * 2^bits) / 2^bits`` (module docstring)."""
+  if bits not in DROPOUT_BITS:
+    raise ValueError(f"dropout bits must be one of {DROPOUT_BITS}, got {bits!r}")
+  if bits == 32:
+    return 1.0 - rate
+  return round((1.0 - rate) * 2 ** bits) / 2 ** bits
+
+
+def dropout_keep(key, rate: float, shape, bits: int = 32):
+  """``(keep, keep_probability)``: bool ``shape`` (True keeps) drawn from ``key`` with ``bits``
+  random bits an element, and the probability each element is kept (`keep_probability`;
+  module docstring). 32 bits is ``nnx.Dropout``'s own mask, bit for bit."""
+  p = keep_probability(rate, bits)
+  if bits == 32:
+    return jax.random.bernoulli(key, p, shape), p
+  n = int(np.prod(shape, dtype=np.int64))
+  per = 32 // bits
+  words = jax.random.bits(key, (-(-n // per),), jnp.uint32)
+  small = jax.lax.bitcast_convert_type(words, jnp.uint8 if bits == 8 else jnp.uint16).reshape(-1)
+  if small.shape[0] != n:
+    small = small[:n]
+  threshold = int(round(p * 2 ** bits))          # 0 .. 2^bits: compared in int32, no overflow
+  return small.reshape(shape).astype(jnp.int32) < threshold, p
+
+
+# ------------------------------------------------------------------------------------------------
+# Residual + dropout + LayerNorm
+
+
+def _norm_stats(z, dtype):
+  """flax ``nnx.LayerNorm``'s statistics of ``z`` (``dtype``: its dtype): ``(z in dtype, mean,
+  var)``, mean and var float32 ``[..., 1]`` (``E[z^2] - E[z]^2``, clipped at 0)."""
+  z = jnp.asarray(z, dtype)
+  zf = jnp.asarray(z, jnp.promote_types(dtype, jnp.float32))
+  mean, mean2 = zf.mean(-1), jax.lax.square(zf).mean(-1)
+  var = jnp.maximum(0.0, mean2 - jax.lax.square(mean))
+  return z, mean[..., None], var[..., None]
+
+
+def dropped(h, keep, keep_prob):
+  """``nnx.Dropout``'s output for the mask ``keep`` (None: no dropout)."""
+  if keep is None:
+    return h
+  if keep_prob == 0.0:
+    return jnp.zeros_like(h)
+  return jax.lax.select(keep, h / keep_prob, jnp.zeros_like(h))
+
+
+def residual_dropout_norm(h, x, keep, scale, bias, *, keep_prob: float, eps: float, dtype):
+  """``LayerNorm(dropout(h) + x)`` for ``h``, ``x`` ``[..., d]`` (the sublayer's output and the
+  residual), the bool ``keep`` mask of ``h``'s shape (or None: no dropout) drawn with
+  probability ``keep_prob`` (kept values scaled by its inverse, `dropout_keep`), the float32
+  LayerNorm parameters ``scale``, ``bias`` ``[d]``, its ``eps`` and output ``dtype``. The
+  forward is ``nnx.LayerNorm(dtype=dtype)(nnx.Dropout's output + x)`` bit for bit; the backward
+  keeps the LayerNorm input, its mean and ``1/sigma`` and the mask (module docstring)."""
+  return _rdn(h, x, keep, scale, bias, float(keep_prob), float(eps), jnp.dtype(dtype),
+              jnp.dtype(h.dtype), jnp.dtype(x.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _rdn(h, x, keep, scale, bias, keep_prob, eps, dtype, h_dtype, x_dtype):
+  return _rdn_fwd(h, x, keep, scale, bias, keep_prob, eps, dtype, h_dtype, x_dtype)[0]
+
+
+def _rdn_fwd(h, x, keep, scale, bias, keep_prob, eps, dtype, h_dtype, x_dtype):
+  z, mean, var = _norm_stats(dropped(h, keep, keep_prob) + x, dtype)
+  rstd = jax.lax.rsqrt(var + eps)
+  # flax's _normalize: (z - mean) * (rsqrt(var + eps) * scale) + bias, parameters in dtype
+  y = (z - mean) * (rstd * jnp.asarray(scale, dtype)) + jnp.asarray(bias, dtype)
+  return jnp.asarray(y, dtype), (z, mean, rstd, keep, scale)
+
+
+def _rdn_bwd(keep_prob, eps, dtype, h_dtype, x_dtype, res, dy):
+  z, mean, rstd, keep, scale = res
+  d = z.shape[-1]
+  xhat = (z.astype(jnp.float32) - mean) * rstd
+  dyf = dy.astype(jnp.float32)
+  g = dyf * jnp.asarray(scale, dtype).astype(jnp.float32)
+  # d/dz of (z - mean) / sigma with the row's mean and sigma: both row sums in one expression
+  dz = rstd * (g - (jnp.sum(g, -1, keepdims=True)
+                    + xhat * jnp.sum(g * xhat, -1, keepdims=True)) / d)
+  rows = dyf.reshape(-1, d)
+  dscale = jnp.sum(rows * xhat.reshape(-1, d), axis=0).astype(scale.dtype)
+  dbias = jnp.sum(rows, axis=0).astype(scale.dtype)
+  if keep is None:
+    dh = dz
+  elif keep_prob == 0.0:
+    dh = jnp.zeros_like(dz)
+  else:
+    dh = jnp.where(keep, dz / keep_prob, 0.0)
+  return dh.astype(h_dtype), dz.astype(x_dtype), None, dscale, dbias
+
+
+_rdn.defvjp(_rdn_fwd, _rdn_bwd)

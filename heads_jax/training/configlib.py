@@ -233,6 +233,10 @@ def check_training_config(config) -> None:
     if value is not None and value not in allowed:
       raise UserError(f"{name} must be one of {', '.join(allowed)}, got {value!r}: e.g. "
                       f"--config.{name}={allowed[0]}")
+  bits = config.model.get("dropout_bits", 32) if "model" in config else 32
+  if bits not in (8, 16, 32):
+    raise UserError(f"model.dropout_bits must be 8, 16 or 32 (random bits per dropout-mask "
+                    f"element), got {bits!r}: e.g. --config.model.dropout_bits=8")
   if o.get("flat", False) and o.get("name", "lamb") != "lamb":
     raise UserError(f"optimizer.flat exists for LAMB only (optimizer.name is {o.name!r}): set "
                     f"--config.optimizer.flat=false")

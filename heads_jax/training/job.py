@@ -211,7 +211,8 @@ class TrainingJob:
       m = c.model
       cfg = config_for(m.size, vocab_size=tokenizer.vocab_size, dtype=m.dtype,
                        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
-                       max_position_embeddings=m.max_position_embeddings)
+                       max_position_embeddings=m.max_position_embeddings,
+                       dropout_bits=m.get("dropout_bits", 32))
       model = build_model(ARCHITECTURES[head], cfg, num_labels, seed=c.seed)
     # A table larger than the tokenizer is common (DeBERTa-v3: 128100 rows for 128001 pieces);
     # a tokenizer id past the table is what breaks a run.

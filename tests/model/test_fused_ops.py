@@ -99,3 +99,102 @@ def test_pretraining_step_has_no_float32_gemm_for_cuda():
   assert sum(r["count"] for r in now) == sum(r["count"] for r in before) >= 20
   assert [r for r in now if r["float32_operand"]] == []
   assert sum(r["count"] for r in before if r["float32_operand"]) == 2
+
+
+def _norm_inputs(ln_dtype, h_dtype, d=48):
+  from flax import nnx
+  rng = np.random.default_rng(4)
+  norm = nnx.LayerNorm(d, epsilon=1e-12, dtype=ln_dtype, param_dtype=jnp.float32,
+                       rngs=nnx.Rngs(0))
+  norm.scale[...] = jnp.asarray(1 + 0.1 * rng.normal(size=d), jnp.float32)
+  norm.bias[...] = jnp.asarray(0.1 * rng.normal(size=d), jnp.float32)
+  h = jnp.asarray(rng.normal(size=(3, 5, d)), h_dtype)
+  x = jnp.asarray(rng.normal(size=(3, 5, d)) * 2 + 1, ln_dtype)
+  return norm, h, x
+
+
+def _compositions(norm, keep, p, ln_dtype):
+  """(unfused, fused) functions of (h, x, scale, bias)."""
+  from flax import nnx
+
+  def unfused(h, x, s, b):
+    n = nnx.LayerNorm(s.shape[0], epsilon=1e-12, dtype=ln_dtype, param_dtype=jnp.float32,
+                      rngs=nnx.Rngs(0))
+    n.scale[...], n.bias[...] = s, b
+    return n(fused_ops.dropped(h, keep, p) + x)
+
+  def fused(h, x, s, b):
+    return fused_ops.residual_dropout_norm(h, x, keep, s, b, keep_prob=p, eps=1e-12,
+                                           dtype=ln_dtype)
+  return unfused, fused
+
+
+def test_residual_dropout_norm_equals_the_unfused_composition():
+  """Forward bit for bit nnx.LayerNorm(nnx.Dropout(h) + x); gradients of h, x, scale and bias
+  as autodiff's: to float32 rounding in float32, to bfloat16 rounding with bfloat16 activations
+  (autodiff rounds the scale's and bias's gradients to bfloat16, the custom form keeps them
+  float32)."""
+  from flax import nnx
+  cases = ((jnp.float32, jnp.float32, 32, 2e-6), (jnp.float32, jnp.bfloat16, None, 2e-2),
+           (jnp.bfloat16, jnp.bfloat16, 8, 2e-2))
+  for ln_dtype, h_dtype, bits, tol in cases:
+    norm, h, x = _norm_inputs(ln_dtype, h_dtype)
+    keep, p = (None, 1.0) if bits is None else fused_ops.dropout_keep(jax.random.key(1), 0.1,
+                                                                      h.shape, bits)
+    if bits == 32:   # nnx.Dropout's own mask and output
+      drop = nnx.Dropout(0.1)
+      np.testing.assert_array_equal(drop(h, deterministic=False, rngs=jax.random.key(1)),
+                                    fused_ops.dropped(h, keep, p))
+    unfused, fused = _compositions(norm, keep, p, ln_dtype)
+    args = (h, x, norm.scale[...], norm.bias[...])
+    # the same program either way (XLA's order of the row sums is the program's: compare jitted)
+    np.testing.assert_array_equal(jax.jit(fused)(*args), jax.jit(unfused)(*args))
+    w = jnp.asarray(np.random.default_rng(5).normal(size=h.shape), jnp.float32)
+    loss = lambda f: lambda *a: jnp.sum(w * f(*a).astype(jnp.float32))  # noqa: E731
+    got = jax.jit(jax.grad(loss(fused), (0, 1, 2, 3)))(*args)
+    want = jax.jit(jax.grad(loss(unfused), (0, 1, 2, 3)))(*args)
+    for a, b in zip(got, want):
+      assert a.dtype == b.dtype
+      a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+      np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
+    if keep is not None:   # dropped elements get no gradient
+      assert np.all(np.asarray(got[0], np.float32)[~np.asarray(keep)] == 0)
+
+
+def test_residual_dropout_norm_keeps_three_bytes_an_element():
+  """What the backward keeps at one block end with bf16 activations (BERT-base: [t, 768]):
+  autodiff of the composition keeps the mask (1 byte an element), LayerNorm's bf16 input and
+  three float32 arrays of [t, d] (15 bytes); the custom form the mask and the bf16 input (3)."""
+  norm, h, x = _norm_inputs(jnp.bfloat16, jnp.bfloat16)
+  keep, p = fused_ops.dropout_keep(jax.random.key(1), 0.1, h.shape, 8)
+  unfused, fused = _compositions(norm, keep, p, jnp.bfloat16)
+  args = (h, x, norm.scale[...], norm.bias[...])
+
+  def per_element(f):
+    res = saved_residuals(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * 2.0), *args)
+    return sum(r.size * r.dtype.itemsize for r, _ in res if r.shape == h.shape) / h.size
+  assert per_element(unfused) == 15 and per_element(fused) == 3
+
+
+def test_dropout_keep_bits_and_probability():
+  """8 and 16 bits: a quarter and a half of the 32-bit words, the keep probability
+  round(keep * 2^bits) / 2^bits, the mask a function of the key; 32 bits is bernoulli's."""
+  key = jax.random.key(7, impl="rbg")
+  shape = (4, 64, 256)
+  assert fused_ops.keep_probability(0.1, 8) == 230 / 256
+  assert fused_ops.keep_probability(0.1, 16) == 58982 / 65536
+  assert fused_ops.keep_probability(0.1, 32) == 1.0 - 0.1
+  np.testing.assert_array_equal(fused_ops.dropout_keep(key, 0.1, shape, 32)[0],
+                                jax.random.bernoulli(key, 0.9, shape))
+  for bits in (8, 16):
+    keep, p = fused_ops.dropout_keep(key, 0.1, shape, bits)
+    again, _ = fused_ops.dropout_keep(key, 0.1, shape, bits)
+    np.testing.assert_array_equal(keep, again)
+    words = jax.random.bits(key, (keep.size * bits // 32,), jnp.uint32)
+    small = np.asarray(words).view(np.uint8 if bits == 8 else np.uint16).reshape(shape)
+    np.testing.assert_array_equal(keep, small < round(p * 2 ** bits))   # little-endian bitcast
+    assert abs(float(np.mean(keep)) - p) < 4 * np.sqrt(p * (1 - p) / keep.size)
+    text = jax.jit(lambda k: fused_ops.dropout_keep(k, 0.1, shape, bits)[0]).lower(key).as_text()
+    assert f"tensor<{keep.size * bits // 32}xui32>" in text     # the words drawn
+  assert not np.asarray(fused_ops.dropout_keep(key, 1.0, (8,), 8)[0]).any()
+  assert np.asarray(fused_ops.dropout_keep(key, 0.001, (8,), 8)[0]).all()   # rounds to keep 1

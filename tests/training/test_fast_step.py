@@ -43,9 +43,11 @@ def test_padded_vocab():
 
 def test_a_resumed_run_draws_the_same_rbg_bits():
   """Steps 0-3 in one go against steps 0-1, the state to the host and back (a checkpoint's
-  round trip), steps 2-3: the same parameters bit for bit; and the rbg bits are keyed by the step
-  (same step, same loss; another step, another loss) and are not threefry's."""
-  parts, params = _setup()
+  round trip), steps 2-3: the same parameters bit for bit, with pre-training's masks (rbg bits,
+  8 of them an element: ``dropout_bits=8``); and the rbg bits are keyed by the step (same step,
+  same loss; another step, another loss) and are not threefry's; 8-bit masks are not 32-bit
+  ones."""
+  parts, params = _setup(dropout_bits=8)
   tx, sched = optimizer.make_optimizer(learning_rate=1e-2, warmup_steps=0, total_steps=10)
   mesh = data_mesh(jax.devices()[:1])
   make = functools.partial(steps.make_train_step, parts, tx, steps.pretraining_loss, mesh=mesh,
@@ -72,6 +74,10 @@ def test_a_resumed_run_draws_the_same_rbg_bits():
   assert loss(step, 0) != loss(step, 1)
   threefry = make(dropout_rng="threefry2x32")
   assert loss(step, 0) != loss(threefry, 0)
+  parts32, _ = _setup()
+  assert loss(step, 0) != loss(functools.partial(steps.make_train_step, parts32, tx,
+                                                 steps.pretraining_loss, mesh=mesh, schedule=sched,
+                                                 dropout_seed=5, dropout_rng="rbg")(), 0)
   with pytest.raises(ValueError, match="dropout_rng"):
     steps.dropout_base_key(0, "philox")
 
