@@ -15,8 +15,8 @@ stays on the device. The variants, in this order:
   bf16 (``layer_norm_dtype="compute"``): run 2 on the H200 (2026-11-27) measured these one at a
   time (V2 flash 28.4% MFU, V3 + rbg 28.7%, V4 + bf16 30.2%), so they are one row now (a switch
   that does not exist is named in the label and left out);
-* V5  V4 + the flat LAMB (``optimizer.flat``): a side row, not in the chain (1.61x slower a
-  step in run 2; its profile says where);
+* V5  V20 + the flat LAMB (``optimizer.flat``): a side row, not in the chain (V4 + the flat
+  LAMB was 1.61x slower a step in run 2, one scatter, since replaced; its profile says where);
 * V6  V4 + the MLM loss on padded bf16 logits with a float32 log-sum-exp
   (``mlm_logits="padded"``): the step ``configs/pretrain.py`` trains;
 * V7  V6 at twice the batch (512 at sequence 128; the ``bert_base_b512`` preset);
@@ -38,9 +38,12 @@ stays on the device. The variants, in this order:
   and with issue 39's flash launch settings (4 warps), so V6 -> V16 -> V17 is issue 49's A/B in
   one process;
 * V17  V16 with the flash kernels at 8 warps (``flash_attention.Tuning``'s defaults now, from
-  the offline sm_90 compile: no spills, where 4 warps spilled in the forward and in dK/dV):
-  ``configs/pretrain.py``'s step; V18 V17 at twice the batch;
-* V8   V17 at the settings' ``long`` (batch, sequence, predictions): ``(64, 512, 80)`` on the
+  the offline sm_90 compile: no spills, where 4 warps spilled in the forward and in dK/dV);
+* V19  V17 with each block's residual + dropout + LayerNorm as one custom-gradient op
+  (``fused_ops.residual_dropout_norm``; V16 and V17 trace ``fused_ops.plain("norm")``);
+* V20  V19 with dropout masks from 8 random bits an element (``BertConfig.dropout_bits=8``: a
+  quarter of the random words): ``configs/pretrain.py``'s step; V18 V20 at twice the batch;
+* V8   V20 at the settings' ``long`` (batch, sequence, predictions): ``(64, 512, 80)`` on the
   device (phase 2's sequence), ``PRETRAIN_AB_LONG`` to change it or ``none``.
 
 Before the variants, transformers' ``BertForPreTraining`` (``bench/torch_peer.py``, under
@@ -50,20 +53,20 @@ with the fastest heads_jax variant of the same shape beside it. Every result rec
 commit (``common.git_commit``: ``HEADS_JAX_COMMIT`` on the device, whose tree is no checkout)
 and the device.
 
-By default the rows are V0, V1, V6, V16, V17, V18, V5, V8 (V4, V7, V9-V15 measured no gain in
-run 2 or are in V6). ``PRETRAIN_AB_VARIANTS`` (e.g. ``V6,V9,V12,V13,V14,V15,V5``) runs any
-subset, in the order V0, V1, V4, V6, V16, V17, V9-V14, V7, V18, V15, V5, V8; ratios are against
-the first.
+By default the rows are V0, V6, V16, V17, V19, V20, V18, V5, V8 (V1, V4, V7, V9-V15 were
+measured in run 2: no gain, or in V6). ``PRETRAIN_AB_VARIANTS`` (e.g. ``V6,V9,V12,V13,V14,V15,V5``)
+runs any subset, in the order V0, V1, V4, V6, V16, V17, V19, V20, V9-V14, V7, V18, V15, V5, V8;
+ratios are against the first.
 
 The last rows are the candidates for the default. Each row: tokens/s, MFU (``6N + 12 l d q``
 FLOPs per token over the device's data-sheet bf16 peak; ``bench_training.flops_per_token``), step
 ms, and the loss after ``loss_steps`` steps from the same initial parameters (finite, and close
-across variants: the changes keep the arithmetic). V0, V4, V5, V6, V9-V14 are profiled
+across variants: the changes keep the arithmetic). V0, V4-V6, V9-V14, V16, V17, V19, V20 are profiled
 (``bench/profiling.py``, ``profile_steps`` steps traced right after the timing): device time per
 step by category (GEMM, attention kernel, optimizer, dropout RNG, copies, reductions,
 elementwise fusions, other, idle) and by phase (forward, backward, optimizer, from the HLO's
 op names; ``training.steps`` scopes the update as ``optimizer``), the table printed in the log.
-V0 and the fastest of V4/V6 also get the breakdown programs (unless the part is already
+V0 and the fastest of the default chain (V4, V6, V16, V17, V19, V20) get the breakdown programs (unless the part is already
 ``breakdown_before_s`` seconds old: its limit would cut them; the profiles' phases stand in):
 forward (the loss alone, dropout on), backward (forward+backward minus forward), optimizer (in
 the step: step minus forward+backward; alone: ``tx.update`` + ``apply_updates``). A last row
@@ -123,7 +126,9 @@ class Variant:
   long: bool = False          # at the settings' ``long`` (sequence, batch, predictions)
   xla: tuple = ()             # XLA options of this variant's compilation: ((name, value), ...)
   flash: tuple = (("fwd_warps", 4), ("bwd_warps", 4))  # flash_attention.tuned: issue 39's
-  fused_ops: bool = False     # issue 49's custom gradients (model/fused_ops.py); off: plain()
+  fused_ops: bool = False     # issue 49's GELU and bf16 decoder (model/fused_ops.py); off: plain()
+  fused_norm: bool = False    # issue 49's residual + dropout + LayerNorm; off: plain("norm")
+  dropout_bits: int = 32      # random bits per dropout-mask element (BertConfig.dropout_bits)
 
   def shape(self, s: dict) -> tuple[int, int, int]:
     """``(batch, sequence, predictions)`` of this variant under settings ``s``."""
@@ -157,7 +162,6 @@ def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
       + (f" ({'; '.join(missing)})" if missing else ""),
       attention="flash" if flash else "explicit", dropout_rng="rbg",
       layer_norm_dtype="compute" if ln else "float32")
-  v5 = dataclasses.replace(v4, name="V5", label="V4 + flat LAMB (a side row)", flat_lamb=True)
   v6 = dataclasses.replace(v4, name="V6", label="V4 + padded bf16 MLM logits "
                            "(configs/pretrain.py's step)", mlm_logits="padded")
   v7 = dataclasses.replace(v6, name="V7", label="V6 at twice the batch (bert_base_b512)",
@@ -185,13 +189,21 @@ def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
                             "backward", fused_ops=True)
   v17 = dataclasses.replace(v16, name="V17", label="V16 + flash kernels at 8 warps (no spill "
                             "offline for sm_90): configs/pretrain.py's step", flash=())
-  v18 = dataclasses.replace(v17, name="V18", label="V17 at twice the batch", batch_factor=2)
-  v8 = dataclasses.replace(v17, name="V8", label="V17 at the long sequence (phase 2's)", long=True)
-  everything = (v0, v1, v4, v6, v16, v17, v9, v10, v11, v12, v13, v14, v7, v18, v15, v5)
+  # issue 49 item 4: the block ends as one custom-gradient op (the backward keeps the LayerNorm
+  # input and the mask: 3 bytes an element, autodiff 15), then dropout masks from 8 bits an
+  # element (a quarter of the random words): configs/pretrain.py's step now
+  v19 = dataclasses.replace(v17, name="V19", label="V17 + fused residual + dropout + LayerNorm",
+                            fused_norm=True)
+  v20 = dataclasses.replace(v19, name="V20", label="V19 + 8-bit dropout masks: "
+                            "configs/pretrain.py's step", dropout_bits=8)
+  v18 = dataclasses.replace(v20, name="V18", label="V20 at twice the batch", batch_factor=2)
+  v5 = dataclasses.replace(v20, name="V5", label="V20 + flat LAMB (a side row)", flat_lamb=True)
+  v8 = dataclasses.replace(v20, name="V8", label="V20 at the long sequence (phase 2's)", long=True)
+  everything = (v0, v1, v4, v6, v16, v17, v19, v20, v9, v10, v11, v12, v13, v14, v7, v18, v15, v5)
   everything += (v8,) if long else ()
-  # by default: the baseline, the issue-39 step, issue 49's and its launch-setting candidate,
-  # twice the batch, the flat LAMB, the long sequence (V9-V15 measured no gain in run 2)
-  default = ("V0", "V1", "V6", "V16", "V17", "V18", "V5", "V8")
+  # by default: the baseline, the issue-39 step, issue 49's changes one at a time, twice the
+  # batch, the flat LAMB, the long sequence (V1, V4, V7, V9-V15 measured in run 2)
+  default = ("V0", "V6", "V16", "V17", "V19", "V20", "V18", "V5", "V8")
   only = [x.strip() for x in os.environ.get(VARIANTS_ENV, "").split(",") if x.strip()]
   names = {v.name for v in everything}
   unknown = [x for x in only if x not in names]
@@ -204,7 +216,8 @@ def variants(long: bool = False) -> list[tuple[Variant, str | None]]:
 
 # variants whose step is profiled (bench/profiling.py) right after it is timed: the baseline, the
 # chain's candidates for the default, and the flat LAMB (why it is slower)
-PROFILED = ("V0", "V4", "V5", "V6", "V9", "V10", "V11", "V12", "V13", "V14", "V16", "V17")
+PROFILED = ("V0", "V4", "V5", "V6", "V9", "V10", "V11", "V12", "V13", "V14", "V16", "V17", "V19",
+            "V20")
 # a comma-separated subset of the variants to run (in their order), e.g. "V6,V9,V10,V11,V7"
 VARIANTS_ENV = "PRETRAIN_AB_VARIANTS"
 # "batch,sequence,predictions" of V8 (the long sequence) on the device, e.g. "64,512,80"
@@ -212,7 +225,7 @@ LONG_ENV = "PRETRAIN_AB_LONG"
 # the breakdown programs (forward, forward+backward, optimizer alone) are compiled for the
 # baseline and for the fastest variant of the default chain at the base batch
 BREAKDOWN = ("V0",)
-DEFAULT_CHAIN = ("V4", "V6", "V16", "V17")
+DEFAULT_CHAIN = ("V4", "V6", "V16", "V17", "V19", "V20")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,6 +241,8 @@ class _Program:
     from heads_jax.training import optimizer as opt, steps as S
     self.v = v
     extra = {"layer_norm_dtype": v.layer_norm_dtype} if _has_config_field("layer_norm_dtype") else {}
+    if v.dropout_bits != 32:
+      extra["dropout_bits"] = v.dropout_bits
     if _has_config_field("attention"):
       extra["attention"] = v.attention
     if "num_layers" in s:
@@ -270,6 +285,8 @@ class _Program:
     stack.enter_context(flash_attention.tuned(**dict(self.v.flash)))
     if not self.v.fused_ops:
       stack.enter_context(fused_ops.plain())
+    elif not self.v.fused_norm:
+      stack.enter_context(fused_ops.plain("norm"))
     return stack
 
   def lower_step(self):

@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -30,11 +32,13 @@ _DOT = re.compile(r"stablehlo\.dot_general.*?:\s*\((tensor<[^>]*>),\s*(tensor<[^
 
 def lowered_step_text(*, layers: int = 1, seq: int = 128, batch: int = 8, preds: int = 20,
                       plain: bool = False, preset: str = "bert_base_phase1",
-                      attention: str = "flash", size: str | None = None) -> str:
+                      attention: str = "flash", size: str | None = None,
+                      dropout_bits: int | None = None, flat: bool | None = None) -> str:
   """The StableHLO text of ``preset``'s train step (its model settings, ``layers`` layers, the
   job's loss with its ``mlm_logits``) exported for ``cuda``, on the ``attention`` path (what
   ``"auto"`` takes on a GPU for bf16 with dropout: the flash kernels; this CPU's default
-  backend would make ``"auto"`` explicit); ``size`` overrides the preset's model size."""
+  backend would make ``"auto"`` explicit); ``size`` overrides the preset's model size,
+  ``dropout_bits`` its ``model.dropout_bits``, ``flat`` its ``optimizer.flat``."""
   import functools
 
   import jax
@@ -51,7 +55,11 @@ def lowered_step_text(*, layers: int = 1, seq: int = 128, batch: int = 8, preds:
   from heads_jax.training.job import make_tx
 
   c = pretrain_configs.get_config(preset)
-  extra = {k: c.model[k] for k in ("layer_norm_dtype",) if k in c.model}
+  if dropout_bits is not None:
+    c.model.dropout_bits = dropout_bits
+  if flat is not None:
+    c.optimizer.flat = flat
+  extra = {k: c.model[k] for k in ("layer_norm_dtype", "dropout_bits") if k in c.model}
   cfg = config_for(size or c.model.size, vocab_size=30522, dtype=c.model.dtype, num_layers=layers,
                    attention_dropout=c.model.attention_dropout,
                    max_position_embeddings=max(512, seq), attention=attention, **extra)
@@ -135,6 +143,108 @@ def cpu_kernels(*, layers: int = 1, seq: int = 128, batch: int = 8, preds: int =
   return out
 
 
+_RNG = re.compile(r"stablehlo\.rng_bit_generator.*?->\s*\(tensor<[^>]*>,\s*tensor<([^>]*)>\)")
+_THREEFRY = re.compile(r"call @threefry2x32[_0-9]*\(.*?->\s*\(tensor<([^>]*)>,")
+_BYTES = {"ui8": 1, "ui16": 2, "ui32": 4, "ui64": 8}
+
+
+def _tensor_bytes(spec: str) -> int:
+  *dims, dtype = spec.split("x")
+  return int(np.prod([int(d) for d in dims], dtype=np.int64)) * _BYTES[dtype]
+
+
+def _functions(text: str) -> dict:
+  """``{name: body}`` of the module's ``func.func`` definitions (``main`` included)."""
+  out, name, body = {}, None, []
+  for line in text.splitlines():
+    m = re.match(r"\s*func\.func (?:public |private )?@([\w.$-]+)\(", line)
+    if m:
+      if name:
+        out[name] = "\n".join(body)
+      name, body = m.group(1), []
+    body.append(line)
+  if name:
+    out[name] = "\n".join(body)
+  return out
+
+
+def random_bits(text: str) -> dict:
+  """The random bits a step draws, from its StableHLO ``text``, every call of a private function
+  counted (jitted helpers such as ``jax.random.bits`` are functions called from each site):
+  ``{"rng_bit_generator_bytes", "rng_bit_generator_calls"}`` (rbg keys' ``RngBitGenerator``
+  outputs) and ``{"threefry_bytes", "threefry_calls"}`` (threefry's output pairs: key
+  derivations, or every mask's bits with threefry keys)."""
+  funcs = _functions(text)
+  memo = {}
+
+  def total(name):
+    if name not in memo:
+      body = funcs.get(name, "")
+      rbg = [_tensor_bytes(m) for m in _RNG.findall(body)]
+      tf = [2 * _tensor_bytes(m) for m in _THREEFRY.findall(body)]
+      acc = [sum(rbg), len(rbg), sum(tf), len(tf)]
+      for callee in re.findall(r"call @([\w.$-]+)\(", body):
+        if callee != name and not callee.startswith("threefry2x32"):
+          acc = [a + b for a, b in zip(acc, total(callee))]
+      memo[name] = acc
+    return memo[name]
+
+  rb, rc, tb, tc = total("main")
+  return {"rng_bit_generator_bytes": rb, "rng_bit_generator_calls": rc,
+          "threefry_bytes": tb, "threefry_calls": tc}
+
+
+def update_ops(*, flat: bool, size: str = "base", layers: int = 12) -> dict:
+  """The LAMB update alone (``tx.update`` + ``optax.apply_updates`` on BERT-base's pretraining
+  parameters, ``configs/pretrain.py``'s optimizer, chain or ``flat``) exported for ``cuda``:
+  ``{"ops": StableHLO operations, every private function's counted per call, "by_op": {name:
+  count}}``. Without XLA:GPU this is what can be counted of its kernels: every elementwise chain
+  fuses into one, each reduction and each slice or concatenation of another shape is at least
+  one."""
+  import jax
+  import optax
+  from flax import nnx
+  from jax import export
+
+  from heads_jax.configs import pretrain as pretrain_configs
+  from heads_jax.model.config import config_for
+  from heads_jax.model.heads import BertForPreTraining
+  from heads_jax.training import steps
+  from heads_jax.training.job import make_tx
+
+  c = pretrain_configs.get_config("bert_base_phase1")
+  c.optimizer.flat = flat
+  cfg = config_for(size, vocab_size=30522, num_layers=layers)
+  _, params = steps.split_model(nnx.eval_shape(lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(0))))
+  tx, _ = make_tx(c)
+  state = jax.eval_shape(tx.init, params)
+
+  def update(g, o, p):
+    u, o = tx.update(g, o, p)
+    return optax.apply_updates(p, u), o
+
+  text = export.export(jax.jit(update), platforms=["cuda"])(params, state, params).mlir_module()
+  funcs = _functions(text)
+  memo = {}
+
+  def count(name):
+    if name not in memo:
+      ops = collections.Counter()
+      for line in funcs.get(name, "").splitlines():
+        m = re.search(r"(?:stablehlo|chlo)\.(\w+)", line)
+        if m and "func.func" not in line:
+          ops[m.group(1)] += 1
+        for callee in re.findall(r"call @([\w.$-]+)\(", line):
+          if callee != name:
+            ops.update(count(callee))
+      memo[name] = ops
+    return memo[name]
+
+  ops = count("main")
+  return {"ops": sum(ops.values()), "by_op": dict(ops.most_common(8)),
+          "leaves": len(jax.tree.leaves(params))}
+
+
 def gemms(text: str) -> list[dict]:
   """``[{"lhs", "rhs", "out", "count", "float32_operand"}]`` of every ``dot_general``."""
   counts = collections.Counter(_DOT.findall(text))
@@ -154,7 +264,22 @@ def main(argv=None):
                   help="compile the step for this CPU with and without fused_ops.plain() and "
                   "count its kernels (explicit attention)")
   ap.add_argument("--json", default=None)
+  ap.add_argument("--random-bits", action="store_true",
+                  help="the bytes of random bits the step draws, with 32-bit and with the "
+                  "preset's (8-bit) dropout masks")
+  ap.add_argument("--update-ops", action="store_true",
+                  help="the LAMB update alone exported for cuda: its operations, chain and flat")
   a = ap.parse_args(argv)
+  if a.update_ops:
+    for flat in (False, True):
+      print(f"{'flat LAMB' if flat else 'LAMB chain'}: {update_ops(flat=flat)}")
+    return
+  if a.random_bits:
+    for bits in (32, 8):
+      r = random_bits(lowered_step_text(layers=a.layers, seq=a.seq, batch=a.batch,
+                                        attention=a.attention, dropout_bits=bits))
+      print(f"dropout_bits={bits}: {r}")
+    return
   if a.cpu_kernels:
     for name, k in cpu_kernels(layers=a.layers, seq=a.seq, batch=a.batch).items():
       print(f"{name}: {k}")

@@ -200,9 +200,9 @@ def dropout_residual_norm(norm: nnx.LayerNorm, dropout: nnx.Dropout, h, x, *,
                           deterministic: bool, bits: int = 32):
   """``norm(dropout(h) + x)``, post-LN BERT's end of a block, ``[b, q, d]``: one custom-gradient
   op (`fused_ops.residual_dropout_norm`: the backward keeps the LayerNorm input and the mask),
-  the plain composition under ``fused_ops.plain()``; the same forward bits either way."""
+  the plain composition under ``fused_ops.plain("norm")``; the same forward bits either way."""
   keep, p = dropout_mask(dropout, h.shape, deterministic=deterministic, bits=bits)
-  if fused_ops.is_plain():
+  if fused_ops.is_plain("norm"):
     return norm(fused_ops.dropped(h, keep, p) + x)
   return fused_ops.residual_dropout_norm(h, x, keep, norm.scale[...], norm.bias[...],
                                          keep_prob=p, eps=norm.epsilon, dtype=norm.dtype)

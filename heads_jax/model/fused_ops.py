@@ -52,23 +52,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_PLAIN = [False]
+PLAIN_PARTS = ("gelu", "norm")   # gelu: gelu, bias_gelu, bf16_einsum; norm: residual_dropout_norm
+_PLAIN = [frozenset()]
 
 
 @contextlib.contextmanager
-def plain():
-  """Within this context (at trace time) `gelu`, `bias_gelu` and `bf16_logits` are the plain
-  ``jax.numpy`` forms with autodiff's gradients: the step as it was before, for an A/B in one
-  process (``bench/pretrain_ab.py``)."""
-  _PLAIN.append(True)
+def plain(*parts: str):
+  """Within this context (at trace time) the named parts (`PLAIN_PARTS`; all when none is
+  named) take the plain ``jax.numpy`` forms with autodiff's gradients: ``"gelu"`` the GELU, its
+  bias and the bf16 products (`gelu`, `bias_gelu`, `bf16_logits`), ``"norm"`` the block ends
+  (`residual_dropout_norm`): the step as it was before, for an A/B in one process
+  (``bench/pretrain_ab.py``)."""
+  unknown = set(parts) - set(PLAIN_PARTS)
+  if unknown:
+    raise ValueError(f"fused_ops.plain: no part {sorted(unknown)}; choose from {PLAIN_PARTS}")
+  _PLAIN.append(_PLAIN[-1] | frozenset(parts or PLAIN_PARTS))
   try:
     yield
   finally:
     _PLAIN.pop()
 
 
-def is_plain() -> bool:
-  return _PLAIN[-1]
+def is_plain(part: str = "gelu") -> bool:
+  """Whether ``part`` (`PLAIN_PARTS`) takes its plain form here (`plain`)."""
+  return part in _PLAIN[-1]
 
 
 _SQRT_HALF = np.float32(np.sqrt(0.5))

@@ -87,18 +87,28 @@ def test_bf16_einsum_scores_gradient_within_tolerance():
 def test_pretraining_step_has_no_float32_gemm_for_cuda():
   """configs/pretrain.py's step lowered for CUDA (flash path, as "auto" takes it on a GPU):
   every dot_general takes bfloat16 operands; the step before issue 49 (fused_ops.plain) had the
-  MLM decoder's two backward products in float32 (TF32)."""
+  MLM decoder's two backward products in float32 (TF32). Its dropout draws a quarter of the
+  random bytes (8 bits an element, ``model.dropout_bits``) of the 32-bit masks."""
   import sys
   from pathlib import Path
   sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
   import step_gemms
-  now = step_gemms.gemms(step_gemms.lowered_step_text(size="mini", layers=1, batch=2, seq=32,
-                                                      preds=4))
-  before = step_gemms.gemms(step_gemms.lowered_step_text(size="mini", layers=1, batch=2, seq=32,
-                                                         preds=4, plain=True))
+  now_text = step_gemms.lowered_step_text(size="mini", layers=1, batch=2, seq=32, preds=4)
+  now = step_gemms.gemms(now_text)
+  before_text = step_gemms.lowered_step_text(size="mini", layers=1, batch=2, seq=32, preds=4,
+                                             plain=True, dropout_bits=32)
+  before = step_gemms.gemms(before_text)
   assert sum(r["count"] for r in now) == sum(r["count"] for r in before) >= 20
   assert [r for r in now if r["float32_operand"]] == []
   assert sum(r["count"] for r in before if r["float32_operand"]) == 2
+  # the random bits drawn (rbg): 8 bits an element now, a 32-bit word before; one draw for the
+  # embeddings, three a layer (attention [b, h, q, k], two block ends [b, q, d])
+  bits_now = step_gemms.random_bits(now_text)
+  bits_before = step_gemms.random_bits(before_text)
+  elements = 2 * 32 * 256 * 3 + 2 * 4 * 32 * 32     # mini: d 256, 4 heads
+  assert bits_before["rng_bit_generator_bytes"] == 4 * elements
+  assert bits_now["rng_bit_generator_bytes"] == elements
+  assert bits_now["rng_bit_generator_calls"] == bits_before["rng_bit_generator_calls"] == 4
 
 
 def _norm_inputs(ln_dtype, h_dtype, d=48):
