@@ -141,9 +141,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer = optimizer_config(learning_rate=6.25e-4, warmup_steps=10_000)
   # LAMB as the optax chain (optimizer.lamb). True: over one flat vector
   # (heads_jax.training.optimizer.flat_lamb; the same update in a few passes instead of ~2,200
-  # CPU kernels), but measured slower on a GPU: BERT-base seq 128 batch 256 on an H200,
-  # 94.1 ms a step against 58.4 (bench/accelerator.py --parts pretrain_ab, 2026-11-27,
-  # BENCHMARKS.md), so it is not the default
+  # CPU kernels), measured slower on an H200 (2026-11-27: 94.1 ms a step against 58.4, one
+  # scatter since replaced); without it its passes took ~2.5 ms against the chain's 2.6, and its
+  # state layout is fixed for a run, so it is not the default (BENCHMARKS.md, issue 49)
   c.optimizer.flat = False
 
   c.init_checkpoint = ""  # run checkpoints dir (params only), heads_jax dir or HF dir
