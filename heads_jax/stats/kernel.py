@@ -421,7 +421,7 @@ def _slot_width(slots: int) -> int:
 
 
 def _triton_partials(query, key, tables, rows_fn, layout, block_q, settings: "KernelSettings",
-                     interpret):
+                     interpret, layers: int = 1):
   """The Triton program: grid ``(b, q / T, h / g)``, each program one query block, looping over
   g heads (``settings.heads_per_program``; with several, the block's setup is built once for
   all); a packed row's block writes its partial sums per slot (P = q / T). All keys at once
@@ -483,7 +483,9 @@ def _triton_partials(query, key, tables, rows_fn, layout, block_q, settings: "Ke
     jax.lax.fori_loop(0, h, one_head, 0)
 
   grid = (b, nq, heads // h)
-  table = lambda cols: pl.BlockSpec((None, block_q, cols), lambda bi, pi, gi: (bi, pi, 0))  # noqa: E731
+  # with ``layers`` > 1 the queries and keys are every layer's, [b * l, ...]: sequence bi // l's
+  table = lambda cols: pl.BlockSpec((None, block_q, cols),  # noqa: E731
+                                    lambda bi, pi, gi: (bi // layers, pi, 0))
   whole = lambda *shape: pl.BlockSpec(shape, lambda bi, pi, gi: (0,) * len(shape))  # noqa: E731
   out = pl.pallas_call(
       kernel,
@@ -493,9 +495,9 @@ def _triton_partials(query, key, tables, rows_fn, layout, block_q, settings: "Ke
           pl.BlockSpec((None, block_q, h, e), lambda bi, pi, gi: (bi, pi, gi, 0)),
           pl.BlockSpec((None, kp, h, e), lambda bi, pi, gi: (bi, 0, gi, 0)),
           table(tile.Q_COLS),
-          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi, pi, gi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi, pi, gi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi, pi, gi: (bi, 0, 0)),
+          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi, pi, gi: (bi // layers, 0, 0)),
+          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi, pi, gi: (bi // layers, 0, 0)),
+          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi, pi, gi: (bi // layers, 0, 0)),
           table(width),
           whole(tile.E_COLS, width),
           whole(tile.FACTOR_ROWS, width),
@@ -511,7 +513,8 @@ def _triton_partials(query, key, tables, rows_fn, layout, block_q, settings: "Ke
   return out[:, :, :, :s_out]
 
 
-def _mosaic_partials(query, key, tables, rows_fn, layout, block_q, contraction, interpret):
+def _mosaic_partials(query, key, tables, rows_fn, layout, block_q, contraction, interpret,
+                     layers: int = 1):
   """The Mosaic program: grid ``(b,)``, each program looping over its sequence's query blocks and
   heads and adding each head's ``tile.head_partials`` into its output (P = 1)."""
   from jax.experimental.pallas import tpu as pltpu
@@ -557,14 +560,14 @@ def _mosaic_partials(query, key, tables, rows_fn, layout, block_q, contraction, 
       in_specs=[
           pl.BlockSpec((None, h, kp, e), lambda bi: (bi, 0, 0, 0)),
           pl.BlockSpec((None, h, kp, e), lambda bi: (bi, 0, 0, 0)),
-          pl.BlockSpec((None, kp, tile.Q_COLS), lambda bi: (bi, 0, 0)),
-          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi: (bi, 0, 0)),
-          pl.BlockSpec((None, kp, width), lambda bi: (bi, 0, 0)),
+          pl.BlockSpec((None, kp, tile.Q_COLS), lambda bi: (bi // layers, 0, 0)),
+          pl.BlockSpec((None, tile.K_ROWS, kp), lambda bi: (bi // layers, 0, 0)),
+          pl.BlockSpec((None, kp, tile.K_ROWS), lambda bi: (bi // layers, 0, 0)),
+          pl.BlockSpec((None, kp, tile.E_COLS), lambda bi: (bi // layers, 0, 0)),
+          pl.BlockSpec((None, kp, width), lambda bi: (bi // layers, 0, 0)),
           whole(tile.E_COLS, width),
           whole(tile.FACTOR_ROWS, width),
-      ] + ([pl.BlockSpec((None, kp, s_out), lambda bi: (bi, 0, 0))] if packed else []),
+      ] + ([pl.BlockSpec((None, kp, s_out), lambda bi: (bi // layers, 0, 0))] if packed else []),
       out_specs=pl.BlockSpec((None, h, s_out, width), lambda bi: (bi, 0, 0, 0)),
       interpret=interpret,
       compiler_params=None if interpret else pltpu.CompilerParams(
@@ -603,22 +606,27 @@ def _prepare(query, key, tables, settings: "KernelSettings"):
 
 def kernel_layer_partials(query, key, tables: dict, roles: Sequence[str],
                           direction: str = "dep2head", measures: bool = False,
-                          settings: "KernelSettings | None" = None, **options):
+                          settings: "KernelSettings | None" = None, *, layers: int = 1,
+                          **options):
   """The wrapper's program alone: every head's partial sums of the epilogue's parts, float32
   ``[b, h, P, S, C]`` (P groups of query blocks; S = 1 unpacked, the slots of a packed batch;
   C = ``tile.epilogue_layout(...).width``); arguments as ``kernel_layer_stats``. What
   ``kernel_layer_stats`` adds is the sum over P and ``tile.merge_parts`` (a few hundred numbers a
-  head)."""
+  head). ``layers`` > 1 (a Pallas wrapper): ``query``, ``key`` are ``[b * layers, k, h, e]``,
+  every layer of each sequence of ``tables`` (sequence-major), in one call."""
   settings = KernelSettings.of(settings, **options)
   roles, direction = check_roles(roles), check_direction(direction)
   layout = tile.epilogue_layout(roles, direction, measures)
   rows_fn = _rows_fn(roles, direction, float(1.0 / query.shape[-1] ** 0.5), "slots" in tables)
   query, key, s = _prepare(query, key, tables, settings)
   if s.wrapper == "triton":
-    return _triton_partials(query, key, tables, rows_fn, layout, s.block_q, s, s.interpret)
+    return _triton_partials(query, key, tables, rows_fn, layout, s.block_q, s, s.interpret,
+                            layers)
   if s.wrapper == "mosaic":
     return _mosaic_partials(query, key, tables, rows_fn, layout, s.block_q, s.contraction,
-                            s.interpret)
+                            s.interpret, layers)
+  if layers != 1:
+    raise ValueError("the 'xla' wrapper takes one layer a call (kernel_stacked_stats loops)")
   return _xla_partials(query, key, tables, rows_fn, layout, s.block_q, s.contraction,
                        s.blocks_per_step or (1 if target_platform(s.platform) == "cpu" else 32))
 
@@ -642,11 +650,78 @@ def kernel_layer_stats(query, key, tables: dict, roles: Sequence[str], direction
   roles, direction = check_roles(roles), check_direction(direction)
   partials = kernel_layer_partials(query, key, tables, roles, direction, measures, settings,
                                    **options)
-  sums = tile.merge_parts(jnp.sum(partials, axis=2),
-                          tile.epilogue_layout(roles, direction, measures))  # [b, h, S, c]
+  return _stats_of(partials, tables, roles, direction, measures)
+
+
+def _stats_of(partials, tables, roles, direction, measures) -> dict:
+  """``kernel_layer_partials``' ``[..., h, P, S, C]`` -> the statistics (``[..., h, (S,) ...]``):
+  the sum over P, the parts merged into the channels, split."""
+  sums = tile.merge_parts(jnp.sum(partials, axis=-3),
+                          tile.epilogue_layout(roles, direction, measures))  # [..., h, S, c]
   if "slots" not in tables:
-    sums = sums[:, :, 0]
+    sums = sums[..., 0, :]
   return split_channels(sums, roles, measures)
+
+
+# One Pallas call for every layer (issue 50 item 3): the model's hook keeps each layer's queries
+# and keys (``stash_reducer``) and one call after the forward reduces them all
+# (``kernel_stacked_stats``), where the stack of queries and keys takes at most this many bytes a
+# device (``stash_fits``: BERT-base in bf16, 128 x 128, 604 MB); else one call a layer.
+STASH_BYTES = 1 << 30
+
+
+def stash_bytes(rows: int, layers: int, length: int, width: int, itemsize: int) -> int:
+  """Bytes of every layer's queries and keys ``2 x [rows, l, k, h e]`` (``width`` = h e)."""
+  return 2 * int(rows) * int(layers) * int(length) * int(width) * int(itemsize)
+
+
+def stash_fits(wrapper: str, rows: int, layers: int, length: int, width: int,
+               itemsize: int) -> bool:
+  """Whether the step takes one call for all layers: a Pallas wrapper (the ``"xla"`` one runs a
+  layer at a time anyway) and the stack within ``STASH_BYTES`` a device."""
+  return wrapper != "xla" and stash_bytes(rows, layers, length, width, itemsize) <= STASH_BYTES
+
+
+def stash_reducer():
+  """The model's ``attention_reduce`` hook that keeps each layer's queries and keys ``[b, k, h,
+  e]`` (the model stacks them: ``[b, l, k, h, e]``), for ``kernel_stacked_stats``."""
+  def reduce(layer, probs, query, key, mask):
+    del layer, probs, mask
+    return {"query": query, "key": key}
+
+  reduce.needs_probs = False
+  return reduce
+
+
+def kernel_stacked_stats(queries, keys, tables: dict, roles: Sequence[str],
+                         direction: str = "dep2head", measures: bool = False,
+                         settings: "KernelSettings | None" = None, *, mesh=None,
+                         **options) -> dict:
+  """Every layer's statistics from the stacked queries and keys ``[b, l, k, h, e]``
+  (``stash_reducer``) in one Pallas call (the layers folded into the grid's first axis, each
+  reading its sequence's tables), outputs ``[b, l, h, ...]`` as the model's stacked
+  ``kernel_reducer`` outputs; the ``"xla"`` wrapper a layer at a time. ``mesh``: as
+  ``kernel_reducer``."""
+  settings = KernelSettings.of(settings, **options)
+  roles, direction = check_roles(roles), check_direction(direction)
+
+  def stats(queries, keys, tables):
+    b, layers = queries.shape[:2]
+    if (settings.wrapper or default_wrapper(settings.platform)) == "xla":
+      outs = [kernel_layer_stats(queries[:, i], keys[:, i], tables, roles, direction, measures,
+                                 settings) for i in range(layers)]
+      return jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *outs)
+    fold = lambda x: x.reshape((b * layers,) + x.shape[2:])              # noqa: E731
+    partials = kernel_layer_partials(fold(queries), fold(keys), tables, roles, direction,
+                                     measures, settings, layers=layers)
+    return _stats_of(partials.reshape((b, layers) + partials.shape[1:]), tables, roles,
+                     direction, measures)
+
+  if settings.wrapper != "xla" and mesh is not None and mesh.size > 1:
+    spec = P(DATA_AXIS)
+    stats = jax.shard_map(stats, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                          check_vma=False)
+  return stats(queries, keys, tables)
 
 
 def kernel_program_tables(batch, roles, direction, measures, *, wrapper: str,

@@ -24,8 +24,9 @@ chooses how (all give the same numbers to float32 rounding, ``tests/stats/test_f
   mode (correct, slow: for tests). A ``"uniform"`` head gate needs the probabilities and
   falls back to ``"layerwise"``.
 * ``"kernel"`` (statistics kernel v2, issue 38; never a default until a device has measured it):
-  the model keeps its fast attention and the hook runs ``heads_jax.stats.kernel`` on each layer's
-  queries and keys: one tile function (``heads_jax.stats.tile``) wrapped for Triton on GPUs, for
+  the model keeps its fast attention and ``heads_jax.stats.kernel`` reduces the layers' queries
+  and keys (on a GPU or TPU in one call after the forward, where they fit
+  ``kernel.STASH_BYTES``; else one a layer): one tile function (``heads_jax.stats.tile``) wrapped for Triton on GPUs, for
   Mosaic on TPUs, and as a ``lax.map`` over query blocks on CPUs (and for sequences longer than
   a Pallas wrapper takes, ``kernel.wrapper_for``), so no map is ever written and memory is
   linear in the sequence length. A ``"uniform"`` head gate falls back to ``"layerwise"``.
@@ -320,11 +321,19 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
       out = module(*inputs, attention_reduce=reduce, **common)
       return with_term_shares(finish(out["attention_reduced"], tables), out)
     if impl == "kernel":
-      wrapper = kernel.wrapper_for(platform, batch["input_ids"].shape[1])
+      rows, length = batch["input_ids"].shape
+      wrapper = kernel.wrapper_for(platform, length)
       tables = kernel.kernel_program_tables(batch, roles, direction, with_measures,
                                             wrapper=wrapper, slots=slots)
-      reduce = kernel.kernel_reducer(tables, roles, direction, with_measures, wrapper=wrapper,
-                                     mesh=mesh, platform=platform)
+      settings = kernel.KernelSettings(wrapper=wrapper, platform=platform)
+      if _stash_fits(module, wrapper, rows // (mesh.size if mesh is not None else 1), length):
+        # one Pallas call for every layer, after the forward (issue 50 item 3)
+        out = module(*inputs, attention_reduce=kernel.stash_reducer(), **common)
+        stash = out["attention_reduced"]
+        return finish(kernel.kernel_stacked_stats(stash["query"], stash["key"], tables, roles,
+                                                  direction, with_measures, settings, mesh=mesh),
+                      tables)
+      reduce = kernel.kernel_reducer(tables, roles, direction, with_measures, settings, mesh=mesh)
       out = module(*inputs, attention_reduce=reduce, **common)
       return finish(out["attention_reduced"], tables)
     if impl == "fused":
@@ -347,6 +356,18 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
       del state
       return analyse(graph, batch, head_gate)
   return jax.jit(analysis_pass, out_shardings=out_shardings)  # name: compiling.PROGRAM_NAMES
+
+
+def _stash_fits(module, wrapper: str, rows: int, length: int) -> bool:
+  """Whether the kernel path runs one call for all layers (``kernel.stash_fits``) for an encoder
+  with a config (layers, width, compute dtype); else one a layer."""
+  config = getattr(module, "config", None)
+  try:
+    layers, width = int(config.num_layers), int(config.hidden_size)
+    itemsize = jnp.dtype(config.dtype).itemsize
+  except (AttributeError, TypeError):
+    return False
+  return kernel.stash_fits(wrapper, rows, layers, length, width, itemsize)
 
 
 class PendingResult:

@@ -153,8 +153,22 @@ def small_case():
 
 @pytest.mark.parametrize("wrapper", ["triton", "mosaic"])
 def test_pallas_wrappers_in_interpret_mode(small_case, wrapper):
+  """Both Pallas wrappers as the step runs them on a device: every layer in one call
+  (``kernel_stacked_stats``: two layers' queries and keys ``[b, l, k, h, e]``, the second the
+  first's heads reversed, folded into the grid, each reading its sequence's tables), equal the
+  stand-alone statistics layer by layer."""
   batch, q, kk, want = small_case
-  _check(_kernel(batch, q, kk, "both", wrapper=wrapper, interpret=True), want, 1e-5)
+  qs, ks = jnp.stack([q, q[:, :, ::-1]], axis=1), jnp.stack([kk, kk[:, :, ::-1]], axis=1)
+
+  def run(batch, qs, ks):
+    tables = kernel.kernel_program_tables(batch, B.ROLES, "both", True, wrapper=wrapper)
+    out = kernel.kernel_stacked_stats(qs, ks, tables, B.ROLES, "both", True, wrapper=wrapper,
+                                      interpret=True)
+    return layerwise.finish(out, tables)
+  got = jax.jit(run)({f: np.asarray(x) for f, x in batch.items()}, qs, ks)
+  for layer, heads in ((0, slice(None)), (1, slice(None, None, -1))):
+    _check({key: np.asarray(v)[:, layer] for key, v in got.items()},
+           {key: v[:, heads] for key, v in want.items()}, 1e-5)
 
 
 def test_triton_settings_in_interpret_mode(small_case):
