@@ -51,7 +51,8 @@ it travels as one ``AttentionHooks`` (``hooks=``; the keywords below build it).
 * *flash*: ``heads_jax.model.flash_attention``, a Pallas (Triton) flash-attention kernel,
   forward and backward, that applies attention dropout with a mask drawn outside the kernel
   (``attention_keep``: ``jax.random.bernoulli`` on the next key of the attention-dropout rng
-  stream, the very mask the explicit path draws). The masks are therefore a function of the
+  stream, or 8 or 16 bits an element with ``BertConfig.dropout_bits``; the very mask the
+  explicit path draws). The masks are therefore a function of the
   step's key (``heads_jax.training.steps``: exact resume holds) and the flash path equals the
   explicit one with dropout on, forward and gradient, to float32 rounding
   (``tests/model/test_flash_attention.py``, interpret mode on the CPU). It costs one byte per
@@ -75,7 +76,10 @@ gives LayerNorm outputs, hence the residual stream, in the compute dtype (bfloat
 float32 statistics (flax normalises the float32-promoted input); the residual additions are
 then bfloat16 additions, as Megatron-LM's default. ``"float32"`` keeps float32 LayerNorm
 outputs and residual stream (the behaviour before issue 39). Under float32 compute both are
-the same model.
+the same model. Each block ends in ``LayerNorm(dropout(h) + x)`` as one custom-gradient op
+(`dropout_residual_norm`, ``fused_ops.residual_dropout_norm``: flax's forward bit for bit, a
+backward that keeps only the LayerNorm input, its row statistics and the mask), and every dropout
+mask takes ``BertConfig.dropout_bits`` random bits an element (32: ``nnx.Dropout``'s own).
 
 **Per-layer reductions** (``attention_reduce``): a callable
 ``fn(layer, probs, query, key, mask) -> pytree`` called once per layer right after the
