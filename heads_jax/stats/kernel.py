@@ -148,14 +148,23 @@ class KernelSettings:
     return dataclasses.replace(settings or cls(), **options)
 
 
+# Short rows (issue 50 item 2): a 32-key row held in one key step has no load for Triton's
+# pipeliner to prefetch (no cp.async in the offline sm_90 compile); its key loop takes two blocks
+# of 16 instead (108 registers, cp.async). A 16-key row is one block of the smallest product.
+SHORT_KEYS = 32
+
+
 def key_block(kp: int, block_k: int | None = None) -> int:
   """The Triton wrapper's keys per step on a padded key axis ``kp`` (a power of two): all of
-  them up to ``ONE_PASS_KEYS``, else ``block_k`` (default ``KEY_BLOCK``; a power of two)."""
+  them up to ``ONE_PASS_KEYS``, else ``block_k`` (default ``KEY_BLOCK``; a power of two); a
+  ``SHORT_KEYS`` row whose ``block_k`` would hold it whole takes two blocks."""
   if block_k is None:
     return kp if kp <= ONE_PASS_KEYS else KEY_BLOCK
   block_k = int(block_k)
   if block_k < 16 or block_k & (block_k - 1):
     raise ValueError(f"block_k must be a power of two of at least 16, got {block_k}")
+  if kp == SHORT_KEYS and block_k >= kp:
+    return kp // 2
   return min(block_k, kp)
 
 

@@ -83,7 +83,7 @@ def test_a_program_without_triton_calls_is_refused():
 def test_statistics_kernel_passes_the_chip_gate():
   """BERT-base's layer (12 heads of 64, 128 positions, bf16) as the analysis step runs it
   (``kernel.TRITON_DEFAULTS``: heads on the grid, the key loop over 32-key tiles, 16 warps, the
-  weighting epilogue in the kernel), unpacked and packed, and
+  weighting epilogue in the kernel), unpacked, packed and on 32-position rows, and
   the last device-measured tile (``TRITON_MEASURED``) failing it as issue 50's review found."""
   fn, args = kernel.triton_program()
   [report] = sm90.compile_kernels(fn, *args)
@@ -92,6 +92,9 @@ def test_statistics_kernel_passes_the_chip_gate():
   fn, args = kernel.triton_program(slots=16)                            # packed rows (the pass's)
   [packed] = sm90.compile_kernels(fn, *args)
   assert sm90.gate_problems(packed) == [], packed.line()
+  fn, args = kernel.triton_program(k=kernel.SHORT_KEYS)                 # short rows: two key blocks
+  [short] = sm90.compile_kernels(fn, *args)
+  assert sm90.gate_problems(short) == [], short.line()
   fn, args = kernel.triton_program(**kernel.TRITON_MEASURED)
   [old] = sm90.triton_calls(sm90.export_text(fn, *args))
   old = sm90.compile_call(old)
