@@ -31,6 +31,10 @@ rows), so a program writes ``[S, C]`` partial sums (C = 64 parts, S = 1 or the s
 row), not ``[T, 64]`` rows, and XLA only adds the partials over the query blocks and merges the
 parts into the channels (``tile.merge_parts``). How a wrapper runs is one ``KernelSettings``.
 
+On a Pallas wrapper the analysis step reduces every layer in one call after the forward
+(``stash_reducer``, ``kernel_stacked_stats``: the layers folded into the grid) where the layers'
+queries and keys fit ``STASH_BYTES`` a device; else one call a layer (``kernel_reducer``).
+
 Packed rows (several sequences a row, ``segment_ids``; ``slots`` in ``kernel_tables``): every
 table is each sequence's own, a query attends only its own sequence's keys (``tile.key_mask``),
 each key's windows use its own sequence's length, and the weighted sums come per slot.
