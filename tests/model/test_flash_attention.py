@@ -137,9 +137,11 @@ def _split(cfg):
 
 def test_flash_path_equals_explicit_with_dropout(batch):
   """Dropout on (attention 0.3, hidden 0.1), the same step key: the flash path draws the same
-  masks as the explicit one, so outputs and parameter gradients agree to float32 rounding."""
+  masks as the explicit one, so outputs and parameter gradients agree to float32 rounding. The
+  masks take 8 bits an element (``dropout_bits=8``, pre-training's: keep 179/256, kept values
+  scaled by its inverse on both paths)."""
   ids, mask, types = batch
-  cfg = CFG.replace(attention_dropout=0.3)
+  cfg = CFG.replace(attention_dropout=0.3, dropout_bits=8)
   parts, params = _split(cfg)
   key = jax.random.key(11)
   w = jax.random.normal(jax.random.key(3), (*ids.shape, cfg.hidden_size))

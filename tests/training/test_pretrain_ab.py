@@ -95,6 +95,7 @@ def test_variants_in_order_and_absent_switches(monkeypatch):
 
 def test_the_part_runs_tiny_through_the_suite(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # one CPU device
+  env["XLA_FLAGS"] = pretrain_ab.TINY_XLA_FLAGS    # no LLVM optimisations: it checks, not times
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
   # the baseline, configs/pretrain.py's step (every issue-49 form and the 8-bit masks) and the
   # flat LAMB; no long sequence (one torch peer): the part runs, records its figures, profiles
