@@ -56,9 +56,9 @@ def _text(nb) -> str:
 
 @pytest.fixture
 def kernel_path(monkeypatch):
-  """The kernel and its `!` commands use this interpreter's tools (heads-jax, python)."""
+  """The kernel and its `!` commands use this interpreter's tools (heads-jax, python) and the
+  run's compilation cache (conftest's HEADS_JAX_CACHE_DIR)."""
   monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-  monkeypatch.setenv("HEADS_JAX_CACHE_DIR", "off")
 
 
 @pytest.mark.slow

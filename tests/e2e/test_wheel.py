@@ -37,7 +37,7 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-  env.update(PYTHONNOUSERSITE="1", HEADS_JAX_CACHE_DIR="off")
+  env.update(PYTHONNOUSERSITE="1")   # HEADS_JAX_CACHE_DIR: the run's cache (conftest)
   where = _run([str(py), "-c", "import heads_jax, heads_jax.configs, heads_jax.train, heads_jax.analyze; "
                 "print(heads_jax.__file__); print(heads_jax.configs.__file__)"], cwd=elsewhere, env=env)
   assert all(str(env_dir) in line for line in where.split()), where  # the wheel's copy, not the checkout
