@@ -183,14 +183,19 @@ def dropout_keep(key, rate: float, shape, bits: int = 32):
   p = keep_probability(rate, bits)
   if bits == 32:
     return jax.random.bernoulli(key, p, shape), p
-  n = int(np.prod(shape, dtype=np.int64))
-  per = 32 // bits
-  words = jax.random.bits(key, (-(-n // per),), jnp.uint32)
-  small = jax.lax.bitcast_convert_type(words, jnp.uint8 if bits == 8 else jnp.uint16).reshape(-1)
-  if small.shape[0] != n:
-    small = small[:n]
+  shape, per = tuple(shape), 32 // bits
+  small_dtype = jnp.uint8 if bits == 8 else jnp.uint16
+  if shape and shape[-1] % per == 0:
+    # words [..., last / per]: the leading axes (the batch's) stay those of the mask, so the
+    # draw is partitioned as the mask is
+    words = jax.random.bits(key, shape[:-1] + (shape[-1] // per,), jnp.uint32)
+    small = jax.lax.bitcast_convert_type(words, small_dtype).reshape(shape)
+  else:
+    n = int(np.prod(shape, dtype=np.int64))
+    words = jax.random.bits(key, (-(-n // per),), jnp.uint32)
+    small = jax.lax.bitcast_convert_type(words, small_dtype).reshape(-1)[:n].reshape(shape)
   threshold = int(round(p * 2 ** bits))          # 0 .. 2^bits: compared in int32, no overflow
-  return small.reshape(shape).astype(jnp.int32) < threshold, p
+  return small.astype(jnp.int32) < threshold, p
 
 
 # ------------------------------------------------------------------------------------------------

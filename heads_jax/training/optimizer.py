@@ -28,7 +28,8 @@ Two implementations of the same update:
   (compiled for BERT-base on the CPU: 2,237 fusions);
 * ``flat_lamb`` (``make_optimizer(..., flat=True)``; not the default: 1.61x slower a step than
   the chain on an H200, BENCHMARKS.md issue 39, 37 ms of it in the ``segment_sum`` scatters that
-  ``leaf_sums`` has replaced since; not re-measured on a device): the moments live
+  ``leaf_sums`` has replaced since; without it its passes measured ~2.5 ms against the chain's
+  2.6, so it stays off: BENCHMARKS.md issue 49): the moments live
   in one flat float32 vector, each leaf a segment padded to whole rows of ``FLAT_ROW`` elements
   (``[R, FLAT_ROW]``). The update is a few passes over it: the gradients' global norm; the
   moments, the Adam direction, the decay and each row's ``||w||^2`` and ``||u||^2``; the

@@ -200,11 +200,13 @@ def test_dropout_keep_bits_and_probability():
     keep, p = fused_ops.dropout_keep(key, 0.1, shape, bits)
     again, _ = fused_ops.dropout_keep(key, 0.1, shape, bits)
     np.testing.assert_array_equal(keep, again)
-    words = jax.random.bits(key, (keep.size * bits // 32,), jnp.uint32)
+    words = jax.random.bits(key, shape[:-1] + (shape[-1] * bits // 32,), jnp.uint32)
     small = np.asarray(words).view(np.uint8 if bits == 8 else np.uint16).reshape(shape)
     np.testing.assert_array_equal(keep, small < round(p * 2 ** bits))   # little-endian bitcast
     assert abs(float(np.mean(keep)) - p) < 4 * np.sqrt(p * (1 - p) / keep.size)
     text = jax.jit(lambda k: fused_ops.dropout_keep(k, 0.1, shape, bits)[0]).lower(key).as_text()
-    assert f"tensor<{keep.size * bits // 32}xui32>" in text     # the words drawn
+    assert f"tensor<4x64x{256 * bits // 32}xui32>" in text     # the words drawn
+    odd, _ = fused_ops.dropout_keep(key, 0.1, (3, 5), bits)    # a last axis of no whole word
+    assert odd.shape == (3, 5) and odd.dtype == bool
   assert not np.asarray(fused_ops.dropout_keep(key, 1.0, (8,), 8)[0]).any()
   assert np.asarray(fused_ops.dropout_keep(key, 0.001, (8,), 8)[0]).all()   # rounds to keep 1
