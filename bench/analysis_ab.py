@@ -32,6 +32,20 @@ roles are timed):
   blocks of 256, key blocks inside the heads' loop, the XLA wrapper; each checked against the
   last), with the compiled program's temporary memory.
 
+* ``data: ...`` (issue 50 item 7, "measured as a user runs it"): ``heads-jax analyze`` on real
+  data (``DATA_WORKLOADS``: UD EWT test with its gold arcs, MRPC dev pairs without a parser),
+  encoded with the embedded bert-base-uncased vocabulary and packed as the device pass packs
+  them (``pipelines.device_pass.pass_packing``: ``data_batches``) at this part's token budget (``--batch-size`` =
+  the full-row batch's rows): the bare forward, ``stacked`` and ``kernel`` over every batch of
+  the pass, kernel checked against stacked, what ``auto`` takes, and one ``side by side`` row per
+  workload (the full-row batch's from the rows above): time per step and the ratio to the bare
+  forward of each, the fastest path and whether ``auto`` takes it.
+
+The part starts with a ``measured on`` row (the device, the commit: ``common.git_commit``, the
+versions), so its rows say what they measured wherever they are copied. The order is the
+priority: the paths on the full-row batch, their checks, the ``data`` rows, then the profiles,
+the statistics alone and the long sequence (a part cut by its time limit keeps what it wrote).
+
 Programs are lowered in the main thread and compiled in parallel (``ThreadPoolExecutor``; the
 bare forward first and alone, so that the GEMM autotuner's cache fills without contention), then
 timed one after another: median over ``repeats`` of ``steps`` device-resident steps. Each check
@@ -48,8 +62,10 @@ import time
 
 import numpy as np
 
-FULL = {"long": 8192, "long_size": "base"}
-TINY = {"long": 512, "long_size": "tiny"}
+FULL = {"long": 8192, "long_size": "base", "data_examples": None}
+# the CPU smoke: 6 sequences of each data set fill only the pass's tail batches ([2, 32], packed),
+# one shape shared by both workloads, so its three programs compile once
+TINY = {"long": 256, "long_size": "tiny", "data_examples": 6}
 OUTPUTS = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention")
 # A regular expression (environment) selecting what runs, for a short device run: the programs
 # whose name it finds (the paths and variants by their row names; "statistics ... alone: ...";
@@ -167,9 +183,11 @@ def _programs(model, batch: dict, mesh):
   triton = kernel is not None and kernel.default_wrapper(target_platform(None)) == "triton"
   if kernel is not None and getattr(kernel, "TRITON_MEASURED", TRITON_MEASURED) != TRITON_MEASURED:
     raise SystemExit("bench/analysis_ab.py TRITON_MEASURED differs from kernel.TRITON_MEASURED")
+  native = None if kernel is None else kernel.default_wrapper(target_platform(None))
   for name, options in KERNEL_VARIANTS:
+    # absent: a Triton setting off Triton, or the XLA wrapper where it is the step's own (CPU)
     progs[name] = None if kernel is None or "kernel" not in STATS_IMPLS or (
-        TRITON_ONLY & set(options) and not triton) else (
+        TRITON_ONLY & set(options) and not triton) or options.get("wrapper") == native else (
         _kernel_program(graphdef, mesh, **options), (state, device_batch))
   progs[SAME_PROGRAM] = None if kernel is None or "kernel" not in STATS_IMPLS else (
       _kernel_program(graphdef, mesh, beside_stacked=True), (state, device_batch))
@@ -220,10 +238,6 @@ TRITON_MEASURED = {"block_k": 1024, "heads_per_program": "all", "num_warps": 4}
 KERNEL_VARIANTS = (("kernel, XLA wrapper (tile under lax.map, 8 blocks a step)",
                     {"wrapper": "xla", "blocks_per_step": 8}),
                    ("kernel on the explicit forward", {"attention": "explicit"}),
-                   # Triton settings against the run-1 profile (kernel 3.3 ms, channel sums and
-                   # the rest +1.9 ms over the bare forward's other fusions)
-                   ("kernel, channel sums as a product and a sum (sums=reduce)",
-                    {"sums": "reduce"}),
                    # the default is the tile that passes the offline sm_90 gate (heads on the
                    # grid, 32-key tiles, 8 warps: kernel.TRITON_DEFAULTS); beside it the last
                    # device-measured tile (kernel.TRITON_MEASURED: 13.38 ms on the H200)
@@ -315,10 +329,12 @@ def part_analysis_ab(p, s: dict, tiny: bool) -> None:
   from heads_jax.model.bert import BertModel
   from heads_jax.model.config import config_for
   from heads_jax.parallel import data_mesh
+  from heads_jax.stats.step import make_analysis_step
 
   extra = TINY if tiny else FULL
   b, q = s["analysis_batch"]
   steps, reps = s["analysis_steps"], s["repeats"]
+  measured_on(p)
   mesh = data_mesh()
   model = BertModel(config_for(s["size"], vocab_size=30522, dtype=s["dtype"]), rngs=nnx.Rngs(0))
   batch = arcs_batch(b, q)
@@ -327,7 +343,7 @@ def part_analysis_ab(p, s: dict, tiny: bool) -> None:
     if prog is None:
       p.row(name, "absent")
   compiled = _compile_all(progs, p)
-  outputs = {}
+  outputs, times = {}, {}
   bare = None
   for name, prog in progs.items():
     if name not in compiled:
@@ -335,6 +351,7 @@ def part_analysis_ab(p, s: dict, tiny: bool) -> None:
     fn, args = compiled[name], prog[1]
     secs = _median_seconds(lambda: fn(*args), steps, reps)
     bare = bare or secs
+    times[name] = secs
     outputs[name] = fn(*args)
     p.row(f"{name}, batch {b} x {q} {s['dtype']} with arcs", 1e3 * secs, "ms/step",
           f"{secs / bare:.2f}")
@@ -361,6 +378,14 @@ def part_analysis_ab(p, s: dict, tiny: bool) -> None:
     far[KERNEL_F32] = far["kernel"]
   _precision_verdict(p, far)
   del outputs
+  auto = make_analysis_step(model, measures=True, mesh=mesh).path_for(b, q)
+  side_by_side(p, f"full rows, batch {b} x {q} with arcs",
+               {"bare forward": times.get("bare forward"),
+                "stacked": times.get("stacked (the step's)"), "kernel": times.get("kernel")},
+               {auto})
+  for label, spec, syntax in DATA_WORKLOADS:
+    if selected(f"data: {label}"):
+      _data_rows(p, model, mesh, label, spec, syntax, q, b, extra["data_examples"], steps, reps)
   # the profiles first: they reuse compiled programs (a new Triton program that fails hard
   # cannot take them along)
   _profile_rows(p, {name: (compiled[name], progs[name][1]) for name in PROFILED[2 if tiny else 0:]
@@ -368,6 +393,184 @@ def part_analysis_ab(p, s: dict, tiny: bool) -> None:
   del compiled, progs
   _alone_rows(p, model, batch, mesh, steps, reps, bare)
   _long_row(p, s, extra, steps, reps, mesh)
+
+
+def measured_on(p) -> None:
+  """The part's first row: the device, the commit (``common.git_commit``: ``HEADS_JAX_COMMIT`` on
+  the device, whose tree has no ``.git``) and the versions."""
+  import jax
+  import common
+  info = common.machine_info(torch_threads=False)
+  dev = jax.devices()[0]
+  p.row("measured on", f"{jax.device_count()} x {dev.device_kind}", "", "",
+        commit=info["git_commit"], platform=dev.platform, versions=info["versions"],
+        date_utc=info["date_utc"], gpu=info.get("gpu"))
+
+
+# The analysis as a user runs it (issue 50 item 7): `heads-jax analyze --data SPEC` on real
+# sentence lengths, packed as its device pass packs (row label, data spec, arcs). UD EWT test:
+# 2,077 single sentences with gold arcs (short rows of half the length); MRPC dev: 408 sentence
+# pairs, no parser on the device (`--parser none`: the syntactic roles are NaN, the other roles,
+# the distances and the measures are computed), full rows.
+DATA_WORKLOADS = (("UD EWT test, packed, gold arcs", "ud-ewt", True),
+                  ("MRPC dev pairs, packed, no parser", "mrpc", False))
+# The paths timed side by side with the bare forward (the step's, make_analysis_step(stats_impl=))
+SIDE_BY_SIDE = ("stacked", "kernel")
+
+
+# AnalysisConfig.sort_window's default (heads_jax.pipelines imports the host statistics'
+# libraries, which the device machine may lack; tests/e2e/test_bench_analysis_ab.py checks both)
+SORT_WINDOW = 1024
+
+
+def data_batches(spec: str, syntax: bool, length: int, batch_size: int,
+                 examples: int | None) -> list:
+  """``[(indices, packed batch)]``: the batches ``heads-jax analyze --data SPEC --max-length
+  LENGTH --batch-size BATCH_SIZE [--parser none]`` runs on the device (the embedded
+  bert-base-uncased vocabulary, ``SORT_WINDOW``), the first ``examples`` sequences (None: all):
+  ``pipelines.device_pass.pass_packing``'s packing (short rows of ``length // 2``, at most
+  ``PACK_SLOTS`` sequences a full row), written with the data module's own functions (equal to
+  it: tests/e2e/test_bench_analysis_ab.py)."""
+  from heads_jax.data.encoding import DEFAULT_SLOTS, pack_batches
+  from heads_jax.data.specs import encode_spec
+  from heads_jax.data.tokenizer import load_tokenizer
+  from heads_jax.stats.compiling import batch_rows
+  rows = batch_rows(batch_size, length)
+  _, batches, _ = encode_spec(spec, load_tokenizer(), max_length=length, batch_size=rows,
+                              max_examples=examples, syntax=syntax, pad_to_batch_size=True,
+                              sort_window=SORT_WINDOW)
+  return list(pack_batches(batches, length=length, rows=rows, slots=DEFAULT_SLOTS,
+                           window=max(SORT_WINDOW, rows), short_length=length // 2))
+
+
+def packing_summary(batches: list) -> dict:
+  """Sequences, real positions, computed positions, the padding's share and the shapes (with
+  their batch counts) of ``batches``."""
+  real = sum(int(np.asarray(bt["attention_mask"]).sum()) for _, bt in batches)
+  total = sum(int(np.asarray(bt["attention_mask"]).size) for _, bt in batches)
+  shapes = {}
+  for _, bt in batches:
+    shapes[bt["input_ids"].shape] = shapes.get(bt["input_ids"].shape, 0) + 1
+  return {"sequences": int(sum(int((np.asarray(i) >= 0).sum()) for i, _ in batches)),
+          "real_positions": real, "positions": total,
+          "padding_share": round(1 - real / total, 4) if total else None,
+          "shapes": {f"{b} x {k}": n for (b, k), n in sorted(shapes.items())}}
+
+
+def side_by_side(p, label: str, secs: dict, auto: set) -> None:
+  """One row: ``secs`` (``{"bare forward", "stacked", "kernel"}``: seconds per step, None where
+  absent) as time per step and the ratio to the bare forward, the fastest path and what
+  ``auto`` takes (``auto``: its paths for this workload's shapes)."""
+  bare = secs.get("bare forward")
+  if not bare:
+    p.row(f"side by side, {label}", "absent", note="no bare forward time")
+    return
+  parts = [f"bare forward {1e3 * bare:.3g} ms"]
+  ratios = {}
+  for path in SIDE_BY_SIDE:
+    t = secs.get(path)
+    if t:
+      ratios[path] = t / bare
+      parts.append(f"{path} {1e3 * t:.3g} ms ({t / bare:.2f}x)")
+    else:
+      parts.append(f"{path} absent")
+  fastest = min(ratios, key=ratios.get) if ratios else None
+  follows = fastest is not None and auto == {fastest}
+  p.row(f"side by side, {label}", "; ".join(parts), "",
+        f"fastest {fastest}; auto takes {'/'.join(sorted(auto))}"
+        f"{'' if follows else ' (not the fastest)'}",
+        ms_per_step={k: (None if v is None else 1e3 * v) for k, v in secs.items()},
+        ratio_to_bare_forward=ratios, fastest=fastest, auto=sorted(auto),
+        auto_follows_measurement=follows)
+
+
+def _packed_forward(graphdef):
+  """The bare forward (the model's fast attention, hidden states only) of packed rows."""
+  import jax
+  from flax import nnx
+  from heads_jax.sieves import segment_positions
+
+  def run(st, bt):
+    seg = bt["segment_ids"]
+    return nnx.merge(graphdef, st)(bt["input_ids"], attention_mask=bt["attention_mask"],
+                                   token_type_ids=bt["token_type_ids"], deterministic=True,
+                                   segment_ids=seg, position_ids=segment_positions(seg)
+                                   )["last_hidden_state"]
+  return jax.jit(run)
+
+
+def _data_rows(p, model, mesh, label: str, spec: str, syntax: bool, length: int,
+               batch_size: int, examples: int | None, steps: int, reps: int) -> None:
+  """The ``data: LABEL`` rows: every batch of the pass (``data_batches``) through the bare
+  forward, ``stacked`` and ``kernel`` (time per step: a pass over all of them, divided by their
+  number; median of ``reps`` x ``steps`` passes), kernel against stacked on the same batches,
+  what ``auto`` takes, and the ``side by side`` row."""
+  import jax
+  from flax import nnx
+  from heads_jax.data.encoding import DEFAULT_SLOTS, row_slots
+  from heads_jax.parallel import pad_to_multiple, replicate, shard_batch
+  from heads_jax.stats.step import STATS_IMPLS, make_analysis_step
+  what = f"data: {label}"
+  try:
+    batches = data_batches(spec, syntax, length, batch_size, examples)
+  except Exception as e:  # noqa: BLE001  data that do not load here are a finding, not a crash
+    p.row(f"{what}: batches", "absent", note=f"{type(e).__name__}: {str(e)[:200]}")
+    return
+  summary = packing_summary(batches)
+  p.row(f"{what}: padding of the packed batches", summary["padding_share"], "share",
+        f"{summary['sequences']} sequences in {len(batches)} batches", **summary)
+  graphdef, state = nnx.split(model)
+  state = replicate(state, mesh)
+  steps_of = {impl: make_analysis_step(model, measures=True, stats_impl=impl, mesh=mesh)
+              for impl in SIDE_BY_SIDE if impl in STATS_IMPLS}
+  auto_step = make_analysis_step(model, measures=True, mesh=mesh)
+  multiple = auto_step.multiple
+  device, shapes = [], {}
+  for _, bt in batches:
+    padded, _ = pad_to_multiple({f: np.asarray(v, np.int32) for f, v in bt.items()}, multiple)
+    device.append(shard_batch(padded, mesh))
+    b, k = padded["input_ids"].shape
+    shapes.setdefault((b, k), (row_slots(k, length, DEFAULT_SLOTS), device[-1]))
+  auto = {auto_step.path_for(b, k) for b, k in shapes}
+  progs = {}
+  forward = _packed_forward(graphdef)
+  for (b, k), (slots, example) in shapes.items():
+    progs[("bare forward", b, k)] = (forward, (state, example))
+    for impl, step in steps_of.items():
+      if not step.packs_for(b, k):
+        p.row(f"{what}: {impl}", "absent", note=f"the {impl} step does not take packed rows here")
+        continue
+      progs[(impl, b, k)] = (step.program(impl, slots), (step._state, example, None))
+  named = {f"{path}, {b} x {k}": prog for (path, b, k), prog in progs.items()}
+  first = next(iter(named))
+  compiled = _compile_all(named, p, first=first)
+  secs, outputs = {}, {}
+  for path in ("bare forward",) + tuple(steps_of):
+    fns = []
+    for bt in device:
+      b, k = bt["input_ids"].shape
+      fn = compiled.get(f"{path}, {b} x {k}")
+      if fn is None:
+        break
+      fns.append((fn, (state, bt) if path == "bare forward" else (steps_of[path]._state, bt, None)))
+    else:
+      def one_pass(fns=fns):
+        return [fn(*args) for fn, args in fns]
+      secs[path] = _median_seconds(one_pass, steps, reps) / len(fns)
+      if path != "bare forward":
+        outputs[path] = one_pass()
+      bare = secs.get("bare forward")
+      p.row(f"{what}: {path}, per batch ({', '.join(summary['shapes'])})", 1e3 * secs[path],
+            "ms/step", f"{secs[path] / bare:.2f}" if bare else "",
+            tokens_per_s=summary["real_positions"] / (secs[path] * len(fns)))
+  if len(outputs) == 2:
+    errs = [_errors(got, {key: np.asarray(v) for key, v in want.items()})
+            for got, want in zip(outputs["kernel"], outputs["stacked"])]
+    same = all(e["nan_pattern_equal"] for e in errs)
+    p.row(f"check {what}: kernel against stacked", max(e["max_rel_error"] for e in errs),
+          "max rel. error", "NaN pattern equal" if same else "NaN PATTERN DIFFERS",
+          per_output={key: max(e["per_output"][key] for e in errs) for key in OUTPUTS})
+  side_by_side(p, label, secs, auto)
 
 
 def _float32_checks(p, outputs: dict, ref32: dict, reference: str = F32_REFERENCE) -> dict:
@@ -438,13 +641,11 @@ def capture_qk(model):
 
 # The statistics alone, on the forward's own queries and keys and the batch's tables already on
 # the device (computed once, outside the timed function), every layer in one program: the Pallas
-# call by itself, with XLA's channel sums (kernel_layer_stats: what the step runs), one more
-# Triton setting, and the XLA wrapper.
+# call by itself (its partial sums), with the parts merged (kernel_layer_stats: what the step
+# runs), Triton settings, and the XLA wrapper.
 ALONE = (("statistics kernel alone: the Pallas call, every layer", {"rows_only": True}),
-         ("statistics kernel alone: Pallas call + channel sums (kernel_layer_stats), every layer",
-          {}),
-         ("statistics kernel alone: Pallas call + channel sums as a product and a sum "
-          "(sums=reduce)", {"sums": "reduce"}),
+         ("statistics kernel alone: Pallas call + the parts merged (kernel_layer_stats), "
+          "every layer", {}),
          ("statistics kernel alone: the Pallas call, 4 window corrections shared (static=4)",
           {"rows_only": True, "static": 4}),
          ("statistics kernel alone: the Pallas call, none shared (static=0)",
@@ -459,21 +660,18 @@ ALONE = (("statistics kernel alone: the Pallas call, every layer", {"rows_only":
                                                                 "num_warps": 2}),
          ("statistics kernel alone: the Pallas call, key blocks of 64 (the two-pass key loop)",
           {"rows_only": True, "block_k": 64}),
-         ("statistics kernel alone: the Pallas call, key blocks of 64 inside the heads' loop",
-          {"rows_only": True, "block_k": 64, "keys_outer": False}),
          ("statistics alone: XLA wrapper (lax.scan, 8 blocks a step), every layer",
           {"wrapper": "xla", "blocks_per_step": 8}))
 
 
-TRITON_ONLY = {"num_warps", "num_stages", "block_k", "keys_outer", "static", "sums",
-               "heads_per_program"}
+TRITON_ONLY = {"num_warps", "num_stages", "block_k", "static", "heads_per_program"}
 
 
 def alone_program(layers: int, platform: str, *, rows_only: bool = False,
                   wrapper: str | None = None, **options):
   """``fn(qs, ks, tables)``: the statistics of every layer from ``qs, ks [b, l, k, h, e]``
   (``capture_qk``) with ``tables = kernel.kernel_program_tables(...)``; ``rows_only``: the
-  Pallas call alone (``kernel.kernel_layer_rows``: ``[l, b, h, kp, 64]``)."""
+  Pallas call alone (``kernel.kernel_layer_partials``: every head's partial sums)."""
   import jax
   import jax.numpy as jnp
   from heads_jax.data.vocabulary import ROLES
@@ -484,9 +682,9 @@ def alone_program(layers: int, platform: str, *, rows_only: bool = False,
     outs = []
     for layer in range(layers):
       if rows_only:
-        outs.append(kernel.kernel_layer_rows(qs[:, layer], ks[:, layer], tables, ROLES,
-                                             "dep2head", wrapper=wrapper, platform=platform,
-                                             **options))
+        outs.append(kernel.kernel_layer_partials(qs[:, layer], ks[:, layer], tables, ROLES,
+                                                 "dep2head", True, wrapper=wrapper,
+                                                 platform=platform, **options))
       else:
         outs.append(kernel.kernel_layer_stats(qs[:, layer], ks[:, layer], tables, ROLES,
                                               "dep2head", True, wrapper=wrapper,
@@ -551,8 +749,7 @@ PROFILE_CATEGORIES = (("statistics kernel", r"heads_jax_statistics"),
                                 r"|opc:(dot|convolution)\b"),
                       ("other fusions", r"."))
 # The programs profiled (tiny: the kernel step only, the CPU is shared)
-PROFILED = ("bare forward", "stacked (the step's)", "kernel",
-            "kernel, channel sums as a product and a sum (sums=reduce)")
+PROFILED = ("bare forward", "stacked (the step's)", "kernel")
 
 
 def _profile_rows(p, programs: dict, steps: int) -> None:
@@ -625,12 +822,10 @@ def _long_row(p, s: dict, extra: dict, steps: int, reps: int, mesh) -> None:
             "NaN PATTERN DIFFERS", per_output=e["per_output"])
 
 
-# Kernel v2's settings on the long sequence beside the step's (the Triton key loop on GPUs, key
-# blocks outside the heads): larger key blocks, key blocks inside the heads' loop, and the XLA
-# wrapper (the path past 1,024 keys before the key loop; last: the others' reference).
+# Kernel v2's settings on the long sequence beside the step's (the Triton key loop on GPUs):
+# larger key blocks, and the XLA wrapper (the path past 1,024 keys before the key loop; last:
+# the others' reference).
 LONG_VARIANTS = (("kernel, key blocks of 256", {"block_k": 256}),
-                 ("kernel, key blocks inside the heads' loop (keys_outer=False)",
-                  {"keys_outer": False}),
                  ("kernel, XLA wrapper (32 blocks a step)", {"wrapper": "xla",
                                                             "blocks_per_step": 32}))
 

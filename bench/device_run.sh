@@ -5,6 +5,10 @@
 #   HEADS_JAX_COMMIT=<git rev-parse HEAD here> bash bench/device_run.sh   # analysis_ab, pretrain_ab
 #   PARTS=pretrain_ab HEADS_JAX_COMMIT=... bash bench/device_run.sh
 # pretrain_ab runs torch's peer (torch.compile) itself, at sequence 128 and 512, in the same call.
+# analysis_ab runs, in this order (a part cut by its limit keeps its rows): every statistics path
+# on the full-row batch and their checks; the analysis as `heads-jax analyze` runs it (UD EWT test
+# and MRPC dev, packed: the bare forward, stacked and kernel side by side, what auto takes); then
+# the profiles, the statistics alone and one 8,192-position sequence.
 # The machine has jax, flax, optax, orbax, torch and transformers (Python 3.12) but not every
 # requirement of heads_jax: the wheels in .whl/ (ml-collections, matplotlib-venn, tensorboardX; fetched
 # beforehand with `pip download --no-deps --python-version 3.12 ...`) are installed over it, and

@@ -54,3 +54,61 @@ def test_analysis_ab_runs_every_path_on_the_cpu(tmp_path):
   assert long[1]["detail"]["note"] == "finite distance: True"
   assert long[1]["detail"]["temp_bytes"] > 0 and long[1]["detail"]["map_bytes"] > 0
   assert "analysis_ab" in (out / "accelerator.md").read_text()
+  # what was measured and where: the commit and the device, in the part and in the file
+  where = rows["measured on"]
+  assert where["value"] == "1 x cpu" and where["detail"]["commit"] == res["commit"], where
+  assert len(res["commit"]) >= 7 and "unknown" not in res["commit"]
+  # as a user runs it (issue 50 item 7): UD EWT and MRPC packed as the device pass packs them,
+  # the bare forward, stacked and the kernel side by side, beside the full-row batch
+  for label in ("UD EWT test, packed, gold arcs", "MRPC dev pairs, packed, no parser"):
+    pad = rows[f"data: {label}: padding of the packed batches"]
+    assert 0 <= pad["value"] < 0.5 and pad["detail"]["sequences"] == 6, pad
+    assert pad["detail"]["shapes"] == {"2 x 32": pad["detail"]["positions"] // 64}, pad
+    for path in ("bare forward", "stacked", "kernel"):
+      r = rows[f"data: {label}: {path}, per batch (2 x 32)"]
+      assert r["unit"] == "ms/step" and r["value"] > 0 and float(r["ratio"]) > 0, r
+    check = rows[f"check data: {label}: kernel against stacked"]
+    assert check["value"] < 1e-4 and check["ratio"] == "NaN pattern equal", check
+  for label in ("full rows, batch 8 x 32 with arcs", "UD EWT test, packed, gold arcs",
+                "MRPC dev pairs, packed, no parser"):
+    d = rows[f"side by side, {label}"]["detail"]
+    assert set(d["ms_per_step"]) == {"bare forward", "stacked", "kernel"}, d
+    assert all(v > 0 for v in d["ms_per_step"].values()), d
+    for path in ("stacked", "kernel"):
+      assert abs(d["ratio_to_bare_forward"][path]
+                 - d["ms_per_step"][path] / d["ms_per_step"]["bare forward"]) < 1e-9, d
+    assert d["fastest"] in ("stacked", "kernel") and d["auto"] == ["layerwise"], d   # a CPU
+    assert d["auto_follows_measurement"] is False, d
+
+
+def test_the_data_rows_run_the_batches_of_analyze():
+  """``analysis_ab.data_batches`` (written without heads_jax.pipelines, which the device may not
+  import) gives the device pass's packed batches of ``heads-jax analyze``: its sort window and
+  ``pass_packing`` (short rows for single sentences, full rows for pairs)."""
+  import dataclasses
+
+  import numpy as np
+
+  sys.path.insert(0, str(REPO / "bench"))
+  import analysis_ab
+  from heads_jax.data.specs import encode_spec
+  from heads_jax.data.tokenizer import load_tokenizer
+  from heads_jax.pipelines.analysis import AnalysisConfig
+  from heads_jax.pipelines.device_pass import pass_packing
+  defaults = {f.name: f.default for f in dataclasses.fields(AnalysisConfig)}
+  assert analysis_ab.SORT_WINDOW == defaults["sort_window"]
+  for spec, syntax, shapes in (("ud-ewt", True, {(64, 64), (8, 128)}),
+                               ("mrpc", False, {(8, 128)})):
+    got = analysis_ab.data_batches(spec, syntax, 128, 32, 300)
+    _, batches, _ = encode_spec(spec, load_tokenizer(), max_length=128, batch_size=32,
+                                max_examples=300, syntax=syntax, pad_to_batch_size=True,
+                                sort_window=defaults["sort_window"])
+    want = list(pass_packing(batches, length=128, rows=32, window=defaults["sort_window"]))
+    assert len(got) == len(want) and {b["input_ids"].shape for _, b in got} <= shapes | {(32, 128)}
+    for (gi, gb), (wi, wb) in zip(got, want):
+      np.testing.assert_array_equal(gi, wi)
+      assert gb.keys() == wb.keys() and "segment_ids" in gb
+      for f in gb:
+        np.testing.assert_array_equal(gb[f], wb[f])
+    summary = analysis_ab.packing_summary(got)
+    assert summary["sequences"] == 300 and 0 < summary["padding_share"] < 0.2, summary
