@@ -60,7 +60,7 @@ FULL = {"size": "base", "dtype": "bfloat16", "pretrain": [(128, 256, 20), (512, 
         "notebook_sequences": 64, "batch_size": 32}
 TINY = {"size": "tiny", "dtype": "float32", "pretrain": [(32, 4, 5)], "pretrain_steps": 1,
         "repeats": 1, "peer": (4, 32, 5), "peer_compile": False, "analysis_batch": (8, 32),
-        "analysis_steps": 1, "sentences": 16, "notebook_sequences": 8, "batch_size": 8}
+        "analysis_steps": 1, "sentences": 8, "notebook_sequences": 8, "batch_size": 8}
 
 
 class Part:
@@ -127,7 +127,10 @@ def part_pretrain(p: Part, s: dict, tiny: bool) -> None:
             f"({r['attention_path']})", r["tokens_per_s"], "tokens/s", mfu,
             step_ms=1e3 * r["step_s"], forward_ms=1e3 * b["forward"],
             backward_ms=1e3 * b["backward"], optimizer_in_step_ms=1e3 * b["optimizer_in_step"],
-            optimizer_alone_ms=1e3 * b["optimizer_alone"], loss=r["loss"])
+            optimizer_alone_ms=1e3 * b["optimizer_alone"], loss=r["loss"],
+            attention_path=r["attention_path"], mfu=r.get("mfu"),
+            non_embedding_params=r["non_embedding_params"],
+            flops_per_token=r["flops_per_token"])
 
 
 def part_torch_peer(p: Part, s: dict, tiny: bool) -> None:

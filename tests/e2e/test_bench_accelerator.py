@@ -5,23 +5,22 @@ the suite going and says so (issue 35: "a cut run keeps what it measured")."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_bench_smoke import bench_env
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _suite(tmp_path: Path, *args: str, timeout: int = 3000):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # one CPU device
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
   out = tmp_path / "acc"
   proc = subprocess.run([sys.executable, str(REPO / "bench" / "accelerator.py"), "--tiny",
-                         "--out", str(out), *args], capture_output=True, text=True, env=env,
-                        cwd=REPO, timeout=timeout)
+                         "--out", str(out), *args], capture_output=True, text=True,
+                        env=bench_env(), cwd=REPO, timeout=timeout)
   assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
   return proc.stdout, json.loads((out / "accelerator.json").read_text()), \
       (out / "accelerator.md").read_text()
@@ -33,7 +32,11 @@ SIX = ("doctor", "pretrain", "torch_peer", "analysis_step", "analyze", "notebook
 @pytest.mark.slow   # six parts, each in its own process (several minutes on 2 shared cores)
 def test_accelerator_suite_runs_every_part_on_the_cpu(tmp_path):
   """The suite's first six parts (analysis_ab and pretrain_ab have tests of their own:
-  tests/e2e/test_bench_analysis_ab.py, tests/training/test_pretrain_ab.py)."""
+  tests/e2e/test_bench_analysis_ab.py, tests/training/test_pretrain_ab.py). Each part's
+  computation runs here only: the pre-training part is bench_pretrain_mfu's ``run_setting``
+  (tests/e2e/test_bench_accel.py runs that script's command line on one setting), the notebook
+  part bench_notebook_baseline's loops against heads_jax (test_bench_smoke runs that script
+  without its check)."""
   stdout, res, md = _suite(tmp_path, "--parts", ",".join(SIX))
   parts = {p["name"]: p for p in res["parts"]}
   assert list(parts) == list(SIX)
@@ -56,11 +59,19 @@ def test_accelerator_suite_runs_every_part_on_the_cpu(tmp_path):
   for r in pre:
     d = r["detail"]
     assert r["value"] > 0 and d["forward_ms"] > 0 and d["optimizer_alone_ms"] > 0
+    assert 5 < d["loss"] < 15 and 0 < d["mfu"] < 1, d   # ~ ln(30522) + ln(2) at initialisation
+    # 6 N + 12 l d q: tiny has l = 2, d = 64; sequence 32
+    assert d["flops_per_token"]["palm_6N_12ldq"] == 6 * d["non_embedding_params"] + 12 * 2 * 64 * 32
+  # the fused row names its implementation: XLA on the CPU (cuDNN or the flash kernel on a GPU)
+  assert [r["detail"]["attention_path"] for r in pre] == ["explicit", "fused: xla"]
   assert parts["torch_peer"]["rows"][0]["value"] > 0
   e2e = parts["analyze"]["rows"]
   assert len(e2e) == 2 and "cold" in e2e[0]["what"] and "warm" in e2e[1]["what"]
   nb = parts["notebook"]["rows"]
-  assert nb[0]["detail"]["agreement"] and nb[1]["value"] > 0
+  for key in ("sieve_bias", "distance"):   # the notebook's loops give heads_jax's scores
+    agree = nb[0]["detail"]["agreement"][key]
+    assert agree["nan_pattern_equal"] and agree["max_abs_diff"] < 1e-3, agree
+  assert nb[1]["value"] > 0
   # one Markdown table with a line per row
   for what in rows:
     assert what in md

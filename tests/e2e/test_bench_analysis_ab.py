@@ -6,10 +6,11 @@ and profile rows come out (the Pallas ones "absent" on the CPU), and the long-se
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.e2e.test_bench_smoke import bench_env
 
 REPO = Path(__file__).resolve().parents[2]
 PATHS = ("bare forward", "forward returning maps", "stacked v1 (stand-alone functions)",
@@ -18,12 +19,10 @@ PATHS = ("bare forward", "forward returning maps", "stacked v1 (stand-alone func
 
 
 def test_analysis_ab_runs_every_path_on_the_cpu(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # one CPU device
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
   out = tmp_path / "acc"
   proc = subprocess.run([sys.executable, str(REPO / "bench" / "accelerator.py"), "--tiny",
                          "--parts", "analysis_ab", "--out", str(out)], capture_output=True,
-                        text=True, env=env, cwd=REPO, timeout=1500)
+                        text=True, env=bench_env(), cwd=REPO, timeout=1500)
   assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
   res = json.loads((out / "accelerator.json").read_text())
   [part] = res["parts"]

@@ -24,10 +24,24 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 
 
+# The smoke runs check that each script runs and what it writes, not its speed: XLA:CPU compiles
+# without LLVM's optimisations (about half the compile time of these tiny programs; what every
+# smoke spends most of its time on).
+SMOKE_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def bench_env() -> dict:
+  """The environment of a bench script's smoke run: one CPU device (no ``XLA_FLAGS`` of the
+  tests' 8-device emulation), ``SMOKE_XLA_FLAGS``, the checkout on ``PYTHONPATH``."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["XLA_FLAGS"] = SMOKE_XLA_FLAGS
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+  return env
+
+
 def _run(script: str, args: list, tmp_path: Path) -> tuple[str, dict]:
   out = tmp_path / f"{Path(script).stem}.json"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+  env = bench_env()
   proc = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(out)],
                         capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
   assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
@@ -47,7 +61,7 @@ def _check_machine(machine: dict) -> None:
   assert machine["date_utc"][:2] == "20"
   assert machine["versions"]["jax"] and machine["versions"]["torch"]
   assert machine["cpu"]["cores"] >= 1
-  assert machine["xla_flags"] == ""
+  assert machine["xla_flags"] == SMOKE_XLA_FLAGS     # one device: no emulation flag
 
 
 def test_notebook_loops_match_reference():
@@ -81,14 +95,19 @@ def test_common_table_and_summary():
 
 @pytest.mark.slow
 def test_bench_notebook_baseline(tmp_path):
+  """The script's command line, table and JSON. Its scores against heads_jax's (``--check``) are
+  checked where heads_jax's step runs anyway: the accelerator suite's ``notebook`` part and
+  ``test_bench_analysis``'s baseline (the loops against the reference: above)."""
   stdout, res = _run("bench_notebook_baseline.py",
                      ["--random", "--size", "tiny", "--sequences", "6", "--batch-size", "4",
-                      "--max-length", "32", "--threads", "1", "--check"], tmp_path)
+                      "--max-length", "32", "--threads", "1"], tmp_path)
   _has_table(stdout, "seq_per_s", "maps_s", "loops_s")
-  assert res["result"]["sequences"] == 6
-  for key in ("sieve_bias", "distance"):
-    agree = res["agreement_with_heads_jax"][key]
-    assert agree["nan_pattern_equal"] and agree["max_abs_diff"] < 1e-3, agree
+  r = res["result"]
+  assert r["sequences"] == 6 and r["seq_per_s"] > 0 and r["torch_threads"] == 1, r
+  # 6 sequences' stored maps [l, h, k, k] float32 (tiny: 2 x 4 heads, at most 32 positions)
+  assert 0 <= r["maps_mib"] <= round(6 * 2 * 4 * 32 * 32 * 4 / 2**20, 1), r
+  assert res["agreement_with_heads_jax"] is None
+  assert res["machine"]["git_commit"] and "unknown" not in res["machine"]["git_commit"]
 
 
 @pytest.mark.slow
@@ -97,7 +116,7 @@ def test_bench_analysis(tmp_path):
                      ["--random", "--size", "tiny", "--sequences", "8", "--batch-size", "4",
                       "--max-length", "32", "--repeats", "1", "--baseline-sequences", "4",
                       "--baseline-threads", "1", "--memory-sequences", "4",
-                      "--memory-multiples", "1,2"], tmp_path)
+                      "--memory-multiples", "1,2", "--compare-impls", ""], tmp_path)
   _has_table(stdout, "seq_per_s", "heads_jax_speedup", "analysis_peak_rss_mib")
   _check_machine(res["machine"])
   tp = res["throughput"]
