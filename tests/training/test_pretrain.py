@@ -50,7 +50,9 @@ def _synthetic_batch(seed, b=16, q=32, p=5):
 
 @pytest.fixture(scope="module")
 def small_setup():
-  model = BertForPreTraining(config_for("tiny", vocab_size=V, num_layers=1), rngs=nnx.Rngs(0))
+  # 8-bit dropout masks (pre-training's): drawn per row, so partitioned as the batch
+  model = BertForPreTraining(config_for("tiny", vocab_size=V, num_layers=1, dropout_bits=8),
+                             rngs=nnx.Rngs(0))
   parts, params = steps.split_model(model)
   tx, sched = optimizer.make_optimizer(learning_rate=1e-2, warmup_steps=1, total_steps=10)
   mesh = data_mesh()
