@@ -310,6 +310,7 @@ def _subprocess(argv, **env_vars):
                         text=True, env=env, timeout=600)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", ["bogus", "tpu"])
 def test_a_platform_jax_cannot_start_is_one_line(platform, tmp_path):
   """JAX_PLATFORMS naming a platform this host lacks: one line naming it (not JAX's 47-line

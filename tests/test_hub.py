@@ -37,6 +37,7 @@ def hf_home(tmp_path, monkeypatch):
   return home
 
 
+@pytest.mark.slow
 def test_hub_id_resolves_through_hf_home_cache(hf_home, tmp_path, monkeypatch):
   snap = write_cached_model(hf_home / "hub", "org/tiny-roberta")
   assert hub.cache_dir() == hf_home / "hub"

@@ -95,6 +95,7 @@ def test_watchdog_names_the_path_then_exits_2_with_the_last_checkpoint(silent):
   assert "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_own_calls_time_out_and_retry_then_fail_with_one_line(silent):
   """heads_jax's own writes (config.json, metrics) on the silent server: a UserError after the
   retries, well within the limit, no hang."""

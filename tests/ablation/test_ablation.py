@@ -67,6 +67,7 @@ def _plain_metrics(model, data, **kw):
 # the model's gates and segment removal
 
 
+@pytest.mark.slow
 def test_removing_a_layer_equals_zeroed_attention_output():
   """Gate 0 on every head of layer 1 == that layer's attention adding only the output bias
   (zeroed output kernel; and, separately, zeroed value kernel and bias)."""
@@ -131,6 +132,7 @@ def _layer0_reference(m, hidden0, mask, types, keep_fn):
   return probs, ln(hmid @ wo2 + bo2 + y, layer.norm)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("renormalise", [False, True])
 @pytest.mark.parametrize("part", ["intra", "inter"])
 def test_segment_removal_equals_hand_masked_attention(part, renormalise):
@@ -180,6 +182,7 @@ def test_segment_removal_shape_is_checked(model):
 # the evaluator
 
 
+@pytest.mark.slow
 def test_evaluator_equals_plain_forward(model, data, ev):
   base = ev.evaluate()
   ref = _plain_metrics(model, data)
@@ -238,6 +241,7 @@ def _per_example_losses(model, data):
   return losses
 
 
+@pytest.mark.slow
 def test_importance_matches_finite_differences(model, data, ev):
   losses = _per_example_losses(model, data)
   eps = 1e-2
@@ -262,6 +266,7 @@ def test_importance_matches_finite_differences(model, data, ev):
                              rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_importance_of_a_removed_head_gradient_at_gate(model, data, ev):
   """At a gate with some heads at 0, the importance is the gradient there (finite differences)."""
   losses = _per_example_losses(model, data)

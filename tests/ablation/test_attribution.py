@@ -97,6 +97,7 @@ def _random_toy(seed=0, d=6, h=3, e=2):
                                     "layers": [layer(), layer()]})
 
 
+@pytest.mark.slow
 def test_integrated_gradients_are_complete_within_the_riemann_error():
   # a layer's attributions summed over its heads and token pairs -> F(A) - F(0 at that layer);
   # the left Riemann sum's error is O(1/m): 16x the steps, about 1/16 of the error
@@ -115,6 +116,7 @@ def test_integrated_gradients_are_complete_within_the_riemann_error():
     check_steps(0)
 
 
+@pytest.mark.slow
 def test_a_planted_head_that_carries_the_label_is_found_first_by_both_methods():
   params = _planted()
   rng = np.random.default_rng(3)

@@ -83,6 +83,7 @@ def _data(model, n=40, seed=0):
   return evaluate.EvalData(ids, mask, types, labels, glue.task_info("sst2"), "own predictions")
 
 
+@pytest.mark.slow
 def test_planted_heads_carry_the_classifier_signal():
   planted = ((0, 1), (1, 2))
   model = _planted_classifier(planted, seed=3)
@@ -98,6 +99,7 @@ def test_planted_heads_carry_the_classifier_signal():
   assert row["random_mean_change"] > row["change"]
 
 
+@pytest.mark.slow
 def test_mean_ablation_keeps_a_constant_head_and_differs_from_removal():
   """Head (0, 1) with a zero value kernel has the constant context b_V: its mean is b_V, and
   replacing it by its mean changes nothing, while removing it does."""

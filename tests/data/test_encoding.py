@@ -89,6 +89,7 @@ def test_pair_truncation_longest_first(tok, n_a, n_b, max_length, kept):
                                 [CLS] + [0] * ka + [SEP] + [0] * kb + [SEP])
 
 
+@pytest.mark.slow
 def test_pair_truncation_matches_reference_rule_on_all_small_lengths(tok):
   cases = list(itertools.product(range(0, 9), range(0, 9), range(4, 14)))
   examples = [AnalysisExample(words_segment(letters(a) or [""]), words_segment(letters(b, 10) or [""]))

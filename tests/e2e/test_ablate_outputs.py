@@ -65,6 +65,7 @@ def _copy(finished, to: Path):
   return Path(shutil.copytree(out, to)), argv + ["--out", str(to)], flags
 
 
+@pytest.mark.slow
 def test_a_missing_or_damaged_output_reruns_its_part_and_says_which(finished, tmp_path):
   out, _, flags = _copy(finished, tmp_path / "out")
   cfg = AblationConfig(out=str(out), **flags)

@@ -18,6 +18,7 @@ PATHS = ("bare forward", "forward returning maps", "stacked v1 (stand-alone func
          "kernel")
 
 
+@pytest.mark.slow
 def test_analysis_ab_runs_every_path_on_the_cpu(tmp_path):
   out = tmp_path / "acc"
   proc = subprocess.run([sys.executable, str(REPO / "bench" / "accelerator.py"), "--tiny",

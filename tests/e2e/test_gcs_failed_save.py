@@ -108,6 +108,7 @@ def refused():
     server.stop()
 
 
+@pytest.mark.slow
 def test_a_refused_async_save_to_a_bucket_stops_and_keeps_the_last_checkpoint(refused):
   from heads_jax import storage
   from heads_jax.training import checkpointing

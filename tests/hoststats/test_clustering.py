@@ -252,6 +252,7 @@ def test_near_does_not_drift_with_length():
   assert near[25, "windows"] < 0.8 and near[384, "windows"] > 0.99
 
 
+@pytest.mark.slow
 def test_uniform_reference_is_uniform_attention_through_the_distance_features():
   """The reference equals the distance features of attention spread evenly over the real keys
   (an independent computation: the device code's binning), for several lengths and windows."""
@@ -359,6 +360,7 @@ def test_recovers_planted_groups_and_names(method):
   assert df["tsne_x"].isna().all()
 
 
+@pytest.mark.slow
 def test_tsne_and_stability_on_small_runs():
   x, _ = _planted(per=1, b=2)  # 4 heads: half-fits of 2 heads cannot make 4 clusters
   df, info = clustering.cluster_heads(x, n_init=2)
@@ -587,6 +589,7 @@ def _outliers_by_hand(x, k=4, min_share=0.05, fence=3.0, max_refits=3):
     refits += 1
 
 
+@pytest.mark.slow
 def test_outlier_rules_by_hand():
   """Heavy-tailed heads (Student t, 2 degrees of freedom) whose first fits put heads between 1.5
   and 3 IQR beyond Q3, and between 3 and 6: `fit_types` sets aside exactly the heads the rules

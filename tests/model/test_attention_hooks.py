@@ -33,6 +33,7 @@ def batch():
   return ids, mask, types
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_edits_act_as_the_gates_they_generalise(family, batch):
   """``edit_probs`` scaling a head's probabilities by g, and ``edit_context`` scaling its

@@ -31,6 +31,7 @@ def _real(x, mask):
   return np.asarray(x)[np.asarray(mask) > 0]
 
 
+@pytest.mark.slow
 def test_fused_forward_equals_explicit(model, batch):
   ids, mask, types = batch
   ref = model(ids, mask, types, attention="explicit")
@@ -44,6 +45,7 @@ def test_fused_forward_equals_explicit(model, batch):
   np.testing.assert_allclose(out["last_hidden_state"], ref["last_hidden_state"], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_fused_gradient_equals_explicit(model, batch):
   ids, mask, types = batch
   graphdef, state, rest = nnx.split(model, nnx.Param, ...)

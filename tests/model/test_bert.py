@@ -37,6 +37,7 @@ def test_size_table():
     config_for("huge")
 
 
+@pytest.mark.slow
 def test_attention_rows_sum_to_one_and_padding_is_zero(model, batch):
   ids, mask, types = batch
   att = np.asarray(model(ids, mask, types, return_attentions=True)["attentions"])
@@ -98,6 +99,7 @@ def test_gate_shape_is_checked(model, batch):
     model(ids, mask, types, head_gate=np.ones((3, 4)))
 
 
+@pytest.mark.slow
 def test_heads_shapes_and_tied_decoder():
   ids, mask, types = random_batch(np.random.default_rng(1), b=2, k=10, vocab=97)
   pre = BertForPreTraining(CFG, rngs=nnx.Rngs(0))
@@ -111,6 +113,7 @@ def test_heads_shapes_and_tied_decoder():
   assert cls(ids, mask, types)["logits"].shape == (2, 3)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params_and_attention():
   cfg = CFG.replace(dtype="bfloat16")
   m = BertModel(cfg, rngs=nnx.Rngs(0))

@@ -20,6 +20,7 @@ import contextlib
 import numpy as np
 
 import jax
+import pytest
 import optax
 from flax import nnx
 
@@ -70,6 +71,7 @@ def _curve(layer_norm_dtype: str, dropout_bits: int = 32, plain: bool = False) -
   return np.asarray(losses, np.float64)
 
 
+@pytest.mark.slow
 def test_bf16_layer_norm_follows_the_float32_layer_norm_loss_curve():
   bf16, f32 = _curve("compute"), _curve("float32", plain=True)
   assert np.all(np.isfinite(bf16)) and np.all(np.isfinite(f32))

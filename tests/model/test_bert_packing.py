@@ -31,6 +31,7 @@ def _two_sequences():
   return a, b, ids, (seg > 0).astype(np.int32), seg, pos
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["explicit", "xla", "flash"])
 def test_packed_row_equals_each_sequence_alone(model, path):
   a, b, ids, mask, seg, pos = _two_sequences()
@@ -59,6 +60,7 @@ def test_packed_uniform_gate_is_uniform_over_own_segment(model):
   assert float(att[2, 6:].sum() + att[8, :6].sum()) == 0.0
 
 
+@pytest.mark.slow
 def test_value_columns_and_entropy_hooks(model):
   rng = np.random.default_rng(5)
   ids = rng.integers(5, 97, (2, 9)).astype(np.int32)
@@ -90,6 +92,7 @@ def test_value_columns_and_entropy_hooks(model):
       "blhqk,bkc->blhqc", np.asarray(red16["probs"], np.float64), cols), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_query_chunked_xla_path_equals_unchunked(monkeypatch):
   rng = np.random.default_rng(6)
   q, k, v = (jnp.asarray(rng.normal(size=(2, 37, 3, 8)), jnp.float32) for _ in range(3))

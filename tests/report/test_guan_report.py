@@ -1,6 +1,7 @@
 """report/guan.py: the guan pipeline's report judges Guan et al.'s claims in their setting."""
 
 import pandas as pd
+import pytest
 
 from heads_jax import contract
 from heads_jax.hoststats import claims as paper, clustering
@@ -31,6 +32,7 @@ def _tables():
   return pd.DataFrame(rows)
 
 
+@pytest.mark.slow
 def test_guan_report_judges_in_guans_setting(tmp_path):
   analyses = {"squad": _analysis_dir(tmp_path / "a" / "squad", 0),
               "pretrained": _analysis_dir(tmp_path / "a" / "pretrained", 1)}

@@ -229,6 +229,7 @@ def test_bad_inputs_have_clear_errors(tmp_path, data):
 # figures
 
 
+@pytest.mark.slow
 def test_analysis_figures_write_pngs(drawn):
   assert set(drawn) == {"score_cdf", "pvalue_hist", "role_upset", "role_venn", "role_grid",
                         "role_heatmaps", "cluster_tsne", "cluster_layers", "cluster_features",
@@ -390,6 +391,7 @@ def write_analysis_dir(out, scores, tests_df, clusters_df=None, summary=None):
     (out / "summary.json").write_text(json.dumps(summary))
 
 
+@pytest.mark.slow
 def test_build_analysis_report_from_files(tmp_path, data):
   write_analysis_dir(tmp_path / "run", data["scores"], data["tests"], data["clusters"], SUMMARY)
   path = analysis.build_analysis_report(tmp_path / "run", dpi=DPI)

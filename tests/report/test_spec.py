@@ -72,6 +72,7 @@ def test_names_are_unique_and_every_spec_is_complete():
     spec.Figure("x", "t", "c", "h", draw=None, reports=("nowhere",))
 
 
+@pytest.mark.slow
 def test_every_registered_figure_draws_and_appears_in_its_report(fixture, tmp_path):
   f = fixture
   shown = set()

@@ -134,6 +134,7 @@ def report(tmp_path_factory):
   return build_analysis_report(out), doc
 
 
+@pytest.mark.slow
 def test_report_has_the_head_view_and_svg_figures(report):
   page, doc = report
   html = page.read_text()

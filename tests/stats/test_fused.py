@@ -64,6 +64,7 @@ def _check(got, want, rtol=1e-5, atol=1e-6):
     np.testing.assert_allclose(got[key], want[key], rtol=rtol, atol=atol, err_msg=key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction", ["dep2head", "both"])
 def test_layerwise_equals_reference(direction):
   batch, _, _, p = _case(0)
@@ -84,6 +85,7 @@ def test_fused_kernel_equals_reference(direction):
   _check(_finished(out, tables), _reference(batch, p, direction))
 
 
+@pytest.mark.slow
 def test_fused_kernel_padded_to_power_of_two_in_query_blocks():
   """The GPU layout: sequence padded 12 -> 16, four programs of 4 queries per head."""
   batch, q, kk, p = _case(2, b=3, k=12, h=2)
@@ -94,6 +96,7 @@ def test_fused_kernel_padded_to_power_of_two_in_query_blocks():
   _check(_finished(out, tables), _reference(batch, p, "dep2head"))
 
 
+@pytest.mark.slow
 def test_fused_kernel_role_subset_and_bfloat16_inputs():
   batch, q, kk, _ = _case(3, b=4, k=10, min_len=4)
   roles = ("sep", "block", "obj", "local")
@@ -112,6 +115,7 @@ def test_fused_kernel_role_subset_and_bfloat16_inputs():
   _check(_finished(out, tables), {"sieve_bias": want})
 
 
+@pytest.mark.slow
 def test_filler_row_gives_nan_and_zeros():
   batch, q, kk, _ = _case(4, b=3, k=8, min_len=3)
   for f, v in B.empty_batch(1, 8).items():
@@ -148,6 +152,7 @@ def stacked(tiny_bert, step_batch):
   return make_analysis_step(tiny_bert, measures=True, stats_impl="stacked")(step_batch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["layerwise", "fused"])
 def test_step_paths_equal_stacked_on_8_devices(tiny_bert, step_batch, stacked, impl):
   assert len(jax.devices()) == 8
@@ -235,6 +240,7 @@ def _fake_reference(batch, p, direction, roles):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction", ["dep2head", "both"])
 def test_a_new_registry_role_reaches_sieves_reference_and_kernel(monkeypatch, direction):
   for role in FAKE_ROLES:
@@ -334,6 +340,7 @@ def test_auto_takes_the_stack_while_it_fits(platform, batch, length, memory, wan
                          memory_bytes=memory) == "stacked"
 
 
+@pytest.mark.slow
 def test_auto_step_chooses_per_batch_shape(tiny_bert, step_batch, stacked, monkeypatch):
   """A step under ``auto`` on a platform whose default is the stack (the GPU's table, applied
   to this CPU) takes "layerwise" for a batch whose stack exceeds the memory it plans with, with

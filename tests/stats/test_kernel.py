@@ -28,6 +28,7 @@ OUTPUTS = ("sieve_bias", "distance", "entropy", "cls_entropy", "token_attention"
 
 # -- the window decomposition ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_window_decomposition_is_exact():
   """onehot(window(t, s)) = E0[s] + sum_j [|s - t| >= theta_j(s)] D_j[s] for every row of the
   first, a middle and the last block and every key, and so A @ onehot equals the decomposed
@@ -115,6 +116,7 @@ def _check(got, want, tol):
     assert relative_error(got[key], want[key]) <= tol, (key, relative_error(got[key], want[key]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k, min_len, dtype, direction", [
     (32, 17, jnp.float32, "dep2head"),        # 32 bucket at its lower edge
     (64, 33, jnp.bfloat16, "dep2head"),       # 64 bucket, bf16 inputs
@@ -151,6 +153,7 @@ def small_case():
   return batch, q, kk, _stacked(batch, p, "both")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrapper", ["triton", "mosaic"])
 def test_pallas_wrappers_in_interpret_mode(small_case, wrapper):
   """Both Pallas wrappers as the step runs them on a device: every layer in one call
@@ -171,6 +174,7 @@ def test_pallas_wrappers_in_interpret_mode(small_case, wrapper):
            {key: v[:, heads] for key, v in want.items()}, 1e-5)
 
 
+@pytest.mark.slow
 def test_triton_settings_in_interpret_mode(small_case):
   """The Triton program's settings the bench times, as one ``kernel.KernelSettings``: no window
   correction shared by the heads (``static=0``: each built per head) and all heads in one
@@ -200,6 +204,7 @@ def _short_case(k: int):
   return batch, q, kk, p
 
 
+@pytest.mark.slow
 def test_key_blocks_add_up_to_the_whole_tile():
   """tile.head_rows_blocked (two passes over key blocks of 32: row max and Z, then every sum
   block by block) equals tile.head_rows on all 128 keys at once, for query blocks at the start,
@@ -249,6 +254,7 @@ def test_key_blocks_add_up_to_the_whole_tile():
                                  rtol=1e-5, atol=1e-5, err_msg=f"row {r}, queries from {t}")
 
 
+@pytest.mark.slow
 def test_triton_key_loop_in_interpret_mode():
   """The Triton program's key loop (past ``kernel.ONE_PASS_KEYS``; forced here: 32 keys in
   blocks of 16), two heads a program, against the stand-alone statistics, NaN pattern equal."""
@@ -259,6 +265,7 @@ def test_triton_key_loop_in_interpret_mode():
   assert np.isnan(got["sieve_bias"][-1]).all()
 
 
+@pytest.mark.slow
 def test_mosaic_wrapper_under_tpu_interpret_params(small_case):
   """pltpu.InterpretParams simulates the TPU's blocks and memory (out-of-bounds reads raise,
   uninitialised memory is NaN), so the Mosaic wrapper's indexing is checked too; here with the
@@ -332,6 +339,7 @@ def test_operation_count_per_tile_element():
 
 # -- any length ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_memory_is_linear_in_the_sequence_length():
   """The statistics of one 8,192-position sequence (8 heads) compile with no buffer of
   ``h * q * k`` elements: the largest temporaries are ``[h, T, k]`` tiles."""
@@ -359,6 +367,7 @@ def test_sieve_sizes_without_the_sieves(direction):
     np.testing.assert_array_equal(np.asarray(kernel.sieve_sizes(batch, B.ROLES, direction)), want)
 
 
+@pytest.mark.slow
 def test_an_8192_position_sequence_analyses_with_no_map_sized_buffer():
   """Issue 38 item 3 through the analysis step: a tiny BERT with 8,192 positions, one sequence,
   stats_impl="kernel": the compiled program (forward with the model's query-chunked attention,
@@ -379,6 +388,7 @@ def test_an_8192_position_sequence_analyses_with_no_map_sized_buffer():
   assert temp < map_bytes / 4, (temp, map_bytes)   # 154 MB: the forward's query chunks
 
 
+@pytest.mark.slow
 def test_analysis_step_kernel_equals_stacked_on_8_devices():
   """stats_impl="kernel" through the analysis step on a tiny BERT (attention sharpened), batch
   split over the 8 emulated devices; a "uniform" head gate falls back to layerwise."""

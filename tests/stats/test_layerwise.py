@@ -57,6 +57,7 @@ def test_the_pair_table_is_padded_to_16_columns(measures, width):
   assert not np.asarray(tables["weights"])[..., used:].any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction", ["dep2head", "both"])
 def test_padding_query_rows_may_hold_anything(direction):
   """``masks_padding_queries``: the model passes padding query rows as its softmax leaves them
@@ -73,6 +74,7 @@ def test_padding_query_rows_may_hold_anything(direction):
                                  mask).masks_padding_queries
 
 
+@pytest.mark.slow
 def test_single_texts_skip_the_entropy_and_equal_the_reference():
   """Without the measures the row entropy only weights ``block``, whose sieve is empty outside
   pair sequences: a batch of single texts skips that pass (``lax.cond``), a batch with a pair

@@ -112,6 +112,7 @@ def test_attention_cosine_equals_loop():
   np.testing.assert_allclose(measures.attention_cosine(a, a, mask), 1.0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_attention_similarity_of_two_models():
   from heads_jax.ablation.similarity import attention_similarity, similarity_table
   cfg = config_for("tiny", vocab_size=97, max_position_embeddings=32)
@@ -152,6 +153,7 @@ def test_measures_report_sections(tmp_path):
   assert xy.shape == (6, 2)
 
 
+@pytest.mark.slow
 def test_analysis_step_and_collector_gather_measures(tmp_path):
   """measures=True, js=True: the same jitted pass returns the measures; the collector stores the
   per-sequence ones in dataset order (filler rows dropped) and averages js over the sequences;

@@ -58,6 +58,7 @@ def _hf_norm_weights(hf, batch, family="bert"):
 # bert on both paths (each layer's map; map-free: the statistics kernel on augmented queries and
 # keys, the key-block loop), distilbert's own projections on the first (RoBERTa is BERT's
 # layer with another padding id: the pass reads the model's own values, issue 52)
+@pytest.mark.slow
 @pytest.mark.parametrize("family,map_free", [("bert", False), ("bert", True),
                                              ("distilbert", False)])
 def test_norm_pass_matches_a_transformers_loop(tmp_path, family, map_free):
@@ -124,6 +125,7 @@ def test_norm_pass_matches_a_transformers_loop(tmp_path, family, map_free):
   assert np.nanmax(np.abs(attention_bias - expected)) > 1e-2
 
 
+@pytest.mark.slow
 def test_values_zero_on_sep_lose_the_sep_role():
   """A head with 80% of each row on [SEP]: sep bias far above 3 under attention weights, 0 under
   norm weights when its value vectors are 0 on [SEP]."""

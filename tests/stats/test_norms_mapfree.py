@@ -93,6 +93,7 @@ def test_map_free_second_pass_holds_no_map_sized_buffer():
   assert f"{k}x{k}x" in text
 
 
+@pytest.mark.slow
 def test_streaming_argmax_equals_predicted_heads():
   """Random maps, key blocks of 4 over 13 keys (words straddle blocks), queries with no other
   word, padding."""

@@ -164,6 +164,7 @@ def test_packed_sieves_and_bins_are_each_sequences_own(direction):
       assert (pb[row][lo:lo + n, :lo] == -1).all() and (pb[row][lo:lo + n, lo + n:] == -1).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction", ["dep2head", "both"])
 def test_packed_statistics_equal_unpacked(direction):
   rng = np.random.default_rng(2)
@@ -230,6 +231,7 @@ def _requires_packing_model():
   assert accepts_packing(_model("bert"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,paths", [("bert", ("layerwise", "stacked", "kernel")),
                                           ("roberta", ("layerwise",)),
                                           ("distilbert", ("layerwise",)),

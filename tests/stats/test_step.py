@@ -56,6 +56,7 @@ def planted():
   return PlantedAttention(rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_step_matches_reference_on_8_devices(case, planted):
   assert len(jax.devices()) == 8
   step = make_analysis_step(planted)
@@ -69,6 +70,7 @@ def test_step_matches_reference_on_8_devices(case, planted):
   np.testing.assert_allclose(out["distance"], ref.distance_features(attn, case), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_8_devices_equal_1_device(case, planted):
   eight = make_analysis_step(planted, direction="both")(case)
   one = make_analysis_step(planted, direction="both", mesh=data_mesh(jax.devices()[:1]))(case)

@@ -41,6 +41,7 @@ def test_padded_vocab():
   assert padded_vocab(30522) == 30528 and padded_vocab(64) == 64 and padded_vocab(100) == 128
 
 
+@pytest.mark.slow
 def test_a_resumed_run_draws_the_same_rbg_bits():
   """Steps 0-3 in one go against steps 0-1, the state to the host and back (a checkpoint's
   round trip), steps 2-3: the same parameters bit for bit, with pre-training's masks (rbg bits,
@@ -82,6 +83,7 @@ def test_a_resumed_run_draws_the_same_rbg_bits():
     steps.dropout_base_key(0, "philox")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,rtol", [("float32", 2e-6), ("bfloat16", 2e-3)])
 def test_padded_logits_loss_equals_the_float32_loss(dtype, rtol):
   parts, params = _setup(dtype)
@@ -103,6 +105,7 @@ def test_padded_logits_loss_equals_the_float32_loss(dtype, rtol):
     np.testing.assert_allclose(a, b, rtol=10 * rtol, atol=10 * rtol * scale)
 
 
+@pytest.mark.slow
 def test_padded_logits_are_masked_and_never_win():
   parts, params = _setup()
   params = jax.tree.map(lambda x: x, params)
@@ -122,6 +125,7 @@ def test_padded_logits_are_masked_and_never_win():
   np.testing.assert_allclose(nll, steps.cross_entropy(ref, b["masked_ids"]), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_flat_lamb_step_equals_the_chain_step():
   parts, params = _setup()
   mesh = data_mesh(jax.devices()[:1])

@@ -71,6 +71,7 @@ def test_flat_lamb_equals_the_chain(clip):
   assert moved > 1e-3
 
 
+@pytest.mark.slow
 def test_flat_lamb_under_multisteps_and_make_optimizer():
   rng = np.random.default_rng(3)
   p0 = _f32(_params(rng))

@@ -93,6 +93,7 @@ def test_variants_in_order_and_absent_switches(monkeypatch):
   assert "no flash kernel" in v4.label and "layer_norm_dtype" in v4.label
 
 
+@pytest.mark.slow
 def test_the_part_runs_tiny_through_the_suite(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # one CPU device
   env["XLA_FLAGS"] = pretrain_ab.TINY_XLA_FLAGS    # no LLVM optimisations: it checks, not times

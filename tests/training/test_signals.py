@@ -93,6 +93,7 @@ def test_signal_handlers_are_restored_and_a_second_ctrl_c_stops_at_once():
   assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_the_step_and_prints_one_line(tmp_path):
   p, lines, steps, ran = fake_run.launch("sigint", tmp_path / "run")
   assert p.returncode == 130, p.stderr[-2000:]
@@ -102,6 +103,7 @@ def test_ctrl_c_saves_the_step_and_prints_one_line(tmp_path):
                    f"to resume"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,why", [
     ("asyncnospace", "no space left on the device of {run} while writing the checkpoint of step 4 "
                      "({ck}/4) ([Errno 28] No space left on device); the last complete checkpoint "
