@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.test_bench_smoke import bench_env
 
 REPO = Path(__file__).resolve().parents[2]
