@@ -119,7 +119,8 @@ def pretraining_program(preset: str):
   c = pretrain_configs.get_config(preset)
   cfg = config_for(c.model.size, vocab_size=30522, dtype=c.model.dtype,
                    attention_dropout=c.model.attention_dropout,
-                   max_position_embeddings=c.model.max_position_embeddings)
+                   max_position_embeddings=c.model.max_position_embeddings,
+                   dropout_bits=c.model.get("dropout_bits", 32))
   parts, params = abstract_parts(ARCHITECTURES["pretraining"], cfg)
   tx, schedule = make_tx(c)
   state = abstract(jax.eval_shape(lambda p: steps.init_train_state(p, tx), params))
