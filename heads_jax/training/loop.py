@@ -24,7 +24,8 @@ interval the loop spent waiting for the next batch (the first batch of a run seg
 workers start, not counted): while the device computes a step the loop waits for nothing, so
 any waiting is time the device sat idle. A batch stream with ``take_stats``
 (``heads_jax.data.prefetch.BatchStream``) adds ``batch_build_s`` and
-``input_capacity_per_s``. Above ``STARVED`` (5%) the log says so in one line, with what to change.
+``input_capacity_per_s``. Above ``STARVED`` (5%), unless the builders make ``HEADROOM`` (2) times
+the batches the loop takes, the log says so in one line, with what to change.
 
 A loss or gradient norm that is not finite stops the run with ``NonFiniteLoss`` (a
 ``UserError``). The loop checks the metrics of every step at each log and before each save, so
@@ -123,6 +124,7 @@ def initial_state(*, model, tx, mesh, ckpts: checkpointing.Checkpoints, init_che
 
 
 STARVED = 0.05   # the share of a logging interval spent waiting for batches that is reported
+HEADROOM = 2.0   # ... unless the stream's builders make this many times the batches the loop takes
 # Whether the starvation line's advice (data.num_workers) is the user's to take: a job that
 # runs training with settings of its own (the demo) turns it off (`no_input_advice`).
 _INPUT_ADVICE = contextvars.ContextVar("input_advice", default=True)
@@ -137,6 +139,17 @@ def no_input_advice():
     yield
   finally:
     _INPUT_ADVICE.reset(token)
+
+
+def starving(avg: dict) -> bool:
+  """Whether a log's scalars (``avg``) say the input starves the device: the loop waited more
+  than ``STARVED`` of the interval for batches and, where the stream measured its builders, they
+  make fewer than ``HEADROOM`` times the batches the loop took (builders far faster than the
+  steps leave only the hand-off's wait, which more workers would not shorten)."""
+  if avg.get("input_wait_fraction", 0.0) <= STARVED:
+    return False
+  capacity, rate = avg.get("input_capacity_per_s"), avg.get("steps_per_s")
+  return capacity is None or rate is None or capacity < HEADROOM * rate
 
 
 def starved_line(avg: dict, steps: int, workers: int | None) -> str:
@@ -289,8 +302,7 @@ def train_loop(*, state, train_step, batches: Iterator[dict], mesh, start_step: 
       writer.write(step, {k: v for k, v in avg.items() if k != "step"}, "train")
     if print_fn is not None and is_main:
       print_fn(metrics_lib.progress_line(step, total_steps, avg))
-      if (avg.get("input_wait_fraction", 0.0) > STARVED and not said_starved
-          and _INPUT_ADVICE.get()):   # once a run: the advice does not change
+      if starving(avg) and not said_starved and _INPUT_ADVICE.get():   # once a run: the advice does not change
         said_starved.append(True)
         print_fn(starved_line(avg, len(host), workers))
     if bad is not None:

@@ -72,6 +72,15 @@ def test_no_line_when_the_input_keeps_up(capsys):
   assert "step 6/6" in out and "starves" not in out
 
 
+def test_starving_is_the_wait_with_builders_slower_than_twice_the_steps():
+  assert not loop.starving({"input_wait_fraction": 0.05})
+  assert loop.starving({"input_wait_fraction": 0.06})   # nothing measured the builders
+  assert loop.starving({"input_wait_fraction": 0.5, "input_capacity_per_s": 39.9, "steps_per_s": 20.0})
+  # a loaded 2-core CI machine: 6% hand-off wait, builders 8.7x faster than the steps
+  assert not loop.starving({"input_wait_fraction": 0.06, "input_capacity_per_s": 3559.6,
+                            "steps_per_s": 407.9})
+
+
 def test_the_new_settings_are_checked_before_device_work():
   from heads_jax.errors import UserError
   from heads_jax.model.heads import MLM_LOGITS
