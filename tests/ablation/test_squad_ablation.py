@@ -52,6 +52,7 @@ def _groups():
   return [HeadGroup(n, "cluster", tuple(h)) for n, h in by.items()]
 
 
+@pytest.mark.slow
 @requires_shared("squad")
 def test_squad_evaluator_matches_the_model_called_directly(tiny, squad_data):
   model, _ = tiny
@@ -150,6 +151,7 @@ def test_group_ablation_in_exact_match_and_f1(tiny, squad_data):
     ablate.ablate_groups(ev, _groups()[:1], mode="mean")
 
 
+@pytest.mark.slow
 @requires_shared("squad")
 def test_ablate_pipeline_on_a_squad_model(tiny, tmp_path):
   from heads_jax.pipelines.ablate import AblationConfig, run_ablation

@@ -126,6 +126,7 @@ def _reference_scores(cfg):
   return ref.sieve_bias(attn, batch, ROLES), ref.distance_features(attn, batch)
 
 
+@pytest.mark.slow
 def test_contract_files_and_numbers_match_independent_implementation(run):
   cfg, out = run
   for name in ("scores.npz", "tests.csv", "tests.json", "clusters.csv", "summary.json"):
@@ -167,6 +168,7 @@ def test_rerun_reuses_scores_and_refuses_other_runs(run, tmp_path):
     run_analysis(other, progress=False, log=lambda *a: None)
 
 
+@pytest.mark.slow
 def test_clusters_use_the_data_lengths_and_an_old_file_is_reanalysed(run):
   """scores.npz records each sequence's length and special-token share (checked against the
   independent encoding); clusters.json's reference is uniform attention at them, its source

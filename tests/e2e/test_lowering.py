@@ -135,6 +135,7 @@ def pretraining_program(preset: str):
   return step, state, batch, (b, q, p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("preset,shape", [("bert_base_phase1", (256, 128, 20)),
                                           ("bert_base_phase2", (256, 512, 80))])
@@ -166,6 +167,7 @@ def finetuning_programs():
   return train, evaluate, state, train_batch, eval_batch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_finetuning_and_eval_steps_lower(platform):
   train, evaluate, state, train_batch, eval_batch = finetuning_programs()
@@ -212,6 +214,7 @@ def analysis_exported(stats_impl, platform, measures=True, length=None, slots=0)
     return lower(run, platform, state, batch, None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("stats_impl", ["layerwise", "stacked"])
 def test_analysis_step_lowers(platform, stats_impl):
@@ -244,6 +247,7 @@ def test_packed_analysis_lowers(platform, row, monkeypatch):
   assert out["distance"].shape == (ANALYSIS_B * slots, 12, 12, 21)
 
 
+@pytest.mark.slow
 def test_fused_analysis_lowers_for_gpu_with_triton():
   exp = analysis_exported("fused", "cuda")
   text = check_exported(exp, "cuda")
@@ -252,6 +256,7 @@ def test_fused_analysis_lowers_for_gpu_with_triton():
   assert "sdy.manual_computation" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_kernel_v2_analysis_lowers(platform):
   """Statistics kernel v2 (``stats_impl="kernel"``): one Pallas call for all 12 layers after the
@@ -268,6 +273,7 @@ def test_kernel_v2_analysis_lowers(platform):
   assert out["distance"].shape == (ANALYSIS_B, 12, 12, 21)
 
 
+@pytest.mark.slow
 def test_kernel_v2_past_one_pass_lowers_with_the_triton_key_loop():
   """Past ``kernel.ONE_PASS_KEYS`` the Triton program loops over key blocks
   (``tile.head_rows_blocked``): any length is one Pallas call for all layers (where their queries
@@ -297,6 +303,7 @@ def test_fused_kernel_does_not_lower_for_tpu_and_auto_never_picks_it_there():
   assert analysis.AUTO_STATS_IMPL["tpu"] == "layerwise"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_auto_picks_a_path_that_lowers(platform, monkeypatch):
   monkeypatch.delenv("HEADS_JAX_STATS_IMPL", raising=False)
@@ -355,6 +362,7 @@ def test_head_example_pass_lowers(platform):
   assert exp.out_avals[0].shape == (32, 12, 12, ANALYSIS_K, ANALYSIS_K)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_second_pass_lowers(platform):
   """The second pass of issue 26 (norm-weighted sieve bias, sinks, word-level parsing), on the

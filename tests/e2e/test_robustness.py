@@ -80,6 +80,7 @@ def _pretrain_job(tmp_path, **overrides):
   return c, job.TrainingJob(c, tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_the_job_with_one_line(tmp_path):
   """Through TrainingJob.train (the real state, checkpoints, writer): the run stops at the NaN of
   step 4, the state that produced it (step 3) is moved out of the run, the error is a UserError naming the
@@ -121,6 +122,7 @@ def _toy_loss(model, batch, *, deterministic):
   return loss, {"loss": loss}
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_onto_another_mesh(tmp_path):
   """A train state saved from the 8-device mesh restores onto 1 device (the resume path of
   loop.initial_state) with the same values, trains on there like on 8 devices, and a state

@@ -334,6 +334,7 @@ def _direct_window_uniform(batch, role: str, window: int) -> float:
   return float(np.mean(values))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n, expect", [(128, {"block_plain": 1.38, "block": 6.22}),
                                        (384, {"block_plain": 1.84, "block": 8.72,
                                               "nsubj": 3.36})])

@@ -267,6 +267,7 @@ def test_sequence_classifier_parity(tmp_path):
   compare(ours, theirs, mask, hidden=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["Model", "ForSequenceClassification"])
 def test_convert_both_ways(tmp_path, task):
   """``heads-jax convert``: Hugging Face -> heads_jax -> Hugging Face keeps every parameter and
@@ -353,6 +354,7 @@ def test_deberta_v3_base_config():
     assert shapes[key] == (tuple(reversed(shape)) if transpose else tuple(shape)), key
 
 
+@pytest.mark.slow
 def test_clear_errors():
   with pytest.raises(ValueError, match="conv_kernel_size"):
     DebertaConfig.from_hf_dict({**hf_config(50).to_dict(), "conv_kernel_size": 3})

@@ -2,6 +2,7 @@
 fewer residuals."""
 
 import numpy as np
+import pytest
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,7 @@ def _inputs(dtype=jnp.float32):
   return h, b, w
 
 
+@pytest.mark.slow
 def test_gelu_and_bias_gelu_equal_jax_nn_gelu_forward_and_gradient():
   h, b, w = _inputs()
   ref = lambda h, b: jnp.sum(w * jax.nn.gelu(h + b, approximate=False))  # noqa: E731
@@ -84,6 +86,7 @@ def test_bf16_einsum_scores_gradient_within_tolerance():
                                rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.slow
 def test_pretraining_step_has_no_float32_gemm_for_cuda():
   """configs/pretrain.py's step lowered for CUDA (flash path, as "auto" takes it on a GPU):
   every dot_general takes bfloat16 operands; the step before issue 49 (fused_ops.plain) had the
@@ -139,6 +142,7 @@ def _compositions(norm, keep, p, ln_dtype):
   return unfused, fused
 
 
+@pytest.mark.slow
 def test_residual_dropout_norm_equals_the_unfused_composition():
   """Forward bit for bit nnx.LayerNorm(nnx.Dropout(h) + x); gradients of h, x, scale and bias
   as autodiff's: to float32 rounding in float32, to bfloat16 rounding with bfloat16 activations
@@ -186,6 +190,7 @@ def test_residual_dropout_norm_keeps_three_bytes_an_element():
   assert per_element(unfused) == 15 and per_element(fused) == 3
 
 
+@pytest.mark.slow
 def test_dropout_keep_bits_and_probability():
   """8 and 16 bits: a quarter and a half of the 32-bit words, the keep probability
   round(keep * 2^bits) / 2^bits, the mask a function of the key; 32 bits is bernoulli's."""

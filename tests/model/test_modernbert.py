@@ -78,6 +78,7 @@ def test_pairs_encode_as_transformers_and_match(model_dir):
   np.testing.assert_allclose(np.asarray(out["attentions"]), attn, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fused_path_and_reduce_hook_agree_with_explicit(model_dir):
   d, _, _ = model_dir
   model, _ = load_model(d, with_tokenizer=False)
@@ -119,6 +120,7 @@ def test_classifier_matches_transformers(tmp_path):
     np.testing.assert_allclose(np.asarray(model(ids, mask)["logits"]), ref, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_convert_both_ways_round_trips_through_transformers(model_dir, tmp_path):
   from heads_jax.cli import main as cli_main
   d, hf, tok = model_dir

@@ -317,6 +317,7 @@ def test_cli_says_one_line(capsys, tmp_path):
   assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 @requires_shared("squad")
 def test_squad_scores_are_shown_in_percent(tmp_path):
   # issue 33 and 43: one unit for accuracy/EM/F1 everywhere a person reads (percent, changes in

@@ -71,6 +71,7 @@ def test_attribution_patching_and_pruning_run_as_stages_of_the_ablate_job(tmp_pa
   assert states["patching"] == states["carriers"] == "run" and states["attribution"] == "reused"
 
 
+@pytest.mark.slow
 def test_bad_requests_are_one_line(tmp_path):
   model, _ = _model(tmp_path)
   base = dict(model=str(model), data="mrpc", out=str(tmp_path / "o"), max_examples=4,

@@ -37,6 +37,7 @@ def _run(cfg, **kw):
   return host, "\n".join(map(str, logs))
 
 
+@pytest.mark.slow
 def test_long_line_is_analysed_truncated_counted_and_n1_warned(tmp_path, model_dir):
   # Before: one line of 2,000 words ended with "max() arg is an empty sequence" (the head view
   # found no example); a sequence cut at --max-length was counted nowhere; n = 1 was reported as
@@ -193,6 +194,7 @@ def test_an_early_error_leaves_no_empty_out(tmp_path, model_dir):
   assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_vocabulary_larger_than_the_embeddings_is_refused_before_the_pass(tmp_path, monkeypatch):
   # Before: the pass ran, failed with a wrong cause and left all-NaN outputs.
   small = _tiny_model_dir(tmp_path / "v97", vocab_size=97)  # the 30,522-piece tokenizer beside it
@@ -258,6 +260,7 @@ def test_a_hub_id_whose_ref_moved_is_another_model(tmp_path, monkeypatch):
   assert "reusing" not in _run(cfg, overwrite=True)[1]
 
 
+@pytest.mark.slow
 def test_replaced_scores_are_redone_and_a_refusal_writes_nothing(tmp_path, model_dir):
   """Issue 52 item 6. Before: a scores.npz replaced by another model's was reused as intact (and
   --redo analysis then failed after deleting tests.csv and summary.json); a refused analyze
@@ -284,6 +287,7 @@ def test_replaced_scores_are_redone_and_a_refusal_writes_nothing(tmp_path, model
   assert stamps == {p: p.stat().st_mtime_ns for p in (tmp_path / "b").rglob("*")}
 
 
+@pytest.mark.slow
 def test_a_moved_analysis_is_reused_from_another_directory(tmp_path, model_dir, monkeypatch):
   """Issue 52 item 1 on a real analysis: moved, and named from its parent folder, it is reused
   (no device pass, no host statistics) and its report's location is the one given now."""

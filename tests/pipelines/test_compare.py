@@ -29,6 +29,7 @@ def tiny_dir(tmp_path_factory):
   return path
 
 
+@pytest.mark.slow
 def test_compare_attention_similarity_section(tiny_dir, tmp_path):
   lines = []
   sec = attention_similarity_section(tiny_dir, tiny_dir, tmp_path, data="mrpc", max_examples=6,
@@ -41,6 +42,7 @@ def test_compare_attention_similarity_section(tiny_dir, tmp_path):
     attention_similarity_section(tiny_dir, tiny_dir, tmp_path)
 
 
+@pytest.mark.slow
 def test_rerun_reuses_and_a_changed_analysis_reruns(tmp_path):
   before, after = _pair(tmp_path)
   out = tmp_path / "cmp"

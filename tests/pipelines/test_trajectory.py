@@ -55,6 +55,7 @@ def _expected_row(p, roles):
   return checkpoint_row(tests, p["sieve_bias"], p["token_attention"], roles)
 
 
+@pytest.mark.slow
 def test_every_checkpoint_is_analysed_as_a_fresh_model(tmp_path):
   run = tmp_path / "run"
   _, tokenizer = save_family_dir("bert", run / "hf", seed=4)
@@ -126,6 +127,7 @@ def _save_steps(run, params, steps, head=None):
 KW = dict(data=("ud-ewt",), max_examples=4, max_length=48, batch_size=4, roles=("local", "cls"))
 
 
+@pytest.mark.slow
 def test_rerun_analyses_only_new_checkpoints_and_sets_a_damaged_one_aside(tmp_path, monkeypatch):
   import heads_jax.pipelines.trajectory as traj
   from tests.pipelines.test_ablate import _stage_states
@@ -202,6 +204,7 @@ def test_out_is_checked_before_the_first_checkpoint(tmp_path, monkeypatch):
   assert (tmp_path / "file").read_text() == "keep" and not (tmp_path / "new").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["squad", "classifier", "regression"])
 def test_every_run_kind(tmp_path, kind, caplog):
   # Before (issue 33): on a SQuAD run the restore target expected the pooler that the span model
@@ -260,6 +263,7 @@ def test_a_real_squad_run(tmp_path):
       "step 1", "step 2"]
 
 
+@pytest.mark.slow
 def test_one_sequence_says_no_test_can_run(tmp_path):
   # Before (issue 43 item 6): 0% roles and 100% sinks without a word.
   run = tmp_path / "run"

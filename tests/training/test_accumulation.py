@@ -45,6 +45,7 @@ def _toy_loss(model, batch, *, deterministic):
   return loss, {"loss": loss}
 
 
+@pytest.mark.slow
 def test_accumulated_train_step_equals_updates_on_mean_gradients():
   """4 micro-steps with accumulate_steps=2 = 2 plain LAMB updates, each on the mean of two
   micro-batch gradients (each taken with its own step's dropout key), at learning rates

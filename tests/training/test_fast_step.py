@@ -145,6 +145,7 @@ def test_the_flat_lamb_step_equals_the_chain_step():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_xla_options_reach_the_train_step():
   """``config.xla_options`` ("name=value,...") parsed and given to the step's compilation: a
   known option compiles to the same loss, an unknown one is refused by XLA; bad text is one line."""

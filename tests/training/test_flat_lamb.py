@@ -40,6 +40,7 @@ def test_layout_round_trip():
   assert int(np.sum(~lay.leaf_adapted)) == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip", [1.0, None])
 def test_flat_lamb_equals_the_chain(clip):
   rng = np.random.default_rng(1)

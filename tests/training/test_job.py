@@ -206,6 +206,7 @@ def test_a_second_process_is_refused_and_a_stale_lock_taken_over(tmp_path):
     runfiles.WorkdirLock(wd).acquire()
 
 
+@pytest.mark.slow
 def test_sigterm_saves_then_exits_143(tmp_path):
   p, lines, steps, _ = fake_run.launch("sigterm", tmp_path / "run")
   assert p.returncode == 143, p.stderr[-2000:]
@@ -217,6 +218,7 @@ def test_sigterm_saves_then_exits_143(tmp_path):
   assert not (tmp_path / "run" / runfiles.LOCK_FILE).exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_save_is_one_line_and_the_save_finishes(tmp_path):
   p, lines, steps, _ = fake_run.launch("interrupt", tmp_path / "run")
   assert p.returncode == 130, p.stderr[-2000:]
@@ -225,6 +227,7 @@ def test_ctrl_c_during_a_save_is_one_line_and_the_save_finishes(tmp_path):
                    f"{tmp_path / 'run' / 'checkpoints'}; run the same command again to resume"]
 
 
+@pytest.mark.slow
 def test_disk_full_during_a_save_is_one_line_and_the_previous_checkpoint_intact(tmp_path):
   p, lines, steps, _ = fake_run.launch("nospace", tmp_path / "run")
   assert p.returncode == 2, p.stderr[-2000:]

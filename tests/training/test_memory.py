@@ -12,6 +12,7 @@ from heads_jax.model.heads import BertForPreTraining
 from heads_jax.training import configlib, memory
 
 
+@pytest.mark.slow
 def test_parameter_count_matches_the_model():
   for size in ("tiny", "mini"):
     cfg = config_for(size, vocab_size=30522)

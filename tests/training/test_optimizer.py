@@ -87,6 +87,7 @@ def test_lamb_matches_numpy(clip):
   assert max(np.abs(got[k] - _flat(p0)[k]).max() for k in ref) > 1e-3
 
 
+@pytest.mark.slow
 def test_optax_lamb_differs_on_excluded_leaves():
   """optax.lamb adapts every leaf; the BERT chain must not adapt biases / LayerNorm."""
   rng = np.random.default_rng(2)
@@ -114,6 +115,7 @@ def test_schedule():
     lr_schedule(1.0, 1, 0)
 
 
+@pytest.mark.slow
 def test_accumulation_equals_mean_gradient():
   rng = np.random.default_rng(3)
   p = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), _params(rng))
@@ -133,6 +135,7 @@ def test_accumulation_equals_mean_gradient():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip", [1.0, None])
 def test_adamw_matches_numpy_and_optax(clip):
   """``name="adamw"``: clipping, Adam moments, decoupled decay off biases / LayerNorm, the same

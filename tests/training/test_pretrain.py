@@ -87,6 +87,7 @@ def test_sharded_step_equals_single_device(small_setup):
   assert moved > 1e-4
 
 
+@pytest.mark.slow
 def test_dropout_keys_depend_on_step_only(small_setup):
   parts, params, tx, _, mesh, step = small_setup
   batch = shard_batch(_synthetic_batch(0), mesh)
@@ -101,6 +102,7 @@ def test_dropout_keys_depend_on_step_only(small_setup):
   assert l0 != l5 and l0 != l_det  # dropout is on in training, keyed by the step
 
 
+@pytest.mark.slow
 def test_pretraining_loss_by_hand(small_setup):
   """MLM loss = weighted mean NLL at the masked positions, + NSP mean NLL (numpy check)."""
   parts, params, _, _, _, _ = small_setup

@@ -144,6 +144,7 @@ def test_tiny_finetune_writes_predictions_and_scores_and_resumes(tmp_path):
   assert clear >= 3
 
 
+@pytest.mark.slow
 def test_evaluate_model_writes_predictions_and_scores(tmp_path):
   from flax import nnx
 
