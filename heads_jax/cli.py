@@ -201,9 +201,6 @@ def quiet_console(command: str) -> None:
   logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-CACHE_MAX_BYTES = 8 << 30   # the compilation cache's size: JAX evicts the least recently used past it
-
-
 def enable_compilation_cache() -> None:
   """JAX's persistent compilation cache, so re-runs skip XLA compilation (measured: an analysis
   of 128 sentences 16.9 s -> 3.6 s on a 2-core CPU; training restarts skip 12-36 s). Directory:
@@ -230,12 +227,6 @@ def enable_compilation_cache() -> None:
   jax.config.update("jax_compilation_cache_dir", d)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  # A size limit (unless JAX_COMPILATION_CACHE_MAX_SIZE gives one) turns on JAX's file lock around
-  # every read and write of a local folder: without it JAX writes entries in place, unlocked, and
-  # a second heads-jax process sharing the folder can read one half written (a warning on stderr
-  # and a recompile).
-  if "://" not in d and jax.config.jax_compilation_cache_max_size == -1:
-    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
 
 
 def _error(command, message) -> int:

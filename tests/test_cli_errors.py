@@ -347,24 +347,6 @@ def test_cache_dir_naming_a_file_is_one_line(capsys, monkeypatch, tmp_path):
   assert not (tmp_path / "dst").exists()  # refused before the work
 
 
-def test_the_compilation_cache_is_size_limited_so_processes_share_it_under_a_lock(tmp_path):
-  """JAX locks a cache folder's reads and writes only when the cache has a size limit; a limit
-  given in JAX_COMPILATION_CACHE_MAX_SIZE is kept."""
-  import os
-  import subprocess
-  import sys
-  code = ("from heads_jax import cli; cli.enable_compilation_cache(); import jax; "
-          "import numpy as np; jax.jit(lambda x: x + 1)(np.ones(3)); "
-          "print(jax.config.jax_compilation_cache_max_size)")
-  for extra, want in (({}, cli.CACHE_MAX_BYTES), ({"JAX_COMPILATION_CACHE_MAX_SIZE": "123456789"}, 123456789)):
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_MAX_SIZE"}
-    env.update(HEADS_JAX_CACHE_DIR=str(tmp_path / "xla"), JAX_PLATFORMS="cpu", **extra)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and int(r.stdout.split()[-1]) == want, r.stderr[-2000:]
-    assert (tmp_path / "xla" / ".lockfile").exists()   # JAX's lock, made with the first entry
-    (tmp_path / "xla" / ".lockfile").unlink()
-
-
 def test_an_unknown_xla_flag_is_one_line_before_the_work(tmp_path):
   r = _subprocess(["convert", str(tmp_path / "src"), str(tmp_path / "dst")],
                   XLA_FLAGS="--xla_heads_jax_no_such_flag=1")
