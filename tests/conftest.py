@@ -1,5 +1,5 @@
-"""Test setup: 8 emulated CPU devices (set before jax is imported), no downloads, and one XLA
-compilation cache for the whole run."""
+"""Test setup: 8 emulated CPU devices (set before jax is imported), no downloads, and an XLA
+compilation cache per xdist worker."""
 import os
 import shutil
 import tempfile
