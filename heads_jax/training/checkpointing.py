@@ -355,7 +355,12 @@ def _copy_tree(src, dest) -> None:
 
 
 def _join_orbax_threads(timeout: float = 60.0) -> None:
-  """Waits (at most ``timeout`` seconds) for the threads Orbax started for a save to end."""
+  """Waits (at most ``timeout`` seconds) for the threads Orbax started for a save to end.
+
+  Through ``threading.Thread.join``, not the thread's own: Orbax's save threads
+  (``_FinalizeThread``, ``_SignalingThread``) re-raise their error from ``join``, and a second
+  thread of the failed save still running here (a slow or loaded machine) would raise the same
+  error again, out of the handler that is turning the first into one ``SaveFailed`` line."""
   import time
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
@@ -363,7 +368,7 @@ def _join_orbax_threads(timeout: float = 60.0) -> None:
             t.is_alive() and type(t).__module__.startswith("orbax")]
     if not busy:
       return
-    busy[0].join(max(0.0, deadline - time.monotonic()))
+    threading.Thread.join(busy[0], max(0.0, deadline - time.monotonic()))
 
 
 def _close_quietly(manager) -> None:

@@ -108,14 +108,6 @@ def refused():
     server.stop()
 
 
-# Known to fail under load (both CI runs of 2026-11-29 session 2, not alone): the refused upload of
-# step 4's metadata surfaces as an OSError traceback from orbax's JSON handler (exit 1) instead of
-# the one-line SaveFailed; to fix in checkpointing (the save path that raises it), then drop this.
-_UNDER_LOAD = pytest.mark.xfail(strict=False, reason="a refused save of step 4's metadata escapes as "
-                                "a traceback under load (CI 2026-11-29); see the comment above")
-
-
-@_UNDER_LOAD
 @pytest.mark.slow
 def test_a_refused_async_save_to_a_bucket_stops_and_keeps_the_last_checkpoint(refused):
   from heads_jax import storage
@@ -140,7 +132,6 @@ def test_a_refused_async_save_to_a_bucket_stops_and_keeps_the_last_checkpoint(re
   assert not any(x.name.startswith("4") for x in storage.as_path(ck).iterdir())
 
 
-@_UNDER_LOAD
 def test_a_refused_async_save_to_a_bucket_prints_one_line_only(refused):
   p, lines, _ = refused
   assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]

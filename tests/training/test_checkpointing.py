@@ -228,3 +228,31 @@ def test_where_a_folder_cannot_be_renamed_a_damaged_step_is_copied_aside(tmp_pat
   aside = tmp_path / "run" / "damaged_checkpoints" / "2"
   assert sorted(str(p.relative_to(aside)) for p in aside.rglob("*") if p.is_file()) == files
   assert f"moved it to {aside}" in lines[0]
+
+
+@pytest.mark.parametrize("kind", ["finalize", "signaling"])
+def test_joining_a_failed_saves_threads_does_not_raise_their_error_again(kind):
+  """Orbax's save threads re-raise their error from ``join``: a second thread of a failed save
+  still running when ``_failed`` joins them (a loaded machine: CI 2026-11-29) must not raise it
+  again out of the handler that makes it one ``SaveFailed`` line (it became a traceback, exit 1)."""
+  import threading
+  import time
+  from orbax.checkpoint import checkpoint_manager
+  from orbax.checkpoint._src.futures import future
+
+  def refused():
+    time.sleep(0.3)
+    raise OSError("Forbidden: step 4's metadata")
+
+  if kind == "finalize":
+    t = checkpoint_manager._FinalizeThread(4, refused, name="save_finalize")
+  else:
+    t = future._SignalingThread(target=refused, send_signals=[], receive_signals=[],
+                                timeout_secs=60, name="save_signaling")
+  t.start()
+  assert t.is_alive()
+  checkpointing._join_orbax_threads(timeout=30)
+  assert not t.is_alive()
+  with pytest.raises(OSError, match="Forbidden"):  # the thread's own join still raises (the
+    t.join()                                         # error is there: only the helper skips it)
+  assert threading.current_thread() is threading.main_thread()
