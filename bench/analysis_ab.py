@@ -173,8 +173,9 @@ def _programs(model, batch: dict, mesh):
       progs[name] = None
       continue
     step = make_analysis_step(model, measures=True, stats_impl=impl, mesh=mesh)
+    # the kernel path's program takes its tables with the batch, built on the host
     progs[name] = (step.program(step.path_for(*batch["input_ids"].shape)),
-                   (step._state, device_batch, None))
+                   (step._state, shard_batch(step.with_tables(batch), mesh), None))
   try:
     from heads_jax.stats import kernel
   except ImportError:
@@ -525,29 +526,32 @@ def _data_rows(p, model, mesh, label: str, spec: str, syntax: bool, length: int,
               for impl in SIDE_BY_SIDE if impl in STATS_IMPLS}
   auto_step = make_analysis_step(model, measures=True, mesh=mesh)
   multiple = auto_step.multiple
-  device, shapes = [], {}
+  device, shapes = {path: [] for path in ("bare forward",) + tuple(steps_of)}, {}
   for _, bt in batches:
     padded, _ = pad_to_multiple({f: np.asarray(v, np.int32) for f, v in bt.items()}, multiple)
-    device.append(shard_batch(padded, mesh))
     b, k = padded["input_ids"].shape
-    shapes.setdefault((b, k), (row_slots(k, length, DEFAULT_SLOTS), device[-1]))
+    slots = row_slots(k, length, DEFAULT_SLOTS)
+    device["bare forward"].append(shard_batch(padded, mesh))
+    for impl, step in steps_of.items():   # the kernel's with its tables, built on the host
+      device[impl].append(shard_batch(step.with_tables(padded, slots), mesh))
+    shapes.setdefault((b, k), (slots, len(device["bare forward"]) - 1))
   auto = {auto_step.path_for(b, k) for b, k in shapes}
   progs = {}
   forward = _packed_forward(graphdef)
-  for (b, k), (slots, example) in shapes.items():
-    progs[("bare forward", b, k)] = (forward, (state, example))
+  for (b, k), (slots, at) in shapes.items():
+    progs[("bare forward", b, k)] = (forward, (state, device["bare forward"][at]))
     for impl, step in steps_of.items():
       if not step.packs_for(b, k):
         p.row(f"{what}: {impl}", "absent", note=f"the {impl} step does not take packed rows here")
         continue
-      progs[(impl, b, k)] = (step.program(impl, slots), (step._state, example, None))
+      progs[(impl, b, k)] = (step.program(impl, slots), (step._state, device[impl][at], None))
   named = {f"{path}, {b} x {k}": prog for (path, b, k), prog in progs.items()}
   first = next(iter(named))
   compiled = _compile_all(named, p, first=first)
   secs, outputs = {}, {}
   for path in ("bare forward",) + tuple(steps_of):
     fns = []
-    for bt in device:
+    for bt in device[path]:
       b, k = bt["input_ids"].shape
       fn = compiled.get(f"{path}, {b} x {k}")
       if fn is None:
@@ -847,7 +851,7 @@ def _programs_long(model, batch: dict, mesh) -> dict:
   step = make_analysis_step(model, measures=True, stats_impl="kernel", mesh=mesh)
   progs = {"bare forward": (fwd, (state, device_batch)),
            "kernel": (step.program(step.path_for(*batch["input_ids"].shape)),
-                      (step._state, device_batch, None))}
+                      (step._state, shard_batch(step.with_tables(batch), mesh), None))}
   if kernel.default_wrapper(target_platform(None)) == "triton":
     for name, options in LONG_VARIANTS:
       progs[name] = (_kernel_program(graphdef, mesh, **options), (state, device_batch))

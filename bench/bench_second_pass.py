@@ -154,7 +154,8 @@ def main(argv=None) -> int:
   path = step.path_for(args.batch, args.length)
   report = {"length": args.length, "batch": args.batch, "layers": args.layers,
             "heads": args.heads, "hidden": args.hidden, "first_path": path,
-            "first": _measure(step.program(path), step._state, specs, None)}
+            "first": _measure(step.program(path), step._state,
+                              step.input_specs(args.batch, args.length), None)}
   if not args.no_run:
     step(batch)
   if args.which == "both":

@@ -49,7 +49,7 @@ from heads_jax.data.specs import encode_spec, parse_spec
 from heads_jax.data.vocabulary import SYNTACTIC_ROLES
 from heads_jax.errors import UserError
 from heads_jax.model.loading import load_model
-from heads_jax.stats.collector import collect, combine_measures
+from heads_jax.stats.collector import batch_slots, collect, combine_measures
 from heads_jax.stats.norms import make_norm_step
 from heads_jax.data.encoding import DEFAULT_SLOTS, pack_batches, row_slots
 from heads_jax.stats.compiling import ahead, batch_rows, pass_batches, pass_lengths
@@ -67,11 +67,22 @@ def pass_packing(batches, *, length: int, rows: int, window: int | None):
                       window=max(int(window or 0), rows), short_length=length // 2)
 
 
+def host_inputs(step):
+  """The batch builders' last stage (``compiling.ahead``'s ``prepare``, in their thread): each
+  batch with what the host builds of it for ``step``'s program, the statistics kernel's tables
+  where its path is the kernel's (``AnalysisStep.with_tables``; slots as ``collect`` takes
+  them), so the device program only reads them."""
+  def prepare(indices, batch):
+    return step.with_tables(batch, batch_slots(batch, indices))
+  return prepare
+
+
 def packed_pass_batches(batches, step, *, length: int, rows: int, window: int | None, later=()):
-  """The first pass's batches packed (``pass_packing``), produced ``ahead``; the first batch of
-  each shape starts its compilation (``step.precompile(b, k, slots=...)``) and, behind it, that
-  of the second pass (``later``), which packs the same shapes (`pipelines.robustness`; a shape
-  it runs map-free, unpacked, it compiles when it meets it)."""
+  """The first pass's batches packed (``pass_packing``), produced ``ahead`` with their host
+  inputs (``host_inputs``); the first batch of each shape starts its compilation
+  (``step.precompile(b, k, slots=...)``) and, behind it, that of the second pass (``later``),
+  which packs the same shapes (`pipelines.robustness`; a shape it runs map-free, unpacked, it
+  compiles when it meets it)."""
 
   def on_shape(b, k):
     slots = row_slots(k, length, PACK_SLOTS)
@@ -79,7 +90,8 @@ def packed_pass_batches(batches, step, *, length: int, rows: int, window: int | 
     for other in later:
       other.precompile(b, k, priority=1, slots=slots)
 
-  return ahead(pass_packing(batches, length=length, rows=rows, window=window), on_shape)
+  return ahead(pass_packing(batches, length=length, rows=rows, window=window), on_shape,
+               prepare=host_inputs(step))
 
 
 def check_vocabulary(model, tokenizer, where) -> None:
@@ -174,7 +186,8 @@ def compute_scores(cfg, model=None, tokenizer=None, progress: bool = True,
       batches = packed_pass_batches(batches, step, length=cfg.max_length, rows=rows,
                                     window=cfg.sort_window, later=later)
     else:
-      batches = pass_batches(batches, lengths, steps=[step], later=later)
+      batches = pass_batches(batches, lengths, steps=[step], later=later,
+                             prepare=host_inputs(step))
     result = collect(step, batches, n, roles=roles, progress=progress, desc=f"analyse {spec}",
                      fields=fields)
     result["data_index"] = np.full(n, i, np.int32)

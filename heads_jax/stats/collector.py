@@ -37,7 +37,7 @@ from heads_jax.contract import MEASURE_ROW_KEYS
 OPTIONAL_ROW_KEYS = ("term_shares",)
 
 
-def _slots(batch: dict, indices) -> int:
+def batch_slots(batch: dict, indices) -> int:
   """A packed batch's sequences per row S (``len(indices) / rows``); 0 for an unpacked batch."""
   if batch.get("segment_ids") is None:
     return 0
@@ -113,7 +113,7 @@ def _check_indices(indices, batch: dict, num_sequences: int, seen: np.ndarray) -
   real rows (index -1 marks a filler row, as ``heads_jax.data.encoding.iter_batches`` yields
   with ``pad_to_batch_size``)."""
   indices = np.asarray(indices)
-  rows = len(np.asarray(batch["attention_mask"])) * max(_slots(batch, indices), 1)
+  rows = len(np.asarray(batch["attention_mask"])) * max(batch_slots(batch, indices), 1)
   if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
     raise ValueError(f"indices must be a 1-d integer array, got {indices.dtype} {indices.shape}")
   if len(indices) != rows:
@@ -173,7 +173,7 @@ def collect(step, batches: Iterable, num_sequences: int, *, roles: Sequence[str]
       if not keep.any():
         continue
       indices = np.asarray(indices)
-      slots = _slots(batch, indices)
+      slots = batch_slots(batch, indices)
       lengths = _real_lengths(batch, slots)
       if fields is not None:
         sink.put_fields(indices, keep, fields(batch, slots))

@@ -165,12 +165,13 @@ def signature(tree) -> tuple:
 
 
 def ahead(batches: Iterable, on_shape: Callable[[int, int], None] | None = None,
-          depth: int = 64) -> Iterator:
+          depth: int = 64, prepare: Callable | None = None) -> Iterator:
   """Yields the items of ``batches`` (``(indices, batch)``) as they come, produced by a
   background thread up to ``depth`` items ahead (``heads_jax.data.prefetch.in_background``);
   ``on_shape(rows, length)`` is called in that thread the first time a batch ``[rows, length]``
-  comes. An error of the stream (or of ``on_shape``) is raised here; closing the generator stops
-  the thread."""
+  comes, and ``prepare(indices, batch) -> batch`` (e.g. ``AnalysisStep.with_tables``: what the
+  host builds of each batch for the device) on every batch. An error of the stream (or of
+  ``on_shape``, ``prepare``) is raised here; closing the generator stops the thread."""
   def shaped():
     seen = set()
     for item in batches:
@@ -178,23 +179,24 @@ def ahead(batches: Iterable, on_shape: Callable[[int, int], None] | None = None,
       if on_shape is not None and shape not in seen:
         seen.add(shape)
         on_shape(*shape)
-      yield item
+      yield item if prepare is None else (item[0], prepare(*item))
 
   return prefetch.in_background(shaped(), depth, name="heads_jax-encode", join_s=5)
 
 
-def pass_batches(batches: Iterable, lengths, steps=(), later=(), depth: int = 64) -> Iterator:
+def pass_batches(batches: Iterable, lengths, steps=(), later=(), depth: int = 64,
+                 prepare: Callable | None = None) -> Iterator:
   """The batches of a pass, each padded to one of the pass's ``lengths`` (``fit_length``),
-  produced ``ahead``; the first batch of each shape starts that shape's compilation for every
-  step of ``steps`` (``step.precompile(rows, length)``) and, behind them, of ``later`` (a
-  second pass over the same shapes)."""
+  produced ``ahead`` (with ``prepare``); the first batch of each shape starts that shape's
+  compilation for every step of ``steps`` (``step.precompile(rows, length)``) and, behind them,
+  of ``later`` (a second pass over the same shapes)."""
   def on_shape(rows, length):
     for step in steps:
       step.precompile(rows, length)
     for step in later:
       step.precompile(rows, length, priority=1)
 
-  return ahead(((i, fit_length(b, lengths)) for i, b in batches), on_shape, depth)
+  return ahead(((i, fit_length(b, lengths)) for i, b in batches), on_shape, depth, prepare)
 
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

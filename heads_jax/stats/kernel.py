@@ -53,6 +53,7 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
@@ -289,7 +290,8 @@ def _indicator(indicator, tc, tt, rel):
 
 def kernel_tables(batch, roles: Sequence[str], direction: str = "dep2head", measures: bool = False,
                   keys: int | None = None, slots: int = 0) -> dict:
-  """The per-batch inputs of the tile (built once per batch, on the device).
+  """The per-batch inputs of the tile (built once per batch; the analysis step builds them on the
+  host with the batch: ``host_tables``).
 
   Returns ``q_info`` int32 ``[b, kp, Q_COLS]``, ``k_rows`` int32 ``[b, K_ROWS, kp]``,
   ``k_cols`` int32 ``[b, kp, K_ROWS]``, ``e_table`` float32 ``[b, kp, E_COLS]``, ``weights``
@@ -745,6 +747,86 @@ def kernel_program_tables(batch, roles, direction, measures, *, wrapper: str,
   bq = block_q or BLOCK_Q[wrapper]
   kp = padded_length(k, wrapper, min(bq, k) if wrapper == "xla" else bq)
   return kernel_tables(batch, roles, direction, measures, keys=kp, slots=slots)
+
+
+# The kernel's tables built on the host with the batch (issue 50 item 3): the analysis step hands
+# them to its program as the batch field ``TABLES`` (sharded like the batch: every table's leading
+# axis is b), so the program holds no table construction. One definition, ``kernel_program_tables``,
+# jitted once per batch shape for the host's CPU (``host_tables``), sent without what the device
+# rebuilds in three operations (``sent_tables``, ``device_tables``); ``HOST_TABLES_NAME`` is the
+# name its compilations carry in JAX's compile events (``compiling.CompileLog``).
+TABLES = "kernel_tables"
+HOST_TABLES_NAME = "host_kernel_tables"
+# the batch fields the tables read (``kernel_tables``: every field but the token ids)
+TABLE_FIELDS = tuple(f for f in vocab.BATCH_FIELDS if f != "input_ids")
+
+
+def sent_tables(tables: dict, roles: Sequence[str], direction: str, measures: bool) -> dict:
+  """What the host sends of ``kernel_tables``: all but ``k_cols`` (``k_rows`` transposed), with
+  ``e_table`` and ``weights`` cut to the columns that are not padding (the key features,
+  ``[b, kp, E_DELIM + 1]``; the epilogue's parts, ``[b, kp, P]``): 9.6 MB for BERT-base's 256 x
+  128 rows against 19.9 MB whole."""
+  parts = len(tile.epilogue_layout(roles, direction, measures).parts)
+  out = {name: x for name, x in tables.items() if name != "k_cols"}
+  out["e_table"] = tables["e_table"][..., :tile.E_DELIM + 1]
+  out["weights"] = tables["weights"][..., :parts]
+  return out
+
+
+def device_tables(sent: dict, roles: Sequence[str], direction: str, measures: bool) -> dict:
+  """``kernel_tables`` from ``sent_tables``' (on the device: a transpose and two zero pads)."""
+  width = tile.epilogue_layout(roles, direction, measures).width
+  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, 0), (0, n - x.shape[-1])))     # noqa: E731
+  return {**sent, "k_cols": jnp.swapaxes(sent["k_rows"], 1, 2),
+          "e_table": pad(sent["e_table"], tile.E_COLS), "weights": pad(sent["weights"], width)}
+
+
+@functools.partial(jax.jit, static_argnames=("roles", "direction", "measures", "wrapper", "slots"))
+def host_kernel_tables(fields: dict, roles: tuple, direction: str, measures: bool, wrapper: str,
+                       slots: int) -> dict:
+  """``sent_tables`` of ``kernel_program_tables`` as its own program (``host_tables`` runs it
+  on the CPU)."""
+  return sent_tables(kernel_program_tables(fields, roles, direction, measures, wrapper=wrapper,
+                                           slots=slots), roles, direction, measures)
+
+
+def _table_fields(batch, slots: int) -> dict:
+  """The batch fields the tables read (``TABLE_FIELDS``, and ``segment_ids`` with ``slots``)."""
+  return {f: batch[f] for f in TABLE_FIELDS + (("segment_ids",) if slots else ())}
+
+
+def _host_device():
+  """The host's CPU device (JAX's first device where it runs without a CPU backend)."""
+  try:
+    return jax.devices("cpu")[0]
+  except RuntimeError:
+    return jax.local_devices()[0]
+
+
+def host_tables(batch, roles: Sequence[str], direction: str = "dep2head", measures: bool = False,
+                *, wrapper: str, slots: int = 0) -> dict:
+  """``kernel_program_tables(batch, ...)`` built on the host's CPU, as numpy arrays in the form
+  sent to the device (``sent_tables``; each ``[b, ...]``; ``device_tables`` makes them
+  ``kernel_tables``' again). ``batch``: host arrays ``[b, k]``; one compilation per batch shape
+  (and roles, direction, measures, wrapper, slots)."""
+  cpu = _host_device()
+  fields = {f: jax.device_put(np.asarray(x, np.int32), cpu)
+            for f, x in _table_fields(batch, slots).items()}
+  out = host_kernel_tables(fields, tuple(check_roles(roles)), check_direction(direction),
+                           bool(measures), wrapper, int(slots))
+  return {name: np.asarray(x) for name, x in out.items()}
+
+
+@functools.lru_cache(maxsize=64)
+def table_specs(rows: int, length: int, roles: tuple, direction: str, measures: bool, *,
+                wrapper: str, slots: int = 0) -> dict:
+  """The shapes and dtypes of ``host_tables`` for a batch ``[rows, length]``
+  (``jax.ShapeDtypeStruct`` each; traced, not compiled)."""
+  spec = jax.ShapeDtypeStruct((int(rows), int(length)), jnp.int32)
+  fields = {f: spec for f in TABLE_FIELDS + (("segment_ids",) if slots else ())}
+  return jax.eval_shape(functools.partial(host_kernel_tables, roles=tuple(roles),
+                                          direction=direction, measures=bool(measures),
+                                          wrapper=wrapper, slots=int(slots)), fields)
 
 
 def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head",

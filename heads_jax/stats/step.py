@@ -29,7 +29,11 @@ chooses how (all give the same numbers to float32 rounding, ``tests/stats/test_f
   ``kernel.STASH_BYTES``; else one a layer): one tile function (``heads_jax.stats.tile``) wrapped for Triton on GPUs, for
   Mosaic on TPUs, and as a ``lax.map`` over query blocks on CPUs (and for sequences longer than
   a Pallas wrapper takes, ``kernel.wrapper_for``), so no map is ever written and memory is
-  linear in the sequence length. A ``"uniform"`` head gate falls back to ``"layerwise"``.
+  linear in the sequence length. Its per-batch tables (sieve sizes, weights, window thresholds:
+  ``kernel.kernel_tables``) are built on the host with the batch (``AnalysisStep.with_tables``:
+  the device pass's batch builders, else ``submit``) and come to the program as the batch field
+  ``kernel.TABLES``, sharded like the batch. A ``"uniform"`` head gate falls back to
+  ``"layerwise"``.
 * ``"stacked"`` (default on GPUs where the stack fits): the model returns ``attentions``
   ``[b, l, h, q, k]`` and the stand-alone functions reduce the stack (the original path; any
   callable with the model API).
@@ -310,11 +314,7 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
     # that recompute them cannot serve it; it also returns each head's term shares.
     if with_measures and accepts_term_shares(module):
       common["return_term_shares"] = True
-    impl = stats_impl
-    if impl in ("fused", "kernel") and head_gate is not None and gate_mode == "uniform":
-      impl = "layerwise"  # the uniform gate edits the probabilities: the kernel cannot see it
-    if impl in ("fused", "kernel") and not getattr(module, "logits_from_query_key", True):
-      impl = "layerwise"
+    impl = path_served(stats_impl, module, head_gate is not None and gate_mode == "uniform")
     if impl == "layerwise":
       tables = batch_tables(batch, roles, direction, with_measures, slots)
       reduce = layer_reducer(tables, roles, batch["attention_mask"], with_measures)
@@ -323,8 +323,7 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
     if impl == "kernel":
       rows, length = batch["input_ids"].shape
       wrapper = kernel.wrapper_for(platform, length)
-      tables = kernel.kernel_program_tables(batch, roles, direction, with_measures,
-                                            wrapper=wrapper, slots=slots)
+      tables = given_tables(batch, roles, direction, with_measures, wrapper, slots)
       settings = kernel.KernelSettings(wrapper=wrapper, platform=platform)
       if _stash_fits(module, wrapper, rows // (mesh.size if mesh is not None else 1), length):
         # one Pallas call for every layer, after the forward (issue 50 item 3)
@@ -356,6 +355,35 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
       del state
       return analyse(graph, batch, head_gate)
   return jax.jit(analysis_pass, out_shardings=out_shardings)  # name: compiling.PROGRAM_NAMES
+
+
+def path_served(stats_impl: str, module, uniform_gate: bool) -> str:
+  """The path a program of ``stats_impl`` runs for ``module``: the kernels (``"fused"``,
+  ``"kernel"``) recompute each head's logits as ``q . k`` and never see the probabilities, so a
+  model whose logits are not that (DeBERTa) and a ``"uniform"`` head gate (``uniform_gate``: it
+  edits the probabilities) take ``"layerwise"``."""
+  if stats_impl in ("fused", "kernel") and (
+      uniform_gate or not getattr(module, "logits_from_query_key", True)):
+    return "layerwise"
+  return stats_impl
+
+
+def given_tables(batch: dict, roles: tuple, direction: str, measures: bool, wrapper: str,
+                 slots: int) -> dict:
+  """The kernel path's tables, which its program takes with the batch (``kernel.TABLES``; built
+  on the host: ``AnalysisStep.with_tables``, ``kernel.host_tables``), checked against the shapes
+  of the batch's (``kernel.table_specs``), made whole (``kernel.device_tables``)."""
+  rows, length = batch["input_ids"].shape
+  want = kernel.table_specs(rows, length, roles, direction, measures, wrapper=wrapper, slots=slots)
+  tables = batch.get(kernel.TABLES)
+  shapes = lambda t: {n: tuple(x.shape) for n, x in t.items()}             # noqa: E731
+  if tables is None or shapes(tables) != shapes(want):
+    raise ValueError(
+        f"the kernel path's program takes the kernel's tables with the batch (field "
+        f"{kernel.TABLES!r}: {shapes(want)}), got {None if tables is None else shapes(tables)}; "
+        f"pass the batch through AnalysisStep.with_tables (or submit it), which builds them on "
+        f"the host")
+  return kernel.device_tables(tables, roles, direction, measures)
 
 
 def _stash_fits(module, wrapper: str, rows: int, length: int) -> bool:
@@ -472,16 +500,60 @@ class AnalysisStep:
         fused_block_q=self.fused_block_q, platform=self.platform,
         multi_process=self.multi_process, slots=int(slots))
 
+  def _table_specs(self, rows: int, length: int, slots: int = 0,
+                   head_gate=None) -> dict | None:
+    """The shapes of the kernel's tables a padded batch ``[rows, length]`` goes with to its
+    program (``kernel.table_specs``), None where its path takes none (``path_served``)."""
+    uniform = head_gate is not None and self.gate_mode == "uniform"
+    if path_served(self.path_for(rows, length), self.model, uniform) != "kernel":
+      return None
+    return kernel.table_specs(rows, length, self.roles, self.direction, self.measures,
+                              wrapper=kernel.wrapper_for(self.platform, length), slots=slots)
+
+  def input_specs(self, rows: int, length: int, slots: int = 0) -> dict:
+    """The program's batch argument for a padded batch ``[rows, length]`` as
+    ``jax.ShapeDtypeStruct`` sharded over the mesh (to lower it): the int32 fields, and on the
+    kernel path its tables (``kernel.TABLES``)."""
+    sharding = batch_sharding(self.mesh)
+    spec = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=sharding)
+    specs = {f: spec for f in BATCH_FIELDS + (("segment_ids",) if slots else ())}
+    tables = self._table_specs(rows, length, slots)
+    if tables is not None:
+      specs[kernel.TABLES] = {n: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+                              for n, x in tables.items()}
+    return specs
+
+  def _tables_for(self, padded: dict, slots: int, head_gate=None, given=None) -> dict | None:
+    """The kernel's tables of a padded host batch where its path takes them (``given`` where
+    they have the shapes it needs, else ``kernel.host_tables``), else None."""
+    b, k = padded["input_ids"].shape
+    want = self._table_specs(b, k, slots, head_gate)
+    if want is None:
+      return None
+    if given is not None and {n: np.shape(x) for n, x in given.items()} == {
+        n: x.shape for n, x in want.items()}:
+      return given
+    return kernel.host_tables(padded, self.roles, self.direction, self.measures,
+                              wrapper=kernel.wrapper_for(self.platform, k), slots=slots)
+
+  def with_tables(self, batch: dict, slots: int = 0) -> dict:
+    """``batch`` with, where its path is the kernel's, the kernel's tables of the batch padded
+    to the devices (``kernel.TABLES``: ``kernel.host_tables``, numpy, built on the host's CPU);
+    else ``batch`` itself. The device pass calls it where it builds the batches (in their
+    thread); ``submit`` builds them where a batch comes without them (or with other shapes)."""
+    padded, _ = pad_to_multiple(_check_batch(batch), self.multiple)
+    tables = self._tables_for(padded, int(slots), given=batch.get(kernel.TABLES))
+    return batch if tables is None else {**batch, kernel.TABLES: tables}
+
   def _executable(self, rows: int, length: int, background: bool = False, priority: int = 0,
                   slots: int = 0):
     """The Future of the compiled program of a padded batch ``[rows, length]`` (no head gate;
     ``slots`` > 0: a packed batch with that many sequences per row)."""
     program = self.program(self.path_for(rows, length), slots)
-    spec = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding(self.mesh))
-    fields = BATCH_FIELDS + (("segment_ids",) if slots else ())
     key = (rows, length, self._state_signature) + ((slots,) if slots else ())
     return compiling.executable(
-        program, key, lambda: program.lower(self._state, {f: spec for f in fields}, None),
+        program, key,
+        lambda: program.lower(self._state, self.input_specs(rows, length, slots), None),
         background=background, priority=priority)
 
   def precompile(self, rows: int, length: int, priority: int = 0, slots: int = 0) -> None:
@@ -497,18 +569,23 @@ class AnalysisStep:
 
     Args:
       batch: host encoded batch (``heads_jax.data.vocabulary``), every field ``[b, k]``; a
-        packed batch also has ``segment_ids`` and gives ``b * slots`` result rows.
+        packed batch also has ``segment_ids`` and gives ``b * slots`` result rows. On the
+        kernel path, its tables (``with_tables``) when the batch builder made them; else they
+        are built here, on the host.
       head_gate: optional float ``[l, h]`` passed to the model with this step's gate_mode.
       slots: a packed batch's sequences per row (default: its largest segment id).
     """
-    batch = _check_batch(batch)
-    padded, rows = pad_to_multiple(batch, self.multiple)
-    device_batch = (shard_global_batch if self.multi_process else shard_batch)(padded, self.mesh)
-    b, k = padded["input_ids"].shape
-    if "segment_ids" in batch:
-      slots = int(batch["segment_ids"].max(initial=1)) if slots is None else int(slots)
+    fields = _check_batch(batch)
+    if "segment_ids" in fields:
+      slots = int(fields["segment_ids"].max(initial=1)) if slots is None else int(slots)
     else:
       slots = 0
+    padded, rows = pad_to_multiple(fields, self.multiple)
+    tables = self._tables_for(padded, slots, head_gate, batch.get(kernel.TABLES))
+    if tables is not None:
+      padded = {**padded, kernel.TABLES: tables}
+    device_batch = (shard_global_batch if self.multi_process else shard_batch)(padded, self.mesh)
+    b, k = padded["input_ids"].shape
     self.paths_taken.add(self.path_for(b, k))
     if head_gate is not None or self.multi_process:
       if head_gate is not None:

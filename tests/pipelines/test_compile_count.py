@@ -62,3 +62,47 @@ def test_one_analysis_of_2000_sentences_compiles_each_pass_at_most_three_times(t
   assert 1 <= per["norm_pass"] <= MAX_SHAPES_PER_PASS, per
   assert per["analysis_pass"] <= 2, per   # packed rows: [batch, max_length] and the tail's [batch / 4, max_length]
   assert host["robustness"] is not None
+
+
+@pytest.mark.slow   # two compilations of a one-layer tiny BERT's kernel program, two of its tables
+def test_the_kernel_tables_are_built_by_the_batch_builders_once_per_shape(monkeypatch):
+  """On the kernel path each batch's tables are built on the host by the pass's batch builders,
+  in their thread (`device_pass.host_inputs`, issue 50 item 3), not in the analysis program nor
+  again at submit: the host's table program compiles once per batch shape, as the analysis
+  program does."""
+  import threading
+
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from heads_jax.model.bert import BertModel
+  from heads_jax.model.config import config_for
+  from heads_jax.parallel import data_mesh
+  from heads_jax.pipelines.device_pass import host_inputs
+  from heads_jax.stats import kernel
+  from heads_jax.stats.collector import collect
+  from heads_jax.stats.compiling import pass_batches
+  from heads_jax.stats.step import make_analysis_step
+  from tests.reference_impl import random_batch
+
+  cfg = config_for("tiny", vocab_size=128, max_position_embeddings=32, num_layers=1)
+  step = make_analysis_step(BertModel(cfg, rngs=nnx.Rngs(0)), stats_impl="kernel",
+                            mesh=data_mesh(jax.devices()[:1]))
+  rng = np.random.default_rng(0)
+  batches = [(np.arange(8 * i, 8 * i + 8), random_batch(rng, 8, k, min_len=2))
+             for i, k in enumerate((16, 12, 16, 32, 24))]      # two pass lengths: 16 and 32
+  threads = []
+  build = kernel.host_tables
+
+  def recorded(*args, **kwargs):
+    threads.append(threading.current_thread().name)
+    return build(*args, **kwargs)
+
+  monkeypatch.setattr(kernel, "host_tables", recorded)
+  with CompileLog() as log:
+    collect(step, pass_batches(batches, (16, 32), steps=[step], prepare=host_inputs(step)), 40,
+            progress=False)
+  assert threads == ["heads_jax-encode"] * len(batches)
+  per = Counter(log.names)
+  assert per["analysis_pass"] == 2 and per[kernel.HOST_TABLES_NAME] == 2, per

@@ -367,6 +367,24 @@ def test_sieve_sizes_without_the_sieves(direction):
     np.testing.assert_array_equal(np.asarray(kernel.sieve_sizes(batch, B.ROLES, direction)), want)
 
 
+@pytest.mark.slow   # the host's table program compiles (~5 s on a loaded 2-core machine)
+def test_the_tables_the_host_sends_are_the_kernels_tables():
+  """``kernel.host_tables`` (built by the host's CPU, in the form sent to the device:
+  ``sent_tables``, about half the bytes) made whole by ``device_tables`` are exactly
+  ``kernel_program_tables`` of the batch: padded keys (Triton), a packed row's slots, both
+  directions' sieve sizes, the measures' weights."""
+  batch = ref.random_batch(np.random.default_rng(3), 3, 20, min_len=2)
+  batch["segment_ids"] = (batch["attention_mask"] > 0).astype(np.int32)     # one slot a row
+  args = (B.ROLES, "both", True)
+  sent = kernel.host_tables(batch, *args, wrapper="triton", slots=1)
+  assert all(isinstance(x, np.ndarray) for x in sent.values()) and "k_cols" not in sent
+  got = kernel.device_tables(sent, *args)
+  want = kernel.kernel_program_tables(batch, *args, wrapper="triton", slots=1)
+  assert set(got) == set(want) and got["q_info"].shape[1] == 32
+  for name, x in want.items():
+    np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(x), err_msg=name)
+
+
 @pytest.mark.slow
 def test_an_8192_position_sequence_analyses_with_no_map_sized_buffer():
   """Issue 38 item 3 through the analysis step: a tiny BERT with 8,192 positions, one sequence,
@@ -380,9 +398,7 @@ def test_an_8192_position_sequence_analyses_with_no_map_sized_buffer():
   cfg = config_for("tiny", vocab_size=128, max_position_embeddings=k)
   step = make_analysis_step(BertModel(cfg, rngs=nnx.Rngs(0)), measures=True,
                             stats_impl="kernel", mesh=data_mesh(jax.devices()[:1]))
-  spec = jax.ShapeDtypeStruct((1, k), jnp.int32)
-  compiled = step.program("kernel").lower(step._state, {f: spec for f in B.BATCH_FIELDS},
-                                          None).compile()
+  compiled = step.program("kernel").lower(step._state, step.input_specs(1, k), None).compile()
   temp = compiled.memory_analysis().temp_size_in_bytes
   map_bytes = 4 * cfg.num_heads * k * k                                    # 1.07 GB
   assert temp < map_bytes / 4, (temp, map_bytes)   # 154 MB: the forward's query chunks
@@ -391,7 +407,9 @@ def test_an_8192_position_sequence_analyses_with_no_map_sized_buffer():
 @pytest.mark.slow
 def test_analysis_step_kernel_equals_stacked_on_8_devices():
   """stats_impl="kernel" through the analysis step on a tiny BERT (attention sharpened), batch
-  split over the 8 emulated devices; a "uniform" head gate falls back to layerwise."""
+  split over the 8 emulated devices, its tables built on the host (``with_tables``, as the
+  device pass's batch builders do, or in ``submit``); the program refuses a batch without them;
+  a "uniform" head gate falls back to layerwise."""
   from heads_jax.model.bert import BertModel
   from heads_jax.model.config import config_for
   from heads_jax.stats.step import make_analysis_step
@@ -404,7 +422,13 @@ def test_analysis_step_kernel_equals_stacked_on_8_devices():
   want = make_analysis_step(model, measures=True, stats_impl="stacked")(batch)
   step = make_analysis_step(model, measures=True, stats_impl="kernel")
   assert step.stats_impl == "kernel"
+  built = step.with_tables(batch)
+  tables = built[kernel.TABLES]
+  assert all(isinstance(x, np.ndarray) and len(x) == 8 for x in tables.values())  # padded rows
+  _check(step(built), want, 1e-5)
   _check(step(batch), want, 1e-5)
+  with pytest.raises(ValueError, match="kernel_tables"):
+    step.program("kernel")(step._state, {f: np.asarray(batch[f]) for f in B.BATCH_FIELDS}, None)
   gate = np.ones((2, 4), np.float32)
   gate[1, 2] = 0.0
   gated = make_analysis_step(model, measures=True, stats_impl="stacked", gate_mode="uniform")
