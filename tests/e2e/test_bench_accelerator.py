@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_bench_smoke import bench_env
+from tests.e2e.test_bench_smoke import SMOKE_XLA_FLAGS, bench_env
+from tests.test_doctor import check_quick_doctor_lines
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,9 +45,12 @@ def test_accelerator_suite_runs_every_part_on_the_cpu(tmp_path):
     assert p["status"] == "done", (name, p["status"])
     assert p["rows"], name
   rows = {r["what"]: r for p in res["parts"] for r in p["rows"]}
-  # the doctor's checks all pass, and every path of the analysis step has its ratio
+  # the doctor's checks all pass (its printed lines as tests/test_doctor.py expects them: this
+  # is the suite's only quick doctor run), and every path of the analysis step has its ratio
   checks = [r for r in parts["doctor"]["rows"] if r["what"].startswith("check ")]
   assert checks and all(r["ratio"] in ("ok", "skipped") for r in checks)
+  check_quick_doctor_lines(rows["doctor verdict"]["detail"]["lines"], devices=1,
+                           xla_flags=SMOKE_XLA_FLAGS)
   steps = {r["what"]: r for r in parts["analysis_step"]["rows"]}
   for impl in ("layerwise", "fused", "stacked"):
     r = steps[f"analysis step, {impl}"]
