@@ -1,5 +1,7 @@
 """The package installs anywhere: a wheel built from this checkout, installed into a fresh virtual
-environment, runs the README's commands from an unrelated directory (configs ship inside it).
+environment, runs the README's commands from an unrelated directory (configs ship inside it);
+the quick demo's files and lines are checked there (``test_demo.check_quick_demo``), and a rerun
+reuses its analysis.
 
 The virtual environment sees this machine's site-packages (``--system-site-packages``) so that
 the dependencies are found without a download (``pip install --no-index`` fails rather than
@@ -16,6 +18,7 @@ import venv
 import pytest
 
 from tests.helpers import REPO, minilm_dir
+from tests.pipelines.test_demo import check_quick_demo
 
 
 def _run(cmd, cwd, env=None, timeout=600):
@@ -49,3 +52,7 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
   if minilm_dir() is not None:
     out = _run([cli, "demo", "--quick", "--out", "runs/demo"], cwd=elsewhere, env=env)
     assert (elsewhere / "runs" / "demo" / "report.html").is_file(), out
+    check_quick_demo(elsewhere / "runs" / "demo", out.splitlines())
+    # run again, it reuses the analysis
+    out = _run([cli, "demo", "--quick", "--out", "runs/demo"], cwd=elsewhere, env=env)
+    assert "reusing" in out, out
