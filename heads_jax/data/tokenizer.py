@@ -19,7 +19,7 @@ sentence. Encoding code must always pass ``max_length`` (and ``truncation=True``
 import json
 from pathlib import Path
 
-from transformers import AutoTokenizer, BertTokenizerFast
+from transformers import BertTokenizerFast   # AutoTokenizer where used: it imports torch, if installed
 
 from heads_jax import hub
 from heads_jax.data.assets import vocab_path
@@ -124,6 +124,7 @@ def load_tokenizer(path_or_vocab=None, do_lower_case: bool | None = None):
           # DeBERTa-v2/v3 as the hub ships it: read without the sentencepiece package
           tokenizer = tokenizer_from_spm_dir(path)
         else:
+          from transformers import AutoTokenizer  # here: its import pulls in torch (seconds)
           tokenizer = AutoTokenizer.from_pretrained(str(path))
       except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: cannot load its tokenizer ({str(e).splitlines()[0]})") from None

@@ -19,14 +19,30 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import tempfile
 import time
 
 import jax
-from tensorboardX import SummaryWriter
 
 from heads_jax.storage import exists, read_text, upload_tree, write_text
 from heads_jax.training.rundir import RunDir
+
+def summary_writer():
+  """``tensorboardX.SummaryWriter``, imported without torch: ``tensorboardX.writer`` imports
+  torch whenever it is installed (only to accept torch tensors; we log floats), 3-5 CPU-seconds
+  at every training command's start on a machine with torch (Colab, or this project's tests).
+  Where torch is already imported it is used as is."""
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter
+    return SummaryWriter
+  sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX's numpy path
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
+
 
 # Peak dense bfloat16 FLOP/s of one JAX device (a TPU v2/v3 device is one core; v4 and later
 # expose one device per chip).
@@ -110,7 +126,7 @@ class MetricsWriter:
       if self.remote:
         self._tb_local = tempfile.mkdtemp(prefix="heads_jax_tb_")
         self._tb_remote = run.tensorboard_dir
-      self._tb = SummaryWriter(self._tb_local or str(run.tensorboard_dir))
+      self._tb = summary_writer()(self._tb_local or str(run.tensorboard_dir))
 
   def write(self, step: int, scalars: dict, prefix: str = "train"):
     if not self.enabled:
