@@ -541,10 +541,13 @@ def plot_role_heatmaps(means, roles, path, *, tau: float, assigned=None, ncols: 
                                   if assigned is not None else ""), fontsize=9)
     ax.set_xticks(range(0, num_heads, max(1, num_heads // 6)))
     ax.set_yticks(range(0, num_layers, max(1, num_layers // 6)))
-    ax.tick_params(labelsize=7, length=2)
-    if i % ncols == 0:
+    # every panel has the same axes: tick labels on the outer panels only (as the axis titles),
+    # which also spares the layout engine most of the figure's text (it measured every label)
+    left, bottom = i % ncols == 0, i // ncols == nrows - 1 or i + ncols >= num_roles
+    ax.tick_params(labelsize=7, length=2, labelleft=left, labelbottom=bottom)
+    if left:
       ax.set_ylabel("layer", fontsize=8)
-    if i // ncols == nrows - 1 or i + ncols >= num_roles:
+    if bottom:
       ax.set_xlabel("head", fontsize=8)
   cbar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, pad=0.02, extend="both")
   lo, hi = 10 ** (center - span), 10 ** (center + span)
