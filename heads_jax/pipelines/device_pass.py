@@ -70,8 +70,9 @@ def pass_packing(batches, *, length: int, rows: int, window: int | None):
 def host_inputs(step):
   """The batch builders' last stage (``compiling.ahead``'s ``prepare``, in their thread): each
   batch with what the host builds of it for ``step``'s program, the statistics kernel's tables
-  where its path is the kernel's (``AnalysisStep.with_tables``; slots as ``collect`` takes
-  them), so the device program only reads them."""
+  where its path is the kernel's (``with_tables`` of ``stats.step.HostTables``: the analysis
+  step and the second pass; slots as ``collect`` and ``run_norm_pass`` take them), so the
+  device program only reads them."""
   def prepare(indices, batch):
     return step.with_tables(batch, batch_slots(batch, indices))
   return prepare

@@ -34,7 +34,8 @@ from heads_jax.hoststats.weighting import (lost_roles, norm_tests, role_changes,
                                            weighting_summary, with_weighting)
 from heads_jax.stats.compiling import ahead, batch_rows, pass_batches, pass_lengths
 from heads_jax.stats.norms import run_norm_pass
-from heads_jax.pipelines.device_pass import PACK_SLOTS, pass_packing, second_pass_step
+from heads_jax.pipelines.device_pass import (PACK_SLOTS, host_inputs, pass_packing,
+                                              second_pass_step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +99,10 @@ def robustness_pass(cfg, model, tokenizer, settings: RobustnessSettings = Robust
       batches = ahead(pass_packing(batches, length=cfg.max_length, rows=rows,
                                    window=cfg.sort_window),
                       lambda b, k: step.precompile(b, k, slots=row_slots(k, cfg.max_length,
-                                                                         PACK_SLOTS)))
+                                                                         PACK_SLOTS)),
+                      prepare=host_inputs(step))   # the map-free path's tables, on the host
     else:
-      batches = pass_batches(batches, lengths, steps=[step])
+      batches = pass_batches(batches, lengths, steps=[step], prepare=host_inputs(step))
     log(f"norm pass over {spec} ({len(examples)} sequences)")
     parts.append(run_norm_pass(step, batches, len(examples), cfg.max_length))
     offset += len(examples)

@@ -829,6 +829,24 @@ def table_specs(rows: int, length: int, roles: tuple, direction: str, measures: 
                                           wrapper=wrapper, slots=int(slots)), fields)
 
 
+def given_tables(batch: dict, roles: tuple, direction: str, measures: bool, wrapper: str,
+                 slots: int) -> dict:
+  """In a program: the tables that came with the batch (``TABLES``; built on the host:
+  ``host_tables``, through the step's ``with_tables``), checked against the shapes of the
+  batch's (``table_specs``: one clear error where they are missing), made whole
+  (``device_tables``)."""
+  rows, length = batch["input_ids"].shape
+  want = table_specs(rows, length, roles, direction, measures, wrapper=wrapper, slots=slots)
+  tables = batch.get(TABLES)
+  shapes = lambda t: {n: tuple(x.shape) for n, x in t.items()}             # noqa: E731
+  if tables is None or shapes(tables) != shapes(want):
+    raise ValueError(
+        f"the kernel path's program takes the kernel's tables with the batch (field {TABLES!r}: "
+        f"{shapes(want)}), got {None if tables is None else shapes(tables)}; pass the batch "
+        f"through the step's with_tables (or call the step), which builds them on the host")
+  return device_tables(tables, roles, direction, measures)
+
+
 def kernel_reducer(tables: dict, roles: Sequence[str], direction: str = "dep2head",
                    measures: bool = False, settings: "KernelSettings | None" = None, *,
                    mesh=None, **options):

@@ -72,8 +72,8 @@ from heads_jax.stats import parsing as parsing_mod
 from heads_jax.stats.layerwise import batch_tables, reduce_layer
 from heads_jax.stats.fused import target_platform
 from heads_jax.stats.parsing import KEY_BLOCK
-from heads_jax.stats.step import (accepts_packing, auto_stats_impl, can_go_map_free,
-                                  device_memory_bytes)
+from heads_jax.stats.step import (HostTables, accepts_packing, auto_stats_impl,
+                                  can_go_map_free, device_memory_bytes)
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 SINK_THRESHOLD = 0.3   # Gu et al.: a head is a sink head when its mean first-token attention > 0.3
@@ -269,8 +269,7 @@ def norm_reducer(module, batch: dict, roles: tuple, direction: str, *, parsing: 
   bk, blocks = key_blocks(k)
   if map_free:
     wrapper = kernel.wrapper_for(platform, k)
-    tables = kernel.kernel_program_tables(batch, roles, direction, False, wrapper=wrapper,
-                                          slots=slots)
+    tables = kernel.given_tables(batch, roles, direction, False, wrapper, slots)  # the host's
     stats = functools.partial(kernel.kernel_layer_stats, roles=roles, direction=direction,
                               wrapper=wrapper, platform=platform)
     if wrapper != "xla" and mesh is not None and mesh.size > 1:
@@ -364,8 +363,10 @@ def norm_program(graphdef, roles: tuple[str, ...], direction: str, parsing: bool
   return jax.jit(norm_pass, out_shardings=batch_sharding(mesh))  # name: compiling.PROGRAM_NAMES
 
 
-class NormStep:
-  """Callable second pass; see ``make_norm_step``."""
+class NormStep(HostTables):
+  """Callable second pass; see ``make_norm_step``. On its map-free path the kernel's tables come
+  with the batch, built on the host (``HostTables.with_tables``: the pass's batch builders, else
+  the call)."""
 
   def __init__(self, model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
                parsing: bool = True, mesh=None, map_free: bool | None = None,
@@ -408,6 +409,12 @@ class NormStep:
                            memory_bytes=self.memory_bytes, map_free=self.can_go_map_free)
     return impl == "kernel" and self.can_go_map_free
 
+  def _kernel_measures(self, rows: int, length: int, head_gate=None) -> bool | None:
+    """False (the tables without the measures) where the batch runs map-free, else None
+    (``HostTables``)."""
+    del head_gate
+    return False if self.path_for(rows, length) else None
+
   def packs_for(self, rows: int, length: int) -> bool:
     """Whether a batch ``[rows, length]`` may be packed (``segment_ids``): the model packs
     (both paths do, as the first pass's)."""
@@ -423,11 +430,9 @@ class NormStep:
                   slots: int = 0):
     """The Future of the compiled pass of a padded batch ``[rows, length]`` (one per process)."""
     run = self.program(self.path_for(rows, length), slots)
-    spec = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding(self.mesh))
-    fields = BATCH_FIELDS + (("segment_ids",) if slots else ())
     key = (rows, length, self._state_signature) + ((slots,) if slots else ())
     return compiling.executable(
-        run, key, lambda: run.lower(self._state, {f: spec for f in fields}),
+        run, key, lambda: run.lower(self._state, self.input_specs(rows, length, slots)),
         background=background, priority=priority)
 
   def precompile(self, rows: int, length: int, priority: int = 0, slots: int = 0) -> None:
@@ -457,6 +462,9 @@ class NormStep:
                          "batches")
     else:
       slots = 0
+    tables = self._tables_for(padded, slots, given=batch.get(kernel.TABLES))
+    if tables is not None:
+      padded = {**padded, kernel.TABLES: tables}
     run = self._executable(*padded["input_ids"].shape, slots=slots).result()
     out = run(self._state, shard_batch(padded, self.mesh))
     return {k: np.asarray(v)[:rows * max(slots, 1)] for k, v in out.items()}

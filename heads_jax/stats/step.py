@@ -323,7 +323,7 @@ def analysis_program(graph, *, roles: tuple, direction: str, gate_mode: str, mea
     if impl == "kernel":
       rows, length = batch["input_ids"].shape
       wrapper = kernel.wrapper_for(platform, length)
-      tables = given_tables(batch, roles, direction, with_measures, wrapper, slots)
+      tables = kernel.given_tables(batch, roles, direction, with_measures, wrapper, slots)
       settings = kernel.KernelSettings(wrapper=wrapper, platform=platform)
       if _stash_fits(module, wrapper, rows // (mesh.size if mesh is not None else 1), length):
         # one Pallas call for every layer, after the forward (issue 50 item 3)
@@ -368,24 +368,6 @@ def path_served(stats_impl: str, module, uniform_gate: bool) -> str:
   return stats_impl
 
 
-def given_tables(batch: dict, roles: tuple, direction: str, measures: bool, wrapper: str,
-                 slots: int) -> dict:
-  """The kernel path's tables, which its program takes with the batch (``kernel.TABLES``; built
-  on the host: ``AnalysisStep.with_tables``, ``kernel.host_tables``), checked against the shapes
-  of the batch's (``kernel.table_specs``), made whole (``kernel.device_tables``)."""
-  rows, length = batch["input_ids"].shape
-  want = kernel.table_specs(rows, length, roles, direction, measures, wrapper=wrapper, slots=slots)
-  tables = batch.get(kernel.TABLES)
-  shapes = lambda t: {n: tuple(x.shape) for n, x in t.items()}             # noqa: E731
-  if tables is None or shapes(tables) != shapes(want):
-    raise ValueError(
-        f"the kernel path's program takes the kernel's tables with the batch (field "
-        f"{kernel.TABLES!r}: {shapes(want)}), got {None if tables is None else shapes(tables)}; "
-        f"pass the batch through AnalysisStep.with_tables (or submit it), which builds them on "
-        f"the host")
-  return kernel.device_tables(tables, roles, direction, measures)
-
-
 def _stash_fits(module, wrapper: str, rows: int, length: int) -> bool:
   """Whether the kernel path runs one call for all layers (``kernel.stash_fits``) for an encoder
   with a config (layers, width, compute dtype); else one a layer."""
@@ -408,7 +390,64 @@ class PendingResult:
     return {name: _host_rows(x, self.rows) for name, x in self._outputs.items()}
 
 
-class AnalysisStep:
+class HostTables:
+  """What a step (``AnalysisStep``, ``norms.NormStep``) builds on the host for its program beside
+  the batch: the statistics kernel's tables (``kernel.host_tables``) where a batch's path is the
+  kernel's (``_kernel_measures``: whether with the measures' weights, None where it takes none).
+  Needs ``mesh``, ``multiple``, ``roles``, ``direction``, ``platform``."""
+
+  def _kernel_measures(self, rows: int, length: int, head_gate=None) -> bool | None:
+    raise NotImplementedError
+
+  def _table_specs(self, rows: int, length: int, slots: int = 0,
+                   head_gate=None) -> dict | None:
+    """The shapes of the kernel's tables a padded batch ``[rows, length]`` goes with to its
+    program (``kernel.table_specs``), None where its path takes none."""
+    measures = self._kernel_measures(rows, length, head_gate)
+    if measures is None:
+      return None
+    return kernel.table_specs(rows, length, self.roles, self.direction, measures,
+                              wrapper=kernel.wrapper_for(self.platform, length), slots=slots)
+
+  def input_specs(self, rows: int, length: int, slots: int = 0) -> dict:
+    """The program's batch argument for a padded batch ``[rows, length]`` as
+    ``jax.ShapeDtypeStruct`` sharded over the mesh (to lower it): the int32 fields, and on the
+    kernel path its tables (``kernel.TABLES``)."""
+    sharding = batch_sharding(self.mesh)
+    spec = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=sharding)
+    specs = {f: spec for f in BATCH_FIELDS + (("segment_ids",) if slots else ())}
+    tables = self._table_specs(rows, length, slots)
+    if tables is not None:
+      specs[kernel.TABLES] = {n: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+                              for n, x in tables.items()}
+    return specs
+
+  def _tables_for(self, padded: dict, slots: int, head_gate=None, given=None) -> dict | None:
+    """The kernel's tables of a padded host batch where its path takes them (``given`` where
+    they have the shapes it needs, else ``kernel.host_tables``), else None."""
+    b, k = padded["input_ids"].shape
+    want = self._table_specs(b, k, slots, head_gate)
+    if want is None:
+      return None
+    if given is not None and {n: np.shape(x) for n, x in given.items()} == {
+        n: x.shape for n, x in want.items()}:
+      return given
+    return kernel.host_tables(padded, self.roles, self.direction,
+                              self._kernel_measures(b, k, head_gate),
+                              wrapper=kernel.wrapper_for(self.platform, k), slots=slots)
+
+  def with_tables(self, batch: dict, slots: int = 0) -> dict:
+    """``batch`` with, where its path is the kernel's, the kernel's tables of the batch padded
+    to the devices (``kernel.TABLES``: ``kernel.host_tables``, numpy, built on the host's CPU);
+    else ``batch`` itself. The device pass calls it where it builds the batches (in their
+    thread); a call of the step builds them where a batch comes without them (or with other
+    shapes)."""
+    padded, _ = pad_to_multiple(_check_batch(batch), self.multiple)
+    tables = self._tables_for(padded, int(slots), given=batch.get(kernel.TABLES))
+    return batch if tables is None else {**batch, kernel.TABLES: tables}
+
+
+class AnalysisStep(HostTables):
   """Callable analysis step; see ``make_analysis_step``."""
 
   def __init__(self, model, roles: Sequence[str] = ROLES, direction: str = "dep2head",
@@ -500,50 +539,13 @@ class AnalysisStep:
         fused_block_q=self.fused_block_q, platform=self.platform,
         multi_process=self.multi_process, slots=int(slots))
 
-  def _table_specs(self, rows: int, length: int, slots: int = 0,
-                   head_gate=None) -> dict | None:
-    """The shapes of the kernel's tables a padded batch ``[rows, length]`` goes with to its
-    program (``kernel.table_specs``), None where its path takes none (``path_served``)."""
+  def _kernel_measures(self, rows: int, length: int, head_gate=None) -> bool | None:
+    """``self.measures`` where the batch's path (``path_for``, ``path_served``) is the kernel's,
+    else None (``HostTables``)."""
     uniform = head_gate is not None and self.gate_mode == "uniform"
     if path_served(self.path_for(rows, length), self.model, uniform) != "kernel":
       return None
-    return kernel.table_specs(rows, length, self.roles, self.direction, self.measures,
-                              wrapper=kernel.wrapper_for(self.platform, length), slots=slots)
-
-  def input_specs(self, rows: int, length: int, slots: int = 0) -> dict:
-    """The program's batch argument for a padded batch ``[rows, length]`` as
-    ``jax.ShapeDtypeStruct`` sharded over the mesh (to lower it): the int32 fields, and on the
-    kernel path its tables (``kernel.TABLES``)."""
-    sharding = batch_sharding(self.mesh)
-    spec = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=sharding)
-    specs = {f: spec for f in BATCH_FIELDS + (("segment_ids",) if slots else ())}
-    tables = self._table_specs(rows, length, slots)
-    if tables is not None:
-      specs[kernel.TABLES] = {n: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-                              for n, x in tables.items()}
-    return specs
-
-  def _tables_for(self, padded: dict, slots: int, head_gate=None, given=None) -> dict | None:
-    """The kernel's tables of a padded host batch where its path takes them (``given`` where
-    they have the shapes it needs, else ``kernel.host_tables``), else None."""
-    b, k = padded["input_ids"].shape
-    want = self._table_specs(b, k, slots, head_gate)
-    if want is None:
-      return None
-    if given is not None and {n: np.shape(x) for n, x in given.items()} == {
-        n: x.shape for n, x in want.items()}:
-      return given
-    return kernel.host_tables(padded, self.roles, self.direction, self.measures,
-                              wrapper=kernel.wrapper_for(self.platform, k), slots=slots)
-
-  def with_tables(self, batch: dict, slots: int = 0) -> dict:
-    """``batch`` with, where its path is the kernel's, the kernel's tables of the batch padded
-    to the devices (``kernel.TABLES``: ``kernel.host_tables``, numpy, built on the host's CPU);
-    else ``batch`` itself. The device pass calls it where it builds the batches (in their
-    thread); ``submit`` builds them where a batch comes without them (or with other shapes)."""
-    padded, _ = pad_to_multiple(_check_batch(batch), self.multiple)
-    tables = self._tables_for(padded, int(slots), given=batch.get(kernel.TABLES))
-    return batch if tables is None else {**batch, kernel.TABLES: tables}
+    return self.measures
 
   def _executable(self, rows: int, length: int, background: bool = False, priority: int = 0,
                   slots: int = 0):

@@ -79,8 +79,7 @@ def test_map_free_second_pass_holds_no_map_sized_buffer():
   model = build_model("BertModel", cfg, seed=0)
   step = norms.make_norm_step(model, roles=ROLES, map_free=True,
                               mesh=data_mesh(jax.devices()[:1]))
-  spec = jax.ShapeDtypeStruct((1, k), jnp.int32)
-  text = step.program(True).lower(step._state, {f: spec for f in B.BATCH_FIELDS}).as_text()
+  text = step.program(True).lower(step._state, step.input_specs(1, k)).as_text()
   sizes = [int(np.prod([int(d) for d in m.split("x")]))
            for m in re.findall(r"tensor<((?:\d+x)+)[a-z]", text)
            for m in [m.rstrip("x")]]
@@ -89,7 +88,7 @@ def test_map_free_second_pass_holds_no_map_sized_buffer():
   # the maps path's program does hold maps (the check can fail)
   maps = norms.make_norm_step(model, roles=ROLES, map_free=False,
                               mesh=data_mesh(jax.devices()[:1]))
-  text = maps.program(False).lower(maps._state, {f: spec for f in B.BATCH_FIELDS}).as_text()
+  text = maps.program(False).lower(maps._state, maps.input_specs(1, k)).as_text()
   assert f"{k}x{k}x" in text
 
 
