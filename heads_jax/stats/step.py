@@ -397,6 +397,8 @@ class HostTables:
   Needs ``mesh``, ``multiple``, ``roles``, ``direction``, ``platform``."""
 
   def _kernel_measures(self, rows: int, length: int, head_gate=None) -> bool | None:
+    """Whether a padded batch ``[rows, length]``'s kernel tables carry the measures' weights;
+    None where its path takes no tables (each step says)."""
     raise NotImplementedError
 
   def _table_specs(self, rows: int, length: int, slots: int = 0,
