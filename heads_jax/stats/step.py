@@ -79,6 +79,7 @@ This is where the model and the sieves meet (DESIGN.md section 2): neither impor
 
 from __future__ import annotations
 
+import abc
 import functools
 import inspect
 from typing import Sequence
@@ -390,16 +391,16 @@ class PendingResult:
     return {name: _host_rows(x, self.rows) for name, x in self._outputs.items()}
 
 
-class HostTables:
+class HostTables(abc.ABC):
   """What a step (``AnalysisStep``, ``norms.NormStep``) builds on the host for its program beside
   the batch: the statistics kernel's tables (``kernel.host_tables``) where a batch's path is the
   kernel's (``_kernel_measures``: whether with the measures' weights, None where it takes none).
   Needs ``mesh``, ``multiple``, ``roles``, ``direction``, ``platform``."""
 
+  @abc.abstractmethod
   def _kernel_measures(self, rows: int, length: int, head_gate=None) -> bool | None:
     """Whether a padded batch ``[rows, length]``'s kernel tables carry the measures' weights;
-    None where its path takes no tables (each step says)."""
-    raise NotImplementedError
+    None where its path takes no tables (each step says: ``AnalysisStep``, ``NormStep``)."""
 
   def _table_specs(self, rows: int, length: int, slots: int = 0,
                    head_gate=None) -> dict | None:
@@ -444,6 +445,9 @@ class HostTables:
     else ``batch`` itself. The device pass calls it where it builds the batches (in their
     thread); a call of the step builds them where a batch comes without them (or with other
     shapes)."""
+    rows, length = np.shape(batch["input_ids"])
+    if self._kernel_measures(-(-rows // self.multiple) * self.multiple, length) is None:
+      return batch  # a path without tables: nothing to check, pad or build here
     padded, _ = pad_to_multiple(_check_batch(batch), self.multiple)
     tables = self._tables_for(padded, int(slots), given=batch.get(kernel.TABLES))
     return batch if tables is None else {**batch, kernel.TABLES: tables}
